@@ -1,0 +1,39 @@
+"""What every stage script shares: argument parsing, params, quiet library logs, one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from layersim.errors import LayersimError
+from layersim.params import Params, load_params
+
+log = logging.getLogger("layersim")
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)")
+    return p
+
+
+def run_stage(main: Callable[[argparse.Namespace, Params], None], args: argparse.Namespace) -> None:
+    """Validate params.yaml, run `main`, and turn a LayersimError into one line on stderr and exit 1."""
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
+    try:
+        main(args, load_params(args.params))
+    except LayersimError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,64 @@
+"""Task metrics and prediction over a validation set."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy import stats
+from sklearn import metrics as skm
+from tqdm.auto import tqdm
+
+from layersim.batching import EncodedTask, sequential_batches, to_device
+from layersim.errors import LayersimError
+from layersim.tasks import TaskSpec
+
+
+def _pearson(labels, predictions) -> float:
+    return _defined(stats.pearsonr(predictions, labels)[0])
+
+
+def _spearman(labels, predictions) -> float:
+    return _defined(stats.spearmanr(predictions, labels)[0])
+
+
+def _defined(value: float) -> float:
+    # A constant prediction has no correlation with anything; report 0 rather than NaN.
+    return 0.0 if not np.isfinite(value) else float(value)
+
+
+METRICS = {
+    "accuracy": lambda y, p: float(skm.accuracy_score(y, p)),
+    "f1": lambda y, p: float(skm.f1_score(y, p, zero_division=0.0)),
+    "mcc": lambda y, p: float(skm.matthews_corrcoef(y, p)),
+    "pearson": _pearson,
+    "spearman": _spearman,
+}
+
+
+def predictions_from_logits(spec: TaskSpec, logits: np.ndarray) -> np.ndarray:
+    """Class index (or regression value) per example from the head's outputs."""
+    if spec.regression:
+        return logits.reshape(-1)
+    return logits.argmax(axis=-1)
+
+
+def compute_metrics(spec: TaskSpec, logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Every metric of the task, in percent-free [0, 1] / [-1, 1] units as scikit-learn reports them."""
+    predictions = predictions_from_logits(spec, logits)
+    unknown = [m for m in spec.metrics if m not in METRICS]
+    if unknown:
+        raise LayersimError(f"task {spec.name!r} asks for unknown metric {unknown[0]!r}; known: {', '.join(METRICS)}.")
+    return {name: METRICS[name](labels, predictions) for name in spec.metrics}
+
+
+@torch.inference_mode()
+def predict(model, encoded: EncodedTask, tokenizer, batch_size: int, device: torch.device,
+            progress: bool = False) -> np.ndarray:
+    """Logits of a task model over every example, in table order."""
+    model.eval()
+    outputs = []
+    batches = sequential_batches(encoded, batch_size, tokenizer, with_labels=False)
+    for _, batch in tqdm(batches, total=-(-len(encoded) // batch_size), desc="evaluate", disable=not progress,
+                         leave=False):
+        outputs.append(model(**to_device(batch, device)).logits.float().cpu().numpy())
+    return np.concatenate(outputs)

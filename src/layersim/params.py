@@ -1,0 +1,180 @@
+"""params.yaml: one dataclass per section, validated before any stage does expensive work.
+
+Every stage loads the whole file through :func:`load_params`, so a mistyped key anywhere is caught
+at the first stage that runs, before any download or training. Errors name the key, the bad value
+and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from layersim.errors import LayersimError
+from layersim.models import get_model
+from layersim.tasks import get_task
+
+POOLINGS = ("cls", "mean")
+
+
+@dataclass(frozen=True)
+class DownloadParams:
+    max_train_examples: int | None = None        # None keeps every training example
+    max_validation_examples: int | None = None
+    generated_train_examples: int = 2000          # size of the built-in synth-* tasks
+    generated_validation_examples: int = 500
+    generated_seed: int = 0
+
+
+@dataclass(frozen=True)
+class FinetuneParams:
+    batch_size: int = 4                 # Phang et al. §2: Adam, batch 4, lr 1e-5,
+    learning_rate: float = 1e-5         # 1,000 warm-up steps, 10,000 steps
+    warmup_steps: int = 1000
+    max_steps: int = 10000
+    weight_decay: float = 0.0
+    max_length: int = 256               # tokens per (example, choice); longer inputs are truncated
+    eval_every: int = 1000              # steps between validation evaluations; 0 evaluates only at the end
+    eval_batch_size: int = 32
+
+
+@dataclass(frozen=True)
+class ExtractParams:
+    poolings: tuple[str, ...] = POOLINGS
+    batch_size: int = 32
+    max_examples: int | None = None     # validation examples per task; None takes all
+
+
+@dataclass(frozen=True)
+class SimilarityParams:
+    pooling: str = "cls"                # Phang et al. compare CLS representations
+
+
+@dataclass(frozen=True)
+class Params:
+    model: str
+    tasks: tuple[str, ...]
+    seeds: tuple[int, ...]
+    download: DownloadParams = field(default_factory=DownloadParams)
+    finetune: FinetuneParams = field(default_factory=FinetuneParams)
+    extract: ExtractParams = field(default_factory=ExtractParams)
+    similarity: SimilarityParams = field(default_factory=SimilarityParams)
+
+
+_SECTIONS = {"download": DownloadParams, "finetune": FinetuneParams, "extract": ExtractParams,
+             "similarity": SimilarityParams}
+_POSITIVE = {"batch_size", "learning_rate", "max_steps", "max_length", "eval_batch_size",
+             "generated_train_examples", "generated_validation_examples", "max_train_examples",
+             "max_validation_examples", "max_examples"}
+_NON_NEGATIVE = {"warmup_steps", "weight_decay", "eval_every", "generated_seed"}
+
+
+def _fail(key: str, value: Any, allowed: str) -> LayersimError:
+    return LayersimError(f"params.yaml: {key} = {value!r} is invalid; it must be {allowed}.")
+
+
+def _check_number(key: str, value: Any, kind: type, optional: bool) -> Any:
+    name = key.rsplit(".", 1)[-1]
+    if value is None and optional:
+        return None
+    what = "an integer" if kind is int else "a number"
+    if optional:
+        what += " or null"
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int and not (isinstance(value, int) and not isinstance(value, bool)):
+        raise _fail(key, value, what)
+    if kind is float and not is_number:
+        raise _fail(key, value, what)
+    if name in _POSITIVE and value <= 0:
+        raise _fail(key, value, f"a positive {'integer' if kind is int else 'number'}")
+    if name in _NON_NEGATIVE and value < 0:
+        raise _fail(key, value, f"a non-negative {'integer' if kind is int else 'number'}")
+    return float(value) if kind is float else value
+
+
+def _build_section(name: str, cls: type, raw: Any) -> Any:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise _fail(name, raw, "a mapping of keys to values")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise LayersimError(f"params.yaml: unknown key {name}.{unknown[0]}; valid keys of {name} are: "
+                            f"{', '.join(fields)}.")
+    values = {}
+    for key, value in raw.items():
+        full = f"{name}.{key}"
+        annotation = str(fields[key].type)
+        if key == "poolings":
+            values[key] = _check_choices(full, value, POOLINGS)
+        elif key == "pooling":
+            if value not in POOLINGS:
+                raise _fail(full, value, f"one of {', '.join(POOLINGS)}")
+            values[key] = value
+        elif annotation.startswith("float"):
+            values[key] = _check_number(full, value, float, optional=False)
+        else:
+            values[key] = _check_number(full, value, int, optional="None" in annotation)
+    return cls(**values)
+
+
+def _check_choices(key: str, value: Any, choices: tuple[str, ...]) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise _fail(key, value, f"a non-empty list drawn from {', '.join(choices)}")
+    for item in value:
+        if item not in choices:
+            raise _fail(key, item, f"one of {', '.join(choices)}")
+    return tuple(dict.fromkeys(value))
+
+
+def parse_params(raw: Any) -> Params:
+    """Validate a parsed params.yaml document and return typed params."""
+    if not isinstance(raw, dict):
+        raise LayersimError(f"params.yaml must be a mapping of sections, got {type(raw).__name__}.")
+    known = {"model", "tasks", "seeds", *_SECTIONS}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise LayersimError(f"params.yaml: unknown key {unknown[0]!r}; valid top-level keys are: "
+                            f"{', '.join(sorted(known))}.")
+    for key in ("model", "tasks", "seeds"):
+        if key not in raw:
+            raise LayersimError(f"params.yaml: the key {key!r} is missing.")
+    model = raw["model"]
+    if not isinstance(model, str):
+        raise _fail("model", model, "a single model name (a scalar, not a list)")
+    get_model(model)
+    tasks, seeds = raw["tasks"], raw["seeds"]
+    if not isinstance(tasks, list) or not tasks:
+        raise _fail("tasks", tasks, "a non-empty list of task names")
+    for task in tasks:
+        get_task(task)
+    if len(set(tasks)) != len(tasks):
+        raise _fail("tasks", tasks, "a list without repeated names")
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                                           for s in seeds):
+        raise _fail("seeds", seeds, "a non-empty list of non-negative integers")
+    if len(set(seeds)) != len(seeds):
+        raise _fail("seeds", seeds, "a list without repeated seeds")
+    sections = {name: _build_section(name, cls, raw.get(name)) for name, cls in _SECTIONS.items()}
+    finetune = sections["finetune"]
+    if finetune.warmup_steps >= finetune.max_steps:
+        raise LayersimError(f"params.yaml: finetune.warmup_steps = {finetune.warmup_steps} must be smaller than "
+                            f"finetune.max_steps = {finetune.max_steps}.")
+    return Params(model=model, tasks=tuple(tasks), seeds=tuple(seeds), **sections)
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Read and validate params.yaml."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError as err:
+        raise LayersimError(f"{path} does not exist; run stages from the repository root.") from err
+    except yaml.YAMLError as err:
+        raise LayersimError(f"{path} is not valid YAML ({str(err).splitlines()[0]}).") from err
+    return parse_params(raw)

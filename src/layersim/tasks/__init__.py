@@ -1,0 +1,204 @@
+"""The task registry: what "rte" or "synth-negation" means, and how to build its normalized table.
+
+A normalized task table (DESIGN.md, "Data contracts") has `example_id` (int64, stable), the text
+columns of its format, and `label` (int64, or float64 for regression):
+
+==================  ==========================================
+format              text columns
+==================  ==========================================
+``single``          ``text``
+``pair``            ``text_a``, ``text_b``
+``multiple_choice`` ``context``, ``choices`` (list<string>)
+==================  ==========================================
+
+Paper tasks (Phang et al. 2021, §2) come from the Hugging Face hub; built-in ``synth-*`` tasks are
+generated offline (:mod:`layersim.tasks.generated`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from layersim.errors import LayersimError, hub_unreachable, unknown_name
+from layersim.tasks import generated
+
+FORMATS = ("single", "pair", "multiple_choice")
+SPLITS = ("train", "validation")
+TEXT_COLUMNS = {"single": ("text",), "pair": ("text_a", "text_b"), "multiple_choice": ("context", "choices")}
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """Where a paper task lives on the hub and how its columns map to the normalized table.
+
+    `columns` maps each normalized column to a hub column, or to a tuple of hub columns that are
+    joined with a space (text) or gathered into a list (``choices``).
+    """
+
+    path: str
+    config: str | None
+    columns: dict[str, str | tuple[str, ...]]
+    splits: dict[str, str] = field(default_factory=lambda: {"train": "train", "validation": "validation"})
+    revision: str | None = None
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    format: str
+    metrics: tuple[str, ...]
+    label_names: tuple[str, ...] = ()
+    regression: bool = False
+    num_choices: int = 0
+    hub: HubSource | None = None
+
+    @property
+    def num_labels(self) -> int:
+        """Output units of the task head: 1 for regression and multiple choice (one score per choice)."""
+        if self.regression or self.format == "multiple_choice":
+            return 1
+        return len(self.label_names)
+
+    @property
+    def primary_metric(self) -> str:
+        return self.metrics[0]
+
+    @property
+    def text_columns(self) -> tuple[str, ...]:
+        return TEXT_COLUMNS[self.format]
+
+    @property
+    def label_type(self) -> pa.DataType:
+        return pa.float64() if self.regression else pa.int64()
+
+
+def _glue(config: str, columns: dict, **kw) -> HubSource:
+    return HubSource("nyu-mll/glue", config, columns, **kw)
+
+
+_PAPER_TASKS = [
+    TaskSpec("cola", "single", ("mcc",), ("unacceptable", "acceptable"),
+             hub=_glue("cola", {"text": "sentence", "label": "label"})),
+    TaskSpec("mnli", "pair", ("accuracy",), ("entailment", "neutral", "contradiction"),
+             hub=_glue("mnli", {"text_a": "premise", "text_b": "hypothesis", "label": "label"},
+                       splits={"train": "train", "validation": "validation_matched"})),
+    TaskSpec("mrpc", "pair", ("f1", "accuracy"), ("not_equivalent", "equivalent"),
+             hub=_glue("mrpc", {"text_a": "sentence1", "text_b": "sentence2", "label": "label"})),
+    TaskSpec("qnli", "pair", ("accuracy",), ("entailment", "not_entailment"),
+             hub=_glue("qnli", {"text_a": "question", "text_b": "sentence", "label": "label"})),
+    TaskSpec("qqp", "pair", ("f1", "accuracy"), ("not_duplicate", "duplicate"),
+             hub=_glue("qqp", {"text_a": "question1", "text_b": "question2", "label": "label"})),
+    TaskSpec("rte", "pair", ("accuracy",), ("entailment", "not_entailment"),
+             hub=_glue("rte", {"text_a": "sentence1", "text_b": "sentence2", "label": "label"})),
+    TaskSpec("sst2", "single", ("accuracy",), ("negative", "positive"),
+             hub=_glue("sst2", {"text": "sentence", "label": "label"})),
+    TaskSpec("stsb", "pair", ("pearson", "spearman"), regression=True,
+             hub=_glue("stsb", {"text_a": "sentence1", "text_b": "sentence2", "label": "label"})),
+    TaskSpec("boolq", "pair", ("accuracy",), ("false", "true"),
+             hub=HubSource("aps/super_glue", "boolq", {"text_a": "question", "text_b": "passage", "label": "label"})),
+    # Yelp Polarity has no validation split; like Phang et al. we evaluate on its test split.
+    TaskSpec("yelp_polarity", "single", ("accuracy",), ("negative", "positive"),
+             hub=HubSource("fancyzhx/yelp_polarity", None, {"text": "text", "label": "label"},
+                           splits={"train": "train", "validation": "test"})),
+    TaskSpec("hellaswag", "multiple_choice", ("accuracy",), num_choices=4,
+             hub=HubSource("Rowan/hellaswag", None, {"context": "ctx", "choices": "endings", "label": "label"})),
+    TaskSpec("cosmosqa", "multiple_choice", ("accuracy",), num_choices=4,
+             hub=HubSource("allenai/cosmos_qa", None,
+                           {"context": ("context", "question"),
+                            "choices": ("answer0", "answer1", "answer2", "answer3"), "label": "label"})),
+]
+
+_GENERATED_TASKS = [
+    TaskSpec("synth-negation", "single", ("accuracy",), ("negative", "positive")),
+    TaskSpec("synth-roles", "pair", ("accuracy", "f1"), ("different", "same")),
+    TaskSpec("synth-similarity", "pair", ("pearson", "spearman"), regression=True),
+    TaskSpec("synth-choice", "multiple_choice", ("accuracy",), num_choices=4),
+]
+
+TASKS: dict[str, TaskSpec] = {t.name: t for t in _PAPER_TASKS + _GENERATED_TASKS}
+PAPER_TASKS: tuple[str, ...] = tuple(t.name for t in _PAPER_TASKS)
+assert set(generated.GENERATED_TASKS) == {t.name for t in _GENERATED_TASKS}
+
+
+def get_task(name: object) -> TaskSpec:
+    """The spec of a registered task; an unknown name is an error listing the valid ones."""
+    if not isinstance(name, str) or name not in TASKS:
+        raise unknown_name("task", name, TASKS)
+    return TASKS[name]
+
+
+# --- building normalized tables ------------------------------------------------------------------
+
+def task_metadata(spec: TaskSpec, split: str, source: dict) -> dict:
+    return {"task": spec.name, "format": spec.format, "split": split, "label_names": list(spec.label_names),
+            "metrics": list(spec.metrics), "regression": spec.regression, "source": source}
+
+
+def _normalized(spec: TaskSpec, columns: dict[str, list], split: str, source: dict) -> pa.Table:
+    n = len(columns["label"])
+    arrays = {"example_id": pa.array(np.arange(n), pa.int64())}
+    for name in spec.text_columns:
+        arrays[name] = pa.array(columns[name], pa.list_(pa.string()) if name == "choices" else pa.string())
+    arrays["label"] = pa.array(columns["label"], spec.label_type)
+    table = pa.table(arrays)
+    return table.replace_schema_metadata({b"layersim": json.dumps(task_metadata(spec, split, source), sort_keys=True)})
+
+
+def normalize_hub_table(spec: TaskSpec, hub_table: pa.Table, split: str, source: dict | None = None) -> pa.Table:
+    """Map a table with the hub's column names to the normalized task table of `spec`."""
+    if spec.hub is None:
+        raise LayersimError(f"task {spec.name!r} is generated offline and has no hub source.")
+    missing = sorted({c for v in spec.hub.columns.values() for c in ((v,) if isinstance(v, str) else v)}
+                     - set(hub_table.column_names))
+    if missing:
+        raise LayersimError(f"the hub table for task {spec.name!r} lacks columns {missing}; "
+                            f"it has {hub_table.column_names}.")
+    rows = hub_table.to_pydict()
+    columns: dict[str, list] = {}
+    for target, source_columns in spec.hub.columns.items():
+        if isinstance(source_columns, str):
+            values = rows[source_columns]
+        elif target == "choices":
+            values = [list(choice) for choice in zip(*(rows[c] for c in source_columns))]
+        else:
+            values = [" ".join(parts) for parts in zip(*(rows[c] for c in source_columns))]
+        columns[target] = values
+    columns["label"] = [float(v) if spec.regression else int(v) for v in columns["label"]]
+    if spec.format == "multiple_choice":
+        bad = [len(c) for c in columns["choices"] if len(c) != spec.num_choices]
+        if bad:
+            raise LayersimError(f"task {spec.name!r} expects {spec.num_choices} choices per example, found {bad[0]}.")
+    return _normalized(spec, columns, split, source or {"hub": spec.hub.path, "config": spec.hub.config})
+
+
+def generated_table(spec: TaskSpec, split: str, num_examples: int, seed: int) -> pa.Table:
+    """The normalized table of a built-in generated task."""
+    columns = generated.generate(spec.name, split, num_examples, seed)
+    return _normalized(spec, columns, split, {"generator": spec.name, "seed": seed, "num_examples": num_examples})
+
+
+def hub_table(spec: TaskSpec, split: str) -> pa.Table:
+    """Download one split of a paper task from the hub and normalize it."""
+    import datasets  # imported here: only the download stage needs it
+
+    try:
+        dataset = datasets.load_dataset(spec.hub.path, spec.hub.config, split=spec.hub.splits[split],
+                                        revision=spec.hub.revision)
+    except (ConnectionError, OSError) as err:
+        raise hub_unreachable("task", spec.name, err, generated.GENERATED_TASKS) from err
+    revision = spec.hub.revision or getattr(dataset.info, "version", None)
+    source = {"hub": spec.hub.path, "config": spec.hub.config, "split": spec.hub.splits[split],
+              "revision": str(revision) if revision is not None else None}
+    return normalize_hub_table(spec, dataset.data.table, split, source)
+
+
+def subsample(table: pa.Table, max_examples: int | None, seed: int) -> pa.Table:
+    """Keep at most `max_examples` rows, chosen by a seeded draw and kept in their original order."""
+    if max_examples is None or table.num_rows <= max_examples:
+        return table
+    keep = np.sort(np.random.default_rng(seed).choice(table.num_rows, size=max_examples, replace=False))
+    return table.take(pa.array(keep))

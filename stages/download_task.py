@@ -1,0 +1,33 @@
+"""download_task: write the normalized train and validation tables of one task."""
+
+from pathlib import Path
+
+from layersim import cli
+from layersim.errors import LayersimError
+from layersim.io import atomic_path, write_parquet
+from layersim.tasks import SPLITS, generated_table, get_task, hub_table, subsample
+
+
+def main(args, params):
+    if args.task not in params.tasks:
+        raise LayersimError(f"task {args.task!r} is not in params.yaml tasks ({', '.join(params.tasks)}).")
+    spec = get_task(args.task)
+    p = params.download
+    with atomic_path(args.out, is_dir=True) as tmp:
+        for split in SPLITS:
+            if spec.hub is None:
+                size = p.generated_train_examples if split == "train" else p.generated_validation_examples
+                table = generated_table(spec, split, size, p.generated_seed)
+            else:
+                limit = p.max_train_examples if split == "train" else p.max_validation_examples
+                table = subsample(hub_table(spec, split), limit, seed=0)
+            write_parquet(table, Path(tmp) / f"{split}.parquet")
+            cli.log.info("%s %s: %d examples", spec.name, split, table.num_rows)
+    cli.log.info("wrote %s", args.out)
+
+
+if __name__ == "__main__":
+    p = cli.parser(__doc__)
+    p.add_argument("task")
+    p.add_argument("out", help="folder to write, e.g. data/tasks/<task>")
+    cli.run_stage(main, p.parse_args())

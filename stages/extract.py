@@ -1,0 +1,42 @@
+"""extract: per-layer CLS and mean-pooled representations of every validation example, for the
+pretrained model (run "orig") and each fine-tuned seed (runs "seed<k>")."""
+
+from pathlib import Path
+
+from layersim import cli
+from layersim.batching import encode_task
+from layersim.extract import extract_activations
+from layersim.io import atomic_path, read_task_table
+from layersim.models import load_encoder, load_tokenizer, model_info
+from layersim.tasks import get_task, subsample
+from layersim.train import default_device
+
+
+def main(args, params):
+    spec = get_task(args.task)
+    p = params.extract
+    table = subsample(read_task_table(args.task_dir, spec, "validation"), p.max_examples, seed=0)
+    runs = {"orig": args.pretrained} | {f"seed{s}": args.checkpoints / f"seed{s}" for s in params.seeds}
+    device = default_device()
+    with atomic_path(args.out, is_dir=True) as tmp:
+        for run, folder in runs.items():
+            info = model_info(folder)
+            tokenizer = load_tokenizer(folder)
+            encoded = encode_task(table, spec, tokenizer, params.finetune.max_length)
+            metadata = {"model": params.model, "model_digest": info["digest"], "run": run, "task": spec.name,
+                        "split": "validation"}
+            outputs = {pooling: Path(tmp) / f"{run}.{pooling}.parquet" for pooling in p.poolings}
+            extract_activations(load_encoder(folder), tokenizer, spec, encoded, outputs, metadata,
+                                p.batch_size, device)
+            cli.log.info("read %s, wrote %s", folder, ", ".join(f"{run}.{q}.parquet" for q in p.poolings))
+    cli.log.info("wrote %s (%d examples)", args.out, table.num_rows)
+
+
+if __name__ == "__main__":
+    p = cli.parser(__doc__)
+    p.add_argument("--task", required=True)
+    p.add_argument("--pretrained", type=Path, required=True, help="folder written by download_model")
+    p.add_argument("--checkpoints", type=Path, required=True, help="folder holding seed<k>/ checkpoints")
+    p.add_argument("--task-dir", type=Path, required=True, help="folder written by download_task")
+    p.add_argument("--out", type=Path, required=True, help="folder of activation tables to write")
+    cli.run_stage(main, p.parse_args())

@@ -1,0 +1,48 @@
+"""finetune: fine-tune the pretrained encoder on one task with one seed (Phang et al. §2)."""
+
+import json
+from pathlib import Path
+
+from dvclive import Live
+
+from layersim import cli
+from layersim.batching import encode_task
+from layersim.io import atomic_path, read_task_table, write_json
+from layersim.models import load_tokenizer
+from layersim.tasks import get_task
+from layersim.train import finetune, save_checkpoint
+
+
+def main(args, params):
+    spec = get_task(args.task)
+    tokenizer = load_tokenizer(args.pretrained)
+    max_length = params.finetune.max_length
+    train = encode_task(read_task_table(args.task_dir, spec, "train"), spec, tokenizer, max_length)
+    validation = encode_task(read_task_table(args.task_dir, spec, "validation"), spec, tokenizer, max_length)
+    cli.log.info("read %s: %d train / %d validation examples", args.task_dir, len(train), len(validation))
+
+    # The matrix declares these curves in dvc.yaml itself, so dvclive must not write a dvc.yaml.
+    with Live(str(args.live), dvcyaml=False, save_dvc_exp=False) as live:
+        def log(step, values):
+            live.step = step
+            for name, value in values.items():
+                live.log_metric(name, value)
+
+        model, metrics = finetune(args.pretrained, spec, train, validation, params.finetune, args.seed, log=log)
+
+    with atomic_path(args.out, is_dir=True) as tmp:
+        save_checkpoint(model, tokenizer, tmp, base_dir=args.pretrained, task=spec.name, seed=args.seed)
+    write_json({"task": spec.name, "seed": args.seed, "steps": params.finetune.max_steps, **metrics}, args.metrics)
+    cli.log.info("wrote %s and %s: %s", args.out, args.metrics, json.dumps(metrics))
+
+
+if __name__ == "__main__":
+    p = cli.parser(__doc__)
+    p.add_argument("--task", required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--pretrained", type=Path, required=True, help="folder written by download_model")
+    p.add_argument("--task-dir", type=Path, required=True, help="folder written by download_task")
+    p.add_argument("--out", type=Path, required=True, help="checkpoint folder to write")
+    p.add_argument("--metrics", type=Path, required=True, help="validation metrics JSON to write")
+    p.add_argument("--live", type=Path, required=True, help="dvclive folder for the training curves")
+    cli.run_stage(main, p.parse_args())
