@@ -260,8 +260,12 @@ def test_errors_for_unknown_method_and_empty_lists(rng):
 
 @pytest.mark.parametrize("method", ["auto", "gram", "feature"])
 def test_errors_for_constant_representations(rng, method):
-    varied = rng.normal(size=(8, 3))
-    constant = np.full((8, 3), 0.1, dtype=np.float32)  # 0.1 is not exact: centring leaves rounding
+    varied = rng.normal(size=(13, 3))
+    # The mean of 13 copies of 1234.567 is not exactly 1234.567 in floating point, so centring
+    # leaves ~1e-13 of rounding: that must still count as constant, not as a direction.
+    constant = np.tile([1234.567, 0.1, -7.0], (13, 1))
+    assert np.any(constant - constant.mean(axis=0) != 0)
     _raises(cka_matrix, [varied, constant, varied], method=method, message="xs[1] is constant across examples")
-    _raises(cka_matrix, [varied], [varied, np.zeros((8, 0))], method=method, message="ys[1] is constant")
-    _raises(linear_cka, varied, np.zeros((8, 2)), message="y is constant across examples")
+    _raises(cka_matrix, [varied], [varied, np.zeros((13, 0))], method=method, message="ys[1] is constant")
+    _raises(linear_cka, varied, np.zeros((13, 2)), message="y is constant across examples")
+    _raises(linear_cka, constant.astype(np.float32), varied, message="x is constant across examples")
