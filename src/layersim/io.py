@@ -37,6 +37,10 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
         tmp = Path(name)
     try:
         yield tmp
+        # mkstemp/mkdtemp create private files; give the result the permissions of a normal write.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, (0o777 if is_dir else 0o666) & ~umask)
         if is_dir and path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)

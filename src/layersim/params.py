@@ -8,6 +8,8 @@ and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +91,8 @@ def _check_number(key: str, value: Any, kind: type, optional: bool) -> Any:
         raise _fail(key, value, what)
     if kind is float and not is_number:
         raise _fail(key, value, what)
+    if not math.isfinite(value):
+        raise _fail(key, value, f"a finite {'integer' if kind is int else 'number'}")
     if name in _POSITIVE and value <= 0:
         raise _fail(key, value, f"a positive {'integer' if kind is int else 'number'}")
     if name in _NON_NEGATIVE and value < 0:
@@ -165,14 +169,29 @@ def parse_params(raw: Any) -> Params:
     if finetune.warmup_steps >= finetune.max_steps:
         raise LayersimError(f"params.yaml: finetune.warmup_steps = {finetune.warmup_steps} must be smaller than "
                             f"finetune.max_steps = {finetune.max_steps}.")
+    if sections["similarity"].pooling not in sections["extract"].poolings:
+        raise LayersimError(f"params.yaml: similarity.pooling = {sections['similarity'].pooling!r} is not among "
+                            f"extract.poolings = {list(sections['extract'].poolings)}; extract it or pick one of those.")
     return Params(model=model, tasks=tuple(tasks), seeds=tuple(seeds), **sections)
+
+
+class _Yaml12Loader(yaml.SafeLoader):
+    """PyYAML follows YAML 1.1, where `2e-05` (no dot) is a string; DVC writes floats that way
+    (`dvc exp run -S finetune.learning_rate=2e-5`), so floats are resolved as YAML 1.2 does."""
+
+
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?
+                   |[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:
     """Read and validate params.yaml."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=_Yaml12Loader)
     except FileNotFoundError as err:
         raise LayersimError(f"{path} does not exist; run stages from the repository root.") from err
     except yaml.YAMLError as err:

@@ -25,9 +25,11 @@ def heatmap_grid(panels: dict[str, tuple[np.ndarray, str, str]], title: str, *, 
     nrows = -(-len(panels) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.9 * nrows), squeeze=False,
                              constrained_layout=True)
+    cmap = plt.get_cmap("magma").with_extremes(bad="lightgrey")  # grey: undefined (constant layer)
     image = None
     for ax, (panel, (matrix, ylabel, xlabel)) in zip(axes.flat, panels.items()):
-        image = ax.imshow(matrix, origin="lower", cmap="magma", vmin=vmin, vmax=vmax, aspect="equal")
+        image = ax.imshow(np.ma.masked_invalid(matrix), origin="lower", cmap=cmap, vmin=vmin, vmax=vmax,
+                          aspect="equal")
         ax.set_title(panel)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
@@ -38,6 +40,9 @@ def heatmap_grid(panels: dict[str, tuple[np.ndarray, str, str]], title: str, *, 
         ax.axis("off")
     if image is not None:
         fig.colorbar(image, ax=axes, shrink=0.8, label=colorbar_label)
+    if any(np.isnan(matrix).any() for matrix, _, _ in panels.values()):
+        fig.text(0.5, -0.01, "grey: undefined — that layer's representation is the same for every example "
+                 "(e.g. CLS at the embedding layer)", ha="center", va="top", fontsize=8)
     fig.suptitle(title)
     return fig
 
@@ -46,5 +51,7 @@ def matrix_rows(matrix: np.ndarray, value_name: str, **fields) -> list[dict]:
     """Long-form rows {x_layer, y_layer, value, **fields} of a layer × layer matrix, for `dvc plots`."""
     rows = []
     for y, x in np.ndindex(matrix.shape):
-        rows.append({**fields, "y_layer": int(y), "x_layer": int(x), value_name: round(float(matrix[y, x]), 6)})
+        value = matrix[y, x]
+        if np.isfinite(value):  # undefined cells are left out: the heatmap shows them empty
+            rows.append({**fields, "y_layer": int(y), "x_layer": int(x), value_name: round(float(value), 6)})
     return rows

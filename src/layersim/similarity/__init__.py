@@ -3,6 +3,6 @@
 The bottom layer of the library: NumPy only, no I/O, no models.
 """
 
-from layersim.similarity.cka import cka_matrix, linear_cka
+from layersim.similarity.cka import cka_matrix, is_constant, linear_cka
 
-__all__ = ["cka_matrix", "linear_cka"]
+__all__ = ["cka_matrix", "is_constant", "linear_cka"]

@@ -158,15 +158,28 @@ def _validated(named: list[tuple[str, np.ndarray]]) -> list[tuple[str, np.ndarra
     return arrays
 
 
-def _centre(name: str, a: np.ndarray) -> np.ndarray:
-    """``H a`` in float64 (a new C-contiguous array); raises if nothing is left after centring."""
+def _centred_and_constant(a: np.ndarray) -> tuple[np.ndarray, bool]:
+    """``H a`` in float64 (a new C-contiguous array), and whether nothing is left after centring."""
     # Mean accumulated in float64 and subtracted in float64: no float32 intermediate.
     mean = a.mean(axis=0, dtype=np.float64)
     centred = np.subtract(a, mean, dtype=np.float64)
     centred_sq = float(np.einsum("ij,ij->", centred, centred))
     # ||a||² = ||Ha||² + n·||mean||² exactly (centred columns sum to zero), so no second pass.
     total_sq = centred_sq + a.shape[0] * float(mean @ mean)
-    if centred_sq <= _CONSTANT_RTOL**2 * total_sq:
+    return centred, centred_sq <= _CONSTANT_RTOL**2 * total_sq
+
+
+def is_constant(a: np.ndarray) -> bool:
+    """Whether a ``(num_examples x hidden)`` representation is the same for every example, so that
+    its CKA with anything is undefined (e.g. the CLS token's embedding-layer output)."""
+    a = np.asarray(a)
+    return a.size == 0 or _centred_and_constant(a)[1]
+
+
+def _centre(name: str, a: np.ndarray) -> np.ndarray:
+    """``H a`` in float64; raises if nothing is left after centring."""
+    centred, constant = _centred_and_constant(a)
+    if constant:
         raise LayersimError(
             f"{name} is constant across examples (zero variance after centring), so its CKA is undefined; "
             "drop that layer or check how it was extracted."

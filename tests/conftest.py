@@ -1,0 +1,30 @@
+"""Shared fixtures: offline model snapshots, made once per test session."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Callable[[str], Path]:
+    """A factory: ``tiny_model_dir("tiny-bert")`` gives the folder of that model's snapshot.
+
+    Any offline model name works ("tiny-bert", "tiny-roberta", "tiny-albert", "tiny-electra",
+    "minilm-l6"); each is snapshotted once per session and shared read-only by every test.
+    """
+    from layersim.models import snapshot_model
+
+    root = tmp_path_factory.mktemp("models")
+    cache: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in cache:
+            dest = root / name
+            snapshot_model(name, dest)
+            cache[name] = dest
+        return cache[name]
+
+    return get

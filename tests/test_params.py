@@ -1,0 +1,297 @@
+"""Tests for params.yaml validation (layersim.params) and how a stage script reports bad params."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from layersim.errors import LayersimError
+from layersim.params import (
+    DownloadParams,
+    ExtractParams,
+    FinetuneParams,
+    Params,
+    SimilarityParams,
+    load_params,
+    parse_params,
+)
+from layersim.tasks import PAPER_TASKS
+
+REPO = Path(__file__).parents[1]
+PARAMS_YAML = REPO / "params.yaml"
+
+# A small, valid document; every malformed case below changes one thing in it.
+BASE = {
+    "model": "tiny-bert",
+    "tasks": ["synth-negation", "synth-choice"],
+    "seeds": [1, 2],
+    "download": {"max_train_examples": None, "generated_train_examples": 100},
+    "finetune": {"batch_size": 4, "learning_rate": 1e-5, "warmup_steps": 10, "max_steps": 100,
+                 "eval_every": 0},
+    "extract": {"poolings": ["cls", "mean"], "batch_size": 8},
+    "similarity": {"pooling": "cls"},
+}
+
+
+def _doc(**changes) -> dict:
+    """BASE with top-level keys replaced; a value of `_DROP` removes the key."""
+    doc = copy.deepcopy(BASE)
+    for key, value in changes.items():
+        if value is _DROP:
+            del doc[key]
+        else:
+            doc[key] = value
+    return doc
+
+
+def _section(section: str, **changes) -> dict:
+    doc = copy.deepcopy(BASE)
+    doc[section] = {**doc[section], **changes}
+    return doc
+
+
+_DROP = object()
+
+
+def _write(tmp_path: Path, doc, name: str = "params.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+# --- the repository's params.yaml ------------------------------------------------------------------
+
+
+def test_repository_params_hold_the_paper_configuration() -> None:
+    params = load_params(PARAMS_YAML)
+    assert isinstance(params, Params)
+    assert params.model == "roberta-base"
+    assert params.tasks == PAPER_TASKS
+    assert len(params.tasks) == 12
+    assert params.seeds == (1, 2)
+    ft = params.finetune
+    assert ft.batch_size == 4
+    assert isinstance(ft.learning_rate, float) and ft.learning_rate == pytest.approx(1e-5, rel=1e-12)
+    assert ft.warmup_steps == 1000
+    assert ft.max_steps == 10000
+    assert params.extract.poolings == ("cls", "mean")
+    assert params.similarity.pooling == "cls"
+    assert params.download.max_train_examples is None
+    assert params.download.max_validation_examples is None
+
+
+def test_repository_params_match_the_dataclass_defaults() -> None:
+    """params.yaml and the code defaults tell the same story (the paper values)."""
+    params = load_params(PARAMS_YAML)
+    assert params.download == DownloadParams()
+    assert params.finetune == FinetuneParams()
+    assert params.extract == ExtractParams()
+    assert params.similarity == SimilarityParams()
+
+
+def test_missing_sections_take_defaults() -> None:
+    params = parse_params({"model": "tiny-bert", "tasks": ["synth-roles"], "seeds": [0]})
+    assert params.finetune == FinetuneParams()
+    assert params.extract == ExtractParams()
+    assert params.similarity == SimilarityParams()
+    assert params.download == DownloadParams()
+    # A section written with no body (`finetune:`) is YAML null: also the defaults.
+    assert parse_params({**BASE, "finetune": None}).finetune == FinetuneParams()
+
+
+def test_base_document_is_valid(tmp_path: Path) -> None:
+    params = load_params(_write(tmp_path, BASE))
+    assert params.model == "tiny-bert"
+    assert params.tasks == ("synth-negation", "synth-choice")
+    assert params.seeds == (1, 2)
+    assert params.finetune.max_steps == 100
+    assert params.finetune.eval_every == 0
+    assert params.finetune.max_length == FinetuneParams().max_length  # not given: default
+    assert params.extract.batch_size == 8
+    assert params.download.generated_train_examples == 100
+
+
+def test_float_fields_accept_integers() -> None:
+    params = parse_params(_section("finetune", weight_decay=0, learning_rate=1))
+    assert params.finetune.weight_decay == 0.0 and isinstance(params.finetune.weight_decay, float)
+    assert params.finetune.learning_rate == 1.0 and isinstance(params.finetune.learning_rate, float)
+
+
+def test_repeated_pooling_is_kept_once() -> None:
+    assert parse_params(_section("extract", poolings=["mean", "cls", "mean"])).extract.poolings == ("mean", "cls")
+
+
+# --- malformed documents ---------------------------------------------------------------------------
+
+MALFORMED = [
+    # (id, document, fragments that the message must contain)
+    ("model-list", _doc(model=["tiny-bert", "tiny-roberta"]), ["model", "tiny-bert", "tiny-roberta"]),
+    ("model-unknown", _doc(model="roberta-bas"), ["'roberta-bas'", "roberta-base", "owner/name"]),
+    ("model-number", _doc(model=3), ["model", "3"]),
+    ("task-unknown", _doc(tasks=["synth-negation", "mnli-mm"]), ["'mnli-mm'", "mnli", "cosmosqa"]),
+    ("tasks-empty", _doc(tasks=[]), ["tasks", "[]", "non-empty"]),
+    ("tasks-string", _doc(tasks="synth-negation"), ["tasks", "'synth-negation'", "list"]),
+    ("tasks-duplicate", _doc(tasks=["synth-roles", "synth-choice", "synth-roles"]), ["tasks", "repeated"]),
+    ("seeds-negative", _doc(seeds=[1, -2]), ["seeds", "-2", "non-negative"]),
+    ("seeds-string", _doc(seeds=["1", 2]), ["seeds", "'1'"]),
+    ("seeds-bool", _doc(seeds=[True, 2]), ["seeds", "True"]),
+    ("seeds-duplicate", _doc(seeds=[3, 3]), ["seeds", "[3, 3]", "repeated"]),
+    ("seeds-empty", _doc(seeds=[]), ["seeds", "[]"]),
+    ("seeds-scalar", _doc(seeds=1), ["seeds", "1", "list"]),
+    ("missing-model", _doc(model=_DROP), ["'model'", "missing"]),
+    ("missing-tasks", _doc(tasks=_DROP), ["'tasks'", "missing"]),
+    ("missing-seeds", _doc(seeds=_DROP), ["'seeds'", "missing"]),
+    ("batch-zero", _section("finetune", batch_size=0), ["finetune.batch_size", "= 0", "positive"]),
+    ("batch-negative", _section("finetune", batch_size=-4), ["finetune.batch_size", "-4", "positive"]),
+    ("batch-float", _section("finetune", batch_size=2.5), ["finetune.batch_size", "2.5", "integer"]),
+    ("batch-string", _section("finetune", batch_size="4"), ["finetune.batch_size", "'4'", "integer"]),
+    ("batch-bool", _section("finetune", batch_size=True), ["finetune.batch_size", "True", "integer"]),
+    ("lr-zero", _section("finetune", learning_rate=0), ["finetune.learning_rate", "= 0", "positive"]),
+    ("lr-negative", _section("finetune", learning_rate=-1e-5), ["finetune.learning_rate", "-1e-05", "positive"]),
+    ("lr-word", _section("finetune", learning_rate="fast"), ["finetune.learning_rate", "'fast'", "number"]),
+    ("lr-bool", _section("finetune", learning_rate=True), ["finetune.learning_rate", "True", "number"]),
+    ("warmup-equals-max", _section("finetune", warmup_steps=100, max_steps=100),
+     ["finetune.warmup_steps", "finetune.max_steps", "100"]),
+    ("warmup-above-max", _section("finetune", warmup_steps=1000, max_steps=10),
+     ["finetune.warmup_steps = 1000", "finetune.max_steps = 10"]),
+    ("warmup-negative", _section("finetune", warmup_steps=-1), ["finetune.warmup_steps", "-1", "non-negative"]),
+    ("eval-every-negative", _section("finetune", eval_every=-5), ["finetune.eval_every", "-5", "non-negative"]),
+    ("weight-decay-negative", _section("finetune", weight_decay=-0.1), ["finetune.weight_decay", "-0.1"]),
+    ("max-length-null", _section("finetune", max_length=None), ["finetune.max_length", "None", "integer"]),
+    ("max-examples-zero", _section("extract", max_examples=0), ["extract.max_examples", "0", "positive"]),
+    ("max-train-negative", _section("download", max_train_examples=-1), ["download.max_train_examples", "-1"]),
+    ("unknown-section-key", _section("finetune", lr=1e-5),
+     ["finetune.lr", "batch_size", "learning_rate", "warmup_steps", "max_steps", "eval_every"]),
+    ("unknown-extract-key", _section("extract", pooling="cls"), ["extract.pooling", "poolings", "max_examples"]),
+    ("unknown-top-level", _doc(trian={"batch_size": 4}), ["'trian'", "finetune", "model", "similarity"]),
+    ("section-list", _doc(finetune=[{"batch_size": 4}]), ["finetune", "mapping"]),
+    ("section-scalar", _doc(similarity="cls"), ["similarity", "'cls'", "mapping"]),
+    ("poolings-unknown", _section("extract", poolings=["cls", "max"]), ["extract.poolings", "'max'", "cls", "mean"]),
+    ("poolings-empty", _section("extract", poolings=[]), ["extract.poolings", "[]", "non-empty"]),
+    ("poolings-string", _section("extract", poolings="cls"), ["extract.poolings", "'cls'", "list"]),
+    ("similarity-pooling-unknown", _section("similarity", pooling="max"), ["similarity.pooling", "'max'", "cls", "mean"]),
+    ("document-list", ["model", "tiny-bert"], ["mapping", "list"]),
+    ("document-string", "roberta-base", ["mapping", "str"]),
+    ("document-empty", None, ["mapping", "NoneType"]),
+]
+
+
+@pytest.mark.parametrize("doc, fragments", [pytest.param(d, f, id=i) for i, d, f in MALFORMED])
+def test_malformed_params(doc, fragments: list[str], tmp_path: Path) -> None:
+    with pytest.raises(LayersimError) as info:
+        parse_params(copy.deepcopy(doc))
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
+    assert "\n" not in message  # one sentence, one line
+
+    # Through a YAML file the same document gives the same error.
+    with pytest.raises(LayersimError) as from_file:
+        load_params(_write(tmp_path, doc))
+    assert str(from_file.value) == message
+
+
+def test_enough_malformed_cases() -> None:
+    assert len(MALFORMED) >= 20
+    assert len({case[0] for case in MALFORMED}) == len(MALFORMED)
+
+
+def test_malformed_yaml_text(tmp_path: Path) -> None:
+    """Values as a person types them in YAML."""
+    path = tmp_path / "params.yaml"
+    path.write_text("model: tiny-bert\ntasks: [synth-roles]\nseeds: [1]\nfinetune:\n  batch_size: yes\n")
+    with pytest.raises(LayersimError, match=r"finetune\.batch_size = True"):
+        load_params(path)
+
+
+def test_load_params_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope" / "params.yaml"
+    with pytest.raises(LayersimError) as info:
+        load_params(path)
+    assert str(path) in str(info.value)
+    assert "does not exist" in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["model: [tiny-bert\n", "model: tiny-bert\n  tasks: : [x]\n", "a: b\n\t- c\n"])
+def test_load_params_invalid_yaml(text: str, tmp_path: Path) -> None:
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    with pytest.raises(LayersimError) as info:
+        load_params(path)
+    assert str(path) in str(info.value)
+    assert "YAML" in str(info.value)
+
+
+# --- hub ids as models -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["owner/name", "FacebookAI/roberta-large", "google/electra-small-discriminator"])
+def test_hub_id_accepted_as_model(model: str) -> None:
+    assert parse_params(_doc(model=model)).model == model
+
+
+@pytest.mark.parametrize("model", ["owner/", "/name", "a/b/c", "/", "roberta"])
+def test_malformed_hub_id_rejected(model: str) -> None:
+    with pytest.raises(LayersimError) as info:
+        parse_params(_doc(model=model))
+    assert repr(model) in str(info.value)
+    assert "owner/name" in str(info.value)
+
+
+# --- YAML 1.2 floats, cross-field and non-finite checks ---------------------------------------------
+
+
+def test_exponent_without_dot_is_a_float(tmp_path: Path) -> None:
+    doc = yaml.safe_dump(BASE, sort_keys=False).replace("learning_rate: 1.0e-05", "learning_rate: 2e-05")
+    assert "learning_rate: 2e-05" in doc
+    path = tmp_path / "params.yaml"
+    path.write_text(doc)
+    assert load_params(path).finetune.learning_rate == pytest.approx(2e-5)
+
+
+def test_similarity_pooling_must_be_extracted() -> None:
+    doc = _section("extract", poolings=["mean"])
+    with pytest.raises(LayersimError, match="similarity.pooling"):
+        parse_params(doc)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_learning_rate_rejected(value: float) -> None:
+    with pytest.raises(LayersimError, match="finetune.learning_rate"):
+        parse_params(_section("finetune", learning_rate=value))
+
+
+# --- a stage script with bad params ----------------------------------------------------------------
+
+
+def _stage_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    env["HF_HUB_OFFLINE"] = "1"
+    env["TRANSFORMERS_OFFLINE"] = "1"
+    return env
+
+
+def test_stage_with_bad_params_fails_cleanly(tmp_path: Path) -> None:
+    bad = _write(tmp_path, _doc(model="no-such-model"), "bad.yaml")
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "stages/download_model.py", "--params", str(bad), str(out)],
+        cwd=REPO, env=_stage_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines, "nothing on stderr"
+    assert lines[-1].startswith("error: ")
+    assert "'no-such-model'" in lines[-1]
+    assert "roberta-base" in lines[-1]  # lists the valid names
+    assert sum(line.startswith("error:") for line in lines) == 1
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]  # no temporary left either
