@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1   # nothing here needs the network
 
 dvc exp run \
   -S model=minilm-l6 \
-  -S 'tasks=[synth-negation,synth-roles]' \
+  -S 'tasks=[synth-negation,synth-similarity]' \
   -S 'seeds=[1,2]' \
   -S finetune.batch_size=16 \
   -S finetune.learning_rate=1e-4 \

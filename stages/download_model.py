@@ -2,11 +2,13 @@
 download_task, that may reach the network."""
 
 from layersim import cli
+from layersim.io import atomic_path
 from layersim.models import snapshot_model
 
 
 def main(args, params):
-    info = snapshot_model(params.model, args.out)
+    with atomic_path(args.out, is_dir=True) as tmp:
+        info = snapshot_model(params.model, tmp)
     cli.log.info("wrote %s (%s, revision %s)", args.out, params.model, info["revision"])
 
 

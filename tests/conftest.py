@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+# Tests never use the network: the hub is unreachable at once instead of after retries.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
 from collections.abc import Callable
 from pathlib import Path
 

@@ -44,9 +44,9 @@ def _batch(rng: np.random.Generator, ids: list[int], dtype=np.float32) -> dict:
     }
 
 
-def _write(path: Path, batches: list[dict], **meta) -> None:
+def _write(path: Path, batches: list[dict], rows_per_group: int = 4096, **meta) -> None:
     with ActivationWriter(path, num_layers=NUM_LAYERS, hidden_size=HIDDEN, label_type=pa.int64(),
-                          metadata={**META, **meta}) as writer:
+                          metadata={**META, **meta}, rows_per_group=rows_per_group) as writer:
         for b in batches:
             writer.write(b["example_id"], b["choice"], b["label"], b["layers"])
 
@@ -57,12 +57,20 @@ def _only_files(folder: Path) -> list[str]:
 
 # --- activation tables: round trip ----------------------------------------------------------------
 
+def test_small_batches_are_buffered_into_one_row_group(tmp_path):
+    rng = np.random.default_rng(1)
+    path = tmp_path / "acts.parquet"
+    _write(path, [_batch(rng, [0, 1]), _batch(rng, [2]), _batch(rng, [3, 4])])
+    assert pq.ParquetFile(path).num_row_groups == 1
+    np.testing.assert_array_equal(ActivationTable(path).example_id, [0, 1, 2, 3, 4])
+
+
 def test_activation_round_trip_two_row_groups(tmp_path):
     rng = np.random.default_rng(0)
     first = _batch(rng, [10, 3, 7])
     second = _batch(rng, [42, 1])
     path = tmp_path / "acts.parquet"
-    _write(path, [first, second])
+    _write(path, [first, second], rows_per_group=3)  # the first batch fills a row group
 
     assert _only_files(tmp_path) == ["acts.parquet"]  # no temporary left behind
     assert pq.ParquetFile(path).num_row_groups == 2

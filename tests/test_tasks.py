@@ -506,3 +506,13 @@ def test_read_task_table_refuses_wrong_columns(tmp_path: Path) -> None:
     io.write_parquet(table.drop_columns(["text_b"]), tmp_path / "validation.parquet")
     with pytest.raises(LayersimError, match="text_b"):
         io.read_task_table(tmp_path, spec, "validation")
+
+
+def test_unreachable_hub_points_to_the_builtin_tasks():
+    # conftest sets HF_HUB_OFFLINE=1, which makes the hub unreachable at once.
+    from layersim.tasks import hub_table
+
+    with pytest.raises(LayersimError) as info:
+        hub_table(get_task("rte"), "train")
+    message = str(info.value)
+    assert "'rte'" in message and "hub" in message and "synth-negation" in message

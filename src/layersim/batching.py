@@ -45,7 +45,7 @@ def encode_task(table: pa.Table, spec: TaskSpec, tokenizer, max_length: int) -> 
     keys = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in encoded]
     rows = [{k: encoded[k][i] for k in keys} for i in range(len(encoded["input_ids"]))]
     features = [rows[i:i + groups] for i in range(0, len(rows), groups)]
-    labels = np.asarray(columns["label"], dtype=np.float32 if spec.regression else np.int64)
+    labels = np.asarray(columns["label"], dtype=np.float64 if spec.regression else np.int64)
     return EncodedTask(features, labels, np.asarray(columns["example_id"], dtype=np.int64), num_choices)
 
 
@@ -56,7 +56,9 @@ def collate(encoded: EncodedTask, indices: Sequence[int], tokenizer, with_labels
     if encoded.num_choices > 1:
         batch = {k: v.view(len(indices), encoded.num_choices, -1) for k, v in batch.items()}
     if with_labels:
-        batch["labels"] = torch.from_numpy(encoded.labels[np.asarray(indices)])
+        labels = encoded.labels[np.asarray(indices)]
+        # Regression heads compute in float32; the tables keep the exact float64 labels.
+        batch["labels"] = torch.from_numpy(labels.astype(np.float32) if labels.dtype == np.float64 else labels)
     return batch
 
 

@@ -45,7 +45,8 @@ def extract_activations(encoder, tokenizer, spec: TaskSpec, encoded: EncodedTask
         batches = sequential_batches(encoded, batch_size, tokenizer)
         for indices, batch in tqdm(batches, total=-(-len(encoded) // batch_size), desc=f"extract {metadata['run']}",
                                    mininterval=2):
-            labels = batch.pop("labels").numpy()
+            batch.pop("labels")
+            labels = encoded.labels[indices]
             choices = encoded.num_choices
             # Flatten (batch, choices, length) so that every (example, choice) is one row.
             batch = {k: v.reshape(-1, v.shape[-1]) for k, v in to_device(batch, device).items()}

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,10 @@ import pyarrow.parquet as pq
 from layersim.errors import LayersimError
 
 METADATA_KEY = b"layersim"
+
+# Read once at import (single-threaded then): os.umask can only be read by setting it.
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 @contextlib.contextmanager
@@ -38,9 +43,7 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
     try:
         yield tmp
         # mkstemp/mkdtemp create private files; give the result the permissions of a normal write.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, (0o777 if is_dir else 0o666) & ~umask)
+        os.chmod(tmp, (0o777 if is_dir else 0o666) & ~_UMASK)
         if is_dir and path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)
@@ -101,25 +104,29 @@ def activation_schema(num_layers: int, hidden_size: int, label_type: pa.DataType
 
 
 class ActivationWriter:
-    """Stream per-layer activations into one Parquet file, a row group per `flush`, atomically.
+    """Stream per-layer activations into one Parquet file, atomically.
 
     Use as a context manager; the file appears under its final name only if the block succeeds.
+    Rows are buffered into row groups of about `rows_per_group`, so a reader gets few, large chunks.
     """
 
     def __init__(self, path: str | os.PathLike, *, num_layers: int, hidden_size: int,
-                 label_type: pa.DataType, metadata: dict[str, Any]):
+                 label_type: pa.DataType, metadata: dict[str, Any], rows_per_group: int = 4096):
         self.schema = activation_schema(num_layers, hidden_size, label_type,
                                         {**metadata, "num_layers": num_layers, "hidden_size": hidden_size})
         self.hidden_size = hidden_size
         self.num_layers = num_layers
+        self.rows_per_group = rows_per_group
         self._path = path
-        self._atomic = None
-        self._writer = None
+        self._stack = contextlib.ExitStack()
+        self._writer: pq.ParquetWriter | None = None
+        self._pending: list[pa.Table] = []
 
     def __enter__(self) -> "ActivationWriter":
-        self._atomic = atomic_path(self._path)
-        tmp = self._atomic.__enter__()
-        self._writer = pq.ParquetWriter(tmp, self.schema)
+        with contextlib.ExitStack() as stack:
+            tmp = stack.enter_context(atomic_path(self._path))
+            self._writer = stack.enter_context(pq.ParquetWriter(tmp, self.schema))
+            self._stack = stack.pop_all()
         return self
 
     def write(self, example_id: np.ndarray, choice: np.ndarray, label: np.ndarray,
@@ -132,11 +139,24 @@ class ActivationWriter:
         for values in layers:
             flat = pa.array(np.ascontiguousarray(values, dtype=np.float32).reshape(-1))
             columns.append(pa.FixedSizeListArray.from_arrays(flat, self.hidden_size))
-        self._writer.write_table(pa.Table.from_arrays(columns, schema=self.schema))
+        self._pending.append(pa.Table.from_arrays(columns, schema=self.schema))
+        if sum(t.num_rows for t in self._pending) >= self.rows_per_group:
+            self._flush()
 
-    def __exit__(self, *exc) -> None:
-        self._writer.close()
-        self._atomic.__exit__(*exc)
+    def _flush(self) -> None:
+        if self._pending:
+            self._writer.write_table(pa.concat_tables(self._pending), row_group_size=1 << 30)
+            self._pending = []
+
+    def __exit__(self, *exc) -> bool | None:
+        # Closing the writer, then renaming (success) or deleting (failure) the temporary file.
+        if exc[0] is None:
+            try:
+                self._flush()
+            except BaseException:
+                self._stack.__exit__(*sys.exc_info())
+                raise
+        return self._stack.__exit__(*exc)
 
 
 class ActivationTable:
