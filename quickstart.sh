@@ -16,6 +16,8 @@ dvc exp run \
   -S finetune.max_steps=200 \
   -S finetune.eval_every=50 \
   -S finetune.max_length=64 \
+  -S extract.max_train_examples=1000 \
+  -S truncate.head_epochs=10 \
   "$@"
 
 echo

@@ -8,28 +8,33 @@ from layersim.batching import encode_task
 from layersim.extract import extract_activations
 from layersim.io import atomic_path, read_task_table
 from layersim.models import load_encoder, load_tokenizer, model_info
-from layersim.tasks import get_task, subsample
+from layersim.tasks import get_task
 from layersim.train import default_device
 
 
 def main(args, params):
     spec = get_task(args.task)
     p = params.extract
-    table = subsample(read_task_table(args.task_dir, spec, "validation"), p.max_examples, seed=0)
+    # Validation tables sit at the top (what similarity compares); train tables in train/ feed the
+    # fresh heads of the truncate stage.
+    splits = {"validation": (read_task_table(args.task_dir, spec, "validation", p.max_examples), ""),
+              "train": (read_task_table(args.task_dir, spec, "train", p.max_train_examples), "train")}
     runs = {"orig": args.pretrained} | {f"seed{s}": args.checkpoints / f"seed{s}" for s in params.seeds}
     device = default_device()
     with atomic_path(args.out, is_dir=True) as tmp:
         for run, folder in runs.items():
             info = model_info(folder)
             tokenizer = load_tokenizer(folder)
-            encoded = encode_task(table, spec, tokenizer, params.finetune.max_length)
-            metadata = {"model": params.model, "model_digest": info["digest"], "run": run, "task": spec.name,
-                        "split": "validation"}
-            outputs = {pooling: Path(tmp) / f"{run}.{pooling}.parquet" for pooling in p.poolings}
-            extract_activations(load_encoder(folder), tokenizer, spec, encoded, outputs, metadata,
-                                p.batch_size, device)
-            cli.log.info("read %s, wrote %s", folder, ", ".join(f"{run}.{q}.parquet" for q in p.poolings))
-    cli.log.info("wrote %s (%d examples)", args.out, table.num_rows)
+            encoder = load_encoder(folder)
+            for split, (table, subfolder) in splits.items():
+                encoded = encode_task(table, spec, tokenizer, params.finetune.max_length)
+                metadata = {"model": params.model, "model_digest": info["digest"], "run": run, "task": spec.name,
+                            "split": split}
+                outputs = {q: Path(tmp) / subfolder / f"{run}.{q}.parquet" for q in p.poolings}
+                extract_activations(encoder, tokenizer, spec, encoded, outputs, metadata, p.batch_size, device)
+            cli.log.info("read %s, wrote %s.{%s}.parquet", folder, run, ",".join(p.poolings))
+    cli.log.info("wrote %s (%s)", args.out,
+                 ", ".join(f"{split}: {table.num_rows} examples" for split, (table, _) in splits.items()))
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@ def project(tmp_path_factory) -> tuple[Path, dict]:
     params["download"].update(generated_train_examples=200, generated_validation_examples=60)
     params["finetune"].update(batch_size=8, learning_rate=1e-3, warmup_steps=2, max_steps=6, eval_every=3,
                               max_length=32)
+    params["extract"].update(max_train_examples=100)
+    params["truncate"].update(head_epochs=2)
     (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, "PYTHONPATH": str(dest / "src"), "HF_HUB_OFFLINE": "1", "DVC_NO_ANALYTICS": "1",
            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
@@ -90,6 +92,27 @@ def test_repro_writes_every_declared_output(project):
     assert {row["comparison"] for row in rows} == {"ORIG–ORIG", "FT–ORIG", "FT–FT", "FT[1]–FT[2]"}
 
 
+def test_truncate_and_skip_agree_with_the_fine_tuned_models(project):
+    root, _ = project
+    finetuned = [json.loads((root / f"metrics/finetune/{TASK}/seed{seed}.json").read_text())["accuracy"]
+                 for seed in SEEDS]
+    truncate = json.loads((root / f"metrics/truncate/{TASK}.json").read_text())
+    assert truncate["metric"] == "accuracy"
+    # Exiting after the last layer is the full model: the same score the finetune stage measured.
+    assert truncate["full"] == pytest.approx(sum(finetuned) / len(finetuned), abs=1e-6)
+    assert truncate["untuned"]["layer_03"] == pytest.approx(truncate["full"], abs=1e-6)
+    for variant in ("untuned", "tuned", "tuned_orig"):
+        assert sorted(truncate[variant]) == ["layer_00", "layer_01", "layer_02", "layer_03"]
+    assert 0 <= truncate["droppable_top_layers_untuned"] <= 3
+    skip = json.loads((root / f"metrics/skip/{TASK}.json").read_text())
+    assert sorted(skip["spans"]) == ["1-1", "1-2", "1-3", "2-2", "2-3", "3-3"]
+    assert skip["full"] == pytest.approx(truncate["full"], abs=1e-6)
+    assert 1 <= skip["worst_single_layer"]["layer"] <= 3
+    for stage in ("truncate", "skip"):
+        assert (root / f"plots/{stage}/{TASK}.png").read_bytes()[:4] == b"\x89PNG"
+        assert json.loads((root / f"plots/{stage}/{TASK}.json").read_text())
+
+
 def test_second_repro_has_nothing_to_do(project):
     root, state = project
     out = run(dvc("repro"), root, state["env"])
@@ -105,17 +128,23 @@ def test_metrics_are_visible_to_dvc(project):
     assert f"metrics/similarity/{TASK}.json" in workspace and "ft_orig" in workspace
 
 
-def test_changing_a_similarity_param_reruns_only_similarity(project):
+@pytest.mark.parametrize("section,key,value,stage", [
+    ("similarity", "pooling", "mean", "similarity"),
+    ("truncate", "head_epochs", 3, "truncate"),
+    ("skip", "tolerance", 0.05, "skip"),
+])
+def test_changing_an_analysis_param_reruns_only_its_stage(project, section, key, value, stage):
     root, state = project
     params_path = root / "params.yaml"
     original = params_path.read_text()
     params = yaml.safe_load(original)
-    params["similarity"]["pooling"] = "mean"
+    params[section][key] = value
     params_path.write_text(yaml.safe_dump(params, sort_keys=False))
     try:
         dry = run(dvc("repro", "--dry"), root, state["env"]).stdout
-        assert f"Running stage 'similarity@{TASK}'" in dry
-        for upstream in ("download_model", "download_task", "finetune", "extract"):
-            assert f"Running stage '{upstream}" not in dry
+        assert f"Running stage '{stage}@{TASK}'" in dry
+        for other in ("download_model", "download_task", "finetune", "extract", "similarity", "truncate", "skip"):
+            if other != stage:
+                assert f"Running stage '{other}" not in dry
     finally:
         params_path.write_text(original)

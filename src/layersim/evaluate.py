@@ -14,16 +14,20 @@ from layersim.tasks import TaskSpec
 
 
 def _pearson(labels, predictions) -> float:
-    return _defined(stats.pearsonr(predictions, labels)[0])
+    return _correlation(stats.pearsonr, labels, predictions)
 
 
 def _spearman(labels, predictions) -> float:
-    return _defined(stats.spearmanr(predictions, labels)[0])
+    return _correlation(stats.spearmanr, labels, predictions)
 
 
-def _defined(value: float) -> float:
-    # A constant prediction has no correlation with anything; report 0 rather than NaN.
-    return 0.0 if not np.isfinite(value) else float(value)
+def _correlation(statistic, labels, predictions) -> float:
+    # A constant prediction (e.g. a model exiting at the embeddings) has no correlation with
+    # anything; report 0 rather than NaN, without scipy's warning.
+    if np.ptp(predictions) == 0 or np.ptp(labels) == 0:
+        return 0.0
+    value = statistic(predictions, labels)[0]
+    return float(value) if np.isfinite(value) else 0.0
 
 
 METRICS = {
@@ -62,3 +66,9 @@ def predict(model, encoded: EncodedTask, tokenizer, batch_size: int, device: tor
                          leave=False):
         outputs.append(model(**to_device(batch, device)).logits.float().cpu().numpy())
     return np.concatenate(outputs)
+
+
+def score(model, spec: TaskSpec, encoded: EncodedTask, tokenizer, batch_size: int,
+          device: torch.device) -> dict[str, float]:
+    """Every metric of `spec` for `model` on `encoded`."""
+    return compute_metrics(spec, predict(model, encoded, tokenizer, batch_size, device), encoded.labels)

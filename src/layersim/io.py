@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from layersim.errors import LayersimError
+from layersim.tasks import subsample
 
 METADATA_KEY = b"layersim"
 
@@ -216,8 +217,9 @@ class ActivationTable:
 
 # --- task tables -------------------------------------------------------------------------------
 
-def read_task_table(folder: str | os.PathLike, task, split: str) -> pa.Table:
-    """The normalized `split` table of `task` (a TaskSpec) from a download folder, checked."""
+def read_task_table(folder: str | os.PathLike, task, split: str, max_examples: int | None = None) -> pa.Table:
+    """The normalized `split` table of `task` (a TaskSpec) from a download folder, checked; at most
+    `max_examples` rows, the same seeded choice for every stage that asks."""
     path = Path(folder) / f"{split}.parquet"
     if not path.is_file():
         raise LayersimError(f"task table {path} does not exist; run the download_task stage for {task.name!r} first.")
@@ -229,4 +231,4 @@ def read_task_table(folder: str | os.PathLike, task, split: str) -> pa.Table:
     expected = ["example_id", *task.text_columns, "label"]
     if table.column_names != expected:
         raise LayersimError(f"{path} has columns {table.column_names}, expected {expected}.")
-    return table
+    return subsample(table, max_examples, seed=0)

@@ -49,11 +49,26 @@ class ExtractParams:
     poolings: tuple[str, ...] = POOLINGS
     batch_size: int = 32
     max_examples: int | None = None     # validation examples per task; None takes all
+    max_train_examples: int | None = 10000  # train examples whose activations train truncate's fresh heads
 
 
 @dataclass(frozen=True)
 class SimilarityParams:
     pooling: str = "cls"                # Phang et al. compare CLS representations
+
+
+@dataclass(frozen=True)
+class TruncateParams:
+    head_epochs: int = 20               # fresh heads (Tuned, TunedOrig) train on cached CLS activations
+    head_learning_rate: float = 1e-3
+    head_batch_size: int = 64
+    head_weight_decay: float = 0.0
+    tolerance: float = 0.01             # 1 point of the task's primary metric (metrics are on a 0–1 scale)
+
+
+@dataclass(frozen=True)
+class SkipParams:
+    tolerance: float = 0.01             # a span is "cheap" if skipping it costs at most this much
 
 
 @dataclass(frozen=True)
@@ -65,14 +80,17 @@ class Params:
     finetune: FinetuneParams = field(default_factory=FinetuneParams)
     extract: ExtractParams = field(default_factory=ExtractParams)
     similarity: SimilarityParams = field(default_factory=SimilarityParams)
+    truncate: TruncateParams = field(default_factory=TruncateParams)
+    skip: SkipParams = field(default_factory=SkipParams)
 
 
 _SECTIONS = {"download": DownloadParams, "finetune": FinetuneParams, "extract": ExtractParams,
-             "similarity": SimilarityParams}
+             "similarity": SimilarityParams, "truncate": TruncateParams, "skip": SkipParams}
 _POSITIVE = {"batch_size", "learning_rate", "max_steps", "max_length", "eval_batch_size",
              "generated_train_examples", "generated_validation_examples", "max_train_examples",
-             "max_validation_examples", "max_examples"}
-_NON_NEGATIVE = {"warmup_steps", "weight_decay", "eval_every", "generated_seed"}
+             "max_validation_examples", "max_examples", "max_train_examples", "head_epochs",
+             "head_learning_rate", "head_batch_size"}
+_NON_NEGATIVE = {"warmup_steps", "weight_decay", "eval_every", "generated_seed", "head_weight_decay", "tolerance"}
 
 
 def _fail(key: str, value: Any, allowed: str) -> LayersimError:
@@ -172,6 +190,9 @@ def parse_params(raw: Any) -> Params:
     if sections["similarity"].pooling not in sections["extract"].poolings:
         raise LayersimError(f"params.yaml: similarity.pooling = {sections['similarity'].pooling!r} is not among "
                             f"extract.poolings = {list(sections['extract'].poolings)}; extract it or pick one of those.")
+    if "cls" not in sections["extract"].poolings:
+        raise LayersimError(f"params.yaml: extract.poolings = {list(sections['extract'].poolings)} must include 'cls'; "
+                            "the truncate stage trains its fresh heads on CLS activations.")
     return Params(model=model, tasks=tuple(tasks), seeds=tuple(seeds), **sections)
 
 

@@ -55,3 +55,57 @@ def matrix_rows(matrix: np.ndarray, value_name: str, **fields) -> list[dict]:
         if np.isfinite(value):  # undefined cells are left out: the heatmap shows them empty
             rows.append({**fields, "y_layer": int(y), "x_layer": int(x), value_name: round(float(value), 6)})
     return rows
+
+
+VARIANT_STYLE = {  # Phang et al. Figure 3's colours
+    "untuned": ("Untuned", "tab:green"),
+    "tuned": ("Tuned", "tab:blue"),
+    "tuned_orig": ("TunedOrig", "goldenrod"),
+}
+
+
+def truncation_curves(per_seed: dict[str, list[list[float]]], full: list[float], baseline: float, metric: str,
+                      title: str):
+    """Score (y) against exit layer (x) for each variant: the mean over seeds as a line, the range
+    over seeds as a band; the full fine-tuned model as a grey line and the majority-class baseline
+    as a red dotted line (Phang et al. Figure 3)."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.8), constrained_layout=True)
+    for variant, runs in per_seed.items():
+        label, colour = VARIANT_STYLE[variant]
+        values = np.asarray(runs, dtype=float)
+        layers = np.arange(values.shape[1])
+        ax.plot(layers, values.mean(0), marker="o", ms=3, color=colour, label=label)
+        if len(values) > 1:
+            ax.fill_between(layers, values.min(0), values.max(0), color=colour, alpha=0.2, lw=0)
+    ax.axhline(float(np.mean(full)), color="grey", lw=1, label="full fine-tuned model")
+    ax.axhline(baseline, color="red", ls=":", lw=1.2, label="majority baseline")
+    num = len(next(iter(per_seed.values()))[0])
+    ax.set_xticks(range(num))
+    ax.set_xticklabels(layer_tick_labels(num))
+    ax.set_xlabel("exit layer (layers above it discarded)")
+    ax.set_ylabel(metric)
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="best", framealpha=0.9)
+    return fig
+
+
+def span_heatmap(scores: np.ndarray, full: float, metric: str, title: str):
+    """Score with layers i..j skipped: row i (first skipped layer), column j (last skipped layer);
+    the lower triangle (j < i) is empty. The colour bar marks the full model's score."""
+    fig, ax = plt.subplots(figsize=(4.8, 4.2), constrained_layout=True)
+    masked = np.ma.masked_invalid(scores)
+    image = ax.imshow(masked, origin="upper", cmap=plt.get_cmap("viridis").with_extremes(bad="white"))
+    num = scores.shape[0]
+    ax.set_xticks(range(num))
+    ax.set_xticklabels(range(1, num + 1))
+    ax.set_yticks(range(num))
+    ax.set_yticklabels(range(1, num + 1))
+    ax.set_xlabel("last skipped layer j")
+    ax.set_ylabel("first skipped layer i")
+    for i, j in zip(*np.nonzero(~masked.mask)):
+        ax.text(j, i, f"{scores[i, j]:.2f}", ha="center", va="center", fontsize=6,
+                color="white" if scores[i, j] < (masked.min() + masked.max()) / 2 else "black")
+    bar = fig.colorbar(image, ax=ax, shrink=0.8, label=metric)
+    bar.ax.axhline(full, color="red", lw=1.5)
+    ax.set_title(title)
+    return fig

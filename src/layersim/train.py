@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from layersim.batching import EncodedTask, collate, to_device
-from layersim.evaluate import compute_metrics, predict
+from layersim.evaluate import score
 from layersim.models import MODEL_INFO_FILE, load_task_model, load_tokenizer, model_info, weights_digest
 from layersim.params import FinetuneParams
 from layersim.tasks import TaskSpec
@@ -113,8 +113,7 @@ def _prefixed(metrics: dict[str, float]) -> dict[str, float]:
 
 def evaluate_model(model, spec: TaskSpec, validation: EncodedTask, tokenizer, params: FinetuneParams,
                    device: torch.device) -> dict[str, float]:
-    logits = predict(model, validation, tokenizer, params.eval_batch_size, device)
-    return compute_metrics(spec, logits, validation.labels)
+    return score(model, spec, validation, tokenizer, params.eval_batch_size, device)
 
 
 def save_checkpoint(model, tokenizer, folder: Path, *, base_dir: str | Path, task: str, seed: int) -> None:

@@ -1,0 +1,105 @@
+"""Fresh task heads trained on cached layer representations: the Tuned and TunedOrig variants of
+Phang et al. §4, where only the output head is trained on top of a frozen (truncated) encoder.
+
+Every head in the registry reads only the first token (CLS / <s>), so a head can be trained from
+the CLS activation tables that the extract stage writes, with no encoder run. The head is the
+shape shared by BERT's pooler + classifier and RoBERTa's classification head: dense → tanh →
+dropout → linear. Multiple choice scores each (example, choice) row and takes a softmax over the
+choices; regression has one output trained with squared error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from layersim.errors import LayersimError
+from layersim.tasks import TaskSpec
+
+
+@dataclass(frozen=True)
+class HeadParams:
+    epochs: int = 20
+    learning_rate: float = 1e-3
+    batch_size: int = 64
+    weight_decay: float = 0.0
+    dropout: float = 0.1
+
+
+class Head(nn.Module):
+    def __init__(self, hidden_size: int, num_outputs: int, dropout: float):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.dropout = nn.Dropout(dropout)
+        self.out = nn.Linear(hidden_size, num_outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.dropout(torch.tanh(self.dense(self.dropout(x)))))
+
+
+@dataclass
+class TrainedHead:
+    """A head and the train-row standardisation it was fitted with."""
+
+    head: Head
+    mean: torch.Tensor
+    scale: torch.Tensor
+    num_choices: int
+
+    @torch.inference_mode()
+    def logits(self, features: np.ndarray) -> np.ndarray:
+        """Logits shaped like the task model's: (n, labels), (n, 1) for regression, (n, choices)."""
+        self.head.eval()
+        x = (torch.from_numpy(np.asarray(features, np.float32)) - self.mean) / self.scale
+        out = self.head(x)
+        if self.num_choices > 1:
+            out = out.view(-1, self.num_choices)
+        return out.numpy()
+
+
+def train_head(spec: TaskSpec, features: np.ndarray, labels: np.ndarray, params: HeadParams,
+               seed: int) -> TrainedHead:
+    """Fit a fresh head on (rows, hidden) `features`. For multiple choice, rows are (example,
+    choice) in example order and `labels` holds one label per example."""
+    num_choices = spec.num_choices if spec.format == "multiple_choice" else 1
+    if len(features) != len(labels) * num_choices:
+        raise LayersimError(f"{len(features)} feature rows do not match {len(labels)} labels × {num_choices} "
+                            f"choices for task {spec.name!r}.")
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    x = torch.from_numpy(np.asarray(features, np.float32))
+    mean, scale = x.mean(0), x.std(0).clamp(min=1e-6)
+    x = ((x - mean) / scale).view(len(labels), num_choices, -1)
+    y = torch.from_numpy(np.asarray(labels, np.float32 if spec.regression else np.int64))
+    head = Head(x.shape[-1], spec.num_labels, params.dropout)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=params.learning_rate, weight_decay=params.weight_decay)
+    loss_fn = nn.MSELoss() if spec.regression else nn.CrossEntropyLoss()
+    head.train()
+    for _ in range(params.epochs):
+        for batch in torch.randperm(len(labels), generator=generator).split(params.batch_size):
+            out = head(x[batch])  # (batch, choices, outputs)
+            if spec.regression:
+                loss = loss_fn(out.view(-1), y[batch])
+            elif num_choices > 1:
+                loss = loss_fn(out.view(len(batch), num_choices), y[batch])
+            else:
+                loss = loss_fn(out.view(len(batch), -1), y[batch])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    return TrainedHead(head, mean, scale, num_choices)
+
+
+def majority_baseline(spec: TaskSpec, train_labels: np.ndarray, validation_labels: np.ndarray) -> np.ndarray:
+    """Logits that always predict the most frequent training class (Phang's red dotted line);
+    for regression, the training mean; for multiple choice, the most frequent answer position."""
+    n = len(validation_labels)
+    if spec.regression:
+        return np.full((n, 1), float(np.mean(train_labels)))
+    width = spec.num_choices if spec.format == "multiple_choice" else spec.num_labels
+    logits = np.zeros((n, width))
+    logits[:, np.bincount(np.asarray(train_labels, np.int64), minlength=width).argmax()] = 1.0
+    return logits

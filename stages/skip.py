@@ -1,0 +1,60 @@
+"""skip: task score of the fine-tuned model with every contiguous span of layers [i, j] skipped, with
+no further training (Phang et al. §4.1)."""
+
+from pathlib import Path
+
+import numpy as np
+
+from layersim import cli
+from layersim.batching import encode_task
+from layersim.evaluate import predict
+from layersim.io import read_task_table, write_figure, write_json
+from layersim.models import load_task_model, load_tokenizer
+from layersim.plots import span_heatmap
+from layersim.tasks import get_task
+from layersim.train import default_device
+from layersim.truncation import primary_score, span_scores, span_summary
+
+
+def main(args, params):
+    spec = get_task(args.task)
+    table = read_task_table(args.task_dir, spec, "validation", params.extract.max_examples)
+    batch_size = params.extract.batch_size
+    device = default_device()
+    full, per_seed = [], []
+    for seed in params.seeds:
+        folder = args.checkpoints / f"seed{seed}"
+        tokenizer = load_tokenizer(folder)
+        model = load_task_model(folder, spec).to(device)
+        encoded = encode_task(table, spec, tokenizer, params.finetune.max_length)
+        full.append(primary_score(spec, predict(model, encoded, tokenizer, batch_size, device), encoded.labels))
+        per_seed.append(span_scores(model, spec, encoded, tokenizer, batch_size, device))
+        cli.log.info("seed %d: %d spans scored from %s", seed, len(per_seed[-1]), folder)
+
+    spans = list(per_seed[0])
+    mean = {span: float(np.mean([scores[span] for scores in per_seed])) for span in spans}
+    num_layers = max(j for _, j in spans)
+    matrix = np.full((num_layers, num_layers), np.nan)
+    for (i, j), value in mean.items():
+        matrix[i - 1, j - 1] = value
+    full_mean = float(np.mean(full))
+    metrics = {"metric": spec.primary_metric, "full": round(full_mean, 6), "tolerance": params.skip.tolerance,
+               "spans": {f"{i}-{j}": round(v, 6) for (i, j), v in mean.items()},
+               **span_summary(mean, full_mean, params.skip.tolerance)}
+    rows = [{"seed": seed, "first": i, "last": j, "score": round(scores[(i, j)], 6)}
+            for seed, scores in zip(params.seeds, per_seed) for i, j in spans]
+    title = f"skipped layers — {spec.name} (full model {full_mean:.3f})"
+    write_figure(span_heatmap(matrix, full_mean, spec.primary_metric, title), args.plots / f"{spec.name}.png")
+    write_json(rows, args.plots / f"{spec.name}.json")
+    write_json(metrics, args.metrics)
+    cli.log.info("wrote %s and %s", args.metrics, args.plots / f"{spec.name}.png")
+
+
+if __name__ == "__main__":
+    p = cli.parser(__doc__)
+    p.add_argument("--task", required=True)
+    p.add_argument("--checkpoints", type=Path, required=True, help="folder holding seed<k>/ checkpoints")
+    p.add_argument("--task-dir", type=Path, required=True, help="folder written by download_task")
+    p.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
+    p.add_argument("--plots", type=Path, required=True, help="folder for the PNG and the plot rows")
+    cli.run_stage(main, p.parse_args())

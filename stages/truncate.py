@@ -1,0 +1,83 @@
+"""truncate: task score when the fine-tuned encoder exits after layer k, for every k (Phang et al. §4):
+Untuned (the fine-tuned head as is), Tuned (a fresh head on the fine-tuned encoder's layer k) and
+TunedOrig (a fresh head on the pretrained encoder's layer k)."""
+
+from pathlib import Path
+
+import numpy as np
+
+from layersim import cli
+from layersim.batching import encode_task
+from layersim.evaluate import predict
+from layersim.heads import HeadParams, majority_baseline
+from layersim.io import ActivationTable, read_task_table, write_figure, write_json
+from layersim.models import load_task_model, load_tokenizer
+from layersim.plots import truncation_curves
+from layersim.tasks import get_task
+from layersim.train import default_device
+from layersim.truncation import VARIANTS, fewest_layers_within, head_scores, primary_score, untuned_scores
+
+
+def main(args, params):
+    spec = get_task(args.task)
+    p = params.truncate
+    heads = HeadParams(epochs=p.head_epochs, learning_rate=p.head_learning_rate, batch_size=p.head_batch_size,
+                       weight_decay=p.head_weight_decay)
+    table = read_task_table(args.task_dir, spec, "validation", params.extract.max_examples)
+    device = default_device()
+
+    def cls(run: str, split: str = "validation") -> ActivationTable:
+        return ActivationTable(args.activations / ("train" if split == "train" else "") / f"{run}.cls.parquet")
+
+    per_seed = {variant: [] for variant in VARIANTS}
+    full = []
+    for seed in params.seeds:
+        folder = args.checkpoints / f"seed{seed}"
+        tokenizer = load_tokenizer(folder)
+        model = load_task_model(folder, spec).to(device)
+        encoded = encode_task(table, spec, tokenizer, params.finetune.max_length)
+        full.append(primary_score(spec, predict(model, encoded, tokenizer, params.extract.batch_size, device),
+                                  encoded.labels))
+        per_seed["untuned"].append(untuned_scores(model, spec, encoded, tokenizer, params.extract.batch_size, device))
+        per_seed["tuned"].append(head_scores(spec, cls(f"seed{seed}", "train"), cls(f"seed{seed}"), heads, seed))
+        per_seed["tuned_orig"].append(head_scores(spec, cls("orig", "train"), cls("orig"), heads, seed))
+        cli.log.info("seed %d: full %s %.4f, untuned by exit layer %s", seed, spec.primary_metric, full[-1],
+                     np.round(per_seed["untuned"][-1], 3).tolist())
+
+    orig = cls("orig")
+    validation_labels = orig.labels()[orig.choice == 0]
+    train = cls("orig", "train")
+    baseline = primary_score(spec, majority_baseline(spec, train.labels()[train.choice == 0], validation_labels),
+                             validation_labels)
+    mean = {variant: np.mean(runs, axis=0) for variant, runs in per_seed.items()}
+    fewest = fewest_layers_within(mean["untuned"].tolist(), float(np.mean(full)), p.tolerance)
+    num_layers = len(mean["untuned"]) - 1
+    metrics = {
+        "metric": spec.primary_metric,
+        "full": round(float(np.mean(full)), 6),
+        "majority_baseline": round(baseline, 6),
+        "tolerance": p.tolerance,
+        "fewest_layers_untuned_within_tolerance": fewest,
+        "droppable_top_layers_untuned": num_layers - fewest,
+        **{variant: {f"layer_{k:02d}": round(float(v), 6) for k, v in enumerate(values)}
+           for variant, values in mean.items()},
+    }
+    rows = [{"variant": variant, "seed": seed, "layer": k, "score": round(float(v), 6)}
+            for variant, runs in per_seed.items() for seed, run in zip(params.seeds, runs) for k, v in enumerate(run)]
+    title = f"truncation — {orig.metadata['model']} on {spec.name}"
+    write_figure(truncation_curves(per_seed, full, baseline, spec.primary_metric, title), args.plots / f"{spec.name}.png")
+    write_json(rows, args.plots / f"{spec.name}.json")
+    write_json(metrics, args.metrics)
+    cli.log.info("wrote %s and %s: %d of %d top layers can be dropped within %.3g", args.metrics,
+                 args.plots / f"{spec.name}.png", num_layers - fewest, num_layers, p.tolerance)
+
+
+if __name__ == "__main__":
+    p = cli.parser(__doc__)
+    p.add_argument("--task", required=True)
+    p.add_argument("--checkpoints", type=Path, required=True, help="folder holding seed<k>/ checkpoints")
+    p.add_argument("--activations", type=Path, required=True, help="folder written by extract")
+    p.add_argument("--task-dir", type=Path, required=True, help="folder written by download_task")
+    p.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
+    p.add_argument("--plots", type=Path, required=True, help="folder for the PNG and the plot rows")
+    cli.run_stage(main, p.parse_args())

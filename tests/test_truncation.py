@@ -1,0 +1,109 @@
+"""Truncation and skipping (Phang et al. §4, §4.1): exact identities and small known cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from layersim.batching import encode_task
+from layersim.encoders import all_spans, exit_at, num_layers
+from layersim.evaluate import predict
+from layersim.heads import HeadParams, majority_baseline, train_head
+from layersim.models import load_task_model, load_tokenizer
+from layersim.tasks import generated_table, get_task
+from layersim.truncation import fewest_layers_within, primary_score, span_scores, span_summary, untuned_scores
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("arch,task", [("tiny-bert", "synth-negation"), ("tiny-roberta", "synth-choice"),
+                                       ("tiny-albert", "synth-similarity"), ("tiny-electra", "synth-roles")])
+def test_untuned_exit_at_last_layer_is_the_full_model(tiny_model_dir, arch, task):
+    spec = get_task(task)
+    folder = tiny_model_dir(arch)
+    torch.manual_seed(0)
+    model = load_task_model(folder, spec).eval()
+    tokenizer = load_tokenizer(folder)
+    encoded = encode_task(generated_table(spec, "validation", 24, seed=0), spec, tokenizer, 32)
+    full = predict(model, encoded, tokenizer, 8, CPU)
+    with exit_at(model, num_layers(model)):
+        exited = predict(model, encoded, tokenizer, 8, CPU)
+    np.testing.assert_array_equal(full, exited)  # the same predictions, bit for bit
+    scores = untuned_scores(model, spec, encoded, tokenizer, 8, CPU)
+    assert len(scores) == num_layers(model) + 1
+    assert scores[-1] == primary_score(spec, full, encoded.labels)
+
+
+def test_span_scores_cover_every_span(tiny_model_dir):
+    spec = get_task("synth-negation")
+    folder = tiny_model_dir("tiny-bert")
+    model = load_task_model(folder, spec).eval()
+    tokenizer = load_tokenizer(folder)
+    encoded = encode_task(generated_table(spec, "validation", 16, seed=0), spec, tokenizer, 32)
+    scores = span_scores(model, spec, encoded, tokenizer, 8, CPU)
+    assert list(scores) == all_spans(3) and len(scores) == 6
+    assert all(0.0 <= s <= 1.0 for s in scores.values())
+
+
+def test_fresh_head_learns_a_separable_classification():
+    spec = get_task("synth-negation")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((800, 4)).astype(np.float32)
+    y = (x[:, 0] * x[:, 1] > 0).astype(np.int64)  # XOR-like: a linear head cannot, the tanh layer can
+    head = train_head(spec, x[:600], y[:600], HeadParams(epochs=100, learning_rate=1e-2, dropout=0.0), seed=0)
+    assert primary_score(spec, head.logits(x[600:]), y[600:]) > 0.85
+
+
+def test_fresh_head_regression_and_multiple_choice():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((300, 8)).astype(np.float32)
+    target = 2.0 * x[:, 0] - x[:, 3]
+    reg = get_task("synth-similarity")
+    head = train_head(reg, x[:200], target[:200], HeadParams(epochs=100, dropout=0.0), seed=0)
+    assert head.logits(x[200:]).shape == (100, 1)
+    assert primary_score(reg, head.logits(x[200:]), target[200:]) > 0.9
+    mc = get_task("synth-choice")
+    rows = rng.standard_normal((200 * 4, 8)).astype(np.float32)
+    answer = rng.integers(0, 4, 200)
+    rows[np.arange(200) * 4 + answer, 2] += 4.0  # the right choice stands out on feature 2
+    head = train_head(mc, rows[:600], answer[:150], HeadParams(epochs=60, dropout=0.0), seed=0)
+    logits = head.logits(rows[600:])
+    assert logits.shape == (50, 4) and primary_score(mc, logits, answer[150:]) > 0.95
+
+
+def test_fresh_heads_are_deterministic_under_a_seed():
+    spec = get_task("synth-negation")
+    x = np.random.default_rng(2).standard_normal((64, 8)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    a = train_head(spec, x, y, HeadParams(epochs=3), seed=5).logits(x)
+    b = train_head(spec, x, y, HeadParams(epochs=3), seed=5).logits(x)
+    c = train_head(spec, x, y, HeadParams(epochs=3), seed=6).logits(x)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_majority_baseline():
+    single = get_task("synth-negation")
+    logits = majority_baseline(single, np.array([1, 1, 0]), np.array([0, 1, 1, 1]))
+    assert primary_score(single, logits, np.array([0, 1, 1, 1])) == 0.75
+    reg = get_task("synth-similarity")
+    assert np.all(majority_baseline(reg, np.array([1.0, 3.0]), np.zeros(5)) == 2.0)
+
+
+def test_fewest_layers_and_span_summary_small_cases():
+    assert fewest_layers_within([0.5, 0.6, 0.895, 0.9], full=0.9, tolerance=0.01) == 2
+    assert fewest_layers_within([0.5, 0.6, 0.7], full=0.9, tolerance=0.01) == 2  # nothing within: keep all
+    scores = {(1, 1): 0.89, (2, 2): 0.5, (3, 3): 0.9, (1, 2): 0.7, (2, 3): 0.6, (1, 3): 0.3}
+    summary = span_summary(scores, full=0.9, tolerance=0.01)
+    assert summary["worst_single_layer"] == {"layer": 2, "score": 0.5}
+    assert summary["largest_span_within_tolerance"] == {"first": 3, "last": 3, "length": 1, "score": 0.9}
+    assert span_summary({(1, 1): 0.1}, full=0.9, tolerance=0.01)["largest_span_within_tolerance"] is None
