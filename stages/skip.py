@@ -6,14 +6,11 @@ from pathlib import Path
 import numpy as np
 
 from layersim import cli
-from layersim.batching import encode_task
-from layersim.evaluate import predict
 from layersim.io import read_task_table, write_figure, write_json
-from layersim.models import load_task_model, load_tokenizer
 from layersim.plots import span_heatmap
 from layersim.tasks import get_task
 from layersim.train import default_device
-from layersim.truncation import primary_score, span_scores, span_summary
+from layersim.truncation import full_score, load_for_validation, span_scores, span_summary
 
 
 def main(args, params):
@@ -24,10 +21,8 @@ def main(args, params):
     full, per_seed = [], []
     for seed in params.seeds:
         folder = args.checkpoints / f"seed{seed}"
-        tokenizer = load_tokenizer(folder)
-        model = load_task_model(folder, spec).to(device)
-        encoded = encode_task(table, spec, tokenizer, params.finetune.max_length)
-        full.append(primary_score(spec, predict(model, encoded, tokenizer, batch_size, device), encoded.labels))
+        model, tokenizer, encoded = load_for_validation(folder, spec, table, params.finetune.max_length, device)
+        full.append(full_score(model, spec, encoded, tokenizer, batch_size, device))
         per_seed.append(span_scores(model, spec, encoded, tokenizer, batch_size, device))
         cli.log.info("seed %d: %d spans scored from %s", seed, len(per_seed[-1]), folder)
 

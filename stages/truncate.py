@@ -7,15 +7,13 @@ from pathlib import Path
 import numpy as np
 
 from layersim import cli
-from layersim.batching import encode_task
-from layersim.evaluate import predict
 from layersim.heads import HeadParams, majority_baseline
 from layersim.io import ActivationTable, read_task_table, write_figure, write_json
-from layersim.models import load_task_model, load_tokenizer
 from layersim.plots import truncation_curves
 from layersim.tasks import get_task
 from layersim.train import default_device
-from layersim.truncation import VARIANTS, fewest_layers_within, head_scores, primary_score, untuned_scores
+from layersim.truncation import (VARIANTS, fewest_layers_within, full_score, head_scores, load_for_validation,
+                                 primary_score, untuned_scores)
 
 
 def main(args, params):
@@ -33,11 +31,8 @@ def main(args, params):
     full = []
     for seed in params.seeds:
         folder = args.checkpoints / f"seed{seed}"
-        tokenizer = load_tokenizer(folder)
-        model = load_task_model(folder, spec).to(device)
-        encoded = encode_task(table, spec, tokenizer, params.finetune.max_length)
-        full.append(primary_score(spec, predict(model, encoded, tokenizer, params.extract.batch_size, device),
-                                  encoded.labels))
+        model, tokenizer, encoded = load_for_validation(folder, spec, table, params.finetune.max_length, device)
+        full.append(full_score(model, spec, encoded, tokenizer, params.extract.batch_size, device))
         per_seed["untuned"].append(untuned_scores(model, spec, encoded, tokenizer, params.extract.batch_size, device))
         per_seed["tuned"].append(head_scores(spec, cls(f"seed{seed}", "train"), cls(f"seed{seed}"), heads, seed))
         per_seed["tuned_orig"].append(head_scores(spec, cls("orig", "train"), cls("orig"), heads, seed))

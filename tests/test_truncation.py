@@ -107,3 +107,12 @@ def test_fewest_layers_and_span_summary_small_cases():
     assert summary["worst_single_layer"] == {"layer": 2, "score": 0.5}
     assert summary["largest_span_within_tolerance"] == {"first": 3, "last": 3, "length": 1, "score": 0.9}
     assert span_summary({(1, 1): 0.1}, full=0.9, tolerance=0.01)["largest_span_within_tolerance"] is None
+
+
+def test_a_folder_without_a_fine_tuned_head_is_refused(tiny_model_dir):
+    from layersim.errors import LayersimError
+    from layersim.models import load_finetuned
+
+    with pytest.raises(LayersimError) as info:
+        load_finetuned(tiny_model_dir("tiny-bert"), get_task("synth-negation"))
+    assert "no head fine-tuned on task 'synth-negation'" in str(info.value)

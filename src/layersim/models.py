@@ -167,3 +167,14 @@ def load_task_model(folder: str | Path, task):
         return AutoModelForMultipleChoice.from_pretrained(folder)
     return AutoModelForSequenceClassification.from_pretrained(
         folder, num_labels=task.num_labels, problem_type="regression" if task.regression else None)
+
+
+def load_finetuned(folder: str | Path, task):
+    """A checkpoint written by the finetune stage for `task`, with its trained head; refuses a
+    folder that holds no fine-tuned head for that task (its head would silently be random)."""
+    info = model_info(folder)
+    if info.get("source") != "finetune" or info.get("task") != task.name:
+        raise LayersimError(f"{folder} holds no head fine-tuned on task {task.name!r} "
+                            f"(it is a {info.get('source')} model for task {info.get('task')!r}); "
+                            "point it at a checkpoint written by the finetune stage.")
+    return load_task_model(folder, task)

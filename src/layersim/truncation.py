@@ -15,11 +15,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from layersim.batching import EncodedTask
+from layersim.batching import EncodedTask, encode_task
 from layersim.encoders import all_spans, exit_at, num_layers, skip_span
 from layersim.evaluate import compute_metrics, predict
 from layersim.heads import HeadParams, train_head
 from layersim.io import ActivationTable
+from layersim.models import load_finetuned, load_tokenizer
 from layersim.tasks import TaskSpec
 
 VARIANTS = ("untuned", "tuned", "tuned_orig")
@@ -27,6 +28,18 @@ VARIANTS = ("untuned", "tuned", "tuned_orig")
 
 def primary_score(spec: TaskSpec, logits: np.ndarray, labels: np.ndarray) -> float:
     return compute_metrics(spec, logits, labels)[spec.primary_metric]
+
+
+def load_for_validation(folder, spec: TaskSpec, table, max_length: int, device: torch.device):
+    """A fine-tuned checkpoint on `device`, its tokenizer, and `table` encoded for it."""
+    tokenizer = load_tokenizer(folder)
+    model = load_finetuned(folder, spec).to(device)
+    return model, tokenizer, encode_task(table, spec, tokenizer, max_length)
+
+
+def full_score(model, spec: TaskSpec, encoded: EncodedTask, tokenizer, batch_size: int,
+               device: torch.device) -> float:
+    return primary_score(spec, predict(model, encoded, tokenizer, batch_size, device), encoded.labels)
 
 
 def untuned_scores(model, spec: TaskSpec, encoded: EncodedTask, tokenizer, batch_size: int,
