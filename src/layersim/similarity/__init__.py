@@ -1,8 +1,56 @@
 """Similarity measures between layer representations: pure math on ``(num_examples x hidden)`` arrays.
 
-The bottom layer of the library: NumPy only, no I/O, no models.
+The bottom layer of the library: NumPy/SciPy only, no I/O, no models. The measures of Wu et al.
+2020 and relatives, by module:
+
+* :mod:`~layersim.similarity.cka` — linear CKA (``linear_cka``, ``cka_matrix``);
+* :mod:`~layersim.similarity.kernels` — RBF CKA and debiased linear CKA;
+* :mod:`~layersim.similarity.cca` — SVCCA, PWCCA, mean R²_CCA, canonical correlations;
+* :mod:`~layersim.similarity.neurons` — neuronsim and mixedsim (neuron-level);
+* :mod:`~layersim.similarity.attention` — head-level and distributed attention similarities;
+* :mod:`~layersim.similarity.registry` — ``MEASURES`` by name and ``similarity_matrix``;
+* :mod:`~layersim.similarity.localization` — Wu et al.'s localization score.
 """
 
+from layersim.similarity.attention import (
+    HEAD_MEASURES,
+    AttentionMaps,
+    attention_similarity,
+    attention_similarity_matrix,
+    head_similarities,
+)
+from layersim.similarity.cca import canonical_correlations, mean_cca_r2, pwcca, svcca
 from layersim.similarity.cka import cka_matrix, is_constant, linear_cka
+from layersim.similarity.kernels import debiased_cka, rbf_cka
+from layersim.similarity.localization import localization_scores, mean_similarity_per_layer
+from layersim.similarity.neurons import NeuronScores, mixedsim, mixedsim_per_neuron, neuronsim, neuronsim_per_neuron
+from layersim.similarity.registry import MEASURES, Measure, get_measure, similarity, similarity_matrix
 
-__all__ = ["cka_matrix", "is_constant", "linear_cka"]
+__all__ = [
+    "HEAD_MEASURES",
+    "MEASURES",
+    "AttentionMaps",
+    "Measure",
+    "NeuronScores",
+    "attention_similarity",
+    "attention_similarity_matrix",
+    "canonical_correlations",
+    "cka_matrix",
+    "debiased_cka",
+    "get_measure",
+    "head_similarities",
+    "is_constant",
+    "linear_cka",
+    "localization_scores",
+    "mean_cca_r2",
+    "mean_similarity_per_layer",
+    "mixedsim",
+    "mixedsim_per_neuron",
+    "neuronsim",
+    "neuronsim_per_neuron",
+    "pwcca",
+    "rbf_cka",
+    "similarity",
+    "similarity_matrix",
+    "svcca",
+]

@@ -1,0 +1,355 @@
+"""Canonical correlation analysis (CCA) between layer representations: SVCCA, PWCCA, mean R²_CCA.
+
+A representation is an array of shape ``(num_examples x hidden)``; rows are examples (the same on
+both sides), widths may differ. With ``Xc``, ``Yc`` the column-centred data, CCA finds directions
+``a``, ``b`` maximising ``corr(Xc a, Yc b)``; the successive maxima ``ρ_1 ≥ ρ_2 ≥ ...`` are the
+canonical correlations, ``min(rank Xc, rank Yc)`` of them. They are computed without ever inverting
+a covariance matrix:
+
+1. **whiten** each side: an orthonormal basis ``Qx`` (n x rx) of the column space of ``Xc``, from
+   its SVD ``Xc = U S Vᵀ`` (``Qx = U``) or from a column-pivoted QR ``Xc P = Q R`` (``Qx = Q``).
+   Directions whose singular value (or pivoted ``|R_ii|``) is below ``rtol`` times the largest are
+   dropped — a rank-deficient input (duplicated or linearly dependent neurons, more neurons than
+   examples) loses those directions instead of producing a division by ~0;
+2. the canonical correlations are the singular values of ``Qxᵀ Qy`` (rx x ry). Both bases are
+   orthonormal, so these are cosines of principal angles: in [0, 1] up to rounding, and clipped to
+   [0, 1]. The canonical variates of ``x`` are ``H = Qx U`` with ``Qxᵀ Qy = U diag(ρ) Vᵀ``.
+
+The measures (Wu et al. 2020, Appendix A.3):
+
+* ``svcca`` (Raghu et al. 2017): first reduce each side to its fewest top principal components
+  explaining at least ``variance_threshold`` of the variance (``Qx = U[:, :k]``), then CCA; the
+  mean canonical correlation. Symmetric.
+* ``pwcca`` (Morcos et al. 2018): the mean of the canonical correlations weighted by how much of
+  ``x`` each canonical variate accounts for, ``α_i ∝ Σ_j |h_iᵀ xc_j|`` over the (centred) neurons
+  ``xc_j`` of ``x``, normalised to sum to 1. Asymmetric: **the weights come from the first
+  argument** ``x``; ``pwcca(x, y) != pwcca(y, x)`` in general.
+* ``mean_cca_r2``: the mean squared canonical correlation, ``R²_CCA = Σ ρ_i² / min(rx, ry)``.
+  Symmetric.
+
+CCA is invariant to any invertible linear map (and translation) of either side, so ``mean_cca_r2``
+is too; ``svcca`` only to maps that keep the variance spectrum (orthogonal maps, isotropic scaling),
+because the principal-component cut depends on it; ``pwcca`` is invariant to invertible maps of
+``y`` but not to rotations of ``x`` (its weights sum over x's neurons).
+
+Bias: with ``n`` examples, CCA between independent random ``p``- and ``q``-dimensional data gives
+``E[Σ ρ²] = p q / (n - 1)``, so ``mean_cca_r2 ≈ max(p, q) / (n - 1)`` and all correlations reach 1
+once ``rx + ry ≥ n - 1``: use many more examples than (retained) dimensions.
+
+Differences from public code (Google's ``svcca`` repository, Wu et al.'s ``contextual-corr-analysis``):
+the data are only centred, never divided by neuron standard deviations (Wu's code standardises
+neurons before the SVD by default); the SVCCA cut keeps the *fewest components reaching* the
+threshold (at least one), where Wu's code keeps those *strictly below* it (one fewer); the PWCCA
+weights use the centred activations of ``x`` and always weight ``x`` (Google's ``compute_pwcca``
+uses raw activations and weights whichever side has fewer neurons); PWCCA runs on the full-rank CCA
+unless ``variance_threshold`` is given (Wu's ``pwsim`` is ``variance_threshold=0.99``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.linalg
+
+from layersim.errors import LayersimError, unknown_name
+from layersim.similarity._common import (
+    Named,
+    centre_drop_constant,
+    check_rtol,
+    default_rtol,
+    named_lists,
+    validated,
+)
+from layersim.similarity._pairs import fill_matrix
+
+METHODS = ("svd", "qr")
+
+
+@dataclass(frozen=True)
+class Basis:
+    """One layer's whitened form: an orthonormal basis of its centred data (or of its top principal
+    components), and optionally the coordinates of its neurons in that basis (for PWCCA weights)."""
+
+    name: str
+    q: np.ndarray  # (n, r), orthonormal columns
+    coords: np.ndarray | None  # (r, d) = qᵀ Xc, or None when not needed
+
+
+# --- whitening ---
+
+
+def whiten(
+    name: str,
+    a: np.ndarray,
+    measure: str,
+    *,
+    method: str = "svd",
+    variance_threshold: float | None = None,
+    rtol: float | None = None,
+    keep_coords: bool = False,
+) -> Basis:
+    """Orthonormal basis of the centred ``a`` (constant neurons ignored), rank-truncated at ``rtol``
+    and, with ``variance_threshold``, cut to the fewest top principal components reaching it."""
+    centred, _ = centre_drop_constant(name, a, measure)
+    n, d = centred.shape
+    tol = default_rtol(n, d) if rtol is None else rtol
+    if method == "qr":
+        # Column-pivoted QR: |R_00| >= |R_11| >= ..., and a direction whose pivot is below tol·|R_00|
+        # is (numerically) spanned by the earlier columns.
+        q, r, _ = scipy.linalg.qr(centred, mode="economic", pivoting=True, check_finite=False)
+        pivots = np.abs(np.diag(r))
+        rank = int(np.count_nonzero(pivots > tol * pivots[0]))
+        basis = q[:, :rank]
+    else:
+        u, s = _principal_directions(centred)
+        rank = int(np.count_nonzero(s > tol * s[0]))
+        if variance_threshold is not None:
+            explained = np.cumsum(s[:rank] ** 2)
+            # Fewest components whose share reaches the threshold; threshold 1 keeps all `rank`.
+            rank = min(rank, int(np.searchsorted(explained, variance_threshold * explained[-1])) + 1)
+        basis = u[:, :rank]
+    basis = np.ascontiguousarray(basis)
+    return Basis(name, basis, basis.T @ centred if keep_coords else None)
+
+
+def _principal_directions(centred: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Left singular vectors and singular values (descending) of a centred (n, d) array."""
+    n, d = centred.shape
+    if n >= 2 * d:
+        # Tall: QR first, then the SVD of the small d x d factor (cheaper than a direct SVD).
+        q, r = np.linalg.qr(centred)
+        u_r, s, _ = np.linalg.svd(r)
+        return q @ u_r, s
+    u, s, _ = np.linalg.svd(centred, full_matrices=False)
+    return u, s
+
+
+def _correlations(bx: Basis, by: Basis) -> np.ndarray:
+    """Canonical correlations (descending, clipped to [0, 1]) of two whitened layers."""
+    rho = np.linalg.svd(bx.q.T @ by.q, compute_uv=False)
+    return np.clip(rho, 0.0, 1.0)
+
+
+def _pw_both(bx: Basis, by: Basis) -> tuple[float, float]:
+    """PWCCA weighted by x's neurons and by y's neurons, from one SVD of ``Qxᵀ Qy``."""
+    u, rho, vt = np.linalg.svd(bx.q.T @ by.q, full_matrices=False)
+    np.clip(rho, 0.0, 1.0, out=rho)
+    return _pw_weighted(u.T @ bx.coords, rho), _pw_weighted(vt @ by.coords, rho)
+
+
+def _pw_weighted(variates_dot_neurons: np.ndarray, rho: np.ndarray) -> float:
+    """Σ α_i ρ_i with α_i ∝ Σ_j |h_iᵀ xc_j| (rows of the argument are h_iᵀ Xc)."""
+    alpha = np.abs(variates_dot_neurons).sum(axis=1)
+    # Every h_i is a unit vector inside the column space of Xc, so some xc_j has h_iᵀ xc_j != 0:
+    # the weights never sum to zero.
+    return float(np.clip(alpha @ rho / alpha.sum(), 0.0, 1.0))
+
+
+# --- checks ---
+
+
+def _check_method(method: str, variance_threshold: float | None) -> None:
+    if method not in METHODS:
+        raise unknown_name("CCA method", method, METHODS)
+    if method == "qr" and variance_threshold is not None:
+        raise LayersimError(
+            "method='qr' cannot apply a variance_threshold (that needs principal components); "
+            "use method='svd' or variance_threshold=None."
+        )
+
+
+def _check_threshold(variance_threshold: float | None) -> None:
+    if variance_threshold is None:
+        return
+    if not (isinstance(variance_threshold, (int, float)) and 0.0 < variance_threshold <= 1.0):
+        raise LayersimError(f"variance_threshold must be a number in (0, 1], got {variance_threshold!r}.")
+
+
+def _bases(named: Named, measure: str, **kwargs) -> list[Basis]:
+    return [whiten(name, a, measure, **kwargs) for name, a in named]
+
+
+def _prepare(x_named: Named, y_named: Named | None, measure: str) -> tuple[Named, Named | None]:
+    checked = validated(x_named + (y_named or []), measure)
+    return checked[: len(x_named)], (None if y_named is None else checked[len(x_named) :])
+
+
+# --- pair functions ---
+
+
+def canonical_correlations(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    method: str = "svd",
+    variance_threshold: float | None = None,
+    rtol: float | None = None,
+) -> np.ndarray:
+    """Canonical correlations between (n, d1) and (n, d2) arrays, descending, in [0, 1].
+
+    Parameters
+    ----------
+    x, y : arrays of shape ``(num_examples x hidden)``, rows aligned; any real dtype (float64 inside).
+    method : ``"svd"`` (whiten by SVD) or ``"qr"`` (by column-pivoted QR); both exact, they agree to
+        rounding.
+    variance_threshold : None for plain CCA, or a number in (0, 1]: first keep each side's fewest top
+        principal components explaining at least that share of variance (the SVCCA step; SVD only).
+    rtol : relative singular-value (pivot) tolerance for rank deficiency; None means
+        ``max(n, d) · eps``.
+
+    Returns
+    -------
+    float64 array of ``min(rx, ry)`` correlations, ``rx``, ``ry`` the retained ranks.
+
+    Raises
+    ------
+    LayersimError
+        For bad shapes, fewer than 2 rows, NaN/inf, a constant input, an unknown ``method``, or a
+        bad ``variance_threshold``/``rtol``.
+    """
+    _check_method(method, variance_threshold)
+    _check_threshold(variance_threshold)
+    check_rtol(rtol)
+    (xn, yn) = _prepare([("x", x)], [("y", y)], "CCA")
+    kwargs = dict(method=method, variance_threshold=variance_threshold, rtol=rtol)
+    return _correlations(whiten(*xn[0], "CCA", **kwargs), whiten(*yn[0], "CCA", **kwargs))
+
+
+def svcca(x: np.ndarray, y: np.ndarray, variance_threshold: float = 0.99, *, rtol: float | None = None) -> float:
+    """SVCCA (Raghu et al. 2017; Wu et al.'s svsim): mean canonical correlation after reducing each
+    side to its top principal components.
+
+    Parameters
+    ----------
+    x, y : arrays of shape ``(num_examples x hidden)``, rows aligned, widths may differ.
+    variance_threshold : per side, keep the fewest top principal components (of the centred data)
+        whose variance reaches this share of the total, in (0, 1]; 1.0 keeps every non-null one.
+    rtol : see :func:`canonical_correlations`.
+
+    Returns
+    -------
+    The mean of the ``min(kx, ky)`` canonical correlations, in [0, 1]; symmetric; invariant to
+    orthogonal maps, isotropic scaling and translation of either side; 1 for ``svcca(x, x)``.
+
+    Raises
+    ------
+    LayersimError
+        As :func:`canonical_correlations`.
+    """
+    return float(_svcca([("x", x)], [("y", y)], variance_threshold, rtol)[0, 0])
+
+
+def pwcca(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    method: str = "svd",
+    variance_threshold: float | None = None,
+    rtol: float | None = None,
+) -> float:
+    """Projection-weighted CCA (Morcos et al. 2018; Wu et al.'s pwsim), weighted by ``x``.
+
+    Parameters
+    ----------
+    x : ``(num_examples x hidden_x)``, the side whose neurons weight the canonical correlations.
+    y : ``(num_examples x hidden_y)``, rows aligned with ``x``.
+    method, variance_threshold, rtol : as for :func:`canonical_correlations`; Wu et al.'s pwsim is
+        ``variance_threshold=0.99`` (CCA on the SVCCA-reduced data), the default is Morcos et al.'s
+        plain CCA.
+
+    Returns
+    -------
+    ``Σ_i α_i ρ_i`` with ``α_i = Σ_j |h_iᵀ xc_j| / Σ_k Σ_j |h_kᵀ xc_j|``, ``h_i`` the unit-norm
+    canonical variates of ``x`` and ``xc_j`` its centred neurons; in [0, 1]; asymmetric.
+
+    Raises
+    ------
+    LayersimError
+        As :func:`canonical_correlations`.
+    """
+    return float(_pwcca([("x", x)], [("y", y)], method, variance_threshold, rtol)[0, 0])
+
+
+def mean_cca_r2(x: np.ndarray, y: np.ndarray, *, method: str = "svd", rtol: float | None = None) -> float:
+    """Mean squared canonical correlation ``R²_CCA = Σ ρ_i² / min(rx, ry)``, in [0, 1], symmetric.
+
+    Invariant to any invertible linear map and translation of either side. See
+    :func:`canonical_correlations` for the parameters and errors.
+    """
+    return float(_mean_cca([("x", x)], [("y", y)], method, rtol)[0, 0])
+
+
+# --- matrix functions (per-layer bases computed once) ---
+
+
+def svcca_matrix(
+    xs: Sequence[np.ndarray],
+    ys: Sequence[np.ndarray] | None = None,
+    *,
+    variance_threshold: float = 0.99,
+    rtol: float | None = None,
+) -> np.ndarray:
+    """All-pairs SVCCA: [i, j] = ``svcca(xs[i], ys[j])``; ys=None compares xs with itself (upper
+    triangle computed and mirrored, diagonal exactly 1). One SVD per layer; a pair then costs one
+    small ``kx x ky`` SVD."""
+    return _svcca(*named_lists(xs, ys), variance_threshold, rtol)
+
+
+def _svcca(x_named: Named, y_named: Named | None, variance_threshold: float, rtol: float | None) -> np.ndarray:
+    if variance_threshold is None:
+        raise LayersimError("svcca needs a variance_threshold in (0, 1]; use mean_cca or pwcca for plain CCA.")
+    _check_threshold(variance_threshold)
+    check_rtol(rtol)
+    x_named, y_named = _prepare(x_named, y_named, "SVCCA")
+    kwargs = dict(method="svd", variance_threshold=variance_threshold, rtol=rtol)
+    bx = _bases(x_named, "SVCCA", **kwargs)
+    by = None if y_named is None else _bases(y_named, "SVCCA", **kwargs)
+    return fill_matrix(bx, by, lambda a, b: float(_correlations(a, b).mean()), symmetric=True)
+
+
+def pwcca_matrix(
+    xs: Sequence[np.ndarray],
+    ys: Sequence[np.ndarray] | None = None,
+    *,
+    method: str = "svd",
+    variance_threshold: float | None = None,
+    rtol: float | None = None,
+) -> np.ndarray:
+    """All-pairs PWCCA: [i, j] = ``pwcca(xs[i], ys[j])`` (weighted by ``xs[i]``). ys=None computes
+    both directions of each pair from one SVD; diagonal exactly 1."""
+    return _pwcca(*named_lists(xs, ys), method, variance_threshold, rtol)
+
+
+def _pwcca(
+    x_named: Named, y_named: Named | None, method: str, variance_threshold: float | None, rtol: float | None
+) -> np.ndarray:
+    _check_method(method, variance_threshold)
+    _check_threshold(variance_threshold)
+    check_rtol(rtol)
+    x_named, y_named = _prepare(x_named, y_named, "PWCCA")
+    kwargs = dict(method=method, variance_threshold=variance_threshold, rtol=rtol)
+    bx = _bases(x_named, "PWCCA", keep_coords=True, **kwargs)
+    by = None if y_named is None else _bases(y_named, "PWCCA", keep_coords=True, **kwargs)
+    return fill_matrix(bx, by, lambda a, b: _pw_both(a, b)[0], symmetric=False, pair_both=_pw_both)
+
+
+def mean_cca_matrix(
+    xs: Sequence[np.ndarray],
+    ys: Sequence[np.ndarray] | None = None,
+    *,
+    method: str = "svd",
+    rtol: float | None = None,
+) -> np.ndarray:
+    """All-pairs mean R²_CCA: [i, j] = ``mean_cca_r2(xs[i], ys[j])``; symmetric; diagonal exactly 1."""
+    return _mean_cca(*named_lists(xs, ys), method, rtol)
+
+
+def _mean_cca(x_named: Named, y_named: Named | None, method: str, rtol: float | None) -> np.ndarray:
+    _check_method(method, None)
+    check_rtol(rtol)
+    x_named, y_named = _prepare(x_named, y_named, "CCA")
+    bx = _bases(x_named, "CCA", method=method, rtol=rtol)
+    by = None if y_named is None else _bases(y_named, "CCA", method=method, rtol=rtol)
+    return fill_matrix(bx, by, lambda a, b: float(np.mean(_correlations(a, b) ** 2)), symmetric=True)

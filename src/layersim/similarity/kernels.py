@@ -1,0 +1,215 @@
+"""Kernel variants of CKA: RBF-kernel CKA and debiased linear CKA.
+
+A representation is an array of shape ``(num_examples x hidden)``, rows aligned across inputs.
+
+**RBF CKA** (Kornblith et al. 2019, §3): with ``K_ij = exp(-||x_i - x_j||² / (2σ²))`` and the
+centring matrix ``H = I - 11ᵀ/n``,
+``CKA = <HKH, HLH>_F / (||HKH||_F ||HLH||_F)``, in [0, 1] (both centred kernels are positive
+semi-definite). The bandwidth is set per representation: ``σ = sigma_scale × median`` of the
+Euclidean distances between distinct examples (the ``n(n-1)/2`` pairs ``i < j``; Kornblith et al.'s
+code takes the median of all ``n²`` squared distances, diagonal zeros included, which comes out
+slightly smaller). Invariant to orthogonal maps, isotropic scaling (σ scales with the data) and
+translation; not to general invertible linear maps. Memory: one ``n x n`` float64 kernel per layer.
+
+**Debiased linear CKA** (Song et al. 2012's unbiased HSIC estimator, used for CKA by Nguyen et al.
+2021): with the linear kernel of the centred data ``K = Xc Xcᵀ`` and ``K̃ = K - diag(K)``,
+
+    HSIC_1(K, L) = [tr(K̃ L̃) + 1ᵀK̃1 · 1ᵀL̃1 / ((n-1)(n-2)) - 2/(n-2) · 1ᵀK̃L̃1] / (n(n-3))
+
+and debiased CKA = ``HSIC_1(K, L) / sqrt(HSIC_1(K, K) HSIC_1(L, L))``. Because the data are centred
+(``K1 = 0``), with ``k_i = ||xc_i||²`` the squared row norms, every term is cheap in feature space:
+``tr(K̃L̃) = ||Xcᵀ Yc||_F² - kᵀl``, ``1ᵀK̃1 = -Σk``, ``1ᵀK̃L̃1 = kᵀl``. Unlike plain CKA it is not
+biased upwards for ``n`` comparable to the widths: independent data give values near 0 (either
+sign). It lies in [-1, 1] (HSIC_1 is an inner product of U-centred kernels, Székely & Rizzo 2014)
+and needs ``n ≥ 4``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from layersim.errors import LayersimError, unknown_name
+from layersim.similarity import cka
+from layersim.similarity._common import Named, centre, named_lists, validated
+
+# An unbiased self-HSIC this small relative to the biased one counts as zero (no usable variation).
+_SELF_HSIC_RTOL = 1e-12
+
+
+# --- RBF CKA ---
+
+
+def rbf_cka(x: np.ndarray, y: np.ndarray, sigma_scale: float = 1.0) -> float:
+    """CKA with Gaussian (RBF) kernels between (n, d1) and (n, d2) arrays.
+
+    Parameters
+    ----------
+    x, y : arrays of shape ``(num_examples x hidden)``, rows aligned; widths may differ.
+    sigma_scale : bandwidth multiplier, > 0: ``σ = sigma_scale × median pairwise distance``, per
+        representation.
+
+    Returns
+    -------
+    A value in [0, 1]; symmetric; 1 for ``rbf_cka(x, x)``.
+
+    Raises
+    ------
+    LayersimError
+        For bad shapes, fewer than 2 rows, NaN/inf, a constant input, a median pairwise distance of
+        zero (more than half of the example pairs coincide), or a bad ``sigma_scale``.
+    """
+    return float(_rbf_cka([("x", x)], [("y", y)], sigma_scale)[0, 0])
+
+
+def rbf_cka_matrix(
+    xs: Sequence[np.ndarray],
+    ys: Sequence[np.ndarray] | None = None,
+    *,
+    sigma_scale: float = 1.0,
+) -> np.ndarray:
+    """All-pairs RBF CKA; each layer's centred kernel is built once (``8·n²`` bytes per layer) and all
+    inner products are one matrix product of the stacked kernels."""
+    return _rbf_cka(*named_lists(xs, ys), sigma_scale)
+
+
+def _rbf_cka(x_named: Named, y_named: Named | None, sigma_scale: float) -> np.ndarray:
+    if not (isinstance(sigma_scale, (int, float)) and np.isfinite(sigma_scale) and sigma_scale > 0):
+        raise LayersimError(f"sigma_scale must be a positive number, got {sigma_scale!r}.")
+    checked = validated(x_named + (y_named or []), "RBF CKA")
+    x_named, y_named = checked[: len(x_named)], (None if y_named is None else checked[len(x_named) :])
+    kx = _stacked_rbf(x_named, sigma_scale)
+    if y_named is None:
+        inner = kx @ kx.T
+        norms = np.sqrt(np.diag(inner))
+        out = inner / (norms[:, None] * norms[None, :])
+        upper = np.triu_indices(len(x_named), 1)
+        out[upper[::-1]] = out[upper]
+        np.fill_diagonal(out, 1.0)
+    else:
+        ky = _stacked_rbf(y_named, sigma_scale)
+        out = (kx @ ky.T) / (np.linalg.norm(kx, axis=1)[:, None] * np.linalg.norm(ky, axis=1)[None, :])
+    return np.clip(out, 0.0, 1.0, out=out)
+
+
+def _stacked_rbf(named, sigma_scale: float) -> np.ndarray:
+    n = named[0][1].shape[0]
+    out = np.empty((len(named), n * n))
+    for k, (name, a) in enumerate(named):
+        out[k] = centred_rbf_kernel(name, a, sigma_scale).ravel()
+    return out
+
+
+def centred_rbf_kernel(name: str, a: np.ndarray, sigma_scale: float = 1.0) -> np.ndarray:
+    """``H K H`` for the RBF kernel of ``a`` with the median-distance bandwidth, (n, n) float64."""
+    centred = centre(name, a, "RBF CKA")  # distances ignore translation; centring keeps them accurate
+    gram = centred @ centred.T
+    sq_norms = np.diag(gram).copy()
+    sq_dist = sq_norms[:, None] + sq_norms[None, :] - 2.0 * gram
+    np.maximum(sq_dist, 0.0, out=sq_dist)
+    np.fill_diagonal(sq_dist, 0.0)
+    upper = sq_dist[np.triu_indices(len(sq_dist), 1)]
+    median = float(np.median(np.sqrt(upper)))
+    if not median > 0.0:
+        raise LayersimError(
+            f"{name} has a median pairwise distance of 0 (more than half of its example pairs are "
+            "identical), so the RBF bandwidth is undefined; deduplicate the examples or use linear_cka."
+        )
+    sigma = sigma_scale * median
+    kernel = np.exp(sq_dist / (-2.0 * sigma * sigma))
+    row_means = kernel.mean(axis=0)
+    kernel -= row_means[:, None]
+    kernel -= row_means[None, :]
+    kernel += row_means.mean()
+    return kernel
+
+
+# --- debiased linear CKA ---
+
+
+def debiased_cka(x: np.ndarray, y: np.ndarray, *, method: str = "auto") -> float:
+    """Linear CKA with the unbiased HSIC estimator (Song et al. 2012; Nguyen et al. 2021).
+
+    Parameters
+    ----------
+    x, y : arrays of shape ``(num_examples x hidden)``, rows aligned, at least 4 rows.
+    method : how ``||Xcᵀ Yc||_F²`` is computed, as for :func:`layersim.similarity.cka_matrix`:
+        "auto", "gram" (sample space) or "feature" (feature space); all exact.
+
+    Returns
+    -------
+    A value in [-1, 1] (near 0, either sign, for independent data); symmetric; 1 for
+    ``debiased_cka(x, x)``; invariant to orthogonal maps, isotropic scaling and translation.
+
+    Raises
+    ------
+    LayersimError
+        For bad shapes, fewer than 4 rows, NaN/inf, a constant input, or an input whose unbiased
+        self-HSIC is not positive (too little variation for the estimator).
+    """
+    if method not in cka.METHODS:
+        raise unknown_name("method", method, cka.METHODS)
+    return float(_debiased_cka([("x", x)], [("y", y)], method)[0, 0])
+
+
+def debiased_cka_matrix(
+    xs: Sequence[np.ndarray],
+    ys: Sequence[np.ndarray] | None = None,
+    *,
+    method: str = "auto",
+) -> np.ndarray:
+    """All-pairs debiased linear CKA. The cross terms ``||Xcᵀ Yc||_F²`` for all pairs come from the
+    same machinery as :func:`layersim.similarity.cka_matrix` (``method`` "auto", "gram" or
+    "feature"); the correction terms need only each layer's squared row norms."""
+    if method not in cka.METHODS:
+        raise unknown_name("method", method, cka.METHODS)
+    return _debiased_cka(*named_lists(xs, ys), method)
+
+
+def _debiased_cka(x_named: Named, y_named: Named | None, method: str) -> np.ndarray:
+    checked = validated(x_named + (y_named or []), "debiased CKA", min_rows=4)
+    x_named, y_named = checked[: len(x_named)], (None if y_named is None else checked[len(x_named) :])
+    n = x_named[0][1].shape[0]
+
+    # Row norms of the centred data; this also rejects constant layers with a debiased-CKA message.
+    rows_x = np.stack([_sq_row_norms(name, a) for name, a in x_named])
+    rows_y = rows_x if y_named is None else np.stack([_sq_row_norms(name, a) for name, a in y_named])
+    if method == "auto":
+        method = cka._pick_method(
+            n, [a.shape[1] for _, a in x_named], None if y_named is None else [a.shape[1] for _, a in y_named]
+        )
+    hsic_fn = cka._hsic_gram if method == "gram" else cka._hsic_feature
+    cross, self_x, self_y = hsic_fn(x_named, y_named)
+
+    def unbiased(xty: np.ndarray, kx: np.ndarray, ky: np.ndarray) -> np.ndarray:
+        # n(n-3)·HSIC_1 (the common factor cancels in the ratio).
+        return xty - n / (n - 2.0) * (kx @ ky.T) + np.outer(kx.sum(1), ky.sum(1)) / ((n - 1.0) * (n - 2.0))
+
+    num = unbiased(cross, rows_x, rows_y)
+    den_x = _checked_self(np.diag(unbiased(np.diag(self_x), rows_x, rows_x)), self_x, x_named)
+    if y_named is None:
+        den_y = den_x
+    else:
+        den_y = _checked_self(np.diag(unbiased(np.diag(self_y), rows_y, rows_y)), self_y, y_named)
+    out = num / (np.sqrt(den_x)[:, None] * np.sqrt(den_y)[None, :])
+    if y_named is None:
+        upper = np.triu_indices(len(x_named), 1)
+        out[upper[::-1]] = out[upper]
+        np.fill_diagonal(out, 1.0)
+    return np.clip(out, -1.0, 1.0, out=out)
+
+
+def _sq_row_norms(name: str, a: np.ndarray) -> np.ndarray:
+    centred = centre(name, a, "debiased CKA")
+    return np.einsum("ij,ij->i", centred, centred)
+
+
+def _checked_self(unbiased_self: np.ndarray, biased_self: np.ndarray, named) -> np.ndarray:
+    for value, biased, (name, _) in zip(unbiased_self, biased_self, named):
+        if not value > _SELF_HSIC_RTOL * biased:
+            raise LayersimError(
+                f"{name} has an unbiased self-HSIC of {value:.3g} (not positive), so its debiased CKA is "
+                "undefined; it varies too little across the examples (use more examples or linear_cka)."
+            )
+    return unbiased_self
