@@ -1,0 +1,236 @@
+"""The alignment experiments of Ren et al. 2023 as pure functions on arrays (the stage does the I/O).
+
+* :func:`alignment_errors` — per layer and method, fit ``g: X_l → Y_l`` on the training rows and
+  report held-out (and training) errors (Ren Table 4, Figure 2).
+* :func:`synthetic_recovery` — ``Y = f(X)`` for a random invertible network ``f``; how well each
+  method recovers ``f`` from paired rows (Ren §4.3, Table 3).
+* :func:`layer_alignment_matrix` — held-out error of mapping every layer onto every layer
+  (Ren Figure 3).
+* :func:`map_representations` — fit on model 1 → model 2 training rows and map other rows, e.g.
+  the validation representations that the layer-injection experiment feeds into model 2's head
+  (Ren §4.5, Table 5).
+
+Only the rows named by ``train_idx`` are ever passed to a map's ``fit`` (its standardisation
+included); ``test_idx`` rows are only transformed and scored; rows in neither are never read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from layersim.align.base import AlignmentMap, as_matrix
+from layersim.align.maps import MAPS, make_map
+from layersim.align.metrics import mse, relative_error, train_test_split_rows
+from layersim.align.neural import random_flow
+from layersim.errors import LayersimError, unknown_name
+
+METRICS = ("mse", "relative_error")
+DEFAULT_METHODS = ("linear", "cca", "svcca", "pwcca", "inn", "mlp")
+
+
+def alignment_errors(x_layers: Sequence[np.ndarray], y_layers: Sequence[np.ndarray], methods: Iterable[str],
+                     train_idx: np.ndarray, test_idx: np.ndarray,
+                     **options: Mapping[str, object]) -> list[dict[str, object]]:
+    """Fit every method on every layer pair (``x_layers[l] → y_layers[l]``) and score it.
+
+    Parameters
+    ----------
+    x_layers, y_layers : sequences of the same length of ``(num_examples x hidden)`` arrays, e.g.
+        model 1's and model 2's representations at each layer; rows are examples, aligned across
+        all arrays. Widths may differ (except for ``inn``).
+    methods : registry names (see :data:`layersim.align.MAPS`).
+    train_idx, test_idx : disjoint integer row indices; maps are fitted on ``train_idx`` rows only.
+    **options : per-method constructor options, keyed by method name, e.g.
+        ``inn={"steps": 300}``; methods without an entry use their defaults.
+
+    Returns
+    -------
+    One dict per (layer, method), layer-major: ``layer`` (int), ``method`` (str), ``mse`` and
+    ``relative_error`` on the test rows, ``train_mse`` and ``train_relative_error`` on the
+    training rows (floats).
+
+    Raises
+    ------
+    LayersimError
+        For an unknown method or option, options for a method not in ``methods``, mismatched
+        layer counts or row counts, or bad indices (out of range, overlapping, empty, repeated).
+    """
+    methods = _methods(methods)
+    for key in options:
+        if key not in methods:
+            raise LayersimError(f"options were given for {key!r}, which is not among the methods "
+                                f"{', '.join(methods)}; pass options keyed by one of those.")
+    x_layers, y_layers = _layer_lists(x_layers, "x_layers"), _layer_lists(y_layers, "y_layers")
+    if len(x_layers) != len(y_layers):
+        raise LayersimError(f"x_layers has {len(x_layers)} layers but y_layers has {len(y_layers)}; "
+                            "each x layer is mapped onto the y layer at the same position.")
+    train_idx, test_idx = _split(train_idx, test_idx, _num_rows(x_layers + y_layers))
+    for name in methods:  # reject bad options before any (slow) fitting
+        make_map(name, **dict(options.get(name, {})))
+    rows = []
+    for layer, (x, y) in enumerate(zip(x_layers, y_layers)):
+        for name in methods:
+            fitted = make_map(name, **dict(options.get(name, {})))
+            rows.append({"layer": layer, "method": name, **_fit_and_score(fitted, x, y, train_idx, test_idx)})
+    return rows
+
+
+def synthetic_recovery(x: np.ndarray, methods: Iterable[str] = DEFAULT_METHODS, seed: int = 0, *,
+                       test_fraction: float = 0.2, depth: int = 4, hidden: int = 256, scale: float = 0.5,
+                       clamp: float = 2.0, **options: Mapping[str, object]) -> dict[str, object]:
+    """Ren §4.3: can a method recover a known non-linear bijection ``f`` from paired rows?
+
+    ``X`` is standardised with its training rows' statistics and ``Y = f(X_s)``, with ``f`` a
+    random, untrained :func:`~layersim.align.neural.random_flow` (a random rotation then ``depth``
+    affine coupling blocks with random weights of size ``scale``; drawn from ``seed + 1``). Every
+    method is fitted on the training rows of ``(X, Y)`` and scored on the held-out rows.
+
+    Parameters
+    ----------
+    x : ``(num_examples x hidden)`` representation (real activations, or structured random data).
+    methods : registry names to compare; default all six.
+    seed : the split (``train_test_split_rows(n, test_fraction, seed)``) and ``f``.
+    depth, hidden, scale, clamp : the ground-truth ``f`` (see :func:`~layersim.align.neural.random_flow`).
+        ``scale`` sets how non-linear ``f`` is; the ``linear`` row of the result shows how far
+        a linear map gets.
+    **options : per-method constructor options keyed by method name, as in :func:`alignment_errors`.
+
+    Returns
+    -------
+    dict with ``rows`` (one dict per method: ``method``, ``mse``, ``relative_error``,
+    ``train_mse``, ``train_relative_error``), ``train_idx`` and ``test_idx`` (index arrays) and
+    ``y`` (the generated ``f(X_s)``, float64).
+    """
+    x = as_matrix(x, "x")
+    train_idx, test_idx = train_test_split_rows(x.shape[0], test_fraction, seed)
+    train = x[train_idx]
+    mean, std = train.mean(axis=0), train.std(axis=0)
+    x_s = (x - mean) / np.where(std > 0, std, 1.0)
+    f = random_flow(x.shape[1], depth=depth, hidden=hidden, clamp=clamp, scale=scale, seed=seed + 1)
+    with torch.no_grad():
+        y = f(torch.from_numpy(x_s)).numpy()
+    rows = alignment_errors([x], [y], methods, train_idx, test_idx, **options)
+    for row in rows:
+        del row["layer"]
+    return {"rows": rows, "train_idx": train_idx, "test_idx": test_idx, "y": y}
+
+
+def layer_alignment_matrix(x_layers: Sequence[np.ndarray], y_layers: Sequence[np.ndarray] | None = None,
+                           method: str = "inn", *, train_idx: np.ndarray, test_idx: np.ndarray,
+                           metric: str = "relative_error", **options: object) -> np.ndarray:
+    """Ren Figure 3: entry ``[i, j]`` is the held-out error of a map fitted from ``x_layers[i]`` to
+    ``y_layers[j]`` on the training rows.
+
+    Parameters
+    ----------
+    x_layers : sequence of ``(num_examples x hidden)`` arrays.
+    y_layers : the same for the target model, or None to map ``x_layers`` onto themselves
+        (the matrix is then not symmetric in general: ``i → j`` and ``j → i`` are different fits).
+    method : registry name, default ``"inn"``.
+    train_idx, test_idx : as in :func:`alignment_errors`.
+    metric : ``"relative_error"`` (default) or ``"mse"``, on the test rows.
+    **options : constructor options of ``method``; for the INN, fewer ``steps`` (e.g. 200) make the
+        ``L²`` fits affordable.
+
+    Returns
+    -------
+    float64 array of shape ``(len(x_layers), len(y_layers))``.
+    """
+    if metric not in METRICS:
+        raise unknown_name("metric", metric, METRICS)
+    x_layers = _layer_lists(x_layers, "x_layers")
+    y_layers = x_layers if y_layers is None else _layer_lists(y_layers, "y_layers")
+    train_idx, test_idx = _split(train_idx, test_idx, _num_rows(x_layers + y_layers))
+    make_map(method, **options)  # reject a bad method or option before any fitting
+    out = np.empty((len(x_layers), len(y_layers)))
+    for i, x in enumerate(x_layers):
+        for j, y in enumerate(y_layers):
+            scores = _fit_and_score(make_map(method, **options), x, y, train_idx, test_idx)
+            out[i, j] = scores[metric]
+    return out
+
+
+def map_representations(x_train: np.ndarray, y_train: np.ndarray, x_apply: np.ndarray, method: str = "inn",
+                        **options: object) -> tuple[np.ndarray, AlignmentMap]:
+    """Fit ``method`` on paired training rows (model 1 → model 2) and map ``x_apply`` (model 1's
+    representations of other examples, e.g. the validation set) into model 2's space.
+
+    Returns ``(g(x_apply), fitted map)``; ``g(x_apply)`` has ``y_train``'s width and float dtype.
+    """
+    fitted = make_map(method, **options).fit(x_train, y_train)
+    return fitted.transform(x_apply), fitted
+
+
+# --- helpers ---
+
+
+def _fit_and_score(fitted: AlignmentMap, x: np.ndarray, y: np.ndarray, train_idx: np.ndarray,
+                   test_idx: np.ndarray) -> dict[str, float]:
+    """Fit on the training rows only, then the errors on test and training rows."""
+    x_train, y_train = x[train_idx], y[train_idx]
+    fitted.fit(x_train, y_train)
+    y_hat_test, y_test = fitted.transform(x[test_idx]), as_matrix(y[test_idx], "y (test rows)")
+    y_hat_train = fitted.transform(x_train)
+    return {"mse": mse(y_hat_test, y_test), "relative_error": relative_error(y_hat_test, y_test),
+            "train_mse": mse(y_hat_train, y_train), "train_relative_error": relative_error(y_hat_train, y_train)}
+
+
+def _methods(methods: Iterable[str]) -> list[str]:
+    if isinstance(methods, str):
+        methods = [methods]
+    out = list(methods)
+    if not out:
+        raise LayersimError(f"methods is empty; pass one or more of: {', '.join(MAPS)}.")
+    for name in out:
+        if name not in MAPS:
+            raise unknown_name("map", name, MAPS)
+    if len(set(out)) != len(out):
+        raise LayersimError(f"methods {out} repeat a name; list each method once.")
+    return out
+
+
+def _layer_lists(layers: Sequence[np.ndarray], label: str) -> list[np.ndarray]:
+    if isinstance(layers, np.ndarray) and layers.ndim == 2:
+        raise LayersimError(f"{label} must be a sequence of (num_examples x hidden) arrays, got a single array "
+                            f"of shape {layers.shape}; wrap one layer in a list.")
+    out = [np.asarray(a) for a in layers]
+    if not out:
+        raise LayersimError(f"{label} is empty; pass at least one (num_examples x hidden) array.")
+    for k, a in enumerate(out):
+        if a.ndim != 2:
+            raise LayersimError(f"{label}[{k}] must be a 2-D (num_examples x hidden) array, got shape {a.shape}.")
+    return out
+
+
+def _num_rows(layers: list[np.ndarray]) -> int:
+    n = layers[0].shape[0]
+    for a in layers[1:]:
+        if a.shape[0] != n:
+            raise LayersimError(f"layers have {n} and {a.shape[0]} rows; every layer must hold the same examples "
+                                "(the same number of rows, in the same order).")
+    return n
+
+
+def _split(train_idx: np.ndarray, test_idx: np.ndarray, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Validated integer index arrays: non-empty, in range, no repeats, disjoint."""
+    checked = []
+    for label, idx in (("train_idx", train_idx), ("test_idx", test_idx)):
+        idx = np.asarray(idx)
+        if idx.ndim != 1 or idx.size == 0 or idx.dtype.kind not in "iu":
+            raise LayersimError(f"{label} must be a non-empty 1-D array of integer row indices, got "
+                                f"{idx.dtype} of shape {idx.shape}.")
+        if idx.min() < 0 or idx.max() >= num_rows:
+            raise LayersimError(f"{label} holds indices outside 0..{num_rows - 1} (min {idx.min()}, max {idx.max()}).")
+        if np.unique(idx).size != idx.size:
+            raise LayersimError(f"{label} repeats row indices; each row may appear once.")
+        checked.append(idx.astype(np.intp))
+    overlap = np.intersect1d(*checked)
+    if overlap.size:
+        raise LayersimError(f"train_idx and test_idx share {overlap.size} rows (e.g. {int(overlap[0])}); "
+                            "held-out rows must not be used for fitting.")
+    if checked[0].size < 2:
+        raise LayersimError(f"train_idx has {checked[0].size} row; fitting a map needs at least 2.")
+    return checked[0], checked[1]

@@ -1,0 +1,245 @@
+"""Linear alignment maps: least squares and the CCA family as maps from X's space to Y's (Ren et al.
+2023, §3.3).
+
+All of them act on standardised coordinates (see :mod:`layersim.align.base`) as one matrix::
+
+    ŷ_s = x_s M        (M: d_x x d_y; both sides are centred on the training rows, so no intercept)
+
+which in original units is ``ŷ = (x - mean_x) / std_x · M · std_y + mean_y``. With ``Xs``, ``Ys`` the
+standardised training rows (``n x d``):
+
+* **linear** — least squares, ``M = argmin ||Xs M - Ys||_F² + ridge · n · ||M||_F²``, i.e.
+  ``M = (XsᵀXs/n + ridge·I)⁻¹ XsᵀYs/n``; ``ridge`` is relative to unit feature variance.
+  ``ridge = 0`` takes the minimum-norm least-squares solution (``lstsq``), so rank-deficient X is fine.
+  (Ren et al. train ``nn.Linear`` with Adam on the same objective; this is its exact minimiser.)
+
+* **cca** — Ren et al. eq. (6): the transformation ``W_X W_Y⁻¹``. CCA (eqs. 3–5) gives directions
+  ``W_X`` (``d_x x c``), ``W_Y`` (``d_y x c``) whose canonical variates ``U = Xs W_X`` and ``V = Ys W_Y``
+  have orthonormal columns and ``UᵀV = diag(ρ)``, ρ the canonical correlations in decreasing order.
+  A row is taken to X's canonical space, its canonical variates are used as Y's, and
+  Y's directions are undone with a pseudo-inverse::
+
+      M = W_X · diag(ω) · W_Y⁺        ω = 1 (Ren, default)   or   ω = ρ (scale_by_correlation=True)
+
+  Computed from thin SVDs ``Xs = Q_X S_X R_Xᵀ`` (rank ``r_X``), ``Ys = Q_Y S_Y R_Yᵀ`` and
+  ``Q_XᵀQ_Y = A diag(ρ) Bᵀ``: ``W_X = R_X S_X⁻¹ A``, ``W_Y = R_Y S_Y⁻¹ B`` (first ``c`` columns).
+  With both sides full rank and ``c = d_x = d_y`` this is, in covariance terms (``K = Σ_xx^{-1/2} Σ_xy
+  Σ_yy^{-1/2} = U_K diag(ρ) V_Kᵀ``)::
+
+      ω = 1:  M = Σ_xx^{-1/2} · U_K V_Kᵀ · Σ_yy^{1/2}   (whiten X, rotate, re-colour as Y)
+      ω = ρ:  M = Σ_xx⁻¹ Σ_xy                           (exactly least squares)
+
+  so Ren's map assumes every canonical pair is perfectly correlated, and the ρ-scaled map is the
+  best linear predictor of Y's canonical variates from X's. ``num_components`` keeps only the top
+  ``c`` pairs (Ren: "we have to pre-determine the number of canonical correlations c").
+
+* **svcca** — the same map after an SVD that keeps, separately on each side, the fewest principal
+  directions ``P_X`` (``d_x x k_X``), ``P_Y`` (``d_y x k_Y``) explaining ``variance_threshold`` of the
+  variance (Raghu et al. 2017)::
+
+      M = P_X · W'_X diag(ω) W'_Y⁺ · P_Yᵀ       (W' from CCA between Xs P_X and Ys P_Y)
+
+  Ren et al. score SVCCA in the reduced space; this map returns full Y rows (the projection
+  ``P_Yᵀ`` back is exact for the kept directions and zero on the dropped ones, which count as error).
+
+* **pwcca** — projection-weighted CCA (Morcos et al. 2018; Ren eqs. 7–9) is a different *summary*
+  of the same canonical pairs, not a different transformation: Ren et al. "learn the mapping using
+  the same principles as the CCA" and their released code maps with ``W_X W_Y⁺`` for PWCCA too,
+  which is why its Table 3 row equals CCA's. So ``transform`` is the CCA map above, and the fit also
+  records the projection weights ``α_i = Σ_j |⟨p_i, x_j⟩|`` (``p_i = Xs w_X^i``, unit norm; ``x_j``
+  the standardised training columns of X), normalised to sum to 1, and the PWCCA similarity
+  ``Σ α_i ρ_i`` (eq. 7).
+
+Inverse: every linear map has one when ``M`` is square and numerically full rank
+(``x_s = ŷ_s M⁻¹``); otherwise ``inverse`` raises. For ``cca`` with ω = 1 that is ``W_Y W_X⁻¹``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from layersim.align.base import AlignmentMap, _bool, _float, _non_negative_float, _optional_positive_int
+from layersim.errors import LayersimError
+
+# Singular values below this fraction of the largest (times max(n, d), as numpy's matrix_rank)
+# count as zero when ranks are decided.
+_RANK_EPS = np.finfo(np.float64).eps
+
+
+class MatrixMap(AlignmentMap):
+    """A map ``ŷ_s = x_s M`` in standardised coordinates; subclasses compute ``matrix_`` (d_x x d_y)."""
+
+    def _transform(self, xs: np.ndarray) -> np.ndarray:
+        return xs @ self.matrix_
+
+    def _inverse(self, ys: np.ndarray) -> np.ndarray:
+        m = self.matrix_
+        if m.shape[0] != m.shape[1]:
+            raise LayersimError(f"the {self.name!r} map is {m.shape[0]} x {m.shape[1]} (not square), so it has no "
+                                "inverse; inverse needs equal widths of x and y.")
+        s = np.linalg.svd(m, compute_uv=False)
+        if s[-1] <= s[0] * m.shape[0] * _RANK_EPS * 1e3:
+            rank = int(np.count_nonzero(s > s[0] * m.shape[0] * _RANK_EPS * 1e3))
+            raise LayersimError(f"the fitted {self.name!r} map has rank {rank} < {m.shape[0]}, so it has no inverse; "
+                                "use all components (num_components=None, variance_threshold=1.0).")
+        return np.linalg.solve(m.T, ys.T).T
+
+
+class LinearRegressionMap(MatrixMap):
+    """Least squares from standardised X to standardised Y (with intercept), optionally ridge.
+
+    Parameters
+    ----------
+    ridge : float >= 0, default 0.0
+        Penalty ``ridge · n · ||M||_F²`` on the standardised coefficients (1.0 is comparable to the
+        unit variance of a standardised feature). 0 gives the minimum-norm least-squares fit.
+
+    Attributes
+    ----------
+    matrix_ : (d_x, d_y) float64 — ``M`` in standardised coordinates (see the module docstring).
+    """
+
+    name = "linear"
+
+    def __init__(self, ridge: float = 0.0):
+        self.ridge = _non_negative_float("ridge", ridge)
+
+    def _fit(self, xs: np.ndarray, ys: np.ndarray) -> None:
+        n, d = xs.shape
+        if self.ridge == 0.0:
+            self.matrix_ = np.linalg.lstsq(xs, ys, rcond=None)[0]
+        else:
+            gram = xs.T @ xs / n + self.ridge * np.eye(d)
+            self.matrix_ = np.linalg.solve(gram, xs.T @ ys / n)
+
+
+class CCAMap(MatrixMap):
+    """Ren et al. eq. (6): ``M = W_X diag(ω) W_Y⁺`` from CCA on the standardised training rows.
+
+    Parameters
+    ----------
+    num_components : int >= 1 or None, default None
+        Canonical pairs kept (the top ones by correlation); None keeps ``min(rank X, rank Y)``.
+    scale_by_correlation : bool, default False
+        False: ω = 1, Ren's formula (canonical variates of X are used unchanged as Y's).
+        True: ω = ρ, the least-squares prediction of Y's canonical variates (= linear regression
+        when all components are kept and both sides have full rank).
+
+    Attributes
+    ----------
+    matrix_ : (d_x, d_y) — ``M``;  correlations_ : (c,) — ρ, decreasing;
+    x_directions_ : (d_x, c) — ``W_X``;  y_directions_ : (d_y, c) — ``W_Y`` (standardised coordinates).
+    """
+
+    name = "cca"
+
+    def __init__(self, num_components: int | None = None, scale_by_correlation: bool = False):
+        self.num_components = _optional_positive_int("num_components", num_components)
+        self.scale_by_correlation = _bool("scale_by_correlation", scale_by_correlation)
+
+    def _fit(self, xs: np.ndarray, ys: np.ndarray) -> None:
+        self.matrix_ = self._cca_matrix(xs, ys)
+
+    def _cca_matrix(self, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+        w_x, w_y, rho = canonical_directions(xs, ys, self.num_components)
+        self.x_directions_, self.y_directions_, self.correlations_ = w_x, w_y, rho
+        weights = rho if self.scale_by_correlation else np.ones_like(rho)
+        return (w_x * weights) @ np.linalg.pinv(w_y)
+
+
+class PWCCAMap(CCAMap):
+    """Projection-weighted CCA as a map: the CCA map (Ren eq. 6) plus PWCCA's weights and score.
+
+    ``transform`` equals :class:`CCAMap`'s with the same options (as in Ren et al.'s code; see the
+    module docstring). Extra attributes after ``fit``:
+
+    projection_weights_ : (c,) — ``α_i / Σ α`` with ``α_i = Σ_j |⟨p_i, x_j⟩|`` (Ren eq. 8).
+    similarity_ : float — ``Σ_i α_i ρ_i / Σ_i α_i`` (Ren eq. 7), in [0, 1].
+    """
+
+    name = "pwcca"
+
+    def _fit(self, xs: np.ndarray, ys: np.ndarray) -> None:
+        self.matrix_ = self._cca_matrix(xs, ys)
+        variates = xs @ self.x_directions_  # orthonormal columns p_i
+        alpha = np.abs(variates.T @ xs).sum(axis=1)
+        self.projection_weights_ = alpha / alpha.sum()
+        self.similarity_ = float(self.projection_weights_ @ self.correlations_)
+
+
+class SVCCAMap(MatrixMap):
+    """SVCCA as a map: keep the principal directions explaining ``variance_threshold`` of each side's
+    variance, then the CCA map between the reduced spaces, then back to Y's full space.
+
+    Parameters
+    ----------
+    variance_threshold : float in (0, 1], default 0.99
+        Fraction of the (standardised) variance the kept directions must explain, per side.
+        1.0 keeps every direction of non-zero variance (then the map equals ``cca``).
+    num_components, scale_by_correlation : as for :class:`CCAMap`, applied in the reduced spaces.
+
+    Attributes
+    ----------
+    matrix_ : (d_x, d_y) — ``P_X W'_X diag(ω) W'_Y⁺ P_Yᵀ``;  kept_ : (k_X, k_Y) — directions kept;
+    correlations_ : (c,) — canonical correlations between the reduced spaces.
+    """
+
+    name = "svcca"
+
+    def __init__(self, variance_threshold: float = 0.99, num_components: int | None = None,
+                 scale_by_correlation: bool = False):
+        threshold = _float("variance_threshold", variance_threshold)
+        if not 0.0 < threshold <= 1.0:
+            raise LayersimError(f"variance_threshold must be in (0, 1], got {variance_threshold!r}.")
+        self.variance_threshold = threshold
+        self.num_components = _optional_positive_int("num_components", num_components)
+        self.scale_by_correlation = _bool("scale_by_correlation", scale_by_correlation)
+
+    def _fit(self, xs: np.ndarray, ys: np.ndarray) -> None:
+        p_x = principal_directions(xs, self.variance_threshold)
+        p_y = principal_directions(ys, self.variance_threshold)
+        self.kept_ = (p_x.shape[1], p_y.shape[1])
+        w_x, w_y, rho = canonical_directions(xs @ p_x, ys @ p_y, self.num_components)
+        self.correlations_ = rho
+        weights = rho if self.scale_by_correlation else np.ones_like(rho)
+        self.matrix_ = p_x @ (w_x * weights) @ np.linalg.pinv(w_y) @ p_y.T
+
+
+# --- the linear algebra ---
+
+
+def _thin_svd(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``a = Q diag(S) Rᵀ`` truncated to the numerical rank; returns (Q, S, R)."""
+    q, s, rt = np.linalg.svd(a, full_matrices=False)
+    rank = int(np.count_nonzero(s > s[0] * max(a.shape) * _RANK_EPS)) if s.size and s[0] > 0 else 0
+    if rank == 0:
+        raise LayersimError("a representation is constant on the training rows (rank 0), so CCA is undefined; "
+                            "drop that layer or use more training rows.")
+    return q[:, :rank], s[:rank], rt[:rank].T
+
+
+def canonical_directions(xs: np.ndarray, ys: np.ndarray, num_components: int | None = None
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CCA of centred ``xs`` (n x d_x) and ``ys`` (n x d_y).
+
+    Returns ``(W_X, W_Y, ρ)`` with ``W_X`` (d_x x c), ``W_Y`` (d_y x c), such that ``xs W_X`` and
+    ``ys W_Y`` have orthonormal columns and ``(xs W_X)ᵀ (ys W_Y) = diag(ρ)``, ρ decreasing in [0, 1].
+    ``c = min(rank xs, rank ys, num_components)``.
+    """
+    q_x, s_x, r_x = _thin_svd(xs)
+    q_y, s_y, r_y = _thin_svd(ys)
+    a, rho, bt = np.linalg.svd(q_x.T @ q_y, full_matrices=False)
+    c = rho.size if num_components is None else min(num_components, rho.size)
+    w_x = (r_x / s_x) @ a[:, :c]
+    w_y = (r_y / s_y) @ bt[:c].T
+    return w_x, w_y, np.clip(rho[:c], 0.0, 1.0)
+
+
+def principal_directions(a: np.ndarray, variance_threshold: float) -> np.ndarray:
+    """Orthonormal columns (d x k): the fewest right singular vectors of centred ``a`` whose squared
+    singular values reach ``variance_threshold`` of the total."""
+    _, s, r = _thin_svd(a)
+    explained = np.cumsum(s**2) / np.sum(s**2)
+    # Small tolerance so a threshold of exactly 1.0 is reached despite rounding in the cumsum.
+    k = int(np.searchsorted(explained, variance_threshold - 1e-12) + 1)
+    return r[:, : min(k, s.size)]

@@ -1,0 +1,404 @@
+"""Tests for the alignment maps and experiments (layersim.align; Ren et al. 2023).
+
+The CCA-family matrices are checked against covariance formulas written here independently of the
+SVD route the library takes; the neural maps on small widths so the file stays fast.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from layersim.align import (MAPS, CCAMap, INNMap, LinearRegressionMap, MLPMap, PWCCAMap, SVCCAMap, alignment_errors,
+                            layer_alignment_matrix, make_map, map_representations, mse, random_flow, relative_error,
+                            synthetic_recovery, train_test_split_rows)
+from layersim.errors import LayersimError
+
+LINEAR_NAMES = ("linear", "cca", "svcca", "pwcca")
+FAST_INN = {"depth": 2, "hidden": 32, "steps": 150, "batch_size": 128}
+FAST_MLP = {"depth": 1, "hidden": 32, "steps": 150, "batch_size": 128}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One torch thread: faster for these small matrices and identical results run to run."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(0)
+
+
+def _correlated(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
+    """Rows with correlated columns, unequal scales and an offset."""
+    return rng.normal(size=(n, d)) @ rng.normal(size=(d, d)) * rng.uniform(0.5, 3.0, size=d) + rng.normal(size=d) * 5
+
+
+def _msqrt(s: np.ndarray, power: float) -> np.ndarray:
+    w, v = np.linalg.eigh(s)
+    return (v * w**power) @ v.T
+
+
+def _standardise(a: np.ndarray) -> np.ndarray:
+    return (a - a.mean(0)) / a.std(0)
+
+
+def _reference_cca(xs: np.ndarray, ys: np.ndarray):
+    """CCA from covariances: K = Σxx^-1/2 Σxy Σyy^-1/2 = U diag(ρ) Vᵀ, W_X = Σxx^-1/2 U, W_Y = Σyy^-1/2 V."""
+    sxx, syy, sxy = xs.T @ xs, ys.T @ ys, xs.T @ ys
+    u, rho, vt = np.linalg.svd(_msqrt(sxx, -0.5) @ sxy @ _msqrt(syy, -0.5))
+    return _msqrt(sxx, -0.5) @ u, _msqrt(syy, -0.5) @ vt.T, rho
+
+
+# --- linear family ---
+
+
+@pytest.mark.parametrize("name", LINEAR_NAMES)
+def test_linear_maps_recover_exact_linear_relation(rng, name):
+    # X has rank 5 inside 7 columns (orthonormal mixing: each direction >10% of the variance), so
+    # SVCCA's 99% variance cut keeps all of its signal.
+    n, d, k = 120, 7, 5
+    x = rng.normal(size=(n, k)) @ np.linalg.qr(rng.normal(size=(d, d)))[0][:k] * 3 + rng.normal(size=d)
+    y = x @ rng.normal(size=(d, 6)) + rng.normal(size=6) * 10
+    fitted = make_map(name).fit(x[:80], y[:80])
+    assert relative_error(fitted.transform(x[80:]), y[80:]) < 1e-9
+
+
+@pytest.mark.parametrize("name", LINEAR_NAMES)
+def test_full_rank_linear_maps_invert(rng, name):
+    x = _correlated(rng, 100, 6)
+    y = x @ rng.normal(size=(6, 6)) - 3.0
+    fitted = make_map(name, **({"variance_threshold": 1.0} if name == "svcca" else {})).fit(x[:70], y[:70])
+    assert relative_error(fitted.inverse(y[70:]), x[70:]) < 1e-9
+
+
+def test_cca_map_is_rens_formula_and_scaled_cca_is_least_squares(rng):
+    x = _correlated(rng, 200, 5)
+    y = np.tanh(x @ rng.normal(size=(5, 5)) / 5) + 0.3 * rng.normal(size=(200, 5))
+    xs, ys = _standardise(x), _standardise(y)
+    w_x, w_y, rho = _reference_cca(xs, ys)
+
+    cca = CCAMap().fit(x, y)
+    np.testing.assert_allclose(cca.correlations_, rho, atol=1e-10)
+    # Ren eq. (6): M = W_X W_Y⁻¹ = Σxx^-1/2 U Vᵀ Σyy^1/2 (independent of the sign of each pair).
+    np.testing.assert_allclose(cca.matrix_, w_x @ np.linalg.inv(w_y), atol=1e-10)
+    # Canonical variates: orthonormal, cross-products diag(ρ).
+    u, v = xs @ cca.x_directions_, ys @ cca.y_directions_
+    np.testing.assert_allclose(u.T @ u, np.eye(5), atol=1e-10)
+    np.testing.assert_allclose(u.T @ v, np.diag(rho), atol=1e-10)
+    # Transform in original units: ŷ = ((x − mean_x)/std_x) M std_y + mean_y.
+    expected = (x - x.mean(0)) / x.std(0) @ cca.matrix_ * y.std(0) + y.mean(0)
+    np.testing.assert_allclose(cca.transform(x), expected, atol=1e-10)
+
+    scaled = CCAMap(scale_by_correlation=True).fit(x, y)
+    np.testing.assert_allclose(scaled.matrix_, w_x @ np.diag(rho) @ np.linalg.inv(w_y), atol=1e-10)
+    np.testing.assert_allclose(scaled.transform(x), LinearRegressionMap().fit(x, y).transform(x), atol=1e-9)
+
+
+def test_cca_num_components_keeps_top_pairs(rng):
+    x, y = _correlated(rng, 150, 5), _correlated(rng, 150, 4)
+    y += x[:, :4]
+    top2 = CCAMap(num_components=2).fit(x, y)
+    w_x, w_y, rho = _reference_cca(_standardise(x), _standardise(y))
+    np.testing.assert_allclose(top2.correlations_, rho[:2], atol=1e-10)
+    np.testing.assert_allclose(top2.matrix_, w_x[:, :2] @ np.linalg.pinv(w_y[:, :2]), atol=1e-9)
+    with pytest.raises(LayersimError, match="not square"):
+        top2.inverse(y)
+    with pytest.raises(LayersimError, match="rank 2 < 4"):
+        CCAMap(num_components=2).fit(x[:, :4], y).inverse(y)
+
+
+def test_pwcca_maps_like_cca_and_weights_by_projection(rng):
+    x = _correlated(rng, 150, 4)
+    y = x @ rng.normal(size=(4, 4)) + 2.0 * rng.normal(size=(150, 4))
+    pw, cca = PWCCAMap().fit(x, y), CCAMap().fit(x, y)
+    np.testing.assert_allclose(pw.transform(x), cca.transform(x), atol=1e-12)
+    xs, ys = _standardise(x), _standardise(y)
+    w_x, _, rho = _reference_cca(xs, ys)
+    p = xs @ w_x  # unit-norm canonical variates p_i (Ren eq. 9)
+    alpha = np.abs(p.T @ xs).sum(axis=1)  # eq. 8: α_i = Σ_j |⟨p_i, x_j⟩|
+    np.testing.assert_allclose(pw.projection_weights_, alpha / alpha.sum(), atol=1e-10)
+    np.testing.assert_allclose(pw.similarity_, alpha @ rho / alpha.sum(), atol=1e-10)  # eq. 7
+
+
+def test_svcca_is_cca_between_principal_subspaces(rng):
+    n = 300
+    # Three strong directions plus three weak ones on each side: 99% of the variance is the strong ones.
+    x = np.hstack([rng.normal(size=(n, 3)) * 10, rng.normal(size=(n, 3)) * 0.05]) @ np.linalg.qr(
+        rng.normal(size=(6, 6)))[0]
+    y = np.hstack([x[:, :3] + rng.normal(size=(n, 3)), rng.normal(size=(n, 2)) * 0.05])
+    sv = SVCCAMap(variance_threshold=0.99).fit(x, y)
+    xs, ys = _standardise(x), _standardise(y)
+
+    def principal(a, threshold):
+        w, v = np.linalg.eigh(a.T @ a)
+        w, v = w[::-1], v[:, ::-1]
+        k = int(np.argmax(np.cumsum(w) / w.sum() >= threshold)) + 1
+        return v[:, :k]
+
+    p_x, p_y = principal(xs, 0.99), principal(ys, 0.99)
+    assert sv.kept_ == (p_x.shape[1], p_y.shape[1])
+    w_x, w_y, rho = _reference_cca(xs @ p_x, ys @ p_y)
+    c = min(p_x.shape[1], p_y.shape[1])
+    np.testing.assert_allclose(sv.correlations_, rho[:c], atol=1e-8)
+    np.testing.assert_allclose(sv.matrix_, p_x @ w_x[:, :c] @ np.linalg.pinv(w_y[:, :c]) @ p_y.T, atol=1e-8)
+    # With every direction kept, SVCCA is CCA.
+    np.testing.assert_allclose(SVCCAMap(1.0).fit(x, y).matrix_, CCAMap().fit(x, y).matrix_, atol=1e-8)
+
+
+def test_ridge_shrinks_towards_the_mean(rng):
+    x = _correlated(rng, 80, 5)
+    y = x @ rng.normal(size=(5, 3)) + rng.normal(size=(80, 3))
+    plain, ridged = LinearRegressionMap().fit(x, y), LinearRegressionMap(ridge=1e6).fit(x, y)
+    assert np.abs(ridged.matrix_).max() < 1e-4 * np.abs(plain.matrix_).max()
+    np.testing.assert_allclose(ridged.transform(x), np.broadcast_to(y.mean(0), y.shape), atol=1e-3 * y.std())
+
+
+# --- neural maps ---
+
+
+def test_inn_recovers_a_random_inn_far_better_than_linear(rng):
+    x = _correlated(rng, 600, 8)
+    result = synthetic_recovery(x, ["linear", "cca", "inn"], seed=0, depth=2, hidden=32, scale=1.0,
+                                inn={"depth": 2, "hidden": 64, "steps": 400, "batch_size": 128, "learning_rate": 3e-3})
+    errors = {row["method"]: row["relative_error"] for row in result["rows"]}
+    assert errors["linear"] > 0.2  # f is clearly non-linear
+    assert errors["inn"] < 0.5 * errors["linear"]  # ≈ 0.19 vs 0.59 on this data
+    assert errors["inn"] < 0.5 * errors["cca"]
+    assert set(result["train_idx"]).isdisjoint(result["test_idx"])
+
+
+def test_inn_inverse_reconstructs_inputs(rng):
+    x = _correlated(rng, 300, 10)
+    y = np.sin(x) + x @ rng.normal(size=(10, 10))
+    inn = INNMap(**FAST_INN).fit(x[:200], y[:200])
+    for rows in (x[200:], x[200:].astype(np.float32)):
+        y_hat = inn.transform(rows)
+        assert y_hat.dtype == rows.dtype
+        assert relative_error(inn.inverse(y_hat), rows) < 1e-4
+    assert relative_error(inn.inverse(inn.transform(x)), x) < 1e-10  # float64 all the way
+
+
+def test_untrained_random_inn_inverts():
+    flow = random_flow(12, depth=4, hidden=16, scale=2.0, seed=3)
+    x = torch.from_numpy(np.random.default_rng(1).normal(size=(50, 12)))
+    with torch.no_grad():
+        y = flow(x)
+        back = flow.inverse(y)
+    assert torch.linalg.norm(y - x) > 0.5 * torch.linalg.norm(x)  # far from the identity
+    assert torch.linalg.norm(back - x) < 1e-10 * torch.linalg.norm(x)
+
+
+def test_inn_starts_from_least_squares_and_trains_coupling_blocks(rng):
+    x = _correlated(rng, 200, 6)
+    y = x @ rng.normal(size=(6, 6))
+    frozen_linear = INNMap(**{**FAST_INN, "steps": 1, "learning_rate": 1e-12}).fit(x, y)
+    assert relative_error(frozen_linear.transform(x), y) < 0.05  # ridge 1e-2 start ≈ least squares
+    trained = INNMap(**FAST_INN).fit(x, y)
+    assert trained.loss_history_[-20:].mean() < trained.loss_history_[:20].mean()
+
+
+@pytest.mark.parametrize("name, options", [("inn", FAST_INN), ("mlp", FAST_MLP)])
+def test_neural_maps_are_deterministic_under_a_seed(rng, name, options):
+    x = _correlated(rng, 150, 6)
+    y = np.tanh(x)
+    first = make_map(name, seed=1, **options).fit(x, y).transform(x)
+    state = torch.get_rng_state()
+    again = make_map(name, seed=1, **options).fit(x, y).transform(x)
+    other = make_map(name, seed=2, **options).fit(x, y).transform(x)
+    assert torch.equal(state, torch.get_rng_state())  # fit leaves the global RNG alone
+    np.testing.assert_array_equal(first, again)
+    assert np.abs(first - other).max() > 1e-6
+
+
+def test_mlp_maps_between_different_widths_and_has_no_inverse(rng):
+    x = _correlated(rng, 120, 5)
+    mlp = MLPMap(**FAST_MLP).fit(x, np.tanh(x[:, :3]))
+    assert mlp.transform(x).shape == (120, 3)
+    with pytest.raises(LayersimError, match="not invertible.*inn"):
+        mlp.inverse(np.zeros((2, 3)))
+
+
+# --- held-out rows and standardisation ---
+
+
+def test_standardisation_uses_training_rows_only(rng):
+    x = _correlated(rng, 100, 4)
+    y = x @ rng.normal(size=(4, 3))
+    train = np.arange(60)
+    for name in MAPS:
+        fitted = make_map(name, **{"inn": {**FAST_INN, "steps": 5}, "mlp": {**FAST_MLP, "steps": 5}}.get(name, {}))
+        fitted.fit(x[train], (y if name != "inn" else y @ np.ones((3, 4)) + x)[train])
+        np.testing.assert_allclose(fitted.x_scaler_.mean_, x[train].mean(0))
+        np.testing.assert_allclose(fitted.x_scaler_.scale_, x[train].std(0))
+    scaler = LinearRegressionMap().fit(x[train], y[train]).y_scaler_
+    np.testing.assert_allclose(scaler.inverse_transform(scaler.transform(y)), y)
+
+
+def test_held_out_and_unused_rows_never_reach_fit(rng):
+    n = 160
+    x = _correlated(rng, n, 6)
+    y = np.tanh(x @ rng.normal(size=(6, 6)) / 4)
+    train_idx, test_idx = np.arange(0, 100), np.arange(100, 140)  # rows 140.. are in neither
+    methods = list(MAPS)
+    options = {"inn": FAST_INN, "mlp": FAST_MLP}
+    clean = alignment_errors([x], [y], methods, train_idx, test_idx, **options)
+
+    poisoned_x, poisoned_y = x.copy(), y.copy()
+    poisoned_x[140:], poisoned_y[140:] = np.nan, np.inf
+    assert alignment_errors([poisoned_x], [poisoned_y], methods, train_idx, test_idx, **options) == clean
+
+    # Huge test rows change the test errors but not the fitted maps (so not the training errors).
+    poisoned_x[test_idx] *= 1e6
+    poisoned_y[test_idx] += 1e6
+    changed = alignment_errors([poisoned_x], [poisoned_y], methods, train_idx, test_idx, **options)
+    for before, after in zip(clean, changed):
+        assert after["train_mse"] == before["train_mse"]
+        assert after["train_relative_error"] == before["train_relative_error"]
+        assert after["mse"] != before["mse"]
+
+
+def test_alignment_errors_rows_per_layer_and_method(rng):
+    x_layers = [_correlated(rng, 90, 4) for _ in range(3)]
+    y_layers = [a @ rng.normal(size=(4, 4)) + 0.1 * rng.normal(size=(90, 4)) for a in x_layers]
+    train_idx, test_idx = train_test_split_rows(90, 0.25, seed=0)
+    rows = alignment_errors(x_layers, y_layers, ["linear", "cca"], train_idx, test_idx)
+    assert [(r["layer"], r["method"]) for r in rows] == [(l, m) for l in range(3) for m in ("linear", "cca")]
+    for r in rows:
+        y_test = y_layers[r["layer"]][test_idx]
+        assert 0 < r["relative_error"] < 0.2
+        spread = np.sum((y_test - y_test.mean(0)) ** 2)
+        assert r["mse"] == pytest.approx(r["relative_error"] ** 2 * spread / y_test.size)
+
+
+def test_layer_alignment_matrix(rng):
+    base = _correlated(rng, 100, 4)
+    layers = [base, np.tanh(base / 3), np.tanh(base / 3) ** 3]
+    train_idx, test_idx = train_test_split_rows(100, 0.3, seed=1)
+    m = layer_alignment_matrix(layers, None, "linear", train_idx=train_idx, test_idx=test_idx)
+    assert m.shape == (3, 3)
+    np.testing.assert_allclose(np.diag(m), 0.0, atol=1e-9)  # a layer maps onto itself exactly
+    assert (m[~np.eye(3, dtype=bool)] > 1e-3).all()
+    inn = layer_alignment_matrix(layers[:2], layers[1:], "inn", train_idx=train_idx, test_idx=test_idx,
+                                 metric="mse", steps=20, depth=1, hidden=8)
+    assert inn.shape == (2, 2) and np.isfinite(inn).all()
+
+
+def test_map_representations_fits_on_train_and_maps_others(rng):
+    x = _correlated(rng, 80, 5)
+    y = x @ rng.normal(size=(5, 5)) + 1.0
+    y_hat, fitted = map_representations(x[:60], y[:60], x[60:].astype(np.float32), "linear")
+    assert y_hat.shape == (20, 5) and y_hat.dtype == np.float32
+    assert isinstance(fitted, LinearRegressionMap)
+    np.testing.assert_allclose(y_hat, y[60:], rtol=1e-4, atol=1e-4)
+
+
+# --- metrics and splits ---
+
+
+def test_metrics_hand_computed():
+    y = np.array([[0.0, 1.0], [2.0, 3.0]])
+    y_hat = np.array([[1.0, 1.0], [2.0, 1.0]])
+    assert mse(y_hat, y) == pytest.approx((1 + 0 + 0 + 4) / 4)
+    # ||ŷ − y||² = 5; y − mean(y) = ±[1, 1] per row, so ||·||² = 4.
+    assert relative_error(y_hat, y) == pytest.approx(np.sqrt(5 / 4))
+    with pytest.raises(LayersimError, match="constant"):
+        relative_error(y, np.ones_like(y))
+    with pytest.raises(LayersimError, match="shape"):
+        mse(y, y[:1])
+
+
+def test_train_test_split_rows():
+    train, test = train_test_split_rows(50, 0.2, seed=3)
+    assert len(test) == 10 and len(train) == 40
+    assert set(train).isdisjoint(test) and set(train) | set(test) == set(range(50))
+    again = train_test_split_rows(50, 0.2, seed=3)
+    np.testing.assert_array_equal(train, again[0])
+    assert not np.array_equal(test, train_test_split_rows(50, 0.2, seed=4)[1])
+    for bad in (0.0, 1.0, -0.1, "0.2"):
+        with pytest.raises(LayersimError, match="test_fraction"):
+            train_test_split_rows(50, bad)
+
+
+# --- errors ---
+
+
+def test_unknown_map_name_lists_valid_names():
+    with pytest.raises(LayersimError) as err:
+        make_map("procrustes")
+    message = str(err.value)
+    assert "'procrustes'" in message
+    for name in ("linear", "cca", "svcca", "pwcca", "inn", "mlp"):
+        assert name in message
+    assert sorted(MAPS) == ["cca", "inn", "linear", "mlp", "pwcca", "svcca"]
+
+
+def test_unknown_option_lists_valid_options():
+    with pytest.raises(LayersimError, match=re.escape("unknown option 'stepz' for the 'inn' map")) as err:
+        make_map("inn", stepz=10)
+    assert "steps" in str(err.value) and "learning_rate" in str(err.value)
+    with pytest.raises(LayersimError, match="ridge"):
+        make_map("cca", ridge=1.0)
+
+
+@pytest.mark.parametrize("name, options, pattern", [
+    ("linear", {"ridge": -1.0}, "ridge must be >= 0"),
+    ("svcca", {"variance_threshold": 0.0}, r"variance_threshold must be in \(0, 1\]"),
+    ("cca", {"num_components": 0}, "num_components must be a positive integer"),
+    ("cca", {"scale_by_correlation": "yes"}, "scale_by_correlation must be True or False"),
+    ("inn", {"schedule": "step"}, "unknown schedule 'step'; valid schedules are: constant, cosine, linear"),
+    ("inn", {"linear_init": "random"}, "valid linear_inits are: identity, least_squares"),
+    ("mlp", {"steps": 0}, "steps must be a positive integer"),
+    ("mlp", {"learning_rate": float("nan")}, "learning_rate must be a finite number"),
+])
+def test_invalid_option_values(name, options, pattern):
+    with pytest.raises(LayersimError, match=pattern):
+        make_map(name, **options)
+
+
+def test_bad_inputs_raise(rng):
+    x, y = rng.normal(size=(20, 4)), rng.normal(size=(19, 4))
+    for name in MAPS:
+        with pytest.raises(LayersimError, match="20 rows but y has 19"):
+            make_map(name).fit(x, y)
+    with pytest.raises(LayersimError, match="equal widths, got 4 and 3"):
+        INNMap().fit(x, rng.normal(size=(20, 3)))
+    with pytest.raises(LayersimError, match="not fitted"):
+        CCAMap().transform(x)
+    fitted = LinearRegressionMap().fit(x, x)
+    with pytest.raises(LayersimError, match="3 columns but the map was fitted with 4-wide x"):
+        fitted.transform(x[:, :3])
+    with pytest.raises(LayersimError, match="non-finite"):
+        LinearRegressionMap().fit(np.where(x > 1, np.nan, x), x)
+    with pytest.raises(LayersimError, match="not square"):
+        LinearRegressionMap().fit(x, x[:, :2]).inverse(x[:, :2])
+
+
+def test_experiment_argument_errors(rng):
+    x = rng.normal(size=(30, 3))
+    train, test = np.arange(20), np.arange(20, 30)
+    with pytest.raises(LayersimError, match="unknown map 'ica'"):
+        alignment_errors([x], [x], ["linear", "ica"], train, test)
+    with pytest.raises(LayersimError, match="options were given for 'inn'"):
+        alignment_errors([x], [x], ["linear"], train, test, inn={"steps": 5})
+    with pytest.raises(LayersimError, match="unknown option 'stepz'"):
+        alignment_errors([x], [x], ["inn"], train, test, inn={"stepz": 5})
+    with pytest.raises(LayersimError, match="share 1 rows"):
+        alignment_errors([x], [x], ["linear"], train, np.array([19, 25]))
+    with pytest.raises(LayersimError, match="outside 0..29"):
+        alignment_errors([x], [x], ["linear"], train, np.array([30]))
+    with pytest.raises(LayersimError, match="1 layers but y_layers has 2"):
+        alignment_errors([x], [x, x], ["linear"], train, test)
+    with pytest.raises(LayersimError, match="30 and 29 rows"):
+        alignment_errors([x], [x[:29]], ["linear"], train, test)
+    with pytest.raises(LayersimError, match="single array"):
+        layer_alignment_matrix(x, None, "linear", train_idx=train, test_idx=test)
+    with pytest.raises(LayersimError, match="valid metrics are: mse, relative_error"):
+        layer_alignment_matrix([x], None, "linear", train_idx=train, test_idx=test, metric="r2")
