@@ -18,7 +18,11 @@ dvc exp run \
   -S finetune.max_length=64 \
   -S extract.max_train_examples=1000 \
   -S truncate.head_epochs=10 \
+  -S align.steps=150 \
+  -S align.inn_hidden=128 \
+  -S align.mlp_hidden=256 \
+  -S align.matrix_steps=60 \
   "$@"
 
 echo
-echo "Done. Heatmaps: plots/similarity/*.png   metrics: dvc metrics show   experiments: dvc exp show"
+echo "Done. Figures: plots/{similarity,localization,compare,truncate,skip,align}/   metrics: dvc metrics show   experiments: dvc exp show"

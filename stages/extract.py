@@ -1,11 +1,11 @@
-"""extract: per-layer CLS and mean-pooled representations of every validation example, for the
-pretrained model (run "orig") and each fine-tuned seed (runs "seed<k>")."""
+"""extract: per-layer pooled representations (CLS, mean, last sub-word) of every validation example, and
+attention maps of a few, for the pretrained model (run "orig") and each fine-tuned seed (runs "seed<k>")."""
 
 from pathlib import Path
 
 from layersim import cli
 from layersim.batching import encode_task
-from layersim.extract import extract_activations
+from layersim.extract import extract_activations, extract_attention
 from layersim.io import atomic_path, read_task_table
 from layersim.models import load_encoder, load_tokenizer, model_info
 from layersim.tasks import get_task
@@ -32,6 +32,14 @@ def main(args, params):
                             "split": split}
                 outputs = {q: Path(tmp) / subfolder / f"{run}.{q}.parquet" for q in p.poolings}
                 extract_activations(encoder, tokenizer, spec, encoded, outputs, metadata, p.batch_size, device)
+            if p.attention_examples:
+                # Attention maps of a few validation examples, for Wu et al.'s attention-level measures.
+                table = read_task_table(args.task_dir, spec, "validation", p.attention_examples)
+                encoded = encode_task(table, spec, tokenizer, params.finetune.max_length)
+                metadata = {"model": params.model, "model_digest": info["digest"], "run": run, "task": spec.name,
+                            "split": "validation"}
+                extract_attention(encoder, tokenizer, encoded, Path(tmp) / "attention" / f"{run}.parquet", metadata,
+                                  p.batch_size, device)
             cli.log.info("read %s, wrote %s.{%s}.parquet", folder, run, ",".join(p.poolings))
     cli.log.info("wrote %s (%s)", args.out,
                  ", ".join(f"{split}: {table.num_rows} examples" for split, (table, _) in splits.items()))

@@ -1,39 +1,94 @@
-"""similarity: layer × layer linear CKA matrices ORIG–ORIG, FT–ORIG, FT–FT and FT[1]–FT[2] for one
-task (Phang et al. §3, Figure 1)."""
+"""similarity: for one task, layer × layer matrices of every chosen measure (Wu et al. 2020) between the
+pretrained model and the fine-tuned seeds — Phang et al.'s ORIG–ORIG, FT–ORIG, FT–FT and FT[1]–FT[2] —
+per pooling; the localization score per layer; attention-level similarities."""
 
 from pathlib import Path
 
 from layersim import cli
-from layersim.comparisons import phang_comparisons, summarize
-from layersim.io import ActivationTable, write_figure, write_json
-from layersim.plots import heatmap_grid, matrix_rows
+from layersim.comparisons import (attention_measure_label, localization, measure_options, number, phang_comparisons,
+                                  stacked_matrix, summarize)
+from layersim.io import ActivationTable, AttentionTable, atomic_path, write_figure, write_json
+from layersim.plots import localization_curves, matrix_rows, measure_grid
+from layersim.similarity import MEASURES
+
+
+def run_labels(seeds) -> dict[str, str]:
+    """Run name in the activation folder → label in figures (FT is the first seed, as in Phang)."""
+    return {"orig": "ORIG"} | {f"seed{s}": f"FT[{i}]" for i, s in enumerate(seeds, start=1)}
+
+
+def compare(models: dict, measures, options, title: str, first_layer: int = 0, attention: bool = False):
+    """Stacked matrices per measure → (figure, plot rows, metrics, matrices by measure)."""
+    sizes = {label: len(layers) for label, layers in models.items()}
+    orig, finetuned = "ORIG", [label for label in models if label != "ORIG"]
+    grid, rows, metrics, matrices = {}, [], {}, {}
+    for measure in measures:
+        matrix = stacked_matrix(measure, models, **options.get(measure, {}))
+        matrices[measure] = matrix
+        comparisons = phang_comparisons(matrix, sizes, orig, finetuned)
+        label = attention_measure_label(measure) if attention else MEASURES[measure].label
+        bounds = (0.0, 1.0) if attention else MEASURES[measure].bounded
+        grid[label] = ({c.title: (c.matrix, c.y_label, c.x_label) for c in comparisons}, bounds)
+        rows += [row for c in comparisons
+                 for row in matrix_rows(c.matrix, "similarity", comparison=c.title, measure=label,
+                                        first_layer=first_layer)]
+        metrics[measure] = summarize(comparisons, first_layer)
+    return measure_grid(grid, title, first_layer=first_layer), rows, metrics, matrices
 
 
 def main(args, params):
-    pooling = params.similarity.pooling
-    runs = ["orig"] + [f"seed{s}" for s in params.seeds]
-    tables = {run: ActivationTable(args.activations / f"{run}.{pooling}.parquet") for run in runs}
-    for run in runs[1:]:
-        tables["orig"].check_comparable(tables[run])
-    cli.log.info("read %d activation tables (%s pooling, %d rows) from %s", len(tables), pooling,
-                 tables["orig"].num_rows, args.activations)
+    # Each output folder appears complete or not at all.
+    with atomic_path(args.plots, is_dir=True) as plots, atomic_path(args.localization, is_dir=True) as localization_dir:
+        write_outputs(args, params, Path(plots), Path(localization_dir))
+    cli.log.info("wrote %s, %s and %s", args.plots, args.localization, args.metrics)
 
-    layers = {run: table.layers() for run, table in tables.items()}
-    comparisons = phang_comparisons(layers["orig"], [layers[run] for run in runs[1:]])
 
-    title = f"linear CKA of {pooling.upper()} representations — {tables['orig'].metadata['model']} on {args.task}"
-    panels = {c.title: (c.matrix, c.y_label, c.x_label) for c in comparisons}
-    write_figure(heatmap_grid(panels, title), args.plots / f"{args.task}.png")
-    rows = [row for c in comparisons for row in matrix_rows(c.matrix, "similarity", comparison=c.title, measure="linear CKA")]
-    write_json(rows, args.plots / f"{args.task}.json")
-    write_json(summarize(comparisons), args.metrics)
-    cli.log.info("wrote %s and %s", args.plots / f"{args.task}.png", args.metrics)
+def write_outputs(args, params, plots: Path, localization_dir: Path):
+    p = params.similarity
+    labels = run_labels(params.seeds)
+    options = measure_options(rbf_sigma_scale=p.rbf_sigma_scale, svcca_variance=p.svcca_variance)
+    metrics, localization_rows = {}, []
+    for pooling in p.poolings:
+        tables = {run: ActivationTable(args.activations / f"{run}.{pooling}.parquet") for run in labels}
+        for table in tables.values():
+            tables["orig"].check_comparable(table)
+        model = tables["orig"].metadata["model"]
+        cli.log.info("read %d activation tables (%s pooling, %d rows) from %s", len(tables), pooling,
+                     tables["orig"].num_rows, args.activations)
+        models = {labels[run]: table.layers() for run, table in tables.items()}
+        figure, rows, metrics[pooling], matrices = compare(
+            models, p.measures, options, f"{pooling.upper()} representations — {model} on {args.task}")
+        write_figure(figure, plots / f"{pooling}.png")
+        write_json(rows, plots / f"{pooling}.json")
+        if {"neuronsim", "svcca"} <= set(matrices):
+            sizes = {label: len(layers) for label, layers in models.items()}
+            scores = localization(matrices["neuronsim"], matrices["svcca"], sizes)
+            metrics[pooling]["localization"] = {label: {f"layer_{k:02d}": number(v) for k, v in enumerate(values)}
+                                                for label, values in scores.items()}
+            localization_rows += [{"pooling": pooling, "model": label, "layer": k, "localization": number(v)}
+                                  for label, values in scores.items() for k, v in enumerate(values) if number(v) is not None]
+            write_figure(localization_curves(scores, f"localization, {pooling.upper()} — {model} on {args.task}"),
+                         localization_dir / f"{pooling}.png")
+    if localization_rows:
+        write_json(localization_rows, localization_dir / "localization.json")
+    if p.attention_measures:
+        tables = {run: AttentionTable(args.activations / "attention" / f"{run}.parquet") for run in labels}
+        for table in tables.values():
+            tables["orig"].check_comparable(table)
+        models = {labels[run]: table.maps() for run, table in tables.items()}
+        figure, rows, metrics["attention"], _ = compare(
+            models, p.attention_measures, options, f"attention maps — {model} on {args.task}", first_layer=1,
+            attention=True)
+        write_figure(figure, plots / "attention.png")
+        write_json(rows, plots / "attention.json")
+    write_json(metrics, args.metrics)
 
 
 if __name__ == "__main__":
-    p = cli.parser(__doc__)
-    p.add_argument("--task", required=True)
-    p.add_argument("--activations", type=Path, required=True, help="folder written by extract")
-    p.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
-    p.add_argument("--plots", type=Path, required=True, help="folder for the PNG and the plot rows")
-    cli.run_stage(main, p.parse_args())
+    parser = cli.parser(__doc__)
+    parser.add_argument("--task", required=True)
+    parser.add_argument("--activations", type=Path, required=True, help="folder written by the extract stage")
+    parser.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
+    parser.add_argument("--plots", type=Path, required=True, help="folder for heatmap PNGs and plot data")
+    parser.add_argument("--localization", type=Path, required=True, help="folder for localization curves")
+    cli.run_stage(main, parser.parse_args())

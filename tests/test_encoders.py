@@ -13,8 +13,8 @@ from torch import nn
 from transformers.masking_utils import create_bidirectional_mask
 
 from layersim.batching import collate, encode_task
-from layersim.encoders import (all_spans, describe_architecture, exit_at, num_layers, run_layers,
-                               skip_span)
+from layersim.encoders import (all_spans, describe_architecture, exit_at, inject_first_token, num_layers,
+                               run_layers, skip_span)
 from layersim.errors import LayersimError
 from layersim.models import load_task_model, load_tokenizer
 from layersim.tasks import generated_table, get_task
@@ -324,3 +324,37 @@ def test_unsupported_models():
             exit_at(model, 1)
         with pytest.raises(LayersimError, match=shown):
             num_layers(model)
+
+
+# --- layer injection (Ren et al. §4.5) ---------------------------------------------------------------
+
+@pytest.mark.parametrize("task", [SINGLE, CHOICE, REGRESSION])
+@pytest.mark.parametrize("name", TINY)
+def test_injecting_a_first_token_state_feeds_it_to_the_head(task_model, name, task):
+    model, batch = task_model(name, task)
+    last = _base(model, batch).last_hidden_state
+    # Injecting the model's own CLS state changes nothing; any other vector gives the head's output on it.
+    plain = _logits(model, batch)
+    with inject_first_token(model, last[:, 0]):
+        torch.testing.assert_close(_logits(model, batch), plain, atol=1e-6, rtol=0)
+    other = torch.randn(last.shape[0], last.shape[2], generator=torch.Generator().manual_seed(0))
+    state = last.clone()
+    state[:, 0] = other
+    with inject_first_token(model, other):
+        injected = _logits(model, batch)
+    torch.testing.assert_close(injected, _head_on(model, batch, state), atol=1e-6, rtol=0)
+    assert not torch.allclose(injected, _logits(model, batch))
+
+
+def test_injection_refuses_misaligned_vectors(task_model):
+    model, batch = task_model("tiny-bert", SINGLE)
+    rows, hidden = _flat(batch)["input_ids"].shape[0], model.config.hidden_size
+    with pytest.raises(LayersimError, match=r"valid shape is \(rows, 32\)"):
+        with inject_first_token(model, torch.zeros(rows, hidden + 1)):
+            pass
+    with pytest.raises(LayersimError, match=f"only {rows - 1} vectors"):
+        with inject_first_token(model, torch.zeros(rows - 1, hidden)):
+            _logits(model, batch)
+    with pytest.raises(LayersimError, match=f"{rows + 1} vectors were given"):
+        with inject_first_token(model, torch.zeros(rows + 1, hidden)):
+            _logits(model, batch)

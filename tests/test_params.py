@@ -35,7 +35,7 @@ BASE = {
     "finetune": {"batch_size": 4, "learning_rate": 1e-5, "warmup_steps": 10, "max_steps": 100,
                  "eval_every": 0},
     "extract": {"poolings": ["cls", "mean"], "batch_size": 8},
-    "similarity": {"pooling": "cls"},
+    "similarity": {"poolings": ["cls"], "measures": ["linear_cka", "svcca"], "attention_measures": ["pearson"]},
 }
 
 
@@ -52,7 +52,7 @@ def _doc(**changes) -> dict:
 
 def _section(section: str, **changes) -> dict:
     doc = copy.deepcopy(BASE)
-    doc[section] = {**doc[section], **changes}
+    doc[section] = {**doc.get(section, {}), **changes}
     return doc
 
 
@@ -80,8 +80,8 @@ def test_repository_params_hold_the_paper_configuration() -> None:
     assert isinstance(ft.learning_rate, float) and ft.learning_rate == pytest.approx(1e-5, rel=1e-12)
     assert ft.warmup_steps == 1000
     assert ft.max_steps == 10000
-    assert params.extract.poolings == ("cls", "mean")
-    assert params.similarity.pooling == "cls"
+    assert params.extract.poolings == ("cls", "mean", "last")
+    assert params.similarity == SimilarityParams()
     assert params.download.max_train_examples is None
     assert params.download.max_validation_examples is None
 
@@ -115,6 +115,9 @@ def test_base_document_is_valid(tmp_path: Path) -> None:
     assert params.finetune.max_length == FinetuneParams().max_length  # not given: default
     assert params.extract.batch_size == 8
     assert params.download.generated_train_examples == 100
+    assert params.similarity.poolings == ("cls",)
+    assert params.similarity.measures == ("linear_cka", "svcca")
+    assert params.similarity.attention_measures == ("pearson",)
 
 
 def test_float_fields_accept_integers() -> None:
@@ -175,7 +178,13 @@ MALFORMED = [
     ("poolings-unknown", _section("extract", poolings=["cls", "max"]), ["extract.poolings", "'max'", "cls", "mean"]),
     ("poolings-empty", _section("extract", poolings=[]), ["extract.poolings", "[]", "non-empty"]),
     ("poolings-string", _section("extract", poolings="cls"), ["extract.poolings", "'cls'", "list"]),
-    ("similarity-pooling-unknown", _section("similarity", pooling="max"), ["similarity.pooling", "'max'", "cls", "mean"]),
+    ("similarity-pooling-unknown", _section("similarity", poolings=["max"]), ["similarity.poolings", "'max'", "cls", "mean", "last"]),
+    ("measure-unknown", _section("similarity", measures=["cka"]), ["similarity.measures", "'cka'", "linear_cka", "pwcca", "neuronsim"]),
+    ("measures-empty", _section("similarity", measures=[]), ["similarity.measures", "non-empty"]),
+    ("attention-measure-unknown", _section("similarity", attention_measures=["js"]),
+     ["similarity.attention_measures", "'js'", "jensen_shannon", "matrix_norm"]),
+    ("svcca-variance-above-one", _section("similarity", svcca_variance=1.5), ["similarity.svcca_variance", "1.5", "(0, 1]"]),
+    ("rbf-scale-zero", _section("similarity", rbf_sigma_scale=0), ["similarity.rbf_sigma_scale", "positive"]),
     ("document-list", ["model", "tiny-bert"], ["mapping", "list"]),
     ("document-string", "roberta-base", ["mapping", "str"]),
     ("document-empty", None, ["mapping", "NoneType"]),
@@ -257,7 +266,7 @@ def test_exponent_without_dot_is_a_float(tmp_path: Path) -> None:
 
 def test_similarity_pooling_must_be_extracted() -> None:
     doc = _section("extract", poolings=["mean"])
-    with pytest.raises(LayersimError, match="similarity.pooling"):
+    with pytest.raises(LayersimError, match="similarity.poolings has 'cls'"):
         parse_params(doc)
 
 
@@ -295,3 +304,45 @@ def test_stage_with_bad_params_fails_cleanly(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]  # no temporary left either
+
+
+def test_attention_measures_need_attention_maps() -> None:
+    doc = _section("extract", attention_examples=0)
+    with pytest.raises(LayersimError, match=r"similarity.attention_measures = \['pearson'\] needs attention maps"):
+        parse_params(doc)
+    doc["similarity"]["attention_measures"] = []
+    assert parse_params(doc).similarity.attention_measures == ()
+
+
+def test_default_align_methods_are_every_registered_map() -> None:
+    from layersim.align import MAPS
+    from layersim.params import ALIGN_METHODS
+
+    assert ALIGN_METHODS == tuple(MAPS)
+
+
+@pytest.mark.parametrize("section,values,expected", [
+    ("align", {"methods": ["linear", "flow"]}, ["align.methods", "'flow'", "inn", "mlp", "svcca"]),
+    ("align", {"pooling": "max"}, ["align.pooling", "'max'", "mean"]),
+    ("align", {"steps": 0}, ["align.steps", "positive"]),
+    ("compare", {"models": ["no-such-model"]}, ["no-such-model", "roberta-base", "minilm-l6"]),
+    ("compare", {"models": "tiny-bert"}, ["compare.models", "list"]),
+    ("compare", {"models": ["tiny-bert", "tiny-bert"]}, ["compare.models", "repeated"]),
+])
+def test_align_and_compare_errors(section, values, expected) -> None:
+    with pytest.raises(LayersimError) as err:
+        parse_params(_section(section, **values))
+    for part in expected:
+        assert part in str(err.value)
+
+
+def test_compare_models_must_not_repeat_the_model() -> None:
+    doc = _section("compare", models=["tiny-roberta", "tiny-bert"])
+    with pytest.raises(LayersimError, match="repeats model = 'tiny-bert'"):
+        parse_params(doc)
+
+
+def test_align_pooling_must_be_extracted() -> None:
+    doc = _section("align", pooling="last")
+    with pytest.raises(LayersimError, match="align.pooling = 'last' is not among extract.poolings"):
+        parse_params(doc)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from layersim.io import ActivationTable
+from layersim.io import ActivationTable, AttentionTable
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = "synth-negation"
@@ -51,6 +51,10 @@ def project(tmp_path_factory) -> tuple[Path, dict]:
                               max_length=32)
     params["extract"].update(max_train_examples=100)
     params["truncate"].update(head_epochs=2)
+    params["extract"].update(attention_examples=60)
+    params["similarity"].update(poolings=["cls", "last"])
+    params["compare"].update(models=["tiny-roberta"], probe_examples=20)
+    params["align"].update(steps=20, matrix_steps=5, inn_hidden=16, mlp_hidden=16, batch_size=32)
     (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, "PYTHONPATH": str(dest / "src"), "HF_HUB_OFFLINE": "1", "DVC_NO_ANALYTICS": "1",
            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
@@ -77,19 +81,78 @@ def test_repro_writes_every_declared_output(project):
     activations = root / f"data/activations/tiny-bert/{TASK}"
     orig = ActivationTable(activations / "orig.cls.parquet")
     assert orig.num_layers == 3 and orig.hidden_size == 32 and orig.num_rows == 60
-    for pooling in ("cls", "mean"):
+    for pooling in ("cls", "mean", "last"):
         reference = ActivationTable(activations / f"orig.{pooling}.parquet")
         for run_name in ("orig", "seed1", "seed2"):
             table = ActivationTable(activations / f"{run_name}.{pooling}.parquet")
             assert table.metadata["run"] == run_name and table.metadata["pooling"] == pooling
             reference.check_comparable(table)
+    attention = AttentionTable(activations / "attention/orig.parquet")
+    assert attention.num_layers == 3 and len(attention.example_starts) == 60
+
     similarity = json.loads((root / f"metrics/similarity/{TASK}.json").read_text())
-    assert set(similarity) == {"orig_orig", "ft_orig", "ft_ft", "ft1_ft2"}
-    assert similarity["ft_ft"]["diagonal"]["layer_03"] == pytest.approx(1.0)
-    assert 0.0 <= similarity["ft_orig"]["last_layer"] <= 1.0
-    assert (root / f"plots/similarity/{TASK}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    rows = json.loads((root / f"plots/similarity/{TASK}.json").read_text())
-    assert {row["comparison"] for row in rows} == {"ORIG–ORIG", "FT–ORIG", "FT–FT", "FT[1]–FT[2]"}
+    assert set(similarity) == {"cls", "last", "attention"}
+    for pooling in ("cls", "last"):
+        assert set(similarity[pooling]) == {"linear_cka", "svcca", "pwcca", "neuronsim", "localization"}
+        for measure in ("linear_cka", "svcca", "pwcca", "neuronsim"):
+            summary = similarity[pooling][measure]
+            assert set(summary) == {"orig_orig", "ft_orig", "ft_ft", "ft1_ft2"}
+            assert summary["ft_ft"]["diagonal"]["layer_03"] == pytest.approx(1.0)
+            assert 0.0 <= summary["ft_orig"]["last_layer"] <= 1.0
+        assert set(similarity[pooling]["localization"]) == {"ORIG", "FT[1]", "FT[2]"}
+        assert (root / f"plots/similarity/{TASK}/{pooling}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (root / f"plots/localization/{TASK}/{pooling}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        rows = json.loads((root / f"plots/similarity/{TASK}/{pooling}.json").read_text())
+        assert {row["comparison"] for row in rows} == {"ORIG–ORIG", "FT–ORIG", "FT–FT", "FT[1]–FT[2]"}
+        assert {row["measure"] for row in rows} == {"linear CKA", "SVCCA", "PWCCA", "neuronsim"}
+    # CLS at the embedding layer is the same for every example: undefined, null, never NaN.
+    assert similarity["cls"]["linear_cka"]["orig_orig"]["diagonal"]["layer_00"] is None
+    assert similarity["attention"]["jensen_shannon"]["ft_ft"]["diagonal"]["layer_01"] == pytest.approx(1.0)
+    assert "layer_00" not in similarity["attention"]["jensen_shannon"]["ft_ft"]["diagonal"]
+    localization = json.loads((root / f"plots/localization/{TASK}/localization.json").read_text())
+    assert {row["model"] for row in localization} == {"ORIG", "FT[1]", "FT[2]"}
+
+
+def test_compare_stacks_base_fine_tuned_and_other_encoders(project):
+    root, _ = project
+    compare = json.loads((root / "metrics/compare.json").read_text())
+    assert set(compare) == {"cls", "last", "attention"}
+    linear = compare["last"]["linear_cka"]
+    # Same depth as the base model: a per-layer diagonal; the other encoders too (tiny ones have 3 layers).
+    assert set(linear) == {f"FT:{TASK}", "tiny-roberta"}
+    assert set(linear[f"FT:{TASK}"]["diagonal"]) == {"layer_00", "layer_01", "layer_02", "layer_03"}
+    assert set(compare["last"]["localization"]) == {"ORIG", f"FT:{TASK}", "tiny-roberta"}
+    # Attention is compared only between models that share the base model's tokenizer.
+    assert set(compare["attention"]["jensen_shannon"]) == {f"FT:{TASK}"}
+    plots = root / "plots/compare"
+    for name in ("cls.linear_cka.png", "last.neuronsim.png", "localization.last.png", "attention.jensen_shannon.png"):
+        assert (plots / name).read_bytes()[:4] == b"\x89PNG", name
+    rows = json.loads((plots / "matrices.json").read_text())
+    assert {row["comparison"] for row in rows} >= {"ORIG vs tiny-roberta", f"FT:{TASK} vs ORIG"}
+    assert json.loads((root / "data/compare/models/models.json").read_text()) == ["tiny-roberta"]
+
+
+def test_align_reports_every_method_layer_and_reference(project):
+    root, _ = project
+    align = json.loads((root / f"metrics/align/{TASK}.json").read_text())
+    methods = {"linear", "cca", "svcca", "pwcca", "inn", "mlp"}
+    assert align["pooling"] == "mean" and align["train_rows"] == 100 and align["validation_rows"] == 60
+    assert set(align["alignment"]) == {"FT[1]→FT[2]", "ORIG→FT[1]"}
+    for per_method in align["alignment"].values():
+        assert set(per_method) == methods
+        for per_layer in per_method.values():
+            assert sorted(per_layer) == ["layer_00", "layer_01", "layer_02", "layer_03"]
+            assert all(value >= 0 for value in per_layer.values())
+    assert set(align["synthetic_recovery"]) == methods
+    injection = align["injection"]
+    assert injection["pair"] == "FT[1]→FT[2]" and set(injection["methods"]) == methods
+    finetuned = json.loads((root / f"metrics/finetune/{TASK}/seed2.json").read_text())["accuracy"]
+    # FT[2]'s own CLS state fed back into its head is FT[2] itself: the fine-tuning score.
+    assert injection["references"]["FT[2] itself"] == pytest.approx(finetuned, abs=1e-6)
+    for name in ("errors.png", "synthetic.png", "layer_matrix.png", "injection.png"):
+        assert (root / f"plots/align/{TASK}/{name}").read_bytes()[:4] == b"\x89PNG", name
+    rows = json.loads((root / f"plots/align/{TASK}/errors.json").read_text())
+    assert len(rows) == 2 * 4 * len(methods)
 
 
 def test_truncate_and_skip_agree_with_the_fine_tuned_models(project):
@@ -128,12 +191,14 @@ def test_metrics_are_visible_to_dvc(project):
     assert f"metrics/similarity/{TASK}.json" in workspace and "ft_orig" in workspace
 
 
-@pytest.mark.parametrize("section,key,value,stage", [
-    ("similarity", "pooling", "mean", "similarity"),
-    ("truncate", "head_epochs", 3, "truncate"),
-    ("skip", "tolerance", 0.05, "skip"),
+@pytest.mark.parametrize("section,key,value,stages", [
+    ("similarity", "measures", ["mixedsim"], [f"similarity@{TASK}", "compare"]),
+    ("compare", "probe_examples", 10, ["compare"]),
+    ("truncate", "head_epochs", 3, [f"truncate@{TASK}"]),
+    ("skip", "tolerance", 0.05, [f"skip@{TASK}"]),
+    ("align", "matrix_steps", 6, [f"align@{TASK}"]),
 ])
-def test_changing_an_analysis_param_reruns_only_its_stage(project, section, key, value, stage):
+def test_changing_an_analysis_param_reruns_only_its_stage(project, section, key, value, stages):
     root, state = project
     params_path = root / "params.yaml"
     original = params_path.read_text()
@@ -142,9 +207,7 @@ def test_changing_an_analysis_param_reruns_only_its_stage(project, section, key,
     params_path.write_text(yaml.safe_dump(params, sort_keys=False))
     try:
         dry = run(dvc("repro", "--dry"), root, state["env"]).stdout
-        assert f"Running stage '{stage}@{TASK}'" in dry
-        for other in ("download_model", "download_task", "finetune", "extract", "similarity", "truncate", "skip"):
-            if other != stage:
-                assert f"Running stage '{other}" not in dry
+        ran = {line.split("'")[1] for line in dry.splitlines() if line.startswith("Running stage")}
+        assert ran == set(stages)
     finally:
         params_path.write_text(original)

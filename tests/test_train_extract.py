@@ -18,8 +18,8 @@ from layersim import models, train
 from layersim.batching import encode_task
 from layersim.errors import LayersimError
 from layersim.evaluate import compute_metrics, predict
-from layersim.extract import extract_activations
-from layersim.io import ActivationTable
+from layersim.extract import extract_activations, extract_attention
+from layersim.io import ActivationTable, AttentionTable
 from layersim.models import load_encoder, load_tokenizer
 from layersim.params import FinetuneParams
 from layersim.tasks import TaskSpec, generated_table, get_task
@@ -252,24 +252,35 @@ def test_checkpoint_round_trip_gives_finetuned_encoder(tiny_model_dir, finetuned
 
 # --- extraction -------------------------------------------------------------------------------------
 
-def _reference_rows(encoder, tokenizer, spec: TaskSpec, table) -> tuple[list[list[torch.Tensor]], list[int]]:
-    """Per layer, the hidden states of each (example, choice), run alone and unpadded."""
+def _row_inputs(spec: TaskSpec, table) -> list[tuple[str, ...]]:
+    """The tokenizer arguments of each (example, choice) row."""
     columns = table.to_pydict()
     if spec.format == "single":
-        inputs = [(t,) for t in columns["text"]]
-    elif spec.format == "pair":
-        inputs = list(zip(columns["text_a"], columns["text_b"]))
-    else:
-        inputs = [(c, e) for c, choices in zip(columns["context"], columns["choices"]) for e in choices]
+        return [(t,) for t in columns["text"]]
+    if spec.format == "pair":
+        return list(zip(columns["text_a"], columns["text_b"]))
+    return [(c, e) for c, choices in zip(columns["context"], columns["choices"]) for e in choices]
+
+
+def _reference_rows(encoder, tokenizer, spec: TaskSpec, table) -> tuple[list[list[torch.Tensor]], list[int]]:
+    """Per layer, the hidden states of each (example, choice), run alone and unpadded."""
     per_row, lengths = [], []
     with torch.no_grad():
-        for args in inputs:
+        for args in _row_inputs(spec, table):
             encoded = tokenizer(*args, return_tensors="pt")
             assert (encoded["attention_mask"] == 1).all()
             lengths.append(encoded["input_ids"].shape[1])
             hidden = encoder(**encoded, output_hidden_states=True).hidden_states
             per_row.append([h[0] for h in hidden])  # (length, hidden) per layer
     return per_row, lengths
+
+
+
+
+def _last_content_index(tokenizer, input_ids: list[int]) -> int:
+    """Index of the last token that is not special, found from the tokenizer's own special-token mask."""
+    special = tokenizer.get_special_tokens_mask(input_ids, already_has_special_tokens=True)
+    return max(i for i, is_special in enumerate(special) if not is_special)
 
 
 @pytest.mark.parametrize("task", ["synth-negation", "synth-roles", "synth-choice"])
@@ -280,12 +291,13 @@ def test_extraction_matches_unpadded_single_example_runs(tiny_model_dir, tmp_pat
     table = generated_table(spec, "validation", 7, seed=1)
     tokenizer = load_tokenizer(folder)
     encoded = encode_task(table, spec, tokenizer, max_length=128)
-    outputs = {"cls": tmp_path / "acts.cls.parquet", "mean": tmp_path / "acts.mean.parquet"}
+    outputs = {q: tmp_path / f"acts.{q}.parquet" for q in ("cls", "mean", "last")}
     metadata = {"model": arch, "run": "orig", "task": task, "split": "validation"}
     extract_activations(load_encoder(folder), tokenizer, spec, encoded, outputs, metadata, batch_size=3, device=CPU)
 
     reference_encoder = load_encoder(folder).eval()
     rows, lengths = _reference_rows(reference_encoder, tokenizer, spec, table)
+    row_ids = [tokenizer(*args)["input_ids"] for args in _row_inputs(spec, table)]
     assert max(lengths) < 128  # nothing was truncated, so the batched run saw the same tokens
     choices = spec.num_choices if spec.format == "multiple_choice" else 1
     batch_rows = 3 * choices
@@ -306,8 +318,10 @@ def test_extraction_matches_unpadded_single_example_runs(tiny_model_dir, tmp_pat
             got = acts.layer(k)
             if pooling == "cls":
                 want = np.stack([r[k][0].numpy() for r in rows])
-            else:
+            elif pooling == "mean":
                 want = np.stack([r[k].mean(0).numpy() for r in rows])
+            else:
+                want = np.stack([r[k][_last_content_index(tokenizer, ids)].numpy() for r, ids in zip(rows, row_ids)])
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-5, err_msg=f"{arch} {task} {pooling} layer {k}")
     if spec.format == "multiple_choice":
         acts = ActivationTable(outputs["cls"])
@@ -394,3 +408,33 @@ def test_metrics_unknown_metric_is_an_error():
     spec = TaskSpec("weird", "single", ("bleu",), ("a", "b"))
     with pytest.raises(LayersimError, match="unknown metric 'bleu'"):
         compute_metrics(spec, _logits([0, 1]), np.array([0, 1]))
+
+
+@pytest.mark.parametrize("arch", TINY)
+def test_attention_maps_match_single_example_runs(tiny_model_dir, tmp_path, arch):
+    folder = tiny_model_dir(arch)
+    spec = get_task("synth-similarity")
+    table = generated_table(spec, "validation", 5, seed=1)
+    tokenizer = load_tokenizer(folder)
+    encoded = encode_task(table, spec, tokenizer, max_length=128)
+    path = tmp_path / "attention.parquet"
+    extract_attention(load_encoder(folder), tokenizer, encoded, path, {"run": "orig", "task": spec.name},
+                      batch_size=2, device=CPU)
+    attention = AttentionTable(path)
+    reference = load_encoder(folder).eval()
+    reference.set_attn_implementation("eager")
+    offsets = 0
+    with torch.no_grad():
+        for example, args in enumerate(_row_inputs(spec, table)):
+            maps = reference(**tokenizer(*args, return_tensors="pt"), output_attentions=True).attentions
+            length = maps[0].shape[-1]
+            rows = slice(offsets, offsets + length * length)
+            assert (attention.index[rows, 0] == table.column("example_id")[example].as_py()).all()
+            for k in range(1, attention.num_layers + 1):
+                want = maps[k - 1][0].permute(1, 2, 0).reshape(-1, attention.num_heads).numpy()
+                np.testing.assert_allclose(attention.layer(k)[rows], want, atol=1e-5)
+            offsets += length * length
+    assert offsets == len(attention.index)
+    # Every attention row is one query's distribution over keys: it sums to 1 in each head.
+    sums = np.add.reduceat(attention.layer(1).astype(np.float64), attention.row_starts, axis=0)
+    np.testing.assert_allclose(sums, 1.0, atol=1e-5)

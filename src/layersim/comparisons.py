@@ -1,13 +1,20 @@
-"""Phang et al.'s four layer × layer comparisons (§3, Figure 1) of an original and fine-tuned models.
+"""Layer × layer comparisons of several models with any similarity measure.
 
-- ORIG–ORIG: the pretrained encoder against itself (symmetric);
-- FT–ORIG: fine-tuned layers (y) against pretrained layers (x);
-- FT–FT: the fine-tuned encoder against itself (symmetric);
-- FT[1]–FT[2]: two fine-tuning seeds against each other (needs two seeds).
-FT is the first seed's model and FT[2] the second's, as in the paper's figures.
+All layers of all models are stacked into one list and compared all-pairs at once, so each layer's
+statistics are computed once (:func:`stacked_matrix`). The blocks of that matrix are the papers'
+comparisons:
 
-A layer that is the same for every example (the CLS token's embedding-layer output always is) has
-no defined CKA: its row or column is NaN in the matrices, drawn blank, and null in metrics.
+- Phang et al. §3, Figure 1 (:func:`phang_comparisons`): ORIG–ORIG, FT–ORIG (fine-tuned layers on y,
+  pretrained on x), FT–FT and FT[1]–FT[2], where FT is the first seed's model and FT[2] the second's;
+- Wu et al. Figures 1 and 5: the whole stacked matrix, a block per pair of models (pretrained and
+  fine-tuned on different tasks, or different encoders);
+- Wu et al. §5.1 (:func:`localization`): each layer's mean neuronsim minus its mean SVCCA to all other
+  layers, read off the same matrices.
+
+Entry [i, j] is measure(layer i, layer j), so for an asymmetric measure the row layer is the side
+averaged over (its neurons for neuronsim, its PWCCA weights). A layer that is the same for every
+example (the CLS token's embedding-layer output always is) has no defined similarity: its row and
+column are NaN, drawn grey, and null in metrics.
 """
 
 from __future__ import annotations
@@ -17,7 +24,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from layersim.similarity import cka_matrix, is_constant
+from layersim.similarity import (MEASURES, AttentionMaps, attention_similarity_matrix, is_constant,
+                                 localization_scores, similarity_matrix)
+
+_HEAD_LABELS = {"jensen_shannon": "Jensen–Shannon attention", "pearson": "Pearson attention",
+                "matrix_norm": "matrix-norm attention"}
+
+
+def attention_measure_label(measure: str) -> str:
+    """Figure label of an attention measure: head-level by name, an array measure over heads as features."""
+    return _HEAD_LABELS.get(measure) or f"{MEASURES[measure].label} over heads"
+
+
+def measure_options(*, rbf_sigma_scale: float, svcca_variance: float) -> dict[str, dict]:
+    """The options each measure takes from params.yaml's similarity section, by measure name."""
+    return {"rbf_cka": {"sigma_scale": rbf_sigma_scale}, "svcca": {"variance_threshold": svcca_variance}}
 
 
 @dataclass(frozen=True)
@@ -29,47 +50,85 @@ class Comparison:
     x_label: str
 
 
-def defined_cka_matrix(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray] | None = None) -> np.ndarray:
-    """cka_matrix over the layers where CKA is defined, NaN in the rows/columns of constant layers."""
-    x_ok = [i for i, x in enumerate(xs) if not is_constant(x)]
-    y_ok = x_ok if ys is None else [j for j, y in enumerate(ys) if not is_constant(y)]
-    out = np.full((len(xs), len(xs) if ys is None else len(ys)), np.nan)
-    if x_ok and y_ok:
-        sub = cka_matrix([xs[i] for i in x_ok], None if ys is None else [ys[j] for j in y_ok])
-        out[np.ix_(x_ok, y_ok)] = sub
+def stacked_matrix(measure: str, models: dict[str, Sequence], **options) -> np.ndarray:
+    """The measure between every pair of layers of every model, layers stacked in `models` order.
+
+    Layers are (n, d) arrays on the same examples, or :class:`AttentionMaps` (then `measure` is an
+    attention measure). Constant representation layers get NaN rows and columns.
+    """
+    layers = [layer for model_layers in models.values() for layer in model_layers]
+    attention = isinstance(layers[0], AttentionMaps)
+    defined = [i for i, layer in enumerate(layers) if attention or not is_constant(layer)]
+    out = np.full((len(layers), len(layers)), np.nan)
+    if defined:
+        chosen = [layers[i] for i in defined]
+        compute = attention_similarity_matrix if attention else similarity_matrix
+        out[np.ix_(defined, defined)] = compute(measure, chosen, **options)
     return out
 
 
-def phang_comparisons(orig: Sequence[np.ndarray], finetuned: Sequence[Sequence[np.ndarray]]) -> list[Comparison]:
-    """The comparisons for per-layer arrays of the original model and of each fine-tuned seed."""
+def block(matrix: np.ndarray, sizes: dict[str, int], row_model: str, column_model: str) -> np.ndarray:
+    """The block of a stacked matrix comparing `row_model`'s layers (rows) with `column_model`'s."""
+    starts = dict(zip(sizes, np.cumsum([0, *sizes.values()])))
+    rows = slice(starts[row_model], starts[row_model] + sizes[row_model])
+    columns = slice(starts[column_model], starts[column_model] + sizes[column_model])
+    return matrix[rows, columns]
+
+
+def phang_comparisons(matrix: np.ndarray, sizes: dict[str, int], orig: str, finetuned: Sequence[str]) -> list[Comparison]:
+    """Phang et al.'s comparisons as blocks of a stacked matrix of the models `sizes` names."""
     ft = finetuned[0]
     comparisons = [
-        Comparison("orig_orig", "ORIG–ORIG", defined_cka_matrix(orig), "ORIG layer", "ORIG layer"),
-        Comparison("ft_orig", "FT–ORIG", defined_cka_matrix(ft, orig), "FT layer", "ORIG layer"),
-        Comparison("ft_ft", "FT–FT", defined_cka_matrix(ft), "FT layer", "FT layer"),
+        Comparison("orig_orig", "ORIG–ORIG", block(matrix, sizes, orig, orig), "ORIG layer", "ORIG layer"),
+        Comparison("ft_orig", "FT–ORIG", block(matrix, sizes, ft, orig), "FT layer", "ORIG layer"),
+        Comparison("ft_ft", "FT–FT", block(matrix, sizes, ft, ft), "FT layer", "FT layer"),
     ]
     if len(finetuned) > 1:
-        comparisons.append(Comparison("ft1_ft2", "FT[1]–FT[2]", defined_cka_matrix(ft, finetuned[1]),
+        comparisons.append(Comparison("ft1_ft2", "FT[1]–FT[2]", block(matrix, sizes, ft, finetuned[1]),
                                       "FT[1] layer", "FT[2] layer"))
     return comparisons
 
 
-def _number(value: float) -> float | None:
-    return None if np.isnan(value) else round(float(value), 6)
+def localization(neuronsim: np.ndarray, svcca: np.ndarray, sizes: dict[str, int]) -> dict[str, np.ndarray]:
+    """Wu et al.'s localization score per layer of each model, from stacked neuronsim and SVCCA matrices.
+
+    Each layer's mean similarity to every other layer (row mean without the diagonal, undefined layers
+    left out), z-scored across all defined layers of all models, neuronsim minus SVCCA; NaN for an
+    undefined layer. z-scoring keeps the profiles comparable across models.
+    """
+    def row_means(matrix: np.ndarray) -> np.ndarray:
+        off = np.where(np.eye(len(matrix), dtype=bool), np.nan, matrix)
+        counts = np.isfinite(off).sum(axis=1)
+        return np.where(counts > 0, np.nansum(off, axis=1) / np.maximum(counts, 1), np.nan)
+
+    neuron, sv = row_means(neuronsim), row_means(svcca)
+    defined = np.isfinite(neuron) & np.isfinite(sv)
+    scores = np.full(len(neuron), np.nan)
+    scores[defined] = localization_scores(neuron[defined], sv[defined], standardize=True)
+    bounds = np.cumsum([0, *sizes.values()])
+    return {name: scores[bounds[k]:bounds[k + 1]] for k, name in enumerate(sizes)}
 
 
-def summarize(comparisons: Sequence[Comparison]) -> dict:
+def number(value: float) -> float | None:
+    """A metrics-file number: rounded, or null when undefined."""
+    return None if not np.isfinite(value) else round(float(value), 6)
+
+
+def _nanmean(values: np.ndarray) -> float | None:
+    return number(np.nanmean(values)) if np.isfinite(values).any() else None
+
+
+def summarize(comparisons: Sequence[Comparison], first_layer: int = 0) -> dict:
     """Headline numbers: the per-layer diagonal, its mean, the last layer's value, and for the
     symmetric comparisons the mean off-diagonal similarity (how blocky the matrix is). Means skip
     undefined entries; an undefined single value is null."""
     summary = {}
     for c in comparisons:
         diagonal = np.diag(c.matrix)
-        entry = {"diagonal": {f"layer_{k:02d}": _number(v) for k, v in enumerate(diagonal)},
-                 "diagonal_mean": _number(np.nanmean(diagonal)) if np.isfinite(diagonal).any() else None,
-                 "last_layer": _number(diagonal[-1])}
+        entry = {"diagonal": {f"layer_{k + first_layer:02d}": number(v) for k, v in enumerate(diagonal)},
+                 "diagonal_mean": _nanmean(diagonal),
+                 "last_layer": number(diagonal[-1])}
         if c.key in ("orig_orig", "ft_ft"):
-            off = c.matrix[~np.eye(len(c.matrix), dtype=bool)]
-            entry["offdiagonal_mean"] = _number(np.nanmean(off)) if np.isfinite(off).any() else None
+            entry["offdiagonal_mean"] = _nanmean(c.matrix[~np.eye(len(c.matrix), dtype=bool)])
         summary[c.key] = entry
     return summary

@@ -229,3 +229,44 @@ def all_spans(num: int) -> list[tuple[int, int]]:
     if num < 0:
         raise LayersimError(f"number of layers {num} is negative; valid values are integers >= 0.")
     return [(i, j) for i in range(1, num + 1) for j in range(i, num + 1)]
+
+
+@contextlib.contextmanager
+def inject_first_token(model: nn.Module, vectors) -> Iterator[nn.Module]:
+    """Within the context, the encoder's last-layer state of the first token (CLS, <s>) is replaced by
+    the next rows of `vectors` (a (rows, hidden) tensor or array), batch after batch, in order; the
+    task head then runs unchanged on it (Ren et al. §4.5 "layer injection").
+
+    Every head of the supported architectures reads only the first token (BERT/ALBERT pooler,
+    RoBERTa/ELECTRA classification heads, multiple-choice heads), so this feeds a representation to the
+    head exactly. Multiple-choice batches are flattened (example, choice) rows, as in the activation
+    tables. Raises if the model runs more rows than there are vectors, or (on leaving the context)
+    fewer, since either means the vectors and the examples are misaligned.
+    """
+    import torch
+
+    stack = describe_architecture(model)
+    vectors = torch.as_tensor(vectors)
+    if vectors.ndim != 2 or vectors.shape[1] != stack.config.hidden_size:
+        raise LayersimError(f"injected vectors have shape {tuple(vectors.shape)}; valid shape is "
+                            f"(rows, {stack.config.hidden_size}) for this model's hidden size.")
+    offset = 0
+
+    def hook(module, args, output):
+        nonlocal offset
+        state = output[0] if isinstance(output, tuple) else output.last_hidden_state
+        rows = state.shape[0]
+        if offset + rows > len(vectors):
+            raise LayersimError(f"the model ran {offset + rows} rows but only {len(vectors)} vectors were given "
+                                "to inject; give one vector per (example, choice) row.")
+        state[:, 0] = vectors[offset:offset + rows].to(state.device, state.dtype)
+        offset += rows
+
+    handle = stack.encoder.register_forward_hook(hook)
+    try:
+        yield model
+    finally:
+        handle.remove()
+    if offset != len(vectors):
+        raise LayersimError(f"{len(vectors)} vectors were given to inject but the model ran {offset} rows; "
+                            "give one vector per (example, choice) row.")

@@ -4,59 +4,151 @@ tables (DESIGN.md, "Activation table")."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import torch
 from tqdm.auto import tqdm
 
 from layersim.batching import EncodedTask, sequential_batches, to_device
 from layersim.errors import LayersimError
-from layersim.io import ActivationWriter
+from layersim.io import ActivationWriter, layer_column, with_metadata, write_parquet
+from layersim.params import POOLINGS
 from layersim.tasks import TaskSpec
 
 
-def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
-    """(rows, length, hidden) → (rows, hidden): the first token (CLS, or <s> for RoBERTa), or the
-    mean over non-padding tokens."""
+def last_content_position(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          special_ids: list[int]) -> torch.Tensor:
+    """(rows,) index of the last token that is neither padding nor a special token ([SEP], </s>):
+    the last sub-word of the input's last word. Falls back to the last non-padding token."""
+    content = attention_mask.bool() & ~torch.isin(input_ids, torch.tensor(special_ids, device=input_ids.device))
+    content = torch.where(content.any(1, keepdim=True), content, attention_mask.bool())
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+    return (content * positions).argmax(1)
+
+
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str,
+         last_position: torch.Tensor | None = None) -> torch.Tensor:
+    """(rows, length, hidden) → (rows, hidden): the first token (CLS, or <s> for RoBERTa), the mean
+    over non-padding tokens, or the token at `last_position` (see :func:`last_content_position`).
+
+    Wu et al. (2020) represent a word by its last sub-word token; "last" applies that rule to the
+    input's final word, keeping one row per example so that tables of different runs line up."""
     if pooling == "cls":
         return hidden[:, 0]
     if pooling == "mean":
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
-    raise LayersimError(f"unknown pooling {pooling!r}; valid poolings are: cls, mean.")
+    if pooling == "last":
+        if last_position is None:
+            raise LayersimError("pooling 'last' needs the position of each row's last content token.")
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last_position]
+    raise LayersimError(f"unknown pooling {pooling!r}; valid poolings are: {', '.join(POOLINGS)}.")
+
+
+@dataclass
+class PooledBatch:
+    """One batch of extracted rows: one row per (example, choice), each pooling's per-layer arrays."""
+    example_id: np.ndarray
+    choice: np.ndarray
+    labels: np.ndarray
+    layers: dict[str, list[np.ndarray]]  # pooling → [(rows, hidden) float32 per layer 0 … L]
 
 
 @torch.inference_mode()
+def pooled_batches(encoder, tokenizer, encoded: EncodedTask, poolings, batch_size: int, device: torch.device,
+                   desc: str = "extract") -> Iterator[PooledBatch]:
+    """Run `encoder` over `encoded` in order and pool every layer's hidden states of each batch.
+
+    Multiple-choice examples give one row per (example, choice)."""
+    encoder.eval().to(device)
+    num_layers = encoder.config.num_hidden_layers
+    batches = sequential_batches(encoded, batch_size, tokenizer)
+    for indices, batch in tqdm(batches, total=-(-len(encoded) // batch_size), desc=desc, mininterval=2):
+        batch.pop("labels")
+        choices = encoded.num_choices
+        # Flatten (batch, choices, length) so that every (example, choice) is one row.
+        batch = {k: v.reshape(-1, v.shape[-1]) for k, v in to_device(batch, device).items()}
+        hidden_states = encoder(**batch, output_hidden_states=True).hidden_states
+        if len(hidden_states) != num_layers + 1:
+            raise LayersimError(f"the encoder returned {len(hidden_states)} hidden states, expected {num_layers + 1}.")
+        last_position = last_content_position(batch["input_ids"], batch["attention_mask"], tokenizer.all_special_ids)
+        yield PooledBatch(
+            example_id=np.repeat(encoded.example_id[indices], choices),
+            choice=np.tile(np.arange(choices, dtype=np.int16), len(indices)),
+            labels=np.repeat(encoded.labels[indices], choices),
+            layers={pooling: [pool(h, batch["attention_mask"], pooling, last_position).float().cpu().numpy()
+                              for h in hidden_states] for pooling in poolings})
+
+
 def extract_activations(encoder, tokenizer, spec: TaskSpec, encoded: EncodedTask, outputs: dict[str, Path],
                         metadata: dict, batch_size: int, device: torch.device) -> None:
-    """Run `encoder` over `encoded` and write one activation table per pooling in `outputs`.
-
-    Multiple-choice examples give one row per (example, choice).
-    """
-    encoder.eval().to(device)
+    """Run `encoder` over `encoded` and write one activation table per pooling in `outputs`."""
     config = encoder.config
-    num_layers, hidden_size = config.num_hidden_layers, config.hidden_size
     with contextlib.ExitStack() as stack:
         # Every table appears under its final name only if the whole extraction succeeds.
         writers = {pooling: stack.enter_context(ActivationWriter(
-            path, num_layers=num_layers, hidden_size=hidden_size, label_type=spec.label_type,
+            path, num_layers=config.num_hidden_layers, hidden_size=config.hidden_size, label_type=spec.label_type,
             metadata={**metadata, "pooling": pooling})) for pooling, path in outputs.items()}
-        batches = sequential_batches(encoded, batch_size, tokenizer)
-        for indices, batch in tqdm(batches, total=-(-len(encoded) // batch_size), desc=f"extract {metadata['run']}",
-                                   mininterval=2):
-            batch.pop("labels")
-            labels = encoded.labels[indices]
-            choices = encoded.num_choices
-            # Flatten (batch, choices, length) so that every (example, choice) is one row.
-            batch = {k: v.reshape(-1, v.shape[-1]) for k, v in to_device(batch, device).items()}
-            hidden_states = encoder(**batch, output_hidden_states=True).hidden_states
-            if len(hidden_states) != num_layers + 1:
-                raise LayersimError(f"the encoder returned {len(hidden_states)} hidden states, "
-                                    f"expected {num_layers + 1}.")
-            example_id = np.repeat(encoded.example_id[indices], choices)
-            choice = np.tile(np.arange(choices, dtype=np.int16), len(indices))
-            row_labels = np.repeat(labels, choices)
+        for batch in pooled_batches(encoder, tokenizer, encoded, list(outputs), batch_size, device,
+                                    desc=f"extract {metadata['run']}"):
             for pooling, writer in writers.items():
-                layers = [pool(h, batch["attention_mask"], pooling).float().cpu().numpy() for h in hidden_states]
-                writer.write(example_id, choice, row_labels, layers)
+                writer.write(batch.example_id, batch.choice, batch.labels, batch.layers[pooling])
+
+
+def pooled_layers(encoder, tokenizer, encoded: EncodedTask, poolings, batch_size: int,
+                  device: torch.device) -> dict[str, list[np.ndarray]]:
+    """In memory: pooling → per-layer (rows, hidden) float32 arrays over all of `encoded`."""
+    parts = [batch.layers for batch in pooled_batches(encoder, tokenizer, encoded, poolings, batch_size, device)]
+    return {pooling: [np.concatenate([part[pooling][k] for part in parts]) for k in range(len(parts[0][pooling]))]
+            for pooling in poolings}
+
+
+@torch.inference_mode()
+def extract_attention(encoder, tokenizer, encoded: EncodedTask, path: Path, metadata: dict, batch_size: int,
+                      device: torch.device) -> None:
+    """Write the attention maps of every layer and head for the examples in `encoded` to `path`.
+
+    One Parquet row per (example, choice, query token, key token) over non-padding tokens, in that
+    order; column `layer_k` (k = 1 … L) holds that pair's weight in each head of layer k, so each
+    attention row (one query's distribution over keys) is a contiguous run of rows summing to 1 per
+    head. Tokens, not words: Wu et al. sum sub-word attentions into words; we keep the model's tokens.
+    """
+    encoder.eval().to(device)
+    # Fused attention kernels (sdpa) never materialise the weights; the eager path returns them.
+    encoder.set_attn_implementation("eager")
+    config = encoder.config
+    num_layers, heads = config.num_hidden_layers, config.num_attention_heads
+    columns = {"example_id": [], "choice": [], "query": [], "key": []}
+    weights: list[list[np.ndarray]] = [[] for _ in range(num_layers)]
+    for indices, batch in tqdm(sequential_batches(encoded, batch_size, tokenizer), desc=f"attention {metadata['run']}",
+                               total=-(-len(encoded) // batch_size), mininterval=2):
+        batch.pop("labels")
+        choices = encoded.num_choices
+        batch = {k: v.reshape(-1, v.shape[-1]) for k, v in to_device(batch, device).items()}
+        attentions = encoder(**batch, output_attentions=True).attentions
+        if len(attentions) != num_layers:
+            raise LayersimError(f"the encoder returned {len(attentions)} attention maps, expected {num_layers}.")
+        example_ids = np.repeat(encoded.example_id[indices], choices)
+        for row, mask in enumerate(batch["attention_mask"].bool().cpu()):
+            tokens = mask.nonzero().squeeze(1)
+            length = len(tokens)
+            query, key = np.divmod(np.arange(length * length), length)
+            columns["example_id"].append(np.full(length * length, example_ids[row], np.int64))
+            columns["choice"].append(np.full(length * length, row % choices, np.int16))
+            columns["query"].append(query.astype(np.int16))
+            columns["key"].append(key.astype(np.int16))
+            for layer, attention in enumerate(attentions):
+                maps = attention[row][:, tokens][:, :, tokens]  # (heads, length, length)
+                weights[layer].append(maps.permute(1, 2, 0).reshape(-1, heads).float().cpu().numpy())
+    arrays = [pa.array(np.concatenate(columns[name])) for name in columns]
+    for layer_weights in weights:
+        flat = pa.array(np.concatenate(layer_weights).reshape(-1))
+        arrays.append(pa.FixedSizeListArray.from_arrays(flat, heads))
+    names = list(columns) + [layer_column(k) for k in range(1, num_layers + 1)]
+    table = pa.Table.from_arrays(arrays, names=names)
+    write_parquet(with_metadata(table, {**metadata, "num_layers": num_layers, "num_heads": heads,
+                                        "kind": "attention"}), path)

@@ -215,6 +215,49 @@ class ActivationTable:
             raise LayersimError(f"cannot compare {self.path} and {other.path}: their example_id order differs.")
 
 
+class AttentionTable:
+    """Attention maps written by the extract stage (see layersim.extract.extract_attention)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise LayersimError(f"attention table {self.path} does not exist; set extract.attention_examples > 0 "
+                                "and run the extract stage.")
+        self._file = pq.ParquetFile(self.path)
+        self.metadata = table_metadata(self._file.schema_arrow, self.path)
+        self.num_layers = int(self.metadata["num_layers"])
+        self.num_heads = int(self.metadata["num_heads"])
+        keys = self._file.read(columns=["example_id", "choice", "query"])
+        self.index = np.stack([keys.column(name).to_numpy().astype(np.int64) for name in keys.column_names], axis=1)
+        # An attention row (one query's distribution over keys) starts where (example, choice, query) changes.
+        changes = np.any(self.index[1:] != self.index[:-1], axis=1)
+        self.row_starts = np.concatenate([[0], np.flatnonzero(changes) + 1]).astype(np.int64)
+        # Rows of one (example, choice) are contiguous: they start where the first two keys change.
+        starts = self.index[self.row_starts, :2]
+        new_example = np.any(starts[1:] != starts[:-1], axis=1)
+        self.example_starts = np.concatenate([[0], np.flatnonzero(new_example) + 1]).astype(np.int64)
+
+    def layer(self, k: int) -> np.ndarray:
+        """Layer k's (num_pairs, num_heads) float32 attention weights, k = 1 … num_layers."""
+        if not 1 <= k <= self.num_layers:
+            raise LayersimError(f"attention layer {k} is out of range for {self.path}; valid layers are "
+                                f"1..{self.num_layers}.")
+        column = self._file.read(columns=[layer_column(k)]).column(0).combine_chunks()
+        return column.values.to_numpy(zero_copy_only=False).reshape(len(column), self.num_heads)
+
+    def maps(self) -> list:
+        """Every layer's attention as :class:`layersim.similarity.AttentionMaps`, layers 1 … L."""
+        from layersim.similarity import AttentionMaps
+
+        return [AttentionMaps(self.layer(k), self.row_starts, self.example_starts)
+                for k in range(1, self.num_layers + 1)]
+
+    def check_comparable(self, other: "AttentionTable") -> None:
+        if not np.array_equal(self.index, other.index):
+            raise LayersimError(f"cannot compare {self.path} and {other.path}: they hold different "
+                                "(example, query) rows; extract both from the same examples and tokenizer.")
+
+
 # --- task tables -------------------------------------------------------------------------------
 
 def read_task_table(folder: str | os.PathLike, task, split: str, max_examples: int | None = None) -> pa.Table:

@@ -20,7 +20,7 @@ from layersim.errors import LayersimError
 from layersim.models import get_model
 from layersim.tasks import get_task
 
-POOLINGS = ("cls", "mean")
+POOLINGS = ("cls", "mean", "last")  # first token, mean of tokens, last sub-word (Wu et al.)
 
 
 @dataclass(frozen=True)
@@ -50,11 +50,25 @@ class ExtractParams:
     batch_size: int = 32
     max_examples: int | None = None     # validation examples per task; None takes all
     max_train_examples: int | None = 10000  # train examples whose activations train truncate's fresh heads
+    attention_examples: int = 100       # validation examples whose attention maps are kept (0: none)
+
+
+DEFAULT_MEASURES = ("linear_cka", "svcca", "pwcca", "neuronsim")
 
 
 @dataclass(frozen=True)
 class SimilarityParams:
-    pooling: str = "cls"                # Phang et al. compare CLS representations
+    poolings: tuple[str, ...] = ("cls",)          # Phang et al. compare CLS; Wu et al. the last sub-word
+    measures: tuple[str, ...] = DEFAULT_MEASURES  # layersim.similarity.MEASURES
+    attention_measures: tuple[str, ...] = ("jensen_shannon",)  # head-level, or an array measure over heads
+    rbf_sigma_scale: float = 1.0                  # RBF CKA bandwidth: this × the median pairwise distance
+    svcca_variance: float = 0.99                  # SVCCA keeps the directions explaining this much variance
+
+
+@dataclass(frozen=True)
+class CompareParams:
+    models: tuple[str, ...] = ()        # other encoders (pretrained) compared with `model` on the same inputs
+    probe_examples: int = 100           # validation examples of each task that every compared model encodes
 
 
 @dataclass(frozen=True)
@@ -71,6 +85,29 @@ class SkipParams:
     tolerance: float = 0.01             # a span is "cheap" if skipping it costs at most this much
 
 
+# The default align.methods: every map of layersim.align.MAPS (checked by a test; spelled out here so
+# that reading params does not import torch).
+ALIGN_METHODS = ("linear", "cca", "svcca", "pwcca", "inn", "mlp")
+
+
+@dataclass(frozen=True)
+class AlignParams:                      # Ren et al. 2023; see layersim.align
+    pooling: str = "mean"               # Ren §3.1: mean-pooled sentence representations
+    methods: tuple[str, ...] = ALIGN_METHODS
+    ridge: float = 0.0                  # linear: ridge penalty (on standardised features)
+    svcca_variance: float = 0.99        # svcca: share of variance the kept directions explain
+    inn_depth: int = 4                  # inn: affine coupling blocks
+    inn_hidden: int = 256               # inn: width of each block's scale/translation network
+    mlp_depth: int = 2                  # mlp: hidden layers
+    mlp_hidden: int = 512
+    steps: int = 600                    # inn and mlp: Adam steps (5% warm-up, cosine decay)
+    learning_rate: float = 1e-3
+    batch_size: int = 256
+    matrix_steps: int = 200             # INN steps per cell of the layer × layer matrix (L² fits)
+    synthetic_scale: float = 0.5        # weight scale of the random INN to recover: how non-linear it is
+    seed: int = 0
+
+
 @dataclass(frozen=True)
 class Params:
     model: str
@@ -80,17 +117,24 @@ class Params:
     finetune: FinetuneParams = field(default_factory=FinetuneParams)
     extract: ExtractParams = field(default_factory=ExtractParams)
     similarity: SimilarityParams = field(default_factory=SimilarityParams)
+    compare: CompareParams = field(default_factory=CompareParams)
     truncate: TruncateParams = field(default_factory=TruncateParams)
     skip: SkipParams = field(default_factory=SkipParams)
+    align: AlignParams = field(default_factory=AlignParams)
 
 
 _SECTIONS = {"download": DownloadParams, "finetune": FinetuneParams, "extract": ExtractParams,
-             "similarity": SimilarityParams, "truncate": TruncateParams, "skip": SkipParams}
+             "similarity": SimilarityParams, "compare": CompareParams, "truncate": TruncateParams, "skip": SkipParams,
+             "align": AlignParams}
 _POSITIVE = {"batch_size", "learning_rate", "max_steps", "max_length", "eval_batch_size",
              "generated_train_examples", "generated_validation_examples", "max_train_examples",
              "max_validation_examples", "max_examples", "max_train_examples", "head_epochs",
-             "head_learning_rate", "head_batch_size"}
-_NON_NEGATIVE = {"warmup_steps", "weight_decay", "eval_every", "generated_seed", "head_weight_decay", "tolerance"}
+             "head_learning_rate", "head_batch_size", "rbf_sigma_scale", "probe_examples",
+             "inn_depth", "inn_hidden", "mlp_depth", "mlp_hidden", "steps", "matrix_steps",
+             "synthetic_scale"}
+_UNIT_INTERVAL = {"svcca_variance"}  # fractions in (0, 1]
+_NON_NEGATIVE = {"warmup_steps", "weight_decay", "eval_every", "generated_seed", "head_weight_decay", "tolerance",
+                 "attention_examples", "ridge", "seed"}
 
 
 def _fail(key: str, value: Any, allowed: str) -> LayersimError:
@@ -113,6 +157,8 @@ def _check_number(key: str, value: Any, kind: type, optional: bool) -> Any:
         raise _fail(key, value, f"a finite {'integer' if kind is int else 'number'}")
     if name in _POSITIVE and value <= 0:
         raise _fail(key, value, f"a positive {'integer' if kind is int else 'number'}")
+    if name in _UNIT_INTERVAL and not 0 < value <= 1:
+        raise _fail(key, value, "a number in (0, 1]")
     if name in _NON_NEGATIVE and value < 0:
         raise _fail(key, value, f"a non-negative {'integer' if kind is int else 'number'}")
     return float(value) if kind is float else value
@@ -132,12 +178,15 @@ def _build_section(name: str, cls: type, raw: Any) -> Any:
     for key, value in raw.items():
         full = f"{name}.{key}"
         annotation = str(fields[key].type)
-        if key == "poolings":
-            values[key] = _check_choices(full, value, POOLINGS)
+        if key == "models":
+            values[key] = _check_models(full, value)
         elif key == "pooling":
             if value not in POOLINGS:
                 raise _fail(full, value, f"one of {', '.join(POOLINGS)}")
             values[key] = value
+        elif key in _CHOICES:
+            choices, allow_empty = _CHOICES[key]()
+            values[key] = _check_choices(full, value, choices, allow_empty)
         elif annotation.startswith("float"):
             values[key] = _check_number(full, value, float, optional=False)
         else:
@@ -145,9 +194,39 @@ def _build_section(name: str, cls: type, raw: Any) -> Any:
     return cls(**values)
 
 
-def _check_choices(key: str, value: Any, choices: tuple[str, ...]) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value:
-        raise _fail(key, value, f"a non-empty list drawn from {', '.join(choices)}")
+def _check_models(key: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise _fail(key, value, "a list of model names (registry names or owner/name hub ids)")
+    if len(set(value)) != len(value):
+        raise _fail(key, value, "a list without repeated names")
+    for name in value:
+        get_model(name)
+    return tuple(value)
+
+
+def _align_method_names() -> tuple[tuple[str, ...], bool]:
+    from layersim.align import MAPS
+    return tuple(MAPS), False
+
+
+def _measure_names() -> tuple[tuple[str, ...], bool]:
+    from layersim.similarity import MEASURES
+    return tuple(MEASURES), False
+
+
+def _attention_measure_names() -> tuple[tuple[str, ...], bool]:
+    from layersim.similarity import HEAD_MEASURES, MEASURES
+    return tuple(HEAD_MEASURES) + tuple(MEASURES), True
+
+
+# List-valued keys drawn from a fixed set of names: key → () -> (valid names, empty list allowed).
+_CHOICES = {"poolings": lambda: (POOLINGS, False), "measures": _measure_names,
+            "attention_measures": _attention_measure_names, "methods": _align_method_names}
+
+
+def _check_choices(key: str, value: Any, choices: tuple[str, ...], allow_empty: bool = False) -> tuple[str, ...]:
+    if not isinstance(value, list) or not (value or allow_empty):
+        raise _fail(key, value, f"a {'' if allow_empty else 'non-empty '}list drawn from {', '.join(choices)}")
     for item in value:
         if item not in choices:
             raise _fail(key, item, f"one of {', '.join(choices)}")
@@ -187,9 +266,20 @@ def parse_params(raw: Any) -> Params:
     if finetune.warmup_steps >= finetune.max_steps:
         raise LayersimError(f"params.yaml: finetune.warmup_steps = {finetune.warmup_steps} must be smaller than "
                             f"finetune.max_steps = {finetune.max_steps}.")
-    if sections["similarity"].pooling not in sections["extract"].poolings:
-        raise LayersimError(f"params.yaml: similarity.pooling = {sections['similarity'].pooling!r} is not among "
-                            f"extract.poolings = {list(sections['extract'].poolings)}; extract it or pick one of those.")
+    similarity, extract = sections["similarity"], sections["extract"]
+    missing = [q for q in similarity.poolings if q not in extract.poolings]
+    if missing:
+        raise LayersimError(f"params.yaml: similarity.poolings has {missing[0]!r}, which is not among "
+                            f"extract.poolings = {list(extract.poolings)}; extract it or pick one of those.")
+    if similarity.attention_measures and not extract.attention_examples:
+        raise LayersimError(f"params.yaml: similarity.attention_measures = {list(similarity.attention_measures)} needs "
+                            "attention maps, but extract.attention_examples = 0; set it above 0 or use [].")
+    if sections["align"].pooling not in extract.poolings:
+        raise LayersimError(f"params.yaml: align.pooling = {sections['align'].pooling!r} is not among "
+                            f"extract.poolings = {list(extract.poolings)}; extract it or pick one of those.")
+    if model in sections["compare"].models:
+        raise LayersimError(f"params.yaml: compare.models = {list(sections['compare'].models)} repeats model = {model!r}; "
+                            "list only the other encoders to compare with it.")
     if "cls" not in sections["extract"].poolings:
         raise LayersimError(f"params.yaml: extract.poolings = {list(sections['extract'].poolings)} must include 'cls'; "
                             "the truncate stage trains its fresh heads on CLS activations.")

@@ -47,14 +47,25 @@ def heatmap_grid(panels: dict[str, tuple[np.ndarray, str, str]], title: str, *, 
     return fig
 
 
-def matrix_rows(matrix: np.ndarray, value_name: str, **fields) -> list[dict]:
-    """Long-form rows {x_layer, y_layer, value, **fields} of a layer × layer matrix, for `dvc plots`."""
+def matrix_rows(matrix: np.ndarray, value_name: str, first_layer: int = 0, **fields) -> list[dict]:
+    """Long-form rows {x_layer, y_layer, value, **fields} of a layer × layer matrix, for `dvc plots`;
+    row/column 0 is layer `first_layer`."""
     rows = []
     for y, x in np.ndindex(matrix.shape):
         value = matrix[y, x]
         if np.isfinite(value):  # undefined cells are left out: the heatmap shows them empty
-            rows.append({**fields, "y_layer": int(y), "x_layer": int(x), value_name: round(float(value), 6)})
+            rows.append({**fields, "y_layer": int(y) + first_layer, "x_layer": int(x) + first_layer,
+                         value_name: round(float(value), 6)})
     return rows
+
+
+def stacked_rows(matrix: np.ndarray, sizes: dict[str, int], first_layer: int = 0, **fields) -> list[dict]:
+    """Long-form rows of a stacked several-models matrix (see layersim.comparisons), one per defined
+    cell: "comparison" names the two models (row model vs column model), the layers are each model's own."""
+    owners = [(label, k + first_layer) for label, size in sizes.items() for k in range(size)]
+    return [{**fields, "comparison": f"{owners[i][0]} vs {owners[j][0]}", "y_layer": owners[i][1],
+             "x_layer": owners[j][1], "similarity": round(float(matrix[i, j]), 6)}
+            for i, j in zip(*np.nonzero(np.isfinite(matrix)))]
 
 
 VARIANT_STYLE = {  # Phang et al. Figure 3's colours
@@ -108,4 +119,130 @@ def span_heatmap(scores: np.ndarray, full: float, metric: str, title: str):
     bar = fig.colorbar(image, ax=ax, shrink=0.8, label=metric)
     bar.ax.axhline(full, color="red", lw=1.5)
     ax.set_title(title)
+    return fig
+
+
+def _heatmap(ax, matrix: np.ndarray, vmin: float | None, vmax: float | None, cmap):
+    return ax.imshow(np.ma.masked_invalid(matrix), origin="lower", cmap=cmap, vmin=vmin, vmax=vmax, aspect="equal")
+
+
+def measure_grid(rows: dict[str, tuple[dict[str, tuple[np.ndarray, str, str]], tuple[float, float] | None]],
+                 title: str, *, first_layer: int = 0):
+    """One row of heatmaps per similarity measure, one column per comparison (Phang et al. Figure 1's
+    panels side by side; Wu et al. Figure 2's one-heatmap-per-measure view).
+
+    `rows` maps a measure label to (panels, bounds): panels as in :func:`heatmap_grid`; bounds the
+    measure's fixed colour range, or None to scale that row to its own values. `first_layer` is the
+    layer the first row/column stands for (1 for attention maps, which have no embedding layer).
+    """
+    ncols = max(len(panels) for panels, _ in rows.values())
+    fig, axes = plt.subplots(len(rows), ncols, figsize=(3.4 * ncols + 0.8, 3.1 * len(rows)), squeeze=False,
+                             constrained_layout=True)
+    cmap = plt.get_cmap("magma").with_extremes(bad="lightgrey")
+    undefined = False
+    for row_axes, (measure, (panels, bounds)) in zip(axes, rows.items()):
+        values = np.concatenate([m[np.isfinite(m)] for m, _, _ in panels.values()] or [np.zeros(1)])
+        vmin, vmax = bounds if bounds is not None else (values.min(initial=0.0), values.max(initial=1.0))
+        image = None
+        for ax, (panel, (matrix, ylabel, xlabel)) in zip(row_axes, panels.items()):
+            image = _heatmap(ax, matrix, vmin, vmax, cmap)
+            undefined |= bool(np.isnan(matrix).any())
+            ax.set_title(panel, fontsize=10)
+            ax.set_xlabel(xlabel, fontsize=8)
+            ax.set_ylabel(f"{measure}\n{ylabel}" if ax is row_axes[0] else ylabel, fontsize=8)
+            for axis, size in ((ax.xaxis, matrix.shape[1]), (ax.yaxis, matrix.shape[0])):
+                axis.set_ticks(range(size))
+                labels = layer_tick_labels(size + first_layer)[first_layer:]
+                axis.set_ticklabels(labels, fontsize=6)
+        for ax in row_axes[len(panels):]:
+            ax.axis("off")
+        if image is not None:
+            fig.colorbar(image, ax=list(row_axes), shrink=0.85, label=measure)
+    if undefined:
+        fig.text(0.5, -0.01, "grey: undefined — that layer's representation is the same for every example "
+                 "(e.g. CLS at the embedding layer)", ha="center", va="top", fontsize=8)
+    fig.suptitle(title)
+    return fig
+
+
+def block_heatmap(matrix: np.ndarray, blocks: list[tuple[str, int]], title: str, measure: str,
+                  bounds: tuple[float, float] | None = (0.0, 1.0), *, first_layer: int = 0):
+    """All layers of several models in one matrix, a block per pair of models, separated by white
+    lines and labelled by model (Wu et al. Figures 1, 5 and 6; Phang et al. Figure 7).
+
+    `blocks` lists (model label, number of layers) in the order the layers are stacked.
+    """
+    size = matrix.shape[0]
+    fig, ax = plt.subplots(figsize=(min(2.0 + 0.28 * size, 14), min(1.6 + 0.28 * size, 13)), constrained_layout=True)
+    vmin, vmax = bounds if bounds is not None else (np.nanmin(matrix), np.nanmax(matrix))
+    image = _heatmap(ax, matrix, vmin, vmax, plt.get_cmap("magma").with_extremes(bad="lightgrey"))
+    edges = np.cumsum([0] + [n for _, n in blocks])
+    for edge in edges[1:-1]:
+        ax.axhline(edge - 0.5, color="white", lw=1.5)
+        ax.axvline(edge - 0.5, color="white", lw=1.5)
+    ticks, labels = [], []
+    for (label, n), start in zip(blocks, edges):
+        ticks += list(range(start, start + n))
+        labels += layer_tick_labels(n + first_layer)[first_layer:]
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_ticks(ticks)
+        axis.set_ticklabels(labels, fontsize=6)
+    centres = [(start + start + n - 1) / 2 for (_, n), start in zip(blocks, edges)]
+    names = [label for label, _ in blocks]
+    top = ax.secondary_xaxis("top")
+    top.set_xticks(centres, names, fontsize=8)
+    right = ax.secondary_yaxis("right")
+    right.set_yticks(centres, names, fontsize=8, rotation=90, va="center")
+    fig.colorbar(image, ax=ax, shrink=0.8, label=measure, pad=0.08)
+    ax.set_title(title)
+    return fig
+
+
+def localization_curves(scores: dict[str, np.ndarray], title: str, *, first_layer: int = 0):
+    """Localization score (y) per layer (x), one line per model (Wu et al. Figures 3 and 7); higher
+    means information is held more by individual neurons than spread over the layer."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.8), constrained_layout=True)
+    for label, values in scores.items():
+        layers = np.arange(first_layer, first_layer + len(values))
+        ax.plot(layers, values, marker="o", ms=3, label=label)
+    ax.axhline(0.0, color="grey", lw=0.8)
+    num = max(len(v) for v in scores.values()) + first_layer
+    ax.set_xticks(range(first_layer, num))
+    ax.set_xticklabels(layer_tick_labels(num)[first_layer:])
+    ax.set_xlabel("layer")
+    ax.set_ylabel("localization score (z-scored neuronsim − svsim)")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="best", framealpha=0.9)
+    return fig
+
+
+def alignment_error_curves(errors: dict[str, dict[str, list[float]]], title: str, ylabel: str = "held-out relative error"):
+    """Alignment error (y) per layer (x), one line per method, one panel per model pair (Ren et al. Figure 2)."""
+    fig, axes = plt.subplots(1, len(errors), figsize=(4.8 * len(errors), 3.8), squeeze=False, sharey=True,
+                             constrained_layout=True)
+    for ax, (pair, per_method) in zip(axes[0], errors.items()):
+        for method, values in per_method.items():
+            ax.plot(range(len(values)), values, marker="o", ms=3, label=method)
+        num = max(len(v) for v in per_method.values())
+        ax.set_xticks(range(num))
+        ax.set_xticklabels(layer_tick_labels(num))
+        ax.set_xlabel("layer")
+        ax.set_title(pair)
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][-1].legend(fontsize=8, loc="best", framealpha=0.9)
+    fig.suptitle(title)
+    return fig
+
+
+def method_bars(values: dict[str, float], title: str, ylabel: str, references: dict[str, float] | None = None):
+    """One bar per alignment method (Ren et al. Tables 3 and 5 as a chart), reference values as lines."""
+    fig, ax = plt.subplots(figsize=(1.0 + 0.8 * len(values), 3.6), constrained_layout=True)
+    bars = ax.bar(list(values), list(values.values()), color="tab:blue")
+    ax.bar_label(bars, fmt="%.3f", fontsize=7)
+    for (label, value), style in zip((references or {}).items(), ("-", "--", ":", "-.")):
+        ax.axhline(value, color="grey" if style == "-" else "red", ls=style, lw=1.2, label=f"{label} ({value:.3f})")
+    if references:
+        ax.legend(fontsize=7, loc="best", framealpha=0.9)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
     return fig

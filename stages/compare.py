@@ -1,0 +1,133 @@
+"""compare: every layer of several models on the same inputs, one stacked matrix per measure — the
+pretrained encoder, its fine-tuned models for each task (first seed; Wu et al. Figures 5–7) and the
+other pretrained encoders of `compare.models` (Phang et al. Figure 7, Wu et al. Figure 1)."""
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from layersim import cli
+from layersim.batching import encode_task
+from layersim.comparisons import attention_measure_label, block, localization, measure_options, number, stacked_matrix
+from layersim.extract import extract_attention, pooled_layers
+from layersim.io import AttentionTable, atomic_path, read_task_table, write_figure, write_json
+from layersim.models import load_encoder, load_tokenizer
+from layersim.plots import block_heatmap, localization_curves, stacked_rows
+from layersim.similarity import MEASURES
+from layersim.tasks import get_task
+from layersim.train import default_device
+
+
+def probe_representations(folder: Path, params, task_dirs: dict[str, Path], device) -> dict[str, list[np.ndarray]]:
+    """Pooling → per-layer arrays of the model in `folder` over the probe: the first
+    compare.probe_examples validation examples of every task, each encoded as its own task."""
+    tokenizer, encoder = load_tokenizer(folder), load_encoder(folder)
+    per_task = []
+    for task, task_dir in task_dirs.items():
+        spec = get_task(task)
+        table = read_task_table(task_dir, spec, "validation", params.compare.probe_examples)
+        encoded = encode_task(table, spec, tokenizer, params.finetune.max_length)
+        per_task.append(pooled_layers(encoder, tokenizer, encoded, params.similarity.poolings,
+                                      params.extract.batch_size, device))
+    return {pooling: [np.concatenate([part[pooling][k] for part in per_task]) for k in range(len(per_task[0][pooling]))]
+            for pooling in params.similarity.poolings}
+
+
+def probe_attention(folder: Path, params, task_dirs: dict[str, Path], device, scratch: Path) -> list:
+    """Attention maps of the model in `folder` over the first task's probe examples (same tokenizer only)."""
+    task, task_dir = next(iter(task_dirs.items()))
+    spec = get_task(task)
+    tokenizer = load_tokenizer(folder)
+    table = read_task_table(task_dir, spec, "validation", min(params.compare.probe_examples,
+                                                              params.extract.attention_examples))
+    path = scratch / f"{folder.name}.attention.parquet"
+    extract_attention(load_encoder(folder), tokenizer, encode_task(table, spec, tokenizer, params.finetune.max_length),
+                      path, {"run": folder.name, "task": task}, params.extract.batch_size, device)
+    return AttentionTable(path).maps()
+
+
+def pair_summary(matrix: np.ndarray, sizes: dict[str, int], first: str) -> dict:
+    """For each other model: per layer of it, its similarity to the same layer of `first` where the depths
+    match (the diagonal), and otherwise the layer of `first` it is most similar to."""
+    summary = {}
+    for other in sizes:
+        if other == first:
+            continue
+        part = block(matrix, sizes, other, first)
+        if sizes[other] == sizes[first]:
+            summary[other] = {"diagonal": {f"layer_{k:02d}": number(v) for k, v in enumerate(np.diag(part))}}
+            continue
+        best = {}
+        for k, row in enumerate(part):
+            j = int(np.nanargmax(row)) if np.isfinite(row).any() else None
+            best[f"layer_{k:02d}"] = None if j is None else {"layer": j, "similarity": number(row[j])}
+        summary[other] = {"best_match": best}
+    return summary
+
+
+def main(args, params):
+    device = default_device()
+    task_dirs = {task: args.tasks / task for task in params.tasks}
+    seed = params.seeds[0]
+    folders = {"ORIG": args.pretrained} | {f"FT:{task}": args.checkpoints / task / f"seed{seed}" for task in params.tasks}
+    same_tokenizer = set(folders)
+    folders |= {name: args.compared / name for name in params.compare.models}
+    representations = {label: probe_representations(folder, params, task_dirs, device) for label, folder in folders.items()}
+    cli.log.info("encoded the probe (%d examples per task, %d tasks) with %d models", params.compare.probe_examples,
+                 len(task_dirs), len(folders))
+    options = measure_options(rbf_sigma_scale=params.similarity.rbf_sigma_scale,
+                              svcca_variance=params.similarity.svcca_variance)
+    metrics, rows, localization_rows = {}, [], []
+    with atomic_path(args.plots, is_dir=True) as tmp:
+        plots = Path(tmp)
+        for pooling in params.similarity.poolings:
+            models = {label: reps[pooling] for label, reps in representations.items()}
+            sizes = {label: len(layers) for label, layers in models.items()}
+            blocks = list(sizes.items())
+            matrices = {}
+            for measure in params.similarity.measures:
+                matrix = matrices[measure] = stacked_matrix(measure, models, **options.get(measure, {}))
+                label = MEASURES[measure].label
+                title = f"{label}, {pooling.upper()} — {params.model} and its fine-tuned models"
+                write_figure(block_heatmap(matrix, blocks, title, label, MEASURES[measure].bounded),
+                             plots / f"{pooling}.{measure}.png")
+                rows += stacked_rows(matrix, sizes, measure=label, pooling=pooling)
+                metrics.setdefault(pooling, {})[measure] = pair_summary(matrix, sizes, "ORIG")
+            if {"neuronsim", "svcca"} <= set(matrices):
+                scores = localization(matrices["neuronsim"], matrices["svcca"], sizes)
+                metrics[pooling]["localization"] = {label: [number(v) for v in values] for label, values in scores.items()}
+                localization_rows += [{"pooling": pooling, "model": label, "layer": k, "localization": number(v)}
+                                      for label, values in scores.items() for k, v in enumerate(values)
+                                      if number(v) is not None]
+                write_figure(localization_curves(scores, f"localization, {pooling.upper()} — base and fine-tuned"),
+                             plots / f"localization.{pooling}.png")
+        if params.similarity.attention_measures:
+            with tempfile.TemporaryDirectory() as scratch:
+                maps = {label: probe_attention(folders[label], params, task_dirs, device, Path(scratch))
+                        for label in folders if label in same_tokenizer}
+            sizes = {label: len(layers) for label, layers in maps.items()}
+            for measure in params.similarity.attention_measures:
+                matrix = stacked_matrix(measure, maps)
+                label = attention_measure_label(measure)
+                write_figure(block_heatmap(matrix, list(sizes.items()), f"{label} — {params.model} and its fine-tuned "
+                                           "models", label, (0.0, 1.0), first_layer=1),
+                             plots / f"attention.{measure}.png")
+                rows += stacked_rows(matrix, sizes, measure=label, pooling="attention", first_layer=1)
+                metrics.setdefault("attention", {})[measure] = pair_summary(matrix, sizes, "ORIG")
+        write_json(rows, plots / "matrices.json")
+        if localization_rows:
+            write_json(localization_rows, plots / "localization.json")
+    write_json(metrics, args.metrics)
+    cli.log.info("wrote %s and %s", args.plots, args.metrics)
+
+
+if __name__ == "__main__":
+    parser = cli.parser(__doc__)
+    parser.add_argument("--pretrained", type=Path, required=True, help="folder written by download_model")
+    parser.add_argument("--checkpoints", type=Path, required=True, help="folder holding <task>/seed<k>/ checkpoints")
+    parser.add_argument("--compared", type=Path, required=True, help="folder written by download_compared")
+    parser.add_argument("--tasks", type=Path, required=True, help="folder holding <task>/ task tables")
+    parser.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
+    parser.add_argument("--plots", type=Path, required=True, help="folder for figures and plot data")
+    cli.run_stage(main, parser.parse_args())

@@ -1,0 +1,103 @@
+"""Tests of layersim.comparisons: stacked matrices, their blocks and the localization score."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from layersim.comparisons import (attention_measure_label, block, localization, measure_options, phang_comparisons,
+                                  stacked_matrix, summarize)
+from layersim.similarity import AttentionMaps, attention_similarity_matrix, similarity_matrix
+
+
+def _models(rng: np.random.Generator, n: int = 80, width: int = 6) -> dict[str, list[np.ndarray]]:
+    base = [rng.normal(size=(n, width)) for _ in range(3)]
+    constant = np.ones((n, width))  # like CLS at the embedding layer
+    return {
+        "ORIG": [constant, *base],
+        "FT[1]": [constant, base[0], base[1] + 0.3 * rng.normal(size=(n, width)), rng.normal(size=(n, width))],
+        "FT[2]": [constant, base[0], base[1], rng.normal(size=(n, width))],
+    }
+
+
+@pytest.mark.parametrize("measure", ["linear_cka", "svcca", "pwcca", "neuronsim"])
+def test_stacked_matrix_blocks_are_the_pairwise_matrices(measure):
+    models = _models(np.random.default_rng(0))
+    sizes = {name: len(layers) for name, layers in models.items()}
+    matrix = stacked_matrix(measure, models)
+    assert matrix.shape == (12, 12)
+    for a in models:
+        for b in models:
+            want = similarity_matrix(measure, models[a][1:], models[b][1:])
+            np.testing.assert_allclose(block(matrix, sizes, a, b)[1:, 1:], want, atol=1e-10)
+            # The constant layer's row and column are undefined, not a number.
+            assert np.isnan(block(matrix, sizes, a, b)[0]).all() and np.isnan(block(matrix, sizes, a, b)[:, 0]).all()
+
+
+def test_phang_comparisons_pick_the_right_blocks():
+    models = _models(np.random.default_rng(1))
+    sizes = {name: len(layers) for name, layers in models.items()}
+    matrix = stacked_matrix("linear_cka", models)
+    comparisons = {c.key: c for c in phang_comparisons(matrix, sizes, "ORIG", ["FT[1]", "FT[2]"])}
+    assert list(comparisons) == ["orig_orig", "ft_orig", "ft_ft", "ft1_ft2"]
+    np.testing.assert_array_equal(comparisons["ft_orig"].matrix, block(matrix, sizes, "FT[1]", "ORIG"))
+    np.testing.assert_array_equal(comparisons["ft1_ft2"].matrix, block(matrix, sizes, "FT[1]", "FT[2]"))
+    # FT[1] and FT[2] share layer 1 exactly, and ORIG and FT[2] share layers 1 and 2.
+    assert comparisons["ft1_ft2"].matrix[1, 1] == pytest.approx(1.0)
+    summary = summarize(comparisons.values())
+    assert summary["orig_orig"]["diagonal"]["layer_00"] is None
+    assert summary["orig_orig"]["diagonal"]["layer_03"] == pytest.approx(1.0)
+    assert summary["ft_orig"]["diagonal"]["layer_01"] == pytest.approx(1.0)
+    assert summary["ft_orig"]["last_layer"] < 0.5  # independent random layers
+    assert "offdiagonal_mean" in summary["ft_ft"] and "offdiagonal_mean" not in summary["ft_orig"]
+    # A single fine-tuning seed: no FT[1]–FT[2].
+    two = {k: models[k] for k in ("ORIG", "FT[1]")}
+    keys = [c.key for c in phang_comparisons(stacked_matrix("linear_cka", two), {k: 4 for k in two}, "ORIG", ["FT[1]"])]
+    assert keys == ["orig_orig", "ft_orig", "ft_ft"]
+
+
+def test_localization_is_zscored_row_means_of_neuronsim_minus_svcca():
+    neuron = np.array([[1.0, 0.8, 0.2], [0.6, 1.0, 0.4], [0.1, 0.3, 1.0]])
+    sv = np.array([[1.0, 0.5, 0.5], [0.5, 1.0, 0.9], [0.5, 0.9, 1.0]])
+    scores = localization(neuron, sv, {"A": 2, "B": 1})
+    neuron_means = np.array([0.5, 0.5, 0.2])  # row means without the diagonal
+    sv_means = np.array([0.5, 0.7, 0.7])
+
+    def z(v):
+        return (v - v.mean()) / v.std()
+
+    want = z(neuron_means) - z(sv_means)
+    np.testing.assert_allclose(np.concatenate([scores["A"], scores["B"]]), want)
+    assert list(scores) == ["A", "B"] and len(scores["A"]) == 2
+
+
+def test_localization_leaves_undefined_layers_out():
+    rng = np.random.default_rng(2)
+    neuron = rng.uniform(size=(4, 4))
+    sv = rng.uniform(size=(4, 4))
+    neuron[0, :] = neuron[:, 0] = np.nan
+    sv[0, :] = sv[:, 0] = np.nan
+    scores = localization(neuron, sv, {"M": 4})["M"]
+    assert np.isnan(scores[0]) and np.isfinite(scores[1:]).all()
+    np.testing.assert_allclose(scores[1:], localization(neuron[1:, 1:], sv[1:, 1:], {"M": 3})["M"])
+
+
+def test_attention_layers_use_the_attention_measures():
+    rng = np.random.default_rng(3)
+
+    def maps(seed_shift: float) -> AttentionMaps:
+        logits = [rng.normal(size=(2, 5, 5)) + seed_shift for _ in range(3)]
+        return AttentionMaps.from_maps([np.exp(a) / np.exp(a).sum(-1, keepdims=True) for a in logits])
+
+    models = {"ORIG": [maps(0), maps(0)], "FT[1]": [maps(1), maps(1)]}
+    matrix = stacked_matrix("jensen_shannon", models)
+    layers = models["ORIG"] + models["FT[1]"]
+    np.testing.assert_allclose(matrix, attention_similarity_matrix("jensen_shannon", layers))
+    assert np.isfinite(matrix).all()
+
+
+def test_labels_and_options():
+    assert attention_measure_label("jensen_shannon") == "Jensen–Shannon attention"
+    assert attention_measure_label("linear_cka") == "linear CKA over heads"
+    options = measure_options(rbf_sigma_scale=2.0, svcca_variance=0.9)
+    assert options == {"rbf_cka": {"sigma_scale": 2.0}, "svcca": {"variance_threshold": 0.9}}
