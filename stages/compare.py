@@ -9,7 +9,8 @@ import numpy as np
 
 from layersim import cli
 from layersim.batching import encode_task
-from layersim.comparisons import attention_measure_label, block, localization, measure_options, number, stacked_matrix
+from layersim.comparisons import (attention_measure_label, localization, measure_options, number, pair_summary,
+                                  stacked_matrix)
 from layersim.extract import extract_attention, pooled_layers
 from layersim.io import AttentionTable, atomic_path, read_task_table, write_figure, write_json
 from layersim.models import load_encoder, load_tokenizer
@@ -45,25 +46,6 @@ def probe_attention(folder: Path, params, task_dirs: dict[str, Path], device, sc
     extract_attention(load_encoder(folder), tokenizer, encode_task(table, spec, tokenizer, params.finetune.max_length),
                       path, {"run": folder.name, "task": task}, params.extract.batch_size, device)
     return AttentionTable(path).maps()
-
-
-def pair_summary(matrix: np.ndarray, sizes: dict[str, int], first: str) -> dict:
-    """For each other model: per layer of it, its similarity to the same layer of `first` where the depths
-    match (the diagonal), and otherwise the layer of `first` it is most similar to."""
-    summary = {}
-    for other in sizes:
-        if other == first:
-            continue
-        part = block(matrix, sizes, other, first)
-        if sizes[other] == sizes[first]:
-            summary[other] = {"diagonal": {f"layer_{k:02d}": number(v) for k, v in enumerate(np.diag(part))}}
-            continue
-        best = {}
-        for k, row in enumerate(part):
-            j = int(np.nanargmax(row)) if np.isfinite(row).any() else None
-            best[f"layer_{k:02d}"] = None if j is None else {"layer": j, "similarity": number(row[j])}
-        summary[other] = {"best_match": best}
-    return summary
 
 
 def main(args, params):

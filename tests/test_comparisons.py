@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from layersim.comparisons import (attention_measure_label, block, localization, measure_options, phang_comparisons,
-                                  stacked_matrix, summarize)
+from layersim.comparisons import (attention_measure_label, block, localization, measure_options, pair_summary,
+                                  phang_comparisons, stacked_matrix, summarize)
 from layersim.similarity import AttentionMaps, attention_similarity_matrix, similarity_matrix
 
 
@@ -101,3 +101,17 @@ def test_labels_and_options():
     assert attention_measure_label("linear_cka") == "linear CKA over heads"
     options = measure_options(rbf_sigma_scale=2.0, svcca_variance=0.9)
     assert options == {"rbf_cka": {"sigma_scale": 2.0}, "svcca": {"variance_threshold": 0.9}}
+
+
+def test_pair_summary_diagonal_for_equal_depth_best_match_otherwise():
+    rng = np.random.default_rng(4)
+    base = [rng.normal(size=(60, 5)) for _ in range(4)]
+    models = {"ORIG": base, "FT": [b + 0.01 * rng.normal(size=b.shape) for b in base],
+              "shallow": [base[3], base[1]]}  # a 2-layer model whose layers are ORIG's 3 and 1
+    sizes = {name: len(layers) for name, layers in models.items()}
+    summary = pair_summary(stacked_matrix("linear_cka", models), sizes, "ORIG")
+    assert set(summary) == {"FT", "shallow"}
+    assert all(v > 0.99 for v in summary["FT"]["diagonal"].values())
+    best = summary["shallow"]["best_match"]
+    assert best["layer_00"]["layer"] == 3 and best["layer_01"]["layer"] == 1
+    assert best["layer_00"]["similarity"] == pytest.approx(1.0)
