@@ -9,8 +9,8 @@ import numpy as np
 
 from layersim import cli
 from layersim.batching import encode_task
-from layersim.comparisons import (attention_measure_label, localization, measure_options, number, pair_summary,
-                                  stacked_matrix)
+from layersim.comparisons import (attention_measure_bounds, attention_measure_label, localization,
+                                  measure_options, number, pair_summary, stacked_matrix)
 from layersim.extract import extract_attention, pooled_layers
 from layersim.io import AttentionTable, atomic_path, read_task_table, write_figure, write_json
 from layersim.models import load_encoder, load_tokenizer
@@ -93,7 +93,7 @@ def main(args, params):
                 matrix = stacked_matrix(measure, maps)
                 label = attention_measure_label(measure)
                 write_figure(block_heatmap(matrix, list(sizes.items()), f"{label} — {params.model} and its fine-tuned "
-                                           "models", label, (0.0, 1.0), first_layer=1),
+                                           "models", label, attention_measure_bounds(measure), first_layer=1),
                              plots / f"attention.{measure}.png")
                 rows += stacked_rows(matrix, sizes, measure=label, pooling="attention", first_layer=1)
                 metrics.setdefault("attention", {})[measure] = pair_summary(matrix, sizes, "ORIG")

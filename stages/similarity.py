@@ -5,8 +5,8 @@ per pooling; the localization score per layer; attention-level similarities."""
 from pathlib import Path
 
 from layersim import cli
-from layersim.comparisons import (attention_measure_label, localization, measure_options, number, phang_comparisons,
-                                  stacked_matrix, summarize)
+from layersim.comparisons import (attention_measure_bounds, attention_measure_label, localization,
+                                  measure_options, number, phang_comparisons, stacked_matrix, summarize)
 from layersim.io import ActivationTable, AttentionTable, atomic_path, write_figure, write_json
 from layersim.plots import localization_curves, matrix_rows, measure_grid
 from layersim.similarity import MEASURES
@@ -27,7 +27,7 @@ def compare(models: dict, measures, options, title: str, first_layer: int = 0, a
         matrices[measure] = matrix
         comparisons = phang_comparisons(matrix, sizes, orig, finetuned)
         label = attention_measure_label(measure) if attention else MEASURES[measure].label
-        bounds = (0.0, 1.0) if attention else MEASURES[measure].bounded
+        bounds = attention_measure_bounds(measure) if attention else MEASURES[measure].bounded
         grid[label] = ({c.title: (c.matrix, c.y_label, c.x_label) for c in comparisons}, bounds)
         rows += [row for c in comparisons
                  for row in matrix_rows(c.matrix, "similarity", comparison=c.title, measure=label,

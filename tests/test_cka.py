@@ -190,13 +190,13 @@ def test_symmetric_matrix(rng, method):
 def test_each_layer_is_centred_once(rng, method, monkeypatch):
     """Per-layer statistics are computed once, not once per pair."""
     calls = []
-    original = cka._centre
+    original = cka.centre
 
-    def counting(name, a):
+    def counting(name, a, measure):
         calls.append(name)
-        return original(name, a)
+        return original(name, a, measure)
 
-    monkeypatch.setattr(cka, "_centre", counting)
+    monkeypatch.setattr(cka, "centre", counting)
     xs = _layers(rng, 20, [5, 5, 5, 5])
     cka_matrix(xs, method=method)
     assert sorted(calls) == ["xs[0]", "xs[1]", "xs[2]", "xs[3]"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from layersim.comparisons import (attention_measure_label, block, localization, measure_options, pair_summary,
+from layersim.comparisons import (attention_measure_bounds, attention_measure_label, block, localization, measure_options, pair_summary,
                                   phang_comparisons, stacked_matrix, summarize)
 from layersim.similarity import AttentionMaps, attention_similarity_matrix, similarity_matrix
 
@@ -99,6 +99,9 @@ def test_attention_layers_use_the_attention_measures():
 def test_labels_and_options():
     assert attention_measure_label("jensen_shannon") == "Jensen–Shannon attention"
     assert attention_measure_label("linear_cka") == "linear CKA over heads"
+    assert attention_measure_bounds("pearson") == (-1.0, 1.0)
+    assert attention_measure_bounds("matrix_norm") is None
+    assert attention_measure_bounds("svcca") == (0.0, 1.0)
     options = measure_options(rbf_sigma_scale=2.0, svcca_variance=0.9)
     assert options == {"rbf_cka": {"sigma_scale": 2.0}, "svcca": {"variance_threshold": 0.9}}
 

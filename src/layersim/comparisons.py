@@ -27,13 +27,21 @@ import numpy as np
 from layersim.similarity import (MEASURES, AttentionMaps, attention_similarity_matrix, is_constant,
                                  localization_scores, similarity_matrix)
 
-_HEAD_LABELS = {"jensen_shannon": "Jensen–Shannon attention", "pearson": "Pearson attention",
-                "matrix_norm": "matrix-norm attention"}
+# Head-level attention measures: figure label and range (matrix-norm similarity is 1 − a mean
+# Frobenius distance, so it has no lower bound).
+_HEAD_MEASURES = {"jensen_shannon": ("Jensen–Shannon attention", (0.0, 1.0)),
+                  "pearson": ("Pearson attention", (-1.0, 1.0)),
+                  "matrix_norm": ("matrix-norm attention", None)}
 
 
 def attention_measure_label(measure: str) -> str:
     """Figure label of an attention measure: head-level by name, an array measure over heads as features."""
-    return _HEAD_LABELS.get(measure) or f"{MEASURES[measure].label} over heads"
+    return _HEAD_MEASURES[measure][0] if measure in _HEAD_MEASURES else f"{MEASURES[measure].label} over heads"
+
+
+def attention_measure_bounds(measure: str) -> tuple[float, float] | None:
+    """The value range of an attention measure, or None when it has no fixed range."""
+    return _HEAD_MEASURES[measure][1] if measure in _HEAD_MEASURES else MEASURES[measure].bounded
 
 
 def measure_options(*, rbf_sigma_scale: float, svcca_variance: float) -> dict[str, dict]:

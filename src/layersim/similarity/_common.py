@@ -13,9 +13,23 @@ from collections.abc import Sequence
 import numpy as np
 
 from layersim.errors import LayersimError
-from layersim.similarity.cka import _CONSTANT_RTOL, _centred_and_constant
 
 Named = list[tuple[str, np.ndarray]]
+
+# A representation counts as constant when its centred part is this small relative to the raw
+# values: centring a truly constant column leaves only rounding residue of order eps·|value|.
+CONSTANT_RTOL = 1e-12
+
+
+def centred_and_constant(a: np.ndarray) -> tuple[np.ndarray, bool]:
+    """``H a`` in float64 (a new C-contiguous array), and whether nothing is left after centring."""
+    # Mean accumulated in float64 and subtracted in float64: no float32 intermediate.
+    mean = a.mean(axis=0, dtype=np.float64)
+    centred = np.subtract(a, mean, dtype=np.float64)
+    centred_sq = float(np.einsum("ij,ij->", centred, centred))
+    # ||a||² = ||Ha||² + n·||mean||² exactly (centred columns sum to zero), so no second pass.
+    total_sq = centred_sq + a.shape[0] * float(mean @ mean)
+    return centred, centred_sq <= CONSTANT_RTOL**2 * total_sq
 
 
 def as_list(layers: Sequence[np.ndarray], label: str) -> list[np.ndarray]:
@@ -82,7 +96,7 @@ def check_options(measure: str, options: dict, valid: Sequence[str]) -> None:
 
 def centre(name: str, a: np.ndarray, measure: str) -> np.ndarray:
     """``H a`` in float64 (a new array); raises if the whole representation is constant."""
-    centred, constant = _centred_and_constant(a)
+    centred, constant = centred_and_constant(a)
     if constant:
         raise LayersimError(
             f"{name} is constant across examples (zero variance after centring), so its {measure} is "
@@ -101,7 +115,7 @@ def constant_columns(a: np.ndarray, centred: np.ndarray) -> np.ndarray:
     centred_sq = np.einsum("ij,ij->j", centred, centred)
     mean = a.mean(axis=0, dtype=np.float64)
     total_sq = centred_sq + a.shape[0] * mean * mean
-    return centred_sq <= _CONSTANT_RTOL**2 * total_sq
+    return centred_sq <= CONSTANT_RTOL**2 * total_sq
 
 
 def centre_drop_constant(name: str, a: np.ndarray, measure: str) -> tuple[np.ndarray, np.ndarray]:

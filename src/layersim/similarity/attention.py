@@ -46,16 +46,13 @@ import numpy as np
 from scipy.special import entr
 
 from layersim.errors import LayersimError, unknown_name
-from layersim.similarity._common import as_list, check_options
+from layersim.similarity._common import CONSTANT_RTOL, as_list, check_options
 from layersim.similarity._pairs import fill_matrix
 
 HEAD_MEASURES = ("jensen_shannon", "matrix_norm", "pearson")
 
 # Tolerance on each attention row's sum (float32 softmax rows are within ~1e-6 of 1).
 ROW_SUM_ATOL = 1e-3
-
-# A row counts as constant (no Pearson correlation) when its centred norm is below this share of its norm.
-_CONSTANT_RTOL = 1e-12
 
 
 @dataclass(frozen=True, eq=False)
@@ -209,7 +206,7 @@ def _head_stats(name: str, maps: AttentionMaps, measure: str) -> _HeadStats:
         centred = w - np.repeat(means, lengths, axis=0)
         sq = np.add.reduceat(centred * centred, maps.row_starts, axis=0)
         raw = np.add.reduceat(w * w, maps.row_starts, axis=0)
-        varies = sq > _CONSTANT_RTOL**2 * raw
+        varies = sq > CONSTANT_RTOL**2 * raw
         scale = np.where(varies, 1.0 / np.sqrt(np.where(varies, sq, 1.0)), 0.0)
         centred *= np.repeat(scale, lengths, axis=0)
         never = np.flatnonzero(~varies.any(axis=0))

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from layersim.errors import LayersimError, unknown_name
+from layersim.similarity._common import centre, centred_and_constant, named_lists, validated
 
 METHODS = ("auto", "feature", "gram")
 
@@ -38,9 +39,6 @@ METHODS = ("auto", "feature", "gram")
 # feature-space method is used even when it needs more arithmetic.
 GRAM_BYTES_LIMIT = 1 << 30
 
-# A representation counts as constant when its centred part is this small relative to the raw
-# values: centring a truly constant column leaves only rounding residue of order eps·|value|.
-_CONSTANT_RTOL = 1e-12
 
 
 def linear_cka(x: np.ndarray, y: np.ndarray) -> float:
@@ -107,84 +105,18 @@ def cka_matrix(
     """
     if method not in METHODS:
         raise unknown_name("method", method, METHODS)
-    x_named = [(f"xs[{i}]", a) for i, a in enumerate(_as_list(xs, "xs"))]
-    y_named = None if ys is None else [(f"ys[{j}]", a) for j, a in enumerate(_as_list(ys, "ys"))]
+    x_named, y_named = named_lists(xs, ys)
     return _cka(x_named, y_named, method=method)
 
 
 # --- validation ---
 
 
-def _as_list(layers: Sequence[np.ndarray], label: str) -> list[np.ndarray]:
-    """The layers as a list, rejecting the common slip of passing one 2-D array for a list."""
-    if isinstance(layers, np.ndarray) and layers.ndim == 2:
-        raise LayersimError(
-            f"{label} must be a sequence of (num_examples x hidden) arrays, got a single array of shape "
-            f"{layers.shape}; wrap one layer in a list."
-        )
-    out = list(layers)
-    if not out:
-        raise LayersimError(f"{label} is empty; pass at least one (num_examples x hidden) array.")
-    return out
-
-
-def _validated(named: list[tuple[str, np.ndarray]]) -> list[tuple[str, np.ndarray]]:
-    """Check shapes, rows and finiteness of every input; returns them as NumPy arrays (no copy)."""
-    arrays = []
-    for name, a in named:
-        a = np.asarray(a)
-        if a.dtype.kind not in "biuf":
-            raise LayersimError(f"{name} must hold real numbers, got dtype {a.dtype}.")
-        if a.ndim != 2:
-            raise LayersimError(f"{name} must be a 2-D (num_examples x hidden) array, got shape {a.shape}.")
-        arrays.append((name, a))
-    first_name, first = arrays[0]
-    for name, a in arrays[1:]:
-        if a.shape[0] != first.shape[0]:
-            raise LayersimError(
-                f"{name} has shape {a.shape} but {first_name} has shape {first.shape}; "
-                "all inputs must have the same number of rows (examples)."
-            )
-    if first.shape[0] < 2:
-        raise LayersimError(f"{first_name} has shape {first.shape}; CKA needs at least 2 rows (examples).")
-    for name, a in arrays:
-        finite = np.isfinite(a)
-        if not finite.all():
-            bad = a.size - int(np.count_nonzero(finite))
-            raise LayersimError(
-                f"{name} contains {bad} non-finite value{'s' if bad > 1 else ''} (NaN or inf); "
-                "CKA needs finite activations."
-            )
-    return arrays
-
-
-def _centred_and_constant(a: np.ndarray) -> tuple[np.ndarray, bool]:
-    """``H a`` in float64 (a new C-contiguous array), and whether nothing is left after centring."""
-    # Mean accumulated in float64 and subtracted in float64: no float32 intermediate.
-    mean = a.mean(axis=0, dtype=np.float64)
-    centred = np.subtract(a, mean, dtype=np.float64)
-    centred_sq = float(np.einsum("ij,ij->", centred, centred))
-    # ||a||² = ||Ha||² + n·||mean||² exactly (centred columns sum to zero), so no second pass.
-    total_sq = centred_sq + a.shape[0] * float(mean @ mean)
-    return centred, centred_sq <= _CONSTANT_RTOL**2 * total_sq
-
-
 def is_constant(a: np.ndarray) -> bool:
     """Whether a ``(num_examples x hidden)`` representation is the same for every example, so that
     its CKA with anything is undefined (e.g. the CLS token's embedding-layer output)."""
     a = np.asarray(a)
-    return a.size == 0 or _centred_and_constant(a)[1]
-
-
-def _centre(name: str, a: np.ndarray) -> np.ndarray:
-    """``H a`` in float64; raises if nothing is left after centring."""
-    centred, constant = _centred_and_constant(a)
-    if constant:
-        raise LayersimError(
-            f"{name} is constant across examples (zero variance after centring), so its CKA is undefined; "
-            "drop that layer or check how it was extracted."
-        )
-    return centred
+    return a.size == 0 or centred_and_constant(a)[1]
 
 
 # --- computation ---
@@ -218,7 +150,7 @@ def _cka(
     Inputs are (name used in error messages, array) pairs; ``y_named`` None is the symmetric case.
     """
     symmetric = y_named is None
-    checked = _validated(x_named + (y_named or []))
+    checked = validated(x_named + (y_named or []), "CKA")
     x_named, y_named = checked[: len(x_named)], checked[len(x_named) :]
 
     n = x_named[0][1].shape[0]
@@ -229,7 +161,7 @@ def _cka(
     hsic_fn = _hsic_gram if method == "gram" else _hsic_feature
     hsic, self_x, self_y = hsic_fn(x_named, None if symmetric else y_named)
 
-    # HSIC(K,K) = ||Xcᵀ Xc||_F² > 0 for every layer that passed _centre; product of roots, not
+    # HSIC(K,K) = ||Xcᵀ Xc||_F² > 0 for every layer that passed centre; product of roots, not
     # root of product, so huge activations cannot overflow.
     cka = hsic / (np.sqrt(self_x)[:, None] * np.sqrt(self_y)[None, :])
     # Rounding can push a value a few ulps outside the mathematical range [0, 1].
@@ -266,7 +198,7 @@ def _stacked_grams(named: list[tuple[str, np.ndarray]]) -> np.ndarray:
     n = named[0][1].shape[0]
     grams = np.empty((len(named), n, n))
     for k, (name, a) in enumerate(named):
-        centred = _centre(name, a)  # one layer's float64 copy alive at a time
+        centred = centre(name, a, "CKA")  # one layer's float64 copy alive at a time
         np.matmul(centred, centred.T, out=grams[k])
     return grams.reshape(len(named), n * n)
 
@@ -295,7 +227,7 @@ def _hsic_feature(
     hsic = np.empty((len(x_named), len(y_named)))
     self_x = np.empty(len(x_named))
     for i, (name, a) in enumerate(x_named):
-        centred = _centre(name, a)
+        centred = centre(name, a, "CKA")
         self_x[i] = _sq_norm(centred.T @ centred)
         hsic[i] = _block_sq_norms(centred.T @ stacked_y, offsets_y[:-1])
     return hsic, self_x, self_y
@@ -308,7 +240,7 @@ def _stacked_centred(named: list[tuple[str, np.ndarray]]) -> tuple[np.ndarray, n
     stacked = np.empty((named[0][1].shape[0], int(offsets[-1])))
     self_terms = np.empty(len(named))
     for k, (name, a) in enumerate(named):
-        centred = _centre(name, a)
+        centred = centre(name, a, "CKA")
         self_terms[k] = _sq_norm(centred.T @ centred)
         stacked[:, offsets[k] : offsets[k + 1]] = centred
     return stacked, offsets, self_terms
