@@ -96,7 +96,7 @@ def main(args, params):
                                            "models", label, attention_measure_bounds(measure), first_layer=1),
                              plots / f"attention.{measure}.png")
                 rows += stacked_rows(matrix, sizes, measure=label, pooling="attention", first_layer=1)
-                metrics.setdefault("attention", {})[measure] = pair_summary(matrix, sizes, "ORIG")
+                metrics.setdefault("attention", {})[measure] = pair_summary(matrix, sizes, "ORIG", first_layer=1)
         write_json(rows, plots / "matrices.json")
         if localization_rows:
             write_json(localization_rows, plots / "localization.json")

@@ -124,6 +124,7 @@ def test_compare_stacks_base_fine_tuned_and_other_encoders(project):
     assert set(compare["last"]["localization"]) == {"ORIG", f"FT:{TASK}", "tiny-roberta"}
     # Attention is compared only between models that share the base model's tokenizer.
     assert set(compare["attention"]["jensen_shannon"]) == {f"FT:{TASK}"}
+    assert sorted(compare["attention"]["jensen_shannon"][f"FT:{TASK}"]["diagonal"]) == ["layer_01", "layer_02", "layer_03"]
     plots = root / "plots/compare"
     for name in ("cls.linear_cka.png", "last.neuronsim.png", "localization.last.png", "attention.jensen_shannon.png"):
         assert (plots / name).read_bytes()[:4] == b"\x89PNG", name

@@ -117,21 +117,24 @@ def localization(neuronsim: np.ndarray, svcca: np.ndarray, sizes: dict[str, int]
     return {name: scores[bounds[k]:bounds[k + 1]] for k, name in enumerate(sizes)}
 
 
-def pair_summary(matrix: np.ndarray, sizes: dict[str, int], first: str) -> dict:
+def pair_summary(matrix: np.ndarray, sizes: dict[str, int], first: str, first_layer: int = 0) -> dict:
     """For each other model: per layer of it, its similarity to the same layer of `first` where the depths
-    match (the diagonal), and otherwise the layer of `first` it is most similar to."""
+    match (the diagonal), and otherwise the layer of `first` it is most similar to. Row/column 0 is
+    layer `first_layer` (1 for attention maps)."""
     summary = {}
     for other in sizes:
         if other == first:
             continue
         part = block(matrix, sizes, other, first)
         if sizes[other] == sizes[first]:
-            summary[other] = {"diagonal": {f"layer_{k:02d}": number(v) for k, v in enumerate(np.diag(part))}}
+            summary[other] = {"diagonal": {f"layer_{k + first_layer:02d}": number(v)
+                                           for k, v in enumerate(np.diag(part))}}
             continue
         best = {}
         for k, row in enumerate(part):
             j = int(np.nanargmax(row)) if np.isfinite(row).any() else None
-            best[f"layer_{k:02d}"] = None if j is None else {"layer": j, "similarity": number(row[j])}
+            best[f"layer_{k + first_layer:02d}"] = (None if j is None else
+                                                    {"layer": j + first_layer, "similarity": number(row[j])})
         summary[other] = {"best_match": best}
     return summary
 

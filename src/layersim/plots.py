@@ -221,8 +221,10 @@ def alignment_error_curves(errors: dict[str, dict[str, list[float]]], title: str
     fig, axes = plt.subplots(1, len(errors), figsize=(4.8 * len(errors), 3.8), squeeze=False, sharey=True,
                              constrained_layout=True)
     for ax, (pair, per_method) in zip(axes[0], errors.items()):
-        for method, values in per_method.items():
-            ax.plot(range(len(values)), values, marker="o", ms=3, label=method)
+        # Distinct line styles and markers keep coinciding methods visible (pwcca maps exactly as cca).
+        for n, (method, values) in enumerate(per_method.items()):
+            ax.plot(range(len(values)), values, marker="os^vDx"[n % 6], ms=4, ls=("-", "--", ":", "-.")[n % 4],
+                    label=method)
         num = max(len(v) for v in per_method.values())
         ax.set_xticks(range(num))
         ax.set_xticklabels(layer_tick_labels(num))
