@@ -61,8 +61,8 @@ def main(args, params):
     options = measure_options(rbf_sigma_scale=params.similarity.rbf_sigma_scale,
                               svcca_variance=params.similarity.svcca_variance)
     metrics, rows, localization_rows = {}, [], []
-    with atomic_path(args.plots, is_dir=True) as tmp:
-        plots = Path(tmp)
+    with atomic_path(args.plots, is_dir=True) as tmp, atomic_path(args.localization, is_dir=True) as tmp_localization:
+        plots, localization_dir = Path(tmp), Path(tmp_localization)
         for pooling in params.similarity.poolings:
             models = {label: reps[pooling] for label, reps in representations.items()}
             sizes = {label: len(layers) for label, layers in models.items()}
@@ -83,7 +83,7 @@ def main(args, params):
                                       for label, values in scores.items() for k, v in enumerate(values)
                                       if number(v) is not None]
                 write_figure(localization_curves(scores, f"localization, {pooling.upper()} — base and fine-tuned"),
-                             plots / f"localization.{pooling}.png")
+                             localization_dir / f"{pooling}.png")
         if params.similarity.attention_measures:
             with tempfile.TemporaryDirectory() as scratch:
                 maps = {label: probe_attention(folders[label], params, task_dirs, device, Path(scratch))
@@ -99,7 +99,7 @@ def main(args, params):
                 metrics.setdefault("attention", {})[measure] = pair_summary(matrix, sizes, "ORIG", first_layer=1)
         write_json(rows, plots / "matrices.json")
         if localization_rows:
-            write_json(localization_rows, plots / "localization.json")
+            write_json(localization_rows, localization_dir / "localization.json")
     write_json(metrics, args.metrics)
     cli.log.info("wrote %s and %s", args.plots, args.metrics)
 
@@ -112,4 +112,5 @@ if __name__ == "__main__":
     parser.add_argument("--tasks", type=Path, required=True, help="folder holding <task>/ task tables")
     parser.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
     parser.add_argument("--plots", type=Path, required=True, help="folder for figures and plot data")
+    parser.add_argument("--localization", type=Path, required=True, help="folder for localization curves")
     cli.run_stage(main, parser.parse_args())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -126,8 +127,10 @@ def test_compare_stacks_base_fine_tuned_and_other_encoders(project):
     assert set(compare["attention"]["jensen_shannon"]) == {f"FT:{TASK}"}
     assert sorted(compare["attention"]["jensen_shannon"][f"FT:{TASK}"]["diagonal"]) == ["layer_01", "layer_02", "layer_03"]
     plots = root / "plots/compare"
-    for name in ("cls.linear_cka.png", "last.neuronsim.png", "localization.last.png", "attention.jensen_shannon.png"):
+    for name in ("cls.linear_cka.png", "last.neuronsim.png", "attention.jensen_shannon.png"):
         assert (plots / name).read_bytes()[:4] == b"\x89PNG", name
+    assert (root / "plots/localization/compare/last.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((root / "plots/localization/compare/localization.json").read_text())
     rows = json.loads((plots / "matrices.json").read_text())
     assert {row["comparison"] for row in rows} >= {"ORIG vs tiny-roberta", f"FT:{TASK} vs ORIG"}
     assert json.loads((root / "data/compare/models/models.json").read_text()) == ["tiny-roberta"]
@@ -212,3 +215,19 @@ def test_changing_an_analysis_param_reruns_only_its_stage(project, section, key,
         assert ran == set(stages)
     finally:
         params_path.write_text(original)
+
+
+def test_plots_render_offline(project, tmp_path):
+    """`dvc plots show` renders every declared plot into a page that loads nothing from the network."""
+    root, state = project
+    out = tmp_path / "rendered"
+    run(dvc("plots", "show", "-o", str(out)), root, state["env"])
+    page = (out / "index.html").read_text()
+    remote = re.findall(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", page, flags=re.IGNORECASE)
+    assert not remote, f"the rendered page loads remote resources: {remote}"
+    assert "vegaEmbed" in page and "<script>" in page  # the libraries are inlined
+    for plot in (f"plots/similarity/{TASK}/cls.json", f"plots/align/{TASK}/errors.json",
+                 f"plots/truncate/{TASK}.json", f"dvclive/finetune/{TASK}/seed1/plots/metrics"):
+        assert plot in page, plot
+    images = [line for line in page.splitlines() if "<img" in line]
+    assert any(f"{TASK}" in line and "skip" in line for line in images)
