@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 import torch
 
 from layersim.align.base import AlignmentMap, as_matrix
@@ -71,7 +72,8 @@ def alignment_errors(x_layers: Sequence[np.ndarray], y_layers: Sequence[np.ndarr
     for name in methods:  # reject bad options before any (slow) fitting
         make_map(name, **dict(options.get(name, {})))
     rows = []
-    for layer, (x, y) in enumerate(zip(x_layers, y_layers)):
+    pairs = tqdm(list(enumerate(zip(x_layers, y_layers))), desc="align layers", leave=False, mininterval=2)
+    for layer, (x, y) in pairs:
         for name in methods:
             fitted = make_map(name, **dict(options.get(name, {})))
             rows.append({"layer": layer, "method": name, **_fit_and_score(fitted, x, y, train_idx, test_idx)})
@@ -146,7 +148,7 @@ def layer_alignment_matrix(x_layers: Sequence[np.ndarray], y_layers: Sequence[np
     train_idx, test_idx = _split(train_idx, test_idx, _num_rows(x_layers + y_layers))
     make_map(method, **options)  # reject a bad method or option before any fitting
     out = np.empty((len(x_layers), len(y_layers)))
-    for i, x in enumerate(x_layers):
+    for i, x in enumerate(tqdm(x_layers, desc=f"{method} layer x layer", leave=False, mininterval=2)):
         for j, y in enumerate(y_layers):
             scores = _fit_and_score(make_map(method, **options), x, y, train_idx, test_idx)
             out[i, j] = scores[metric]
