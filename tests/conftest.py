@@ -14,6 +14,18 @@ from pathlib import Path
 import pytest
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a test module: tiny models and small matrices gain nothing from intra-op
+    threads, and on a shared CPU the hand-offs cost milliseconds per op. Restored afterwards."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Callable[[str], Path]:
     """A factory: ``tiny_model_dir("tiny-bert")`` gives the folder of that model's snapshot.

@@ -17,18 +17,13 @@ from layersim.align import (MAPS, CCAMap, INNMap, LinearRegressionMap, MLPMap, P
                             synthetic_recovery, train_test_split_rows)
 from layersim.errors import LayersimError
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 LINEAR_NAMES = ("linear", "cca", "svcca", "pwcca")
 FAST_INN = {"depth": 2, "hidden": 32, "steps": 150, "batch_size": 128}
 FAST_MLP = {"depth": 1, "hidden": 32, "steps": 150, "batch_size": 128}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: faster for these small matrices and identical results run to run."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture

@@ -19,19 +19,13 @@ from layersim.errors import LayersimError
 from layersim.models import load_task_model, load_tokenizer
 from layersim.tasks import generated_table, get_task
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 TINY = ("tiny-bert", "tiny-roberta", "tiny-albert", "tiny-electra")
 SINGLE, CHOICE, REGRESSION, PAIR = "synth-negation", "synth-choice", "synth-similarity", "synth-roles"
 L = 3  # the tiny configs have 3 layers
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _single_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared CPU the thread hand-offs cost
-    milliseconds per op. Restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,8 @@ from layersim.models import load_encoder, load_tokenizer
 from layersim.params import FinetuneParams
 from layersim.tasks import TaskSpec, generated_table, get_task
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 CPU = torch.device("cpu")
 TINY = ("tiny-bert", "tiny-roberta", "tiny-albert", "tiny-electra")
 RANGES = {"accuracy": (0.0, 1.0), "f1": (0.0, 1.0), "mcc": (-1.0, 1.0), "pearson": (-1.0, 1.0),
@@ -34,14 +36,6 @@ SHORT_PARAMS = FinetuneParams(batch_size=4, learning_rate=1e-3, warmup_steps=1, 
                               eval_every=0, max_length=48, eval_batch_size=8)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _single_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared CPU the thread hand-offs cost
-    milliseconds per op; one thread makes these tests ~10x faster. Restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _encoded(spec: TaskSpec, tokenizer, split: str, n: int, max_length: int, seed: int = 0):

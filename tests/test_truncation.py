@@ -14,15 +14,11 @@ from layersim.models import load_task_model, load_tokenizer
 from layersim.tasks import generated_table, get_task
 from layersim.truncation import fewest_layers_within, primary_score, span_scores, span_summary, untuned_scores
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("arch,task", [("tiny-bert", "synth-negation"), ("tiny-roberta", "synth-choice"),
