@@ -98,8 +98,8 @@ def main(args, params):
                 rows += stacked_rows(matrix, sizes, measure=label, pooling="attention", first_layer=1)
                 metrics.setdefault("attention", {})[measure] = pair_summary(matrix, sizes, "ORIG", first_layer=1)
         write_json(rows, plots / "matrices.json")
-        if localization_rows:
-            write_json(localization_rows, localization_dir / "localization.json")
+        # Always written (empty without neuronsim and svcca): git cannot hold an empty output folder.
+        write_json(localization_rows, localization_dir / "localization.json")
     write_json(metrics, args.metrics)
     cli.log.info("wrote %s and %s", args.plots, args.metrics)
 

@@ -69,8 +69,8 @@ def write_outputs(args, params, plots: Path, localization_dir: Path):
                                   for label, values in scores.items() for k, v in enumerate(values) if number(v) is not None]
             write_figure(localization_curves(scores, f"localization, {pooling.upper()} — {model} on {args.task}"),
                          localization_dir / f"{pooling}.png")
-    if localization_rows:
-        write_json(localization_rows, localization_dir / "localization.json")
+    # Always written (empty without neuronsim and svcca): git cannot hold an empty output folder.
+    write_json(localization_rows, localization_dir / "localization.json")
     if p.attention_measures:
         tables = {run: AttentionTable(args.activations / "attention" / f"{run}.parquet") for run in labels}
         for table in tables.values():

@@ -3,34 +3,26 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from dvc_project import dry_run_stages, dvc, make_project, run, tiny_params
 from layersim.io import ActivationTable, AttentionTable
 
-REPO = Path(__file__).resolve().parents[1]
 TASK = "synth-negation"
 SEEDS = [1, 2]
 
 pytestmark = pytest.mark.integration
 
 
-def run(cmd: list[str], cwd: Path, env: dict, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    if check and result.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
-    return result
-
-
-def dvc(*args: str) -> list[str]:
-    return [sys.executable, "-m", "dvc", *args]
+def _configure(params: dict) -> None:
+    tiny_params(params, model="tiny-bert", tasks=[TASK], seeds=SEEDS)
+    params["extract"].update(attention_examples=60)
+    params["similarity"].update(poolings=["cls", "last"])
+    params["compare"].update(models=["tiny-roberta"], probe_examples=20)
 
 
 @pytest.fixture(scope="module")
@@ -38,31 +30,7 @@ def project(tmp_path_factory) -> tuple[Path, dict]:
     """A copy of this repository (its git-tracked and not-ignored files) as a fresh git repo, with
     params.yaml set to a tiny model and a small built-in task."""
     dest = tmp_path_factory.mktemp("project")
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                           capture_output=True, text=True, check=True).stdout.split("\0")
-    for name in filter(None, files):
-        src = REPO / name
-        if src.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / name)
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params.update(model="tiny-bert", tasks=[TASK], seeds=SEEDS)
-    params["download"].update(generated_train_examples=200, generated_validation_examples=60)
-    params["finetune"].update(batch_size=8, learning_rate=1e-3, warmup_steps=2, max_steps=6, eval_every=3,
-                              max_length=32)
-    params["extract"].update(max_train_examples=100)
-    params["truncate"].update(head_epochs=2)
-    params["extract"].update(attention_examples=60)
-    params["similarity"].update(poolings=["cls", "last"])
-    params["compare"].update(models=["tiny-roberta"], probe_examples=20)
-    params["align"].update(steps=20, matrix_steps=5, inn_hidden=16, mlp_hidden=16, batch_size=32)
-    (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    env = {**os.environ, "PYTHONPATH": str(dest / "src"), "HF_HUB_OFFLINE": "1", "DVC_NO_ANALYTICS": "1",
-           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
-    env.pop("DVC_ROOT", None)
-    run(["git", "init", "-q"], dest, env)
-    run(["git", "add", "-A"], dest, env)
-    run(["git", "commit", "-qm", "copy"], dest, env)
+    env = make_project(dest, _configure)
     repro = run(dvc("repro"), dest, env)
     return dest, {"env": env, "first_repro": repro.stdout + repro.stderr}
 
@@ -211,8 +179,7 @@ def test_changing_an_analysis_param_reruns_only_its_stage(project, section, key,
     params_path.write_text(yaml.safe_dump(params, sort_keys=False))
     try:
         dry = run(dvc("repro", "--dry"), root, state["env"]).stdout
-        ran = {line.split("'")[1] for line in dry.splitlines() if line.startswith("Running stage")}
-        assert ran == set(stages)
+        assert dry_run_stages(dry) == set(stages)
     finally:
         params_path.write_text(original)
 

@@ -1,0 +1,91 @@
+"""Helpers for integration tests that run the real DVC pipeline in a temporary git repository.
+
+``make_project(dest, configure)`` copies this repository (its git-tracked and not-ignored files) into
+``dest``, lets ``configure`` edit the parsed params.yaml, and commits the copy to a fresh git repo.
+``run`` and ``dvc`` run commands with their output captured and shown when they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(cmd: list[str], cwd: Path, env: dict, check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in ``cwd``; on failure (with ``check``) raise with its stdout and stderr."""
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, cmd))} failed ({result.returncode}) in {cwd}:\n"
+                             f"--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}")
+    return result
+
+
+def dvc(*args: str) -> list[str]:
+    """The command line of ``dvc <args>`` with this interpreter's DVC."""
+    return [sys.executable, "-m", "dvc", *map(str, args)]
+
+
+def output(result: subprocess.CompletedProcess) -> str:
+    """stdout and stderr of a finished command, for assertion messages."""
+    return f"--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}"
+
+
+def project_env(root: Path) -> dict:
+    """Environment for commands in a project copy: offline, no analytics, a git identity, and the
+    copy's own ``src`` first on the path."""
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "DVC_NO_ANALYTICS": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    env.pop("DVC_ROOT", None)
+    return env
+
+
+def tiny_params(params: dict, *, model: str = "tiny-bert", tasks: list[str] = ("synth-negation",),
+                seeds: list[int] = (1, 2)) -> dict:
+    """Shrink the paper configuration in place to a tiny model and a small built-in task (seconds per stage)."""
+    params.update(model=model, tasks=list(tasks), seeds=list(seeds))
+    params["download"].update(generated_train_examples=200, generated_validation_examples=60)
+    params["finetune"].update(batch_size=8, learning_rate=1e-3, warmup_steps=2, max_steps=6, eval_every=3,
+                              max_length=32)
+    params["extract"].update(max_train_examples=100)
+    params["truncate"].update(head_epochs=2)
+    params["align"].update(steps=20, matrix_steps=5, inn_hidden=16, mlp_hidden=16, batch_size=32)
+    return params
+
+
+def copy_repository(dest: Path) -> None:
+    """Copy this repository's git-tracked and not-ignored files into ``dest``."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, files):
+        src = REPO / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+
+
+def make_project(dest: Path, configure: Callable[[dict], object]) -> dict:
+    """Copy the repository into ``dest``, edit its params with ``configure(params)``, and commit it to a
+    fresh git repository. Returns the environment to run commands in it with."""
+    copy_repository(dest)
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    configure(params)
+    (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = project_env(dest)
+    run(["git", "init", "-q", "-b", "main"], dest, env)
+    run(["git", "add", "-A"], dest, env)
+    run(["git", "commit", "-qm", "copy"], dest, env)
+    return env
+
+
+def dry_run_stages(text: str) -> set[str]:
+    """Names of the stages that ``dvc repro --dry`` (or ``dvc exp run --dry``) output says it would run."""
+    return {line.split("'")[1] for line in text.splitlines() if line.startswith("Running stage")}
