@@ -102,18 +102,18 @@ def inject(args, params, spec, pair, runs, options) -> dict:
     """Scores of the target model's head fed the source model's mapped last-layer CLS state, per method,
     with the target's own score, the unmapped source state and random states as references."""
     source, target = (runs[label] for label in pair)
-    cls = {run: {split: ActivationTable(args.activations / folder / f"{run}.cls.parquet")
-                 for split, folder in (("train", "train"), ("validation", "."))} for run in (source, target)}
+    train = {run: ActivationTable(args.activations / "train" / f"{run}.cls.parquet") for run in (source, target)}
+    source_validation = ActivationTable(args.activations / f"{source}.cls.parquet")
     device = default_device()
     table = read_task_table(args.task_dir, spec, "validation", params.extract.max_examples)
     model, tokenizer, encoded = load_for_validation(args.checkpoints / target, spec, table, params.finetune.max_length,
                                                     device)
-    if not np.array_equal(np.repeat(encoded.example_id, encoded.num_choices), cls[source]["validation"].example_id):
+    if not np.array_equal(np.repeat(encoded.example_id, encoded.num_choices), source_validation.example_id):
         raise LayersimError(f"the validation CLS table of {source} does not hold the examples of {args.task_dir} in "
                             "order; rerun the extract stage.")
-    last = cls[source]["train"].num_layers
-    x_train, y_train = cls[source]["train"].layer(last), cls[target]["train"].layer(last)
-    x_validation = cls[source]["validation"].layer(last)
+    last = source_validation.num_layers
+    x_train, y_train = train[source].layer(last), train[target].layer(last)
+    x_validation = source_validation.layer(last)
     batch = params.extract.batch_size
 
     def score(vectors):

@@ -11,7 +11,7 @@ from layersim import cli
 from layersim.batching import encode_task
 from layersim.comparisons import (attention_measure_bounds, attention_measure_label, localization,
                                   measure_options, number, pair_summary, stacked_matrix)
-from layersim.extract import extract_attention, pooled_layers
+from layersim.extract import concatenate_layers, extract_attention, pooled_layers
 from layersim.io import AttentionTable, atomic_path, read_task_table, write_figure, write_json
 from layersim.models import load_encoder, load_tokenizer
 from layersim.plots import block_heatmap, localization_curves, stacked_rows
@@ -31,8 +31,7 @@ def probe_representations(folder: Path, params, task_dirs: dict[str, Path], devi
         encoded = encode_task(table, spec, tokenizer, params.finetune.max_length)
         per_task.append(pooled_layers(encoder, tokenizer, encoded, params.similarity.poolings,
                                       params.extract.batch_size, device))
-    return {pooling: [np.concatenate([part[pooling][k] for part in per_task]) for k in range(len(per_task[0][pooling]))]
-            for pooling in params.similarity.poolings}
+    return concatenate_layers(per_task)
 
 
 def probe_attention(folder: Path, params, task_dirs: dict[str, Path], device, scratch: Path) -> list:

@@ -102,9 +102,14 @@ def extract_activations(encoder, tokenizer, spec: TaskSpec, encoded: EncodedTask
 def pooled_layers(encoder, tokenizer, encoded: EncodedTask, poolings, batch_size: int,
                   device: torch.device) -> dict[str, list[np.ndarray]]:
     """In memory: pooling → per-layer (rows, hidden) float32 arrays over all of `encoded`."""
-    parts = [batch.layers for batch in pooled_batches(encoder, tokenizer, encoded, poolings, batch_size, device)]
-    return {pooling: [np.concatenate([part[pooling][k] for part in parts]) for k in range(len(parts[0][pooling]))]
-            for pooling in poolings}
+    return concatenate_layers([batch.layers for batch in
+                               pooled_batches(encoder, tokenizer, encoded, poolings, batch_size, device)])
+
+
+def concatenate_layers(parts: list[dict[str, list[np.ndarray]]]) -> dict[str, list[np.ndarray]]:
+    """Row-wise concatenation of several pooling → per-layer arrays dicts (batches, or tasks)."""
+    return {pooling: [np.concatenate([part[pooling][k] for part in parts]) for k in range(len(layers))]
+            for pooling, layers in parts[0].items()}
 
 
 @torch.inference_mode()
