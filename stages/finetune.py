@@ -10,7 +10,8 @@ from layersim.batching import encode_task
 from layersim.io import atomic_path, read_task_table, write_json
 from layersim.models import load_tokenizer
 from layersim.tasks import get_task
-from layersim.train import finetune, save_checkpoint
+from layersim.resume import TrainingCheckpoint
+from layersim.train import finetune, run_fingerprint, save_checkpoint
 
 
 def main(args, params):
@@ -21,18 +22,27 @@ def main(args, params):
     validation = encode_task(read_task_table(args.task_dir, spec, "validation"), spec, tokenizer, max_length)
     cli.log.info("read %s: %d train / %d validation examples", args.task_dir, len(train), len(validation))
 
-    # The matrix declares these curves in dvc.yaml itself, so dvclive must not write a dvc.yaml.
+    resume = None
+    if args.resume:
+        fingerprint = run_fingerprint(args.pretrained, args.task_dir, spec, params.finetune, args.seed)
+        resume = TrainingCheckpoint(args.resume, fingerprint)
+
+    # The matrix declares these curves in dvc.yaml itself, so dvclive must not write a dvc.yaml. A resumed
+    # run starts the curves afresh: finetune replays the steps logged before the interruption.
     with Live(str(args.live), dvcyaml=False, save_dvc_exp=False) as live:
         def log(step, values):
             live.step = step
             for name, value in values.items():
                 live.log_metric(name, value)
 
-        model, metrics = finetune(args.pretrained, spec, train, validation, params.finetune, args.seed, log=log)
+        model, metrics = finetune(args.pretrained, spec, train, validation, params.finetune, args.seed, log=log,
+                                  resume=resume)
 
     with atomic_path(args.out, is_dir=True) as tmp:
         save_checkpoint(model, tokenizer, tmp, base_dir=args.pretrained, task=spec.name, seed=args.seed)
     write_json({"task": spec.name, "seed": args.seed, "steps": params.finetune.max_steps, **metrics}, args.metrics)
+    if resume:
+        resume.clear()  # the run is finished: later stages need only the checkpoint
     cli.log.info("wrote %s and %s: %s", args.out, args.metrics, json.dumps(metrics))
 
 
@@ -45,4 +55,6 @@ if __name__ == "__main__":
     p.add_argument("--out", type=Path, required=True, help="checkpoint folder to write")
     p.add_argument("--metrics", type=Path, required=True, help="validation metrics JSON to write")
     p.add_argument("--live", type=Path, required=True, help="dvclive folder for the training curves")
+    p.add_argument("--resume", type=Path, help="folder for the resumable training state (kept outside DVC's "
+                                              "outputs; a killed run started again continues from it)")
     cli.run_stage(main, p.parse_args())

@@ -129,8 +129,13 @@ def _package_version(name: str) -> str:
 
 def weights_digest(folder: str | Path) -> str:
     """SHA-256 of the weights file, recorded in every table made from these weights."""
+    return file_digest(Path(folder) / WEIGHTS_FILE)
+
+
+def file_digest(path: str | Path) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB chunks."""
     digest = hashlib.sha256()
-    with open(Path(folder) / WEIGHTS_FILE, "rb") as f:
+    with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()

@@ -42,6 +42,7 @@ class FinetuneParams:
     max_length: int = 256               # tokens per (example, choice); longer inputs are truncated
     eval_every: int = 1000              # steps between validation evaluations; 0 evaluates only at the end
     eval_batch_size: int = 32
+    checkpoint_every: int = 500         # steps between resumable training checkpoints; 0 never checkpoints
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ _POSITIVE = {"batch_size", "learning_rate", "max_steps", "max_length", "eval_bat
              "inn_depth", "inn_hidden", "mlp_depth", "mlp_hidden", "steps", "matrix_steps",
              "synthetic_scale"}
 _UNIT_INTERVAL = {"svcca_variance"}  # fractions in (0, 1]
-_NON_NEGATIVE = {"warmup_steps", "weight_decay", "eval_every", "generated_seed", "head_weight_decay", "tolerance",
+_NON_NEGATIVE = {"warmup_steps", "weight_decay", "eval_every", "checkpoint_every", "generated_seed", "head_weight_decay", "tolerance",
                  "attention_examples", "ridge", "seed"}
 
 

@@ -1,11 +1,12 @@
 """Fine-tuning: a plain PyTorch loop (AdamW, linear warm-up then linear decay, dynamic padding).
 
 A seed fixes the head's initialisation, the data order and dropout, so on CPU the same inputs give
-the same weights.
+the same weights — also across a kill and resume (see :mod:`layersim.resume`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import Callable
@@ -17,8 +18,10 @@ from tqdm.auto import tqdm
 
 from layersim.batching import EncodedTask, collate, to_device
 from layersim.evaluate import score
-from layersim.models import MODEL_INFO_FILE, load_task_model, load_tokenizer, model_info, weights_digest
+from layersim.models import (MODEL_INFO_FILE, file_digest, load_task_model, load_tokenizer, model_info,
+                             weights_digest)
 from layersim.params import FinetuneParams
+from layersim.resume import TrainingCheckpoint, TrainingState
 from layersim.tasks import TaskSpec
 
 # Called as log(step, {"train/loss": ..., "train/lr": ..., "eval/accuracy": ...}).
@@ -68,8 +71,13 @@ def data_order(num_examples: int, batch_size: int, max_steps: int, seed: int) ->
 
 def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, validation: EncodedTask,
              params: FinetuneParams, seed: int, *, log: Logger | None = None,
-             device: torch.device | None = None) -> tuple[torch.nn.Module, dict[str, float]]:
-    """Fine-tune the encoder in `pretrained_dir` on `train`; return the model and final validation metrics."""
+             device: torch.device | None = None, resume: TrainingCheckpoint | None = None,
+             ) -> tuple[torch.nn.Module, dict[str, float]]:
+    """Fine-tune the encoder in `pretrained_dir` on `train`; return the model and final validation metrics.
+
+    With `resume`, the full training state is saved there every `params.checkpoint_every` steps, and a
+    run that finds a state saved by an identical earlier run (same fingerprint) continues from it: the
+    logged history is replayed into `log`, and the result is bit-identical to an uninterrupted run."""
     device = device or default_device()
     seed_everything(seed)
     tokenizer = load_tokenizer(pretrained_dir)
@@ -77,12 +85,24 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
     optimizer = make_optimizer(model, params)
     scheduler = linear_warmup_decay(optimizer, params.warmup_steps, params.max_steps)
     order = data_order(len(train), params.batch_size, params.max_steps, seed)
-    log = log or (lambda step, values: None)
+    sink = log or (lambda step, values: None)
+    history: list[tuple[int, dict[str, float]]] = []
+
+    def log(step: int, values: dict[str, float]) -> None:
+        history.append((step, values))
+        sink(step, values)
+
     log_every = max(1, min(50, params.max_steps // 100))
+    start, running, count = 0, torch.zeros((), device=device), 0
+    state = resume.load(device) if resume else None
+    if state is not None:
+        start, running, count = state.restore(model, optimizer, scheduler)
+        for step, values in state.history:
+            log(step, values)
 
     model.train()
-    running, count = torch.zeros((), device=device), 0
-    progress = tqdm(range(params.max_steps), desc=f"finetune {spec.name} seed {seed}", mininterval=2)
+    progress = tqdm(range(start, params.max_steps), desc=f"finetune {spec.name} seed {seed}", mininterval=2,
+                    initial=start, total=params.max_steps)
     for step in progress:
         batch = to_device(collate(train, order[step], tokenizer), device)
         loss = model(**batch).loss
@@ -102,9 +122,20 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
         if params.eval_every and done % params.eval_every == 0 and done != params.max_steps:
             log(done, _prefixed(evaluate_model(model, spec, validation, tokenizer, params, device)))
             model.train()
+        if resume and params.checkpoint_every and done % params.checkpoint_every == 0 and done != params.max_steps:
+            resume.save(TrainingState.capture(done, model, optimizer, scheduler, running, count, history))
     final = evaluate_model(model, spec, validation, tokenizer, params, device)
     log(params.max_steps, _prefixed(final))
     return model, final
+
+
+def run_fingerprint(base_dir: str | Path, task_dir: str | Path, spec: TaskSpec, params: FinetuneParams,
+                    seed: int) -> dict:
+    """What determines a fine-tuning run's result; a saved training state resumes only a run with the
+    same fingerprint. How often states are saved does not change the result, so it is left out."""
+    settings = {k: v for k, v in dataclasses.asdict(params).items() if k != "checkpoint_every"}
+    return {"task": spec.name, "seed": seed, "finetune": settings, "base_digest": model_info(base_dir)["digest"],
+            "data": {split: file_digest(Path(task_dir) / f"{split}.parquet") for split in ("train", "validation")}}
 
 
 def _prefixed(metrics: dict[str, float]) -> dict[str, float]:
