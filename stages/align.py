@@ -9,9 +9,8 @@ import numpy as np
 
 from layersim import cli
 from layersim.align import alignment_errors, layer_alignment_matrix, map_representations, synthetic_recovery
-from layersim.errors import LayersimError
 from layersim.injection import injected_score, random_like
-from layersim.io import ActivationTable, atomic_path, read_task_table, write_figure, write_json
+from layersim.io import ActivationTable, atomic_path, read_task_table, run_digests, write_figure, write_json
 from layersim.plots import alignment_error_curves, heatmap_grid, method_bars
 from layersim.tasks import get_task
 from layersim.train import default_device
@@ -27,10 +26,15 @@ def method_options(p) -> dict[str, dict]:
     return options
 
 
-def split_layers(folder: Path, run: str, pooling: str) -> tuple[list[np.ndarray], int]:
+def open_table(folder: Path, run: str, pooling: str, split: str, expect: dict) -> ActivationTable:
+    """One run's activation table of `split`, checked against `expect` (task, weights), run, split and pooling."""
+    return ActivationTable(folder / ("train" if split == "train" else "") / f"{run}.{pooling}.parquet",
+                           expect={**expect, "split": split, "run": run, "pooling": pooling})
+
+
+def split_layers(tables: tuple[ActivationTable, ActivationTable]) -> tuple[list[np.ndarray], int]:
     """Per layer, the train rows followed by the validation rows of one run; and the number of train rows."""
-    train = ActivationTable(folder / "train" / f"{run}.{pooling}.parquet")
-    validation = ActivationTable(folder / f"{run}.{pooling}.parquet")
+    train, validation = tables
     return [np.concatenate([a, b]) for a, b in zip(train.layers(), validation.layers())], train.num_rows
 
 
@@ -42,9 +46,21 @@ def main(args, params):
     pairs.append(("ORIG", "FT[1]"))
     all_options = method_options(p)
     options = {method: values for method, values in all_options.items() if method in p.methods}
+    digests = run_digests(args.checkpoints, params.seeds)
+    expect = {run: {"task": spec.name} | ({"model_digest": digests[run]} if run in digests else {})
+              for run in runs.values()}
+    # Every run's tables must hold the same rows in the same order: maps are fitted row by row.
+    tables = {label: tuple(open_table(args.activations, run, p.pooling, split, expect[run])
+                           for split in ("train", "validation")) for label, run in runs.items()}
+    for label in tables:
+        for reference, table in zip(tables["ORIG"], tables[label]):
+            reference.check_comparable(table)
+    task_table = read_task_table(args.task_dir, spec, "validation", params.extract.max_examples)
+    tables["ORIG"][1].check_examples(task_table.column("example_id").to_numpy(), spec.num_choices or 1,
+                                     f"{args.task_dir}/validation.parquet")
     layers, num_train = {}, None
-    for label, run in runs.items():
-        layers[label], num_train = split_layers(args.activations, run, p.pooling)
+    for label in runs:
+        layers[label], num_train = split_layers(tables[label])
     num_rows = len(layers["ORIG"][0])
     train_idx, test_idx = np.arange(num_train), np.arange(num_train, num_rows)
     cli.log.info("read %s representations of %d runs: %d train and %d validation rows", p.pooling, len(runs),
@@ -71,7 +87,7 @@ def main(args, params):
 
     # 4. Layer injection (Ren §4.5, Table 5): FT[1]'s last-layer CLS mapped into FT[2]'s head (with one
     # seed, ORIG's into FT[1]'s).
-    injection = inject(args, params, spec, pairs[0], runs, options)
+    injection = inject(args, params, spec, pairs[0], runs, options, expect)
 
     with atomic_path(args.plots, is_dir=True) as tmp:
         plots = Path(tmp)
@@ -98,19 +114,18 @@ def main(args, params):
     cli.log.info("wrote %s and %s", args.plots, args.metrics)
 
 
-def inject(args, params, spec, pair, runs, options) -> dict:
+def inject(args, params, spec, pair, runs, options, expect) -> dict:
     """Scores of the target model's head fed the source model's mapped last-layer CLS state, per method,
     with the target's own score, the unmapped source state and random states as references."""
     source, target = (runs[label] for label in pair)
-    train = {run: ActivationTable(args.activations / "train" / f"{run}.cls.parquet") for run in (source, target)}
-    source_validation = ActivationTable(args.activations / f"{source}.cls.parquet")
+    train = {run: open_table(args.activations, run, "cls", "train", expect[run]) for run in (source, target)}
+    train[source].check_comparable(train[target])
+    source_validation = open_table(args.activations, source, "cls", "validation", expect[source])
     device = default_device()
     table = read_task_table(args.task_dir, spec, "validation", params.extract.max_examples)
     model, tokenizer, encoded = load_for_validation(args.checkpoints / target, spec, table, params.finetune.max_length,
                                                     device)
-    if not np.array_equal(np.repeat(encoded.example_id, encoded.num_choices), source_validation.example_id):
-        raise LayersimError(f"the validation CLS table of {source} does not hold the examples of {args.task_dir} in "
-                            "order; rerun the extract stage.")
+    source_validation.check_examples(encoded.example_id, encoded.num_choices, f"{args.task_dir}/validation.parquet")
     last = source_validation.num_layers
     x_train, y_train = train[source].layer(last), train[target].layer(last)
     x_validation = source_validation.layer(last)

@@ -49,7 +49,8 @@ def write_outputs(args, params, plots: Path, localization_dir: Path):
     options = measure_options(rbf_sigma_scale=p.rbf_sigma_scale, svcca_variance=p.svcca_variance)
     metrics, localization_rows = {}, []
     for pooling in p.poolings:
-        tables = {run: ActivationTable(args.activations / f"{run}.{pooling}.parquet") for run in labels}
+        tables = {run: ActivationTable(args.activations / f"{run}.{pooling}.parquet", expect={
+                      "task": args.task, "split": "validation", "run": run, "pooling": pooling}) for run in labels}
         for table in tables.values():
             tables["orig"].check_comparable(table)
         model = tables["orig"].metadata["model"]
@@ -72,7 +73,9 @@ def write_outputs(args, params, plots: Path, localization_dir: Path):
     # Always written (empty without neuronsim and svcca): git cannot hold an empty output folder.
     write_json(localization_rows, localization_dir / "localization.json")
     if p.attention_measures:
-        tables = {run: AttentionTable(args.activations / "attention" / f"{run}.parquet") for run in labels}
+        tables = {run: AttentionTable(args.activations / "attention" / f"{run}.parquet",
+                                      expect={"task": args.task, "split": "validation", "run": run})
+                  for run in labels}
         for table in tables.values():
             tables["orig"].check_comparable(table)
         models = {labels[run]: table.maps() for run, table in tables.items()}

@@ -8,7 +8,7 @@ import numpy as np
 
 from layersim import cli
 from layersim.heads import HeadParams, majority_baseline
-from layersim.io import ActivationTable, read_task_table, write_figure, write_json
+from layersim.io import ActivationTable, read_task_table, run_digests, write_figure, write_json
 from layersim.plots import truncation_curves
 from layersim.tasks import get_task
 from layersim.train import default_device
@@ -23,19 +23,28 @@ def main(args, params):
                        weight_decay=p.head_weight_decay)
     table = read_task_table(args.task_dir, spec, "validation", params.extract.max_examples)
     device = default_device()
+    digests = run_digests(args.checkpoints, params.seeds)
 
     def cls(run: str, split: str = "validation") -> ActivationTable:
-        return ActivationTable(args.activations / ("train" if split == "train" else "") / f"{run}.cls.parquet")
+        expect = {"task": spec.name, "split": split, "run": run, "pooling": "cls"}
+        expect |= {"model_digest": digests[run]} if run in digests else {}
+        return ActivationTable(args.activations / ("train" if split == "train" else "") / f"{run}.cls.parquet",
+                               expect=expect)
 
     per_seed = {variant: [] for variant in VARIANTS}
     full = []
     for seed in params.seeds:
-        folder = args.checkpoints / f"seed{seed}"
+        run, folder = f"seed{seed}", args.checkpoints / f"seed{seed}"
         model, tokenizer, encoded = load_for_validation(folder, spec, table, params.finetune.max_length, device)
+        # Checked before any scoring: each table's run, weights and example order.
+        tuned, tuned_orig = (cls(run, "train"), cls(run)), (cls("orig", "train"), cls("orig"))
+        for validation in (tuned[1], tuned_orig[1]):
+            validation.check_examples(encoded.example_id, encoded.num_choices, f"{args.task_dir}/validation.parquet")
+        tuned_orig[0].check_comparable(tuned[0])
         full.append(full_score(model, spec, encoded, tokenizer, params.extract.batch_size, device))
         per_seed["untuned"].append(untuned_scores(model, spec, encoded, tokenizer, params.extract.batch_size, device))
-        per_seed["tuned"].append(head_scores(spec, cls(f"seed{seed}", "train"), cls(f"seed{seed}"), heads, seed))
-        per_seed["tuned_orig"].append(head_scores(spec, cls("orig", "train"), cls("orig"), heads, seed))
+        per_seed["tuned"].append(head_scores(spec, *tuned, heads, seed))
+        per_seed["tuned_orig"].append(head_scores(spec, *tuned_orig, heads, seed))
         cli.log.info("seed %d: full %s %.4f, untuned by exit layer %s", seed, spec.primary_metric, full[-1],
                      np.round(per_seed["untuned"][-1], 3).tolist())
 
