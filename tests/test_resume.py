@@ -203,3 +203,16 @@ def test_dvc_repro_resumes_after_the_whole_pipeline_is_killed(tmp_path):
     assert (preempted / weights).read_bytes() == (reference / weights).read_bytes()
     assert not (preempted / state).parent.exists()
     assert "up to date" in run(dvc("status", stage), preempted, env).stdout
+
+
+def test_finetune_stage_depends_on_every_finetune_param_but_checkpoint_every():
+    """The stage's params in dvc.yaml list each key that changes the result, so a new key cannot be
+    forgotten; checkpoint_every is left out, so changing it reruns no fine-tuning."""
+    import dataclasses
+
+    from layersim.params import FinetuneParams
+
+    stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["finetune"]
+    declared = {key.removeprefix("finetune.") for key in stage["params"] if key.startswith("finetune.")}
+    assert declared == {f.name for f in dataclasses.fields(FinetuneParams)} - {"checkpoint_every"}
+    assert "finetune" not in stage["params"] and "model" in stage["params"]
