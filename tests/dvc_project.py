@@ -7,11 +7,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -89,3 +91,34 @@ def make_project(dest: Path, configure: Callable[[dict], object]) -> dict:
 def dry_run_stages(text: str) -> set[str]:
     """Names of the stages that ``dvc repro --dry`` (or ``dvc exp run --dry``) output says it would run."""
     return {line.split("'")[1] for line in text.splitlines() if line.startswith("Running stage")}
+
+
+def stale_stages(root: Path, env: dict) -> set[str]:
+    """Stages that ``dvc status --json`` reports as changed themselves (their params, deps or outs)."""
+    return set(json.loads(run(dvc("status", "--json"), root, env).stdout or "{}"))
+
+
+def stages_to_rerun(root: Path, env: dict) -> set[str]:
+    """Stages that ``dvc repro`` would run: the changed ones and every stage downstream of them
+    (``--dry --force-downstream``: a dry run cannot know that a rerun stage changes its outputs)."""
+    return dry_run_stages(run(dvc("repro", "--dry", "--force-downstream"), root, env).stdout)
+
+
+@contextmanager
+def edited_params(root: Path, **changes) -> Iterator[dict]:
+    """params.yaml of the project at ``root`` with dotted keys set (``edited_params(root, **{"skip.tolerance":
+    0.5})``) for the duration of the block, then restored byte for byte. Yields the edited params."""
+    path = root / "params.yaml"
+    original = path.read_text()
+    params = yaml.safe_load(original)
+    for dotted, value in changes.items():
+        *sections, key = dotted.split(".")
+        target = params
+        for section in sections:
+            target = target[section]
+        target[key] = value
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    try:
+        yield params
+    finally:
+        path.write_text(original)

@@ -13,6 +13,9 @@ import yaml
 
 from layersim.errors import LayersimError
 from layersim.params import (
+    MAX_SEED,
+    MIN_MAX_LENGTH,
+    MODEL_MAX_LENGTH,
     DownloadParams,
     ExtractParams,
     FinetuneParams,
@@ -33,7 +36,7 @@ BASE = {
     "seeds": [1, 2],
     "download": {"max_train_examples": None, "generated_train_examples": 100},
     "finetune": {"batch_size": 4, "learning_rate": 1e-5, "warmup_steps": 10, "max_steps": 100,
-                 "eval_every": 0},
+                 "eval_every": 0, "max_length": 64},
     "extract": {"poolings": ["cls", "mean"], "batch_size": 8},
     "similarity": {"poolings": ["cls"], "measures": ["linear_cka", "svcca"], "attention_measures": ["pearson"]},
 }
@@ -96,13 +99,15 @@ def test_repository_params_match_the_dataclass_defaults() -> None:
 
 
 def test_missing_sections_take_defaults() -> None:
-    params = parse_params({"model": "tiny-bert", "tasks": ["synth-roles"], "seeds": [0]})
+    # minilm-l6: the default finetune.max_length (256) is too long for the tiny models' 130 positions.
+    params = parse_params({"model": "minilm-l6", "tasks": ["synth-roles"], "seeds": [0]})
     assert params.finetune == FinetuneParams()
     assert params.extract == ExtractParams()
     assert params.similarity == SimilarityParams()
     assert params.download == DownloadParams()
     # A section written with no body (`finetune:`) is YAML null: also the defaults.
-    assert parse_params({**BASE, "finetune": None}).finetune == FinetuneParams()
+    assert parse_params({**BASE, "model": "minilm-l6", "finetune": None}).finetune == FinetuneParams()
+    assert parse_params({**BASE, "model": "minilm-l6", "finetune": {}}).finetune == FinetuneParams()
 
 
 def test_base_document_is_valid(tmp_path: Path) -> None:
@@ -112,7 +117,8 @@ def test_base_document_is_valid(tmp_path: Path) -> None:
     assert params.seeds == (1, 2)
     assert params.finetune.max_steps == 100
     assert params.finetune.eval_every == 0
-    assert params.finetune.max_length == FinetuneParams().max_length  # not given: default
+    assert params.finetune.max_length == 64
+    assert params.finetune.eval_batch_size == FinetuneParams().eval_batch_size  # not given: default
     assert params.extract.batch_size == 8
     assert params.download.generated_train_examples == 100
     assert params.similarity.poolings == ("cls",)
@@ -126,8 +132,18 @@ def test_float_fields_accept_integers() -> None:
     assert params.finetune.learning_rate == 1.0 and isinstance(params.finetune.learning_rate, float)
 
 
-def test_repeated_pooling_is_kept_once() -> None:
-    assert parse_params(_section("extract", poolings=["mean", "cls", "mean"])).extract.poolings == ("mean", "cls")
+@pytest.mark.parametrize("section,key,value", [
+    ("extract", "poolings", ["mean", "cls", "mean"]),
+    ("similarity", "measures", ["linear_cka", "svcca", "linear_cka"]),
+    ("similarity", "attention_measures", ["pearson", "pearson"]),
+    ("align", "methods", ["inn", "linear", "inn"]),
+])
+def test_repeated_names_are_rejected(section: str, key: str, value: list) -> None:
+    """Like tasks, seeds and compare.models: a repeated name is most likely a typo for another one."""
+    with pytest.raises(LayersimError) as info:
+        parse_params(_section(section, **{key: value}))
+    assert str(info.value) == (f"params.yaml: {section}.{key} = {value!r} is invalid; it must be a list without "
+                               f"repeated names ({value[-1]!r} is given twice).")
 
 
 # --- malformed documents ---------------------------------------------------------------------------
@@ -346,3 +362,91 @@ def test_align_pooling_must_be_extracted() -> None:
     doc = _section("align", pooling="last")
     with pytest.raises(LayersimError, match="align.pooling = 'last' is not among extract.poolings"):
         parse_params(doc)
+
+
+# --- limits that come from the models, and the edges of the allowed ranges ---------------------------
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_MAX_LENGTH))
+def test_model_max_length_is_what_the_model_can_encode(name: str, tiny_model_dir, one_torch_thread) -> None:
+    """MODEL_MAX_LENGTH is spelled out so that validation loads no model; here the real encoders check
+    it: an input of that many tokens runs, one token more overflows the position embeddings."""
+    import torch
+
+    from layersim.models import load_encoder, load_tokenizer
+
+    folder = tiny_model_dir(name)
+    encoder, tokenizer = load_encoder(folder).eval(), load_tokenizer(folder)
+    token = tokenizer.convert_tokens_to_ids("the")
+    assert token != tokenizer.pad_token_id
+    limit = MODEL_MAX_LENGTH[name]
+    with torch.no_grad():
+        encoder(input_ids=torch.full((1, limit), token))
+        with pytest.raises((IndexError, RuntimeError)):
+            encoder(input_ids=torch.full((1, limit + 1), token))
+
+
+def test_max_length_bounds_accepted_at_the_edges() -> None:
+    assert parse_params(_section("finetune", max_length=MIN_MAX_LENGTH)).finetune.max_length == MIN_MAX_LENGTH
+    assert parse_params(_section("finetune", max_length=130)).finetune.max_length == 130  # tiny-bert: 130 positions
+    doc = _section("finetune", max_length=512)
+    doc["model"] = "minilm-l6"
+    assert parse_params(doc).finetune.max_length == 512
+    doc["model"] = "FacebookAI/roberta-base"  # a hub model: its limit is not known offline, nothing is checked
+    assert parse_params(doc).finetune.max_length == 512
+
+
+def test_allowed_edges_of_the_step_rules() -> None:
+    # eval_every may equal max_steps (then, like 0, only the final evaluation runs).
+    assert parse_params(_section("finetune", eval_every=100, max_steps=100)).finetune.eval_every == 100
+    # checkpoint_every may exceed max_steps: like 0, a run that short saves no intermediate state.
+    assert parse_params(_section("finetune", checkpoint_every=1000, max_steps=100)).finetune.checkpoint_every == 1000
+    assert parse_params(_section("finetune", checkpoint_every=0)).finetune.checkpoint_every == 0
+
+
+@pytest.mark.parametrize("value", [0, 0.0, 0.5, 0.999])
+def test_tolerance_in_the_unit_interval_accepted(value: float) -> None:
+    params = parse_params({**_section("truncate", tolerance=value), "skip": {"tolerance": value}})
+    assert params.truncate.tolerance == params.skip.tolerance == value
+
+
+def test_seed_range_edges_accepted() -> None:
+    params = parse_params({**_doc(seeds=[0, MAX_SEED]), "align": {"seed": MAX_SEED}})
+    assert params.seeds == (0, MAX_SEED) and params.align.seed == MAX_SEED
+
+
+def test_one_seed_is_enough() -> None:
+    """FT[1]–FT[2] and the FT[1]→FT[2] alignment need two seeds; with one, similarity and align leave
+    them out (and the DVC workflow tests run the whole pipeline with seeds: [1])."""
+    assert parse_params(_doc(seeds=[7])).seeds == (7,)
+
+
+def test_keys_that_are_not_strings_are_reported_not_crashed_on() -> None:
+    with pytest.raises(LayersimError, match=r"unknown key 1;"):
+        parse_params({**BASE, 1: "x", "trian": {}})
+    with pytest.raises(LayersimError, match=r"unknown key 'finetune\.2'"):
+        parse_params(_section("finetune", **{"2": 3}))
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("model: tiny-bert\nmodel: tiny-roberta\ntasks: [synth-roles]\nseeds: [1]\n",
+     "model is given twice (line 1 = tiny-bert, line 2 = tiny-roberta)"),
+    ("model: tiny-bert\ntasks: [synth-roles]\nseeds: [1]\nalign:\n  steps: 5\n  seed: 1\n  steps: 6\n",
+     "align.steps is given twice (line 5 = 5, line 7 = 6)"),
+    ("model: tiny-bert\ntasks: [synth-roles]\nseeds: [1]\nextract: {batch_size: 2}\nextract:\n  batch_size: 4\n",
+     "extract is given twice (line 4, line 5)"),
+])
+def test_repeated_yaml_keys_rejected(text: str, expected: str, tmp_path: Path) -> None:
+    """PyYAML silently keeps the last of two equal keys; a params file that says two things is an error."""
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    with pytest.raises(LayersimError) as info:
+        load_params(path)
+    assert str(info.value) == f"{path}: {expected}; each key may appear only once."
+
+
+def test_errors_name_the_file_that_was_read(tmp_path: Path) -> None:
+    path = _write(tmp_path, _section("skip", tolerance=2), "experiment.yaml")
+    with pytest.raises(LayersimError) as info:
+        load_params(path)
+    assert str(info.value).startswith(f"{path}: skip.tolerance = 2 is invalid;")

@@ -22,18 +22,22 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 
 def run_stage(main: Callable[[argparse.Namespace, Params], None], args: argparse.Namespace) -> None:
-    """Validate params.yaml, run `main`, and turn a LayersimError into one line on stderr and exit 1."""
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        import transformers
+    """Validate params.yaml, then run `main`; a LayersimError becomes one line on stderr and exit code 1.
 
-        transformers.logging.set_verbosity_error()
-        transformers.logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        pass
+    Validation comes first, before any library set-up, so that bad params fail before the stage reads
+    or writes anything."""
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     try:
-        main(args, load_params(args.params))
+        params = load_params(args.params)
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        try:
+            import transformers
+
+            transformers.logging.set_verbosity_error()
+            transformers.logging.disable_progress_bar()
+        except ImportError:  # pragma: no cover - transformers is a dependency
+            pass
+        main(args, params)
     except LayersimError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)

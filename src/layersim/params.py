@@ -1,13 +1,27 @@
 """params.yaml: one dataclass per section, validated before any stage does expensive work.
 
-Every stage loads the whole file through :func:`load_params`, so a mistyped key anywhere is caught
-at the first stage that runs, before any download or training. Errors name the key, the bad value
-and what is allowed.
+Every stage loads the whole file through :func:`load_params` (in :func:`layersim.cli.run_stage`, before
+it reads or writes anything), so a mistyped key anywhere is caught at the first stage that runs,
+before any download or training. What is checked:
+
+- the shape: a mapping of known sections, each a mapping (or empty: the defaults); no key given twice
+  in the YAML; unknown keys, with a did-you-mean suggestion;
+- types (no booleans for numbers, no strings for numbers, no nested lists) and ranges (positive sizes,
+  fractions in (0, 1], tolerances in [0, 1) as metrics are on a 0–1 scale, seeds NumPy can take);
+- names: model, tasks, compare.models, poolings, measures and align methods from their registries,
+  none repeated;
+- rules across keys: warm-up shorter than training, evaluation within it, the poolings that
+  similarity and align use extracted, attention measures only with attention maps, compare.models
+  not repeating `model`, finetune.max_length within the position embeddings of every offline model.
+
+No parameter names a layer index, and none depends on a model's depth or number of heads.
+Errors name the key, the bad value and what is allowed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 from dataclasses import dataclass, field
@@ -17,8 +31,8 @@ from typing import Any
 import yaml
 
 from layersim.errors import LayersimError
-from layersim.models import get_model
-from layersim.tasks import get_task
+from layersim.models import MODELS, get_model
+from layersim.tasks import TASKS, get_task
 
 POOLINGS = ("cls", "mean", "last")  # first token, mean of tokens, last sub-word (Wu et al.)
 
@@ -39,10 +53,13 @@ class FinetuneParams:
     warmup_steps: int = 1000
     max_steps: int = 10000
     weight_decay: float = 0.0
-    max_length: int = 256               # tokens per (example, choice); longer inputs are truncated
-    eval_every: int = 1000              # steps between validation evaluations; 0 evaluates only at the end
+    max_length: int = 256               # tokens per (example, choice); longer inputs are truncated. At least
+                                        # MIN_MAX_LENGTH, at most what the model's position embeddings hold
+    eval_every: int = 1000              # steps between validation evaluations, at most max_steps; 0 evaluates
+                                        # only at the end
     eval_batch_size: int = 32
-    checkpoint_every: int = 500         # steps between resumable training checkpoints; 0 never checkpoints
+    checkpoint_every: int = 500         # steps between resumable training checkpoints; 0 never checkpoints, and
+                                        # so does any value >= max_steps (a run that short needs no resume point)
 
 
 @dataclass(frozen=True)
@@ -127,19 +144,43 @@ class Params:
 _SECTIONS = {"download": DownloadParams, "finetune": FinetuneParams, "extract": ExtractParams,
              "similarity": SimilarityParams, "compare": CompareParams, "truncate": TruncateParams, "skip": SkipParams,
              "align": AlignParams}
+_TOP_LEVEL = ("model", "tasks", "seeds", *_SECTIONS)
 _POSITIVE = {"batch_size", "learning_rate", "max_steps", "max_length", "eval_batch_size",
              "generated_train_examples", "generated_validation_examples", "max_train_examples",
-             "max_validation_examples", "max_examples", "max_train_examples", "head_epochs",
+             "max_validation_examples", "max_examples", "head_epochs",
              "head_learning_rate", "head_batch_size", "rbf_sigma_scale", "probe_examples",
              "inn_depth", "inn_hidden", "mlp_depth", "mlp_hidden", "steps", "matrix_steps",
              "synthetic_scale"}
 _UNIT_INTERVAL = {"svcca_variance"}  # fractions in (0, 1]
-_NON_NEGATIVE = {"warmup_steps", "weight_decay", "eval_every", "checkpoint_every", "generated_seed", "head_weight_decay", "tolerance",
-                 "attention_examples", "ridge", "seed"}
+_TOLERANCE = {"tolerance"}           # score differences on the metrics' 0–1 scale: [0, 1)
+_SEEDS = {"generated_seed", "seed"}  # like every entry of `seeds`: 0 … MAX_SEED
+_NON_NEGATIVE = {"warmup_steps", "weight_decay", "eval_every", "checkpoint_every", "head_weight_decay",
+                 "attention_examples", "ridge", *_SEEDS}
+
+MAX_SEED = 2**32 - 1   # NumPy's legacy seeding (np.random.seed, used by fine-tuning) takes no larger seed
+MIN_MAX_LENGTH = 8     # room for the special tokens of a sentence pair and some text; below it tokenizers
+                       # silently stop truncating
+
+# Longest input (special tokens included) that the position embeddings of the registry models whose
+# config is known offline can encode: the tiny configs have 130 positions, and RoBERTa's start after
+# the padding index (0 with the MiniLM tokenizer the tiny models use); all-MiniLM-L6-v2 has 512.
+# tests/test_params.py checks these against the real models. Hub models are not known offline.
+MODEL_MAX_LENGTH = {"tiny-bert": 130, "tiny-albert": 130, "tiny-electra": 130, "tiny-roberta": 129,
+                    "minilm-l6": 512}
 
 
 def _fail(key: str, value: Any, allowed: str) -> LayersimError:
     return LayersimError(f"params.yaml: {key} = {value!r} is invalid; it must be {allowed}.")
+
+
+def _repeated(items: list) -> Any:
+    """The first item of `items` (hashable) that appeared before, or None."""
+    seen = set()
+    for item in items:
+        if item in seen:
+            return item
+        seen.add(item)
+    return None
 
 
 def _check_number(key: str, value: Any, kind: type, optional: bool) -> Any:
@@ -160,21 +201,40 @@ def _check_number(key: str, value: Any, kind: type, optional: bool) -> Any:
         raise _fail(key, value, f"a positive {'integer' if kind is int else 'number'}")
     if name in _UNIT_INTERVAL and not 0 < value <= 1:
         raise _fail(key, value, "a number in (0, 1]")
+    if name in _TOLERANCE and not 0 <= value < 1:
+        raise _fail(key, value, "a number in [0, 1) (a score difference on the metrics' 0–1 scale)")
     if name in _NON_NEGATIVE and value < 0:
         raise _fail(key, value, f"a non-negative {'integer' if kind is int else 'number'}")
+    if name in _SEEDS and value > MAX_SEED:
+        raise _fail(key, value, f"an integer from 0 to {MAX_SEED}")
+    if name == "max_length" and value < MIN_MAX_LENGTH:
+        raise _fail(key, value, f"an integer of at least {MIN_MAX_LENGTH} (the special tokens need room)")
     return float(value) if kind is float else value
 
 
+def _suggestion(section: str | None, key: Any) -> str:
+    """' (did you mean …?)' for a mistyped key: a close match in its own section (or among the top-level
+    keys), else the same key in another section; '' when nothing fits."""
+    own = [f.name for f in dataclasses.fields(_SECTIONS[section])] if section else list(_TOP_LEVEL)
+    close = difflib.get_close_matches(str(key), own, n=1)
+    if close:
+        return f" (did you mean {section + '.' if section else ''}{close[0]}?)"
+    elsewhere = [f"{name}.{key}" for name, cls in _SECTIONS.items()
+                 if name != section and key in {f.name for f in dataclasses.fields(cls)}]
+    return f" (did you mean {' or '.join(elsewhere)}?)" if elsewhere else ""
+
+
 def _build_section(name: str, cls: type, raw: Any) -> Any:
-    if raw is None:
+    if raw is None:  # `finetune:` with nothing under it, like a missing section, takes every default
         raw = {}
     if not isinstance(raw, dict):
         raise _fail(name, raw, "a mapping of keys to values")
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
+    unknown = [key for key in raw if key not in fields]
     if unknown:
-        raise LayersimError(f"params.yaml: unknown key {name}.{unknown[0]}; valid keys of {name} are: "
-                            f"{', '.join(fields)}.")
+        key = unknown[0]
+        raise LayersimError(f"params.yaml: unknown key '{name}.{key}'{_suggestion(name, key)}; valid keys of "
+                            f"{name} are: {', '.join(fields)}.")
     values = {}
     for key, value in raw.items():
         full = f"{name}.{key}"
@@ -182,7 +242,7 @@ def _build_section(name: str, cls: type, raw: Any) -> Any:
         if key == "models":
             values[key] = _check_models(full, value)
         elif key == "pooling":
-            if value not in POOLINGS:
+            if not isinstance(value, str) or value not in POOLINGS:
                 raise _fail(full, value, f"one of {', '.join(POOLINGS)}")
             values[key] = value
         elif key in _CHOICES:
@@ -195,13 +255,40 @@ def _build_section(name: str, cls: type, raw: Any) -> Any:
     return cls(**values)
 
 
+def _known_name(key: str, value: Any, kind: str, lookup, valid, hint: str = "", entry: bool = False) -> Any:
+    """`lookup(value)` (a registry's get_*); an unknown name is an error that names the params key (of
+    which the value is an `entry` of a list, or the whole value), the value, a close registry name if
+    there is one, and every valid name."""
+    try:
+        return lookup(value)
+    except LayersimError:
+        pass
+    close = difflib.get_close_matches(value, list(valid), n=1) if isinstance(value, str) else []
+    mean = f" (did you mean {close[0]!r}?)" if close else ""
+    what = f"{key} has {value!r}, which" if entry else f"{key} = {value!r}"
+    raise LayersimError(f"params.yaml: {what} is not a known {kind}{mean}; valid {kind}s are: "
+                        f"{', '.join(sorted(valid))}{hint}.")
+
+
+def _model(key: str, name: Any, entry: bool = False):
+    return _known_name(key, name, "model", get_model, MODELS, " (or a Hugging Face hub id written owner/name)", entry)
+
+
+def _weights(name: str) -> str:
+    """What identifies a model's weights: its hub id when it has one, so that a registry name and the hub
+    id it stands for count as the same model."""
+    spec = get_model(name)
+    return spec.hub_id or spec.name
+
+
 def _check_models(key: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
         raise _fail(key, value, "a list of model names (registry names or owner/name hub ids)")
-    if len(set(value)) != len(value):
-        raise _fail(key, value, "a list without repeated names")
     for name in value:
-        get_model(name)
+        _model(key, name, entry=True)
+    same = _repeated([_weights(name) for name in value])
+    if same is not None:
+        raise _fail(key, value, f"a list without repeated models ({same!r} is given twice)")
     return tuple(value)
 
 
@@ -229,45 +316,72 @@ def _check_choices(key: str, value: Any, choices: tuple[str, ...], allow_empty: 
     if not isinstance(value, list) or not (value or allow_empty):
         raise _fail(key, value, f"a {'' if allow_empty else 'non-empty '}list drawn from {', '.join(choices)}")
     for item in value:
-        if item not in choices:
-            raise _fail(key, item, f"one of {', '.join(choices)}")
-    return tuple(dict.fromkeys(value))
+        if not isinstance(item, str) or item not in choices:
+            close = difflib.get_close_matches(item, choices, n=1) if isinstance(item, str) else []
+            mean = f" (did you mean {close[0]!r}?)" if close else ""
+            raise LayersimError(f"params.yaml: {key} has {item!r}, which is invalid{mean}; each entry must be "
+                                f"one of {', '.join(choices)}.")
+    same = _repeated(value)
+    if same is not None:
+        raise _fail(key, value, f"a list without repeated names ({same!r} is given twice)")
+    return tuple(value)
 
 
 def parse_params(raw: Any) -> Params:
     """Validate a parsed params.yaml document and return typed params."""
     if not isinstance(raw, dict):
-        raise LayersimError(f"params.yaml must be a mapping of sections, got {type(raw).__name__}.")
-    known = {"model", "tasks", "seeds", *_SECTIONS}
-    unknown = sorted(set(raw) - known)
+        empty = " (an empty document)" if raw is None else ""
+        raise LayersimError(f"params.yaml must be a mapping of sections, got {type(raw).__name__}{empty}.")
+    unknown = [key for key in raw if key not in _TOP_LEVEL]
     if unknown:
-        raise LayersimError(f"params.yaml: unknown key {unknown[0]!r}; valid top-level keys are: "
-                            f"{', '.join(sorted(known))}.")
+        raise LayersimError(f"params.yaml: unknown key {unknown[0]!r}{_suggestion(None, unknown[0])}; valid "
+                            f"top-level keys are: {', '.join(sorted(_TOP_LEVEL))}.")
     for key in ("model", "tasks", "seeds"):
         if key not in raw:
             raise LayersimError(f"params.yaml: the key {key!r} is missing.")
     model = raw["model"]
     if not isinstance(model, str):
         raise _fail("model", model, "a single model name (a scalar, not a list)")
-    get_model(model)
+    _model("model", model)
     tasks, seeds = raw["tasks"], raw["seeds"]
-    if not isinstance(tasks, list) or not tasks:
+    if not isinstance(tasks, list) or not tasks or not all(isinstance(task, str) for task in tasks):
         raise _fail("tasks", tasks, "a non-empty list of task names")
     for task in tasks:
-        get_task(task)
-    if len(set(tasks)) != len(tasks):
-        raise _fail("tasks", tasks, "a list without repeated names")
+        _known_name("tasks", task, "task", get_task, TASKS, entry=True)
+    same = _repeated(tasks)
+    if same is not None:
+        raise _fail("tasks", tasks, f"a list without repeated names ({same!r} is given twice)")
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                                                            for s in seeds):
         raise _fail("seeds", seeds, "a non-empty list of non-negative integers")
-    if len(set(seeds)) != len(seeds):
-        raise _fail("seeds", seeds, "a list without repeated seeds")
+    if max(seeds) > MAX_SEED:
+        raise _fail("seeds", seeds, f"a list of integers from 0 to {MAX_SEED}")
+    same = _repeated(seeds)
+    if same is not None:
+        raise _fail("seeds", seeds, f"a list without repeated seeds ({same} is given twice)")
     sections = {name: _build_section(name, cls, raw.get(name)) for name, cls in _SECTIONS.items()}
-    finetune = sections["finetune"]
+    _check_across_sections(model, sections)
+    return Params(model=model, tasks=tuple(tasks), seeds=tuple(seeds), **sections)
+
+
+def _check_across_sections(model: str, sections: dict[str, Any]) -> None:
+    """Rules that tie keys of different sections (or the model) together."""
+    finetune, extract, similarity = sections["finetune"], sections["extract"], sections["similarity"]
+    compare, align = sections["compare"], sections["align"]
     if finetune.warmup_steps >= finetune.max_steps:
         raise LayersimError(f"params.yaml: finetune.warmup_steps = {finetune.warmup_steps} must be smaller than "
                             f"finetune.max_steps = {finetune.max_steps}.")
-    similarity, extract = sections["similarity"], sections["extract"]
+    if finetune.eval_every > finetune.max_steps:
+        raise LayersimError(f"params.yaml: finetune.eval_every = {finetune.eval_every} is larger than "
+                            f"finetune.max_steps = {finetune.max_steps}; it must be at most max_steps, or 0 to "
+                            "evaluate only at the end.")
+    # finetune.checkpoint_every >= max_steps is allowed: like 0, it saves no intermediate state.
+    for name, where in [(model, "model"), *((other, "of compare.models") for other in compare.models)]:
+        limit = MODEL_MAX_LENGTH.get(name)
+        if limit is not None and finetune.max_length > limit:
+            described = f"model {name!r}" if where == "model" else f"{name!r} {where}"
+            raise LayersimError(f"params.yaml: finetune.max_length = {finetune.max_length} is too long for "
+                                f"{described}; it must be at most {limit}, the tokens its position embeddings hold.")
     missing = [q for q in similarity.poolings if q not in extract.poolings]
     if missing:
         raise LayersimError(f"params.yaml: similarity.poolings has {missing[0]!r}, which is not among "
@@ -275,16 +389,15 @@ def parse_params(raw: Any) -> Params:
     if similarity.attention_measures and not extract.attention_examples:
         raise LayersimError(f"params.yaml: similarity.attention_measures = {list(similarity.attention_measures)} needs "
                             "attention maps, but extract.attention_examples = 0; set it above 0 or use [].")
-    if sections["align"].pooling not in extract.poolings:
-        raise LayersimError(f"params.yaml: align.pooling = {sections['align'].pooling!r} is not among "
+    if align.pooling not in extract.poolings:
+        raise LayersimError(f"params.yaml: align.pooling = {align.pooling!r} is not among "
                             f"extract.poolings = {list(extract.poolings)}; extract it or pick one of those.")
-    if model in sections["compare"].models:
-        raise LayersimError(f"params.yaml: compare.models = {list(sections['compare'].models)} repeats model = {model!r}; "
+    if _weights(model) in {_weights(name) for name in compare.models}:
+        raise LayersimError(f"params.yaml: compare.models = {list(compare.models)} repeats model = {model!r}; "
                             "list only the other encoders to compare with it.")
-    if "cls" not in sections["extract"].poolings:
-        raise LayersimError(f"params.yaml: extract.poolings = {list(sections['extract'].poolings)} must include 'cls'; "
+    if "cls" not in extract.poolings:
+        raise LayersimError(f"params.yaml: extract.poolings = {list(extract.poolings)} must include 'cls'; "
                             "the truncate stage trains its fresh heads on CLS activations.")
-    return Params(model=model, tasks=tuple(tasks), seeds=tuple(seeds), **sections)
 
 
 class _Yaml12Loader(yaml.SafeLoader):
@@ -299,13 +412,59 @@ _Yaml12Loader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+def _repeated_key(node: Any, path: tuple[str, ...] = (), seen: set[int] | None = None) -> str | None:
+    """Describe the first key that a mapping of the YAML node tree gives twice (PyYAML would silently keep
+    the last value), or None."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:  # an alias of a node already walked
+        return None
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+
+        def at(key_node: yaml.Node, value_node: yaml.Node) -> str:
+            shown = f" = {value_node.value}" if isinstance(value_node, yaml.ScalarNode) else ""
+            return f"line {key_node.start_mark.line + 1}{shown}"
+
+        for key_node, value_node in node.value:
+            key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
+            if key is not None and key != "<<":
+                if key in first:
+                    return (f"{'.'.join((*path, key))} is given twice ({at(*first[key])}, "
+                            f"{at(key_node, value_node)}); each key may appear only once")
+                first[key] = (key_node, value_node)
+            found = _repeated_key(value_node, (*path, key or "?"), seen)
+            if found:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            found = _repeated_key(item, path, seen)
+            if found:
+                return found
+    return None
+
+
 def load_params(path: str | Path = "params.yaml") -> Params:
     """Read and validate params.yaml."""
     path = Path(path)
     try:
-        raw = yaml.load(path.read_text(), Loader=_Yaml12Loader)
+        text = path.read_text()
+        repeated = _repeated_key(yaml.compose(text, Loader=_Yaml12Loader))
+        raw = yaml.load(text, Loader=_Yaml12Loader)
     except FileNotFoundError as err:
         raise LayersimError(f"{path} does not exist; run stages from the repository root.") from err
     except yaml.YAMLError as err:
-        raise LayersimError(f"{path} is not valid YAML ({str(err).splitlines()[0]}).") from err
-    return parse_params(raw)
+        mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        detail = problem or str(err).splitlines()[0]
+        raise LayersimError(f"{path} is not valid YAML ({detail}{where}).") from err
+    if repeated:
+        raise LayersimError(f"{path}: {repeated}.")
+    try:
+        return parse_params(raw)
+    except LayersimError as err:
+        # parse_params knows no file name; name the file actually read (`--params other.yaml`).
+        message = str(err)
+        if path.name != "params.yaml" and message.startswith("params.yaml"):
+            raise LayersimError(f"{path}{message[len('params.yaml'):]}") from None
+        raise

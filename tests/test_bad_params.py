@@ -1,0 +1,238 @@
+"""Malformed params files fed to the real stage entry points: every stage validates the whole params
+file first, exits 1 with one `error: ...` line that names the key, the bad value and what is allowed,
+and writes nothing — no output, no temporary.
+
+Each stage runs the command that dvc.yaml gives it (with `--params <bad file>`), in an empty scratch
+folder as its working directory, so its outputs would land there. Most cases run in-process (the
+script executed as `__main__` by runpy: importing torch once instead of once per case); a few run as
+real subprocesses to prove the command line itself behaves.
+"""
+
+from __future__ import annotations
+
+import copy
+import runpy
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dvc_project import project_env, tiny_params
+from layersim.params import load_params
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL, TASK, SEED = "tiny-bert", "synth-negation", 1
+BAD = "bad-params.yaml"
+
+
+def _stage_commands() -> dict[str, list[str]]:
+    """dvc.yaml's command of every stage (one matrix item), as argv after `python`."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    commands = {}
+    for name, stage in stages.items():
+        cmd = (stage["cmd"].replace("${model}", MODEL).replace("${item.task}", TASK)
+               .replace("${item.seed}", str(SEED)))
+        argv = shlex.split(cmd)
+        assert argv[0] == "python" and "${" not in cmd, cmd
+        commands[name] = argv[1:]
+    return commands
+
+
+COMMANDS = _stage_commands()
+
+
+def _base() -> dict:
+    """The repository's params.yaml shrunk as the integration tests shrink it: a valid document."""
+    return tiny_params(yaml.safe_load((REPO / "params.yaml").read_text()), model=MODEL, tasks=[TASK], seeds=[1, 2])
+
+
+def _set(**changes) -> Callable[[dict], None]:
+    """Set dotted keys (`finetune__batch_size=...` for finetune.batch_size) in the document."""
+    def apply(doc: dict) -> None:
+        for dotted, value in changes.items():
+            *sections, key = dotted.split("__")
+            target = doc
+            for section in sections:
+                target = target[section]
+            target[key] = value
+    return apply
+
+
+def _text(doc: dict) -> str:
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def _edit_text(edit: Callable[[str], str]) -> Callable[[dict], str]:
+    return lambda doc: edit(_text(doc))
+
+
+# (id, stage, change: a function that edits the document in place or returns the file's text,
+#  fragments of the message: the key, the bad value as printed, what is allowed)
+CASES = [
+    ("bool-for-int", "download_task", _set(finetune__batch_size=True),
+     ["finetune.batch_size = True", "must be an integer"]),
+    ("string-for-number", "download_model", _set(finetune__learning_rate="0.001"),
+     ["finetune.learning_rate = '0.001'", "must be a number"]),
+    ("float-for-int", "download_compared", _set(finetune__max_steps=10000.0),
+     ["finetune.max_steps = 10000.0", "must be an integer"]),
+    ("nested-list-tasks", "finetune", _set(tasks=[[TASK]]),
+     [f"tasks = [['{TASK}']]", "a non-empty list of task names"]),
+    ("nested-list-measures", "extract", _set(similarity__measures=[["linear_cka", "svcca"]]),
+     ["similarity.measures has ['linear_cka', 'svcca']", "each entry must be one of", "linear_cka"]),
+    ("repeated-task", "similarity", _set(tasks=[TASK, "synth-roles", TASK]),
+     ["tasks = ", f"'{TASK}' is given twice", "without repeated names"]),
+    ("repeated-measure", "compare", _set(similarity__measures=["linear_cka", "svcca", "linear_cka"]),
+     ["similarity.measures = ['linear_cka', 'svcca', 'linear_cka']", "'linear_cka' is given twice"]),
+    ("repeated-yaml-key", "truncate",
+     _edit_text(lambda text: text.replace("finetune:\n", "finetune:\n  learning_rate: 0.1\n", 1)),
+     ["finetune.learning_rate is given twice", "= 0.1", "= 0.001", "each key may appear only once"]),
+    ("section-as-list", "skip", _set(finetune=[{"batch_size": 8}]),
+     ["finetune = [{'batch_size': 8}]", "must be a mapping of keys to values"]),
+    ("document-is-a-list", "align", _edit_text(lambda text: "- model: tiny-bert\n- tasks: [synth-negation]\n"),
+     ["params.yaml must be a mapping of sections", "got list"]),
+    ("document-empty", "download_task", _edit_text(lambda text: "# nothing yet\n"),
+     ["params.yaml must be a mapping of sections", "got NoneType"]),
+    ("zero-batch", "download_model", _set(extract__batch_size=0),
+     ["extract.batch_size = 0", "a positive integer"]),
+    ("negative-learning-rate", "download_compared", _set(align__learning_rate=-0.001),
+     ["align.learning_rate = -0.001", "a positive number"]),
+    ("tolerance-one", "finetune", _set(truncate__tolerance=1),
+     ["truncate.tolerance = 1 ", "a number in [0, 1)", "0–1 scale"]),
+    ("tolerance-in-points", "extract", _set(skip__tolerance=5),
+     ["skip.tolerance = 5 ", "a number in [0, 1)"]),
+    ("tolerance-negative", "similarity", _set(skip__tolerance=-0.01),
+     ["skip.tolerance = -0.01", "a number in [0, 1)"]),
+    ("warmup-not-below-steps", "compare", _set(finetune__warmup_steps=6),
+     ["finetune.warmup_steps = 6", "smaller than finetune.max_steps = 6"]),
+    ("eval-every-past-the-end", "truncate", _set(finetune__eval_every=10),
+     ["finetune.eval_every = 10", "finetune.max_steps = 6", "at most max_steps, or 0"]),
+    ("model-misspelt", "skip", _set(model="tiny-bret"),
+     ["model = 'tiny-bret' is not a known model", "did you mean 'tiny-bert'?", "roberta-base", "owner/name"]),
+    ("task-misspelt", "align", _set(tasks=["synth-negaton"]),
+     ["tasks has 'synth-negaton', which is not a known task", f"did you mean '{TASK}'?", "cosmosqa"]),
+    ("compare-repeats-model", "download_task", _set(compare__models=["tiny-roberta", MODEL]),
+     ["compare.models = ['tiny-roberta', 'tiny-bert'] repeats model = 'tiny-bert'", "only the other encoders"]),
+    ("compare-repeats-model-by-hub-id", "download_model",
+     _set(model="minilm-l6", compare__models=["sentence-transformers/all-MiniLM-L6-v2"]),
+     ["compare.models = ['sentence-transformers/all-MiniLM-L6-v2'] repeats model = 'minilm-l6'"]),
+    ("key-misspelt", "download_compared", _set(finetune__learnig_rate=1e-3),
+     ["unknown key 'finetune.learnig_rate'", "did you mean finetune.learning_rate?", "valid keys of finetune"]),
+    ("key-in-wrong-section", "finetune", _set(finetune__poolings=["cls"]),
+     ["unknown key 'finetune.poolings'", "did you mean extract.poolings or similarity.poolings?"]),
+    ("section-key-at-top-level", "extract", _set(learning_rate=1e-3),
+     ["unknown key 'learning_rate'", "did you mean finetune.learning_rate or align.learning_rate?",
+      "valid top-level keys"]),
+    ("max-length-beyond-positions", "similarity", _set(finetune__max_length=256),
+     ["finetune.max_length = 256 is too long for model 'tiny-bert'", "at most 130"]),
+    ("max-length-beyond-compared-model", "compare", _set(finetune__max_length=130, compare__models=["tiny-roberta"]),
+     ["finetune.max_length = 130", "too long for 'tiny-roberta' of compare.models", "at most 129"]),
+    ("max-length-too-short", "truncate", _set(finetune__max_length=2),
+     ["finetune.max_length = 2", "at least 8"]),
+    ("seed-too-large", "skip", _set(seeds=[1, 2**32]),
+     ["seeds = [1, 4294967296]", "from 0 to 4294967295"]),
+    ("align-seed-negative", "align", _set(align__seed=-1),
+     ["align.seed = -1", "a non-negative integer"]),
+    ("svcca-variance-zero", "download_task", _set(similarity__svcca_variance=0),
+     ["similarity.svcca_variance = 0 ", "a number in (0, 1]"]),
+    ("probe-examples-null", "download_model", _set(compare__probe_examples=None),
+     ["compare.probe_examples = None", "must be an integer"]),
+    ("pooling-not-extracted", "download_compared",
+     _set(extract__poolings=["cls", "mean"], similarity__poolings=["last"]),
+     ["similarity.poolings has 'last'", "extract.poolings = ['cls', 'mean']"]),
+    ("unknown-measure", "finetune", _set(similarity__measures=["linear_ck"]),
+     ["similarity.measures has 'linear_ck'", "did you mean 'linear_cka'?", "pwcca"]),
+    ("not-yaml", "extract", _edit_text(lambda text: text + "finetune:\n\t- batch_size 8\n"),
+     [f"{BAD} is not valid YAML", "found character '\\t'", "line "]),
+]
+
+
+def _write_bad(folder: Path, change) -> Path:
+    doc = _base()
+    text = change(doc)
+    path = folder / BAD
+    path.write_text(text if isinstance(text, str) else _text(doc))
+    return path
+
+
+def _argv(stage: str, params: Path) -> list[str]:
+    script, *rest = COMMANDS[stage]
+    return [str(REPO / script), *rest, "--params", str(params)]
+
+
+def _assert_one_error_line(stderr: str, fragments: list[str]) -> str:
+    lines = stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("error: "), stderr
+    assert sum(line.startswith("error:") for line in lines) == 1, stderr
+    assert "Traceback" not in stderr
+    message = lines[-1]
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
+    return message
+
+
+def _assert_nothing_written(folder: Path) -> None:
+    """The scratch working directory holds only the params file: no output and no temporary."""
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) == [BAD]
+
+
+def _run_in_process(stage: str, params: Path, folder: Path, monkeypatch, capsys) -> tuple[int, str]:
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(sys, "argv", _argv(stage, params))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    return exited.value.code, capsys.readouterr().err
+
+
+def test_the_base_document_is_valid(tmp_path: Path) -> None:
+    """Every case below breaks one thing in a document that is otherwise valid."""
+    path = tmp_path / "params.yaml"
+    path.write_text(_text(_base()))
+    assert load_params(path).model == MODEL
+
+
+def test_enough_distinct_cases() -> None:
+    assert len(CASES) >= 20
+    assert len({case[0] for case in CASES}) == len(CASES)
+    assert {case[1] for case in CASES} == set(COMMANDS), "every stage of dvc.yaml meets a malformed file"
+
+
+@pytest.mark.parametrize("stage, change, fragments", [pytest.param(s, c, f, id=i) for i, s, c, f in CASES])
+def test_stage_rejects_malformed_params(stage, change, fragments, tmp_path, monkeypatch, capsys) -> None:
+    bad = _write_bad(tmp_path, change)
+    code, stderr = _run_in_process(stage, bad, tmp_path, monkeypatch, capsys)
+    assert code == 1, stderr
+    _assert_one_error_line(stderr, fragments)
+    _assert_nothing_written(tmp_path)
+
+
+def test_the_same_command_with_valid_params_writes(tmp_path, monkeypatch, capsys) -> None:
+    """The control: the command the cases run does write its output when the params are fine, so
+    "nothing written" above is the validation's doing."""
+    doc = _base()
+    doc["download"].update(generated_train_examples=20, generated_validation_examples=10)
+    good = tmp_path / BAD
+    good.write_text(_text(doc))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", _argv("download_task", good))
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    assert (tmp_path / f"data/tasks/{TASK}/train.parquet").is_file()
+
+
+# A few cases through the real command line, each in a fresh interpreter (seconds each: torch imports).
+SUBPROCESS_CASES = ["bool-for-int", "repeated-yaml-key", "task-misspelt"]  # download_task, truncate, align
+
+
+@pytest.mark.parametrize("case_id", SUBPROCESS_CASES)
+def test_command_line_exits_nonzero_with_one_error_line(case_id: str, tmp_path: Path) -> None:
+    _, stage, change, fragments = next(case for case in CASES if case[0] == case_id)
+    bad = _write_bad(tmp_path, change)
+    result = subprocess.run([sys.executable, *_argv(stage, bad)], cwd=tmp_path, env=project_env(REPO),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    _assert_one_error_line(result.stderr, fragments)
+    _assert_nothing_written(tmp_path)

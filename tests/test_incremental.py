@@ -1,0 +1,112 @@
+"""Integration: a params change reruns exactly the stages that read that param, and what runs after them.
+
+One tiny project is `dvc repro`-ed once and committed; each case edits one key of params.yaml, asks DVC
+what is stale (`dvc status --json`: the stages whose own params changed) and what `dvc repro` would run
+(`dvc repro --dry --force-downstream`: those and every stage after them, since a dry run cannot know
+that a rerun stage will change its outputs), then restores params.yaml byte for byte.
+
+tests/test_pipeline.py checks, with a plain `dvc repro --dry`, that a few analysis params rerun only
+their own stage; here every analysis section is covered with both views, params that several stages
+share, and a change to fine-tuning that must rerun everything after it; and one change is reproduced
+for real.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dvc_project import dvc, edited_params, make_project, output, run, stale_stages, stages_to_rerun, tiny_params
+
+pytestmark = pytest.mark.integration
+
+TASK = "synth-negation"
+DOWNLOAD = {"download_model", "download_compared", f"download_task@{TASK}"}
+FINETUNE = {f"finetune@{TASK}-1", f"finetune@{TASK}-2"}
+EXTRACT, SIMILARITY, TRUNCATE, SKIP, ALIGN = (f"{stage}@{TASK}" for stage in
+                                              ("extract", "similarity", "truncate", "skip", "align"))
+COMPARE = "compare"
+AFTER_EXTRACT = {SIMILARITY, COMPARE, TRUNCATE, ALIGN}  # skip reads checkpoints, not activations
+AFTER_FINETUNE = {EXTRACT, SKIP, *AFTER_EXTRACT}
+EXPENSIVE = DOWNLOAD | FINETUNE | {EXTRACT}
+
+
+def _configure(params: dict) -> None:
+    tiny_params(params, model="tiny-bert", tasks=[TASK], seeds=[1, 2])
+    params["download"].update(generated_train_examples=64, generated_validation_examples=32)
+    params["finetune"].update(max_steps=3, eval_every=0)
+    params["extract"].update(max_train_examples=32, attention_examples=8)
+    params["similarity"].update(measures=["linear_cka", "svcca", "neuronsim"])
+    params["compare"].update(models=[], probe_examples=8)
+    params["truncate"].update(head_epochs=1)
+    params["align"].update(methods=["linear", "inn"], steps=5, matrix_steps=2, inn_depth=1, inn_hidden=8,
+                           mlp_hidden=8)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """The tiny project after one `dvc repro`, everything (dvc.lock, metrics, plots) committed to its
+    git repo, and nothing stale."""
+    root = tmp_path_factory.mktemp("incremental")
+    env = make_project(root, _configure)
+    run(dvc("repro"), root, env)
+    run(["git", "add", "-A"], root, env)
+    run(["git", "commit", "-qm", "repro"], root, env)
+    assert stale_stages(root, env) == set()
+    return root, env
+
+
+# (dotted key, new value, stages whose params changed, stages `dvc repro` would then run)
+ANALYSIS = [
+    ("similarity.measures", ["linear_cka", "svcca", "neuronsim", "pwcca"], {SIMILARITY, COMPARE}, None),
+    ("similarity.poolings", ["cls", "last"], {SIMILARITY, COMPARE}, None),
+    ("similarity.svcca_variance", 0.9, {SIMILARITY, COMPARE}, None),
+    ("compare.probe_examples", 6, {COMPARE}, None),
+    ("truncate.tolerance", 0.05, {TRUNCATE}, None),
+    ("truncate.head_learning_rate", 0.01, {TRUNCATE}, None),
+    ("skip.tolerance", 0.05, {SKIP}, None),
+    ("align.steps", 6, {ALIGN}, None),
+    ("align.methods", ["linear", "cca", "inn"], {ALIGN}, None),
+]
+UPSTREAM = [
+    # Read by extract (which attention maps to keep) and by compare (how many it encodes itself).
+    ("extract.attention_examples", 6, {EXTRACT, COMPARE}, {EXTRACT, *AFTER_EXTRACT}),
+    # Read by every stage that tokenizes: all but the downloads and similarity (which reads tables).
+    ("finetune.max_length", 24, FINETUNE | {EXTRACT, COMPARE, TRUNCATE, SKIP, ALIGN}, FINETUNE | AFTER_FINETUNE),
+    # The control that makes the cases above able to fail: a new learning rate is new fine-tuned models.
+    ("finetune.learning_rate", 2e-3, FINETUNE, FINETUNE | AFTER_FINETUNE),
+    # How often fine-tuning saves a resumable state cannot change its result: nothing reruns.
+    ("finetune.checkpoint_every", 2, set(), set()),
+    ("download.generated_seed", 1, {f"download_task@{TASK}"},
+     {f"download_task@{TASK}"} | FINETUNE | AFTER_FINETUNE),
+]
+
+
+@pytest.mark.parametrize("key, value, stale, rerun", [pytest.param(*case, id=case[0]) for case in ANALYSIS + UPSTREAM])
+def test_a_param_change_reruns_only_the_stages_that_read_it(project, key, value, stale, rerun) -> None:
+    root, env = project
+    with edited_params(root, **{key: value}):
+        assert stale_stages(root, env) == stale
+        would_run = stages_to_rerun(root, env)
+    assert would_run == (rerun or stale)
+    if not rerun:  # an analysis param (or one that changes no result): nothing expensive reruns
+        assert not would_run & EXPENSIVE
+    assert stale_stages(root, env) == set(), "params.yaml restored: nothing stale"
+
+
+def test_a_real_repro_after_an_analysis_change_runs_only_that_stage(project) -> None:
+    """What the dry run predicts is what happens: `dvc repro` after a skip.tolerance change runs skip
+    alone; restoring the committed files (params.yaml, dvc.lock, skip's metrics and plots) leaves the
+    project up to date again."""
+    root, env = project
+    try:
+        with edited_params(root, **{"skip.tolerance": 0.2}):
+            repro = run(dvc("repro"), root, env)
+            ran = {line.split("'")[1] for line in repro.stdout.splitlines() if line.startswith("Running stage")}
+            assert ran == {SKIP}, output(repro)
+            assert '"tolerance": 0.2' in (root / f"metrics/skip/{TASK}.json").read_text()
+    finally:
+        # From HEAD, not the index: the project's .dvc/config sets core.autostage, so `dvc repro` has
+        # staged the new dvc.lock and metrics.
+        run(["git", "checkout", "HEAD", "--", "."], root, env)
+    status = run(dvc("status"), root, env)
+    assert "up to date" in status.stdout.lower(), output(status)
