@@ -3,6 +3,7 @@ extraction. Inputs are tokenized once; each batch is padded only to its own long
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -49,14 +50,42 @@ def encode_task(table: pa.Table, spec: TaskSpec, tokenizer, max_length: int) -> 
     return EncodedTask(features, labels, np.asarray(columns["example_id"], dtype=np.int64), num_choices)
 
 
+_PAD_KEYS = {"input_ids", "token_type_ids", "attention_mask"}
+
+
+def pad_rows(rows: list[dict[str, list[int]]], tokenizer) -> dict[str, torch.Tensor]:
+    """Pad token-id rows to their longest into int64 tensors, as ``tokenizer.pad(rows,
+    return_tensors="pt")`` does (the tokenizer's pad id, pad token type id and padding side; mask 0),
+    but with NumPy: 5-10x faster, which matters when a small model's step takes milliseconds."""
+    if tokenizer.pad_token_id is None or not rows or not set(rows[0]) <= _PAD_KEYS:
+        # The tokenizer's own error for a tokenizer without a pad token, its own rules for other keys.
+        return dict(tokenizer.pad(rows, return_tensors="pt"))
+    lengths = np.fromiter((len(row["input_ids"]) for row in rows), dtype=np.int64, count=len(rows))
+    width = int(lengths.max())
+    positions = np.arange(width)
+    if tokenizer.padding_side == "left":
+        filled = positions >= (width - lengths)[:, None]
+    else:
+        filled = positions < lengths[:, None]
+    pad_values = {"input_ids": tokenizer.pad_token_id, "token_type_ids": tokenizer.pad_token_type_id}
+    batch = {}
+    for key in rows[0]:
+        padded = np.full((len(rows), width), pad_values.get(key, 0), dtype=np.int64)
+        # Boolean assignment fills row by row, left to right: the rows' tokens in order.
+        padded[filled] = np.fromiter(itertools.chain.from_iterable(row[key] for row in rows), dtype=np.int64,
+                                     count=int(lengths.sum()))
+        batch[key] = torch.from_numpy(padded)
+    return batch
+
+
 def collate(encoded: EncodedTask, indices: Sequence[int], tokenizer, with_labels: bool = True) -> dict[str, torch.Tensor]:
     """Pad the chosen examples into one batch; multiple choice gives (batch, choices, length)."""
-    flat = [row for i in indices for row in encoded.features[i]]
-    batch = dict(tokenizer.pad(flat, return_tensors="pt"))
+    indices = np.asarray(indices)
+    batch = pad_rows([row for i in indices for row in encoded.features[i]], tokenizer)
     if encoded.num_choices > 1:
         batch = {k: v.view(len(indices), encoded.num_choices, -1) for k, v in batch.items()}
     if with_labels:
-        labels = encoded.labels[np.asarray(indices)]
+        labels = encoded.labels[indices]
         # Regression heads compute in float32; the tables keep the exact float64 labels.
         batch["labels"] = torch.from_numpy(labels.astype(np.float32) if labels.dtype == np.float64 else labels)
     return batch

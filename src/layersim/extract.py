@@ -49,6 +49,22 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str,
     raise LayersimError(f"unknown pooling {pooling!r}; valid poolings are: {', '.join(POOLINGS)}.")
 
 
+def pool_layers(hidden_states, input_ids: torch.Tensor, attention_mask: torch.Tensor, poolings,
+                special_ids: list[int]) -> dict[str, list[np.ndarray]]:
+    """Every layer's hidden states, pooled: pooling → [(rows, hidden) float32 array per layer 0 … L].
+
+    Each pooling's layers are stacked into one (layers, rows, hidden) tensor and copied to NumPy once;
+    the per-layer arrays are contiguous slices of that fresh block, so they never pin the hidden
+    states in memory (``hidden[:, 0]`` alone would be a view of the whole hidden-state tensor).
+    Stacking the pooled rows, not the hidden states, avoids copying every hidden state once more."""
+    last_position = last_content_position(input_ids, attention_mask, special_ids) if "last" in poolings else None
+    pooled: dict[str, list[np.ndarray]] = {}
+    for pooling in poolings:
+        values = torch.stack([pool(h, attention_mask, pooling, last_position) for h in hidden_states])
+        pooled[pooling] = list(values.float().cpu().numpy())
+    return pooled
+
+
 @dataclass
 class PooledBatch:
     """One batch of extracted rows: one row per (example, choice), each pooling's per-layer arrays."""
@@ -66,22 +82,20 @@ def pooled_batches(encoder, tokenizer, encoded: EncodedTask, poolings, batch_siz
     Multiple-choice examples give one row per (example, choice)."""
     encoder.eval().to(device)
     num_layers = encoder.config.num_hidden_layers
-    batches = sequential_batches(encoded, batch_size, tokenizer)
+    special_ids = tokenizer.all_special_ids
+    batches = sequential_batches(encoded, batch_size, tokenizer, with_labels=False)
     for indices, batch in tqdm(batches, total=-(-len(encoded) // batch_size), desc=desc, mininterval=2):
-        batch.pop("labels")
         choices = encoded.num_choices
         # Flatten (batch, choices, length) so that every (example, choice) is one row.
         batch = {k: v.reshape(-1, v.shape[-1]) for k, v in to_device(batch, device).items()}
         hidden_states = encoder(**batch, output_hidden_states=True).hidden_states
         if len(hidden_states) != num_layers + 1:
             raise LayersimError(f"the encoder returned {len(hidden_states)} hidden states, expected {num_layers + 1}.")
-        last_position = last_content_position(batch["input_ids"], batch["attention_mask"], tokenizer.all_special_ids)
         yield PooledBatch(
             example_id=np.repeat(encoded.example_id[indices], choices),
             choice=np.tile(np.arange(choices, dtype=np.int16), len(indices)),
             labels=np.repeat(encoded.labels[indices], choices),
-            layers={pooling: [pool(h, batch["attention_mask"], pooling, last_position).float().cpu().numpy()
-                              for h in hidden_states] for pooling in poolings})
+            layers=pool_layers(hidden_states, batch["input_ids"], batch["attention_mask"], poolings, special_ids))
 
 
 def extract_activations(encoder, tokenizer, spec: TaskSpec, encoded: EncodedTask, outputs: dict[str, Path],
