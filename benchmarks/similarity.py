@@ -1,40 +1,374 @@
-"""Layer × layer similarity matrices: the library's all-pairs functions vs a plain per-pair loop.
+"""Layer × layer similarity matrices: layersim against a notebook's per-pair loop, CKA packages from PyPI,
+and the roofline.
 
-For each measure, times ``similarity_matrix(name, layers)`` (per-layer statistics computed once,
-upper triangle only for symmetric measures) against a loop that calls the pair function on every
-pair it needs — the L(L+1)/2 pairs of the upper triangle, diagonal included — recomputing
-everything each time. Both run in the same process on the same synthetic layers, so the ratio is
-what matters, not the absolute seconds; the max |difference| checks that they agree.
+Install the CKA packages compared with, with --no-deps and never plainly (cka-pytorch requires torchvision
+and lightning, which make pip replace the installed CPU torch with a multi-GB CUDA build)::
 
-The layers are a chain like an encoder's: each is a noisy nonlinear map of the previous one, with a
-decaying (power-law) variance spectrum so that SVCCA's 99 % cut keeps a realistic share of the
-directions. Stored as float32, as activations are.
+    pip install --no-deps torch-cka==0.21 ckatorch==1.0.3 pytorch-cka==1.1.3 cka-pytorch==1.1.3
 
-    python benchmarks/similarity.py            # n = 5,000 examples, 768 wide, 13 layers
-    python benchmarks/similarity.py --quick    # n = 1,000, 128 wide, 5 layers
+(pyproject.toml's ``bench-cka`` extra lists the same pins, for reference only.) A package that is not
+installed is reported as "not run".
+
+Linear CKA (the default run). For n = 10,000 and 50,000 examples of 13 layers × 768 neurons
+(float32, as activations are), the full 13 × 13 linear-CKA matrix from ``cka_matrix(layers)`` is
+timed against, on the same arrays:
+
+* the per-pair loop a notebook would write: Kornblith et al.'s colab ``feature_space_linear_cka``
+  (float64 copies, centre, ``||Yᵀ X||_F² / (||Xᵀ X||_F ||Yᵀ Y||_F)``; re-written here as
+  :func:`notebook_linear_cka`) called on every (i, j) of the 13 × 13 matrix, recomputing everything
+  per pair. Every call costs the same, so where the loop would take too long (n = 50,000 by
+  default) a sample of pairs is timed and scaled to all 169, and the output says so;
+* CKA packages from PyPI, each called through the function that does its math (see
+  :func:`peers`); a peer that would not fit in the memory available is reported as "not run";
+* the roofline: the one product that cannot be avoided, ``Zᵀ Z`` for the stacked centred
+  activations ``Z`` (n × 13·768), in the precision layersim uses (NumPy → BLAS syrk).
+
+It also reports the accuracy of the default (float32 products, float64 sums) against the same
+matrix computed in float64, and, for each peer, against layersim's value of the quantity that peer
+computes (biased linear CKA, or the debiased/unbiased-HSIC CKA).
+
+ckatorch's and cka-pytorch's package ``__init__`` import plotting/training extras that --no-deps leaves
+out (seaborn, lightning), so their math modules are imported without it (:func:`_submodule`).
+
+Other measures (``--measures svcca pwcca ...``): ``similarity_matrix(name, layers)`` against a loop
+that calls the pair function on the upper triangle, recomputing everything per pair (n = 5,000).
+
+    python benchmarks/similarity.py                  # linear CKA, n = 10,000 and 50,000, 13 x 768
+    python benchmarks/similarity.py --quick          # n = 2,000 and 6,000, 13 x 256, a few minutes
+    python benchmarks/similarity.py --measures svcca # other measures vs their pair loop
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import os
 import platform
+import sys
 import time
+import types
+from collections.abc import Callable
 
 import numpy as np
 
-from layersim.similarity import get_measure, similarity_matrix
+from layersim.similarity import cka_matrix, get_measure, similarity_matrix
+from layersim.similarity.kernels import debiased_cka
 
 
 def make_layers(num_examples: int, width: int, num_layers: int, seed: int) -> list[np.ndarray]:
+    """A chain like an encoder's: each layer a noisy nonlinear map of the previous one, with a decaying
+    (power-law) variance spectrum so that SVCCA's 99 % cut keeps a realistic share of the directions,
+    and an offset (activations are not centred). Stored as float32, as activations are."""
     rng = np.random.default_rng(seed)
     spectrum = np.arange(1, width + 1, dtype=np.float64) ** -0.75
+    offset = rng.normal(size=width)
     layers = [(rng.normal(size=(num_examples, width)) * spectrum).astype(np.float32)]
     for _ in range(num_layers - 1):
-        mix = rng.normal(size=(width, width)) / np.sqrt(width)
-        nxt = np.tanh(3.0 * layers[-1] @ mix) + 0.3 * rng.normal(size=(num_examples, width)) * spectrum
+        mix = (rng.normal(size=(width, width)) / np.sqrt(width)).astype(np.float32)
+        nxt = np.tanh(3.0 * (layers[-1] @ mix)) + 0.3 * rng.normal(size=(num_examples, width)) * spectrum
         layers.append(nxt.astype(np.float32))
-    return layers
+    return [layer + offset.astype(np.float32) for layer in layers]
+
+
+def timed(fn: Callable, *args, **kwargs):
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, time.perf_counter() - start
+
+
+def available_bytes() -> int:
+    """Memory the OS could give this process now (MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def gb(num_bytes: float) -> str:
+    return f"{num_bytes / 1e9:.1f} GB"
+
+
+# --- the notebook baseline -----------------------------------------------------------------------
+
+
+def notebook_linear_cka(x: np.ndarray, y: np.ndarray) -> float:
+    """One pair, the way Kornblith et al.'s colab does it (feature space, float64): centre both, then
+    ||yᵀx||_F² / (||xᵀx||_F · ||yᵀy||_F). Nothing is shared between calls."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    x = x - x.mean(axis=0, keepdims=True)
+    y = y - y.mean(axis=0, keepdims=True)
+    return float(np.linalg.norm(y.T @ x) ** 2 / (np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y)))
+
+
+def all_pairs(num_layers: int) -> list[tuple[int, int]]:
+    return [(i, j) for i in range(num_layers) for j in range(num_layers)]
+
+
+def sample_pairs(num_layers: int, count: int) -> list[tuple[int, int]]:
+    """`count` pairs spread over the L x L matrix (diagonal and off-diagonal alike cost the same)."""
+    pairs = all_pairs(num_layers)
+    if count >= len(pairs):
+        return pairs
+    picks = np.linspace(0, len(pairs) - 1, count).round().astype(int)
+    return [pairs[k] for k in picks]
+
+
+def loop_baseline(layers: list[np.ndarray], pairs: list[tuple[int, int]]) -> tuple[dict, float]:
+    values = {}
+    start = time.perf_counter()
+    for i, j in pairs:
+        values[i, j] = notebook_linear_cka(layers[i], layers[j])
+    return values, time.perf_counter() - start
+
+
+# --- peers ---------------------------------------------------------------------------------------
+
+
+def _submodule(package: str, module: str) -> types.ModuleType:
+    """``package.module`` imported without executing ``package/__init__.py``: a bare package object
+    with the real ``__path__`` stands in for it, so the module's relative imports still resolve."""
+    if package not in sys.modules:
+        spec = importlib.util.find_spec(package)
+        if spec is None:
+            raise ImportError(f"{package} is not installed")
+        stub = types.ModuleType(package)
+        stub.__path__ = list(spec.submodule_search_locations)
+        sys.modules[package] = stub
+    return importlib.import_module(f"{package}.{module}")
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+class Peer:
+    """A CKA package: how to time its L x L matrix on the arrays, and which quantity it computes."""
+
+    name: str
+    dist: str
+    quantity: str  # "linear" (biased linear CKA, as layersim) or "debiased" (unbiased HSIC)
+    how: str
+
+    def need_bytes(self, n: int, d: int, num_layers: int) -> int:
+        raise NotImplementedError
+
+    def run(self, layers: list[np.ndarray]) -> tuple[dict, float, str]:
+        """Returns (values by (i, j) for the pairs it computed, seconds for the whole L x L matrix,
+        a note on what was timed)."""
+        raise NotImplementedError
+
+
+class Ckatorch(Peer):
+    name, dist, quantity = "ckatorch", "ckatorch", "linear"
+    how = "core.cka_base(x, y) per pair: float64 n x n Grams, centred (the biased linear CKA)"
+
+    def __init__(self, pairs: int):
+        self.pairs = pairs
+
+    def need_bytes(self, n, d, num_layers):
+        # Two float64 Grams, their centred clones, and allclose(G, Gᵀ)'s temporaries.
+        return 6 * 8 * n * n
+
+    def run(self, layers):
+        import torch
+
+        core = _submodule("ckatorch", "core")
+        tensors = [torch.from_numpy(a) for a in layers]
+        pairs = sample_pairs(len(layers), self.pairs)
+        values, start = {}, time.perf_counter()
+        for i, j in pairs:
+            values[i, j] = float(core.cka_base(tensors[i], tensors[j], kernel="linear"))
+        elapsed = time.perf_counter() - start
+        total = len(layers) ** 2
+        return values, elapsed * total / len(pairs), f"{len(pairs)} of {total} pairs timed, scaled to {total}"
+
+
+class PytorchCka(Peer):
+    name, dist, quantity = "pytorch-cka", "pytorch-cka", "debiased"
+    how = "cka.cka_from_features(X, X), X the (L, n, d) stack: all L Grams at once, unbiased HSIC, float32"
+
+    def need_bytes(self, n, d, num_layers):
+        # Grams of both sides (it forms them twice) and one (L, n, n) temporary in hsic().
+        return 3 * 4 * num_layers * n * n + 4 * num_layers * n * d
+
+    def run(self, layers):
+        import torch
+
+        cka = importlib.import_module("cka")
+        stack = torch.from_numpy(np.stack(layers))
+        matrix, elapsed = timed(cka.cka_from_features, stack, stack)
+        matrix = matrix.numpy()
+        return {(i, j): float(matrix[i, j]) for i, j in all_pairs(len(layers))}, elapsed, "the whole matrix"
+
+
+class TorchCka(Peer):
+    name, dist, quantity = "torch-cka", "torch-cka", "debiased"
+    how = ("CKA._HSIC on Grams built as CKA.compare builds them (float32, zeroed diagonal); its compare() "
+           "re-forms layer j's Gram for every (i, j) and calls _HSIC 2L² + L times, each an n x n x n product")
+
+    def need_bytes(self, n, d, num_layers):
+        return 5 * 4 * n * n  # K, L, K @ L and the products inside _HSIC
+
+    def run(self, layers):
+        import torch
+        from torch import nn
+
+        torch_cka = importlib.import_module("torch_cka")
+        # CKA wants two models to hook; identity modules stand in (no forward pass is run).
+        peer = torch_cka.CKA(nn.Sequential(nn.Identity()), nn.Sequential(nn.Identity()), "x", "y",
+                             model1_layers=["0"], model2_layers=["0"], device="cpu")
+
+        def gram(a):
+            x = torch.from_numpy(a)
+            k = x @ x.t()
+            k.fill_diagonal_(0.0)
+            return k
+
+        i, j = 0, len(layers) - 1
+        (k, l), t_gram = timed(lambda: (gram(layers[i]), gram(layers[j])))
+        t_gram /= 2
+        hsic_kl, t_hsic = timed(peer._HSIC, k, l)
+        hsic_kk, hsic_ll = peer._HSIC(k, k), peer._HSIC(l, l)
+        value = hsic_kl / np.sqrt(hsic_kk * hsic_ll)
+        num = len(layers)
+        total = (num + num * num) * t_gram + (num + 2 * num * num) * t_hsic
+        return {(i, j): float(value)}, total, (f"one Gram {t_gram:.1f} s and one _HSIC {t_hsic:.1f} s timed, "
+                                               f"scaled to its loop's {num + num * num} Grams and "
+                                               f"{num + 2 * num * num} _HSIC calls")
+
+
+class CkaPytorch(Peer):
+    name, dist, quantity = "cka-pytorch", "cka-pytorch", "debiased"
+    how = ("hsic.hsic1 on utils.gram Grams (float32, unbiased HSIC, an n x n x n bmm per pair), as "
+           "CKACalculator does for L² + 2L pairs")
+
+    def need_bytes(self, n, d, num_layers):
+        return 6 * 4 * n * n  # two Grams, their clones, K @ L
+
+    def run(self, layers):
+        import torch
+
+        hsic = _submodule("cka_pytorch", "hsic")
+        utils = _submodule("cka_pytorch", "utils")
+        i, j = 0, len(layers) - 1
+        (k, l), t_gram = timed(lambda: (utils.gram(torch.from_numpy(layers[i])), utils.gram(torch.from_numpy(layers[j]))))
+        t_gram /= 2
+        cross, t_hsic = timed(hsic.hsic1, k[None], l[None])
+        value = cross / torch.sqrt(hsic.hsic1(k[None], k[None]) * hsic.hsic1(l[None], l[None]))
+        num = len(layers)
+        total = 2 * num * t_gram + (num * num + 2 * num) * t_hsic
+        note = (f"one Gram {t_gram:.1f} s and one hsic1 pair {t_hsic:.1f} s timed, scaled to {2 * num} Grams and "
+                f"{num * num + 2 * num} hsic1 pairs (its default batching of 64 pairs per bmm needs 64 n x n Grams "
+                "at once and is not used)")
+        return {(i, j): float(value)}, total, note
+
+
+def peers(args) -> list[Peer]:
+    return [Ckatorch(args.peer_pairs), PytorchCka(), TorchCka(), CkaPytorch()]
+
+
+# --- the linear-CKA comparison -------------------------------------------------------------------
+
+
+def stacked_centred(layers: list[np.ndarray], dtype) -> np.ndarray:
+    """Z = [X_1 - mean … X_L - mean] (centred in float64, then rounded to `dtype`)."""
+    n = layers[0].shape[0]
+    widths = [a.shape[1] for a in layers]
+    z = np.empty((n, sum(widths)), dtype=dtype)
+    start = 0
+    for a, d in zip(layers, widths):
+        z[:, start : start + d] = a - a.mean(axis=0, dtype=np.float64)
+        start += d
+    return z
+
+
+def linear_cka_section(n: int, width: int, num_layers: int, args) -> None:
+    layers = make_layers(n, width, num_layers, args.seed)
+    total_pairs = num_layers * num_layers
+    print(f"\n=== n = {n:,} examples, {num_layers} layers x {width} neurons (float32), "
+          f"{total_pairs} pairs in the L x L matrix ===", flush=True)
+
+    ours, t_ours = timed(cka_matrix, layers)
+    reference, t_ref = timed(cka_matrix, layers, precision="float64")
+    accuracy = float(np.abs(ours - reference).max())
+    rows = [("layersim cka_matrix(layers)  [precision=auto: float32 products, float64 sums]", t_ours, "")]
+
+    z = stacked_centred(layers, np.float32)
+    _, t_roof = timed(np.matmul, z.T, z)
+    del z
+    rows.append((f"roofline: Zᵀ Z alone, Z = centred stack {n} x {num_layers * width}, float32 syrk", t_roof, ""))
+    rows.append(("layersim cka_matrix(layers, precision='float64')", t_ref, ""))
+
+    loop_count = total_pairs if n <= args.full_loop_max else args.loop_pairs
+    pairs = sample_pairs(num_layers, loop_count)
+    loop_values, t_loop = loop_baseline(layers, pairs)
+    loop_note = "all pairs" if len(pairs) == total_pairs else f"{len(pairs)} of {total_pairs} pairs timed, scaled"
+    t_loop_all = t_loop * total_pairs / len(pairs)
+    loop_error = max(abs(v - reference[i, j]) for (i, j), v in loop_values.items())
+    rows.append((f"per-pair loop: notebook feature_space_linear_cka, float64, every (i, j) [{loop_note}]",
+                 t_loop_all, f"max |Δ| vs float64 {loop_error:.1e}"))
+
+    peer_rows = []
+    for peer in peers(args):
+        label = f"{peer.name} {_version(peer.dist)}: {peer.how}"
+        if _version(peer.dist) == "not installed":
+            peer_rows.append((label, None, "not run: not installed (see the install command at the top)"))
+            continue
+        need, free = peer.need_bytes(n, width, num_layers), available_bytes()
+        if need > 0.8 * free:
+            peer_rows.append((label, None, f"not run: needs ~{gb(need)} (n x n Gram matrices), {gb(free)} available"))
+            continue
+        try:
+            values, t_peer, note = peer.run(layers)
+        except (MemoryError, RuntimeError) as err:  # torch reports allocation failures as RuntimeError
+            peer_rows.append((label, None, f"not run: {type(err).__name__}: {str(err).splitlines()[0][:80]}"))
+            continue
+        if peer.quantity == "linear":
+            error = max(abs(v - reference[i, j]) for (i, j), v in values.items())
+            what = "max |Δ| vs layersim float64 linear CKA"
+        else:
+            pairs_seen = sorted(values)
+            error = max(abs(v - debiased_cka(layers[i], layers[j])) for (i, j), v in
+                        ((p, values[p]) for p in sample_pairs_of(pairs_seen, 4)))
+            what = "it computes debiased CKA; max |Δ| vs layersim debiased_cka"
+        peer_rows.append((label, t_peer, f"[{note}] {what} {error:.1e}"))
+
+    print(f"accuracy of the default: max |ΔCKA| vs the float64 matrix = {accuracy:.1e}")
+    print(f"{'':<4}{'time [s]':>10}  {'÷ layersim':>10}  what")
+    for label, seconds, extra in rows + peer_rows:
+        if seconds is None:
+            print(f"{'':<4}{'—':>10}  {'—':>10}  {label}\n{'':<28}{extra}")
+            continue
+        print(f"{'':<4}{seconds:>10.2f}  {seconds / t_ours:>9.2f}x  {label}" + (f"\n{'':<28}{extra}" if extra else ""))
+    print(f"ratios: loop / layersim = {t_loop_all / t_ours:.1f}x;  layersim / roofline = {t_ours / t_roof:.2f}x;  "
+          f"float64 / layersim = {t_ref / t_ours:.2f}x", flush=True)
+    for label, seconds, extra in peer_rows:
+        name = label.split(":")[0]
+        print(f"        {name} / layersim = " + ("not run" if seconds is None else f"{seconds / t_ours:.1f}x"))
+
+
+def sample_pairs_of(pairs: list[tuple[int, int]], count: int) -> list[tuple[int, int]]:
+    """At most `count` of `pairs`, spread out (the debiased reference costs a little per pair)."""
+    if len(pairs) <= count:
+        return pairs
+    picks = np.linspace(0, len(pairs) - 1, count).round().astype(int)
+    return [pairs[k] for k in picks]
+
+
+# --- other measures vs their pair loop -----------------------------------------------------------
 
 
 def pair_loop(name: str, layers: list[np.ndarray]) -> np.ndarray:
@@ -47,42 +381,45 @@ def pair_loop(name: str, layers: list[np.ndarray]) -> np.ndarray:
     return out
 
 
-def timed(fn, *args):
-    start = time.perf_counter()
-    result = fn(*args)
-    return result, time.perf_counter() - start
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (1,000 x 128, 5 layers)")
-    parser.add_argument("--examples", type=int, help="examples per layer (default 5000; quick 1000)")
-    parser.add_argument("--width", type=int, help="neurons per layer (default 768; quick 128)")
-    parser.add_argument("--layers", type=int, help="number of layers (default 13; quick 5)")
-    parser.add_argument("--measures", nargs="+", default=["linear_cka", "svcca"],
-                        help="symmetric measures to time (default: linear_cka svcca)")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    n = args.examples or (1000 if args.quick else 5000)
-    d = args.width or (128 if args.quick else 768)
-    num_layers = args.layers or (5 if args.quick else 13)
-    for name in args.measures:
-        if not get_measure(name).symmetric:
-            parser.error(f"{name} is asymmetric; the loop baseline here fills the upper triangle only")
-
-    layers = make_layers(n, d, num_layers, args.seed)
-    threads = os.environ.get("OMP_NUM_THREADS", "default")
-    print(f"{num_layers} layers x {n} examples x {d} neurons (float32); {os.cpu_count()} CPUs, "
-          f"OMP_NUM_THREADS={threads}; numpy {np.__version__}, {platform.python_version()}")
-    print(f"pair loop: {num_layers * (num_layers + 1) // 2} pair-function calls (upper triangle with diagonal)\n")
+def measures_section(names: list[str], n: int, width: int, num_layers: int, seed: int) -> None:
+    layers = make_layers(n, width, num_layers, seed)
+    print(f"\n{num_layers} layers x {n} examples x {width} neurons (float32); pair loop: "
+          f"{num_layers * (num_layers + 1) // 2} pair-function calls (upper triangle with diagonal)\n")
     header = f"{'measure':<12} {'matrix [s]':>11} {'pair loop [s]':>14} {'speed-up':>9} {'max |diff|':>11}"
     print(header)
     print("-" * len(header))
-    for name in args.measures:
+    for name in names:
         fast, t_fast = timed(similarity_matrix, name, layers)
         slow, t_slow = timed(pair_loop, name, layers)
         diff = float(np.abs(fast - slow).max())
         print(f"{name:<12} {t_fast:>11.2f} {t_slow:>14.2f} {t_slow / t_fast:>8.1f}x {diff:>11.1e}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: n = 2,000 and 6,000, 13 x 256")
+    parser.add_argument("--sizes", type=int, nargs="+", help="numbers of examples (default 10000 50000)")
+    parser.add_argument("--width", type=int, help="neurons per layer (default 768; quick 256)")
+    parser.add_argument("--layers", type=int, default=13, help="number of layers (default 13)")
+    parser.add_argument("--full-loop-max", type=int, default=10_000,
+                        help="run the per-pair loop over all pairs up to this n; above it time --loop-pairs pairs")
+    parser.add_argument("--loop-pairs", type=int, default=13, help="pairs the loop times above --full-loop-max")
+    parser.add_argument("--peer-pairs", type=int, default=3, help="pairs timed for per-pair peers (ckatorch)")
+    parser.add_argument("--measures", nargs="+",
+                        help="instead: time these symmetric measures' matrices against their pair loop (n = 5,000)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    width = args.width or (256 if args.quick else 768)
+    threads = {k: os.environ.get(k, "default") for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    print(f"{os.cpu_count()} CPUs, {threads}; numpy {np.__version__}, Python {platform.python_version()}")
+    if args.measures:
+        for name in args.measures:
+            if not get_measure(name).symmetric:
+                parser.error(f"{name} is asymmetric; the loop baseline here fills the upper triangle only")
+        measures_section(args.measures, (args.sizes or [1000 if args.quick else 5000])[0], width, args.layers, args.seed)
+        return
+    for n in args.sizes or ([2000, 6000] if args.quick else [10_000, 50_000]):
+        linear_cka_section(n, width, args.layers, args)
 
 
 if __name__ == "__main__":

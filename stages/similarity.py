@@ -1,12 +1,19 @@
 """similarity: for one task, layer × layer matrices of every chosen measure (Wu et al. 2020) between the
 pretrained model and the fine-tuned seeds — Phang et al.'s ORIG–ORIG, FT–ORIG, FT–FT and FT[1]–FT[2] —
-per pooling; the localization score per layer; attention-level similarities."""
+per pooling; the localization score per layer; attention-level similarities.
+
+Memory: with linear CKA as the only measure, the matrix is streamed from the activation tables in row
+batches once that takes less memory than loading them, so memory stays bounded however many examples
+there are (layersim.comparisons.stream_linear_cka). Every other measure needs all layers in memory."""
 
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from layersim import cli
 from layersim.comparisons import (attention_measure_bounds, attention_measure_label, localization,
-                                  measure_options, number, phang_comparisons, stacked_matrix, summarize)
+                                  measure_options, number, phang_comparisons, stacked_matrix, stream_linear_cka,
+                                  stream_rows, streamed_linear_cka, summarize)
 from layersim.io import ActivationTable, AttentionTable, atomic_path, write_figure, write_json
 from layersim.plots import localization_curves, matrix_rows, measure_grid
 from layersim.similarity import MEASURES
@@ -17,13 +24,13 @@ def run_labels(seeds) -> dict[str, str]:
     return {"orig": "ORIG"} | {f"seed{s}": f"FT[{i}]" for i, s in enumerate(seeds, start=1)}
 
 
-def compare(models: dict, measures, options, title: str, first_layer: int = 0, attention: bool = False):
-    """Stacked matrices per measure → (figure, plot rows, metrics, matrices by measure)."""
-    sizes = {label: len(layers) for label, layers in models.items()}
-    orig, finetuned = "ORIG", [label for label in models if label != "ORIG"]
+def compare(sizes: dict, matrix_of, measures, title: str, first_layer: int = 0, attention: bool = False):
+    """Stacked matrices per measure, `matrix_of(measure)` (layers per model in `sizes`) → (figure, plot rows,
+    metrics, matrices by measure)."""
+    orig, finetuned = "ORIG", [label for label in sizes if label != "ORIG"]
     grid, rows, metrics, matrices = {}, [], {}, {}
     for measure in measures:
-        matrix = stacked_matrix(measure, models, **options.get(measure, {}))
+        matrix = matrix_of(measure)
         matrices[measure] = matrix
         comparisons = phang_comparisons(matrix, sizes, orig, finetuned)
         label = attention_measure_label(measure) if attention else MEASURES[measure].label
@@ -34,6 +41,26 @@ def compare(models: dict, measures, options, title: str, first_layer: int = 0, a
                                         first_layer=first_layer)]
         metrics[measure] = summarize(comparisons, first_layer)
     return measure_grid(grid, title, first_layer=first_layer), rows, metrics, matrices
+
+
+def layer_matrices(tables: dict, labels: dict, measures, options):
+    """`matrix_of(measure)` over the runs' stacked layers: linear CKA streamed from the tables in row batches
+    when that takes less memory (see the module docstring), every other measure on the layers, read once."""
+    widths = [table.hidden_size for table in tables.values() for _ in range(table.num_layers + 1)]
+    streamed = stream_linear_cka(measures, next(iter(tables.values())).num_rows, widths)
+    models = {}
+
+    def matrix_of(measure):
+        if measure == "linear_cka" and streamed:
+            rows, num_rows = stream_rows(widths), next(iter(tables.values())).num_rows
+            cli.log.info("streaming linear CKA from the activation tables, %d rows at a time", rows)
+            batches = zip(*(table.iter_batches(rows) for table in tables.values()))
+            return streamed_linear_cka(tqdm(batches, total=-(-num_rows // rows), desc="linear CKA", mininterval=2))
+        if not models:
+            models.update({labels[run]: table.layers() for run, table in tables.items()})
+        return stacked_matrix(measure, models, **options.get(measure, {}))
+
+    return matrix_of
 
 
 def main(args, params):
@@ -56,13 +83,13 @@ def write_outputs(args, params, plots: Path, localization_dir: Path):
         model = tables["orig"].metadata["model"]
         cli.log.info("read %d activation tables (%s pooling, %d rows) from %s", len(tables), pooling,
                      tables["orig"].num_rows, args.activations)
-        models = {labels[run]: table.layers() for run, table in tables.items()}
+        sizes = {labels[run]: table.num_layers + 1 for run, table in tables.items()}
         figure, rows, metrics[pooling], matrices = compare(
-            models, p.measures, options, f"{pooling.upper()} representations — {model} on {args.task}")
+            sizes, layer_matrices(tables, labels, p.measures, options), p.measures,
+            f"{pooling.upper()} representations — {model} on {args.task}")
         write_figure(figure, plots / f"{pooling}.png")
         write_json(rows, plots / f"{pooling}.json")
         if {"neuronsim", "svcca"} <= set(matrices):
-            sizes = {label: len(layers) for label, layers in models.items()}
             scores = localization(matrices["neuronsim"], matrices["svcca"], sizes)
             metrics[pooling]["localization"] = {label: {f"layer_{k:02d}": number(v) for k, v in enumerate(values)}
                                                 for label, values in scores.items()}
@@ -80,8 +107,9 @@ def write_outputs(args, params, plots: Path, localization_dir: Path):
             tables["orig"].check_comparable(table)
         models = {labels[run]: table.maps() for run, table in tables.items()}
         figure, rows, metrics["attention"], _ = compare(
-            models, p.attention_measures, options, f"attention maps — {model} on {args.task}", first_layer=1,
-            attention=True)
+            {label: len(maps) for label, maps in models.items()},
+            lambda measure: stacked_matrix(measure, models, **options.get(measure, {})),
+            p.attention_measures, f"attention maps — {model} on {args.task}", first_layer=1, attention=True)
         write_figure(figure, plots / "attention.png")
         write_json(rows, plots / "attention.json")
     write_json(metrics, args.metrics)

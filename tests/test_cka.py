@@ -269,3 +269,47 @@ def test_errors_for_constant_representations(rng, method):
     _raises(cka_matrix, [varied], [varied, np.zeros((13, 0))], method=method, message="ys[1] is constant")
     _raises(linear_cka, varied, np.zeros((13, 2)), message="y is constant across examples")
     _raises(linear_cka, constant.astype(np.float32), varied, message="x is constant across examples")
+
+
+# --- precision of the products ---
+
+
+@pytest.mark.parametrize("method", ["gram", "feature"])
+def test_float32_products_agree_with_float64(rng, method):
+    # Layers with an offset (centring is float64 whatever the products' precision).
+    xs = [layer.astype(np.float32) for layer in _layers(rng, 2700, [30, 30, 50, 7])]
+    ys = [layer.astype(np.float32) for layer in _layers(rng, 2700, [12, 40])]
+    for pair in ((xs, None), (xs, ys)):
+        exact = cka_matrix(*pair, method=method, precision="float64")
+        fast = cka_matrix(*pair, method=method, precision="float32")
+        np.testing.assert_allclose(fast, exact, rtol=0, atol=1e-6)
+        assert np.abs(fast - exact).max() > 0  # it really took the float32 path
+
+
+def test_float32_products_cross_row_blocks(rng, monkeypatch):
+    monkeypatch.setattr(cka, "BLOCK_ROWS", 100)
+    xs = [layer.astype(np.float32) for layer in _layers(rng, 1000, [9, 20, 5])]
+    np.testing.assert_allclose(cka_matrix(xs, method="feature", precision="float32"),
+                               cka_matrix(xs, method="feature", precision="float64"), rtol=0, atol=1e-6)
+
+
+def test_auto_precision_rule():
+    small, big = np.zeros((10, 3), np.float32), 2.0**40
+    assert cka._product_dtype("auto", [small, small], big) == np.float32
+    assert cka._product_dtype("auto", [small, small], 1e6) == np.float64  # small products: keep the digits
+    assert cka._product_dtype("auto", [small, small.astype(np.float64)], big) == np.float64  # float64 input
+    assert cka._product_dtype("auto", [small.astype(np.int32)], big) == np.float64  # integers
+    assert cka._product_dtype("float32", [small.astype(np.float64)], 1.0) == np.float32
+
+
+def test_float32_products_still_reject_constant_layers(rng):
+    constant = np.tile(np.float32([1234.567, 0.1, -7.0]), (40, 1))
+    varied = rng.normal(size=(40, 3)).astype(np.float32)
+    for method in ("gram", "feature"):
+        _raises(cka_matrix, [varied, constant], method=method, precision="float32",
+                message="xs[1] is constant across examples")
+
+
+def test_errors_for_unknown_precision(rng):
+    text = _raises(cka_matrix, [rng.normal(size=(5, 2))], precision="half", message="unknown precision 'half'")
+    assert "auto, float32, float64" in text

@@ -1,8 +1,9 @@
 """Layer × layer comparisons of several models with any similarity measure.
 
 All layers of all models are stacked into one list and compared all-pairs at once, so each layer's
-statistics are computed once (:func:`stacked_matrix`). The blocks of that matrix are the papers'
-comparisons:
+statistics are computed once (:func:`stacked_matrix`); for linear CKA over activation tables larger
+than memory, :func:`streamed_linear_cka` builds the same matrix from row batches. The blocks of that
+matrix are the papers' comparisons:
 
 - Phang et al. §3, Figure 1 (:func:`phang_comparisons`): ORIG–ORIG, FT–ORIG (fine-tuned layers on y,
   pretrained on x), FT–FT and FT[1]–FT[2], where FT is the first seed's model and FT[2] the second's;
@@ -19,13 +20,13 @@ column are NaN, drawn grey, and null in metrics.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from layersim.similarity import (MEASURES, AttentionMaps, attention_similarity_matrix, is_constant,
-                                 localization_scores, similarity_matrix)
+from layersim.similarity import (MEASURES, AttentionMaps, LinearCKAAccumulator, attention_similarity_matrix, cka_matrix,
+                                 is_constant, localization_scores, similarity_matrix)
 
 # Head-level attention measures: figure label and range (matrix-norm similarity is 1 − a mean
 # Frobenius distance, so it has no lower bound).
@@ -62,7 +63,8 @@ def stacked_matrix(measure: str, models: dict[str, Sequence], **options) -> np.n
     """The measure between every pair of layers of every model, layers stacked in `models` order.
 
     Layers are (n, d) arrays on the same examples, or :class:`AttentionMaps` (then `measure` is an
-    attention measure). Constant representation layers get NaN rows and columns.
+    attention measure). Constant representation layers get NaN rows and columns. Linear CKA is
+    computed in float64 (:data:`LINEAR_CKA_PRECISION`).
     """
     layers = [layer for model_layers in models.values() for layer in model_layers]
     attention = isinstance(layers[0], AttentionMaps)
@@ -70,9 +72,57 @@ def stacked_matrix(measure: str, models: dict[str, Sequence], **options) -> np.n
     out = np.full((len(layers), len(layers)), np.nan)
     if defined:
         chosen = [layers[i] for i in defined]
-        compute = attention_similarity_matrix if attention else similarity_matrix
-        out[np.ix_(defined, defined)] = compute(measure, chosen, **options)
+        if attention:
+            values = attention_similarity_matrix(measure, chosen, **options)
+        elif measure == "linear_cka" and set(options) <= set(MEASURES[measure].options):
+            values = cka_matrix(chosen, precision=LINEAR_CKA_PRECISION, **options)
+        else:
+            values = similarity_matrix(measure, chosen, **options)
+        out[np.ix_(defined, defined)] = values
     return out
+
+
+# --- linear CKA over tables larger than memory ---
+
+# Linear CKA in the stages is computed in float64, streamed or not: metrics are rounded to 6 decimals,
+# and float32 products (~1e-7, layersim.similarity.cka) would flip that last digit between machines.
+LINEAR_CKA_PRECISION = "float64"
+
+
+def stream_rows(widths: Sequence[int]) -> int:
+    """Rows per batch when streaming layers of these widths: about 256 MB of float32 per batch,
+    at most 4096 rows and at least 256."""
+    return max(256, min(4096, (1 << 28) // (4 * max(1, sum(widths)))))
+
+
+def streamed_linear_cka(batches: Iterable[Sequence[Sequence[np.ndarray]]]) -> np.ndarray:
+    """``stacked_matrix("linear_cka", models)`` from row batches, in memory independent of the number of
+    examples (see :class:`layersim.similarity.LinearCKAAccumulator`).
+
+    Each item of `batches` holds, for one block of rows, every model's list of (rows, d) layer arrays
+    in the models' order, e.g. ``zip(*(table.iter_batches(rows) for table in tables))``. The result
+    equals stacked_matrix's to ~1e-12, constant layers' rows and columns NaN included.
+    """
+    accumulator = LinearCKAAccumulator(precision=LINEAR_CKA_PRECISION)
+    for per_model in batches:
+        accumulator.update([layer for model_layers in per_model for layer in model_layers])
+    return accumulator.matrix(constant="nan")
+
+
+def stream_linear_cka(measures: Sequence[str], num_rows: int, widths: Sequence[int]) -> bool:
+    """Whether linear CKA over layers of these widths (all models stacked) should be streamed from the
+    tables rather than computed on the loaded layers.
+
+    Only when no other measure needs the layers in memory anyway (the other measures do: they are
+    computed on whole layers), and loading (the float32 layers plus cka_matrix's float64 centred copy)
+    would take more memory than streaming's float64 cross-product sums and one batch, which do not grow
+    with the number of rows. Few examples are faster and smaller in memory (sample space).
+    """
+    if "linear_cka" not in measures or set(measures) - {"linear_cka"}:
+        return False
+    rows = stream_rows(widths)
+    streaming = LinearCKAAccumulator.memory_bytes(widths, rows, LINEAR_CKA_PRECISION) + 4 * rows * sum(widths)
+    return 12 * num_rows * sum(widths) > streaming
 
 
 def block(matrix: np.ndarray, sizes: dict[str, int], row_model: str, column_model: str) -> np.ndarray:

@@ -3,7 +3,8 @@
 The bottom layer of the library: NumPy/SciPy only, no I/O, no models. The measures of Wu et al.
 2020 and relatives, by module:
 
-* :mod:`~layersim.similarity.cka` — linear CKA (``linear_cka``, ``cka_matrix``);
+* :mod:`~layersim.similarity.cka` — linear CKA (``linear_cka``, ``cka_matrix``, and
+  ``LinearCKAAccumulator`` for row batches of data larger than memory);
 * :mod:`~layersim.similarity.kernels` — RBF CKA and debiased linear CKA;
 * :mod:`~layersim.similarity.cca` — SVCCA, PWCCA, mean R²_CCA, canonical correlations;
 * :mod:`~layersim.similarity.neurons` — neuronsim and mixedsim (neuron-level);
@@ -20,7 +21,7 @@ from layersim.similarity.attention import (
     head_similarities,
 )
 from layersim.similarity.cca import canonical_correlations, mean_cca_r2, pwcca, svcca
-from layersim.similarity.cka import cka_matrix, is_constant, linear_cka
+from layersim.similarity.cka import LinearCKAAccumulator, cka_matrix, is_constant, linear_cka
 from layersim.similarity.kernels import debiased_cka, rbf_cka
 from layersim.similarity.localization import localization_scores, mean_similarity_per_layer
 from layersim.similarity.neurons import NeuronScores, mixedsim, mixedsim_per_neuron, neuronsim, neuronsim_per_neuron
@@ -30,6 +31,7 @@ __all__ = [
     "HEAD_MEASURES",
     "MEASURES",
     "AttentionMaps",
+    "LinearCKAAccumulator",
     "Measure",
     "NeuronScores",
     "attention_similarity",
