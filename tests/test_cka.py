@@ -190,13 +190,17 @@ def test_symmetric_matrix(rng, method):
 def test_each_layer_is_centred_once(rng, method, monkeypatch):
     """Per-layer statistics are computed once, not once per pair."""
     calls = []
-    original = cka.centre
 
-    def counting(name, a, measure):
-        calls.append(name)
-        return original(name, a, measure)
+    def counting(original):
+        def wrapper(name, a, *rest):
+            calls.append(name)
+            return original(name, a, *rest)
 
-    monkeypatch.setattr(cka, "centre", counting)
+        return wrapper
+
+    # The gram method centres with centre, the feature method into its stack with centre_into.
+    monkeypatch.setattr(cka, "centre", counting(cka.centre))
+    monkeypatch.setattr(cka, "centre_into", counting(cka.centre_into))
     xs = _layers(rng, 20, [5, 5, 5, 5])
     cka_matrix(xs, method=method)
     assert sorted(calls) == ["xs[0]", "xs[1]", "xs[2]", "xs[3]"]
@@ -313,3 +317,18 @@ def test_float32_products_still_reject_constant_layers(rng):
 def test_errors_for_unknown_precision(rng):
     text = _raises(cka_matrix, [rng.normal(size=(5, 2))], precision="half", message="unknown precision 'half'")
     assert "auto, float32, float64" in text
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_centre_into_equals_centre_over_several_blocks(rng, monkeypatch, dtype):
+    """Centring a block of rows at a time into a stack slice gives exactly centre()'s values, rounded."""
+    from layersim.similarity import _common
+
+    monkeypatch.setattr(_common, "CENTRE_BLOCK_BYTES", 8 * 3 * 7)  # 7 rows of width 3: 6 blocks for 40 rows
+    a = (rng.normal(size=(40, 3)) * 1e-3 + 1e4).astype(np.float32)  # a large mean: float32 centring would lose it
+    stack = np.full((40, 5), np.nan, dtype=dtype)
+    _common.centre_into("x", a, stack[:, 1:4], "CKA")
+    np.testing.assert_array_equal(stack[:, 1:4], _common.centre("x", a, "CKA").astype(dtype))
+    assert np.isnan(stack[:, [0, 4]]).all()  # nothing written outside the slice
+    with pytest.raises(LayersimError, match="x is constant across examples"):
+        _common.centre_into("x", np.tile(a[:1], (40, 1)), stack[:, 1:4], "CKA")

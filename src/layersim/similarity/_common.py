@@ -20,16 +20,23 @@ Named = list[tuple[str, np.ndarray]]
 # values: centring a truly constant column leaves only rounding residue of order eps·|value|.
 CONSTANT_RTOL = 1e-12
 
+# centre_into centres this many bytes of float64 rows at a time: a block that stays in cache.
+CENTRE_BLOCK_BYTES = 1 << 21
+
 
 def centred_and_constant(a: np.ndarray) -> tuple[np.ndarray, bool]:
     """``H a`` in float64 (a new C-contiguous array), and whether nothing is left after centring."""
     # Mean accumulated in float64 and subtracted in float64: no float32 intermediate.
     mean = a.mean(axis=0, dtype=np.float64)
     centred = np.subtract(a, mean, dtype=np.float64)
-    centred_sq = float(np.einsum("ij,ij->", centred, centred))
+    return centred, _nothing_left(float(np.einsum("ij,ij->", centred, centred)), a.shape[0], mean)
+
+
+def _nothing_left(centred_sq: float, num_rows: int, mean: np.ndarray) -> bool:
+    """Whether the centred part (squared norm ``centred_sq``) is only rounding residue of the raw values."""
     # ||a||² = ||Ha||² + n·||mean||² exactly (centred columns sum to zero), so no second pass.
-    total_sq = centred_sq + a.shape[0] * float(mean @ mean)
-    return centred, centred_sq <= CONSTANT_RTOL**2 * total_sq
+    total_sq = centred_sq + num_rows * float(mean @ mean)
+    return centred_sq <= CONSTANT_RTOL**2 * total_sq
 
 
 def as_list(layers: Sequence[np.ndarray], label: str) -> list[np.ndarray]:
@@ -98,11 +105,30 @@ def centre(name: str, a: np.ndarray, measure: str) -> np.ndarray:
     """``H a`` in float64 (a new array); raises if the whole representation is constant."""
     centred, constant = centred_and_constant(a)
     if constant:
-        raise LayersimError(
-            f"{name} is constant across examples (zero variance after centring), so its {measure} is "
-            "undefined; drop that layer or check how it was extracted."
-        )
+        raise _constant_error(name, measure)
     return centred
+
+
+def centre_into(name: str, a: np.ndarray, out: np.ndarray, measure: str) -> None:
+    """Write ``H a`` into ``out`` (same shape, any float dtype, e.g. a column slice of a stack): centred in
+    float64 and only then rounded to ``out``'s dtype, exactly as :func:`centre` would give, but a cache-sized
+    block of rows at a time, so no float64 copy of the whole layer is made. Raises as :func:`centre`."""
+    mean = a.mean(axis=0, dtype=np.float64)
+    rows = max(1, CENTRE_BLOCK_BYTES // (8 * max(1, a.shape[1])))
+    centred_sq = 0.0
+    for start in range(0, a.shape[0], rows):
+        block = np.subtract(a[start : start + rows], mean, dtype=np.float64)
+        centred_sq += float(np.einsum("ij,ij->", block, block))
+        out[start : start + rows] = block
+    if _nothing_left(centred_sq, a.shape[0], mean):
+        raise _constant_error(name, measure)
+
+
+def _constant_error(name: str, measure: str) -> LayersimError:
+    return LayersimError(
+        f"{name} is constant across examples (zero variance after centring), so its {measure} is "
+        "undefined; drop that layer or check how it was extracted."
+    )
 
 
 def constant_columns(a: np.ndarray, centred: np.ndarray) -> np.ndarray:

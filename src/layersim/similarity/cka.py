@@ -43,8 +43,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from layersim.errors import LayersimError, unknown_name
-from layersim.similarity._common import (CONSTANT_RTOL, as_list, centre, centred_and_constant, named_lists,
-                                         validated)
+from layersim.similarity._common import (CONSTANT_RTOL, as_list, centre, centre_into, centred_and_constant,
+                                         named_lists, validated)
 
 METHODS = ("auto", "feature", "gram")
 PRECISIONS = ("auto", "float32", "float64")
@@ -340,7 +340,7 @@ def _stacked_centred(named: list[tuple[str, np.ndarray]], dtype: type) -> tuple[
     stacked = np.empty((named[0][1].shape[0], int(offsets[-1])), dtype=dtype)
     for k, (name, a) in enumerate(named):
         # Centred in float64, rounded to the product dtype only afterwards.
-        stacked[:, offsets[k] : offsets[k + 1]] = centre(name, a, "CKA")
+        centre_into(name, a, stacked[:, offsets[k] : offsets[k + 1]], "CKA")
     return stacked, offsets
 
 
