@@ -290,11 +290,16 @@ def test_float32_products_agree_with_float64(rng, method):
         assert np.abs(fast - exact).max() > 0  # it really took the float32 path
 
 
-def test_float32_products_cross_row_blocks(rng, monkeypatch):
+def test_float32_products_cross_row_blocks_and_panels(rng, monkeypatch):
+    # Several row blocks and several panels: each panel's reused float64 buffer is written by its first
+    # block and added to by the rest, so a stale value or a lost block would show here.
     monkeypatch.setattr(cka, "BLOCK_ROWS", 100)
-    xs = [layer.astype(np.float32) for layer in _layers(rng, 1000, [9, 20, 5])]
-    np.testing.assert_allclose(cka_matrix(xs, method="feature", precision="float32"),
-                               cka_matrix(xs, method="feature", precision="float64"), rtol=0, atol=1e-6)
+    monkeypatch.setattr(cka, "PANEL_COLUMNS", 16)
+    xs = [layer.astype(np.float32) for layer in _layers(rng, 1000, [9, 20, 5, 11])]
+    ys = [layer.astype(np.float32) for layer in _layers(rng, 1000, [7, 13])]
+    for pair in ((xs, None), (xs, ys)):
+        np.testing.assert_allclose(cka_matrix(*pair, method="feature", precision="float32"),
+                                   cka_matrix(*pair, method="feature", precision="float64"), rtol=0, atol=1e-6)
 
 
 def test_auto_precision_rule():

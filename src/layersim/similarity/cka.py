@@ -311,8 +311,7 @@ def _hsic_feature(
         part = None if dtype == np.float64 else np.empty(sums.size, dtype=dtype)
         for (first, stop), (rows, columns) in zip(panels, shapes):
             panel = sums[: rows * columns].reshape(rows, columns)
-            panel.fill(0.0)
-            _add_panel(panel, stacked, offsets[first], offsets[stop], part)
+            _add_panel(panel, stacked, offsets[first], offsets[stop], part, overwrite=True)
             _panel_hsic(hsic, panel, offsets, first, stop)
         self_x = np.diag(hsic).copy()
         return hsic, self_x, self_x
@@ -372,31 +371,39 @@ def _panel_hsic(hsic: np.ndarray, panel: np.ndarray, offsets: np.ndarray, first:
         hsic[i, i:] = _block_sq_norms(rows, offsets[i:-1] - offsets[i])
 
 
-def _add_panel(out: np.ndarray, z: np.ndarray, start: int, stop: int, part: np.ndarray | None = None) -> None:
+def _add_panel(
+    out: np.ndarray, z: np.ndarray, start: int, stop: int, part: np.ndarray | None = None, *, overwrite: bool = False
+) -> None:
     """``out += z[:, start:stop]ᵀ z[:, start:]``: a panel's rows of the upper triangle of ``zᵀ z``, its own
-    block in full (``part``: optional flat scratch of ``out.size`` in z's dtype, see :func:`_add_cross`)."""
+    block in full (``part``: optional flat scratch of ``out.size`` in z's dtype; ``overwrite``: ``out =``
+    instead; see :func:`_add_cross`)."""
     width = stop - start
     rest = out.shape[1] - width
     own = None if part is None else part[: width * width].reshape(width, width)
     later = None if part is None else part[width * width : width * width + width * rest].reshape(width, rest)
-    _add_cross(out[:, :width], z[:, start:stop], z[:, start:stop], own)  # a is b: syrk
+    _add_cross(out[:, :width], z[:, start:stop], z[:, start:stop], own, overwrite=overwrite)  # a is b: syrk
     if rest:
-        _add_cross(out[:, width:], z[:, start:stop], z[:, stop:], later)
+        _add_cross(out[:, width:], z[:, start:stop], z[:, stop:], later, overwrite=overwrite)
 
 
 def _cross(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``aᵀ b`` in float64 for (n, p) and (n, q) arrays of the same dtype."""
-    out = np.zeros((a.shape[1], b.shape[1]))
-    _add_cross(out, a, b)
+    out = np.empty((a.shape[1], b.shape[1]))
+    _add_cross(out, a, b, overwrite=True)
     return out
 
 
-def _add_cross(out: np.ndarray, a: np.ndarray, b: np.ndarray, part: np.ndarray | None = None) -> None:
-    """``out += aᵀ b``: float64 inputs in one product; float32 inputs in row blocks of BLOCK_ROWS,
-    each block's float32 product added into the float64 ``out`` (``part``: optional scratch of
-    ``out``'s shape in the inputs' dtype)."""
+def _add_cross(
+    out: np.ndarray, a: np.ndarray, b: np.ndarray, part: np.ndarray | None = None, *, overwrite: bool = False
+) -> None:
+    """``out += aᵀ b`` (``out = aᵀ b`` with ``overwrite``): float64 inputs in one product; float32 inputs
+    in row blocks of BLOCK_ROWS, each block's float32 product added into the float64 ``out`` (``part``:
+    optional scratch of ``out``'s shape in the inputs' dtype)."""
     if a.dtype == np.float64:
-        out += a.T @ b
+        if overwrite:
+            np.matmul(a.T, b, out=out)
+        else:
+            out += a.T @ b
         return
     if part is None:
         part = np.empty(out.shape, dtype=a.dtype)
@@ -404,7 +411,11 @@ def _add_cross(out: np.ndarray, a: np.ndarray, b: np.ndarray, part: np.ndarray |
         # Column slices of a C-contiguous array are strided views BLAS takes as they are (no copy);
         # with a is b NumPy runs syrk.
         np.matmul(a[start : start + BLOCK_ROWS].T, b[start : start + BLOCK_ROWS], out=part)
-        out += part
+        if overwrite and start == 0:
+            # The first block is written, not added: no separate pass to zero ``out``.
+            out[...] = part
+        else:
+            out += part
 
 
 def _block_sq_norms(block: np.ndarray, starts: np.ndarray) -> np.ndarray:
