@@ -123,6 +123,19 @@ def gb(num_bytes: float) -> str:
     return f"{num_bytes / 1e9:.1f} GB"
 
 
+def too_big(need: int) -> str | None:
+    """The "not run" note when ``need`` bytes would not fit in the memory available now, else None."""
+    free = available_bytes()
+    if need > 0.8 * free:
+        return f"not run: needs ~{gb(need)} (n x n Gram matrices), {gb(free)} available"
+    return None
+
+
+def max_error(values: dict, reference: np.ndarray) -> float:
+    """Largest |value - reference[i, j]| over the timed pairs."""
+    return max(abs(v - reference[i, j]) for (i, j), v in values.items())
+
+
 # --- the notebook baseline -----------------------------------------------------------------------
 
 
@@ -384,13 +397,12 @@ def linear_cka_section(n: int, width: int, num_layers: int, args) -> None:
 
     loop_rows = []
     for loop in notebook_loops(n, num_layers, args):
-        need, free = loop.need_bytes(n), available_bytes()
-        if need > 0.8 * free:
-            loop_rows.append((loop.label, None, f"not run: needs ~{gb(need)} (n x n Gram matrices), {gb(free)} available"))
+        skip = too_big(loop.need_bytes(n))
+        if skip:
+            loop_rows.append((loop.label, None, skip))
             continue
         values, seconds, note = loop.run(layers)
-        error = max(abs(v - reference[i, j]) for (i, j), v in values.items())
-        loop_rows.append((loop.label, seconds, f"[{note}] max |Δ| vs layersim float64 {error:.1e}"))
+        loop_rows.append((loop.label, seconds, f"[{note}] max |Δ| vs layersim float64 {max_error(values, reference):.1e}"))
     t_loop = loop_rows[0][1]  # the strongest loop: float64 feature space
     rows += loop_rows
 
@@ -400,9 +412,9 @@ def linear_cka_section(n: int, width: int, num_layers: int, args) -> None:
         if _version(peer.dist) == "not installed":
             peer_rows.append((label, None, "not run: not installed (see the install command at the top)"))
             continue
-        need, free = peer.need_bytes(n, width, num_layers), available_bytes()
-        if need > 0.8 * free:
-            peer_rows.append((label, None, f"not run: needs ~{gb(need)} (n x n Gram matrices), {gb(free)} available"))
+        skip = too_big(peer.need_bytes(n, width, num_layers))
+        if skip:
+            peer_rows.append((label, None, skip))
             continue
         try:
             values, t_peer, note = peer.run(layers)
@@ -410,7 +422,7 @@ def linear_cka_section(n: int, width: int, num_layers: int, args) -> None:
             peer_rows.append((label, None, f"not run: {type(err).__name__}: {str(err).splitlines()[0][:80]}"))
             continue
         if peer.quantity == "linear":
-            error = max(abs(v - reference[i, j]) for (i, j), v in values.items())
+            error = max_error(values, reference)
             what = "max |Δ| vs layersim float64 linear CKA"
         else:
             pairs_seen = sorted(values)
@@ -428,9 +440,7 @@ def linear_cka_section(n: int, width: int, num_layers: int, args) -> None:
         print(f"{'':<4}{seconds:>10.2f}  {seconds / t_ours:>9.2f}x  {label}" + (f"\n{'':<28}{extra}" if extra else ""))
     print(f"ratios: loop / layersim = {t_loop / t_ours:.1f}x (float64 feature-space loop);  "
           f"layersim / roofline = {t_ours / t_roof:.2f}x;  float64 / layersim = {t_ref / t_ours:.2f}x", flush=True)
-    # The loop does 4x the roofline's multiply-adds (L² pairs x (one GEMM + two half-size syrks) against
-    # L²/2 blocks of one syrk) at half the float32 speed: no exact method doing that product can beat
-    # this ratio on this machine.
+    # Why this bounds every exact method: see the module docstring.
     print(f"ceiling: loop / roofline = {t_loop / t_roof:.1f}x, the most any method that computes Zᵀ Z "
           "could gain over that loop here", flush=True)
     for label, seconds, extra in loop_rows[1:]:
