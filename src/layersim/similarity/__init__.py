@@ -10,7 +10,8 @@ The bottom layer of the library: NumPy/SciPy only, no I/O, no models. The measur
 * :mod:`~layersim.similarity.neurons` — neuronsim and mixedsim (neuron-level);
 * :mod:`~layersim.similarity.attention` — head-level and distributed attention similarities;
 * :mod:`~layersim.similarity.registry` — ``MEASURES`` by name and ``similarity_matrix``;
-* :mod:`~layersim.similarity.localization` — Wu et al.'s localization score.
+* :mod:`~layersim.similarity.localization` — Wu et al.'s localization score;
+* :mod:`~layersim.similarity.null` — permutation nulls (chance level, p-values) for every measure.
 """
 
 from layersim.similarity.attention import (
@@ -25,6 +26,7 @@ from layersim.similarity.cka import LinearCKAAccumulator, cka_matrix, is_constan
 from layersim.similarity.kernels import debiased_cka, rbf_cka
 from layersim.similarity.localization import localization_scores, mean_similarity_per_layer
 from layersim.similarity.neurons import NeuronScores, mixedsim, mixedsim_per_neuron, neuronsim, neuronsim_per_neuron
+from layersim.similarity.null import NullMatrix, NullResult, chance_adjusted, permutation_matrix, permutation_test
 from layersim.similarity.registry import MEASURES, Measure, get_measure, similarity, similarity_matrix
 
 __all__ = [
@@ -34,9 +36,12 @@ __all__ = [
     "LinearCKAAccumulator",
     "Measure",
     "NeuronScores",
+    "NullMatrix",
+    "NullResult",
     "attention_similarity",
     "attention_similarity_matrix",
     "canonical_correlations",
+    "chance_adjusted",
     "cka_matrix",
     "debiased_cka",
     "get_measure",
@@ -50,6 +55,8 @@ __all__ = [
     "mixedsim_per_neuron",
     "neuronsim",
     "neuronsim_per_neuron",
+    "permutation_matrix",
+    "permutation_test",
     "pwcca",
     "rbf_cka",
     "similarity",
