@@ -114,7 +114,7 @@ def permutation_test(name: str, x: np.ndarray, y: np.ndarray, *, permutations: i
         For an unknown measure or option, ``permutations < 1``, ``exact=True`` for a measure other
         than linear_cka, and the measure's own input errors (constant layers included).
     """
-    return permutation_matrix(name, [x], [y], permutations=permutations, seed=seed, exact=exact, **options)[0, 0]
+    return _null(name, [("x", x)], [("y", y)], None, permutations, seed, exact, options)[0, 0]
 
 
 def permutation_matrix(name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray] | None = None, *,
@@ -141,6 +141,10 @@ def permutation_matrix(name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndar
     -------
     :class:`NullMatrix` with ``method`` "exact" or "permutation".
     """
+    return _null(name, *named_lists(xs, ys), cells, permutations, seed, exact, options)
+
+
+def _null(name: str, x_named, y_named, cells, permutations, seed, exact, options) -> NullMatrix:
     measure = get_measure(name)
     check_options(name, options, measure.options)
     if exact is not None and not isinstance(exact, bool):
@@ -152,7 +156,6 @@ def permutation_matrix(name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndar
         )
     if isinstance(permutations, bool) or not isinstance(permutations, (int, np.integer)) or permutations < 1:
         raise LayersimError(f"permutations must be an integer >= 1, got {permutations!r}.")
-    x_named, y_named = named_lists(xs, ys)
     shape = (len(x_named), len(x_named if y_named is None else y_named))
     cells = _check_cells(cells, shape)
     num_rows = np.asarray(x_named[0][1]).shape[0] if np.ndim(x_named[0][1]) == 2 else 0
