@@ -1,0 +1,79 @@
+"""The cost of a permutation null next to the similarity matrix it belongs to.
+
+For each measure: ``similarity_matrix(name, layers)`` (13 layers against themselves) and
+``permutation_matrix(name, layers)`` (ys=None, every cell) on the same float32 layers, and their ratio.
+linear_cka uses its exact RV moments (goal: null ≤ 1.5x the matrix); every other measure samples
+``--permutations`` permutations (100 by default). A sampled null costs about ``permutations`` times the
+per-pair work of the matrix (the per-layer statistics are computed once), so for slow measures
+``--timed N`` runs 1 and 1 + N permutations and extrapolates linearly to ``--permutations``; the
+table marks such rows "scaled".
+
+    python benchmarks/null.py                                    # n = 20,000, d = 768, 13 layers, all measures
+    python benchmarks/null.py --measures linear_cka              # the exact null only
+    python benchmarks/null.py --n 2000 --d 256 --timed 5 --measures svcca pwcca
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from layersim.similarity import MEASURES, permutation_matrix, similarity_matrix
+
+
+def make_layers(n: int, d: int, layers: int, seed: int = 0) -> list[np.ndarray]:
+    """Float32 layers like a residual stream: each one the previous plus fresh noise."""
+    rng = np.random.default_rng(seed)
+    out, h = [], rng.normal(size=(n, d)).astype(np.float32)
+    for _ in range(layers):
+        h = h + 0.7 * rng.normal(size=(n, d)).astype(np.float32)
+        out.append(h.copy())
+    return out
+
+
+def timed(fn) -> tuple[float, object]:
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=20_000, help="examples (rows)")
+    parser.add_argument("--d", type=int, default=768, help="neurons per layer")
+    parser.add_argument("--layers", type=int, default=13)
+    parser.add_argument("--permutations", type=int, default=100, help="sampled permutations (not linear_cka)")
+    parser.add_argument("--timed", type=int, default=None,
+                        help="run only 1 and 1 + TIMED permutations and extrapolate (default: run them all)")
+    parser.add_argument("--measures", nargs="+", default=sorted(MEASURES), choices=sorted(MEASURES))
+    args = parser.parse_args()
+
+    layers = make_layers(args.n, args.d, args.layers)
+    print(f"n = {args.n}, d = {args.d}, {args.layers} x {args.layers} (ys=None), float32 layers; "
+          f"{args.permutations} permutations for sampled nulls")
+    print(f"{'measure':<14}{'method':<13}{'matrix s':>10}{'null s':>11}{'ratio':>9}  note")
+    for name in args.measures:
+        t_matrix, _ = timed(lambda: similarity_matrix(name, layers))
+        if name == "linear_cka":
+            t_null, result = timed(lambda: permutation_matrix(name, layers))
+            note = ""
+        elif args.timed is None or args.timed + 1 >= args.permutations:
+            t_null, result = timed(lambda: permutation_matrix(name, layers, permutations=args.permutations))
+            note = ""
+        else:
+            t_one, _ = timed(lambda: permutation_matrix(name, layers, permutations=1))
+            t_more, result = timed(lambda: permutation_matrix(name, layers, permutations=1 + args.timed))
+            per_permutation = max(t_more - t_one, 0.0) / args.timed
+            t_null = t_one + (args.permutations - 1) * per_permutation
+            note = f"scaled from 1 and {1 + args.timed} permutations ({per_permutation:.3g} s each)"
+        off = np.triu_indices(args.layers, 1)
+        note = (note + "; " if note else "") + (
+            f"mean null {np.nanmean(result.null_mean[off]):.3f}, mean observed {np.nanmean(result.observed[off]):.3f}")
+        print(f"{name:<14}{result.method:<13}{t_matrix:>10.2f}{t_null:>11.2f}{t_null / t_matrix:>8.2f}x  {note}",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
