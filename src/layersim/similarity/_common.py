@@ -8,6 +8,7 @@ that names the offending input (``x``, ``y``, ``xs[3]``, ...) and the measure.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -170,3 +171,19 @@ def default_rtol(num_examples: int, width: int) -> float:
 def check_rtol(rtol: float | None) -> None:
     if rtol is not None and not (isinstance(rtol, (int, float)) and 0.0 <= rtol < 1.0):
         raise LayersimError(f"rtol must be a number in [0, 1) or None, got {rtol!r}.")
+
+
+# Below this many multiply-adds per product (rows × width²), a BLAS call is over before a second thread
+# would pay off: with the other core busy, handing small QR/GEMM calls to two threads was measured 140×
+# slower (a 300 × 32 QR: 28 ms instead of 0.2 ms). Loops of many small calls (permutations, bootstrap
+# resamples) run on one thread below it.
+SMALL_PRODUCT = 1e8
+
+
+def blas_threads_for(num_rows: int, width: int):
+    """A context that keeps BLAS on one thread while loops of products of this size run, when they are small
+    (see SMALL_PRODUCT); otherwise it changes nothing."""
+    if num_rows * width * width >= SMALL_PRODUCT:
+        return contextlib.nullcontext()
+    from threadpoolctl import threadpool_limits
+    return threadpool_limits(limits=1, user_api="blas")
