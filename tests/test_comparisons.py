@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from layersim.comparisons import (attention_measure_bounds, attention_measure_label, block, localization, measure_options, pair_summary,
-                                  phang_comparisons, stacked_matrix, summarize)
+                                  phang_cells, phang_comparisons, seed_spread, stacked_matrix, summarize)
 from layersim.similarity import AttentionMaps, attention_similarity_matrix, similarity_matrix
 
 
@@ -56,10 +56,18 @@ def test_phang_comparisons_pick_the_right_blocks():
     assert keys == ["orig_orig", "ft_orig", "ft_ft"]
 
 
-def test_localization_is_zscored_row_means_of_neuronsim_minus_svcca():
+def test_localization_is_the_raw_difference_of_row_means_by_default():
+    """Wu et al. §5.1: mean neuronsim minus mean svsim over the other layers, not standardised."""
     neuron = np.array([[1.0, 0.8, 0.2], [0.6, 1.0, 0.4], [0.1, 0.3, 1.0]])
     sv = np.array([[1.0, 0.5, 0.5], [0.5, 1.0, 0.9], [0.5, 0.9, 1.0]])
     scores = localization(neuron, sv, {"A": 2, "B": 1})
+    np.testing.assert_allclose(np.concatenate([scores["A"], scores["B"]]), [0.0, -0.2, -0.5])
+
+
+def test_localization_zscored_on_request():
+    neuron = np.array([[1.0, 0.8, 0.2], [0.6, 1.0, 0.4], [0.1, 0.3, 1.0]])
+    sv = np.array([[1.0, 0.5, 0.5], [0.5, 1.0, 0.9], [0.5, 0.9, 1.0]])
+    scores = localization(neuron, sv, {"A": 2, "B": 1}, standardize=True)
     neuron_means = np.array([0.5, 0.5, 0.2])  # row means without the diagonal
     sv_means = np.array([0.5, 0.7, 0.7])
 
@@ -104,6 +112,26 @@ def test_labels_and_options():
     assert attention_measure_bounds("svcca") == (0.0, 1.0)
     options = measure_options(rbf_sigma_scale=2.0, svcca_variance=0.9)
     assert options == {"rbf_cka": {"sigma_scale": 2.0}, "svcca": {"variance_threshold": 0.9}}
+    assert measure_options(rbf_sigma_scale=1.0, svcca_variance=0.9, pwcca_variance=0.99)["pwcca"] == {
+        "variance_threshold": 0.99}
+
+
+def test_phang_cells_mark_exactly_the_reported_blocks():
+    sizes = {"ORIG": 2, "FT[1]": 2, "FT[2]": 2}
+    marker = np.arange(36.0).reshape(6, 6)
+    cells = phang_cells(sizes, "ORIG", ["FT[1]", "FT[2]"])
+    reported = np.concatenate([c.matrix.ravel() for c in phang_comparisons(marker, sizes, "ORIG", ["FT[1]", "FT[2]"])])
+    np.testing.assert_array_equal(np.sort(marker[cells]), np.sort(reported))
+    assert cells.sum() == 4 * 4
+
+
+def test_seed_spread_is_mean_and_sd_over_every_pair_of_seeds():
+    sizes = {"ORIG": 2, "FT[1]": 2, "FT[2]": 2, "FT[3]": 2}
+    matrix = np.random.default_rng(7).uniform(size=(8, 8))
+    mean, sd = seed_spread(matrix, sizes, ["FT[1]", "FT[2]", "FT[3]"])
+    pairs = np.array([[matrix[2, 4], matrix[3, 5]], [matrix[2, 6], matrix[3, 7]], [matrix[4, 6], matrix[5, 7]]])
+    np.testing.assert_allclose(mean, pairs.mean(0))
+    np.testing.assert_allclose(sd, pairs.std(0, ddof=1))
 
 
 def test_pair_summary_diagonal_for_equal_depth_best_match_otherwise():

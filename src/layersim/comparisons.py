@@ -20,6 +20,8 @@ column are NaN, drawn grey, and null in metrics.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -27,6 +29,9 @@ import numpy as np
 
 from layersim.similarity import (MEASURES, AttentionMaps, LinearCKAAccumulator, attention_similarity_matrix, cka_matrix,
                                  is_constant, localization_scores, similarity_matrix)
+from layersim.similarity._common import blas_threads_for
+from layersim.similarity.bootstrap import bootstrap_pairs
+from layersim.similarity.null import NullMatrix, chance_adjusted, permutation_matrix
 
 # Head-level attention measures: figure label and range (matrix-norm similarity is 1 − a mean
 # Frobenius distance, so it has no lower bound).
@@ -45,9 +50,18 @@ def attention_measure_bounds(measure: str) -> tuple[float, float] | None:
     return _HEAD_MEASURES[measure][1] if measure in _HEAD_MEASURES else MEASURES[measure].bounded
 
 
-def measure_options(*, rbf_sigma_scale: float, svcca_variance: float) -> dict[str, dict]:
+def measure_options(*, rbf_sigma_scale: float, svcca_variance: float,
+                    pwcca_variance: float | None = None) -> dict[str, dict]:
     """The options each measure takes from params.yaml's similarity section, by measure name."""
-    return {"rbf_cka": {"sigma_scale": rbf_sigma_scale}, "svcca": {"variance_threshold": svcca_variance}}
+    options = {"rbf_cka": {"sigma_scale": rbf_sigma_scale}, "svcca": {"variance_threshold": svcca_variance}}
+    if pwcca_variance is not None:
+        options["pwcca"] = {"variance_threshold": pwcca_variance}
+    return options
+
+
+# Axis label of the localization curves, by similarity.localization.
+LOCALIZATION_LABELS = {"raw": "localization: mean neuronsim − mean svsim",
+                       "zscore": "localization: z-scored mean neuronsim − z-scored mean svsim"}
 
 
 @dataclass(frozen=True)
@@ -57,6 +71,9 @@ class Comparison:
     matrix: np.ndarray  # [y_layer, x_layer]
     y_label: str
     x_label: str
+    null_mean: np.ndarray | None = None  # the permutation null's mean per cell, like matrix
+    p_value: np.ndarray | None = None    # one-sided permutation p-value per cell
+    interval: tuple[np.ndarray, np.ndarray] | None = None  # bootstrap interval of the diagonal (low, high)
 
 
 def stacked_matrix(measure: str, models: dict[str, Sequence], **options) -> np.ndarray:
@@ -125,34 +142,96 @@ def stream_linear_cka(measures: Sequence[str], num_rows: int, widths: Sequence[i
     return 12 * num_rows * sum(widths) > streaming
 
 
+def block_slices(sizes: dict[str, int], row_model: str, column_model: str) -> tuple[slice, slice]:
+    """Rows and columns of a stacked matrix that compare `row_model`'s layers (rows) with `column_model`'s."""
+    starts = dict(zip(sizes, np.cumsum([0, *sizes.values()])))
+    return (slice(starts[row_model], starts[row_model] + sizes[row_model]),
+            slice(starts[column_model], starts[column_model] + sizes[column_model]))
+
+
 def block(matrix: np.ndarray, sizes: dict[str, int], row_model: str, column_model: str) -> np.ndarray:
     """The block of a stacked matrix comparing `row_model`'s layers (rows) with `column_model`'s."""
-    starts = dict(zip(sizes, np.cumsum([0, *sizes.values()])))
-    rows = slice(starts[row_model], starts[row_model] + sizes[row_model])
-    columns = slice(starts[column_model], starts[column_model] + sizes[column_model])
-    return matrix[rows, columns]
+    return matrix[block_slices(sizes, row_model, column_model)]
 
 
-def phang_comparisons(matrix: np.ndarray, sizes: dict[str, int], orig: str, finetuned: Sequence[str]) -> list[Comparison]:
-    """Phang et al.'s comparisons as blocks of a stacked matrix of the models `sizes` names."""
+def phang_comparisons(matrix: np.ndarray, sizes: dict[str, int], orig: str, finetuned: Sequence[str],
+                      null: NullMatrix | None = None) -> list[Comparison]:
+    """Phang et al.'s comparisons as blocks of a stacked matrix of the models `sizes` names, with the blocks
+    of the stacked permutation null (:func:`stacked_null`) when given."""
+    def pick(key, title, row_model, column_model, y_label, x_label):
+        nulls = {} if null is None else {"null_mean": block(null.null_mean, sizes, row_model, column_model),
+                                         "p_value": block(null.p_value, sizes, row_model, column_model)}
+        return Comparison(key, title, block(matrix, sizes, row_model, column_model), y_label, x_label, **nulls)
+
     ft = finetuned[0]
-    comparisons = [
-        Comparison("orig_orig", "ORIG–ORIG", block(matrix, sizes, orig, orig), "ORIG layer", "ORIG layer"),
-        Comparison("ft_orig", "FT–ORIG", block(matrix, sizes, ft, orig), "FT layer", "ORIG layer"),
-        Comparison("ft_ft", "FT–FT", block(matrix, sizes, ft, ft), "FT layer", "FT layer"),
-    ]
+    comparisons = [pick("orig_orig", "ORIG–ORIG", orig, orig, "ORIG layer", "ORIG layer"),
+                   pick("ft_orig", "FT–ORIG", ft, orig, "FT layer", "ORIG layer"),
+                   pick("ft_ft", "FT–FT", ft, ft, "FT layer", "FT layer")]
     if len(finetuned) > 1:
-        comparisons.append(Comparison("ft1_ft2", "FT[1]–FT[2]", block(matrix, sizes, ft, finetuned[1]),
-                                      "FT[1] layer", "FT[2] layer"))
+        comparisons.append(pick("ft1_ft2", "FT[1]–FT[2]", ft, finetuned[1], "FT[1] layer", "FT[2] layer"))
     return comparisons
 
 
-def localization(neuronsim: np.ndarray, svcca: np.ndarray, sizes: dict[str, int]) -> dict[str, np.ndarray]:
+def phang_cells(sizes: dict[str, int], orig: str, finetuned: Sequence[str]) -> np.ndarray:
+    """Boolean mask of the stacked matrix's cells that :func:`phang_comparisons` reports."""
+    chosen = np.zeros((sum(sizes.values()),) * 2, dtype=bool)
+    pairs = [(orig, orig), (finetuned[0], orig), (finetuned[0], finetuned[0])] + (
+        [(finetuned[0], finetuned[1])] if len(finetuned) > 1 else [])
+    for row_model, column_model in pairs:
+        chosen[block_slices(sizes, row_model, column_model)] = True
+    return chosen
+
+
+def stacked_null(measure: str, models: dict[str, Sequence], *, permutations: int, seed: int,
+                 cells: np.ndarray | None = None, **options) -> NullMatrix:
+    """The permutation null of :func:`stacked_matrix`'s cells (rows of the column layer shuffled), NaN
+    for constant layers and for cells outside `cells`. Linear CKA uses the exact permutation moments."""
+    layers = [layer for model_layers in models.values() for layer in model_layers]
+    defined = [i for i, layer in enumerate(layers) if not is_constant(layer)]
+    full = np.full((len(layers), len(layers)), np.nan)
+    fields = {"observed": full.copy(), "null_mean": full.copy(), "null_p95": full.copy(), "p_value": full.copy()}
+    null = None
+    if defined:
+        chosen = None if cells is None else cells[np.ix_(defined, defined)]
+        with blas_threads_for(len(layers[0]), max(layer.shape[1] for layer in layers)):
+            null = permutation_matrix(measure, [layers[i] for i in defined], permutations=permutations, seed=seed,
+                                      cells=chosen, **options)
+        for name, values in fields.items():
+            values[np.ix_(defined, defined)] = getattr(null, name)
+    return NullMatrix(**fields, permutations=null.permutations if null else permutations,
+                      method=null.method if null else "permutation")
+
+
+def diagonal_intervals(measure: str, models: dict[str, Sequence], comparisons: Sequence[Comparison], *,
+                       resamples: int, seed: int, groups: np.ndarray | None = None, **options) -> list[Comparison]:
+    """The comparisons with a bootstrap interval (over examples, or over `groups` of rows) of the diagonal of
+    FT–ORIG and FT[1]–FT[2]: the per-layer values that metrics report. Models are named as in the comparisons'
+    titles: ORIG and FT[1] (FT), FT[2]."""
+    pairs = {"ft_orig": ("FT[1]", "ORIG"), "ft1_ft2": ("FT[1]", "FT[2]")}
+    out = []
+    for c in comparisons:
+        if c.key in pairs:
+            xs, ys = (models[name] for name in pairs[c.key])
+            result = bootstrap_pairs(measure, xs, ys, resamples=resamples, seed=seed, groups=groups, **options)
+            c = dataclasses.replace(c, interval=(result.low, result.high))
+        out.append(c)
+    return out
+
+
+def seed_spread(matrix: np.ndarray, sizes: dict[str, int], finetuned: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer, mean and standard deviation (ddof 1) of the FT[i]–FT[j] diagonal over every pair of seeds."""
+    diagonals = np.array([np.diag(block(matrix, sizes, a, b)) for a, b in itertools.combinations(finetuned, 2)])
+    return diagonals.mean(axis=0), diagonals.std(axis=0, ddof=1)
+
+
+def localization(neuronsim: np.ndarray, svcca: np.ndarray, sizes: dict[str, int], *,
+                 standardize: bool = False) -> dict[str, np.ndarray]:
     """Wu et al.'s localization score per layer of each model, from stacked neuronsim and SVCCA matrices.
 
     Each layer's mean similarity to every other layer (row mean without the diagonal, undefined layers
-    left out), z-scored across all defined layers of all models, neuronsim minus SVCCA; NaN for an
-    undefined layer. z-scoring keeps the profiles comparable across models.
+    left out), neuronsim minus SVCCA, the raw difference as Wu et al. §5.1 define it; NaN for an undefined
+    layer. With `standardize`, each mean is first z-scored across all defined layers of all models: only
+    the shape of each profile survives, relative to the models stacked together.
     """
     def row_means(matrix: np.ndarray) -> np.ndarray:
         off = np.where(np.eye(len(matrix), dtype=bool), np.nan, matrix)
@@ -162,23 +241,26 @@ def localization(neuronsim: np.ndarray, svcca: np.ndarray, sizes: dict[str, int]
     neuron, sv = row_means(neuronsim), row_means(svcca)
     defined = np.isfinite(neuron) & np.isfinite(sv)
     scores = np.full(len(neuron), np.nan)
-    scores[defined] = localization_scores(neuron[defined], sv[defined], standardize=True)
+    scores[defined] = localization_scores(neuron[defined], sv[defined], standardize=standardize)
     bounds = np.cumsum([0, *sizes.values()])
     return {name: scores[bounds[k]:bounds[k + 1]] for k, name in enumerate(sizes)}
 
 
-def pair_summary(matrix: np.ndarray, sizes: dict[str, int], first: str, first_layer: int = 0) -> dict:
+def pair_summary(matrix: np.ndarray, sizes: dict[str, int], first: str, first_layer: int = 0,
+                 null: NullMatrix | None = None) -> dict:
     """For each other model: per layer of it, its similarity to the same layer of `first` where the depths
-    match (the diagonal), and otherwise the layer of `first` it is most similar to. Row/column 0 is
-    layer `first_layer` (1 for attention maps)."""
+    match (the diagonal, with the null's mean and p-value per layer when `null` is given), and otherwise the
+    layer of `first` it is most similar to. Row/column 0 is layer `first_layer` (1 for attention maps)."""
     summary = {}
     for other in sizes:
         if other == first:
             continue
         part = block(matrix, sizes, other, first)
         if sizes[other] == sizes[first]:
-            summary[other] = {"diagonal": {f"layer_{k + first_layer:02d}": number(v)
-                                           for k, v in enumerate(np.diag(part))}}
+            summary[other] = {"diagonal": per_layer(np.diag(part), first_layer)}
+            if null is not None:
+                summary[other]["null_mean"] = per_layer(np.diag(block(null.null_mean, sizes, other, first)), first_layer)
+                summary[other]["p_value"] = per_layer(np.diag(block(null.p_value, sizes, other, first)), first_layer)
             continue
         best = {}
         for k, row in enumerate(part):
@@ -198,17 +280,31 @@ def _nanmean(values: np.ndarray) -> float | None:
     return number(np.nanmean(values)) if np.isfinite(values).any() else None
 
 
-def summarize(comparisons: Sequence[Comparison], first_layer: int = 0) -> dict:
+def per_layer(values: np.ndarray, first_layer: int = 0) -> dict[str, float | None]:
+    """{"layer_00": value, …} for metrics files."""
+    return {f"layer_{k + first_layer:02d}": number(v) for k, v in enumerate(values)}
+
+
+def summarize(comparisons: Sequence[Comparison], first_layer: int = 0, *, adjusted: bool = False) -> dict:
     """Headline numbers: the per-layer diagonal, its mean, the last layer's value, and for the
     symmetric comparisons the mean off-diagonal similarity (how blocky the matrix is). Means skip
-    undefined entries; an undefined single value is null."""
+    undefined entries; an undefined single value is null. With a null: the diagonal's null mean and
+    p-value per layer (and the chance-adjusted diagonal when `adjusted`); with a bootstrap interval, its
+    bounds per layer."""
     summary = {}
     for c in comparisons:
         diagonal = np.diag(c.matrix)
-        entry = {"diagonal": {f"layer_{k + first_layer:02d}": number(v) for k, v in enumerate(diagonal)},
+        entry = {"diagonal": per_layer(diagonal, first_layer),
                  "diagonal_mean": _nanmean(diagonal),
                  "last_layer": number(diagonal[-1])}
         if c.key in ("orig_orig", "ft_ft"):
             entry["offdiagonal_mean"] = _nanmean(c.matrix[~np.eye(len(c.matrix), dtype=bool)])
+        if c.null_mean is not None:
+            entry["null_mean"] = per_layer(np.diag(c.null_mean), first_layer)
+            entry["p_value"] = per_layer(np.diag(c.p_value), first_layer)
+            if adjusted:
+                entry["adjusted"] = per_layer(chance_adjusted(diagonal, np.diag(c.null_mean)), first_layer)
+        if c.interval is not None:
+            entry["ci_low"], entry["ci_high"] = (per_layer(bound, first_layer) for bound in c.interval)
         summary[c.key] = entry
     return summary

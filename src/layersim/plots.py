@@ -6,8 +6,11 @@ import matplotlib
 
 matplotlib.use("Agg")  # stages run headless
 
+from dataclasses import dataclass  # noqa: E402
+
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
 
 
 def layer_tick_labels(num: int) -> list[str]:
@@ -47,24 +50,36 @@ def heatmap_grid(panels: dict[str, tuple[np.ndarray, str, str]], title: str, *, 
     return fig
 
 
-def matrix_rows(matrix: np.ndarray, value_name: str, first_layer: int = 0, **fields) -> list[dict]:
+def matrix_rows(matrix: np.ndarray, value_name: str, first_layer: int = 0, *,
+                cells: dict[str, np.ndarray] | None = None, **fields) -> list[dict]:
     """Long-form rows {x_layer, y_layer, value, **fields} of a layer × layer matrix, for `dvc plots`;
-    row/column 0 is layer `first_layer`."""
+    row/column 0 is layer `first_layer`. `cells` adds per-cell columns (e.g. null_mean, p_value: arrays
+    shaped like `matrix`); a NaN there is written as null."""
     rows = []
     for y, x in np.ndindex(matrix.shape):
         value = matrix[y, x]
         if np.isfinite(value):  # undefined cells are left out: the heatmap shows them empty
+            extra = {name: _rounded(values[y, x]) for name, values in (cells or {}).items()}
             rows.append({**fields, "y_layer": int(y) + first_layer, "x_layer": int(x) + first_layer,
-                         value_name: round(float(value), 6)})
+                         value_name: round(float(value), 6), **extra})
     return rows
 
 
-def stacked_rows(matrix: np.ndarray, sizes: dict[str, int], first_layer: int = 0, **fields) -> list[dict]:
+def _rounded(value) -> float | bool | None:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    return round(float(value), 6) if np.isfinite(value) else None
+
+
+def stacked_rows(matrix: np.ndarray, sizes: dict[str, int], first_layer: int = 0, *,
+                 cells: dict[str, np.ndarray] | None = None, **fields) -> list[dict]:
     """Long-form rows of a stacked several-models matrix (see layersim.comparisons), one per defined
-    cell: "comparison" names the two models (row model vs column model), the layers are each model's own."""
+    cell: "comparison" names the two models (row model vs column model), the layers are each model's own;
+    `cells` adds per-cell columns as in :func:`matrix_rows`."""
     owners = [(label, k + first_layer) for label, size in sizes.items() for k in range(size)]
     return [{**fields, "comparison": f"{owners[i][0]} vs {owners[j][0]}", "y_layer": owners[i][1],
-             "x_layer": owners[j][1], "similarity": round(float(matrix[i, j]), 6)}
+             "x_layer": owners[j][1], "similarity": round(float(matrix[i, j]), 6),
+             **{name: _rounded(values[i, j]) for name, values in (cells or {}).items()}}
             for i, j in zip(*np.nonzero(np.isfinite(matrix)))]
 
 
@@ -122,31 +137,47 @@ def span_heatmap(scores: np.ndarray, full: float, metric: str, title: str):
     return fig
 
 
-def _heatmap(ax, matrix: np.ndarray, vmin: float | None, vmax: float | None, cmap):
-    return ax.imshow(np.ma.masked_invalid(matrix), origin="lower", cmap=cmap, vmin=vmin, vmax=vmax, aspect="equal")
+def _heatmap(ax, matrix: np.ndarray, vmin: float | None, vmax: float | None, cmap, chance: np.ndarray | None = None):
+    """A layer × layer heatmap; the cells where `chance` is True are greyed and hatched (not above the null)."""
+    image = ax.imshow(np.ma.masked_invalid(matrix), origin="lower", cmap=cmap, vmin=vmin, vmax=vmax, aspect="equal")
+    if chance is not None:
+        for i, j in zip(*np.nonzero(chance & np.isfinite(matrix))):
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=(0.83, 0.83, 0.83, 0.6), edgecolor="dimgrey",
+                                   hatch="////", linewidth=0))
+    return image
 
 
-def measure_grid(rows: dict[str, tuple[dict[str, tuple[np.ndarray, str, str]], tuple[float, float] | None]],
-                 title: str, *, first_layer: int = 0):
+def chance_note(significance: float, null: str) -> str:
+    """The figure note that explains hatched cells."""
+    return (f"hatched grey: not above chance — the {null} gives p ≥ {significance:g} "
+            "(rows of the column layer shuffled)")
+
+
+def measure_grid(rows: dict[str, tuple[dict[str, tuple], tuple[float, float] | None]],
+                 title: str, *, first_layer: int = 0, note: str | None = None):
     """One row of heatmaps per similarity measure, one column per comparison (Phang et al. Figure 1's
     panels side by side; Wu et al. Figure 2's one-heatmap-per-measure view).
 
-    `rows` maps a measure label to (panels, bounds): panels as in :func:`heatmap_grid`; bounds the
-    measure's fixed colour range, or None to scale that row to its own values. `first_layer` is the
-    layer the first row/column stands for (1 for attention maps, which have no embedding layer).
+    `rows` maps a measure label to (panels, bounds): panels as in :func:`heatmap_grid`, each optionally with
+    a fourth element, a boolean mask of the cells not above chance (greyed and hatched, explained by
+    `note`); bounds the measure's fixed colour range, or None to scale that row to its own values.
+    `first_layer` is the layer the first row/column stands for (1 for attention maps, which have no
+    embedding layer).
     """
     ncols = max(len(panels) for panels, _ in rows.values())
     fig, axes = plt.subplots(len(rows), ncols, figsize=(3.4 * ncols + 0.8, 3.1 * len(rows)), squeeze=False,
                              constrained_layout=True)
     cmap = plt.get_cmap("magma").with_extremes(bad="lightgrey")
-    undefined = False
+    undefined = hatched = False
     for row_axes, (measure, (panels, bounds)) in zip(axes, rows.items()):
-        values = np.concatenate([m[np.isfinite(m)] for m, _, _ in panels.values()] or [np.zeros(1)])
+        values = np.concatenate([p[0][np.isfinite(p[0])] for p in panels.values()] or [np.zeros(1)])
         vmin, vmax = bounds if bounds is not None else (values.min(initial=0.0), values.max(initial=1.0))
         image = None
-        for ax, (panel, (matrix, ylabel, xlabel)) in zip(row_axes, panels.items()):
-            image = _heatmap(ax, matrix, vmin, vmax, cmap)
+        for ax, (panel, (matrix, ylabel, xlabel, *chance)) in zip(row_axes, panels.items()):
+            chance = chance[0] if chance else None
+            image = _heatmap(ax, matrix, vmin, vmax, cmap, chance)
             undefined |= bool(np.isnan(matrix).any())
+            hatched |= chance is not None and bool((chance & np.isfinite(matrix)).any())
             ax.set_title(panel, fontsize=10)
             ax.set_xlabel(xlabel, fontsize=8)
             ax.set_ylabel(f"{measure}\n{ylabel}" if ax is row_axes[0] else ylabel, fontsize=8)
@@ -158,24 +189,31 @@ def measure_grid(rows: dict[str, tuple[dict[str, tuple[np.ndarray, str, str]], t
             ax.axis("off")
         if image is not None:
             fig.colorbar(image, ax=list(row_axes), shrink=0.85, label=measure)
+    notes = []
     if undefined:
-        fig.text(0.5, -0.01, "grey: undefined — that layer's representation is the same for every example "
-                 "(e.g. CLS at the embedding layer)", ha="center", va="top", fontsize=8)
+        notes.append("grey: undefined — that layer's representation is the same for every example "
+                     "(e.g. CLS at the embedding layer)")
+    if note and hatched:
+        notes.append(note)
+    if notes:
+        fig.text(0.5, -0.01, "\n".join(notes), ha="center", va="top", fontsize=8)
     fig.suptitle(title)
     return fig
 
 
 def block_heatmap(matrix: np.ndarray, blocks: list[tuple[str, int]], title: str, measure: str,
-                  bounds: tuple[float, float] | None = (0.0, 1.0), *, first_layer: int = 0):
+                  bounds: tuple[float, float] | None = (0.0, 1.0), *, first_layer: int = 0,
+                  chance: np.ndarray | None = None, note: str | None = None):
     """All layers of several models in one matrix, a block per pair of models, separated by white
     lines and labelled by model (Wu et al. Figures 1, 5 and 6; Phang et al. Figure 7).
 
-    `blocks` lists (model label, number of layers) in the order the layers are stacked.
+    `blocks` lists (model label, number of layers) in the order the layers are stacked; cells where
+    `chance` is True are greyed and hatched, and `note` explains them.
     """
     size = matrix.shape[0]
     fig, ax = plt.subplots(figsize=(min(2.0 + 0.28 * size, 14), min(1.6 + 0.28 * size, 13)), constrained_layout=True)
     vmin, vmax = bounds if bounds is not None else (np.nanmin(matrix), np.nanmax(matrix))
-    image = _heatmap(ax, matrix, vmin, vmax, plt.get_cmap("magma").with_extremes(bad="lightgrey"))
+    image = _heatmap(ax, matrix, vmin, vmax, plt.get_cmap("magma").with_extremes(bad="lightgrey"), chance)
     edges = np.cumsum([0] + [n for _, n in blocks])
     for edge in edges[1:-1]:
         ax.axhline(edge - 0.5, color="white", lw=1.5)
@@ -195,10 +233,13 @@ def block_heatmap(matrix: np.ndarray, blocks: list[tuple[str, int]], title: str,
     right.set_yticks(centres, names, fontsize=8, rotation=90, va="center")
     fig.colorbar(image, ax=ax, shrink=0.8, label=measure, pad=0.08)
     ax.set_title(title)
+    if note and chance is not None and bool((chance & np.isfinite(matrix)).any()):
+        fig.text(0.5, -0.01, note, ha="center", va="top", fontsize=8)
     return fig
 
 
-def localization_curves(scores: dict[str, np.ndarray], title: str, *, first_layer: int = 0):
+def localization_curves(scores: dict[str, np.ndarray], title: str, *, first_layer: int = 0,
+                        ylabel: str = "localization: mean neuronsim − mean svsim"):
     """Localization score (y) per layer (x), one line per model (Wu et al. Figures 3 and 7); higher
     means information is held more by individual neurons than spread over the layer."""
     fig, ax = plt.subplots(figsize=(5.5, 3.8), constrained_layout=True)
@@ -210,9 +251,48 @@ def localization_curves(scores: dict[str, np.ndarray], title: str, *, first_laye
     ax.set_xticks(range(first_layer, num))
     ax.set_xticklabels(layer_tick_labels(num)[first_layer:])
     ax.set_xlabel("layer")
-    ax.set_ylabel("localization score (z-scored neuronsim − svsim)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=8, loc="best", framealpha=0.9)
+    return fig
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One per-layer similarity curve: values, an optional band (low, high) and the null's mean."""
+    values: np.ndarray
+    band: tuple[np.ndarray, np.ndarray] | None = None
+    band_label: str = "95% bootstrap interval"
+    null_mean: np.ndarray | None = None
+
+
+def diagonal_curves(panels: dict[str, dict[str, Curve]], title: str, *, first_layer: int = 0,
+                    bounds: dict[str, tuple[float, float] | None] | None = None):
+    """The diagonals of the comparisons (layer k against layer k), one panel per measure, one line per
+    comparison with its band (bootstrap interval, or ± sd over seed pairs) and the permutation null's
+    mean as a dotted line of the same colour: how far each layer's similarity is above chance."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 4.2), squeeze=False, layout="constrained")
+    for ax, (measure, curves) in zip(axes[0], panels.items()):
+        for n, (label, curve) in enumerate(curves.items()):
+            colour = f"C{n}"
+            layers = np.arange(first_layer, first_layer + len(curve.values))
+            ax.plot(layers, curve.values, marker="o", ms=3, color=colour, label=label)
+            if curve.band is not None:
+                ax.fill_between(layers, *curve.band, color=colour, alpha=0.2, lw=0,
+                                label=f"{label}: {curve.band_label}")
+            if curve.null_mean is not None:
+                ax.plot(layers, curve.null_mean, ls=":", lw=1.3, color=colour, label=f"{label}: null mean")
+        num = max(len(c.values) for c in curves.values()) + first_layer
+        ax.set_xticks(range(first_layer, num))
+        ax.set_xticklabels(layer_tick_labels(num)[first_layer:], fontsize=7)
+        if bounds and bounds.get(measure) is not None:
+            ax.set_ylim(*bounds[measure])
+        ax.set_xlabel("layer k (vs the same layer k)")
+        ax.set_ylabel(measure)
+        ax.set_title(measure)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(3, len(labels)), fontsize=7, frameon=False)
+    fig.suptitle(title)
     return fig
 
 

@@ -1,0 +1,173 @@
+"""What the similarity stage reports for one task and one kind of points: Phang et al.'s comparisons
+(ORIG–ORIG, FT–ORIG, FT–FT, FT[1]–FT[2]) for every measure, each cell with its permutation null, the
+per-layer diagonals with bootstrap intervals and the spread over seed pairs, as figures, plot rows and
+metrics. No files and no DVC here: the stage reads the tables and writes what this returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from layersim.comparisons import (Comparison, attention_measure_bounds, attention_measure_label, diagonal_intervals,
+                                  pair_summary, per_layer, phang_cells, phang_comparisons, seed_spread, stacked_matrix,
+                                  stacked_null, summarize)
+from layersim.plots import Curve, block_heatmap, chance_note, diagonal_curves, matrix_rows, measure_grid, stacked_rows
+from layersim.similarity import MEASURES
+
+
+@dataclass(frozen=True)
+class Uncertainty:
+    """How every reported value is qualified: its permutation null, and a bootstrap interval for diagonals."""
+
+    permutations: int = 100      # sampled permutations per cell (linear CKA uses exact moments instead)
+    bootstrap: int = 200         # resamples of the examples; 0 computes no interval
+    seed: int = 0
+    significance: float = 0.05   # cells with p ≥ this are drawn hatched: not above chance
+    adjusted: bool = False       # also report the chance-adjusted diagonal
+
+    def note(self, method: str) -> str:
+        null = ("permutation null (exact moments of the RV coefficient)" if method == "exact"
+                else f"permutation null ({self.permutations} permutations)")
+        return chance_note(self.significance, null)
+
+
+@dataclass
+class PoolingReport:
+    """One pooling's results: the grid figure and its plot rows, the diagonal curves and their rows, metrics,
+    and each measure's stacked matrix (for the localization score)."""
+
+    figure: object
+    rows: list[dict]
+    diagonal_figure: object | None
+    diagonal_rows: list[dict]
+    metrics: dict
+    matrices: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], measures: Sequence[str],
+                 title: str, *, layers: Callable[[], dict[str, list]] | None = None,
+                 options: dict[str, dict] | None = None, uncertainty: Uncertainty | None = None,
+                 groups: np.ndarray | None = None, first_layer: int = 0, attention: bool = False) -> PoolingReport:
+    """Stacked matrices per measure (`matrix_of(measure)`, layers per model in `sizes`: ORIG, then FT[1], FT[2], …)
+    as Phang et al.'s comparisons.
+
+    With `uncertainty` and `layers()` (the models' layer arrays, by the labels of `sizes`), each reported cell
+    gets its permutation null and the FT–ORIG and FT[1]–FT[2] diagonals a bootstrap interval over examples
+    (over `groups` of rows: the words of one example are resampled together); with more than two seeds,
+    the FT[i]–FT[j] diagonals' mean ± sd over all pairs. Attention maps get no null (a permutation of
+    examples has no meaning for per-token maps of different lengths).
+    """
+    options = options or {}
+    orig, finetuned = "ORIG", [label for label in sizes if label != "ORIG"]
+    grid, rows, metrics, matrices, curves, curve_bounds = {}, [], {}, {}, {}, {}
+    note = None
+    for measure in measures:
+        matrix = matrices[measure] = matrix_of(measure)
+        label = attention_measure_label(measure) if attention else MEASURES[measure].label
+        bounds = attention_measure_bounds(measure) if attention else MEASURES[measure].bounded
+        null = None
+        qualified = uncertainty is not None and layers is not None and not attention
+        if qualified:
+            null = stacked_null(measure, layers(), permutations=uncertainty.permutations, seed=uncertainty.seed,
+                                cells=phang_cells(sizes, orig, finetuned), **options.get(measure, {}))
+            note = uncertainty.note(null.method)
+        comparisons = phang_comparisons(matrix, sizes, orig, finetuned, null)
+        if qualified and uncertainty.bootstrap:
+            comparisons = diagonal_intervals(measure, layers(), comparisons, resamples=uncertainty.bootstrap,
+                                             seed=uncertainty.seed, groups=groups, **options.get(measure, {}))
+        grid[label] = ({c.title: _panel(c, uncertainty) for c in comparisons}, bounds)
+        rows += [row for c in comparisons for row in matrix_rows(
+            c.matrix, "similarity", comparison=c.title, measure=label, first_layer=first_layer, cells=_cells(c))]
+        metrics[measure] = summarize(comparisons, first_layer, adjusted=bool(uncertainty and uncertainty.adjusted))
+        if null is not None:
+            metrics[measure]["null"] = {"method": null.method, "permutations": null.permutations}
+            curves[label], curve_bounds[label] = _diagonal_curves(comparisons, matrix, sizes, finetuned), bounds
+            if len(finetuned) > 2:
+                mean, sd = seed_spread(matrix, sizes, finetuned)
+                metrics[measure]["ft_pairs"] = {"mean": per_layer(mean, first_layer), "sd": per_layer(sd, first_layer),
+                                                "pairs": len(finetuned) * (len(finetuned) - 1) // 2}
+    figure = measure_grid(grid, title, first_layer=first_layer, note=note)
+    diagonal_figure = (diagonal_curves(curves, f"per-layer similarity and chance — {title}", first_layer=first_layer,
+                                       bounds=curve_bounds) if curves else None)
+    diagonal_rows = [{"measure": measure, "comparison": name, "layer": k + first_layer, **{
+                         key: _number(values[k]) for key, values in _curve_columns(curve).items()}}
+                     for measure, by_name in curves.items() for name, curve in by_name.items()
+                     for k in range(len(curve.values))]
+    return PoolingReport(figure, rows, diagonal_figure, diagonal_rows, metrics, matrices)
+
+
+def _panel(c: Comparison, uncertainty: Uncertainty | None) -> tuple:
+    if c.p_value is None or uncertainty is None:
+        return (c.matrix, c.y_label, c.x_label)
+    with np.errstate(invalid="ignore"):
+        chance = np.isfinite(c.p_value) & (c.p_value >= uncertainty.significance)
+    return (c.matrix, c.y_label, c.x_label, chance)
+
+
+def _cells(c: Comparison) -> dict[str, np.ndarray]:
+    if c.null_mean is None:
+        return {}
+    return {"null_mean": c.null_mean, "p_value": c.p_value}
+
+
+def _diagonal_curves(comparisons: Sequence[Comparison], matrix: np.ndarray, sizes: dict[str, int],
+                     finetuned: Sequence[str]) -> dict[str, Curve]:
+    curves = {}
+    for c in comparisons:
+        if c.key in ("ft_orig", "ft1_ft2"):
+            curves[c.title] = Curve(np.diag(c.matrix), c.interval, null_mean=np.diag(c.null_mean))
+    if len(finetuned) > 2:
+        mean, sd = seed_spread(matrix, sizes, finetuned)
+        curves["FT[i]–FT[j]"] = Curve(mean, (mean - sd, mean + sd), band_label="± sd over seed pairs")
+    return curves
+
+
+def _curve_columns(curve: Curve) -> dict[str, np.ndarray]:
+    columns = {"similarity": curve.values}
+    if curve.null_mean is not None:
+        columns["null_mean"] = curve.null_mean
+    if curve.band is not None:
+        columns["low"], columns["high"] = curve.band
+    return columns
+
+
+def _number(value) -> float | None:
+    return round(float(value), 6) if np.isfinite(value) else None
+
+
+@dataclass
+class StackedReport:
+    """Every layer of several models against every other, for one measure: the block heatmap, plot rows,
+    the per-model summary against the first model, and the matrix."""
+
+    figure: object
+    rows: list[dict]
+    summary: dict
+    matrix: np.ndarray
+
+
+def stacked_report(models: dict[str, list], measure: str, title: str, *, options: dict | None = None,
+                   uncertainty: Uncertainty | None = None, first_layer: int = 0, attention: bool = False,
+                   **fields) -> StackedReport:
+    """All layers of `models` stacked (Wu et al. Figures 1 and 5, Phang et al. Figure 7), the first model being
+    the reference of the summary; with `uncertainty`, every cell's permutation null (not for attention maps),
+    cells not above it hatched. `fields` are added to every plot row (e.g. pooling)."""
+    options = (options or {}).get(measure, {})
+    matrix = stacked_matrix(measure, models, **options)
+    label = attention_measure_label(measure) if attention else MEASURES[measure].label
+    bounds = attention_measure_bounds(measure) if attention else MEASURES[measure].bounded
+    sizes = {name: len(layers) for name, layers in models.items()}
+    null = chance = note = None
+    if uncertainty is not None and not attention:
+        null = stacked_null(measure, models, permutations=uncertainty.permutations, seed=uncertainty.seed, **options)
+        with np.errstate(invalid="ignore"):
+            chance = np.isfinite(null.p_value) & (null.p_value >= uncertainty.significance)
+        note = uncertainty.note(null.method)
+    figure = block_heatmap(matrix, list(sizes.items()), title, label, bounds, first_layer=first_layer, chance=chance,
+                           note=note)
+    cells = {} if null is None else {"null_mean": null.null_mean, "p_value": null.p_value}
+    rows = stacked_rows(matrix, sizes, first_layer, cells=cells, measure=label, **fields)
+    return StackedReport(figure, rows, pair_summary(matrix, sizes, next(iter(sizes)), first_layer, null), matrix)

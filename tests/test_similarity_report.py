@@ -1,0 +1,105 @@
+"""What the similarity and compare stages report (layersim.similarity_report), without DVC: every cell with
+its permutation null, hatched when not above it, and the diagonals with bootstrap intervals."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from matplotlib.patches import Rectangle
+
+from layersim.comparisons import stacked_matrix
+from layersim.similarity import permutation_test
+from layersim.similarity_report import Uncertainty, phang_report, stacked_report
+
+N, D = 80, 6
+
+
+def _models(seeds: int = 2) -> dict[str, list[np.ndarray]]:
+    """ORIG and fine-tuned seeds whose first two layers are ORIG's and whose others are independent noise."""
+    rng = np.random.default_rng(0)
+    orig = [rng.normal(size=(N, D)) for _ in range(4)]
+    models = {"ORIG": orig}
+    for i in range(1, seeds + 1):
+        models[f"FT[{i}]"] = [layer + 0.1 * rng.normal(size=(N, D)) if k < 2 else rng.normal(size=(N, D))
+                              for k, layer in enumerate(orig)]
+    return models
+
+
+def _report(models, measures=("linear_cka", "neuronsim"), **uncertainty):
+    sizes = {label: len(layers) for label, layers in models.items()}
+    settings = {"permutations": 40, "bootstrap": 30, **uncertainty}
+    return phang_report(sizes, lambda m: stacked_matrix(m, models), list(measures), "test", layers=lambda: models,
+                        uncertainty=Uncertainty(**settings), groups=np.arange(N) // 2)
+
+
+def _hatched(figure) -> int:
+    return sum(bool(isinstance(p, Rectangle) and p.get_hatch()) for ax in figure.axes for p in ax.patches)
+
+
+def test_every_reported_cell_carries_its_null_and_chance_cells_are_hatched():
+    models = _models()
+    report = _report(models)
+    for measure in ("linear_cka", "neuronsim"):
+        ft_orig = report.metrics[measure]["ft_orig"]
+        # Layers kept from ORIG are far above chance; the independent ones are not.
+        assert ft_orig["p_value"]["layer_00"] < 0.05 and ft_orig["p_value"]["layer_01"] < 0.05
+        assert ft_orig["p_value"]["layer_03"] > 0.05
+        assert ft_orig["null_mean"]["layer_03"] == pytest.approx(ft_orig["diagonal"]["layer_03"], abs=0.1)
+        assert ft_orig["ci_low"]["layer_00"] <= ft_orig["diagonal"]["layer_00"] + 1e-9
+    assert report.metrics["linear_cka"]["null"] == {"method": "exact", "permutations": 0}
+    assert report.metrics["neuronsim"]["null"] == {"method": "permutation", "permutations": 40}
+    # The figure hatches exactly the cells whose p-value is at least the significance level.
+    chance = sum(row["p_value"] >= 0.05 for row in report.rows if row["p_value"] is not None)
+    assert chance > 0 and _hatched(report.figure) == chance
+    plt.close("all")
+
+
+def test_a_cell_null_is_the_per_pair_permutation_test():
+    models = _models()
+    report = _report(models, measures=("svcca",), bootstrap=0)
+    row = next(r for r in report.rows if r["comparison"] == "FT–ORIG" and r["y_layer"] == 2 and r["x_layer"] == 3)
+    single = permutation_test("svcca", models["FT[1]"][2], models["ORIG"][3], permutations=40, seed=0)
+    assert row["p_value"] == pytest.approx(single.p_value, abs=1e-6)
+    assert row["null_mean"] == pytest.approx(single.null_mean, abs=1e-6)
+    assert "ci_low" not in report.metrics["svcca"]["ft_orig"]  # bootstrap: 0 computes no interval
+    plt.close("all")
+
+
+def test_diagonal_rows_and_seed_spread():
+    report = _report(_models(seeds=3), measures=("linear_cka",))
+    comparisons = {row["comparison"] for row in report.diagonal_rows}
+    assert comparisons == {"FT–ORIG", "FT[1]–FT[2]", "FT[i]–FT[j]"}
+    spread = report.metrics["linear_cka"]["ft_pairs"]
+    assert spread["pairs"] == 3 and spread["sd"]["layer_03"] >= 0.0
+    ft12 = [row for row in report.diagonal_rows if row["comparison"] == "FT[1]–FT[2]"]
+    assert all(row["low"] <= row["high"] for row in ft12)
+    assert report.diagonal_figure is not None
+    plt.close("all")
+
+
+def test_chance_adjusted_on_request():
+    report = _report(_models(), measures=("linear_cka",), adjusted=True, bootstrap=0)
+    entry = report.metrics["linear_cka"]["ft_orig"]
+    value, null = entry["diagonal"]["layer_02"], entry["null_mean"]["layer_02"]
+    assert entry["adjusted"]["layer_02"] == pytest.approx((value - null) / (1 - null), abs=1e-5)
+    plt.close("all")
+
+
+def test_without_uncertainty_nothing_is_qualified():
+    models = _models()
+    sizes = {label: len(layers) for label, layers in models.items()}
+    report = phang_report(sizes, lambda m: stacked_matrix(m, models), ["linear_cka"], "test")
+    assert "null_mean" not in report.metrics["linear_cka"]["ft_orig"] and report.diagonal_figure is None
+    assert _hatched(report.figure) == 0
+    plt.close("all")
+
+
+def test_stacked_report_qualifies_every_cell():
+    models = _models()
+    report = stacked_report(models, "linear_cka", "stacked", uncertainty=Uncertainty(permutations=10), pooling="cls")
+    assert all(row["pooling"] == "cls" and 0.0 <= row["p_value"] <= 1.0 for row in report.rows)
+    assert set(report.summary["FT[1]"]) == {"diagonal", "null_mean", "p_value"}
+    assert report.summary["FT[1]"]["p_value"]["layer_03"] > 0.05 > report.summary["FT[1]"]["p_value"]["layer_00"]
+    assert _hatched(report.figure) == sum(row["p_value"] >= 0.05 for row in report.rows)
+    plt.close("all")
