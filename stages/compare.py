@@ -9,13 +9,13 @@ import numpy as np
 
 from layersim import cli
 from layersim.batching import encode_task
-from layersim.comparisons import (attention_measure_bounds, attention_measure_label, localization,
-                                  measure_options, number, pair_summary, stacked_matrix)
+from layersim.comparisons import LOCALIZATION_LABELS, attention_measure_label, localization, measure_options, number
 from layersim.extract import concatenate_layers, extract_attention, pooled_layers
 from layersim.io import AttentionTable, atomic_path, read_task_table, write_figure, write_json
 from layersim.models import load_encoder, load_tokenizer
-from layersim.plots import block_heatmap, localization_curves, stacked_rows
+from layersim.plots import localization_curves
 from layersim.similarity import MEASURES
+from layersim.similarity_report import Uncertainty, stacked_report
 from layersim.tasks import get_task
 from layersim.train import default_device
 
@@ -57,45 +57,45 @@ def main(args, params):
     representations = {label: probe_representations(folder, params, task_dirs, device) for label, folder in folders.items()}
     cli.log.info("encoded the probe (%d examples per task, %d tasks) with %d models", params.compare.probe_examples,
                  len(task_dirs), len(folders))
-    options = measure_options(rbf_sigma_scale=params.similarity.rbf_sigma_scale,
-                              svcca_variance=params.similarity.svcca_variance)
+    p = params.similarity
+    options = measure_options(rbf_sigma_scale=p.rbf_sigma_scale, svcca_variance=p.svcca_variance,
+                              pwcca_variance=p.pwcca_variance)
+    uncertainty = Uncertainty(p.permutations, p.bootstrap, p.seed, p.significance, p.chance_adjusted)
     metrics, rows, localization_rows = {}, [], []
     with atomic_path(args.plots, is_dir=True) as tmp, atomic_path(args.localization, is_dir=True) as tmp_localization:
         plots, localization_dir = Path(tmp), Path(tmp_localization)
-        for pooling in params.similarity.poolings:
+        for pooling, measures in p.measures.items():
             models = {label: reps[pooling] for label, reps in representations.items()}
             sizes = {label: len(layers) for label, layers in models.items()}
-            blocks = list(sizes.items())
             matrices = {}
-            for measure in params.similarity.measures:
-                matrix = matrices[measure] = stacked_matrix(measure, models, **options.get(measure, {}))
-                label = MEASURES[measure].label
-                title = f"{label}, {pooling.upper()} — {params.model} and its fine-tuned models"
-                write_figure(block_heatmap(matrix, blocks, title, label, MEASURES[measure].bounded),
-                             plots / f"{pooling}.{measure}.png")
-                rows += stacked_rows(matrix, sizes, measure=label, pooling=pooling)
-                metrics.setdefault(pooling, {})[measure] = pair_summary(matrix, sizes, "ORIG")
+            for measure in measures:
+                report = stacked_report(models, measure, f"{MEASURES[measure].label}, {pooling.upper()} — {params.model} "
+                                        "and its fine-tuned models", options=options, uncertainty=uncertainty,
+                                        pooling=pooling)
+                matrices[measure] = report.matrix
+                write_figure(report.figure, plots / f"{pooling}.{measure}.png")
+                rows += report.rows
+                metrics.setdefault(pooling, {})[measure] = report.summary
             if {"neuronsim", "svcca"} <= set(matrices):
-                scores = localization(matrices["neuronsim"], matrices["svcca"], sizes)
+                scores = localization(matrices["neuronsim"], matrices["svcca"], sizes,
+                                      standardize=p.localization == "zscore")
                 metrics[pooling]["localization"] = {label: [number(v) for v in values] for label, values in scores.items()}
                 localization_rows += [{"pooling": pooling, "model": label, "layer": k, "localization": number(v)}
                                       for label, values in scores.items() for k, v in enumerate(values)
                                       if number(v) is not None]
-                write_figure(localization_curves(scores, f"localization, {pooling.upper()} — base and fine-tuned"),
+                write_figure(localization_curves(scores, f"localization ({p.localization}), {pooling.upper()} — base "
+                                                 "and fine-tuned", ylabel=LOCALIZATION_LABELS[p.localization]),
                              localization_dir / f"{pooling}.png")
-        if params.similarity.attention_measures:
+        if p.attention_measures:
             with tempfile.TemporaryDirectory() as scratch:
                 maps = {label: probe_attention(folders[label], params, task_dirs, device, Path(scratch))
                         for label in folders if label in same_tokenizer}
-            sizes = {label: len(layers) for label, layers in maps.items()}
-            for measure in params.similarity.attention_measures:
-                matrix = stacked_matrix(measure, maps)
-                label = attention_measure_label(measure)
-                write_figure(block_heatmap(matrix, list(sizes.items()), f"{label} — {params.model} and its fine-tuned "
-                                           "models", label, attention_measure_bounds(measure), first_layer=1),
-                             plots / f"attention.{measure}.png")
-                rows += stacked_rows(matrix, sizes, measure=label, pooling="attention", first_layer=1)
-                metrics.setdefault("attention", {})[measure] = pair_summary(matrix, sizes, "ORIG", first_layer=1)
+            for measure in p.attention_measures:
+                report = stacked_report(maps, measure, f"{attention_measure_label(measure)} — {params.model} and its "
+                                        "fine-tuned models", first_layer=1, attention=True, pooling="attention")
+                write_figure(report.figure, plots / f"attention.{measure}.png")
+                rows += report.rows
+                metrics.setdefault("attention", {})[measure] = report.summary
         write_json(rows, plots / "matrices.json")
         # Always written (empty without neuronsim and svcca): git cannot hold an empty output folder.
         write_json(localization_rows, localization_dir / "localization.json")

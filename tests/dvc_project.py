@@ -58,6 +58,7 @@ def tiny_params(params: dict, *, model: str = "tiny-bert", tasks: list[str] = ("
     params["finetune"].update(batch_size=8, learning_rate=1e-3, warmup_steps=2, max_steps=6, eval_every=3,
                               max_length=32)
     params["extract"].update(max_train_examples=100)
+    params["similarity"].update(permutations=20, bootstrap=20)
     params["truncate"].update(head_epochs=2)
     params["align"].update(steps=20, matrix_steps=5, inn_hidden=16, mlp_hidden=16, batch_size=32)
     return params

@@ -35,7 +35,7 @@ def _configure(params: dict) -> None:
     params["download"].update(generated_train_examples=64, generated_validation_examples=32)
     params["finetune"].update(max_steps=3, eval_every=0)
     params["extract"].update(max_train_examples=32, attention_examples=8)
-    params["similarity"].update(measures=["linear_cka", "svcca", "neuronsim"])
+    params["similarity"].update(measures={"cls": ["linear_cka", "svcca", "neuronsim"]})
     params["compare"].update(models=[], probe_examples=8)
     params["truncate"].update(head_epochs=1)
     params["align"].update(methods=["linear", "inn"], steps=5, matrix_steps=2, inn_depth=1, inn_hidden=8,
@@ -57,8 +57,10 @@ def project(tmp_path_factory):
 
 # (dotted key, new value, stages whose params changed, stages `dvc repro` would then run)
 ANALYSIS = [
-    ("similarity.measures", ["linear_cka", "svcca", "neuronsim", "pwcca"], {SIMILARITY, COMPARE}, None),
-    ("similarity.poolings", ["cls", "last"], {SIMILARITY, COMPARE}, None),
+    ("similarity.measures", {"cls": ["linear_cka", "svcca", "neuronsim", "pwcca"]}, {SIMILARITY, COMPARE}, None),
+    ("similarity.measures", {"cls": ["linear_cka"], "last": ["svcca"]}, {SIMILARITY, COMPARE}, None),
+    ("similarity.permutations", 10, {SIMILARITY, COMPARE}, None),
+    ("similarity.localization", "zscore", {SIMILARITY, COMPARE}, None),
     ("similarity.svcca_variance", 0.9, {SIMILARITY, COMPARE}, None),
     ("compare.probe_examples", 6, {COMPARE}, None),
     ("truncate.tolerance", 0.05, {TRUNCATE}, None),

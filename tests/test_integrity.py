@@ -455,13 +455,14 @@ def test_similarity_stage_refuses_a_swapped_seed(extracted, tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text(f"model: tiny-bert\ntasks: [{TASK}]\nseeds: [1, 2]\n"
                       "finetune: {max_length: 64}\n"
-                      "similarity: {poolings: [cls], measures: [linear_cka], attention_measures: []}\n")
+                      "similarity: {measures: {cls: [linear_cka]}, attention_measures: []}\n")
     shutil.copy(extracted / "seed1.cls.parquet", extracted / "seed2.cls.parquet")
     out = tmp_path / "out"
     result = subprocess.run(
         [sys.executable, str(ROOT / "stages" / "similarity.py"), "--params", str(params), "--task", TASK,
          "--activations", str(extracted), "--metrics", str(out / "m.json"), "--plots", str(out / "plots"),
-         "--localization", str(out / "localization")], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+         "--localization", str(out / "localization"), "--diagonals", str(out / "diagonals")], capture_output=True,
+        text=True, cwd=tmp_path, timeout=300)
     assert result.returncode == 1, result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: activation table {extracted / 'seed2.cls.parquet'} has run 'seed1', expected 'seed2'; it was "

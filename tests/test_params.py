@@ -38,7 +38,7 @@ BASE = {
     "finetune": {"batch_size": 4, "learning_rate": 1e-5, "warmup_steps": 10, "max_steps": 100,
                  "eval_every": 0, "max_length": 64},
     "extract": {"poolings": ["cls", "mean"], "batch_size": 8},
-    "similarity": {"poolings": ["cls"], "measures": ["linear_cka", "svcca"], "attention_measures": ["pearson"]},
+    "similarity": {"measures": {"cls": ["linear_cka", "svcca"]}, "attention_measures": ["pearson"]},
 }
 
 
@@ -122,7 +122,7 @@ def test_base_document_is_valid(tmp_path: Path) -> None:
     assert params.extract.batch_size == 8
     assert params.download.generated_train_examples == 100
     assert params.similarity.poolings == ("cls",)
-    assert params.similarity.measures == ("linear_cka", "svcca")
+    assert params.similarity.measures == {"cls": ("linear_cka", "svcca")}
     assert params.similarity.attention_measures == ("pearson",)
 
 
@@ -132,9 +132,16 @@ def test_float_fields_accept_integers() -> None:
     assert params.finetune.learning_rate == 1.0 and isinstance(params.finetune.learning_rate, float)
 
 
+def test_repeated_measure_of_a_pooling_is_rejected() -> None:
+    value = ["linear_cka", "svcca", "linear_cka"]
+    with pytest.raises(LayersimError) as info:
+        parse_params(_section("similarity", measures={"cls": value}))
+    assert str(info.value) == (f"params.yaml: similarity.measures.cls = {value!r} is invalid; it must be a list "
+                               "without repeated names ('linear_cka' is given twice).")
+
+
 @pytest.mark.parametrize("section,key,value", [
     ("extract", "poolings", ["mean", "cls", "mean"]),
-    ("similarity", "measures", ["linear_cka", "svcca", "linear_cka"]),
     ("similarity", "attention_measures", ["pearson", "pearson"]),
     ("align", "methods", ["inn", "linear", "inn"]),
 ])
@@ -194,9 +201,12 @@ MALFORMED = [
     ("poolings-unknown", _section("extract", poolings=["cls", "max"]), ["extract.poolings", "'max'", "cls", "mean"]),
     ("poolings-empty", _section("extract", poolings=[]), ["extract.poolings", "[]", "non-empty"]),
     ("poolings-string", _section("extract", poolings="cls"), ["extract.poolings", "'cls'", "list"]),
-    ("similarity-pooling-unknown", _section("similarity", poolings=["max"]), ["similarity.poolings", "'max'", "cls", "mean", "last"]),
-    ("measure-unknown", _section("similarity", measures=["cka"]), ["similarity.measures", "'cka'", "linear_cka", "pwcca", "neuronsim"]),
-    ("measures-empty", _section("similarity", measures=[]), ["similarity.measures", "non-empty"]),
+    ("similarity-pooling-unknown", _section("similarity", measures={"max": ["svcca"]}),
+     ["similarity.measures", "'max'", "cls", "mean", "last", "tokens"]),
+    ("measure-unknown", _section("similarity", measures={"cls": ["cka"]}),
+     ["similarity.measures.cls", "'cka'", "linear_cka", "pwcca", "neuronsim"]),
+    ("measures-empty", _section("similarity", measures={}), ["similarity.measures", "a mapping of poolings"]),
+    ("measures-of-pooling-empty", _section("similarity", measures={"cls": []}), ["similarity.measures.cls", "non-empty"]),
     ("attention-measure-unknown", _section("similarity", attention_measures=["js"]),
      ["similarity.attention_measures", "'js'", "jensen_shannon", "matrix_norm"]),
     ("svcca-variance-above-one", _section("similarity", svcca_variance=1.5), ["similarity.svcca_variance", "1.5", "(0, 1]"]),
@@ -282,7 +292,7 @@ def test_exponent_without_dot_is_a_float(tmp_path: Path) -> None:
 
 def test_similarity_pooling_must_be_extracted() -> None:
     doc = _section("extract", poolings=["mean"])
-    with pytest.raises(LayersimError, match="similarity.poolings has 'cls'"):
+    with pytest.raises(LayersimError, match="similarity.measures has the pooling 'cls'"):
         parse_params(doc)
 
 

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.integration
 def _configure(params: dict) -> None:
     tiny_params(params, model="tiny-bert", tasks=[TASK], seeds=SEEDS)
     params["extract"].update(attention_examples=60)
-    params["similarity"].update(poolings=["cls", "last"])
+    measures = ["linear_cka", "svcca", "pwcca", "neuronsim"]
+    params["similarity"].update(measures={"cls": measures, "tokens": measures})
     params["compare"].update(models=["tiny-roberta"], probe_examples=20)
 
 
@@ -60,20 +61,32 @@ def test_repro_writes_every_declared_output(project):
     assert attention.num_layers == 3 and len(attention.example_starts) == 60
 
     similarity = json.loads((root / f"metrics/similarity/{TASK}.json").read_text())
-    assert set(similarity) == {"cls", "last", "attention"}
-    for pooling in ("cls", "last"):
-        assert set(similarity[pooling]) == {"linear_cka", "svcca", "pwcca", "neuronsim", "localization"}
+    assert set(similarity) == {"cls", "tokens", "attention"}
+    for pooling in ("cls", "tokens"):
+        assert set(similarity[pooling]) == {"linear_cka", "svcca", "pwcca", "neuronsim", "localization", "rows"}
         for measure in ("linear_cka", "svcca", "pwcca", "neuronsim"):
             summary = similarity[pooling][measure]
-            assert set(summary) == {"orig_orig", "ft_orig", "ft_ft", "ft1_ft2"}
+            assert set(summary) == {"orig_orig", "ft_orig", "ft_ft", "ft1_ft2", "null"}
+            assert summary["null"]["method"] == ("exact" if measure == "linear_cka" else "permutation")
             assert summary["ft_ft"]["diagonal"]["layer_03"] == pytest.approx(1.0)
             assert 0.0 <= summary["ft_orig"]["last_layer"] <= 1.0
+            # Every reported diagonal carries its null and, for FT–ORIG and FT[1]–FT[2], a bootstrap interval.
+            for key in ("ft_orig", "ft1_ft2"):
+                layer = summary[key]
+                assert 0.0 <= layer["p_value"]["layer_03"] <= 1.0 and 0.0 <= layer["null_mean"]["layer_03"] <= 1.0
+                assert layer["ci_low"]["layer_03"] <= layer["ci_high"]["layer_03"]
+            assert "ci_low" not in summary["orig_orig"]
+        diagonals = json.loads((root / f"plots/diagonals/{TASK}/{pooling}.json").read_text())
+        assert {row["comparison"] for row in diagonals} == {"FT–ORIG", "FT[1]–FT[2]"}
+        assert all({"null_mean", "low", "high"} <= set(row) for row in diagonals)
+        assert (root / f"plots/diagonals/{TASK}/{pooling}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert set(similarity[pooling]["localization"]) == {"ORIG", "FT[1]", "FT[2]"}
         assert (root / f"plots/similarity/{TASK}/{pooling}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (root / f"plots/localization/{TASK}/{pooling}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         rows = json.loads((root / f"plots/similarity/{TASK}/{pooling}.json").read_text())
         assert {row["comparison"] for row in rows} == {"ORIG–ORIG", "FT–ORIG", "FT–FT", "FT[1]–FT[2]"}
         assert {row["measure"] for row in rows} == {"linear CKA", "SVCCA", "PWCCA", "neuronsim"}
+        assert all(0.0 <= row["p_value"] <= 1.0 for row in rows if row["p_value"] is not None)
     # CLS at the embedding layer is the same for every example: undefined, null, never NaN.
     assert similarity["cls"]["linear_cka"]["orig_orig"]["diagonal"]["layer_00"] is None
     assert similarity["attention"]["jensen_shannon"]["ft_ft"]["diagonal"]["layer_01"] == pytest.approx(1.0)
@@ -85,19 +98,21 @@ def test_repro_writes_every_declared_output(project):
 def test_compare_stacks_base_fine_tuned_and_other_encoders(project):
     root, _ = project
     compare = json.loads((root / "metrics/compare.json").read_text())
-    assert set(compare) == {"cls", "last", "attention"}
-    linear = compare["last"]["linear_cka"]
+    assert set(compare) == {"cls", "tokens", "attention"}
+    linear = compare["tokens"]["linear_cka"]
     # Same depth as the base model: a per-layer diagonal; the other encoders too (tiny ones have 3 layers).
     assert set(linear) == {f"FT:{TASK}", "tiny-roberta"}
     assert set(linear[f"FT:{TASK}"]["diagonal"]) == {"layer_00", "layer_01", "layer_02", "layer_03"}
-    assert set(compare["last"]["localization"]) == {"ORIG", f"FT:{TASK}", "tiny-roberta"}
+    # Every diagonal value carries the null's mean and p-value.
+    assert set(linear["tiny-roberta"]["p_value"]) == {"layer_00", "layer_01", "layer_02", "layer_03"}
+    assert set(compare["tokens"]["localization"]) == {"ORIG", f"FT:{TASK}", "tiny-roberta"}
     # Attention is compared only between models that share the base model's tokenizer.
     assert set(compare["attention"]["jensen_shannon"]) == {f"FT:{TASK}"}
     assert sorted(compare["attention"]["jensen_shannon"][f"FT:{TASK}"]["diagonal"]) == ["layer_01", "layer_02", "layer_03"]
     plots = root / "plots/compare"
-    for name in ("cls.linear_cka.png", "last.neuronsim.png", "attention.jensen_shannon.png"):
+    for name in ("cls.linear_cka.png", "tokens.neuronsim.png", "attention.jensen_shannon.png"):
         assert (plots / name).read_bytes()[:4] == b"\x89PNG", name
-    assert (root / "plots/localization/compare/last.png").read_bytes()[:4] == b"\x89PNG"
+    assert (root / "plots/localization/compare/tokens.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((root / "plots/localization/compare/localization.json").read_text())
     rows = json.loads((plots / "matrices.json").read_text())
     assert {row["comparison"] for row in rows} >= {"ORIG vs tiny-roberta", f"FT:{TASK} vs ORIG"}

@@ -71,16 +71,29 @@ class ExtractParams:
     attention_examples: int = 100       # validation examples whose attention maps are kept (0: none)
 
 
-DEFAULT_MEASURES = ("linear_cka", "svcca", "pwcca", "neuronsim")
+# Which measures run on which points, by pooling. Phang et al. compare the CLS vectors of the validation
+# examples with linear CKA; Wu et al.'s measures use one point per word (pooling "tokens").
+DEFAULT_MEASURES = {"cls": ("linear_cka",), "tokens": ("linear_cka", "svcca", "pwcca", "neuronsim")}
+LOCALIZATIONS = ("raw", "zscore")  # Wu et al.'s raw difference of means, or each series z-scored first
 
 
 @dataclass(frozen=True)
 class SimilarityParams:
-    poolings: tuple[str, ...] = ("cls",)          # Phang et al. compare CLS; Wu et al. the last sub-word
-    measures: tuple[str, ...] = DEFAULT_MEASURES  # layersim.similarity.MEASURES
+    measures: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_MEASURES))  # pooling → measures
     attention_measures: tuple[str, ...] = ("jensen_shannon",)  # head-level, or an array measure over heads
+    permutations: int = 100                       # permutation null per cell (linear CKA: exact moments instead)
+    significance: float = 0.05                    # cells whose null p-value is at least this are hatched
+    bootstrap: int = 200                          # resamples of the examples for the diagonals' 95% intervals
+    chance_adjusted: bool = False                 # also report (value − null mean) / (1 − null mean)
+    seed: int = 0                                 # permutations and bootstrap resamples
+    localization: str = "raw"                     # raw (Wu et al.) or zscore
     rbf_sigma_scale: float = 1.0                  # RBF CKA bandwidth: this × the median pairwise distance
     svcca_variance: float = 0.99                  # SVCCA keeps the directions explaining this much variance
+    pwcca_variance: float | None = 0.99           # Wu et al.'s pwsim: the same cut for PWCCA (None: every direction)
+
+    @property
+    def poolings(self) -> tuple[str, ...]:
+        return tuple(self.measures)
 
 
 @dataclass(frozen=True)
@@ -150,12 +163,12 @@ _POSITIVE = {"batch_size", "learning_rate", "max_steps", "max_length", "eval_bat
              "max_validation_examples", "max_examples", "head_epochs",
              "head_learning_rate", "head_batch_size", "rbf_sigma_scale", "probe_examples",
              "inn_depth", "inn_hidden", "mlp_depth", "mlp_hidden", "steps", "matrix_steps",
-             "synthetic_scale"}
-_UNIT_INTERVAL = {"svcca_variance"}  # fractions in (0, 1]
+             "synthetic_scale", "permutations"}
+_UNIT_INTERVAL = {"svcca_variance", "pwcca_variance", "significance"}  # fractions in (0, 1]
 _TOLERANCE = {"tolerance"}           # score differences on the metrics' 0–1 scale: [0, 1)
 _SEEDS = {"generated_seed", "seed"}  # like every entry of `seeds`: 0 … MAX_SEED
 _NON_NEGATIVE = {"warmup_steps", "weight_decay", "eval_every", "checkpoint_every", "head_weight_decay",
-                 "attention_examples", "ridge", *_SEEDS}
+                 "attention_examples", "ridge", "bootstrap", *_SEEDS}
 
 MAX_SEED = 2**32 - 1   # NumPy's legacy seeding (np.random.seed, used by fine-tuning) takes no larger seed
 MIN_MAX_LENGTH = 8     # room for the special tokens of a sentence pair and some text; below it tokenizers
@@ -224,6 +237,11 @@ def _suggestion(section: str | None, key: Any) -> str:
     return f" (did you mean {' or '.join(elsewhere)}?)" if elsewhere else ""
 
 
+# Keys of earlier versions of params.yaml → what replaced them.
+_RENAMED = {"similarity.poolings": "the poolings are the keys of similarity.measures, e.g. "
+                                   "measures: {cls: [linear_cka], tokens: [linear_cka, svcca]}"}
+
+
 def _build_section(name: str, cls: type, raw: Any) -> Any:
     if raw is None:  # `finetune:` with nothing under it, like a missing section, takes every default
         raw = {}
@@ -233,6 +251,8 @@ def _build_section(name: str, cls: type, raw: Any) -> Any:
     unknown = [key for key in raw if key not in fields]
     if unknown:
         key = unknown[0]
+        if f"{name}.{key}" in _RENAMED:
+            raise LayersimError(f"params.yaml: {name}.{key} is no longer a key; {_RENAMED[f'{name}.{key}']}.")
         raise LayersimError(f"params.yaml: unknown key '{name}.{key}'{_suggestion(name, key)}; valid keys of "
                             f"{name} are: {', '.join(fields)}.")
     values = {}
@@ -241,6 +261,16 @@ def _build_section(name: str, cls: type, raw: Any) -> Any:
         annotation = str(fields[key].type)
         if key == "models":
             values[key] = _check_models(full, value)
+        elif full == "similarity.measures":
+            values[key] = _check_measures_by_pooling(full, value)
+        elif annotation == "bool":
+            if not isinstance(value, bool):
+                raise _fail(full, value, "true or false")
+            values[key] = value
+        elif key == "localization":
+            if not isinstance(value, str) or value not in LOCALIZATIONS:
+                raise _fail(full, value, f"one of {', '.join(LOCALIZATIONS)}")
+            values[key] = value
         elif key == "pooling":
             if not isinstance(value, str) or value not in POOLINGS:
                 raise _fail(full, value, f"one of {', '.join(POOLINGS)}")
@@ -249,7 +279,7 @@ def _build_section(name: str, cls: type, raw: Any) -> Any:
             choices, allow_empty = _CHOICES[key]()
             values[key] = _check_choices(full, value, choices, allow_empty)
         elif annotation.startswith("float"):
-            values[key] = _check_number(full, value, float, optional=False)
+            values[key] = _check_number(full, value, float, optional="None" in annotation)
         else:
             values[key] = _check_number(full, value, int, optional="None" in annotation)
     return cls(**values)
@@ -327,6 +357,20 @@ def _check_choices(key: str, value: Any, choices: tuple[str, ...], allow_empty: 
     return tuple(value)
 
 
+def _check_measures_by_pooling(key: str, value: Any) -> dict[str, tuple[str, ...]]:
+    """similarity.measures: a mapping of pooling → non-empty list of measure names."""
+    if not isinstance(value, dict) or not value:
+        raise _fail(key, value, f"a mapping of poolings ({', '.join(POOLINGS)}) to lists of measures, e.g. "
+                                "{cls: [linear_cka], tokens: [linear_cka, svcca]}")
+    measures = {}
+    for pooling, names in value.items():
+        if pooling not in POOLINGS:
+            raise LayersimError(f"params.yaml: {key} has the pooling {pooling!r}, which is invalid; each key must be "
+                                f"one of {', '.join(POOLINGS)}.")
+        measures[pooling] = _check_choices(f"{key}.{pooling}", names, *_measure_names())
+    return measures
+
+
 def parse_params(raw: Any) -> Params:
     """Validate a parsed params.yaml document and return typed params."""
     if not isinstance(raw, dict):
@@ -384,7 +428,7 @@ def _check_across_sections(model: str, sections: dict[str, Any]) -> None:
                                 f"{described}; it must be at most {limit}, the tokens its position embeddings hold.")
     missing = [q for q in similarity.poolings if q not in extract.poolings]
     if missing:
-        raise LayersimError(f"params.yaml: similarity.poolings has {missing[0]!r}, which is not among "
+        raise LayersimError(f"params.yaml: similarity.measures has the pooling {missing[0]!r}, which is not among "
                             f"extract.poolings = {list(extract.poolings)}; extract it or pick one of those.")
     if similarity.attention_measures and not extract.attention_examples:
         raise LayersimError(f"params.yaml: similarity.attention_measures = {list(similarity.attention_measures)} needs "
