@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.integration
 def _configure(params: dict) -> None:
     tiny_params(params, model="tiny-bert", tasks=[TASK], seeds=SEEDS)
     params["extract"].update(attention_examples=60)
-    params["similarity"].update(poolings=["cls", "last"])
+    params["similarity"].update(poolings=["cls", "last", "tokens"])
     params["compare"].update(models=["tiny-roberta"], probe_examples=20)
 
 
@@ -50,7 +51,11 @@ def test_repro_writes_every_declared_output(project):
     activations = root / f"data/activations/tiny-bert/{TASK}"
     orig = ActivationTable(activations / "orig.cls.parquet")
     assert orig.num_layers == 3 and orig.hidden_size == 32 and orig.num_rows == 60
-    for pooling in ("cls", "mean", "last"):
+    validation = pq.read_table(tasks / "validation.parquet").column("text").to_pylist()
+    words = ActivationTable(activations / "orig.tokens.parquet")
+    assert words.num_rows == sum(len(text.split()) for text in validation)  # max_length 32 cuts no word here
+    assert not (activations / "train/orig.tokens.parquet").exists()  # words: validation only
+    for pooling in ("cls", "mean", "last", "tokens"):
         reference = ActivationTable(activations / f"orig.{pooling}.parquet")
         for run_name in ("orig", "seed1", "seed2"):
             table = ActivationTable(activations / f"{run_name}.{pooling}.parquet")
@@ -60,8 +65,8 @@ def test_repro_writes_every_declared_output(project):
     assert attention.num_layers == 3 and len(attention.example_starts) == 60
 
     similarity = json.loads((root / f"metrics/similarity/{TASK}.json").read_text())
-    assert set(similarity) == {"cls", "last", "attention"}
-    for pooling in ("cls", "last"):
+    assert set(similarity) == {"cls", "last", "tokens", "attention"}
+    for pooling in ("cls", "last", "tokens"):
         assert set(similarity[pooling]) == {"linear_cka", "svcca", "pwcca", "neuronsim", "localization"}
         for measure in ("linear_cka", "svcca", "pwcca", "neuronsim"):
             summary = similarity[pooling][measure]
@@ -85,7 +90,8 @@ def test_repro_writes_every_declared_output(project):
 def test_compare_stacks_base_fine_tuned_and_other_encoders(project):
     root, _ = project
     compare = json.loads((root / "metrics/compare.json").read_text())
-    assert set(compare) == {"cls", "last", "attention"}
+    assert set(compare) == {"cls", "last", "tokens", "attention"}
+    assert set(compare["tokens"]["linear_cka"]) == {f"FT:{TASK}", "tiny-roberta"}
     linear = compare["last"]["linear_cka"]
     # Same depth as the base model: a per-layer diagonal; the other encoders too (tiny ones have 3 layers).
     assert set(linear) == {f"FT:{TASK}", "tiny-roberta"}
