@@ -46,7 +46,7 @@ from layersim.batching import encode_task, sequential_batches
 from layersim.extract import extract_activations, pool_layers
 from layersim.io import ActivationTable, ActivationWriter
 from layersim.models import load_encoder, load_tokenizer, snapshot_model
-from layersim.params import POOLINGS
+from layersim.params import EXAMPLE_POOLINGS as POOLINGS  # the per-example poolings measured in README
 from layersim.tasks import generated_table, get_task
 
 CPU = torch.device("cpu")

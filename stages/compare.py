@@ -5,12 +5,10 @@ other pretrained encoders of `compare.models` (Phang et al. Figure 7, Wu et al. 
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from layersim import cli
 from layersim.batching import encode_task
 from layersim.comparisons import LOCALIZATION_LABELS, attention_measure_label, localization, measure_options, number
-from layersim.extract import concatenate_layers, extract_attention, pooled_layers
+from layersim.extract import Pooled, concatenate_pooled, extract_attention, models_for_pooling, pooled_layers
 from layersim.io import AttentionTable, atomic_path, read_task_table, write_figure, write_json
 from layersim.models import load_encoder, load_tokenizer
 from layersim.plots import localization_curves
@@ -20,18 +18,20 @@ from layersim.tasks import get_task
 from layersim.train import default_device
 
 
-def probe_representations(folder: Path, params, task_dirs: dict[str, Path], device) -> dict[str, list[np.ndarray]]:
-    """Pooling → per-layer arrays of the model in `folder` over the probe: the first
-    compare.probe_examples validation examples of every task, each encoded as its own task."""
+def probe_representations(folder: Path, params, task_dirs: dict[str, Path], device) -> Pooled:
+    """Per-layer arrays of each pooling of the model in `folder` over the probe: the first
+    compare.probe_examples validation examples of every task, each encoded as its own task (words:
+    the first extract.max_tokens of each task, keyed by task, example, choice, segment and word)."""
     tokenizer, encoder = load_tokenizer(folder), load_encoder(folder)
+    poolings = params.similarity.poolings
     per_task = []
     for task, task_dir in task_dirs.items():
         spec = get_task(task)
         table = read_task_table(task_dir, spec, "validation", params.compare.probe_examples)
-        encoded = encode_task(table, spec, tokenizer, params.finetune.max_length)
-        per_task.append(pooled_layers(encoder, tokenizer, encoded, params.similarity.poolings,
-                                      params.extract.batch_size, device))
-    return concatenate_layers(per_task)
+        encoded = encode_task(table, spec, tokenizer, params.finetune.max_length, words="tokens" in poolings)
+        per_task.append(pooled_layers(encoder, tokenizer, encoded, poolings, params.extract.batch_size, device,
+                                      max_tokens=params.extract.max_tokens))
+    return concatenate_pooled(per_task)
 
 
 def probe_attention(folder: Path, params, task_dirs: dict[str, Path], device, scratch: Path) -> list:
@@ -65,7 +65,8 @@ def main(args, params):
     with atomic_path(args.plots, is_dir=True) as tmp, atomic_path(args.localization, is_dir=True) as tmp_localization:
         plots, localization_dir = Path(tmp), Path(tmp_localization)
         for pooling, measures in p.measures.items():
-            models = {label: reps[pooling] for label, reps in representations.items()}
+            # Word rows ("tokens") are lined up on their keys: the words every model's truncation kept.
+            models = models_for_pooling(representations, pooling)
             sizes = {label: len(layers) for label, layers in models.items()}
             matrices = {}
             for measure in measures:

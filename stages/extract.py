@@ -1,5 +1,6 @@
-"""extract: per-layer pooled representations (CLS, mean, last sub-word) of every validation example, and
-attention maps of a few, for the pretrained model (run "orig") and each fine-tuned seed (runs "seed<k>")."""
+"""extract: per-layer pooled representations (CLS, mean, last sub-word) of every validation example, one
+row per word ("tokens", validation only), and attention maps of a few, for the pretrained model (run
+"orig") and each fine-tuned seed (runs "seed<k>")."""
 
 from pathlib import Path
 
@@ -27,11 +28,14 @@ def main(args, params):
             tokenizer = load_tokenizer(folder)
             encoder = load_encoder(folder)
             for split, (table, subfolder) in splits.items():
-                encoded = encode_task(table, spec, tokenizer, params.finetune.max_length)
+                # Words ("tokens") are validation data points only; train tables feed per-example heads.
+                poolings = [q for q in p.poolings if q != "tokens" or split == "validation"]
+                encoded = encode_task(table, spec, tokenizer, params.finetune.max_length, words="tokens" in poolings)
                 metadata = {"model": params.model, "model_digest": info["digest"], "run": run, "task": spec.name,
                             "split": split}
-                outputs = {q: Path(tmp) / subfolder / f"{run}.{q}.parquet" for q in p.poolings}
-                extract_activations(encoder, tokenizer, spec, encoded, outputs, metadata, p.batch_size, device)
+                outputs = {q: Path(tmp) / subfolder / f"{run}.{q}.parquet" for q in poolings}
+                extract_activations(encoder, tokenizer, spec, encoded, outputs, metadata, p.batch_size, device,
+                                    max_tokens=p.max_tokens)
             if p.attention_examples:
                 # Attention maps of a few validation examples, for Wu et al.'s attention-level measures.
                 table = read_task_table(args.task_dir, spec, "validation", p.attention_examples)

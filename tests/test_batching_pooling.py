@@ -87,5 +87,16 @@ def test_pool_layers_matches_pool_layer_by_layer_bitwise():
 def test_pool_layers_subset_and_unknown_pooling():
     states, input_ids, attention_mask = _hidden_states(num_layers=2, rows=3, length=6, hidden=8)
     assert list(pool_layers(states, input_ids, attention_mask, ["mean"], [101, 102])) == ["mean"]
-    with pytest.raises(LayersimError, match=r"unknown pooling 'max'; valid poolings are: cls, mean, last\."):
+    with pytest.raises(LayersimError, match=r"unknown pooling 'max'; valid poolings are: cls, mean, last, tokens\."):
         pool_layers(states, input_ids, attention_mask, ["cls", "max"], [101, 102])
+
+
+def test_pool_layers_tokens_gathers_word_positions():
+    states, input_ids, attention_mask = _hidden_states(num_layers=2, rows=3, length=6, hidden=8)
+    rows, positions = torch.tensor([0, 0, 2, 1]), torch.tensor([1, 4, 1, 0])
+    pooled = pool_layers(states, input_ids, attention_mask, ["cls", "tokens"], [101, 102], (rows, positions))
+    assert [len(a) for a in pooled["cls"]] == [3] * 3 and [a.shape for a in pooled["tokens"]] == [(4, 8)] * 3
+    for array, hidden in zip(pooled["tokens"], states):
+        np.testing.assert_array_equal(array, hidden[rows, positions].numpy())
+    with pytest.raises(LayersimError, match="pooling 'tokens' needs the"):
+        pool_layers(states, input_ids, attention_mask, ["tokens"], [101, 102])

@@ -72,6 +72,8 @@ ANALYSIS = [
 UPSTREAM = [
     # Read by extract (which attention maps to keep) and by compare (how many it encodes itself).
     ("extract.attention_examples", 6, {EXTRACT, COMPARE}, {EXTRACT, *AFTER_EXTRACT}),
+    # Read by extract (word rows it writes) and by compare (word rows it encodes itself).
+    ("extract.max_tokens", 50, {EXTRACT, COMPARE}, {EXTRACT, *AFTER_EXTRACT}),
     # Read by every stage that tokenizes: all but the downloads and similarity (which reads tables).
     ("finetune.max_length", 24, FINETUNE | {EXTRACT, COMPARE, TRUNCATE, SKIP, ALIGN}, FINETUNE | AFTER_FINETUNE),
     # The control that makes the cases above able to fail: a new learning rate is new fine-tuned models.

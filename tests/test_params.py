@@ -83,7 +83,8 @@ def test_repository_params_hold_the_paper_configuration() -> None:
     assert isinstance(ft.learning_rate, float) and ft.learning_rate == pytest.approx(1e-5, rel=1e-12)
     assert ft.warmup_steps == 1000
     assert ft.max_steps == 10000
-    assert params.extract.poolings == ("cls", "mean", "last")
+    assert params.extract.poolings == ("cls", "mean", "last", "tokens")
+    assert params.extract.max_tokens == 20000
     assert params.similarity == SimilarityParams()
     assert params.download.max_train_examples is None
     assert params.download.max_validation_examples is None
@@ -372,6 +373,20 @@ def test_align_pooling_must_be_extracted() -> None:
     doc = _section("align", pooling="last")
     with pytest.raises(LayersimError, match="align.pooling = 'last' is not among extract.poolings"):
         parse_params(doc)
+
+
+def test_align_pooling_is_per_example_and_max_tokens_positive() -> None:
+    # Align maps per-example representations; words ("tokens") are a similarity and compare pooling only.
+    with pytest.raises(LayersimError, match=r"align.pooling = 'tokens' is invalid; it must be one of cls, mean, last\."):
+        parse_params(_section("align", pooling="tokens"))
+    for bad in (0, -5, 1.5, None, True):
+        with pytest.raises(LayersimError, match=r"extract.max_tokens = .* is invalid"):
+            parse_params(_section("extract", max_tokens=bad))
+    doc = _section("extract", poolings=["cls", "tokens"], max_tokens=7)
+    doc["similarity"] = {"measures": {"cls": ["linear_cka"], "tokens": ["svcca"]}}
+    doc["align"] = {"pooling": "cls"}
+    params = parse_params(doc)
+    assert params.extract.max_tokens == 7 and params.similarity.poolings == ("cls", "tokens")
 
 
 # --- limits that come from the models, and the edges of the allowed ranges ---------------------------

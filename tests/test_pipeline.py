@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -51,7 +52,11 @@ def test_repro_writes_every_declared_output(project):
     activations = root / f"data/activations/tiny-bert/{TASK}"
     orig = ActivationTable(activations / "orig.cls.parquet")
     assert orig.num_layers == 3 and orig.hidden_size == 32 and orig.num_rows == 60
-    for pooling in ("cls", "mean", "last"):
+    validation = pq.read_table(tasks / "validation.parquet").column("text").to_pylist()
+    words = ActivationTable(activations / "orig.tokens.parquet")
+    assert words.num_rows == sum(len(text.split()) for text in validation)  # max_length 32 cuts no word here
+    assert not (activations / "train/orig.tokens.parquet").exists()  # words: validation only
+    for pooling in ("cls", "mean", "last", "tokens"):
         reference = ActivationTable(activations / f"orig.{pooling}.parquet")
         for run_name in ("orig", "seed1", "seed2"):
             table = ActivationTable(activations / f"{run_name}.{pooling}.parquet")

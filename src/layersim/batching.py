@@ -12,6 +12,7 @@ import pyarrow as pa
 import torch
 
 from layersim.tasks import TaskSpec
+from layersim.words import check_fast, encode_words
 
 
 @dataclass
@@ -23,31 +24,47 @@ class EncodedTask:
     labels: np.ndarray
     example_id: np.ndarray
     num_choices: int
+    # With encode_task(words=True): per example, per choice, (words, 3) [segment, word, last sub-word
+    # position] (layersim.words.row_words), for the "tokens" pooling.
+    words: list[list[np.ndarray]] | None = None
 
     def __len__(self) -> int:
         return len(self.features)
 
 
-def encode_task(table: pa.Table, spec: TaskSpec, tokenizer, max_length: int) -> EncodedTask:
+def encode_task(table: pa.Table, spec: TaskSpec, tokenizer, max_length: int, words: bool = False) -> EncodedTask:
+    """Tokenize every (example, choice); `words` also locates each word's last sub-word (a fast tokenizer's
+    character offsets) for the "tokens" pooling, without changing the tokens."""
     columns = table.to_pydict()
+    extra = {}
+    if words:
+        check_fast(tokenizer)
+        extra["return_offsets_mapping"] = True
     if spec.format == "single":
-        encoded = tokenizer(columns["text"], truncation=True, max_length=max_length)
+        texts = [(t,) for t in columns["text"]]
+        encoded = tokenizer(columns["text"], truncation=True, max_length=max_length, **extra)
         groups, num_choices = 1, 1
     elif spec.format == "pair":
-        encoded = tokenizer(columns["text_a"], columns["text_b"], truncation=True, max_length=max_length)
+        texts = list(zip(columns["text_a"], columns["text_b"]))
+        encoded = tokenizer(columns["text_a"], columns["text_b"], truncation=True, max_length=max_length, **extra)
         groups, num_choices = 1, 1
     else:
         num_choices = spec.num_choices
         contexts = [c for c, choices in zip(columns["context"], columns["choices"]) for _ in choices]
         endings = [e for choices in columns["choices"] for e in choices]
+        texts = list(zip(contexts, endings))
         # Long contexts are cut from the context side so that every choice survives intact.
-        encoded = tokenizer(contexts, endings, truncation="only_first", max_length=max_length)
+        encoded = tokenizer(contexts, endings, truncation="only_first", max_length=max_length, **extra)
         groups = num_choices
     keys = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in encoded]
     rows = [{k: encoded[k][i] for k in keys} for i in range(len(encoded["input_ids"]))]
     features = [rows[i:i + groups] for i in range(0, len(rows), groups)]
     labels = np.asarray(columns["label"], dtype=np.float64 if spec.regression else np.int64)
-    return EncodedTask(features, labels, np.asarray(columns["example_id"], dtype=np.int64), num_choices)
+    located = None
+    if words:
+        per_row = encode_words(encoded, texts)
+        located = [per_row[i:i + groups] for i in range(0, len(per_row), groups)]
+    return EncodedTask(features, labels, np.asarray(columns["example_id"], dtype=np.int64), num_choices, located)
 
 
 _PAD_KEYS = {"input_ids", "token_type_ids", "attention_mask"}

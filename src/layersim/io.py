@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from layersim.errors import LayersimError
 from layersim.tasks import subsample
+from layersim.words import WORD_FIELDS, check_keys
 
 METADATA_KEY = b"layersim"
 # A second footer entry, written only when a writer finishes: the row count the file must hold.
@@ -318,11 +319,9 @@ def layer_column(layer: int) -> str:
 
 
 def activation_schema(num_layers: int, hidden_size: int, label_type: pa.DataType, metadata: dict) -> pa.Schema:
-    fields = [
-        pa.field("example_id", pa.int64()),
-        pa.field("choice", pa.int16()),
-        pa.field("label", label_type),
-    ]
+    # A "tokens" table (layersim.words) has one row per word, keyed by segment and word too.
+    words = list(WORD_FIELDS) if metadata.get("pooling") == "tokens" else []
+    fields = [pa.field("example_id", pa.int64()), pa.field("choice", pa.int16()), *words, pa.field("label", label_type)]
     fields += [pa.field(layer_column(k), pa.list_(pa.float32(), hidden_size)) for k in range(num_layers + 1)]
     return pa.schema(fields, metadata={METADATA_KEY: json.dumps(metadata, sort_keys=True)})
 
@@ -355,12 +354,18 @@ class ActivationWriter:
         return self
 
     def write(self, example_id: np.ndarray, choice: np.ndarray, label: np.ndarray,
-              layers: list[np.ndarray]) -> None:
-        """Append rows; `layers[k]` is a (rows, hidden) float32 array for layer k."""
+              layers: list[np.ndarray], segment: np.ndarray | None = None, word: np.ndarray | None = None) -> None:
+        """Append rows; `layers[k]` is a (rows, hidden) float32 array for layer k. A "tokens" table (and only
+        one) takes each row's `segment` and `word` too."""
         if len(layers) != self.num_layers + 1:
             raise LayersimError(f"expected {self.num_layers + 1} layer arrays, got {len(layers)}.")
+        words = "word" in self.schema.names
+        if words != (segment is not None and word is not None):
+            raise LayersimError(f"segment and word are {'required for' if words else 'invalid in'} table {self._path}; "
+                                "they are given for, and only for, pooling 'tokens'.")
         rows = len(example_id)
-        columns = [pa.array(example_id, pa.int64()), pa.array(choice, pa.int16()),
+        keys = [pa.array(segment, pa.int16()), pa.array(word, pa.int32())] if words else []
+        columns = [pa.array(example_id, pa.int64()), pa.array(choice, pa.int16()), *keys,
                    pa.array(label, self.schema.field("label").type)]
         for k, values in enumerate(layers):
             values = np.ascontiguousarray(values, dtype=np.float32)
@@ -410,14 +415,26 @@ class ActivationTable:
         label = self._reader.schema.field("label").type if "label" in self._reader.schema.names else pa.int64()
         if label not in (pa.int64(), pa.float64()):
             label = pa.int64()  # reported by check_types below
+        self.words = self.metadata.get("pooling") == "tokens"
         self._reader.check_types(
-            {"example_id": pa.int64(), "choice": pa.int16(), "label": label}
+            {"example_id": pa.int64(), "choice": pa.int16(), **{f.name: f.type for f in WORD_FIELDS if self.words},
+             "label": label}
             | {layer_column(k): pa.list_(pa.float32(), self.hidden_size) for k in range(self.num_layers + 1)},
             f" for num_layers {self.num_layers} and hidden_size {self.hidden_size} in its metadata")
         self.check(expect)
-        ids = self._reader.read(["example_id", "choice"])
+        ids = self._reader.read(["example_id", "choice", *(["segment", "word"] if self.words else [])])
         self.example_id = ids.column("example_id").to_numpy()
         self.choice = ids.column("choice").to_numpy()
+        # Word rows (pooling "tokens"): segment and word index, unique per (example_id, choice, segment, word).
+        self.segment = ids.column("segment").to_numpy() if self.words else None
+        self.word = ids.column("word").to_numpy() if self.words else None
+        if self.words:
+            check_keys(self.keys(), lambda row: f"activation table {self.path} row {row}")
+
+    def keys(self) -> np.ndarray:
+        """(rows, 2) example_id, choice; (rows, 4) with segment and word for a tokens table, as int64."""
+        columns = [self.example_id, self.choice] + ([self.segment, self.word] if self.words else [])
+        return np.stack([np.asarray(c, np.int64) for c in columns], axis=1)
 
     @property
     def num_rows(self) -> int:
@@ -431,6 +448,9 @@ class ActivationTable:
     def check_examples(self, example_id: np.ndarray, num_choices: int = 1, source: str = "the task table") -> None:
         """Refuse this table unless its rows are `example_id` in this order, `num_choices` rows per example
         (choices 0, 1, …), as the extract stage writes them from the same task table."""
+        if self.words:
+            raise LayersimError(f"activation table {self.path} holds words (pooling 'tokens'), not examples; "
+                                "valid poolings here are cls, mean and last.")
         want_ids = np.repeat(np.asarray(example_id, dtype=np.int64), num_choices)
         want_choice = np.tile(np.arange(num_choices, dtype=np.int16), len(example_id))
         if len(want_ids) != self.num_rows:
@@ -483,14 +503,16 @@ class ActivationTable:
             if self.metadata.get(key) != other.metadata.get(key):
                 raise LayersimError(f"cannot compare {self.path} and {other.path}: {key} differs "
                                     f"({self.metadata.get(key)!r} vs {other.metadata.get(key)!r}).")
-        if not (np.array_equal(self.example_id, other.example_id) and np.array_equal(self.choice, other.choice)):
-            if self.num_rows != other.num_rows:
+        mine, theirs = self.keys(), other.keys()
+        if not np.array_equal(mine, theirs):
+            if mine.shape != theirs.shape:
                 detail = f"{self.num_rows} vs {other.num_rows} rows"
             else:
-                row = int(np.flatnonzero((self.example_id != other.example_id) | (self.choice != other.choice))[0])
-                detail = (f"row {row} holds example_id {int(self.example_id[row])} vs "
-                          f"{int(other.example_id[row])}")
-            raise LayersimError(f"cannot compare {self.path} and {other.path}: their example_id order differs "
+                row = int(np.flatnonzero((mine != theirs).any(axis=1))[0])
+                detail = (f"row {row} holds example_id {int(self.example_id[row])} vs {int(other.example_id[row])}"
+                          + (f", key {mine[row].tolist()} vs {theirs[row].tolist()}" if self.words else ""))
+            what = "word keys (example_id, choice, segment, word)" if self.words else "example_id order"
+            raise LayersimError(f"cannot compare {self.path} and {other.path}: their {what} differs "
                                 f"({detail}); re-run the extract stage.")
 
     def iter_batches(self, rows: int = 4096, layers: list[int] | tuple[int, ...] | None = None

@@ -34,7 +34,10 @@ from layersim.errors import LayersimError
 from layersim.models import MODELS, get_model
 from layersim.tasks import TASKS, get_task
 
-POOLINGS = ("cls", "mean", "last")  # first token, mean of tokens, last sub-word (Wu et al.)
+# First token, mean of tokens, last sub-word of the last word: one row per (example, choice); "tokens":
+# one row per word, its last sub-word (Wu et al.; layersim.words).
+POOLINGS = ("cls", "mean", "last", "tokens")
+EXAMPLE_POOLINGS = ("cls", "mean", "last")  # one row per (example, choice): what align can map
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class ExtractParams:
     max_examples: int | None = None     # validation examples per task; None takes all
     max_train_examples: int | None = 10000  # train examples whose activations train truncate's fresh heads
     attention_examples: int = 100       # validation examples whose attention maps are kept (0: none)
+    max_tokens: int = 20000             # "tokens": word rows per task (validation), the first words in order
 
 
 # Which measures run on which points, by pooling. Phang et al. compare the CLS vectors of the validation
@@ -160,7 +164,7 @@ _SECTIONS = {"download": DownloadParams, "finetune": FinetuneParams, "extract": 
 _TOP_LEVEL = ("model", "tasks", "seeds", *_SECTIONS)
 _POSITIVE = {"batch_size", "learning_rate", "max_steps", "max_length", "eval_batch_size",
              "generated_train_examples", "generated_validation_examples", "max_train_examples",
-             "max_validation_examples", "max_examples", "head_epochs",
+             "max_validation_examples", "max_examples", "max_tokens", "head_epochs",
              "head_learning_rate", "head_batch_size", "rbf_sigma_scale", "probe_examples",
              "inn_depth", "inn_hidden", "mlp_depth", "mlp_hidden", "steps", "matrix_steps",
              "synthetic_scale", "permutations"}
@@ -271,9 +275,9 @@ def _build_section(name: str, cls: type, raw: Any) -> Any:
             if not isinstance(value, str) or value not in LOCALIZATIONS:
                 raise _fail(full, value, f"one of {', '.join(LOCALIZATIONS)}")
             values[key] = value
-        elif key == "pooling":
-            if not isinstance(value, str) or value not in POOLINGS:
-                raise _fail(full, value, f"one of {', '.join(POOLINGS)}")
+        elif key == "pooling":  # align.pooling: maps between per-example representations
+            if not isinstance(value, str) or value not in EXAMPLE_POOLINGS:
+                raise _fail(full, value, f"one of {', '.join(EXAMPLE_POOLINGS)}")
             values[key] = value
         elif key in _CHOICES:
             choices, allow_empty = _CHOICES[key]()
