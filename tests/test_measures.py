@@ -232,20 +232,21 @@ def test_hand_computed_neuron_measures():
 
 
 def test_hand_computed_cca_measures():
+    # 4 examples: the default cap (max_dims="auto") would keep one dimension, so these check plain CCA.
     x = np.column_stack([U1, U1 + U2])
     y = np.column_stack([U1 + U2, U3])
     # span x = {u1, u2}, span y = {u1+u2, u3}: they share u1+u2 (ρ = 1); x's other direction u1-u2 is
     # orthogonal to all of y (ρ = 0).
     for method in ("svd", "qr"):
         assert canonical_correlations(x, y, method=method) == pytest.approx([1.0, 0.0], abs=1e-14)
-    assert mean_cca_r2(x, y) == pytest.approx(0.5, abs=1e-14)
-    assert svcca(x, y, variance_threshold=1.0) == pytest.approx(0.5, abs=1e-14)
+    assert mean_cca_r2(x, y, max_dims=None) == pytest.approx(0.5, abs=1e-14)
+    assert svcca(x, y, variance_threshold=1.0, max_dims=None) == pytest.approx(0.5, abs=1e-14)
     # PWCCA weighted by x: h1 = (u1+u2)/2√2, h2 = (u1-u2)/2√2; α1 ∝ |h1·u1| + |h1·(u1+u2)| = 4 + 8,
     # α2 ∝ |h2·u1| + |h2·(u1+u2)| = 4 + 0, so weights 3/4, 1/4 and PWCCA = 3/4.
-    assert pwcca(x, y) == pytest.approx(0.75, abs=1e-14)
+    assert pwcca(x, y, max_dims=None) == pytest.approx(0.75, abs=1e-14)
     # Weighted by y: g1 = (u1+u2)/2√2 with α1 = 8/2√2 = 2√2, g2 = u3/2 with α2 = 4/2 = 2,
     # so PWCCA = 2√2/(2√2+2) = 2 - √2.
-    assert pwcca(y, x) == pytest.approx(2 - np.sqrt(2), abs=1e-14)
+    assert pwcca(y, x, max_dims=None) == pytest.approx(2 - np.sqrt(2), abs=1e-14)
 
 
 def test_hand_computed_svcca_cut():
@@ -254,9 +255,9 @@ def test_hand_computed_svcca_cut():
     # 1, 2, 3 principal directions of x.
     x = np.column_stack([10 * U1, 2 * U2, 0.1 * U3])
     y = (U2 + U3)[:, None]
-    assert svcca(x, y, variance_threshold=0.95) == pytest.approx(0.0, abs=1e-14)
-    assert svcca(x, y, variance_threshold=0.99) == pytest.approx(1 / np.sqrt(2), abs=1e-14)
-    assert svcca(x, y, variance_threshold=1.0) == pytest.approx(1.0, abs=1e-14)
+    assert svcca(x, y, variance_threshold=0.95, max_dims=None) == pytest.approx(0.0, abs=1e-14)
+    assert svcca(x, y, variance_threshold=0.99, max_dims=None) == pytest.approx(1 / np.sqrt(2), abs=1e-14)
+    assert svcca(x, y, variance_threshold=1.0, max_dims=None) == pytest.approx(1.0, abs=1e-14)
 
 
 def test_rbf_bandwidth_scale(rng):
@@ -458,9 +459,9 @@ OPTION_EXAMPLES = {
     "linear_cka": {"method": "gram"},
     "rbf_cka": {"sigma_scale": 2.0},
     "debiased_cka": {"method": "feature"},
-    "svcca": {"variance_threshold": 0.9, "rtol": 1e-8},
-    "pwcca": {"method": "svd", "rtol": 1e-8, "variance_threshold": 0.9},
-    "mean_cca": {"method": "qr", "rtol": 1e-8},
+    "svcca": {"variance_threshold": 0.9, "rtol": 1e-8, "max_dims": 3},
+    "pwcca": {"method": "svd", "rtol": 1e-8, "variance_threshold": 0.9, "max_dims": None},
+    "mean_cca": {"method": "qr", "rtol": 1e-8, "max_dims": 4},
     "neuronsim": {},
     "mixedsim": {"method": "qr", "rtol": 1e-8},
 }
@@ -600,7 +601,7 @@ def test_unknown_measure_and_option_errors_list_the_choices(rng):
     xs = [rng.normal(size=(20, 3))]
     _raises(similarity_matrix, "svcca", xs, sigma=1.0,
             message="unknown option 'sigma' for similarity measure 'svcca'; "
-                    "valid options are: rtol, variance_threshold")
+                    "valid options are: max_dims, rtol, variance_threshold")
     _raises(similarity_matrix, "neuronsim", xs, method="qr", message="valid options are: none (it takes no options)")
     _raises(similarity, "rbf_cka", xs[0], xs[0], threshold=2, message="valid options are: sigma_scale")
     _raises(similarity_matrix, "pwcca", xs, method="eig",

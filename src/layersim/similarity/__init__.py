@@ -21,7 +21,7 @@ from layersim.similarity.attention import (
     attention_similarity_matrix,
     head_similarities,
 )
-from layersim.similarity.cca import canonical_correlations, mean_cca_r2, pwcca, svcca
+from layersim.similarity.cca import canonical_correlations, kept_dimensions, mean_cca_r2, pwcca, svcca
 from layersim.similarity.cka import LinearCKAAccumulator, cka_matrix, is_constant, linear_cka
 from layersim.similarity.kernels import debiased_cka, rbf_cka
 from layersim.similarity.localization import localization_scores, mean_similarity_per_layer
@@ -47,6 +47,7 @@ __all__ = [
     "get_measure",
     "head_similarities",
     "is_constant",
+    "kept_dimensions",
     "linear_cka",
     "localization_scores",
     "mean_cca_r2",

@@ -28,13 +28,34 @@ The measures (Wu et al. 2020, Appendix A.3):
   Symmetric.
 
 CCA is invariant to any invertible linear map (and translation) of either side, so ``mean_cca_r2``
-is too; ``svcca`` only to maps that keep the variance spectrum (orthogonal maps, isotropic scaling),
+is too (when ``max_dims`` cuts no dimension: the cap keeps top principal components, which depend
+on the variance spectrum); ``svcca`` only to maps that keep the variance spectrum (orthogonal maps, isotropic scaling),
 because the principal-component cut depends on it; ``pwcca`` is invariant to invertible maps of
 ``y`` but not to rotations of ``x`` (its weights sum over x's neurons).
 
-Bias: with ``n`` examples, CCA between independent random ``p``- and ``q``-dimensional data gives
-``E[Σ ρ²] = p q / (n - 1)``, so ``mean_cca_r2 ≈ max(p, q) / (n - 1)`` and all correlations reach 1
-once ``rx + ry ≥ n - 1``: use many more examples than (retained) dimensions.
+Bias, and the dimension cap ``max_dims``: with ``n`` examples, CCA between independent random ``p``-
+and ``q``-dimensional data gives ``E[Σ ρ²] = p q / (n - 1)``, so ``mean_cca_r2 ≈ max(p, q) / (n - 1)``
+and all correlations reach 1 once ``rx + ry ≥ n - 1``: on independent 277 x 768 Gaussian data the
+uncapped measures give svcca 0.96, pwcca 1.00, mean_cca 1.00. So by default (``max_dims="auto"``)
+``svcca``, ``pwcca`` and ``mean_cca_r2`` keep, after the rank cut (and svcca's/pwcca's variance cut),
+at most
+
+    k_max = max(1, ⌊(n - 1) / 10⌋)
+
+top principal components of each side (:data:`ROWS_PER_DIMENSION` = 10 centred examples per kept
+dimension; :func:`dimension_cap`). Why 10: with ``k`` dimensions per side the null mean squared
+correlation is ``E[mean_cca_r2] = k / (n - 1) ≤ 0.1``, and the largest null squared correlation
+tends to the upper edge of Wachter's (1980, Ann. Statist. 8, 937–957) limiting spectrum,
+``4 γ (1 - γ)`` with ``γ = k / n ≤ 0.1``, i.e. ``ρ_1 ≲ 0.6``; measured on independent Gaussian
+data the capped svcca/pwcca are about 0.27 and mean_cca about 0.10 at every ``n``. It is also the
+usual rule of thumb of at least 10 observations per variable for CCA (Barcikowski & Stevens 1975,
+Multivariate Behav. Res. 10, 353–364, found that stable canonical *weights and loadings* need
+considerably more; the similarity measures only use the correlations). A larger cap raises the
+floor of unrelated layers towards 1; a smaller one discards directions real layers share. The cap
+only reduces dimensions, so representations with fewer than ``k_max`` directions (e.g. 64-wide
+layers with 2,000 examples) are compared exactly as before. ``max_dims`` may also be a positive
+integer (a fixed cap) or None (no cap: the uncapped, possibly degenerate CCA). Use
+:func:`kept_dimensions` to record how many dimensions a layer actually kept.
 
 Differences from public code (Google's ``svcca`` repository, Wu et al.'s ``contextual-corr-analysis``):
 the data are only centred, never divided by neuron standard deviations (Wu's code standardises
@@ -42,7 +63,9 @@ neurons before the SVD by default); the SVCCA cut keeps the *fewest components r
 threshold (at least one), where Wu's code keeps those *strictly below* it (one fewer); the PWCCA
 weights use the centred activations of ``x`` and always weight ``x`` (Google's ``compute_pwcca``
 uses raw activations and weights whichever side has fewer neurons); PWCCA runs on the full-rank CCA
-unless ``variance_threshold`` is given (Wu's ``pwsim`` is ``variance_threshold=0.99``).
+unless ``variance_threshold`` is given (Wu's ``pwsim`` is ``variance_threshold=0.99``); none of
+them caps the number of dimensions as ``max_dims="auto"`` does here (``max_dims=None`` restores
+their behaviour).
 """
 
 from __future__ import annotations
@@ -65,6 +88,12 @@ from layersim.similarity._common import (
 from layersim.similarity._pairs import fill_matrix
 
 METHODS = ("svd", "qr")
+
+# The default cap keeps at most one dimension per this many centred examples (see the module docstring).
+ROWS_PER_DIMENSION = 10
+
+# Measures whose dimensions max_dims caps, by registry name, with their label in error messages.
+CAPPED_MEASURES = {"svcca": "SVCCA", "pwcca": "PWCCA", "mean_cca": "CCA"}
 
 
 @dataclass(frozen=True)
@@ -89,12 +118,16 @@ def whiten(
     variance_threshold: float | None = None,
     rtol: float | None = None,
     keep_coords: bool = False,
+    max_dims: int | str | None = None,
 ) -> Basis:
     """Orthonormal basis of the centred ``a`` (constant neurons ignored), rank-truncated at ``rtol``
-    and, with ``variance_threshold``, cut to the fewest top principal components reaching it."""
+    and, with ``variance_threshold``, cut to the fewest top principal components reaching it; then,
+    with ``max_dims`` (an int, or "auto" for :func:`dimension_cap` of ``a``'s row count; None: no
+    cap, the default here), cut to at most that many top principal components."""
     centred, _ = centre_drop_constant(name, a, measure)
     n, d = centred.shape
     tol = default_rtol(n, d) if rtol is None else rtol
+    cap = dimension_cap(n, max_dims)
     if method == "qr":
         # Column-pivoted QR: |R_00| >= |R_11| >= ..., and a direction whose pivot is below tol·|R_00|
         # is (numerically) spanned by the earlier columns.
@@ -102,6 +135,11 @@ def whiten(
         pivots = np.abs(np.diag(r))
         rank = int(np.count_nonzero(pivots > tol * pivots[0]))
         basis = q[:, :rank]
+        if cap is not None and cap < rank:
+            # Top principal components: centred P = Q R, so the left singular vectors of centred are
+            # Q times those of the small (rank x d) R (the column permutation does not change them).
+            u_r = np.linalg.svd(r[:rank], full_matrices=False)[0]
+            basis = basis @ u_r[:, :cap]
     else:
         u, s = _principal_directions(centred)
         rank = int(np.count_nonzero(s > tol * s[0]))
@@ -109,6 +147,8 @@ def whiten(
             explained = np.cumsum(s[:rank] ** 2)
             # Fewest components whose share reaches the threshold; threshold 1 keeps all `rank`.
             rank = min(rank, int(np.searchsorted(explained, variance_threshold * explained[-1])) + 1)
+        if cap is not None:
+            rank = min(rank, cap)
         basis = u[:, :rank]
     basis = np.ascontiguousarray(basis)
     return Basis(name, basis, basis.T @ centred if keep_coords else None)
@@ -145,6 +185,72 @@ def _pw_weighted(variates_dot_neurons: np.ndarray, rho: np.ndarray) -> float:
     # Every h_i is a unit vector inside the column space of Xc, so some xc_j has h_iᵀ xc_j != 0:
     # the weights never sum to zero.
     return float(np.clip(alpha @ rho / alpha.sum(), 0.0, 1.0))
+
+
+# --- the dimension cap ---
+
+
+def dimension_cap(num_rows: int, max_dims: int | str | None = "auto") -> int | None:
+    """The most principal components per side that the CCA measures keep for ``num_rows`` examples.
+
+    ``max_dims="auto"``: ``max(1, ⌊(num_rows - 1) / 10⌋)`` (see the module docstring); a positive
+    int: that number; None: no cap (returns None). Raises a LayersimError for any other value.
+    """
+    check_max_dims(max_dims)
+    if max_dims is None:
+        return None
+    if max_dims == "auto":
+        return max(1, (int(num_rows) - 1) // ROWS_PER_DIMENSION)
+    return int(max_dims)
+
+
+def check_max_dims(max_dims: object) -> None:
+    """Raise a LayersimError unless ``max_dims`` is "auto", None or a positive integer."""
+    if max_dims is None or (isinstance(max_dims, str) and max_dims == "auto"):
+        return
+    if isinstance(max_dims, (int, np.integer)) and not isinstance(max_dims, (bool, np.bool_)) and max_dims >= 1:
+        return
+    raise LayersimError(
+        f"max_dims must be 'auto' (at most one dimension per {ROWS_PER_DIMENSION} examples), None (no cap) "
+        f"or a positive integer, got {max_dims!r}."
+    )
+
+
+def kept_dimensions(x: np.ndarray, measure: str, **options) -> int:
+    """How many dimensions of the layer ``x`` (``num_examples x hidden``) the CCA measure ``measure``
+    ("svcca", "pwcca" or "mean_cca") compares, with the measure's ``options`` (the same keywords the
+    measure takes, defaults included): its numerical rank, cut by the variance threshold (svcca; pwcca
+    when given) and by ``max_dims``. The number is per layer, so record it per layer; a pair compares
+    ``min(kept(x), kept(y))`` canonical correlations. Costs one SVD (or QR) of ``x``.
+
+    Raises
+    ------
+    LayersimError
+        For another measure name, an option the measure does not take, a bad option value, or a bad ``x``.
+    """
+    if measure not in CAPPED_MEASURES:
+        raise unknown_name("CCA measure", measure, CAPPED_MEASURES, "kept_dimensions only applies to these")
+    defaults = {
+        "svcca": {"variance_threshold": 0.99, "rtol": None, "max_dims": "auto"},
+        "pwcca": {"method": "svd", "variance_threshold": None, "rtol": None, "max_dims": "auto"},
+        "mean_cca": {"method": "svd", "rtol": None, "max_dims": "auto"},
+    }[measure]
+    for key in options:
+        if key not in defaults:
+            raise LayersimError(
+                f"unknown option {key!r} for similarity measure {measure!r}; valid options are: "
+                f"{', '.join(sorted(defaults))}."
+            )
+    opts = {**defaults, **options}
+    label = CAPPED_MEASURES[measure]
+    if measure == "svcca" and opts["variance_threshold"] is None:
+        raise LayersimError("svcca needs a variance_threshold in (0, 1]; use mean_cca or pwcca for plain CCA.")
+    _check_method(opts.get("method", "svd"), opts.get("variance_threshold"))
+    _check_threshold(opts.get("variance_threshold"))
+    check_rtol(opts["rtol"])
+    check_max_dims(opts["max_dims"])
+    (name, a), = validated([("x", x)], label)
+    return int(whiten(name, a, label, **opts).q.shape[1])
 
 
 # --- checks ---
@@ -186,6 +292,7 @@ def canonical_correlations(
     method: str = "svd",
     variance_threshold: float | None = None,
     rtol: float | None = None,
+    max_dims: int | str | None = None,
 ) -> np.ndarray:
     """Canonical correlations between (n, d1) and (n, d2) arrays, descending, in [0, 1].
 
@@ -198,6 +305,9 @@ def canonical_correlations(
         principal components explaining at least that share of variance (the SVCCA step; SVD only).
     rtol : relative singular-value (pivot) tolerance for rank deficiency; None means
         ``max(n, d) · eps``.
+    max_dims : None (the default here: exact CCA of the whole column spaces), "auto" or a positive
+        int: keep at most that many top principal components per side (see the module docstring;
+        the similarity measures default to "auto").
 
     Returns
     -------
@@ -207,17 +317,25 @@ def canonical_correlations(
     ------
     LayersimError
         For bad shapes, fewer than 2 rows, NaN/inf, a constant input, an unknown ``method``, or a
-        bad ``variance_threshold``/``rtol``.
+        bad ``variance_threshold``/``rtol``/``max_dims``.
     """
     _check_method(method, variance_threshold)
     _check_threshold(variance_threshold)
     check_rtol(rtol)
+    check_max_dims(max_dims)
     (xn, yn) = _prepare([("x", x)], [("y", y)], "CCA")
-    kwargs = dict(method=method, variance_threshold=variance_threshold, rtol=rtol)
+    kwargs = dict(method=method, variance_threshold=variance_threshold, rtol=rtol, max_dims=max_dims)
     return _correlations(whiten(*xn[0], "CCA", **kwargs), whiten(*yn[0], "CCA", **kwargs))
 
 
-def svcca(x: np.ndarray, y: np.ndarray, variance_threshold: float = 0.99, *, rtol: float | None = None) -> float:
+def svcca(
+    x: np.ndarray,
+    y: np.ndarray,
+    variance_threshold: float = 0.99,
+    *,
+    rtol: float | None = None,
+    max_dims: int | str | None = "auto",
+) -> float:
     """SVCCA (Raghu et al. 2017; Wu et al.'s svsim): mean canonical correlation after reducing each
     side to its top principal components.
 
@@ -227,6 +345,8 @@ def svcca(x: np.ndarray, y: np.ndarray, variance_threshold: float = 0.99, *, rto
     variance_threshold : per side, keep the fewest top principal components (of the centred data)
         whose variance reaches this share of the total, in (0, 1]; 1.0 keeps every non-null one.
     rtol : see :func:`canonical_correlations`.
+    max_dims : "auto" (default: at most ``max(1, ⌊(n - 1) / 10⌋)`` components per side, see the
+        module docstring), a positive int (at most that many), or None (no cap beyond the threshold).
 
     Returns
     -------
@@ -238,7 +358,7 @@ def svcca(x: np.ndarray, y: np.ndarray, variance_threshold: float = 0.99, *, rto
     LayersimError
         As :func:`canonical_correlations`.
     """
-    return float(_svcca([("x", x)], [("y", y)], variance_threshold, rtol)[0, 0])
+    return float(_svcca([("x", x)], [("y", y)], variance_threshold, rtol, max_dims=max_dims)[0, 0])
 
 
 def pwcca(
@@ -248,6 +368,7 @@ def pwcca(
     method: str = "svd",
     variance_threshold: float | None = None,
     rtol: float | None = None,
+    max_dims: int | str | None = "auto",
 ) -> float:
     """Projection-weighted CCA (Morcos et al. 2018; Wu et al.'s pwsim), weighted by ``x``.
 
@@ -258,6 +379,8 @@ def pwcca(
     method, variance_threshold, rtol : as for :func:`canonical_correlations`; Wu et al.'s pwsim is
         ``variance_threshold=0.99`` (CCA on the SVCCA-reduced data), the default is Morcos et al.'s
         plain CCA.
+    max_dims : as for :func:`svcca` (default "auto"); the weights are then those of the kept
+        components' canonical variates.
 
     Returns
     -------
@@ -269,16 +392,24 @@ def pwcca(
     LayersimError
         As :func:`canonical_correlations`.
     """
-    return float(_pwcca([("x", x)], [("y", y)], method, variance_threshold, rtol)[0, 0])
+    return float(_pwcca([("x", x)], [("y", y)], method, variance_threshold, rtol, max_dims=max_dims)[0, 0])
 
 
-def mean_cca_r2(x: np.ndarray, y: np.ndarray, *, method: str = "svd", rtol: float | None = None) -> float:
+def mean_cca_r2(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    method: str = "svd",
+    rtol: float | None = None,
+    max_dims: int | str | None = "auto",
+) -> float:
     """Mean squared canonical correlation ``R²_CCA = Σ ρ_i² / min(rx, ry)``, in [0, 1], symmetric.
 
-    Invariant to any invertible linear map and translation of either side. See
-    :func:`canonical_correlations` for the parameters and errors.
+    Invariant to any invertible linear map and translation of either side when no dimension is cut
+    by ``max_dims`` (default "auto", as for :func:`svcca`; None: no cap). See
+    :func:`canonical_correlations` for the other parameters and the errors.
     """
-    return float(_mean_cca([("x", x)], [("y", y)], method, rtol)[0, 0])
+    return float(_mean_cca([("x", x)], [("y", y)], method, rtol, max_dims=max_dims)[0, 0])
 
 
 # --- matrix functions (per-layer bases computed once) ---
@@ -290,20 +421,29 @@ def svcca_matrix(
     *,
     variance_threshold: float = 0.99,
     rtol: float | None = None,
+    max_dims: int | str | None = "auto",
 ) -> np.ndarray:
     """All-pairs SVCCA: [i, j] = ``svcca(xs[i], ys[j])``; ys=None compares xs with itself (upper
     triangle computed and mirrored, diagonal exactly 1). One SVD per layer; a pair then costs one
     small ``kx x ky`` SVD."""
-    return _svcca(*named_lists(xs, ys), variance_threshold, rtol)
+    return _svcca(*named_lists(xs, ys), variance_threshold, rtol, max_dims=max_dims)
 
 
-def _svcca(x_named: Named, y_named: Named | None, variance_threshold: float, rtol: float | None) -> np.ndarray:
+def _svcca(
+    x_named: Named,
+    y_named: Named | None,
+    variance_threshold: float,
+    rtol: float | None,
+    *,
+    max_dims: int | str | None = "auto",
+) -> np.ndarray:
     if variance_threshold is None:
         raise LayersimError("svcca needs a variance_threshold in (0, 1]; use mean_cca or pwcca for plain CCA.")
     _check_threshold(variance_threshold)
     check_rtol(rtol)
+    check_max_dims(max_dims)
     x_named, y_named = _prepare(x_named, y_named, "SVCCA")
-    kwargs = dict(method="svd", variance_threshold=variance_threshold, rtol=rtol)
+    kwargs = dict(method="svd", variance_threshold=variance_threshold, rtol=rtol, max_dims=max_dims)
     bx = _bases(x_named, "SVCCA", **kwargs)
     by = None if y_named is None else _bases(y_named, "SVCCA", **kwargs)
     return fill_matrix(bx, by, lambda a, b: float(_correlations(a, b).mean()), symmetric=True)
@@ -316,20 +456,28 @@ def pwcca_matrix(
     method: str = "svd",
     variance_threshold: float | None = None,
     rtol: float | None = None,
+    max_dims: int | str | None = "auto",
 ) -> np.ndarray:
     """All-pairs PWCCA: [i, j] = ``pwcca(xs[i], ys[j])`` (weighted by ``xs[i]``). ys=None computes
     both directions of each pair from one SVD; diagonal exactly 1."""
-    return _pwcca(*named_lists(xs, ys), method, variance_threshold, rtol)
+    return _pwcca(*named_lists(xs, ys), method, variance_threshold, rtol, max_dims=max_dims)
 
 
 def _pwcca(
-    x_named: Named, y_named: Named | None, method: str, variance_threshold: float | None, rtol: float | None
+    x_named: Named,
+    y_named: Named | None,
+    method: str,
+    variance_threshold: float | None,
+    rtol: float | None,
+    *,
+    max_dims: int | str | None = "auto",
 ) -> np.ndarray:
     _check_method(method, variance_threshold)
     _check_threshold(variance_threshold)
     check_rtol(rtol)
+    check_max_dims(max_dims)
     x_named, y_named = _prepare(x_named, y_named, "PWCCA")
-    kwargs = dict(method=method, variance_threshold=variance_threshold, rtol=rtol)
+    kwargs = dict(method=method, variance_threshold=variance_threshold, rtol=rtol, max_dims=max_dims)
     bx = _bases(x_named, "PWCCA", keep_coords=True, **kwargs)
     by = None if y_named is None else _bases(y_named, "PWCCA", keep_coords=True, **kwargs)
     return fill_matrix(bx, by, lambda a, b: _pw_both(a, b)[0], symmetric=False, pair_both=_pw_both)
@@ -341,15 +489,20 @@ def mean_cca_matrix(
     *,
     method: str = "svd",
     rtol: float | None = None,
+    max_dims: int | str | None = "auto",
 ) -> np.ndarray:
     """All-pairs mean R²_CCA: [i, j] = ``mean_cca_r2(xs[i], ys[j])``; symmetric; diagonal exactly 1."""
-    return _mean_cca(*named_lists(xs, ys), method, rtol)
+    return _mean_cca(*named_lists(xs, ys), method, rtol, max_dims=max_dims)
 
 
-def _mean_cca(x_named: Named, y_named: Named | None, method: str, rtol: float | None) -> np.ndarray:
+def _mean_cca(
+    x_named: Named, y_named: Named | None, method: str, rtol: float | None, *, max_dims: int | str | None = "auto"
+) -> np.ndarray:
     _check_method(method, None)
     check_rtol(rtol)
+    check_max_dims(max_dims)
     x_named, y_named = _prepare(x_named, y_named, "CCA")
-    bx = _bases(x_named, "CCA", method=method, rtol=rtol)
-    by = None if y_named is None else _bases(y_named, "CCA", method=method, rtol=rtol)
+    kwargs = dict(method=method, rtol=rtol, max_dims=max_dims)
+    bx = _bases(x_named, "CCA", **kwargs)
+    by = None if y_named is None else _bases(y_named, "CCA", **kwargs)
     return fill_matrix(bx, by, lambda a, b: float(np.mean(_correlations(a, b) ** 2)), symmetric=True)
