@@ -142,3 +142,13 @@ def test_chance_adjusted():
 def test_bad_inputs(rng, call, message):
     with pytest.raises(LayersimError, match=re.escape(message)):
         call(rng.normal(size=(20, 3)))
+
+
+@pytest.mark.parametrize("name", sorted(MEASURES))
+def test_observed_equals_the_measure_with_its_defaults(name):
+    """The null's observed values are the measure itself, defaults included (e.g. the CCA dimension cap)."""
+    rng = np.random.default_rng(11)
+    xs = [rng.normal(size=(60, 12)) for _ in range(2)]
+    ys = [xs[0] @ rng.normal(size=(12, 12)) + rng.normal(size=(60, 12)), rng.normal(size=(60, 12))]
+    null = permutation_matrix(name, xs, ys, permutations=3, exact=False if name == "linear_cka" else None)
+    np.testing.assert_allclose(null.observed, similarity_matrix(name, xs, ys), atol=1e-9)

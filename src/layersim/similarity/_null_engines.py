@@ -180,18 +180,22 @@ def rbf_engine(x_named: Named, y_named: Named | None, cells: np.ndarray, *, sigm
 
 
 def _cca_bases(x_named, y_named, label, **kwargs) -> tuple[list[cca.Basis], list[cca.Basis]]:
+    """Every layer's whitened basis, cut as the measure cuts it (rank, variance, max_dims)."""
+    cca.check_max_dims(kwargs.get("max_dims"))
     checked = validated(x_named + (y_named or []), label)
     bx = [cca.whiten(name, a, label, **kwargs) for name, a in checked[: len(x_named)]]
     by = bx if y_named is None else [cca.whiten(name, a, label, **kwargs) for name, a in checked[len(x_named):]]
     return bx, by
 
 
-def svcca_engine(x_named, y_named, cells, *, variance_threshold: float = 0.99, rtol: float | None = None):
+def svcca_engine(x_named, y_named, cells, *, variance_threshold: float = 0.99, rtol: float | None = None,
+                 max_dims: int | str | None = "auto"):
     if variance_threshold is None:
         raise LayersimError("svcca needs a variance_threshold in (0, 1]; use mean_cca or pwcca for plain CCA.")
     cca._check_threshold(variance_threshold)
     check_rtol(rtol)
-    bx, by = _cca_bases(x_named, y_named, "SVCCA", method="svd", variance_threshold=variance_threshold, rtol=rtol)
+    bx, by = _cca_bases(x_named, y_named, "SVCCA", method="svd", variance_threshold=variance_threshold, rtol=rtol,
+                        max_dims=max_dims)
 
     def reduce(i, j, block):
         return float(np.clip(np.linalg.svd(block, compute_uv=False), 0.0, 1.0).mean())
@@ -199,10 +203,11 @@ def svcca_engine(x_named, y_named, cells, *, variance_threshold: float = 0.99, r
     return ProductEngine(cells, [b.q for b in bx], [b.q for b in by], reduce)
 
 
-def mean_cca_engine(x_named, y_named, cells, *, method: str = "svd", rtol: float | None = None):
+def mean_cca_engine(x_named, y_named, cells, *, method: str = "svd", rtol: float | None = None,
+                    max_dims: int | str | None = "auto"):
     cca._check_method(method, None)
     check_rtol(rtol)
-    bx, by = _cca_bases(x_named, y_named, "CCA", method=method, rtol=rtol)
+    bx, by = _cca_bases(x_named, y_named, "CCA", method=method, rtol=rtol, max_dims=max_dims)
 
     def reduce(i, j, block):
         # Σ ρ² = ||Qxᵀ Qy||_F²: no SVD needed.
@@ -212,12 +217,12 @@ def mean_cca_engine(x_named, y_named, cells, *, method: str = "svd", rtol: float
 
 
 def pwcca_engine(x_named, y_named, cells, *, method: str = "svd", variance_threshold: float | None = None,
-                 rtol: float | None = None):
+                 rtol: float | None = None, max_dims: int | str | None = "auto"):
     cca._check_method(method, variance_threshold)
     cca._check_threshold(variance_threshold)
     check_rtol(rtol)
     bx, by = _cca_bases(x_named, y_named, "PWCCA", method=method, variance_threshold=variance_threshold,
-                        rtol=rtol, keep_coords=True)
+                        rtol=rtol, keep_coords=True, max_dims=max_dims)
 
     def reduce(i, j, block):
         # Weights from x's neurons, whose coordinates do not move under a permutation of y.
