@@ -16,6 +16,7 @@ from layersim.comparisons import (LOCALIZATION_LABELS, localization, measure_opt
                                   stream_rows, streamed_linear_cka)
 from layersim.io import ActivationTable, AttentionTable, atomic_path, write_figure, write_json
 from layersim.plots import localization_curves
+from layersim.similarity import check_computable
 from layersim.similarity_report import Uncertainty, phang_report
 
 
@@ -70,7 +71,8 @@ def write_outputs(args, params, plots: Path, localization_dir: Path, diagonals: 
         for table in tables.values():
             tables["orig"].check_comparable(table)
         orig = tables["orig"]
-        check_sizes(measures, orig.num_rows, orig.hidden_size, pooling)
+        for measure in measures:  # before any work: e.g. mixedsim needs more examples than neurons
+            check_computable(measure, orig.num_rows, orig.hidden_size)
         model = orig.metadata["model"]
         cli.log.info("read %d activation tables (%s pooling, %d rows) from %s", len(tables), pooling,
                      orig.num_rows, args.activations)

@@ -24,6 +24,7 @@ from layersim.similarity import (
     attention_similarity_matrix,
     canonical_correlations,
     cca,
+    check_computable,
     debiased_cka,
     get_measure,
     head_similarities,
@@ -560,10 +561,53 @@ def test_debiased_cka_needs_four_examples(rng):
 
 def test_mixedsim_refuses_an_exact_fit(rng):
     x, y = rng.normal(size=(10, 3)), rng.normal(size=(10, 9))  # y spans all 9 centred directions
-    text = _raises(mixedsim, x, y, message="y has 9 independent centred directions with only 10 examples")
-    assert "R² = 1" in text
+    text = _raises(mixedsim, x, y, message="mixedsim cannot be computed on n = 10 examples with y of width d = 9")
+    assert "R² = 1" in text and "use at least 11 examples" in text and "extract.max_examples" in text
+    assert "another measure" in text
     assert np.isfinite(mixedsim(y, x))  # the other direction is fine
-    assert np.isfinite(mixedsim(x, y[:, :8]))
+    assert np.isfinite(mixedsim(x, y[:, :8]))  # n = d + 2 is the smallest allowed
+    _raises(mixedsim_per_neuron, x, y, message="with y of width d = 9")
+    _raises(similarity_matrix, "mixedsim", [x, y], message="with xs[1] of width d = 9")
+    _raises(similarity_matrix, "mixedsim", [y], [x, y], message="with ys[1] of width d = 9")
+    assert np.isfinite(similarity_matrix("mixedsim", [y], [x])).all()
+    # Judged on the width: a wide y with linearly dependent neurons is refused too (drop them first).
+    _raises(mixedsim, x, np.column_stack([x, x, x]), message="with y of width d = 9")
+
+
+def test_mixedsim_size_check_runs_before_any_work(rng, monkeypatch):
+    def boom(*args, **kwargs):
+        raise AssertionError("per-layer statistics computed before the size check")
+
+    monkeypatch.setattr(neurons, "whiten", boom)
+    monkeypatch.setattr(neurons, "standardise", boom)
+    x, y = rng.normal(size=(10, 3)), rng.normal(size=(10, 12))
+    _raises(mixedsim, x, y, message="mixedsim cannot be computed")
+    _raises(mixedsim_per_neuron, x, y, message="mixedsim cannot be computed")
+    _raises(similarity_matrix, "mixedsim", [x, y], message="mixedsim cannot be computed")
+
+
+def test_check_computable_from_sizes_alone(rng):
+    # The stage's and params validation's check: the same sentence as mixedsim raises on data.
+    x, y = rng.normal(size=(10, 3)), rng.normal(size=(10, 9))
+    with pytest.raises(LayersimError) as on_data:
+        mixedsim(x, y)
+    _raises(check_computable, "mixedsim", 10, {"y": 9}, message=str(on_data.value))
+    text = _raises(check_computable, "mixedsim", 500, [384, 768],
+                   message="mixedsim cannot be computed on n = 500 examples with a layer of width d = 768")
+    assert "use at least 770 examples" in text
+    assert check_computable("mixedsim", 770, [384, 768]) is None
+    _raises(check_computable, "mixedsim", 769, 768, message="a layer of width d = 768")
+    for name in NAMES:  # everything else is computable at any width with enough rows
+        if name != "mixedsim":
+            assert check_computable(name, 20, [768, 4096]) is None
+    _raises(check_computable, "debiased_cka", 3, [4], message="debiased_cka cannot be computed on n = 3 examples: "
+            "it needs at least 4")
+    _raises(check_computable, "svcca", 1, [4], message="svcca cannot be computed on n = 1 examples")
+    _raises(check_computable, "cka", 100, [4], message="unknown similarity measure 'cka'")
+    _raises(check_computable, "mixedsim", 0, [4], message="num_rows must be a positive integer, got 0.")
+    _raises(check_computable, "mixedsim", 100, {"bert/2": 0},
+            message="the width of bert/2 must be a positive integer, got 0.")
+    assert {n for n, m in MEASURES.items() if m.check_sizes is not None} == {"mixedsim"}
 
 
 def test_rbf_needs_a_positive_median_distance(rng):

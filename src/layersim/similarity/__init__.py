@@ -9,9 +9,11 @@ The bottom layer of the library: NumPy/SciPy only, no I/O, no models. The measur
 * :mod:`~layersim.similarity.cca` — SVCCA, PWCCA, mean R²_CCA, canonical correlations;
 * :mod:`~layersim.similarity.neurons` — neuronsim and mixedsim (neuron-level);
 * :mod:`~layersim.similarity.attention` — head-level and distributed attention similarities;
-* :mod:`~layersim.similarity.registry` — ``MEASURES`` by name and ``similarity_matrix``;
+* :mod:`~layersim.similarity.registry` — ``MEASURES`` by name, ``similarity_matrix`` and
+  ``check_computable`` (can a measure run on these sizes, before any work);
 * :mod:`~layersim.similarity.localization` — Wu et al.'s localization score;
-* :mod:`~layersim.similarity.null` — permutation nulls (chance level, p-values) for every measure.
+* :mod:`~layersim.similarity.null` — permutation nulls (chance level, p-values) for every measure;
+* :mod:`~layersim.similarity.bootstrap` — bootstrap intervals over examples.
 """
 
 from layersim.similarity.attention import (
@@ -27,7 +29,14 @@ from layersim.similarity.kernels import debiased_cka, rbf_cka
 from layersim.similarity.localization import localization_scores, mean_similarity_per_layer
 from layersim.similarity.neurons import NeuronScores, mixedsim, mixedsim_per_neuron, neuronsim, neuronsim_per_neuron
 from layersim.similarity.null import NullMatrix, NullResult, chance_adjusted, permutation_matrix, permutation_test
-from layersim.similarity.registry import MEASURES, Measure, get_measure, similarity, similarity_matrix
+from layersim.similarity.registry import (
+    MEASURES,
+    Measure,
+    check_computable,
+    get_measure,
+    similarity,
+    similarity_matrix,
+)
 
 __all__ = [
     "HEAD_MEASURES",
@@ -42,6 +51,7 @@ __all__ = [
     "attention_similarity_matrix",
     "canonical_correlations",
     "chance_adjusted",
+    "check_computable",
     "cka_matrix",
     "debiased_cka",
     "get_measure",

@@ -19,9 +19,12 @@ neurons are all constant is an error.
 
 Rank and sample size for mixedsim: the in-sample fit of a regression on ``r`` independent
 directions has ``E[R²] = r / (n - 1)`` even for unrelated data, and once ``y`` spans all ``n - 1``
-directions of the centred example space every neuron is fitted exactly (``R² = 1``). That case
-raises :class:`~layersim.errors.LayersimError` rather than returning a meaningless 1; keep the
-number of examples well above the width of ``y``. No ridge regulariser is applied (Wu et al. use
+directions of the centred example space every neuron is fitted exactly (``R² = 1``). So mixedsim
+needs ``n ≥ d_y + 2`` examples for a ``d_y``-wide ``y``, judged on the width (not the rank), so that
+the same check can be made from sizes alone before any data are loaded
+(:func:`check_mixedsim_sizes`, :func:`layersim.similarity.check_computable`); a narrower ``y``
+raises :class:`~layersim.errors.LayersimError` up front rather than returning a meaningless 1. Keep
+the number of examples well above the width of ``y``. No ridge regulariser is applied (Wu et al. use
 ordinary least squares); linearly dependent neurons of ``y`` are handled by the rank truncation.
 
 Invariances: both are invariant to permutations of either side's neurons, to translation and to
@@ -135,15 +138,23 @@ class _MixedStats:
     y: Basis | None  # the layer as the regressor side
 
 
-def _regressor_basis(name: str, a: np.ndarray, method: str, rtol: float | None) -> Basis:
-    basis = whiten(name, a, "mixedsim", method=method, rtol=rtol)
-    n, rank = basis.q.shape
-    if rank >= n - 1:
+def check_mixedsim_sizes(num_rows: int, width: int, name: str = "y") -> None:
+    """Raise a LayersimError unless mixedsim can regress on a ``width``-wide layer with ``num_rows``
+    examples: a least-squares fit with intercept on ``d`` neurons is exact (R² = 1) for every
+    regressand once ``d ≥ n - 1``, so mixedsim needs ``num_rows ≥ width + 2``."""
+    if width >= num_rows - 1:
         raise LayersimError(
-            f"{name} has {rank} independent centred directions with only {n} examples, so regressing any "
-            f"neuron on it fits exactly (R² = 1) and mixedsim is meaningless; use more than {rank + 1} examples."
+            f"mixedsim cannot be computed on n = {num_rows} examples with {name} of width d = {width}: regressing a "
+            f"neuron on d neurons (and an intercept) fits exactly (R² = 1) unless n ≥ d + 2, so use at least "
+            f"{width + 2} examples (e.g. a larger extract.max_examples, or None for all) or another measure "
+            "(e.g. neuronsim, linear_cka or svcca)."
         )
-    return basis
+
+
+def _regressor_basis(name: str, a: np.ndarray, method: str, rtol: float | None) -> Basis:
+    n, d = a.shape
+    check_mixedsim_sizes(n, d, name)  # before any work; rank <= min(d, n - 1) < n - 1 after it
+    return whiten(name, a, "mixedsim", method=method, rtol=rtol)
 
 
 def _mixed_values(sx: Standardised, by: Basis) -> np.ndarray:
@@ -170,11 +181,12 @@ def mixedsim_per_neuron(
     Raises
     ------
     LayersimError
-        For bad shapes, fewer than 2 rows, NaN/inf, an all-constant input, or a ``y`` that spans all
-        ``n - 1`` centred directions (every fit would be exact; see the module docstring).
+        For bad shapes, fewer than 2 rows, NaN/inf, an all-constant input, or a ``y`` at least
+        ``n - 1`` neurons wide (every fit would be exact; see the module docstring).
     """
     _check(method, rtol)
     checked = validated([("x", x), ("y", y)], "mixedsim")
+    check_mixedsim_sizes(*checked[1][1].shape, "y")
     sx = standardise(*checked[0], "mixedsim")
     by = _regressor_basis(*checked[1], method, rtol)
     return NeuronScores(_mixed_values(sx, by), sx.neurons, None)
@@ -206,6 +218,8 @@ def _mixedsim(x_named: Named, y_named: Named | None, method: str, rtol: float | 
     checked = validated(x_named + (y_named or []), "mixedsim")
     x_checked, y_checked = checked[: len(x_named)], checked[len(x_named) :]
     both = y_named is None
+    for name, a in x_checked if both else y_checked:  # every regressor layer, before any work
+        check_mixedsim_sizes(*a.shape, name)
     sx = [
         _MixedStats(standardise(name, a, "mixedsim"), _regressor_basis(name, a, method, rtol) if both else None)
         for name, a in x_checked

@@ -14,12 +14,12 @@ and [j, i] where the measure allows), and the diagonal is exactly 1.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from layersim.errors import unknown_name
+from layersim.errors import LayersimError, unknown_name
 from layersim.similarity import cca, cka, kernels, neurons
 from layersim.similarity._common import check_options
 from layersim.similarity.cka import cka_matrix
@@ -33,6 +33,9 @@ class Measure:
     ``options`` are the keyword options both accept. ``bounded`` is the (lo, hi) range of values, or
     None when unbounded. ``symmetric`` says whether ``pair(x, y) == pair(y, x)``; for an asymmetric
     measure the first argument is the side averaged over (its neurons, or its PWCCA weights).
+    ``min_rows`` is the fewest examples the measure accepts; ``check_sizes(num_rows, width, name)``,
+    where set, raises a LayersimError when a layer of that width cannot be compared on that many
+    examples (see :func:`check_computable`).
     """
 
     name: str
@@ -43,6 +46,8 @@ class Measure:
     matrix: Callable[..., np.ndarray]
     options: tuple[str, ...] = ()
     level: str = "representation"  # "neuron", "mixed" or "representation" (Wu et al.'s groups)
+    min_rows: int = 2
+    check_sizes: Callable[[int, int, str], None] | None = None
 
 
 def _linear_cka(x: np.ndarray, y: np.ndarray, *, method: str = "auto") -> float:
@@ -58,7 +63,7 @@ MEASURES: dict[str, Measure] = {
         Measure("linear_cka", "linear CKA", True, (0.0, 1.0), _linear_cka, cka_matrix, ("method",)),
         Measure("rbf_cka", "RBF CKA", True, (0.0, 1.0), kernels.rbf_cka, kernels.rbf_cka_matrix, ("sigma_scale",)),
         Measure("debiased_cka", "debiased linear CKA", True, (-1.0, 1.0), kernels.debiased_cka,
-                kernels.debiased_cka_matrix, ("method",)),
+                kernels.debiased_cka_matrix, ("method",), min_rows=4),
         Measure("svcca", "SVCCA", True, (0.0, 1.0), cca.svcca, cca.svcca_matrix,
                 ("max_dims", "rtol", "variance_threshold")),
         Measure("pwcca", "PWCCA", False, (0.0, 1.0), cca.pwcca, cca.pwcca_matrix,
@@ -68,7 +73,7 @@ MEASURES: dict[str, Measure] = {
         Measure("neuronsim", "neuronsim", False, (0.0, 1.0), neurons.neuronsim, neurons.neuronsim_matrix, (),
                 level="neuron"),
         Measure("mixedsim", "mixedsim", False, (0.0, 1.0), neurons.mixedsim, neurons.mixedsim_matrix,
-                ("method", "rtol"), level="mixed"),
+                ("method", "rtol"), level="mixed", check_sizes=neurons.check_mixedsim_sizes),
     ]
 }
 
@@ -78,6 +83,48 @@ def get_measure(name: str) -> Measure:
     if name not in MEASURES:
         raise unknown_name("similarity measure", name, MEASURES)
     return MEASURES[name]
+
+
+def check_computable(name: str, num_rows: int, widths: int | Sequence[int] | Mapping[str, int]) -> None:
+    """Raise a LayersimError, before any data are loaded, if the measure ``name`` cannot be computed
+    on ``num_rows`` examples for layers of these widths; return None if it can.
+
+    Cheap (sizes only), for a stage to call before any work and for parameter validation once the
+    sizes are known. Today: every measure needs 2 examples (debiased_cka 4), and mixedsim needs
+    ``num_rows ≥ width + 2`` for every layer it regresses on (an exact fit otherwise).
+
+    Parameters
+    ----------
+    name : a key of :data:`MEASURES`.
+    num_rows : the number of examples (rows) the layers will have.
+    widths : the width of one layer, a sequence of widths, or a mapping ``{layer name: width}`` (the
+        names then appear in the message). Pass every layer that may be a measure's second argument
+        (for ``similarity_matrix(name, xs)`` all of ``xs``, for ``(xs, ys)`` at least ``ys``).
+
+    Raises
+    ------
+    LayersimError
+        One sentence naming the measure, ``n``, the offending ``d`` and what to change; or for an
+        unknown measure name or sizes that are not positive integers.
+    """
+    measure = get_measure(name)
+    if isinstance(widths, Mapping):
+        named = [(str(key), value) for key, value in widths.items()]
+    elif isinstance(widths, (int, np.integer)) and not isinstance(widths, bool):
+        named = [("a layer", widths)]
+    else:
+        named = [("a layer", value) for value in widths]
+    for label, value in [("num_rows", num_rows)] + [(f"the width of {key}", value) for key, value in named]:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise LayersimError(f"{label} must be a positive integer, got {value!r}.")
+    if num_rows < measure.min_rows:
+        raise LayersimError(
+            f"{name} cannot be computed on n = {num_rows} examples: it needs at least {measure.min_rows}, so use "
+            "more examples (e.g. a larger extract.max_examples, or None for all) or another measure."
+        )
+    if measure.check_sizes is not None:
+        for key, width in named:
+            measure.check_sizes(int(num_rows), int(width), key)
 
 
 def similarity(name: str, x: np.ndarray, y: np.ndarray, **options) -> float:
