@@ -12,7 +12,7 @@ from layersim.extract import Pooled, concatenate_pooled, extract_attention, mode
 from layersim.io import AttentionTable, atomic_path, read_task_table, write_figure, write_json
 from layersim.models import load_encoder, load_tokenizer
 from layersim.plots import localization_curves
-from layersim.similarity import MEASURES
+from layersim.similarity import MEASURES, check_computable
 from layersim.similarity_report import Uncertainty, stacked_report
 from layersim.tasks import get_task
 from layersim.train import default_device
@@ -68,6 +68,9 @@ def main(args, params):
             # Word rows ("tokens") are lined up on their keys: the words every model's truncation kept.
             models = models_for_pooling(representations, pooling)
             sizes = {label: len(layers) for label, layers in models.items()}
+            for measure in measures:  # before any work: e.g. mixedsim needs more examples than neurons
+                check_computable(measure, len(models["ORIG"][0]),
+                                 {label: layers[0].shape[1] for label, layers in models.items()})
             matrices = {}
             for measure in measures:
                 report = stacked_report(models, measure, f"{MEASURES[measure].label}, {pooling.upper()} — {params.model} "
