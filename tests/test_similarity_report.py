@@ -63,6 +63,8 @@ def test_a_cell_null_is_the_per_pair_permutation_test():
     assert row["p_value"] == pytest.approx(single.p_value, abs=1e-6)
     assert row["null_mean"] == pytest.approx(single.null_mean, abs=1e-6)
     assert "ci_low" not in report.metrics["svcca"]["ft_orig"]  # bootstrap: 0 computes no interval
+    # What each value was computed from: the rank (6), under the cap of one dimension per 10 examples (7).
+    assert report.metrics["svcca"]["kept_dimensions"]["ORIG"] == [6, 6, 6, 6]
     plt.close("all")
 
 

@@ -15,7 +15,8 @@ from layersim.comparisons import (Comparison, attention_measure_bounds, attentio
                                   pair_summary, per_layer, phang_cells, phang_comparisons, seed_spread, stacked_matrix,
                                   stacked_null, summarize)
 from layersim.plots import Curve, block_heatmap, chance_note, diagonal_curves, matrix_rows, measure_grid, stacked_rows
-from layersim.similarity import MEASURES
+from layersim.similarity import MEASURES, is_constant
+from layersim.similarity.cca import CAPPED_MEASURES, kept_dimensions
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,9 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
         metrics[measure] = summarize(comparisons, first_layer, adjusted=bool(uncertainty and uncertainty.adjusted))
         if null is not None:
             metrics[measure]["null"] = {"method": null.method, "permutations": null.permutations}
+            if measure in CAPPED_MEASURES:
+                metrics[measure]["kept_dimensions"] = kept_dimensions_per_layer(layers(), measure,
+                                                                                **options.get(measure, {}))
             curves[label], curve_bounds[label] = _diagonal_curves(comparisons, matrix, sizes, finetuned), bounds
             if len(finetuned) > 2:
                 mean, sd = seed_spread(matrix, sizes, finetuned)
@@ -97,6 +101,13 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
                      for measure, by_name in curves.items() for name, curve in by_name.items()
                      for k in range(len(curve.values))]
     return PoolingReport(figure, rows, diagonal_figure, diagonal_rows, metrics, matrices)
+
+
+def kept_dimensions_per_layer(models: dict[str, list], measure: str, **options) -> dict[str, list[int | None]]:
+    """How many dimensions a CCA measure compared, per model and layer (None for a constant layer): after the
+    rank, variance and `max_dims` cuts, what each value is computed from."""
+    return {label: [None if is_constant(layer) else kept_dimensions(layer, measure, **options) for layer in layers]
+            for label, layers in models.items()}
 
 
 def _panel(c: Comparison, uncertainty: Uncertainty | None) -> tuple:
@@ -170,4 +181,7 @@ def stacked_report(models: dict[str, list], measure: str, title: str, *, options
                            note=note)
     cells = {} if null is None else {"null_mean": null.null_mean, "p_value": null.p_value}
     rows = stacked_rows(matrix, sizes, first_layer, cells=cells, measure=label, **fields)
-    return StackedReport(figure, rows, pair_summary(matrix, sizes, next(iter(sizes)), first_layer, null), matrix)
+    summary = pair_summary(matrix, sizes, next(iter(sizes)), first_layer, null)
+    if measure in CAPPED_MEASURES and not attention:
+        summary["kept_dimensions"] = kept_dimensions_per_layer(models, measure, **options)
+    return StackedReport(figure, rows, summary, matrix)
