@@ -17,6 +17,9 @@ dvc exp run \
   -S finetune.eval_every=50 \
   -S finetune.max_length=64 \
   -S extract.max_train_examples=1000 \
+  -S extract.max_tokens=4000 \
+  -S similarity.permutations=30 \
+  -S similarity.bootstrap=50 \
   -S truncate.head_epochs=10 \
   -S align.steps=150 \
   -S align.inn_hidden=128 \
