@@ -15,6 +15,7 @@ from layersim.errors import LayersimError
 from layersim.params import (
     MAX_SEED,
     MIN_MAX_LENGTH,
+    MODEL_HIDDEN_SIZE,
     MODEL_MAX_LENGTH,
     DownloadParams,
     ExtractParams,
@@ -390,6 +391,30 @@ def test_align_pooling_is_per_example_and_max_tokens_positive() -> None:
 
 
 # --- limits that come from the models, and the edges of the allowed ranges ---------------------------
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_MAX_LENGTH))
+def test_model_hidden_size_is_the_models_width(name: str, tiny_model_dir) -> None:
+    from transformers import AutoConfig
+
+    assert AutoConfig.from_pretrained(tiny_model_dir(name)).hidden_size == MODEL_HIDDEN_SIZE[name]
+
+
+def test_a_measure_that_cannot_run_on_the_known_sizes_is_refused_at_validation() -> None:
+    """mixedsim regresses on every neuron, so it needs more rows than neurons: params fix both for a registry
+    model and a built-in task (or extract.max_examples), so validation refuses it before any work."""
+    doc = _section("similarity", measures={"cls": ["mixedsim"]})
+    doc["download"]["generated_validation_examples"] = 30  # tiny-bert is 32 wide
+    with pytest.raises(LayersimError, match=r"similarity.measures.cls has 'mixedsim', which cannot run on task "
+                                            r"'synth-negation' with model 'tiny-bert': mixedsim cannot be computed "
+                                            r"on n = 30 examples"):
+        parse_params(doc)
+    doc["download"]["generated_validation_examples"] = 40
+    assert parse_params(doc).similarity.measures == {"cls": ("mixedsim",)}
+    doc["similarity"]["measures"] = {"tokens": ["mixedsim"]}  # words: how many is known only after extraction
+    doc["download"]["generated_validation_examples"] = 30
+    doc["extract"]["poolings"] = ["cls", "mean", "tokens"]
+    assert parse_params(doc).similarity.measures == {"tokens": ("mixedsim",)}
 
 
 @pytest.mark.parametrize("name", sorted(MODEL_MAX_LENGTH))

@@ -185,6 +185,11 @@ MIN_MAX_LENGTH = 8     # room for the special tokens of a sentence pair and some
 MODEL_MAX_LENGTH = {"tiny-bert": 130, "tiny-albert": 130, "tiny-electra": 130, "tiny-roberta": 129,
                     "minilm-l6": 512}
 
+# Width of the registry models' layers (tests/test_params.py checks the offline ones against the real
+# models; the hub ones are their published configs), for checks of measures against the sizes.
+MODEL_HIDDEN_SIZE = {"tiny-bert": 32, "tiny-albert": 32, "tiny-electra": 32, "tiny-roberta": 32, "minilm-l6": 384,
+                     "roberta-base": 768, "electra-base": 768, "bert-base-uncased": 768, "albert-large-v2": 1024}
+
 
 def _fail(key: str, value: Any, allowed: str) -> LayersimError:
     return LayersimError(f"params.yaml: {key} = {value!r} is invalid; it must be {allowed}.")
@@ -408,7 +413,7 @@ def parse_params(raw: Any) -> Params:
     if same is not None:
         raise _fail("seeds", seeds, f"a list without repeated seeds ({same} is given twice)")
     sections = {name: _build_section(name, cls, raw.get(name)) for name, cls in _SECTIONS.items()}
-    _check_across_sections(model, sections)
+    _check_across_sections(model, {**sections, "tasks": tasks})
     return Params(model=model, tasks=tuple(tasks), seeds=tuple(seeds), **sections)
 
 
@@ -446,6 +451,34 @@ def _check_across_sections(model: str, sections: dict[str, Any]) -> None:
     if "cls" not in extract.poolings:
         raise LayersimError(f"params.yaml: extract.poolings = {list(extract.poolings)} must include 'cls'; "
                             "the truncate stage trains its fresh heads on CLS activations.")
+    _check_measure_sizes(model, sections)
+
+
+def _check_measure_sizes(model: str, sections: dict[str, Any]) -> None:
+    """Refuse a measure that cannot run on the sizes the similarity stage will see, where params fix them:
+    the model's width, and at most this many rows per task for the per-example poolings (the built-in
+    tasks' size, or extract.max_examples), times the choices of a multiple-choice task."""
+    from layersim.similarity import check_computable
+
+    width = MODEL_HIDDEN_SIZE.get(model)
+    download, extract, similarity = sections["download"], sections["extract"], sections["similarity"]
+    if width is None:
+        return
+    for task in sections["tasks"]:
+        spec = get_task(task)
+        known = [size for size in (extract.max_examples,
+                                   download.generated_validation_examples if spec.hub is None else None)
+                 if size is not None]
+        if not known:
+            continue
+        rows = min(known) * max(1, spec.num_choices)
+        for pooling, measures in similarity.measures.items():
+            for measure in measures if pooling != "tokens" else ():
+                try:
+                    check_computable(measure, rows, width)
+                except LayersimError as err:
+                    raise LayersimError(f"params.yaml: similarity.measures.{pooling} has {measure!r}, which cannot run "
+                                        f"on task {task!r} with model {model!r}: {err}") from None
 
 
 class _Yaml12Loader(yaml.SafeLoader):
