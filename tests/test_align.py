@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from layersim.align import (MAPS, CCAMap, INNMap, LinearRegressionMap, MLPMap, PWCCAMap, SVCCAMap, alignment_errors,
+from layersim.align import (MAPS, CCAMap, CouplingFlow, INNMap, LinearRegressionMap, MLPMap, PWCCAMap, SVCCAMap, alignment_errors,
                             layer_alignment_matrix, make_map, map_representations, mse, random_flow, relative_error,
                             synthetic_recovery, train_test_split_rows)
 from layersim.errors import LayersimError
@@ -189,6 +189,47 @@ def test_untrained_random_inn_inverts():
         back = flow.inverse(y)
     assert torch.linalg.norm(y - x) > 0.5 * torch.linalg.norm(x)  # far from the identity
     assert torch.linalg.norm(back - x) < 1e-10 * torch.linalg.norm(x)
+
+
+@pytest.mark.parametrize("dim", [2, 3, 5, 7, 8])
+@pytest.mark.parametrize("depth", [2, 3, 4])
+def test_every_coordinate_conditions_and_is_transformed_by_the_couplings(dim, depth):
+    """The couplings alone (linear layer left out), initialised and then randomly perturbed: every
+    input moves some other output (it conditions a block) and every output moves with some other
+    input (it is transformed by a block); from three blocks on every output depends on every input.
+    With a coordinate that conditions no block (odd widths, before the fix) no other output depends
+    on that input: the Jacobian's column for it is zero off the diagonal."""
+    torch.manual_seed(dim * 10 + depth)
+    flow = CouplingFlow(dim, depth=depth, hidden=16, clamp=2.0, linear=False).double()
+    with torch.no_grad():
+        for parameter in flow.parameters():
+            parameter.add_(0.5 * torch.randn_like(parameter))
+    point = torch.randn(dim, dtype=torch.float64)
+    jacobian = torch.autograd.functional.jacobian(lambda v: flow(v[None])[0], point)
+    assert jacobian.shape == (dim, dim)
+    nonzero = jacobian.abs() > 1e-9  # [i, j]: ∂ output_i / ∂ input_j != 0
+    off_diagonal = nonzero & ~torch.eye(dim, dtype=torch.bool)
+    assert off_diagonal.any(dim=0).all(), jacobian  # every input conditions something
+    assert off_diagonal.any(dim=1).all(), jacobian  # every output is transformed by something
+    if depth >= 3:  # two blocks are block-triangular (an affine coupling acts elementwise on u₂)
+        assert nonzero.all(), jacobian
+    kept, transformed = set(), set()
+    for block in flow.blocks:
+        order = block.permutation.tolist()
+        kept |= set(order[: block.split])
+        transformed |= set(order[block.split :])
+    assert kept == transformed == set(range(dim))  # the layout itself
+    with torch.no_grad():  # still exactly invertible
+        x = torch.randn(20, dim, dtype=torch.float64)
+        assert torch.allclose(flow.inverse(flow(x)), x, atol=1e-10)
+
+
+def test_inn_map_fits_and_inverts_an_odd_width(rng):
+    x = _correlated(rng, 200, 5)
+    y = np.tanh(x) @ rng.normal(size=(5, 5))
+    inn = INNMap(**FAST_INN).fit(x, y)
+    assert [block.split for block in inn.module_.blocks] == [2, 3]
+    assert relative_error(inn.inverse(inn.transform(x)), x) < 1e-10
 
 
 def test_inn_starts_from_least_squares_and_trains_coupling_blocks(rng):
