@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from layersim.align import (MAPS, CCAMap, INNMap, LinearRegressionMap, MLPMap, PWCCAMap, SVCCAMap, alignment_errors,
-                            layer_alignment_matrix, make_map, map_representations, mse, random_flow, relative_error,
-                            synthetic_recovery, train_test_split_rows)
+from layersim.align import (MAPS, CCAMap, CouplingFlow, INNMap, LinearRegressionMap, MLPMap, PWCCAMap, SVCCAMap,
+                            alignment_errors, layer_alignment_matrix, make_map, map_representations, mse, random_flow,
+                            relative_error, synthetic_recovery, train_test_split_rows)
 from layersim.errors import LayersimError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -97,13 +97,59 @@ def test_cca_map_is_rens_formula_and_scaled_cca_is_least_squares(rng):
     np.testing.assert_allclose(scaled.transform(x), LinearRegressionMap().fit(x, y).transform(x), atol=1e-9)
 
 
+def _cca_test_pair(rng: np.random.Generator, dx: int, dy: int, rank_x: int | None = None, n: int = 200):
+    """Non-linearly related x, y with unequal scales and offsets; x of rank ``rank_x`` if given."""
+    x = _correlated(rng, n, dx)
+    if rank_x is not None:
+        x = x[:, :rank_x] @ rng.normal(size=(rank_x, dx)) + rng.normal(size=dx)
+    y = 4 * np.tanh(x @ rng.normal(size=(dx, dy)) / dx) + x @ rng.normal(size=(dx, dy)) + 2 * rng.normal(size=(n, dy))
+    return x, y
+
+
+@pytest.mark.parametrize("dx, dy, rank_x", [(12, 15, None), (15, 15, None), (15, 12, None), (8, 6, 5)],
+                         ids=["narrower_x", "equal", "wider_x", "rank_deficient_x"])
+def test_scaled_cca_with_all_components_is_least_squares(rng, dx, dy, rank_x):
+    # The old map went back to Y through W_Y⁺, which is not least squares when W_Y is not square
+    # (narrower or rank-deficient x): held-out MSE 32.5 against 5.44 for 12 → 15 here, 243 against
+    # 6.65 for the rank-deficient x. Equal and wider x were already least squares (W_Y square).
+    x, y = _cca_test_pair(rng, dx, dy, rank_x)
+    train, test = slice(0, 150), slice(150, None)
+    least_squares = LinearRegressionMap().fit(x[train], y[train])
+    expected = least_squares.transform(x[test])
+    for fitted in (CCAMap(scale_by_correlation=True).fit(x[train], y[train]),
+                   PWCCAMap(scale_by_correlation=True).fit(x[train], y[train]),
+                   SVCCAMap(1.0, scale_by_correlation=True).fit(x[train], y[train])):
+        predicted = fitted.transform(x[test])
+        assert mse(predicted, y[test]) == pytest.approx(mse(expected, y[test]), rel=1e-9)
+        np.testing.assert_allclose(predicted, expected, rtol=0, atol=1e-8 * np.abs(y).max())
+    if rank_x is None:  # full rank: also the same matrix (lstsq's minimum-norm M differs otherwise)
+        np.testing.assert_allclose(CCAMap(scale_by_correlation=True).fit(x[train], y[train]).matrix_,
+                                   least_squares.matrix_, atol=1e-9)
+
+
+def test_cca_way_back_is_the_inverse_of_y_directions_when_square(rng):
+    # Ren's W_Y⁻¹ exists when W_Y is square (d_y <= d_x, all components): the loadings are exactly it.
+    x, y = _cca_test_pair(rng, 7, 5)
+    fitted = CCAMap().fit(x, y)
+    np.testing.assert_allclose(fitted.y_loadings_, np.linalg.inv(fitted.y_directions_), atol=1e-10)
+    # Narrower x: W_Y is 7 x 5; the loadings are the least-squares way back from Y's canonical variates.
+    x, y = _cca_test_pair(rng, 5, 7)
+    fitted = CCAMap().fit(x, y)
+    ys = _standardise(y)
+    v = ys @ fitted.y_directions_
+    np.testing.assert_allclose(fitted.y_loadings_, np.linalg.lstsq(v, ys, rcond=None)[0], atol=1e-10)
+
+
 def test_cca_num_components_keeps_top_pairs(rng):
     x, y = _correlated(rng, 150, 5), _correlated(rng, 150, 4)
     y += x[:, :4]
     top2 = CCAMap(num_components=2).fit(x, y)
     w_x, w_y, rho = _reference_cca(_standardise(x), _standardise(y))
     np.testing.assert_allclose(top2.correlations_, rho[:2], atol=1e-10)
-    np.testing.assert_allclose(top2.matrix_, w_x[:, :2] @ np.linalg.pinv(w_y[:, :2]), atol=1e-9)
+    # The way back from Y's top 2 canonical variates is their least-squares regression onto Ys.
+    ys = _standardise(y)
+    v2 = ys @ w_y[:, :2]
+    np.testing.assert_allclose(top2.matrix_, w_x[:, :2] @ np.linalg.lstsq(v2, ys, rcond=None)[0], atol=1e-9)
     with pytest.raises(LayersimError, match="not square"):
         top2.inverse(y)
     with pytest.raises(LayersimError, match="rank 2 < 4"):
@@ -143,7 +189,9 @@ def test_svcca_is_cca_between_principal_subspaces(rng):
     w_x, w_y, rho = _reference_cca(xs @ p_x, ys @ p_y)
     c = min(p_x.shape[1], p_y.shape[1])
     np.testing.assert_allclose(sv.correlations_, rho[:c], atol=1e-8)
-    np.testing.assert_allclose(sv.matrix_, p_x @ w_x[:, :c] @ np.linalg.pinv(w_y[:, :c]) @ p_y.T, atol=1e-8)
+    v = ys @ p_y @ w_y[:, :c]
+    back = np.linalg.lstsq(v, ys @ p_y, rcond=None)[0]  # least squares from Y's canonical variates
+    np.testing.assert_allclose(sv.matrix_, p_x @ w_x[:, :c] @ back @ p_y.T, atol=1e-8)
     # With every direction kept, SVCCA is CCA.
     np.testing.assert_allclose(SVCCAMap(1.0).fit(x, y).matrix_, CCAMap().fit(x, y).matrix_, atol=1e-8)
 
@@ -189,6 +237,47 @@ def test_untrained_random_inn_inverts():
         back = flow.inverse(y)
     assert torch.linalg.norm(y - x) > 0.5 * torch.linalg.norm(x)  # far from the identity
     assert torch.linalg.norm(back - x) < 1e-10 * torch.linalg.norm(x)
+
+
+@pytest.mark.parametrize("dim", [2, 3, 5, 7, 8])
+@pytest.mark.parametrize("depth", [2, 3, 4])
+def test_every_coordinate_conditions_and_is_transformed_by_the_couplings(dim, depth):
+    """The couplings alone (linear layer left out), initialised and then randomly perturbed: every
+    input moves some other output (it conditions a block) and every output moves with some other
+    input (it is transformed by a block); from three blocks on every output depends on every input.
+    With a coordinate that conditions no block (odd widths, before the fix) no other output depends
+    on that input: the Jacobian's column for it is zero off the diagonal."""
+    torch.manual_seed(dim * 10 + depth)
+    flow = CouplingFlow(dim, depth=depth, hidden=16, clamp=2.0, linear=False).double()
+    with torch.no_grad():
+        for parameter in flow.parameters():
+            parameter.add_(0.5 * torch.randn_like(parameter))
+    point = torch.randn(dim, dtype=torch.float64)
+    jacobian = torch.autograd.functional.jacobian(lambda v: flow(v[None])[0], point)
+    assert jacobian.shape == (dim, dim)
+    nonzero = jacobian.abs() > 1e-9  # [i, j]: ∂ output_i / ∂ input_j != 0
+    off_diagonal = nonzero & ~torch.eye(dim, dtype=torch.bool)
+    assert off_diagonal.any(dim=0).all(), jacobian  # every input conditions something
+    assert off_diagonal.any(dim=1).all(), jacobian  # every output is transformed by something
+    if depth >= 3:  # two blocks are block-triangular (an affine coupling acts elementwise on u₂)
+        assert nonzero.all(), jacobian
+    kept, transformed = set(), set()
+    for block in flow.blocks:
+        order = block.permutation.tolist()
+        kept |= set(order[: block.split])
+        transformed |= set(order[block.split :])
+    assert kept == transformed == set(range(dim))  # the layout itself
+    with torch.no_grad():  # still exactly invertible
+        x = torch.randn(20, dim, dtype=torch.float64)
+        assert torch.allclose(flow.inverse(flow(x)), x, atol=1e-10)
+
+
+def test_inn_map_fits_and_inverts_an_odd_width(rng):
+    x = _correlated(rng, 200, 5)
+    y = np.tanh(x) @ rng.normal(size=(5, 5))
+    inn = INNMap(**FAST_INN).fit(x, y)
+    assert [block.split for block in inn.module_.blocks] == [2, 3]
+    assert relative_error(inn.inverse(inn.transform(x)), x) < 1e-10
 
 
 def test_inn_starts_from_least_squares_and_trains_coupling_blocks(rng):

@@ -17,15 +17,20 @@ first 5% of steps, then cosine decay to 0 by default).
   d² entries undo the least-squares start within a few dozen steps. Without such a layer the
   couplings would have to build a general rotation out of shears. ``W`` is invertible unless
   training drives it singular, which the squared loss does not favour; ``inverse`` checks.
-* ``C_i`` — an affine coupling block (Ren eqs. 11–12). The input is split into halves
-  ``u = (u₁, u₂)``, ``k = ⌊d/2⌋``, alternating which half is kept: even blocks keep the first ``k``
-  coordinates, odd blocks the last ``k`` (so the half a block keeps is the half the next one
-  transforms); the output keeps the input's coordinate order::
+* ``C_i`` — an affine coupling block (Ren eqs. 11–12). The coordinates are split into two halves,
+  the first ``k = ⌊d/2⌋`` and the last ``d − k = ⌈d/2⌉``, and the blocks alternate roles: even
+  blocks keep (condition on) the first half and transform the last, odd blocks keep the last half
+  and transform the first. So the half a block keeps is exactly the half the next one transforms,
+  and with two or more blocks every coordinate both conditions some block and is transformed by
+  some block — also for odd ``d``, where the halves differ in size by one (keeping ``k`` coordinates
+  in every block would leave coordinate ``d − 1`` conditioning none). Writing ``u₁`` for the kept
+  and ``u₂`` for the transformed coordinates of a block's input ``u``, and keeping the input's
+  coordinate order in the output::
 
       v₁ = u₁
       v₂ = u₂ ⊙ exp(s(u₁)) + t(u₁),     s = clamp · tanh(s_raw / clamp)
 
-  ``(s_raw, t)`` come from one subnetwork ``Linear(k, hidden) → GELU → Linear(hidden, 2(d−k))``
+  ``(s_raw, t)`` come from one subnetwork ``Linear(|u₁|, hidden) → GELU → Linear(hidden, 2 |u₂|)``
   whose last layer starts at zero, so each block starts as the identity. The bounded log-scale
   keeps ``exp(±s)`` within ``exp(±clamp)``.
 * inverse — exact, block by block: ``u₂ = (v₂ − t(v₁)) ⊙ exp(−s(v₁))``, ``u₁ = v₁``; then
@@ -75,12 +80,16 @@ _INIT_RIDGE = 1e-2
 
 class AffineCoupling(nn.Module):
     """One RealNVP affine coupling block (see the module docstring). ``permutation`` picks which
-    coordinates are kept (its first ``⌊d/2⌋``) and which are transformed; the output is in the
-    input's coordinate order, so a block at initialisation is exactly the identity."""
+    coordinates are kept (its first ``split``, default ``⌊d/2⌋``) and which are transformed (the
+    rest); the output is in the input's coordinate order, so a block at initialisation is exactly
+    the identity."""
 
-    def __init__(self, dim: int, hidden: int, clamp: float, permutation: torch.Tensor):
+    def __init__(self, dim: int, hidden: int, clamp: float, permutation: torch.Tensor, split: int | None = None):
         super().__init__()
-        self.split = dim // 2
+        self.split = dim // 2 if split is None else int(split)
+        if not 1 <= self.split < dim:
+            raise LayersimError(f"a coupling block of width {dim} must keep between 1 and {dim - 1} coordinates, "
+                                f"got {self.split}.")
         self.clamp = clamp
         self.register_buffer("permutation", permutation)
         self.register_buffer("inverse_permutation", torch.argsort(permutation))
@@ -128,8 +137,9 @@ class CouplingFlow(nn.Module):
             with torch.no_grad():
                 self.linear.weight.copy_(torch.eye(dim))
                 self.linear.bias.zero_()
-        self.blocks = nn.ModuleList(AffineCoupling(dim, hidden, clamp, alternating_permutation(dim, i))
-                                    for i in range(depth))
+        self.blocks = nn.ModuleList(
+            AffineCoupling(dim, hidden, clamp, alternating_permutation(dim, i), alternating_split(dim, i))
+            for i in range(depth))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.linear is not None:
@@ -147,13 +157,19 @@ class CouplingFlow(nn.Module):
 
 
 def alternating_permutation(dim: int, block: int) -> torch.Tensor:
-    """Block ``block``'s coordinate order: the first ``⌊dim/2⌋`` entries are kept, the rest transformed.
-    Even blocks keep the leading coordinates, odd blocks the trailing ones, so the half a block
-    keeps is the half the next block transforms (Ren et al. §3.4)."""
+    """Block ``block``'s coordinate order: its first :func:`alternating_split` entries are kept, the
+    rest transformed. Even blocks keep the leading ``⌊dim/2⌋`` coordinates and transform the trailing
+    ``⌈dim/2⌉``; odd blocks the other way round, so the half a block keeps is exactly the half the
+    next block transforms (Ren et al. §3.4), for odd ``dim`` too."""
     order = torch.arange(dim)
     if block % 2 == 0:
         return order
     return torch.cat([order[dim // 2 :], order[: dim // 2]])
+
+
+def alternating_split(dim: int, block: int) -> int:
+    """How many coordinates block ``block`` keeps: ``⌊dim/2⌋`` for even blocks, ``⌈dim/2⌉`` for odd ones."""
+    return dim // 2 if block % 2 == 0 else dim - dim // 2
 
 
 def random_flow(dim: int, *, depth: int = 4, hidden: int = 256, clamp: float = 2.0, scale: float = 1.0,
