@@ -17,9 +17,10 @@ dvc exp run \
   -S finetune.eval_every=50 \
   -S finetune.max_length=64 \
   -S extract.max_train_examples=1000 \
-  -S extract.max_tokens=4000 \
-  -S similarity.permutations=30 \
-  -S similarity.bootstrap=50 \
+  -S extract.max_tokens=2000 \
+  -S similarity.permutations=20 \
+  -S similarity.bootstrap=20 \
+  -S compare.probe_examples=50 \
   -S truncate.head_epochs=10 \
   -S align.steps=150 \
   -S align.inn_hidden=128 \
