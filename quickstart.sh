@@ -17,7 +17,8 @@ dvc exp run \
   -S finetune.eval_every=50 \
   -S finetune.max_length=64 \
   -S extract.max_train_examples=1000 \
-  -S extract.max_tokens=2000 \
+  -S extract.max_tokens=1000 \
+  -S "similarity.measures.tokens=[linear_cka,svcca,neuronsim]" \
   -S similarity.permutations=20 \
   -S similarity.bootstrap=20 \
   -S compare.probe_examples=50 \

@@ -206,16 +206,16 @@ def diagonal_intervals(measure: str, models: dict[str, Sequence], comparisons: S
                        resamples: int, seed: int, groups: np.ndarray | None = None, **options) -> list[Comparison]:
     """The comparisons with a bootstrap interval (over examples, or over `groups` of rows) of the diagonal of
     FT–ORIG and FT[1]–FT[2]: the per-layer values that metrics report. Models are named as in the comparisons'
-    titles: ORIG and FT[1] (FT), FT[2]."""
+    titles: ORIG and FT[1] (FT), FT[2]. Both diagonals come from the same resamples, each layer prepared once."""
     pairs = {"ft_orig": ("FT[1]", "ORIG"), "ft1_ft2": ("FT[1]", "FT[2]")}
-    out = []
-    for c in comparisons:
-        if c.key in pairs:
-            xs, ys = (models[name] for name in pairs[c.key])
-            result = bootstrap_pairs(measure, xs, ys, resamples=resamples, seed=seed, groups=groups, **options)
-            c = dataclasses.replace(c, interval=(result.low, result.high))
-        out.append(c)
-    return out
+    wanted = [c.key for c in comparisons if c.key in pairs]
+    if not wanted:
+        return list(comparisons)
+    xs = [layer for key in wanted for layer in models[pairs[key][0]]]
+    ys = [layer for key in wanted for layer in models[pairs[key][1]]]
+    result = bootstrap_pairs(measure, xs, ys, resamples=resamples, seed=seed, groups=groups, **options)
+    bounds = dict(zip(wanted, zip(np.split(result.low, len(wanted)), np.split(result.high, len(wanted)))))
+    return [dataclasses.replace(c, interval=bounds[c.key]) if c.key in bounds else c for c in comparisons]
 
 
 def seed_spread(matrix: np.ndarray, sizes: dict[str, int], finetuned: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

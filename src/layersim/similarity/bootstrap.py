@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from layersim.errors import LayersimError
-from layersim.similarity._common import blas_threads_for
+from layersim.similarity._common import blas_threads_for, check_options
+from layersim.similarity._null_engines import ENGINES
 from layersim.similarity.cka import is_constant
 from layersim.similarity.registry import get_measure, similarity
 
@@ -63,11 +64,14 @@ def bootstrap_pairs(name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray
                     **options) -> BootstrapResult:
     """Basic bootstrap interval of ``similarity(name, xs[k], ys[k])`` for every pair k.
 
-    Every pair is computed on the same resamples, so intervals of different layers are comparable. A
-    resample on which the measure is undefined (e.g. a layer left constant) counts as NaN and is left out
-    of the percentiles; a pair undefined on all rows gets NaN throughout.
+    Every pair is computed on the same resamples, so intervals of different layers are comparable. Each
+    distinct layer (the same array object may appear in several pairs) is prepared once per resample,
+    as the measure's matrix does (:mod:`layersim.similarity._null_engines`). A resample on which the
+    measure is undefined (e.g. a layer left constant) counts as NaN and is left out of the percentiles;
+    a pair undefined on all rows gets NaN throughout.
     """
     measure = get_measure(name)
+    check_options(name, options, measure.options)
     if len(xs) != len(ys) or not len(xs):
         raise LayersimError(f"bootstrap_pairs needs as many x layers as y layers (got {len(xs)} and {len(ys)}), "
                             "at least one.")
@@ -78,16 +82,17 @@ def bootstrap_pairs(name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray
     num_rows = len(xs[0])
     if any(len(a) != num_rows for a in (*xs, *ys)):
         raise LayersimError("bootstrap_pairs needs every layer on the same examples (the same number of rows).")
-    estimate = np.array([_value(name, x, y, options) for x, y in zip(xs, ys)])
-    values = np.full((resamples, len(xs)), np.nan)
-    with blas_threads_for(num_rows, max(a.shape[1] for a in (*xs, *ys))):
+    layers, pairs = _distinct_layers(xs, ys)
+    defined = [k for k, (i, j) in enumerate(pairs) if not (is_constant(layers[i]) or is_constant(layers[j]))]
+    estimate = np.full(len(pairs), np.nan)
+    estimate[defined] = _pair_values(name, layers, [pairs[k] for k in defined], options)
+    values = np.full((resamples, len(pairs)), np.nan)
+    with blas_threads_for(num_rows, max(a.shape[1] for a in layers)):
         for r, rows in enumerate(resample_rows(num_rows, resamples, seed, groups)):
-            for k, (x, y) in enumerate(zip(xs, ys)):
-                if np.isfinite(estimate[k]):
-                    values[r, k] = _value(name, x[rows], y[rows], options)
+            values[r, defined] = _pair_values(name, [a[rows] for a in layers], [pairs[k] for k in defined], options)
     tail = (1 - level) / 2 * 100
-    low, high = np.full(len(xs), np.nan), np.full(len(xs), np.nan)
-    for k in range(len(xs)):
+    low, high = np.full(len(pairs), np.nan), np.full(len(pairs), np.nan)
+    for k in range(len(pairs)):
         finite = values[np.isfinite(values[:, k]), k]
         if len(finite):
             q_low, q_high = np.percentile(finite, [tail, 100 - tail])
@@ -95,6 +100,34 @@ def bootstrap_pairs(name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray
     if measure.bounded is not None:
         low, high = np.clip(low, *measure.bounded), np.clip(high, *measure.bounded)
     return BootstrapResult(estimate, low, high, resamples, level)
+
+
+def _distinct_layers(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray]) -> tuple[list[np.ndarray], list[tuple]]:
+    """The distinct layer arrays (by identity) and each pair as (index of x, index of y) among them."""
+    layers, index = [], {}
+    for a in (*xs, *ys):
+        if id(a) not in index:
+            index[id(a)] = len(layers)
+            layers.append(a)
+    return layers, [(index[id(x)], index[id(y)]) for x, y in zip(xs, ys)]
+
+
+def _pair_values(name: str, layers: list[np.ndarray], pairs: list[tuple[int, int]], options: dict) -> np.ndarray:
+    """The measure on each pair of `layers`, every layer's statistics computed once; NaN for every pair
+    when some layer is undefined on these rows (then pair by pair, so only its own pairs are NaN)."""
+    if not pairs:
+        return np.zeros(0)
+    used = sorted({i for pair in pairs for i in pair})
+    position = {i: k for k, i in enumerate(used)}
+    cells = np.zeros((len(used), len(used)), dtype=bool)
+    for i, j in pairs:
+        cells[position[i], position[j]] = True
+    named = [(f"layer {i}", layers[i]) for i in used]
+    try:
+        matrix = ENGINES[name](named, None, cells, **options).values(None)
+    except LayersimError:
+        return np.array([_value(name, layers[i], layers[j], options) for i, j in pairs])
+    return np.array([matrix[position[i], position[j]] for i, j in pairs])
 
 
 def _value(name: str, x: np.ndarray, y: np.ndarray, options: dict) -> float:
