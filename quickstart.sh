@@ -23,10 +23,10 @@ dvc exp run \
   -S similarity.bootstrap=20 \
   -S compare.probe_examples=50 \
   -S truncate.head_epochs=10 \
-  -S align.steps=150 \
+  -S align.steps=100 \
   -S align.inn_hidden=128 \
   -S align.mlp_hidden=256 \
-  -S align.matrix_steps=60 \
+  -S align.matrix_steps=30 \
   "$@"
 
 echo

@@ -16,6 +16,7 @@ from layersim.errors import LayersimError
 from layersim.io import ActivationTable, ActivationWriter
 from layersim.similarity import LinearCKAAccumulator, cka_matrix
 from layersim.similarity import cka as cka_module
+from layersim.similarity_report import phang_report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -217,10 +218,11 @@ def test_stage_outputs_are_the_same_streamed_or_loaded(tmp_path, rng, monkeypatc
         loaded = []
         monkeypatch.setattr(ActivationTable, "layers", lambda self, original=ActivationTable.layers: (
             loaded.append(self.path.name), original(self))[1])
-        _, rows, metrics, matrices = stage.compare(
-            sizes, stage.layer_matrices(tables, labels, ["linear_cka"], {}), ["linear_cka"], "title")
+        matrix_of, layers = stage.layer_sources(tables, labels, ["linear_cka"], {})
+        assert (layers is None) == streamed  # streamed: no layers in memory, so no null or interval either
+        report = phang_report(sizes, matrix_of, ["linear_cka"], "title")
         assert loaded == ([] if streamed else ["orig.cls.parquet", "seed1.cls.parquet", "seed2.cls.parquet"])
-        outputs[streamed] = rows, metrics
+        outputs[streamed] = report.rows, report.metrics
         monkeypatch.undo()
     assert outputs[True] == outputs[False]
 
