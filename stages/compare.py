@@ -7,13 +7,12 @@ from pathlib import Path
 
 from layersim import cli
 from layersim.batching import encode_task
-from layersim.comparisons import LOCALIZATION_LABELS, attention_measure_label, localization, measure_options, number
+from layersim.comparisons import attention_measure_label, number
 from layersim.extract import Pooled, concatenate_pooled, extract_attention, models_for_pooling, pooled_layers
 from layersim.io import AttentionTable, atomic_path, read_task_table, write_figure, write_json
 from layersim.models import load_encoder, load_tokenizer
-from layersim.plots import localization_curves
 from layersim.similarity import MEASURES, check_computable
-from layersim.similarity_report import Uncertainty, stacked_report
+from layersim.similarity_report import localization_report, settings, stacked_report
 from layersim.tasks import get_task
 from layersim.train import default_device
 
@@ -58,9 +57,7 @@ def main(args, params):
     cli.log.info("encoded the probe (%d examples per task, %d tasks) with %d models", params.compare.probe_examples,
                  len(task_dirs), len(folders))
     p = params.similarity
-    options = measure_options(rbf_sigma_scale=p.rbf_sigma_scale, svcca_variance=p.svcca_variance,
-                              pwcca_variance=p.pwcca_variance)
-    uncertainty = Uncertainty(p.permutations, p.bootstrap, p.seed, p.significance, p.chance_adjusted)
+    options, uncertainty = settings(p)
     metrics, rows, localization_rows = {}, [], []
     with atomic_path(args.plots, is_dir=True) as tmp, atomic_path(args.localization, is_dir=True) as tmp_localization:
         plots, localization_dir = Path(tmp), Path(tmp_localization)
@@ -80,16 +77,13 @@ def main(args, params):
                 write_figure(report.figure, plots / f"{pooling}.{measure}.png")
                 rows += report.rows
                 metrics.setdefault(pooling, {})[measure] = report.summary
-            if {"neuronsim", "svcca"} <= set(matrices):
-                scores = localization(matrices["neuronsim"], matrices["svcca"], sizes,
-                                      standardize=p.localization == "zscore")
-                metrics[pooling]["localization"] = {label: [number(v) for v in values] for label, values in scores.items()}
-                localization_rows += [{"pooling": pooling, "model": label, "layer": k, "localization": number(v)}
-                                      for label, values in scores.items() for k, v in enumerate(values)
-                                      if number(v) is not None]
-                write_figure(localization_curves(scores, f"localization ({p.localization}), {pooling.upper()} — base "
-                                                 "and fine-tuned", ylabel=LOCALIZATION_LABELS[p.localization]),
-                             localization_dir / f"{pooling}.png")
+            found = localization_report(matrices, sizes, p.localization, f"{pooling.upper()} — base and fine-tuned",
+                                        pooling=pooling)
+            if found is not None:
+                metrics[pooling]["localization"] = {label: [number(v) for v in values]
+                                                    for label, values in found.scores.items()}
+                localization_rows += found.rows
+                write_figure(found.figure, localization_dir / f"{pooling}.png")
         if p.attention_measures:
             with tempfile.TemporaryDirectory() as scratch:
                 maps = {label: probe_attention(folders[label], params, task_dirs, device, Path(scratch))

@@ -12,12 +12,10 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from layersim import cli
-from layersim.comparisons import (LOCALIZATION_LABELS, localization, measure_options, number, stacked_matrix, stream_linear_cka,
-                                  stream_rows, streamed_linear_cka)
+from layersim.comparisons import per_layer, stacked_matrix, stream_linear_cka, stream_rows, streamed_linear_cka
 from layersim.io import ActivationTable, AttentionTable, atomic_path, write_figure, write_json
-from layersim.plots import localization_curves
 from layersim.similarity import check_computable
-from layersim.similarity_report import Uncertainty, phang_report
+from layersim.similarity_report import localization_report, phang_report, settings
 
 
 def run_labels(seeds) -> dict[str, str]:
@@ -61,9 +59,7 @@ def main(args, params):
 def write_outputs(args, params, plots: Path, localization_dir: Path, diagonals: Path):
     p = params.similarity
     labels = run_labels(params.seeds)
-    options = measure_options(rbf_sigma_scale=p.rbf_sigma_scale, svcca_variance=p.svcca_variance,
-                              pwcca_variance=p.pwcca_variance)
-    uncertainty = Uncertainty(p.permutations, p.bootstrap, p.seed, p.significance, p.chance_adjusted)
+    options, uncertainty = settings(p)
     metrics, localization_rows = {}, []
     for pooling, measures in p.measures.items():
         tables = {run: ActivationTable(args.activations / f"{run}.{pooling}.parquet", expect={
@@ -90,16 +86,12 @@ def write_outputs(args, params, plots: Path, localization_dir: Path, diagonals: 
         if report.diagonal_figure is not None:
             write_figure(report.diagonal_figure, diagonals / f"{pooling}.png")
         write_json(report.diagonal_rows, diagonals / f"{pooling}.json")
-        if {"neuronsim", "svcca"} <= set(report.matrices):
-            scores = localization(report.matrices["neuronsim"], report.matrices["svcca"], sizes,
-                                  standardize=p.localization == "zscore")
-            metrics[pooling]["localization"] = {label: {f"layer_{k:02d}": number(v) for k, v in enumerate(values)}
-                                                for label, values in scores.items()}
-            localization_rows += [{"pooling": pooling, "model": label, "layer": k, "localization": number(v)}
-                                  for label, values in scores.items() for k, v in enumerate(values) if number(v) is not None]
-            write_figure(localization_curves(scores, f"localization ({p.localization}), {pooling.upper()} — {model} on "
-                                             f"{args.task}", ylabel=LOCALIZATION_LABELS[p.localization]),
-                         localization_dir / f"{pooling}.png")
+        found = localization_report(report.matrices, sizes, p.localization,
+                                    f"{pooling.upper()} — {model} on {args.task}", pooling=pooling)
+        if found is not None:
+            metrics[pooling]["localization"] = {label: per_layer(values) for label, values in found.scores.items()}
+            localization_rows += found.rows
+            write_figure(found.figure, localization_dir / f"{pooling}.png")
     # Always written (empty without neuronsim and svcca): git cannot hold an empty output folder.
     write_json(localization_rows, localization_dir / "localization.json")
     if p.attention_measures:

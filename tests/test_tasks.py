@@ -2,7 +2,7 @@
 
 The hub tests build, for every paper task, a small Parquet file with exactly the column names and
 dtypes of the dataset on the Hugging Face hub, load it through `datasets` the way `hub_table` does
-(`dataset.data.table`), and check the normalized table of DESIGN.md "Data contracts". No network.
+(`dataset.data.table`), and check the normalized table of docs/architecture.md "Data contracts". No network.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Extraction: every layer's representation of every validation example, pooled, into activation
-tables (DESIGN.md, "Activation table")."""
+tables (docs/architecture.md, "Activation table")."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Atomic writers and checked readers for the tables, JSON and figures passed between stages.
 
 Every writer writes to a temporary name in the destination folder and renames it into place, so
-a crashed stage never leaves a file that looks finished (DESIGN.md, "Writes are atomic").
+a crashed stage never leaves a file that looks finished (docs/architecture.md, "Writes are atomic").
 
-Every reader checks what it opens before using it (DESIGN.md, "Data contracts"): Parquet pages carry
+Every reader checks what it opens before using it (docs/architecture.md, "Data contracts"): Parquet pages carry
 CRC checksums that are verified as they are read, the row count written into the footer must match
 the data, schema and metadata must fit the contract, callers can state which task, split, run and
 weights they expect, and non-finite activations are reported with their layer and example.

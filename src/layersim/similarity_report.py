@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from layersim.comparisons import (Comparison, attention_measure_bounds, attention_measure_label, diagonal_intervals,
-                                  pair_summary, per_layer, phang_cells, phang_comparisons, seed_spread, stacked_matrix,
-                                  stacked_null, summarize)
-from layersim.plots import Curve, block_heatmap, chance_note, diagonal_curves, matrix_rows, measure_grid, stacked_rows
+from layersim.comparisons import (LOCALIZATION_LABELS, Comparison, attention_measure_bounds, attention_measure_label,
+                                  diagonal_intervals, localization, measure_options, number, pair_summary, per_layer,
+                                  phang_cells, phang_comparisons, seed_spread, stacked_matrix, stacked_null, summarize)
+from layersim.plots import (Curve, block_heatmap, chance_note, diagonal_curves, localization_curves, matrix_rows,
+                            measure_grid, stacked_rows)
 from layersim.similarity import MEASURES, is_constant
 from layersim.similarity.cca import CAPPED_MEASURES, kept_dimensions
 
@@ -185,3 +186,32 @@ def stacked_report(models: dict[str, list], measure: str, title: str, *, options
     if measure in CAPPED_MEASURES and not attention:
         summary["kept_dimensions"] = kept_dimensions_per_layer(models, measure, **options)
     return StackedReport(figure, rows, summary, matrix)
+
+
+def settings(p) -> tuple[dict[str, dict], Uncertainty]:
+    """The measures' options and the Uncertainty from params.yaml's similarity section (SimilarityParams)."""
+    options = measure_options(rbf_sigma_scale=p.rbf_sigma_scale, svcca_variance=p.svcca_variance,
+                              pwcca_variance=p.pwcca_variance)
+    return options, Uncertainty(p.permutations, p.bootstrap, p.seed, p.significance, p.chance_adjusted)
+
+
+@dataclass
+class LocalizationReport:
+    """Wu et al.'s localization score per model and layer, its plot rows and its figure."""
+
+    scores: dict[str, np.ndarray]
+    rows: list[dict]
+    figure: object
+
+
+def localization_report(matrices: dict[str, np.ndarray], sizes: dict[str, int], style: str, title: str,
+                        **fields) -> LocalizationReport | None:
+    """The localization score (`style` "raw" or "zscore") from stacked neuronsim and SVCCA matrices, or None
+    when either measure was not computed. `fields` are added to every plot row (e.g. pooling)."""
+    if not {"neuronsim", "svcca"} <= set(matrices):
+        return None
+    scores = localization(matrices["neuronsim"], matrices["svcca"], sizes, standardize=style == "zscore")
+    rows = [{**fields, "model": label, "layer": k, "localization": number(v)}
+            for label, values in scores.items() for k, v in enumerate(values) if number(v) is not None]
+    figure = localization_curves(scores, f"localization ({style}), {title}", ylabel=LOCALIZATION_LABELS[style])
+    return LocalizationReport(scores, rows, figure)

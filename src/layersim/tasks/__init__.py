@@ -1,6 +1,6 @@
 """The task registry: what "rte" or "synth-negation" means, and how to build its normalized table.
 
-A normalized task table (DESIGN.md, "Data contracts") has `example_id` (int64, stable), the text
+A normalized task table (docs/architecture.md, "Data contracts") has `example_id` (int64, stable), the text
 columns of its format, and `label` (int64, or float64 for regression):
 
 ==================  ==========================================
