@@ -63,11 +63,23 @@ def _set(**changes) -> Callable[[dict], None]:
 
 
 def _text(doc: dict) -> str:
-    return yaml.safe_dump(doc, sort_keys=False)
+    return yaml.safe_dump(doc, sort_keys=False).replace("tasks: BOMB", f"tasks: {_alias_bomb()}")
 
 
 def _edit_text(edit: Callable[[str], str]) -> Callable[[dict], str]:
     return lambda doc: edit(_text(doc))
+
+
+FOLDER = object()  # a change that returns it makes the params "file" a folder
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    """A YAML list of 9 references to a list of 9 references … (9**levels strings if expanded, under 1 KB of
+    text): each level defines its anchor inline as the first item, so that every key stays a valid one."""
+    node = "&a0 [x, x, x, x, x, x, x, x, x]"
+    for k in range(1, levels):
+        node = f"&a{k} [{node}, {', '.join([f'*a{k - 1}'] * 8)}]"
+    return node
 
 
 # (id, stage, change: a function that edits the document in place or returns the file's text,
@@ -161,6 +173,44 @@ CASES = [
      ["similarity.chance_adjusted = 'yes'", "true or false"]),
     ("bootstrap-negative", "compare", _set(similarity__bootstrap=-1),
      ["similarity.bootstrap = -1", "a non-negative integer"]),
+    # The file itself: read as DVC reads it (YAML 1.2), whatever bytes it holds.
+    ("yaml11-sexagesimal", "finetune", _edit_text(lambda text: text.replace("max_steps: 6", "max_steps: 1:00")),
+     ["finetune.max_steps = '1:00'", "must be an integer"]),
+    ("yaml11-on-for-true", "similarity",
+     _edit_text(lambda text: text.replace("chance_adjusted: false", "chance_adjusted: on")),
+     ["similarity.chance_adjusted = 'on'", "true or false"]),
+    ("not-utf8", "download_task", lambda doc: _text(doc).encode("utf-8").replace(b"# ", b"\xff ") + b"# caf\xe9\n",
+     [f"{BAD} is not UTF-8 text", "byte 0xe9", "save it as UTF-8"]),
+    ("params-is-a-folder", "truncate", lambda doc: FOLDER,
+     [f"{BAD} is a folder, not a file"]),
+    ("nested-1000-deep", "align", _edit_text(lambda text: text + "extra: " + "[" * 1000 + "]" * 1000 + "\n"),
+     [f"{BAD} nests too deeply", "at most three"]),
+    ("integer-of-5000-digits", "skip",
+     _edit_text(lambda text: text.replace("max_steps: 6", "max_steps: " + "9" * 5000)),
+     [f"{BAD} has a value that cannot be read", "thousands of digits"]),
+    ("integer-of-400-digits-for-a-number", "compare", _set(finetune__learning_rate=10**400),
+     ["finetune.learning_rate = 100000000000000000...000000", "must be a finite number"]),
+    ("alias-bomb", "download_model", _set(tasks="BOMB"),
+     ["tasks = [[[...], [...],", "a non-empty list of task names"]),
+    ("long-model-name", "download_compared", _set(model="m" * 100_000),
+     ["model = 'mmmmmmmmm", "m...mmm"]),
+    # Sizes: every size param has a bound far above any real run, and the example counts a floor.
+    ("max-steps-10-to-the-12", "finetune", _set(finetune__max_steps=10**12),
+     ["finetune.max_steps = 1000000000000", "at most 100,000,000"]),
+    ("batch-size-10-to-the-9", "extract", _set(finetune__batch_size=10**9),
+     ["finetune.batch_size = 1000000000", "at most 65,536"]),
+    ("head-epochs-10-to-the-9", "truncate", _set(truncate__head_epochs=10**9),
+     ["truncate.head_epochs = 1000000000", "at most 10,000"]),
+    ("permutations-10-to-the-9", "similarity", _set(similarity__permutations=10**9),
+     ["similarity.permutations = 1000000000", "at most 100,000"]),
+    ("generated-examples-10-to-the-12", "download_task", _set(download__generated_train_examples=10**12),
+     ["download.generated_train_examples = 1000000000000", "at most 10,000,000"]),
+    ("inn-depth-huge", "align", _set(align__inn_depth=10**6), ["align.inn_depth = 1000000", "at most 256"]),
+    ("one-validation-example", "similarity", _set(extract__max_examples=1),
+     ["extract.max_examples = 1 ", "at least 10", "nothing to compare or score"]),
+    ("two-generated-examples", "download_task", _set(download__generated_validation_examples=2),
+     ["download.generated_validation_examples = 2 ", "at least 10"]),
+    ("five-word-rows", "extract", _set(extract__max_tokens=5), ["extract.max_tokens = 5 ", "at least 10"]),
     ("not-yaml", "extract", _edit_text(lambda text: text + "finetune:\n\t- batch_size 8\n"),
      [f"{BAD} is not valid YAML", "found character '\\t'", "line "]),
 ]
@@ -170,7 +220,12 @@ def _write_bad(folder: Path, change) -> Path:
     doc = _base()
     text = change(doc)
     path = folder / BAD
-    path.write_text(text if isinstance(text, str) else _text(doc))
+    if text is FOLDER:
+        path.mkdir()
+    elif isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text if isinstance(text, str) else _text(doc))
     return path
 
 
@@ -185,6 +240,7 @@ def _assert_one_error_line(stderr: str, fragments: list[str]) -> str:
     assert sum(line.startswith("error:") for line in lines) == 1, stderr
     assert "Traceback" not in stderr
     message = lines[-1]
+    assert len(message) < 1000, f"an unbounded message ({len(message)} characters)"
     for fragment in fragments:
         assert fragment in message, f"{fragment!r} not in {message!r}"
     return message
@@ -212,7 +268,7 @@ def test_the_base_document_is_valid(tmp_path: Path) -> None:
 
 
 def test_enough_distinct_cases() -> None:
-    assert len(CASES) >= 20
+    assert len(CASES) >= 60
     assert len({case[0] for case in CASES}) == len(CASES)
     assert {case[1] for case in CASES} == set(COMMANDS), "every stage of dvc.yaml meets a malformed file"
 

@@ -31,7 +31,7 @@ def _configure(params: dict) -> None:
     # svcca and neuronsim give the localization score: without them plots/localization/* are empty
     # folders, which git cannot carry, so a clone would never be up to date.
     params["similarity"].update(measures={"cls": ["linear_cka", "svcca", "neuronsim"]}, attention_measures=[])
-    params["compare"].update(models=[], probe_examples=8)
+    params["compare"].update(models=[], probe_examples=10)
     params["truncate"].update(head_epochs=1)
     params["align"].update(methods=["linear", "inn"], steps=5, matrix_steps=2, inn_depth=1, inn_hidden=8,
                            mlp_hidden=8)

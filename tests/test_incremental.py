@@ -36,7 +36,7 @@ def _configure(params: dict) -> None:
     params["finetune"].update(max_steps=3, eval_every=0)
     params["extract"].update(max_train_examples=32, attention_examples=8)
     params["similarity"].update(measures={"cls": ["linear_cka", "svcca", "neuronsim"]})
-    params["compare"].update(models=[], probe_examples=8)
+    params["compare"].update(models=[], probe_examples=10)
     params["truncate"].update(head_epochs=1)
     params["align"].update(methods=["linear", "inn"], steps=5, matrix_steps=2, inn_depth=1, inn_hidden=8,
                            mlp_hidden=8)
@@ -62,7 +62,7 @@ ANALYSIS = [
     ("similarity.permutations", 10, {SIMILARITY, COMPARE}, None),
     ("similarity.localization", "zscore", {SIMILARITY, COMPARE}, None),
     ("similarity.svcca_variance", 0.9, {SIMILARITY, COMPARE}, None),
-    ("compare.probe_examples", 6, {COMPARE}, None),
+    ("compare.probe_examples", 12, {COMPARE}, None),
     ("truncate.tolerance", 0.05, {TRUNCATE}, None),
     ("truncate.head_learning_rate", 0.01, {TRUNCATE}, None),
     ("skip.tolerance", 0.05, {SKIP}, None),

@@ -242,8 +242,12 @@ def test_enough_malformed_cases() -> None:
 def test_malformed_yaml_text(tmp_path: Path) -> None:
     """Values as a person types them in YAML."""
     path = tmp_path / "params.yaml"
-    path.write_text("model: tiny-bert\ntasks: [synth-roles]\nseeds: [1]\nfinetune:\n  batch_size: yes\n")
+    path.write_text("model: tiny-bert\ntasks: [synth-roles]\nseeds: [1]\nfinetune:\n  batch_size: true\n")
     with pytest.raises(LayersimError, match=r"finetune\.batch_size = True"):
+        load_params(path)
+    # YAML 1.2, as DVC reads it: `yes` is a string, not a boolean.
+    path.write_text("model: tiny-bert\ntasks: [synth-roles]\nseeds: [1]\nfinetune:\n  batch_size: yes\n")
+    with pytest.raises(LayersimError, match=r"finetune\.batch_size = 'yes' is invalid; it must be an integer"):
         load_params(path)
 
 
@@ -383,11 +387,11 @@ def test_align_pooling_is_per_example_and_max_tokens_positive() -> None:
     for bad in (0, -5, 1.5, None, True):
         with pytest.raises(LayersimError, match=r"extract.max_tokens = .* is invalid"):
             parse_params(_section("extract", max_tokens=bad))
-    doc = _section("extract", poolings=["cls", "tokens"], max_tokens=7)
+    doc = _section("extract", poolings=["cls", "tokens"], max_tokens=17)
     doc["similarity"] = {"measures": {"cls": ["linear_cka"], "tokens": ["svcca"]}}
     doc["align"] = {"pooling": "cls"}
     params = parse_params(doc)
-    assert params.extract.max_tokens == 7 and params.similarity.poolings == ("cls", "tokens")
+    assert params.extract.max_tokens == 17 and params.similarity.poolings == ("cls", "tokens")
 
 
 # --- limits that come from the models, and the edges of the allowed ranges ---------------------------
@@ -500,3 +504,35 @@ def test_errors_name_the_file_that_was_read(tmp_path: Path) -> None:
     with pytest.raises(LayersimError) as info:
         load_params(path)
     assert str(info.value).startswith(f"{path}: skip.tolerance = 2 is invalid;")
+
+
+TRICKY_SCALARS = ["010", "0o10", "0x1f", "1_000", "2e-5", "1.0e-5", "1e3", "yes", "no", "on", "off", "y", "1:00",
+                  "1:30:00", ".inf", "-.inf", ".nan", "~", "null", "True", "FALSE", "0b11", "+5", "-0", "2001-12-14"]
+
+
+@pytest.mark.parametrize("scalar", TRICKY_SCALARS)
+def test_params_are_read_exactly_as_dvc_reads_them(scalar: str, tmp_path: Path) -> None:
+    """YAML 1.1 and 1.2 differ on these (`010` is 8 or 10, `1:00` is 60 or a string, `yes` true or a string);
+    DVC records what its own parser reads, so the stages must read the same value."""
+    import math
+
+    from dvc.utils.serialize import parse_yaml
+
+    from layersim.params import _parse_yaml
+
+    text = f"value: {scalar}\nlist: [{scalar}]\n"
+    ours, dvcs = _parse_yaml(tmp_path / "p.yaml", text), parse_yaml(text, "p.yaml")
+    assert type(ours["value"]) is type(dvcs["value"])
+    if isinstance(ours["value"], float) and math.isnan(ours["value"]):
+        assert math.isnan(dvcs["value"])
+    else:
+        assert ours == dvcs
+
+
+def test_a_leading_zero_is_decimal_as_in_dvc(tmp_path: Path) -> None:
+    """`max_steps: 010` trains 10 steps, as `dvc params diff` shows (YAML 1.1 would read 8)."""
+    path = tmp_path / "params.yaml"
+    path.write_text("model: tiny-bert\ntasks: [synth-roles]\nseeds: [1]\n"
+                    "finetune: {max_steps: 010, warmup_steps: 02, eval_every: 0, max_length: 064}\n")
+    params = load_params(path)
+    assert (params.finetune.max_steps, params.finetune.warmup_steps, params.finetune.max_length) == (10, 2, 64)

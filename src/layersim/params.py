@@ -4,10 +4,15 @@ Every stage loads the whole file through :func:`load_params` (in :func:`layersim
 it reads or writes anything), so a mistyped key anywhere is caught at the first stage that runs,
 before any download or training. What is checked:
 
+- the file: UTF-8 YAML read exactly as DVC reads it (YAML 1.2: `010` is 10, `yes` and `1:00` are strings),
+  so that a stage runs with the values `dvc params diff` shows; unreadable, nested hundreds deep, or with
+  integers of thousands of digits: one line, and values in messages are shortened (an alias bomb's
+  expansion is never printed);
 - the shape: a mapping of known sections, each a mapping (or empty: the defaults); no key given twice
   in the YAML; unknown keys, with a did-you-mean suggestion;
 - types (no booleans for numbers, no strings for numbers, no nested lists) and ranges (positive sizes,
-  fractions in (0, 1], tolerances in [0, 1) as metrics are on a 0–1 scale, seeds NumPy can take);
+  fractions in (0, 1], tolerances in [0, 1) as metrics are on a 0–1 scale, seeds NumPy can take, an upper
+  bound on every size far above any real run, at least MIN_EXAMPLES examples);
 - names: model, tasks, compare.models, poolings, measures and align methods from their registries,
   none repeated;
 - rules across keys: warm-up shorter than training, evaluation within it, the poolings that
@@ -23,12 +28,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import re
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from layersim.errors import LayersimError
 from layersim.models import MODELS, get_model
@@ -174,6 +179,47 @@ _SEEDS = {"generated_seed", "seed"}  # like every entry of `seeds`: 0 … MAX_SE
 _NON_NEGATIVE = {"warmup_steps", "weight_decay", "eval_every", "checkpoint_every", "head_weight_decay",
                  "attention_examples", "ridge", "bootstrap", *_SEEDS}
 
+# Upper bounds of the size params, far above any real run: a size is allocated or looped over, and a typo
+# (`max_steps: 10000000000000`) must fail at once instead of exhausting memory or running for ever.
+_STEPS, _EXAMPLES, _BATCH, _WIDTH = 10**8, 10**8, 2**16, 2**16
+_AT_MOST = {
+    "download.max_train_examples": (_EXAMPLES, "examples of a task"),
+    "download.max_validation_examples": (_EXAMPLES, "examples of a task"),
+    "download.generated_train_examples": (10**7, "examples of a generated task"),
+    "download.generated_validation_examples": (10**7, "examples of a generated task"),
+    "finetune.batch_size": (_BATCH, "examples per step"),
+    "finetune.max_steps": (_STEPS, "training steps, 10,000 times the papers' 10,000"),
+    "finetune.warmup_steps": (_STEPS, "training steps"),
+    "finetune.eval_every": (_STEPS, "training steps"),
+    "finetune.checkpoint_every": (_STEPS, "training steps"),
+    "finetune.max_length": (2**16, "tokens per input"),
+    "finetune.eval_batch_size": (_BATCH, "examples per batch"),
+    "extract.batch_size": (_BATCH, "examples per batch"),
+    "extract.max_examples": (_EXAMPLES, "examples of a task"),
+    "extract.max_train_examples": (_EXAMPLES, "examples of a task"),
+    "extract.attention_examples": (10**5, "attention maps are stored per example, layer and head"),
+    "extract.max_tokens": (10**7, "word rows per task"),
+    "similarity.permutations": (10**5, "permutations per cell; 10,000 resolve p = 0.0001"),
+    "similarity.bootstrap": (10**5, "resamples; 10,000 give stable 95% intervals"),
+    "compare.probe_examples": (10**6, "examples every compared model encodes"),
+    "truncate.head_epochs": (10**4, "epochs over the cached activations"),
+    "truncate.head_batch_size": (_BATCH, "examples per step"),
+    "align.inn_depth": (256, "coupling blocks"),
+    "align.inn_hidden": (_WIDTH, "units per layer"),
+    "align.mlp_depth": (256, "hidden layers"),
+    "align.mlp_hidden": (_WIDTH, "units per layer"),
+    "align.steps": (10**7, "optimiser steps"),
+    "align.matrix_steps": (10**6, "optimiser steps per cell of the layer × layer matrix"),
+    "align.batch_size": (_BATCH, "examples per step"),
+}
+# Lower bounds of the example counts: with fewer points there is nothing to estimate (a metric over one
+# example, a similarity of two points, a null from a handful of permutations of them).
+MIN_EXAMPLES = 10
+_AT_LEAST = {key: (MIN_EXAMPLES, "fewer examples leave nothing to compare or score") for key in (
+    "download.max_train_examples", "download.max_validation_examples", "download.generated_train_examples",
+    "download.generated_validation_examples", "extract.max_examples", "extract.max_train_examples",
+    "extract.max_tokens", "compare.probe_examples")}
+
 MAX_SEED = 2**32 - 1   # NumPy's legacy seeding (np.random.seed, used by fine-tuning) takes no larger seed
 MIN_MAX_LENGTH = 8     # room for the special tokens of a sentence pair and some text; below it tokenizers
                        # silently stop truncating
@@ -191,8 +237,26 @@ MODEL_HIDDEN_SIZE = {"tiny-bert": 32, "tiny-albert": 32, "tiny-electra": 32, "ti
                      "roberta-base": 768, "electra-base": 768, "bert-base-uncased": 768, "albert-large-v2": 1024}
 
 
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
+def _shown(value: Any) -> str:
+    """repr of a params value, bounded: a YAML alias bomb (a few lines that expand to billions of items) or a
+    400-digit integer must not turn into an endless error message."""
+    return _SHOWN.repr(value)
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxtuple, _SHOWN.maxdict = 2, 12, 12, 12
+_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 100, 100, 40
+
+
 def _fail(key: str, value: Any, allowed: str) -> LayersimError:
-    return LayersimError(f"params.yaml: {key} = {value!r} is invalid; it must be {allowed}.")
+    return LayersimError(f"params.yaml: {key} = {_shown(value)} is invalid; it must be {allowed}.")
 
 
 def _repeated(items: list) -> Any:
@@ -217,8 +281,8 @@ def _check_number(key: str, value: Any, kind: type, optional: bool) -> Any:
         raise _fail(key, value, what)
     if kind is float and not is_number:
         raise _fail(key, value, what)
-    if not math.isfinite(value):
-        raise _fail(key, value, f"a finite {'integer' if kind is int else 'number'}")
+    if kind is float and not _finite(value):
+        raise _fail(key, value, "a finite number")
     if name in _POSITIVE and value <= 0:
         raise _fail(key, value, f"a positive {'integer' if kind is int else 'number'}")
     if name in _UNIT_INTERVAL and not 0 < value <= 1:
@@ -229,6 +293,12 @@ def _check_number(key: str, value: Any, kind: type, optional: bool) -> Any:
         raise _fail(key, value, f"a non-negative {'integer' if kind is int else 'number'}")
     if name in _SEEDS and value > MAX_SEED:
         raise _fail(key, value, f"an integer from 0 to {MAX_SEED}")
+    if key in _AT_MOST and value > _AT_MOST[key][0]:
+        limit, why = _AT_MOST[key]
+        raise _fail(key, value, f"at most {limit:,} ({why})")
+    if key in _AT_LEAST and value < _AT_LEAST[key][0]:
+        limit, why = _AT_LEAST[key]
+        raise _fail(key, value, f"at least {limit} ({why})")
     if name == "max_length" and value < MIN_MAX_LENGTH:
         raise _fail(key, value, f"an integer of at least {MIN_MAX_LENGTH} (the special tokens need room)")
     return float(value) if kind is float else value
@@ -262,7 +332,7 @@ def _build_section(name: str, cls: type, raw: Any) -> Any:
         key = unknown[0]
         if f"{name}.{key}" in _RENAMED:
             raise LayersimError(f"params.yaml: {name}.{key} is no longer a key; {_RENAMED[f'{name}.{key}']}.")
-        raise LayersimError(f"params.yaml: unknown key '{name}.{key}'{_suggestion(name, key)}; valid keys of "
+        raise LayersimError(f"params.yaml: unknown key '{name}.{str(key)[:100]}'{_suggestion(name, key)}; valid keys of "
                             f"{name} are: {', '.join(fields)}.")
     values = {}
     for key, value in raw.items():
@@ -304,7 +374,7 @@ def _known_name(key: str, value: Any, kind: str, lookup, valid, hint: str = "", 
         pass
     close = difflib.get_close_matches(value, list(valid), n=1) if isinstance(value, str) else []
     mean = f" (did you mean {close[0]!r}?)" if close else ""
-    what = f"{key} has {value!r}, which" if entry else f"{key} = {value!r}"
+    what = f"{key} has {_shown(value)}, which" if entry else f"{key} = {_shown(value)}"
     raise LayersimError(f"params.yaml: {what} is not a known {kind}{mean}; valid {kind}s are: "
                         f"{', '.join(sorted(valid))}{hint}.")
 
@@ -358,7 +428,7 @@ def _check_choices(key: str, value: Any, choices: tuple[str, ...], allow_empty: 
         if not isinstance(item, str) or item not in choices:
             close = difflib.get_close_matches(item, choices, n=1) if isinstance(item, str) else []
             mean = f" (did you mean {close[0]!r}?)" if close else ""
-            raise LayersimError(f"params.yaml: {key} has {item!r}, which is invalid{mean}; each entry must be "
+            raise LayersimError(f"params.yaml: {key} has {_shown(item)}, which is invalid{mean}; each entry must be "
                                 f"one of {', '.join(choices)}.")
     same = _repeated(value)
     if same is not None:
@@ -374,7 +444,7 @@ def _check_measures_by_pooling(key: str, value: Any) -> dict[str, tuple[str, ...
     measures = {}
     for pooling, names in value.items():
         if pooling not in POOLINGS:
-            raise LayersimError(f"params.yaml: {key} has the pooling {pooling!r}, which is invalid; each key must be "
+            raise LayersimError(f"params.yaml: {key} has the pooling {_shown(pooling)}, which is invalid; each key must be "
                                 f"one of {', '.join(POOLINGS)}.")
         measures[pooling] = _check_choices(f"{key}.{pooling}", names, *_measure_names())
     return measures
@@ -387,7 +457,7 @@ def parse_params(raw: Any) -> Params:
         raise LayersimError(f"params.yaml must be a mapping of sections, got {type(raw).__name__}{empty}.")
     unknown = [key for key in raw if key not in _TOP_LEVEL]
     if unknown:
-        raise LayersimError(f"params.yaml: unknown key {unknown[0]!r}{_suggestion(None, unknown[0])}; valid "
+        raise LayersimError(f"params.yaml: unknown key {_shown(unknown[0])}{_suggestion(None, unknown[0])}; valid "
                             f"top-level keys are: {', '.join(sorted(_TOP_LEVEL))}.")
     for key in ("model", "tasks", "seeds"):
         if key not in raw:
@@ -481,34 +551,31 @@ def _check_measure_sizes(model: str, sections: dict[str, Any]) -> None:
                                         f"on task {task!r} with model {model!r}: {err}") from None
 
 
-class _Yaml12Loader(yaml.SafeLoader):
-    """PyYAML follows YAML 1.1, where `2e-05` (no dot) is a string; DVC writes floats that way
-    (`dvc exp run -S finetune.learning_rate=2e-5`), so floats are resolved as YAML 1.2 does."""
+# params.yaml is read exactly as DVC reads it (ruamel.yaml's safe loader, YAML 1.2): `010` is 10, `1:00`,
+# `yes` and `on` are strings. PyYAML follows YAML 1.1 (`010` = 8, `1:00` = 60, `yes` = true), so a run
+# would train for another number of steps than `dvc params diff` shows.
+def _yaml():
+    from ruamel.yaml import YAML
 
-
-_Yaml12Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?
-                   |[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."))
+    return YAML(typ="safe")
 
 
 def _repeated_key(node: Any, path: tuple[str, ...] = (), seen: set[int] | None = None) -> str | None:
-    """Describe the first key that a mapping of the YAML node tree gives twice (PyYAML would silently keep
-    the last value), or None."""
+    """Describe the first key that a mapping of the YAML node tree gives twice, with its path and both
+    lines, or None."""
     seen = set() if seen is None else seen
     if id(node) in seen:  # an alias of a node already walked
         return None
     seen.add(id(node))
-    if isinstance(node, yaml.MappingNode):
-        first: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+    if isinstance(node, MappingNode):
+        first: dict[str, tuple[Node, Node]] = {}
 
-        def at(key_node: yaml.Node, value_node: yaml.Node) -> str:
-            shown = f" = {value_node.value}" if isinstance(value_node, yaml.ScalarNode) else ""
+        def at(key_node: Node, value_node: Node) -> str:
+            shown = f" = {value_node.value}" if isinstance(value_node, ScalarNode) else ""
             return f"line {key_node.start_mark.line + 1}{shown}"
 
         for key_node, value_node in node.value:
-            key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
+            key = str(key_node.value) if isinstance(key_node, ScalarNode) else None
             if key is not None and key != "<<":
                 if key in first:
                     return (f"{'.'.join((*path, key))} is given twice ({at(*first[key])}, "
@@ -517,7 +584,7 @@ def _repeated_key(node: Any, path: tuple[str, ...] = (), seen: set[int] | None =
             found = _repeated_key(value_node, (*path, key or "?"), seen)
             if found:
                 return found
-    elif isinstance(node, yaml.SequenceNode):
+    elif isinstance(node, SequenceNode):
         for item in node.value:
             found = _repeated_key(item, path, seen)
             if found:
@@ -525,22 +592,51 @@ def _repeated_key(node: Any, path: tuple[str, ...] = (), seen: set[int] | None =
     return None
 
 
-def load_params(path: str | Path = "params.yaml") -> Params:
-    """Read and validate params.yaml."""
-    path = Path(path)
+def _read_text(path: Path) -> str:
     try:
-        text = path.read_text()
-        repeated = _repeated_key(yaml.compose(text, Loader=_Yaml12Loader))
-        raw = yaml.load(text, Loader=_Yaml12Loader)
+        data = path.read_bytes()
     except FileNotFoundError as err:
         raise LayersimError(f"{path} does not exist; run stages from the repository root.") from err
-    except yaml.YAMLError as err:
+    except IsADirectoryError as err:
+        raise LayersimError(f"{path} is a folder, not a file; the params must be one YAML file.") from err
+    except OSError as err:
+        raise LayersimError(f"{path} cannot be read ({err.strerror or err}); check its permissions.") from err
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[:err.start].count(b"\n") + 1
+        raise LayersimError(f"{path} is not UTF-8 text (byte 0x{data[err.start]:02x} on line {line}); "
+                            "save it as UTF-8.") from err
+
+
+def _parse_yaml(path: Path, text: str) -> Any:
+    """The document as DVC parses it, with repeated keys refused (DVC's parser refuses them too, in a
+    message without the key's path)."""
+    from ruamel.yaml import YAMLError
+
+    try:
+        repeated = _repeated_key(_yaml().compose(text))
+        if repeated:
+            raise LayersimError(f"{path}: {repeated}.")
+        return _yaml().load(text)
+    except YAMLError as err:
         mark, problem = getattr(err, "problem_mark", None), getattr(err, "problem", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         detail = problem or str(err).splitlines()[0]
         raise LayersimError(f"{path} is not valid YAML ({detail}{where}).") from err
-    if repeated:
-        raise LayersimError(f"{path}: {repeated}.")
+    except RecursionError as err:
+        raise LayersimError(f"{path} nests too deeply to read (hundreds of levels); params.yaml needs at most "
+                            "three (section, key, list).") from err
+    except ValueError as err:  # an integer of more than 4,300 digits: Python's int conversion limit
+        detail = "an integer with thousands of digits" if "digits" in str(err) else str(err).splitlines()[0]
+        raise LayersimError(f"{path} has a value that cannot be read ({detail}); no params value needs more "
+                            "than a few digits.") from err
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Read and validate params.yaml."""
+    path = Path(path)
+    raw = _parse_yaml(path, _read_text(path))
     try:
         return parse_params(raw)
     except LayersimError as err:
@@ -549,3 +645,6 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         if path.name != "params.yaml" and message.startswith("params.yaml"):
             raise LayersimError(f"{path}{message[len('params.yaml'):]}") from None
         raise
+    except RecursionError as err:
+        raise LayersimError(f"{path} nests too deeply to check (hundreds of levels); params.yaml needs at most "
+                            "three (section, key, list).") from err
