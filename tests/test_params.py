@@ -536,3 +536,15 @@ def test_a_leading_zero_is_decimal_as_in_dvc(tmp_path: Path) -> None:
                     "finetune: {max_steps: 010, warmup_steps: 02, eval_every: 0, max_length: 064}\n")
     params = load_params(path)
     assert (params.finetune.max_steps, params.finetune.warmup_steps, params.finetune.max_length) == (10, 2, 64)
+
+
+def test_validating_params_imports_no_torch() -> None:
+    """Every stage validates params.yaml first; that must not pay torch's seconds of import."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from layersim.params import load_params; load_params('params.yaml'); "
+            "print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                            capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

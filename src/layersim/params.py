@@ -402,8 +402,7 @@ def _check_models(key: str, value: Any) -> tuple[str, ...]:
 
 
 def _align_method_names() -> tuple[tuple[str, ...], bool]:
-    from layersim.align import MAPS
-    return tuple(MAPS), False
+    return ALIGN_METHODS, False  # not layersim.align.MAPS: reading params imports no torch
 
 
 def _measure_names() -> tuple[tuple[str, ...], bool]:
