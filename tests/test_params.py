@@ -516,12 +516,12 @@ def test_params_are_read_exactly_as_dvc_reads_them(scalar: str, tmp_path: Path) 
     DVC records what its own parser reads, so the stages must read the same value."""
     import math
 
-    from dvc.utils.serialize import parse_yaml
+    from dvc.utils.serialize import parse_yaml as dvc_parse_yaml
 
-    from layersim.params import _parse_yaml
+    from layersim.params import parse_yaml
 
     text = f"value: {scalar}\nlist: [{scalar}]\n"
-    ours, dvcs = _parse_yaml(tmp_path / "p.yaml", text), parse_yaml(text, "p.yaml")
+    ours, dvcs = parse_yaml(tmp_path / "p.yaml", text), dvc_parse_yaml(text, "p.yaml")
     assert type(ours["value"]) is type(dvcs["value"])
     if isinstance(ours["value"], float) and math.isnan(ours["value"]):
         assert math.isnan(dvcs["value"])
@@ -548,3 +548,23 @@ def test_validating_params_imports_no_torch() -> None:
     result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
                             capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_docs_params_md_is_generated_from_the_schema() -> None:
+    """docs/params.md is what `python -m layersim.params` prints: regenerate it after changing a key."""
+    from layersim.params import describe
+
+    assert (REPO / "docs" / "params.md").read_text() == describe()
+
+
+def test_every_key_of_params_yaml_is_declared_with_a_doc() -> None:
+    """One place per key: the repository's params.yaml has exactly the declared keys, each with a doc."""
+    import dataclasses
+
+    from layersim.params.schema import SECTIONS
+
+    document = yaml.safe_load((REPO / "params.yaml").read_text())
+    for name, cls in SECTIONS.items():
+        declared = {spec.name: spec for spec in dataclasses.fields(cls)}
+        assert set(document[name]) == set(declared), name
+        assert all(spec.metadata["doc"] for spec in declared.values())

@@ -1,0 +1,50 @@
+"""docs/params.md, generated from the declarations in :mod:`layersim.params.schema`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from layersim.params.schema import SECTIONS
+
+
+def _default(value) -> str:
+    if isinstance(value, tuple):
+        return "[" + ", ".join(map(str, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_default(v)}" for k, v in value.items()) + "}"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def _accepts(spec: dataclasses.Field) -> str:
+    meta, annotation = spec.metadata, str(spec.type)
+    names = meta.get("names")
+    if meta.get("check") is not None:
+        return "see the doc"
+    if annotation == "bool":
+        return "true or false"
+    if names is not None:
+        listed = names()[0] if callable(names) else names
+        return ("one of " if annotation == "str" else "a list from ") + ", ".join(listed)
+    kind = "number" if annotation.startswith("float") else "integer"
+    says = [bound.says.format(kind=kind) for bound in meta.get("bounds", ())]
+    text = "; ".join(says) if says else f"a {kind}"
+    return text + ("; or null" if "None" in annotation else "")
+
+
+def describe() -> str:
+    """Markdown: one table per section, one row per key (default, what it accepts, what it does)."""
+    lines = ["# params.yaml keys", "",
+             "Generated from `src/layersim/params/schema.py` by `python -m layersim.params > docs/params.md`; "
+             "a test keeps it current. `model`, `tasks` and `seeds` are described in params.yaml itself.", ""]
+    for name, cls in SECTIONS.items():
+        lines += [f"## {name}", "", "| key | default | accepts | what it does |", "|---|---|---|---|"]
+        for spec in dataclasses.fields(cls):
+            default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
+            doc = spec.metadata["doc"].replace("|", "\\|")
+            lines.append(f"| `{spec.name}` | `{_default(default)}` | {_accepts(spec)} | {doc} |")
+        lines.append("")
+    return "\n".join(lines)

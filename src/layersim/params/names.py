@@ -1,0 +1,52 @@
+"""Names in params.yaml that come from a registry: the model, the tasks, compare.models."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from layersim.errors import LayersimError
+from layersim.models import MODELS, get_model
+from layersim.params.rules import fail, repeated, shown
+from layersim.tasks import TASKS, get_task
+
+
+def known_name(key: str, value: Any, kind: str, lookup, valid, hint: str = "", entry: bool = False) -> Any:
+    """`lookup(value)` (a registry's get_*); an unknown name is an error that names the params key (of
+    which the value is an `entry` of a list, or the whole value), the value, a close registry name if
+    there is one, and every valid name."""
+    try:
+        return lookup(value)
+    except LayersimError:
+        pass
+    close = difflib.get_close_matches(value, list(valid), n=1) if isinstance(value, str) else []
+    mean = f" (did you mean {close[0]!r}?)" if close else ""
+    what = f"{key} has {shown(value)}, which" if entry else f"{key} = {shown(value)}"
+    raise LayersimError(f"params.yaml: {what} is not a known {kind}{mean}; valid {kind}s are: "
+                        f"{', '.join(sorted(valid))}{hint}.")
+
+
+def check_model(key: str, name: Any, entry: bool = False):
+    return known_name(key, name, "model", get_model, MODELS, " (or a Hugging Face hub id written owner/name)", entry)
+
+
+def check_task(key: str, name: Any) -> None:
+    known_name(key, name, "task", get_task, TASKS, entry=True)
+
+
+def weights(name: str) -> str:
+    """What identifies a model's weights: its hub id when it has one, so that a registry name and the hub
+    id it stands for count as the same model."""
+    spec = get_model(name)
+    return spec.hub_id or spec.name
+
+
+def check_models(key: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise fail(key, value, "a list of model names (registry names or owner/name hub ids)")
+    for name in value:
+        check_model(key, name, entry=True)
+    same = repeated([weights(name) for name in value])
+    if same is not None:
+        raise fail(key, value, f"a list without repeated models ({same!r} is given twice)")
+    return tuple(value)

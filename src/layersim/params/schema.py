@@ -1,0 +1,207 @@
+"""Every key of params.yaml, declared once: its type, default, range, allowed names and doc.
+
+One dataclass per section; each field is a :func:`~layersim.params.rules.knob`. The numbers below are
+the paper configuration of Phang et al. (2021) where it fixes them. `docs/params.md` is generated from
+these declarations (`python -m layersim.params`), and a test keeps it current.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from layersim.params.rules import (FRACTION, NON_NEGATIVE, POSITIVE, SEED, TOLERANCE, Bound, at_least, at_most,
+                                   check_names, knob)
+
+# First token, mean of tokens, last sub-word of the last word: one row per (example, choice); "tokens":
+# one row per word, its last sub-word (Wu et al.; layersim.words).
+POOLINGS = ("cls", "mean", "last", "tokens")
+EXAMPLE_POOLINGS = ("cls", "mean", "last")  # one row per (example, choice): what align can map
+LOCALIZATIONS = ("raw", "zscore")  # Wu et al.'s raw difference of means, or each series z-scored first
+# The default align.methods: every map of layersim.align.MAPS (checked by a test; spelled out here so
+# that reading params does not import torch).
+ALIGN_METHODS = ("linear", "cca", "svcca", "pwcca", "inn", "mlp")
+# Which measures run on which points, by pooling. Phang et al. compare the CLS vectors of the validation
+# examples with linear CKA; Wu et al.'s measures use one point per word (pooling "tokens").
+DEFAULT_MEASURES = {"cls": ("linear_cka",), "tokens": ("linear_cka", "svcca", "pwcca", "neuronsim")}
+
+MIN_MAX_LENGTH = 8     # room for the special tokens of a sentence pair and some text; below it tokenizers
+                       # silently stop truncating
+# With fewer examples there is nothing to estimate: a metric over one example, a similarity of two
+# points, a null from a handful of permutations of them.
+MIN_EXAMPLES = 10
+_STEPS, _EXAMPLES, _BATCH, _WIDTH = 10**8, 10**8, 2**16, 2**16
+ENOUGH = at_least(MIN_EXAMPLES, "fewer examples leave nothing to compare or score")
+ROOM = Bound(lambda v: v >= MIN_MAX_LENGTH, f"an integer of at least {MIN_MAX_LENGTH} (the special tokens need room)")
+EXAMPLES = at_most(_EXAMPLES, "examples of a task")
+STEPS = at_most(_STEPS, "training steps")
+BATCH = at_most(_BATCH, "examples per batch")
+
+
+def _measure_names() -> tuple[tuple[str, ...], bool]:
+    from layersim.similarity import MEASURES  # NumPy/SciPy only
+    return tuple(MEASURES), False
+
+
+def _attention_measure_names() -> tuple[tuple[str, ...], bool]:
+    from layersim.similarity import HEAD_MEASURES, MEASURES
+    return tuple(HEAD_MEASURES) + tuple(MEASURES), True
+
+
+def _models(key: str, value):
+    from layersim.params.names import check_models
+    return check_models(key, value)
+
+
+def _measures_by_pooling(key: str, value) -> dict[str, tuple[str, ...]]:
+    """similarity.measures: a mapping of pooling → non-empty list of measure names."""
+    from layersim.errors import LayersimError
+    from layersim.params.rules import fail, shown
+
+    if not isinstance(value, dict) or not value:
+        raise fail(key, value, f"a mapping of poolings ({', '.join(POOLINGS)}) to lists of measures, e.g. "
+                               "{cls: [linear_cka], tokens: [linear_cka, svcca]}")
+    measures = {}
+    for pooling, names in value.items():
+        if pooling not in POOLINGS:
+            raise LayersimError(f"params.yaml: {key} has the pooling {shown(pooling)}, which is invalid; each key "
+                                f"must be one of {', '.join(POOLINGS)}.")
+        measures[pooling] = check_names(f"{key}.{pooling}", names, *_measure_names())
+    return measures
+
+
+@dataclass(frozen=True)
+class DownloadParams:
+    max_train_examples: int | None = knob(None, "training examples kept per task (null: all)", POSITIVE,
+                                          EXAMPLES, ENOUGH)
+    max_validation_examples: int | None = knob(None, "validation examples kept per task (null: all)", POSITIVE,
+                                               EXAMPLES, ENOUGH)
+    generated_train_examples: int = knob(2000, "size of the built-in synth-* tasks: training", POSITIVE,
+                                         at_most(10**7, "examples of a generated task"), ENOUGH)
+    generated_validation_examples: int = knob(500, "size of the built-in synth-* tasks: validation", POSITIVE,
+                                              at_most(10**7, "examples of a generated task"), ENOUGH)
+    generated_seed: int = knob(0, "seed of the generated tasks", SEED)
+
+
+@dataclass(frozen=True)
+class FinetuneParams:
+    batch_size: int = knob(4, "examples per step (Phang et al. §2: Adam, batch 4)", POSITIVE,
+                           at_most(_BATCH, "examples per step"))
+    learning_rate: float = knob(1e-5, "peak learning rate (Phang: 1e-5)", POSITIVE)
+    warmup_steps: int = knob(1000, "linear warm-up steps, then linear decay (Phang: 1,000)", NON_NEGATIVE, STEPS)
+    max_steps: int = knob(10000, "training steps (Phang: 10,000)", POSITIVE,
+                          at_most(_STEPS, "training steps, 10,000 times the papers' 10,000"))
+    weight_decay: float = knob(0.0, "AdamW weight decay", NON_NEGATIVE)
+    max_length: int = knob(256, "tokens per (example, choice), special tokens included; longer inputs are "
+                                "truncated; at most what the model's position embeddings hold", POSITIVE,
+                           at_most(2**16, "tokens per input"), ROOM)
+    eval_every: int = knob(1000, "steps between validation evaluations, at most max_steps (0: only at the end)",
+                           NON_NEGATIVE, STEPS)
+    eval_batch_size: int = knob(32, "examples per evaluation batch", POSITIVE, BATCH)
+    checkpoint_every: int = knob(500, "steps between resumable training states (0, or any value >= max_steps: "
+                                      "never); changing it reruns nothing", NON_NEGATIVE, STEPS)
+
+
+@dataclass(frozen=True)
+class ExtractParams:
+    poolings: tuple[str, ...] = knob(POOLINGS, "which points are extracted: cls, mean, last (one row per example "
+                                               "and choice), tokens (one row per word)", names=POOLINGS)
+    batch_size: int = knob(32, "examples per forward pass", POSITIVE, BATCH)
+    max_examples: int | None = knob(None, "validation examples per task (null: all)", POSITIVE, EXAMPLES, ENOUGH)
+    max_train_examples: int | None = knob(10000, "train examples whose activations train truncate's fresh heads "
+                                                 "(null: all)", POSITIVE, EXAMPLES, ENOUGH)
+    attention_examples: int = knob(100, "validation examples whose attention maps are kept (0: none)", NON_NEGATIVE,
+                                   at_most(10**5, "attention maps are stored per example, layer and head"))
+    max_tokens: int = knob(20000, "tokens pooling: word rows per task (validation), the first words in order",
+                           POSITIVE, at_most(10**7, "word rows per task"), ENOUGH)
+
+
+@dataclass(frozen=True)
+class SimilarityParams:
+    measures: dict[str, tuple[str, ...]] = knob(DEFAULT_MEASURES, "pooling → the measures run on its points",
+                                                check=_measures_by_pooling)
+    attention_measures: tuple[str, ...] = knob(("jensen_shannon",), "head-level measures of attention maps, or an "
+                                                                    "array measure over heads",
+                                               names=_attention_measure_names)
+    permutations: int = knob(100, "permutation null per cell (linear CKA: exact moments instead)", POSITIVE,
+                             at_most(10**5, "permutations per cell; 10,000 resolve p = 0.0001"))
+    significance: float = knob(0.05, "cells whose null p-value is at least this are hatched", FRACTION)
+    bootstrap: int = knob(200, "resamples of the examples for the diagonals' 95% intervals (0: none)",
+                          NON_NEGATIVE, at_most(10**5, "resamples; 10,000 give stable 95% intervals"))
+    chance_adjusted: bool = knob(False, "also report (value − null mean) / (1 − null mean)")
+    seed: int = knob(0, "seed of the permutations and bootstrap resamples", SEED)
+    localization: str = knob("raw", "Wu et al.'s raw difference of means, or zscore: each series z-scored first",
+                             names=LOCALIZATIONS)
+    rbf_sigma_scale: float = knob(1.0, "RBF CKA bandwidth: this × the median pairwise distance", POSITIVE)
+    svcca_variance: float = knob(0.99, "SVCCA keeps the directions explaining this share of variance", FRACTION)
+    pwcca_variance: float | None = knob(0.99, "the same cut for PWCCA, Wu et al.'s pwsim (null: every direction)",
+                                        FRACTION)
+
+    @property
+    def poolings(self) -> tuple[str, ...]:
+        return tuple(self.measures)
+
+
+@dataclass(frozen=True)
+class CompareParams:
+    models: tuple[str, ...] = knob((), "other encoders (pretrained) compared with `model` on the same inputs",
+                                   check=_models)
+    probe_examples: int = knob(100, "validation examples of each task that every compared model encodes", POSITIVE,
+                               at_most(10**6, "examples every compared model encodes"), ENOUGH)
+
+
+@dataclass(frozen=True)
+class TruncateParams:
+    head_epochs: int = knob(20, "epochs of the fresh heads (Tuned, TunedOrig) on cached CLS activations", POSITIVE,
+                            at_most(10**4, "epochs over the cached activations"))
+    head_learning_rate: float = knob(1e-3, "learning rate of the fresh heads", POSITIVE)
+    head_batch_size: int = knob(64, "examples per step of the fresh heads", POSITIVE,
+                                at_most(_BATCH, "examples per step"))
+    head_weight_decay: float = knob(0.0, "weight decay of the fresh heads", NON_NEGATIVE)
+    tolerance: float = knob(0.01, "\"within 1 point\" of the full model, on the metric's 0–1 scale", TOLERANCE)
+
+
+@dataclass(frozen=True)
+class SkipParams:
+    tolerance: float = knob(0.01, "a span is cheap if skipping it costs at most this much", TOLERANCE)
+
+
+@dataclass(frozen=True)
+class AlignParams:  # Ren et al. 2023; see layersim.align
+    pooling: str = knob("mean", "the per-example points mapped (Ren §3.1: mean-pooled)", names=EXAMPLE_POOLINGS)
+    methods: tuple[str, ...] = knob(ALIGN_METHODS, "the maps fitted", names=ALIGN_METHODS)
+    ridge: float = knob(0.0, "linear: ridge penalty on standardised features", NON_NEGATIVE)
+    svcca_variance: float = knob(0.99, "svcca: share of variance the kept directions explain", FRACTION)
+    inn_depth: int = knob(4, "inn: affine coupling blocks", POSITIVE, at_most(256, "coupling blocks"))
+    inn_hidden: int = knob(256, "inn: width of each block's scale/translation network", POSITIVE,
+                           at_most(_WIDTH, "units per layer"))
+    mlp_depth: int = knob(2, "mlp: hidden layers", POSITIVE, at_most(256, "hidden layers"))
+    mlp_hidden: int = knob(512, "mlp: units per hidden layer", POSITIVE, at_most(_WIDTH, "units per layer"))
+    steps: int = knob(600, "inn and mlp: Adam steps (5% warm-up, cosine decay)", POSITIVE,
+                      at_most(10**7, "optimiser steps"))
+    learning_rate: float = knob(1e-3, "inn and mlp: peak learning rate", POSITIVE)
+    batch_size: int = knob(256, "inn and mlp: examples per step", POSITIVE, at_most(_BATCH, "examples per step"))
+    matrix_steps: int = knob(200, "INN steps per cell of the layer × layer matrix (L² fits)", POSITIVE,
+                             at_most(10**6, "optimiser steps per cell of the layer × layer matrix"))
+    synthetic_scale: float = knob(0.5, "weight scale of the random INN to recover: how non-linear it is", POSITIVE)
+    seed: int = knob(0, "seed of the maps' initialisation and batches", SEED)
+
+
+@dataclass(frozen=True)
+class Params:
+    model: str
+    tasks: tuple[str, ...]
+    seeds: tuple[int, ...]
+    download: DownloadParams = field(default_factory=DownloadParams)
+    finetune: FinetuneParams = field(default_factory=FinetuneParams)
+    extract: ExtractParams = field(default_factory=ExtractParams)
+    similarity: SimilarityParams = field(default_factory=SimilarityParams)
+    compare: CompareParams = field(default_factory=CompareParams)
+    truncate: TruncateParams = field(default_factory=TruncateParams)
+    skip: SkipParams = field(default_factory=SkipParams)
+    align: AlignParams = field(default_factory=AlignParams)
+
+
+SECTIONS = {"download": DownloadParams, "finetune": FinetuneParams, "extract": ExtractParams,
+            "similarity": SimilarityParams, "compare": CompareParams, "truncate": TruncateParams,
+            "skip": SkipParams, "align": AlignParams}
+TOP_LEVEL = ("model", "tasks", "seeds", *SECTIONS)

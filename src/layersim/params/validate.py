@@ -1,0 +1,163 @@
+"""Validation of a parsed params.yaml document: the top-level keys, each section against its declaration
+(:mod:`layersim.params.schema`), and the rules that tie keys of different sections (or the model) together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any
+
+from layersim.errors import LayersimError
+from layersim.params.names import check_model, check_task, weights
+from layersim.params.rules import MAX_SEED, check_value, fail, repeated, shown
+from layersim.params.schema import SECTIONS, TOP_LEVEL, Params
+from layersim.tasks import get_task
+
+# Longest input (special tokens included) that the position embeddings of the registry models whose
+# config is known offline can encode: the tiny configs have 130 positions, and RoBERTa's start after
+# the padding index (0 with the MiniLM tokenizer the tiny models use); all-MiniLM-L6-v2 has 512.
+# tests/test_params.py checks these against the real models. Hub models are not known offline.
+MODEL_MAX_LENGTH = {"tiny-bert": 130, "tiny-albert": 130, "tiny-electra": 130, "tiny-roberta": 129,
+                    "minilm-l6": 512}
+
+# Width of the registry models' layers (tests/test_params.py checks the offline ones against the real
+# models; the hub ones are their published configs), for checks of measures against the sizes.
+MODEL_HIDDEN_SIZE = {"tiny-bert": 32, "tiny-albert": 32, "tiny-electra": 32, "tiny-roberta": 32, "minilm-l6": 384,
+                     "roberta-base": 768, "electra-base": 768, "bert-base-uncased": 768, "albert-large-v2": 1024}
+
+
+def _suggestion(section: str | None, key: Any) -> str:
+    """' (did you mean …?)' for a mistyped key: a close match in its own section (or among the top-level
+    keys), else the same key in another section; '' when nothing fits."""
+    own = [f.name for f in dataclasses.fields(SECTIONS[section])] if section else list(TOP_LEVEL)
+    close = difflib.get_close_matches(str(key), own, n=1)
+    if close:
+        return f" (did you mean {section + '.' if section else ''}{close[0]}?)"
+    elsewhere = [f"{name}.{key}" for name, cls in SECTIONS.items()
+                 if name != section and key in {f.name for f in dataclasses.fields(cls)}]
+    return f" (did you mean {' or '.join(elsewhere)}?)" if elsewhere else ""
+
+
+# Keys of earlier versions of params.yaml → what replaced them.
+_RENAMED = {"similarity.poolings": "the poolings are the keys of similarity.measures, e.g. "
+                                   "measures: {cls: [linear_cka], tokens: [linear_cka, svcca]}"}
+
+
+def _build_section(name: str, cls: type, raw: Any) -> Any:
+    if raw is None:  # `finetune:` with nothing under it, like a missing section, takes every default
+        raw = {}
+    if not isinstance(raw, dict):
+        raise fail(name, raw, "a mapping of keys to values")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [key for key in raw if key not in fields]
+    if unknown:
+        key = unknown[0]
+        if f"{name}.{key}" in _RENAMED:
+            raise LayersimError(f"params.yaml: {name}.{key} is no longer a key; {_RENAMED[f'{name}.{key}']}.")
+        raise LayersimError(f"params.yaml: unknown key '{name}.{str(key)[:100]}'{_suggestion(name, key)}; valid keys of "
+                            f"{name} are: {', '.join(fields)}.")
+    return cls(**{key: check_value(f"{name}.{key}", fields[key], value) for key, value in raw.items()})
+
+
+def parse_params(raw: Any) -> Params:
+    """Validate a parsed params.yaml document and return typed params."""
+    if not isinstance(raw, dict):
+        empty = " (an empty document)" if raw is None else ""
+        raise LayersimError(f"params.yaml must be a mapping of sections, got {type(raw).__name__}{empty}.")
+    unknown = [key for key in raw if key not in TOP_LEVEL]
+    if unknown:
+        raise LayersimError(f"params.yaml: unknown key {shown(unknown[0])}{_suggestion(None, unknown[0])}; valid "
+                            f"top-level keys are: {', '.join(sorted(TOP_LEVEL))}.")
+    for key in ("model", "tasks", "seeds"):
+        if key not in raw:
+            raise LayersimError(f"params.yaml: the key {key!r} is missing.")
+    model = raw["model"]
+    if not isinstance(model, str):
+        raise fail("model", model, "a single model name (a scalar, not a list)")
+    check_model("model", model)
+    tasks, seeds = raw["tasks"], raw["seeds"]
+    if not isinstance(tasks, list) or not tasks or not all(isinstance(task, str) for task in tasks):
+        raise fail("tasks", tasks, "a non-empty list of task names")
+    for task in tasks:
+        check_task("tasks", task)
+    same = repeated(tasks)
+    if same is not None:
+        raise fail("tasks", tasks, f"a list without repeated names ({same!r} is given twice)")
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                                           for s in seeds):
+        raise fail("seeds", seeds, "a non-empty list of non-negative integers")
+    if max(seeds) > MAX_SEED:
+        raise fail("seeds", seeds, f"a list of integers from 0 to {MAX_SEED}")
+    same = repeated(seeds)
+    if same is not None:
+        raise fail("seeds", seeds, f"a list without repeated seeds ({same} is given twice)")
+    sections = {name: _build_section(name, cls, raw.get(name)) for name, cls in SECTIONS.items()}
+    _check_across_sections(model, {**sections, "tasks": tasks})
+    return Params(model=model, tasks=tuple(tasks), seeds=tuple(seeds), **sections)
+
+
+def _check_across_sections(model: str, sections: dict[str, Any]) -> None:
+    """Rules that tie keys of different sections (or the model) together."""
+    finetune, extract, similarity = sections["finetune"], sections["extract"], sections["similarity"]
+    compare, align = sections["compare"], sections["align"]
+    if finetune.warmup_steps >= finetune.max_steps:
+        raise LayersimError(f"params.yaml: finetune.warmup_steps = {finetune.warmup_steps} must be smaller than "
+                            f"finetune.max_steps = {finetune.max_steps}.")
+    if finetune.eval_every > finetune.max_steps:
+        raise LayersimError(f"params.yaml: finetune.eval_every = {finetune.eval_every} is larger than "
+                            f"finetune.max_steps = {finetune.max_steps}; it must be at most max_steps, or 0 to "
+                            "evaluate only at the end.")
+    # finetune.checkpoint_every >= max_steps is allowed: like 0, it saves no intermediate state.
+    for name, where in [(model, "model"), *((other, "of compare.models") for other in compare.models)]:
+        limit = MODEL_MAX_LENGTH.get(name)
+        if limit is not None and finetune.max_length > limit:
+            described = f"model {name!r}" if where == "model" else f"{name!r} {where}"
+            raise LayersimError(f"params.yaml: finetune.max_length = {finetune.max_length} is too long for "
+                                f"{described}; it must be at most {limit}, the tokens its position embeddings hold.")
+    missing = [q for q in similarity.poolings if q not in extract.poolings]
+    if missing:
+        raise LayersimError(f"params.yaml: similarity.measures has the pooling {missing[0]!r}, which is not among "
+                            f"extract.poolings = {list(extract.poolings)}; extract it or pick one of those.")
+    if similarity.attention_measures and not extract.attention_examples:
+        raise LayersimError(f"params.yaml: similarity.attention_measures = {list(similarity.attention_measures)} needs "
+                            "attention maps, but extract.attention_examples = 0; set it above 0 or use [].")
+    if align.pooling not in extract.poolings:
+        raise LayersimError(f"params.yaml: align.pooling = {align.pooling!r} is not among "
+                            f"extract.poolings = {list(extract.poolings)}; extract it or pick one of those.")
+    if weights(model) in {weights(name) for name in compare.models}:
+        raise LayersimError(f"params.yaml: compare.models = {list(compare.models)} repeats model = {model!r}; "
+                            "list only the other encoders to compare with it.")
+    if "cls" not in extract.poolings:
+        raise LayersimError(f"params.yaml: extract.poolings = {list(extract.poolings)} must include 'cls'; "
+                            "the truncate stage trains its fresh heads on CLS activations.")
+    _check_measure_sizes(model, sections)
+
+
+def _check_measure_sizes(model: str, sections: dict[str, Any]) -> None:
+    """Refuse a measure that cannot run on the sizes the similarity stage will see, where params fix them:
+    the model's width, and at most this many rows per task for the per-example poolings (the built-in
+    tasks' size, or extract.max_examples), times the choices of a multiple-choice task."""
+    from layersim.similarity import check_computable
+
+    width = MODEL_HIDDEN_SIZE.get(model)
+    download, extract, similarity = sections["download"], sections["extract"], sections["similarity"]
+    if width is None:
+        return
+    for task in sections["tasks"]:
+        spec = get_task(task)
+        known = [size for size in (extract.max_examples,
+                                   download.generated_validation_examples if spec.hub is None else None)
+                 if size is not None]
+        if not known:
+            continue
+        rows = min(known) * max(1, spec.num_choices)
+        for pooling, measures in similarity.measures.items():
+            for measure in measures if pooling != "tokens" else ():
+                try:
+                    check_computable(measure, rows, width)
+                except LayersimError as err:
+                    raise LayersimError(f"params.yaml: similarity.measures.{pooling} has {measure!r}, which cannot run "
+                                        f"on task {task!r} with model {model!r}: {err}") from None
+
+
