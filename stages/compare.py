@@ -7,7 +7,7 @@ from pathlib import Path
 
 from layersim import cli
 from layersim.batching import encode_task
-from layersim.comparisons import attention_measure_label, number
+from layersim.comparisons import attention_maps, attention_measure_label, number
 from layersim.extract import Pooled, concatenate_pooled, extract_attention, models_for_pooling, pooled_layers
 from layersim.io import AttentionTable, atomic_path, read_task_table, write_figure, write_json
 from layersim.models import load_encoder, load_tokenizer
@@ -43,7 +43,7 @@ def probe_attention(folder: Path, params, task_dirs: dict[str, Path], device, sc
     path = scratch / f"{folder.name}.attention.parquet"
     extract_attention(load_encoder(folder), tokenizer, encode_task(table, spec, tokenizer, params.finetune.max_length),
                       path, {"run": folder.name, "task": task}, params.extract.batch_size, device)
-    return AttentionTable(path).maps()
+    return attention_maps(AttentionTable(path))
 
 
 def main(args, params):

@@ -12,7 +12,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from layersim import cli
-from layersim.comparisons import per_layer, stacked_matrix, stream_linear_cka, stream_rows, streamed_linear_cka
+from layersim.comparisons import (attention_maps, per_layer, stacked_matrix, stream_linear_cka, stream_rows,
+                                  streamed_linear_cka)
 from layersim.io import ActivationTable, AttentionTable, atomic_path, write_figure, write_json
 from layersim.similarity import check_computable
 from layersim.similarity_report import localization_report, phang_report, settings
@@ -100,7 +101,7 @@ def write_outputs(args, params, plots: Path, localization_dir: Path, diagonals: 
                   for run in labels}
         for table in tables.values():
             tables["orig"].check_comparable(table)
-        models = {labels[run]: table.maps() for run, table in tables.items()}
+        models = {labels[run]: attention_maps(table) for run, table in tables.items()}
         report = phang_report({label: len(maps) for label, maps in models.items()},
                               lambda measure: stacked_matrix(measure, models, **options.get(measure, {})),
                               p.attention_measures, f"attention maps — {model} on {args.task}", first_layer=1,

@@ -25,6 +25,7 @@ from layersim.params import (
     load_params,
     parse_params,
 )
+from layersim.measure_sizes import check_measure_sizes
 from layersim.tasks import PAPER_TASKS
 
 REPO = Path(__file__).parents[1]
@@ -353,6 +354,13 @@ def test_default_align_methods_are_every_registered_map() -> None:
     assert ALIGN_METHODS == tuple(MAPS)
 
 
+def test_measure_names_are_the_registries() -> None:
+    from layersim.params.schema import HEAD_MEASURE_NAMES, MEASURE_NAMES
+    from layersim.similarity import HEAD_MEASURES, MEASURES
+
+    assert (MEASURE_NAMES, HEAD_MEASURE_NAMES) == (tuple(MEASURES), tuple(HEAD_MEASURES))
+
+
 @pytest.mark.parametrize("section,values,expected", [
     ("align", {"methods": ["linear", "flow"]}, ["align.methods", "'flow'", "inn", "mlp", "svcca"]),
     ("align", {"pooling": "max"}, ["align.pooling", "'max'", "mean"]),
@@ -412,13 +420,13 @@ def test_a_measure_that_cannot_run_on_the_known_sizes_is_refused_at_validation()
     with pytest.raises(LayersimError, match=r"similarity.measures.cls has 'mixedsim', which cannot run on task "
                                             r"'synth-negation' with model 'tiny-bert': mixedsim cannot be computed "
                                             r"on n = 30 examples"):
-        parse_params(doc)
+        check_measure_sizes(parse_params(doc))
     doc["download"]["generated_validation_examples"] = 40
-    assert parse_params(doc).similarity.measures == {"cls": ("mixedsim",)}
+    check_measure_sizes(parse_params(doc))
     doc["similarity"]["measures"] = {"tokens": ["mixedsim"]}  # words: how many is known only after extraction
     doc["download"]["generated_validation_examples"] = 30
     doc["extract"]["poolings"] = ["cls", "mean", "tokens"]
-    assert parse_params(doc).similarity.measures == {"tokens": ("mixedsim",)}
+    check_measure_sizes(parse_params(doc))
 
 
 @pytest.mark.parametrize("name", sorted(MODEL_MAX_LENGTH))
@@ -544,7 +552,7 @@ def test_validating_params_imports_no_torch() -> None:
     import sys
 
     code = ("import sys; from layersim.params import load_params; load_params('params.yaml'); "
-            "print(sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'transformers', 'datasets', 'layersim.similarity') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
                             capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

@@ -21,7 +21,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
-def run_stage(main: Callable[[argparse.Namespace, Params], None], args: argparse.Namespace) -> None:
+def run_stage(main: Callable[[argparse.Namespace, Params], None], args: argparse.Namespace, *,
+              quiet_transformers: bool = True) -> None:
     """Validate params.yaml, then run `main`; a LayersimError becomes one line on stderr and exit code 1.
 
     Validation comes first, before any library set-up, so that bad params fail before the stage reads
@@ -29,14 +30,12 @@ def run_stage(main: Callable[[argparse.Namespace, Params], None], args: argparse
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     try:
         params = load_params(args.params)
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        try:
+        if quiet_transformers:  # seconds of import: only for the stages that load models
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
             import transformers
 
             transformers.logging.set_verbosity_error()
             transformers.logging.disable_progress_bar()
-        except ImportError:  # pragma: no cover - transformers is a dependency
-            pass
         main(args, params)
     except LayersimError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -308,3 +308,8 @@ def summarize(comparisons: Sequence[Comparison], first_layer: int = 0, *, adjust
             entry["ci_low"], entry["ci_high"] = (per_layer(bound, first_layer) for bound in c.interval)
         summary[c.key] = entry
     return summary
+
+
+def attention_maps(table) -> list[AttentionMaps]:
+    """Every layer's attention in an :class:`layersim.io.AttentionTable`, layers 1 … L."""
+    return [AttentionMaps(table.layer(k), table.row_starts, table.example_starts) for k in range(1, table.num_layers + 1)]

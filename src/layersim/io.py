@@ -602,13 +602,6 @@ class AttentionTable:
                                 "that and re-run the extract stage.")
         return weights
 
-    def maps(self) -> list:
-        """Every layer's attention as :class:`layersim.similarity.AttentionMaps`, layers 1 … L."""
-        from layersim.similarity import AttentionMaps
-
-        return [AttentionMaps(self.layer(k), self.row_starts, self.example_starts)
-                for k in range(1, self.num_layers + 1)]
-
     def check_comparable(self, other: "AttentionTable") -> None:
         if not np.array_equal(self.index, other.index):
             raise LayersimError(f"cannot compare {self.path} and {other.path}: they hold different "

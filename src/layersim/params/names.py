@@ -27,7 +27,16 @@ def known_name(key: str, value: Any, kind: str, lookup, valid, hint: str = "", e
 
 
 def check_model(key: str, name: Any, entry: bool = False):
-    return known_name(key, name, "model", get_model, MODELS, " (or a Hugging Face hub id written owner/name)", entry)
+    if isinstance(name, str) and "/" in name:  # a hub id or local/<folder>: the rule it breaks
+        try:
+            return get_model(name)
+        except LayersimError as err:
+            problem = str(err).removeprefix("model ")  # "'x/y;z' is not a valid Hugging Face hub id: …"
+            if entry:
+                problem = problem.replace(" is not", ", which is not", 1)
+            raise LayersimError(f"params.yaml: {key} {'has' if entry else '='} {problem}") from None
+    return known_name(key, name, "model", get_model, MODELS, " (or a Hugging Face hub id written owner/name, or "
+                                                             "local/<folder> for a folder of models/)", entry)
 
 
 def check_task(key: str, name: Any) -> None:

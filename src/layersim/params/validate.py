@@ -12,7 +12,6 @@ from layersim.errors import LayersimError
 from layersim.params.names import check_model, check_task, weights
 from layersim.params.rules import MAX_SEED, check_value, fail, repeated, shown
 from layersim.params.schema import SECTIONS, TOP_LEVEL, Params
-from layersim.tasks import get_task
 
 # Longest input (special tokens included) that the position embeddings of the registry models whose
 # config is known offline can encode: the tiny configs have 130 positions, and RoBERTa's start after
@@ -131,33 +130,3 @@ def _check_across_sections(model: str, sections: dict[str, Any]) -> None:
     if "cls" not in extract.poolings:
         raise LayersimError(f"params.yaml: extract.poolings = {list(extract.poolings)} must include 'cls'; "
                             "the truncate stage trains its fresh heads on CLS activations.")
-    _check_measure_sizes(model, sections)
-
-
-def _check_measure_sizes(model: str, sections: dict[str, Any]) -> None:
-    """Refuse a measure that cannot run on the sizes the similarity stage will see, where params fix them:
-    the model's width, and at most this many rows per task for the per-example poolings (the built-in
-    tasks' size, or extract.max_examples), times the choices of a multiple-choice task."""
-    from layersim.similarity import check_computable
-
-    width = MODEL_HIDDEN_SIZE.get(model)
-    download, extract, similarity = sections["download"], sections["extract"], sections["similarity"]
-    if width is None:
-        return
-    for task in sections["tasks"]:
-        spec = get_task(task)
-        known = [size for size in (extract.max_examples,
-                                   download.generated_validation_examples if spec.hub is None else None)
-                 if size is not None]
-        if not known:
-            continue
-        rows = min(known) * max(1, spec.num_choices)
-        for pooling, measures in similarity.measures.items():
-            for measure in measures if pooling != "tokens" else ():
-                try:
-                    check_computable(measure, rows, width)
-                except LayersimError as err:
-                    raise LayersimError(f"params.yaml: similarity.measures.{pooling} has {measure!r}, which cannot run "
-                                        f"on task {task!r} with model {model!r}: {err}") from None
-
-
