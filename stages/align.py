@@ -10,7 +10,7 @@ import numpy as np
 from layersim import cli
 from layersim.align import alignment_errors, layer_alignment_matrix, map_representations, synthetic_recovery
 from layersim.injection import injected_score, random_like
-from layersim.io import ActivationTable, atomic_path, read_task_table, run_digests, write_figure, write_json
+from layersim.io import ActivationTable, atomic_path, read_task_table, run_expectations, write_figure, write_json
 from layersim.plots import alignment_error_curves, heatmap_grid, method_bars
 from layersim.tasks import get_task
 from layersim.train import default_device
@@ -46,9 +46,8 @@ def main(args, params):
     pairs.append(("ORIG", "FT[1]"))
     all_options = method_options(p)
     options = {method: values for method, values in all_options.items() if method in p.methods}
-    digests = run_digests(args.checkpoints, params.seeds)
-    expect = {run: {"task": spec.name} | ({"model_digest": digests[run]} if run in digests else {})
-              for run in runs.values()}
+    known = run_expectations(args.checkpoints, params.seeds, args.task_dir)
+    expect = {run: {"task": spec.name, **known[run]} for run in runs.values()}
     # Every run's tables must hold the same rows in the same order: maps are fitted row by row.
     tables = {label: tuple(open_table(args.activations, run, p.pooling, split, expect[run])
                            for split in ("train", "validation")) for label, run in runs.items()}

@@ -7,8 +7,9 @@ from pathlib import Path
 from layersim import cli
 from layersim.batching import encode_task
 from layersim.extract import extract_activations, extract_attention
-from layersim.io import atomic_path, read_task_table
-from layersim.models import load_encoder, load_tokenizer, model_info
+from layersim.errors import LayersimError
+from layersim.io import atomic_path, read_task_table, run_expectations
+from layersim.models import load_encoder, load_tokenizer, verified_info
 from layersim.tasks import get_task
 from layersim.train import default_device
 
@@ -21,10 +22,15 @@ def main(args, params):
     splits = {"validation": (read_task_table(args.task_dir, spec, "validation", p.max_examples), ""),
               "train": (read_task_table(args.task_dir, spec, "train", p.max_train_examples), "train")}
     runs = {"orig": args.pretrained} | {f"seed{s}": args.checkpoints / f"seed{s}" for s in params.seeds}
+    known = run_expectations(args.checkpoints, params.seeds, args.task_dir)  # fine-tuned on these tables
+    task_digest = known["orig"]["task_digest"]
+    if verified_info(args.pretrained)["digest"] != known["orig"]["model_digest"]:
+        raise LayersimError(f"the checkpoints in {args.checkpoints} were not fine-tuned from {args.pretrained}; "
+                            "re-run the finetune stage.")
     device = default_device()
     with atomic_path(args.out, is_dir=True) as tmp:
         for run, folder in runs.items():
-            info = model_info(folder)
+            info = verified_info(folder)
             tokenizer = load_tokenizer(folder)
             encoder = load_encoder(folder)
             for split, (table, subfolder) in splits.items():
@@ -32,7 +38,7 @@ def main(args, params):
                 poolings = [q for q in p.poolings if q != "tokens" or split == "validation"]
                 encoded = encode_task(table, spec, tokenizer, params.finetune.max_length, words="tokens" in poolings)
                 metadata = {"model": params.model, "model_digest": info["digest"], "run": run, "task": spec.name,
-                            "split": split}
+                            "split": split, "task_digest": task_digest}
                 outputs = {q: Path(tmp) / subfolder / f"{run}.{q}.parquet" for q in poolings}
                 extract_activations(encoder, tokenizer, spec, encoded, outputs, metadata, p.batch_size, device,
                                     max_tokens=p.max_tokens)
@@ -41,7 +47,7 @@ def main(args, params):
                 table = read_task_table(args.task_dir, spec, "validation", p.attention_examples)
                 encoded = encode_task(table, spec, tokenizer, params.finetune.max_length)
                 metadata = {"model": params.model, "model_digest": info["digest"], "run": run, "task": spec.name,
-                            "split": "validation"}
+                            "split": "validation", "task_digest": task_digest}
                 extract_attention(encoder, tokenizer, encoded, Path(tmp) / "attention" / f"{run}.parquet", metadata,
                                   p.batch_size, device)
             cli.log.info("read %s, wrote %s.{%s}.parquet", folder, run, ",".join(p.poolings))

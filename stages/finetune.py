@@ -7,7 +7,7 @@ from dvclive import Live
 
 from layersim import cli
 from layersim.batching import encode_task
-from layersim.io import atomic_path, read_task_table, write_json
+from layersim.io import atomic_path, read_task_table, task_tables_digest, write_json
 from layersim.models import load_tokenizer
 from layersim.tasks import get_task
 from layersim.resume import TrainingCheckpoint
@@ -15,6 +15,7 @@ from layersim.train import finetune, run_fingerprint, save_checkpoint
 
 
 def main(args, params):
+    cli.check_separate(args, "out", "metrics", "live", "resume")
     spec = get_task(args.task)
     tokenizer = load_tokenizer(args.pretrained)
     max_length = params.finetune.max_length
@@ -39,7 +40,8 @@ def main(args, params):
                                   resume=resume)
 
     with atomic_path(args.out, is_dir=True) as tmp:
-        save_checkpoint(model, tokenizer, tmp, base_dir=args.pretrained, task=spec.name, seed=args.seed)
+        save_checkpoint(model, tokenizer, tmp, base_dir=args.pretrained, task=spec.name, seed=args.seed,
+                        task_digest=task_tables_digest(args.task_dir))
     write_json({"task": spec.name, "seed": args.seed, "steps": params.finetune.max_steps, **metrics}, args.metrics)
     if resume:
         resume.clear()  # the run is finished: later stages need only the checkpoint

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from layersim import cli
 from layersim.comparisons import (attention_maps, per_layer, stacked_matrix, stream_linear_cka, stream_rows,
                                   streamed_linear_cka)
-from layersim.io import ActivationTable, AttentionTable, atomic_path, write_figure, write_json
+from layersim.io import ActivationTable, AttentionTable, atomic_path, run_expectations, write_figure, write_json
 from layersim.similarity import check_computable
 from layersim.similarity_report import localization_report, phang_report, settings
 
@@ -62,9 +62,11 @@ def write_outputs(args, params, plots: Path, localization_dir: Path, diagonals: 
     labels = run_labels(params.seeds)
     options, uncertainty = settings(p)
     metrics, localization_rows = {}, []
+    known = run_expectations(args.checkpoints, params.seeds)  # the weights the tables must come from
     for pooling, measures in p.measures.items():
         tables = {run: ActivationTable(args.activations / f"{run}.{pooling}.parquet", expect={
-                      "task": args.task, "split": "validation", "run": run, "pooling": pooling}) for run in labels}
+                      "task": args.task, "split": "validation", "run": run, "pooling": pooling, **known[run]})
+                  for run in labels}
         for table in tables.values():
             tables["orig"].check_comparable(table)
         orig = tables["orig"]
@@ -97,7 +99,8 @@ def write_outputs(args, params, plots: Path, localization_dir: Path, diagonals: 
     write_json(localization_rows, localization_dir / "localization.json")
     if p.attention_measures:
         tables = {run: AttentionTable(args.activations / "attention" / f"{run}.parquet",
-                                      expect={"task": args.task, "split": "validation", "run": run})
+                                      expect={"task": args.task, "split": "validation", "run": run,
+                                              "model_digest": known[run]["model_digest"]})
                   for run in labels}
         for table in tables.values():
             tables["orig"].check_comparable(table)
@@ -116,6 +119,7 @@ if __name__ == "__main__":
     parser = cli.parser(__doc__)
     parser.add_argument("--task", required=True)
     parser.add_argument("--activations", type=Path, required=True, help="folder written by the extract stage")
+    parser.add_argument("--checkpoints", type=Path, required=True, help="folder holding seed<k>/ checkpoints")
     parser.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
     parser.add_argument("--plots", type=Path, required=True, help="folder for heatmap PNGs and plot data")
     parser.add_argument("--localization", type=Path, required=True, help="folder for localization curves")

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from layersim import cli
-from layersim.io import read_task_table, write_figure, write_json
+from layersim.io import read_task_table, run_expectations, write_figure, write_json
 from layersim.plots import span_heatmap
 from layersim.tasks import get_task
 from layersim.train import default_device
@@ -16,6 +16,7 @@ from layersim.truncation import full_score, load_for_validation, span_scores, sp
 def main(args, params):
     spec = get_task(args.task)
     table = read_task_table(args.task_dir, spec, "validation", params.extract.max_examples)
+    run_expectations(args.checkpoints, params.seeds, args.task_dir)  # checkpoints verified, on these tables
     batch_size = params.extract.batch_size
     device = default_device()
     full, per_seed = [], []

@@ -8,7 +8,7 @@ import numpy as np
 
 from layersim import cli
 from layersim.heads import HeadParams, majority_baseline
-from layersim.io import ActivationTable, read_task_table, run_digests, write_figure, write_json
+from layersim.io import ActivationTable, read_task_table, run_expectations, write_figure, write_json
 from layersim.plots import truncation_curves
 from layersim.tasks import get_task
 from layersim.train import default_device
@@ -23,11 +23,10 @@ def main(args, params):
                        weight_decay=p.head_weight_decay)
     table = read_task_table(args.task_dir, spec, "validation", params.extract.max_examples)
     device = default_device()
-    digests = run_digests(args.checkpoints, params.seeds)
+    runs = run_expectations(args.checkpoints, params.seeds, args.task_dir)
 
     def cls(run: str, split: str = "validation") -> ActivationTable:
-        expect = {"task": spec.name, "split": split, "run": run, "pooling": "cls"}
-        expect |= {"model_digest": digests[run]} if run in digests else {}
+        expect = {"task": spec.name, "split": split, "run": run, "pooling": "cls", **runs[run]}
         return ActivationTable(args.activations / ("train" if split == "train" else "") / f"{run}.cls.parquet",
                                expect=expect)
 

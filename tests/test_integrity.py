@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -20,14 +21,29 @@ import pytest
 from layersim import io
 from layersim.errors import LayersimError
 from layersim.io import ActivationTable, ActivationWriter, AttentionTable, read_task_table
-from layersim.models import MODEL_INFO_FILE
+from layersim.models import MODEL_INFO_FILE, weights_digest
 from layersim.tasks import generated_table, get_task
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_LAYERS = 2
 HIDDEN = 4
 TASK = "synth-negation"
-DIGESTS = {"orig": "d0" * 32, "seed1": "d1" * 32, "seed2": "d2" * 32}
+
+
+def fake_model_folder(folder: Path, weights: bytes, **info) -> str:
+    """A model folder as far as its integrity checks go (weights bytes, config, info with the digest of its
+    files): the activation tables of these tests come from no real model. Returns the digest."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.safetensors").write_bytes(weights)
+    (folder / "config.json").write_text(json.dumps({"num_hidden_layers": NUM_LAYERS, "hidden_size": HIDDEN}))
+    digest = weights_digest(folder)
+    (folder / MODEL_INFO_FILE).write_text(json.dumps({**info, "digest": digest}))
+    return digest
+
+
+with tempfile.TemporaryDirectory() as _scratch:
+    DIGESTS = {"orig": "d0" * 32} | {run: fake_model_folder(Path(_scratch) / run, run.encode())
+                                     for run in ("seed1", "seed2")}
 CORRUPT = re.compile(r"is not a readable Parquet file, it is truncated or corrupt \(.+\); delete it and re-run "
                      r"the (extract|download_task) stage\.$")
 
@@ -279,9 +295,8 @@ def extracted(tmp_path) -> Path:
             write_activations(folder / "train" / f"{run}.{pooling}.parquet", ids=range(8), run=run, pooling=pooling,
                               split="train")
         if run != "orig":
-            info = {"source": "finetune", "task": TASK, "digest": DIGESTS[run], "base_digest": DIGESTS["orig"]}
-            (tmp_path / "checkpoints" / run).mkdir(parents=True)
-            (tmp_path / "checkpoints" / run / MODEL_INFO_FILE).write_text(json.dumps(info))
+            fake_model_folder(tmp_path / "checkpoints" / run, run.encode(), source="finetune", task=TASK,
+                              base_digest=DIGESTS["orig"])
     return folder
 
 
@@ -290,10 +305,10 @@ def expect(run: str, split: str = "validation", pooling: str = "cls", **more) ->
 
 
 def test_expected_tables_open(extracted):
-    digests = io.run_digests(extracted.parent / "checkpoints", [1, 2])
-    assert digests == DIGESTS
+    known = io.run_expectations(extracted.parent / "checkpoints", [1, 2])
+    assert {run: values["model_digest"] for run, values in known.items()} == DIGESTS
     for run in DIGESTS:
-        ActivationTable(extracted / f"{run}.cls.parquet", expect=expect(run, model_digest=digests[run]))
+        ActivationTable(extracted / f"{run}.cls.parquet", expect=expect(run, **known[run]))
         ActivationTable(extracted / "train" / f"{run}.mean.parquet", expect=expect(run, "train", "mean"))
 
 
@@ -315,8 +330,8 @@ def test_table_of_stale_weights_is_refused(extracted, tmp_path):
     """Right name and run, but extracted from weights other than the checkpoint's (fine-tuned again since)."""
     path = extracted / "seed1.cls.parquet"
     write_activations(path, run="seed1", digest="ee" * 32)
-    digests = io.run_digests(tmp_path / "checkpoints", [1, 2])
-    message = refusal(ActivationTable, path, expect=expect("seed1", model_digest=digests["seed1"]))
+    known = io.run_expectations(tmp_path / "checkpoints", [1, 2])
+    message = refusal(ActivationTable, path, expect=expect("seed1", model_digest=known["seed1"]["model_digest"]))
     assert message == (f"activation table {path} has model_digest '{'ee' * 32}', expected '{DIGESTS['seed1']}'; it "
                        "was swapped with another table or is stale, so re-run the extract stage.")
 
@@ -337,7 +352,7 @@ def test_checkpoints_of_different_base_weights_are_refused(extracted, tmp_path):
     info_path = tmp_path / "checkpoints" / "seed2" / MODEL_INFO_FILE
     info = json.loads(info_path.read_text())
     info_path.write_text(json.dumps({**info, "base_digest": "ff" * 32}))
-    message = refusal(io.run_digests, tmp_path / "checkpoints", [1, 2])
+    message = refusal(io.run_expectations, tmp_path / "checkpoints", [1, 2])
     assert "were fine-tuned from different pretrained weights" in message and "re-run the finetune stage" in message
 
 

@@ -21,6 +21,28 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def check_separate(args: argparse.Namespace, *names: str) -> None:
+    """Refuse output arguments that are the same folder or inside one another (after resolving `..` and
+    links): one would overwrite or delete the other, e.g. finetune's --out and --resume."""
+    given = [(name, Path(getattr(args, name)).resolve()) for name in names if getattr(args, name, None)]
+    for i, (a, path_a) in enumerate(given):
+        for b, path_b in given[i + 1:]:
+            if path_a == path_b or path_a in path_b.parents or path_b in path_a.parents:
+                raise LayersimError(f"--{a.replace('_', '-')} {getattr(args, a)} and --{b.replace('_', '-')} "
+                                    f"{getattr(args, b)} are the same folder or inside one another ({path_a}, "
+                                    f"{path_b}); give each its own folder, as dvc.yaml does.")
+
+
+def _remove_stale_temporaries(args: argparse.Namespace) -> None:
+    """Temporaries a killed run of this stage left beside its paths (their writers are dead)."""
+    from layersim.io import remove_stale_temporaries
+
+    for value in vars(args).values():
+        if isinstance(value, Path) and value.parent.is_dir():
+            for leftover in remove_stale_temporaries(value):
+                log.info("removed %s, left by an interrupted run", leftover)
+
+
 def run_stage(main: Callable[[argparse.Namespace, Params], None], args: argparse.Namespace, *,
               quiet_transformers: bool = True) -> None:
     """Validate params.yaml, then run `main`; a LayersimError becomes one line on stderr and exit code 1.
@@ -30,6 +52,7 @@ def run_stage(main: Callable[[argparse.Namespace, Params], None], args: argparse
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     try:
         params = load_params(args.params)
+        _remove_stale_temporaries(args)
         if quiet_transformers:  # seconds of import: only for the stages that load models
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
             import transformers

@@ -10,14 +10,19 @@ choices; regression has one output trained with squared error.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
+from layersim.divergence import mark_non_finite
 from layersim.errors import LayersimError
 from layersim.tasks import TaskSpec
+
+log = logging.getLogger("layersim")
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,11 @@ def train_head(spec: TaskSpec, features: np.ndarray, labels: np.ndarray, params:
     optimizer = torch.optim.AdamW(head.parameters(), lr=params.learning_rate, weight_decay=params.weight_decay)
     loss_fn = nn.MSELoss() if spec.regression else nn.CrossEntropyLoss()
     head.train()
-    for _ in range(params.epochs):
+    first_bad = torch.full((), params.epochs + 1)
+    started = time.perf_counter()
+    for epoch in range(params.epochs):
+        if epoch == 1:
+            _estimate(params.epochs, time.perf_counter() - started, spec.name)
         for batch in torch.randperm(len(labels), generator=generator).split(params.batch_size):
             out = head(x[batch])  # (batch, choices, outputs)
             if spec.regression:
@@ -87,10 +96,23 @@ def train_head(spec: TaskSpec, features: np.ndarray, labels: np.ndarray, params:
                 loss = loss_fn(out.view(len(batch), num_choices), y[batch])
             else:
                 loss = loss_fn(out.view(len(batch), -1), y[batch])
+            first_bad = mark_non_finite(first_bad, loss.detach(), epoch + 1)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+        if int(first_bad) <= epoch + 1:
+            raise LayersimError(f"training a fresh head for task {spec.name!r}: the loss became NaN or infinite in "
+                                f"epoch {int(first_bad)}; lower truncate.head_learning_rate (now "
+                                f"{params.learning_rate:g}).")
     return TrainedHead(head, mean, scale, num_choices)
+
+
+def _estimate(epochs: int, first_epoch_seconds: float, task: str) -> None:
+    """Say how long the requested epochs will take, when it is long enough to wonder."""
+    total = epochs * first_epoch_seconds
+    if total > 60:
+        log.info("training a fresh head for %s: %d epochs at %.2f s each, about %.0f min in all "
+                 "(truncate.head_epochs)", task, epochs, first_epoch_seconds, total / 60)
 
 
 def majority_baseline(spec: TaskSpec, train_labels: np.ndarray, validation_labels: np.ndarray) -> np.ndarray:

@@ -608,29 +608,53 @@ class AttentionTable:
                                 "(example, query) rows; extract both from the same examples and tokenizer.")
 
 
-def run_digests(checkpoints: str | os.PathLike, seeds) -> dict[str, str]:
-    """Run name → digest of the weights its activation tables must have been extracted from, read from the
-    info files of the fine-tuned checkpoints ``checkpoints/seed<k>/``: each seed's own digest, and for
-    "orig" the pretrained digest they were fine-tuned from. A digest an info file lacks is left out."""
-    from layersim.models import model_info
+def run_expectations(checkpoints: str | os.PathLike, seeds, task_dir: str | os.PathLike | None = None
+                     ) -> dict[str, dict[str, Any]]:
+    """Run name → the metadata its activation tables must hold, from the fine-tuned checkpoints
+    ``checkpoints/seed<k>/`` (each verified against its files): the digest of the weights they were extracted
+    from ("orig": the pretrained weights the seeds were fine-tuned from), the digest of the task tables, and
+    the model's num_layers and hidden_size. With `task_dir`, the checkpoints must have been fine-tuned on
+    the task tables it holds now (a table edited by hand and one stage re-run alone would mix versions)."""
+    from layersim.models import model_shape, verified_info
 
-    digests, bases = {}, {}
+    now = task_tables_digest(task_dir) if task_dir is not None else None
+    expect, bases, tasks = {}, {}, {}
     for seed in seeds:
-        info = model_info(Path(checkpoints) / f"seed{seed}")
-        if info.get("digest"):
-            digests[f"seed{seed}"] = info["digest"]
-        if info.get("base_digest"):
-            bases[f"seed{seed}"] = info["base_digest"]
-    if len(set(bases.values())) > 1:
-        raise LayersimError(f"the checkpoints in {checkpoints} were fine-tuned from different pretrained weights "
-                            f"({', '.join(f'{run}: {d[:12]}' for run, d in bases.items())}), expected one; "
-                            "re-run the finetune stage.")
-    if bases:
-        digests["orig"] = next(iter(bases.values()))
-    return digests
+        folder = Path(checkpoints) / f"seed{seed}"
+        info = verified_info(folder)
+        run = f"seed{seed}"
+        bases[run], tasks[run] = info.get("base_digest"), info.get("task_digest")
+        if now is not None and tasks[run] != now:
+            raise LayersimError(f"checkpoint {folder} was fine-tuned on other task tables than {task_dir} holds now "
+                                f"(digest {str(tasks[run])[:12]}, now {now[:12]}); re-run the finetune stage.")
+        expect[run] = {"model_digest": info.get("digest"), "task_digest": tasks[run], **model_shape(folder)}
+    for what, values in (("pretrained weights", bases), ("task tables", tasks)):
+        if len(set(values.values())) > 1:
+            raise LayersimError(f"the checkpoints in {checkpoints} were fine-tuned from different {what} "
+                                f"({', '.join(f'{run}: {str(d)[:12]}' for run, d in values.items())}), expected "
+                                "one; re-run the finetune stage.")
+    first = next(iter(expect.values()))
+    expect["orig"] = {**first, "model_digest": next(iter(bases.values()))}
+    return expect
 
 
 # --- task tables -------------------------------------------------------------------------------
+
+def task_tables_digest(folder: str | os.PathLike) -> str:
+    """SHA-256 over a task folder's tables (train and validation, names and bytes): recorded by finetune
+    and extract, and checked by every stage after them against the tables they read."""
+    import hashlib
+
+    from layersim.models import file_digest
+
+    digest = hashlib.sha256()
+    for split in ("train", "validation"):
+        path = Path(folder) / f"{split}.parquet"
+        if not path.is_file():
+            raise LayersimError(f"task table {path} does not exist; run the download_task stage first.")
+        digest.update(f"{split}\0{file_digest(path)}\n".encode())
+    return digest.hexdigest()
+
 
 def read_task_table(folder: str | os.PathLike, task, split: str, max_examples: int | None = None) -> pa.Table:
     """The normalized `split` table of `task` (a TaskSpec) from a download folder, checked; at most

@@ -186,9 +186,23 @@ def _package_version(name: str) -> str:
     return version(name)
 
 
+# Files of a model folder whose bytes decide what a stage computes: the weights, the config and the
+# tokenizer (whichever of these files the tokenizer has).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model")
+DIGESTED_FILES = (WEIGHTS_FILE, "config.json", *TOKENIZER_FILES)
+
+
 def weights_digest(folder: str | Path) -> str:
-    """SHA-256 of the weights file, recorded in every table made from these weights."""
-    return file_digest(Path(folder) / WEIGHTS_FILE)
+    """SHA-256 over the weights, config and tokenizer files of a model folder (each file's name and bytes),
+    recorded in its info file and in every table made from it: a changed weight bit or a swapped
+    tokenizer gives another digest."""
+    digest = hashlib.sha256()
+    for name in DIGESTED_FILES:
+        path = Path(folder) / name
+        if path.is_file():
+            digest.update(f"{name}\0{file_digest(path)}\n".encode())
+    return digest.hexdigest()
 
 
 def file_digest(path: str | Path) -> str:
@@ -200,26 +214,95 @@ def file_digest(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def read_json(path: Path, what: str, remedy: str) -> dict:
+    """A JSON object from `path`; unreadable, cut short or not an object: one line naming the file."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        detail = getattr(err, "msg", None) or type(err).__name__
+        raise LayersimError(f"{what} {path} cannot be read ({detail}); {remedy}.") from None
+    if not isinstance(value, dict):
+        raise LayersimError(f"{what} {path} holds a {type(value).__name__}, not a JSON object; {remedy}.")
+    return value
+
+
 def model_info(folder: str | Path) -> dict:
     """The info file that snapshot_model or the finetune stage wrote into a model folder."""
     path = Path(folder) / MODEL_INFO_FILE
     if not path.is_file():
         raise LayersimError(f"{folder} is not a layersim model folder (no {MODEL_INFO_FILE}); "
                             "run the download or finetune stage first.")
-    return json.loads(path.read_text())
+    return read_json(path, "model info file", "re-run the stage that wrote the folder (download_model or finetune)")
+
+
+_VERIFIED: dict[tuple, dict] = {}
+
+
+def verified_info(folder: str | Path) -> dict:
+    """The info of a model folder after checking that its files are those it was written with: the digest
+    of its weights, config and tokenizer recomputed and compared with the recorded one (once per process
+    for unchanged files). A flipped bit, a file cut short or replaced is refused, naming the folder."""
+    folder = Path(folder)
+    info = model_info(folder)
+    stamp = tuple((name, (folder / name).stat().st_size, (folder / name).stat().st_mtime_ns)
+                  for name in DIGESTED_FILES if (folder / name).is_file())
+    key = (str(folder.resolve()), stamp)
+    if key in _VERIFIED:
+        return _VERIFIED[key]
+    if not (folder / WEIGHTS_FILE).is_file() or not (folder / "config.json").is_file():
+        raise LayersimError(f"model folder {folder} has no {WEIGHTS_FILE} or config.json; re-run the stage that "
+                            "wrote it (download_model or finetune).")
+    read_json(folder / "config.json", "model config", "re-run the stage that wrote the folder")
+    recorded, actual = info.get("digest"), weights_digest(folder)
+    if recorded != actual:
+        raise LayersimError(f"model folder {folder}: its files changed since they were written (digest "
+                            f"{actual[:12]}, recorded {str(recorded)[:12]}); re-run the stage that wrote it "
+                            "(download_model or finetune).")
+    _VERIFIED[key] = info
+    return info
+
+
+def model_shape(folder: str | Path) -> dict[str, int]:
+    """num_layers and hidden_size of a model folder's config, as activation tables record them."""
+    config = read_json(Path(folder) / "config.json", "model config", "re-run the stage that wrote the folder")
+    return {"num_layers": config.get("num_hidden_layers"), "hidden_size": config.get("hidden_size")}
 
 
 def load_tokenizer(folder: str | Path):
+    """The tokenizer of a verified model folder, checked against the model: its vocabulary must fit the
+    embedding matrix and cover most of it (a folder without its tokenizer files silently loads a
+    handful of special tokens, turning every word into [UNK])."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder)
+    verified_info(folder)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError, TypeError) as err:
+        raise LayersimError(f"the tokenizer of {folder} cannot be loaded ({str(err).splitlines()[0][:200]}); "
+                            "re-run the stage that wrote the folder.") from None
+    vocab = read_json(Path(folder) / "config.json", "model config", "re-run the stage that wrote it").get("vocab_size")
+    present = [name for name in TOKENIZER_FILES if (Path(folder) / name).is_file()]
+    if isinstance(vocab, int) and not vocab // 2 <= len(tokenizer) <= vocab:
+        raise LayersimError(f"the tokenizer of {folder} has {len(tokenizer)} tokens but the model's embedding has "
+                            f"{vocab}: it is not this model's tokenizer (files present: {', '.join(present) or 'none'}); "
+                            "re-run the stage that wrote the folder.")
+    return tokenizer
+
+
+def _loaded(folder: str | Path, load):
+    verified_info(folder)
+    try:
+        return load()
+    except (OSError, ValueError, RuntimeError) as err:  # e.g. safetensors' "incomplete metadata"
+        raise LayersimError(f"the weights in {folder} cannot be loaded ({str(err).splitlines()[0][:200]}); "
+                            "re-run the stage that wrote the folder.") from None
 
 
 def load_encoder(folder: str | Path):
     """The bare encoder of a snapshot or a fine-tuned checkpoint (a task head, if any, is dropped)."""
     from transformers import AutoModel
 
-    return AutoModel.from_pretrained(folder)
+    return _loaded(folder, lambda: AutoModel.from_pretrained(folder))
 
 
 def load_task_model(folder: str | Path, task):
@@ -228,9 +311,9 @@ def load_task_model(folder: str | Path, task):
     from transformers import AutoModelForMultipleChoice, AutoModelForSequenceClassification
 
     if task.format == "multiple_choice":
-        return AutoModelForMultipleChoice.from_pretrained(folder)
-    return AutoModelForSequenceClassification.from_pretrained(
-        folder, num_labels=task.num_labels, problem_type="regression" if task.regression else None)
+        return _loaded(folder, lambda: AutoModelForMultipleChoice.from_pretrained(folder))
+    return _loaded(folder, lambda: AutoModelForSequenceClassification.from_pretrained(
+        folder, num_labels=task.num_labels, problem_type="regression" if task.regression else None))
 
 
 def load_finetuned(folder: str | Path, task):

@@ -6,7 +6,7 @@ interrupted. That needs everything the remaining steps depend on:
 
 - model weights, optimizer moments and step counts, the LR scheduler's position;
 - the RNG streams (torch — dropout —, NumPy, Python's `random`; CUDA's when used);
-- the data position: the data order is a pure function of the seed (`layersim.train.data_order`),
+- the data position: the data order is a pure function of the seed (`layersim.train.DataOrder`),
   so the step number is the position;
 - the loss accumulated since the last log line, and the history of logged values, which is replayed
   into the logger so that curves (dvclive) come out as if the run had never stopped.
@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,7 +82,7 @@ class TrainingCheckpoint:
     def save(self, state: TrainingState) -> None:
         """Write the state atomically: a kill mid-write leaves the previous state intact."""
         with atomic_path(self.path) as tmp:
-            torch.save({"fingerprint": self.fingerprint, **vars(state)}, tmp)
+            torch.save({"format": STATE_FORMAT, "fingerprint": self.fingerprint, **vars(state)}, tmp)
         log.info("saved resumable training state at step %d to %s", state.step, self.path)
 
     def load(self, device: torch.device) -> TrainingState | None:
@@ -98,7 +97,13 @@ class TrainingCheckpoint:
             log.warning("ignoring unreadable training state %s (%s); starting from step 0", self.path, reason)
             self.clear()
             return None
-        if saved.pop("fingerprint", None) != self.fingerprint:
+        problem = _incompatible(saved)
+        if problem:
+            log.warning("discarded resume state at %s: %s; starting from step 0", self.path, problem)
+            self.clear()
+            return None
+        saved.pop("format")
+        if saved.pop("fingerprint") != self.fingerprint:
             log.warning("ignoring training state %s: it was saved by a run with other params, seed or data; "
                         "starting from step 0", self.path)
             self.clear()
@@ -108,13 +113,45 @@ class TrainingCheckpoint:
         return state
 
     def clear(self) -> None:
-        """Delete the folder: a finished run keeps only its final checkpoint."""
-        shutil.rmtree(self.folder, ignore_errors=True)
+        """Delete the state (and the folder, if nothing else is in it): a finished run keeps only its final
+        checkpoint. Nothing but the state's own files is deleted, wherever the folder points."""
+        self.path.unlink(missing_ok=True)
+        self._remove_partial_writes()
+        try:
+            self.folder.rmdir()
+        except OSError:  # missing, or holds something else: not ours to delete
+            pass
 
     def _remove_partial_writes(self) -> None:
         # A kill during `save` leaves a hidden temporary beside the state; it is never read.
         for leftover in self.folder.glob(f".{STATE_FILE}.*.tmp"):
             leftover.unlink(missing_ok=True)
+
+
+# Version of the saved dictionary's layout; a state of another version is discarded, never misread.
+STATE_FORMAT = 1
+_FIELDS = {"step": int, "model": dict, "optimizer": dict, "scheduler": dict, "rng": dict,
+           "running_loss": torch.Tensor, "running_count": int, "history": list}
+
+
+def _incompatible(saved: Any) -> str | None:
+    """Why a loaded state cannot be resumed (another format, a missing or mistyped entry), or None."""
+    if not isinstance(saved, dict):
+        return f"it holds a {type(saved).__name__}, not a training state"
+    if saved.get("format") != STATE_FORMAT:
+        return f"it has format {saved.get('format')!r}, this version reads format {STATE_FORMAT}"
+    missing = [key for key in (*_FIELDS, "fingerprint") if key not in saved]
+    if missing:
+        return f"it lacks {', '.join(missing)}"
+    extra = [key for key in saved if key not in _FIELDS and key not in ("format", "fingerprint")]
+    if extra:
+        return f"it has unknown entries {', '.join(map(str, extra))}"
+    wrong = [key for key, kind in _FIELDS.items() if not isinstance(saved[key], kind)]
+    if wrong:
+        return f"its {', '.join(wrong)} {'has' if len(wrong) == 1 else 'have'} the wrong type"
+    if not all(key in saved["rng"] for key in ("torch", "python", "numpy")):
+        return "its random-number state is incomplete"
+    return None
 
 
 def _rng_state() -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -17,12 +18,16 @@ import torch
 from tqdm.auto import tqdm
 
 from layersim.batching import EncodedTask, collate, to_device
+from layersim.errors import LayersimError
+from layersim.divergence import check_finite_loss, mark_non_finite
 from layersim.evaluate import score
-from layersim.models import (MODEL_INFO_FILE, file_digest, load_task_model, load_tokenizer, model_info,
+from layersim.models import (MODEL_INFO_FILE, file_digest, load_task_model, load_tokenizer, model_info, verified_info,
                              weights_digest)
 from layersim.params import FinetuneParams
 from layersim.resume import TrainingCheckpoint, TrainingState
 from layersim.tasks import TaskSpec
+
+cli_log = logging.getLogger("layersim")
 
 # Called as log(step, {"train/loss": ..., "train/lr": ..., "eval/accuracy": ...}).
 Logger = Callable[[int, dict[str, float]], None]
@@ -60,13 +65,39 @@ def linear_warmup_decay(optimizer: torch.optim.Optimizer, warmup_steps: int, max
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+class DataOrder:
+    """Example indices of every step: a fresh seeded shuffle per epoch, cut into batches of `batch_size`.
+
+    Generated lazily, an epoch at a time (the old epochs are dropped), so memory does not grow with the
+    number of steps; ``order[step]`` is the same as concatenating every epoch's permutation up front."""
+
+    def __init__(self, num_examples: int, batch_size: int, seed: int):
+        self.num_examples, self.batch_size = num_examples, batch_size
+        self._rng = np.random.default_rng(seed)
+        self._epochs: dict[int, np.ndarray] = {}
+        self._next_epoch = 0
+
+    def _epoch(self, k: int) -> np.ndarray:
+        while self._next_epoch <= k:
+            self._epochs[self._next_epoch] = self._rng.permutation(self.num_examples)
+            self._next_epoch += 1
+        return self._epochs[k]
+
+    def __getitem__(self, step: int) -> np.ndarray:
+        start = step * self.batch_size
+        first, last = start // self.num_examples, (start + self.batch_size - 1) // self.num_examples
+        flat = np.concatenate([self._epoch(k) for k in range(first, last + 1)])
+        for old in [k for k in self._epochs if k < first]:
+            del self._epochs[old]
+        offset = start - first * self.num_examples
+        return flat[offset:offset + self.batch_size]
+
+
 def data_order(num_examples: int, batch_size: int, max_steps: int, seed: int) -> np.ndarray:
-    """Example indices for every step, (max_steps, batch_size): a fresh seeded shuffle per epoch."""
-    rng = np.random.default_rng(seed)
-    needed = max_steps * batch_size
-    epochs = -(-needed // num_examples)
-    order = np.concatenate([rng.permutation(num_examples) for _ in range(epochs)])
-    return order[:needed].reshape(max_steps, batch_size)
+    """Every step's example indices at once, (max_steps, batch_size): for small runs and tests; training
+    uses :class:`DataOrder`, which gives the same rows lazily."""
+    order = DataOrder(num_examples, batch_size, seed)
+    return np.stack([order[step] for step in range(max_steps)])
 
 
 def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, validation: EncodedTask,
@@ -79,13 +110,18 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
     run that finds a state saved by an identical earlier run (same fingerprint) continues from it: the
     logged history is replayed into `log`, and the result is bit-identical to an uninterrupted run."""
     device = device or default_device()
+    if params.batch_size > len(train):
+        raise LayersimError(f"finetune.batch_size = {params.batch_size} is larger than the {len(train)} training "
+                            f"examples of task {spec.name!r}; use at most {len(train)}, or more examples.")
     seed_everything(seed)
     tokenizer = load_tokenizer(pretrained_dir)
     model = load_task_model(pretrained_dir, spec).to(device)
     optimizer = make_optimizer(model, params)
     scheduler = linear_warmup_decay(optimizer, params.warmup_steps, params.max_steps)
-    order = data_order(len(train), params.batch_size, params.max_steps, seed)
+    order = DataOrder(len(train), params.batch_size, seed)
     sink = log or (lambda step, values: None)
+    what = f"fine-tuning {spec.name} seed {seed}"
+    hint = f"lower finetune.learning_rate (now {params.learning_rate:g}) or add warm-up steps"
     history: list[tuple[int, dict[str, float]]] = []
 
     def log(step: int, values: dict[str, float]) -> None:
@@ -96,9 +132,17 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
     start, running, count = 0, torch.zeros((), device=device), 0
     state = resume.load(device) if resume else None
     if state is not None:
-        start, running, count = state.restore(model, optimizer, scheduler)
+        try:
+            start, running, count = state.restore(model, optimizer, scheduler)
+        except (RuntimeError, KeyError, ValueError, TypeError) as err:  # saved by another model or version
+            cli_log.warning("discarded resume state at %s: it does not fit this model (%s); starting from step 0",
+                            resume.path, str(err).splitlines()[0][:200])
+            resume.clear()
+            return finetune(pretrained_dir, spec, train, validation, params, seed, log=sink, device=device,
+                            resume=resume)
         for step, values in state.history:
             log(step, values)
+    first_bad = torch.full((), params.max_steps + 1, device=device)
 
     model.train()
     progress = tqdm(range(start, params.max_steps), desc=f"finetune {spec.name} seed {seed}", mininterval=2,
@@ -106,6 +150,7 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
     for step in progress:
         batch = to_device(collate(train, order[step], tokenizer), device)
         loss = model(**batch).loss
+        first_bad = mark_non_finite(first_bad, loss.detach(), step + 1)
         loss.backward()
         optimizer.step()
         scheduler.step()
@@ -115,6 +160,7 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
         done = step + 1
         if done % log_every == 0 or done == params.max_steps:
             # One host sync per logging window, not per step.
+            check_finite_loss(first_bad, done, what, hint)
             mean_loss = float(running) / count
             progress.set_postfix(loss=f"{mean_loss:.4f}")
             log(done, {"train/loss": mean_loss, "train/lr": scheduler.get_last_lr()[0]})
@@ -123,6 +169,7 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
             log(done, _prefixed(evaluate_model(model, spec, validation, tokenizer, params, device)))
             model.train()
         if resume and params.checkpoint_every and done % params.checkpoint_every == 0 and done != params.max_steps:
+            check_finite_loss(first_bad, done, what, hint)  # a diverged run leaves no state to resume
             resume.save(TrainingState.capture(done, model, optimizer, scheduler, running, count, history))
     final = evaluate_model(model, spec, validation, tokenizer, params, device)
     log(params.max_steps, _prefixed(final))
@@ -147,11 +194,13 @@ def evaluate_model(model, spec: TaskSpec, validation: EncodedTask, tokenizer, pa
     return score(model, spec, validation, tokenizer, params.eval_batch_size, device)
 
 
-def save_checkpoint(model, tokenizer, folder: Path, *, base_dir: str | Path, task: str, seed: int) -> None:
-    """Weights (safetensors), config and tokenizer, plus layersim's info file, into `folder`."""
+def save_checkpoint(model, tokenizer, folder: Path, *, base_dir: str | Path, task: str, seed: int,
+                    task_digest: str | None = None) -> None:
+    """Weights (safetensors), config and tokenizer, plus layersim's info file, into `folder`; `task_digest`:
+    of the task tables it was fine-tuned on (layersim.io.task_tables_digest), checked by later stages."""
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
-    base = model_info(base_dir)
+    base = verified_info(base_dir)
     info = {"name": base["name"], "source": "finetune", "base_digest": base["digest"], "task": task,
-            "seed": seed, "digest": weights_digest(folder)}
+            "seed": seed, "task_digest": task_digest, "digest": weights_digest(folder)}
     (Path(folder) / MODEL_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")

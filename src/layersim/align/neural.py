@@ -256,9 +256,10 @@ def train_network(module: nn.Module, xs: np.ndarray, ys: np.ndarray, *, steps: i
         scheduler.step()
         losses[step] = loss.item()
     module.eval()
-    if not np.isfinite(losses[-1]):
-        raise LayersimError(f"training diverged (loss {losses[-1]} after {steps} steps); "
-                            "lower learning_rate or the coupling clamp.")
+    bad = np.flatnonzero(~np.isfinite(losses))
+    if len(bad):
+        raise LayersimError(f"training diverged: the loss became {losses[bad[0]]} at step {bad[0] + 1} of {steps}; "
+                            "lower align.learning_rate (or the coupling clamp).")
     return losses
 
 

@@ -35,6 +35,8 @@ ROOM = Bound(lambda v: v >= MIN_MAX_LENGTH, f"an integer of at least {MIN_MAX_LE
 EXAMPLES = at_most(_EXAMPLES, "examples of a task")
 STEPS = at_most(_STEPS, "training steps")
 BATCH = at_most(_BATCH, "examples per batch")
+# Adam steps of this size only diverge (and above 3e38 the rate is not even a float32)
+LEARNING_RATE = (POSITIVE, at_most(10, "a larger step only diverges"))
 
 
 # The measure names of layersim.similarity's registries (checked by a test; spelled out here so that
@@ -90,7 +92,7 @@ class DownloadParams:
 class FinetuneParams:
     batch_size: int = knob(4, "examples per step (Phang et al. §2: Adam, batch 4)", POSITIVE,
                            at_most(_BATCH, "examples per step"))
-    learning_rate: float = knob(1e-5, "peak learning rate (Phang: 1e-5)", POSITIVE)
+    learning_rate: float = knob(1e-5, "peak learning rate (Phang: 1e-5)", LEARNING_RATE)
     warmup_steps: int = knob(1000, "linear warm-up steps, then linear decay (Phang: 1,000)", NON_NEGATIVE, STEPS)
     max_steps: int = knob(10000, "training steps (Phang: 10,000)", POSITIVE,
                           at_most(_STEPS, "training steps, 10,000 times the papers' 10,000"))
@@ -157,7 +159,7 @@ class CompareParams:
 class TruncateParams:
     head_epochs: int = knob(20, "epochs of the fresh heads (Tuned, TunedOrig) on cached CLS activations", POSITIVE,
                             at_most(10**4, "epochs over the cached activations"))
-    head_learning_rate: float = knob(1e-3, "learning rate of the fresh heads", POSITIVE)
+    head_learning_rate: float = knob(1e-3, "learning rate of the fresh heads", LEARNING_RATE)
     head_batch_size: int = knob(64, "examples per step of the fresh heads", POSITIVE,
                                 at_most(_BATCH, "examples per step"))
     head_weight_decay: float = knob(0.0, "weight decay of the fresh heads", NON_NEGATIVE)
@@ -182,7 +184,7 @@ class AlignParams:  # Ren et al. 2023; see layersim.align
     mlp_hidden: int = knob(512, "mlp: units per hidden layer", POSITIVE, at_most(_WIDTH, "units per layer"))
     steps: int = knob(600, "inn and mlp: Adam steps (5% warm-up, cosine decay)", POSITIVE,
                       at_most(10**7, "optimiser steps"))
-    learning_rate: float = knob(1e-3, "inn and mlp: peak learning rate", POSITIVE)
+    learning_rate: float = knob(1e-3, "inn and mlp: peak learning rate", LEARNING_RATE)
     batch_size: int = knob(256, "inn and mlp: examples per step", POSITIVE, at_most(_BATCH, "examples per step"))
     matrix_steps: int = knob(200, "INN steps per cell of the layer × layer matrix (L² fits)", POSITIVE,
                              at_most(10**6, "optimiser steps per cell of the layer × layer matrix"))
