@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -62,4 +63,11 @@ def run_stage(main: Callable[[argparse.Namespace, Params], None], args: argparse
         main(args, params)
     except LayersimError as err:
         print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f" while writing {err.filename}" if err.filename else ""
+        print(f"error: no space left on the device{where}; free some space and run the stage again (what it was "
+              "writing was removed, earlier outputs are intact).", file=sys.stderr)
         sys.exit(1)

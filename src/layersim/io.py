@@ -12,6 +12,8 @@ weights they expect, and non-finite activations are reported with their layer an
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import json
 import os
 import re
@@ -140,6 +142,12 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
         else:
             os.replace(tmp, path)
         _fsync(path.parent)
+    except OSError as err:
+        _remove(tmp)
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise LayersimError(f"no space left on the device while writing {path}; free some space and run the "
+                                "stage again (the partial file was removed, earlier outputs are intact).") from err
+        raise
     except BaseException:
         _remove(tmp)
         raise
@@ -153,8 +161,12 @@ def write_json(obj: Any, path: str | os.PathLike) -> None:
 
 def write_figure(fig, path: str | os.PathLike, dpi: int = 150) -> None:
     """Save a matplotlib figure atomically as PNG."""
+    # Rendered in memory, then written: a full disk then fails as the OSError it is (PIL's PNG writer
+    # turns it into "'_idat' object has no attribute 'fileno'").
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight")
+        tmp.write_bytes(buffer.getvalue())
 
 
 def with_metadata(table: pa.Table, metadata: dict[str, Any]) -> pa.Table:

@@ -290,10 +290,12 @@ def load_tokenizer(folder: str | Path):
 
 
 def _loaded(folder: str | Path, load):
+    from safetensors import SafetensorError
+
     verified_info(folder)
     try:
         return load()
-    except (OSError, ValueError, RuntimeError) as err:  # e.g. safetensors' "incomplete metadata"
+    except (OSError, ValueError, RuntimeError, SafetensorError) as err:  # e.g. "invalid header length"
         raise LayersimError(f"the weights in {folder} cannot be loaded ({str(err).splitlines()[0][:200]}); "
                             "re-run the stage that wrote the folder.") from None
 

@@ -1,0 +1,175 @@
+"""What stages read, checked: model folders against the digest of their weights, config and tokenizer,
+the tokenizer against the model, checkpoints against the task tables they were fine-tuned on,
+activation tables against the checkpoints' shape; corrupted files and a full disk are one line naming
+the file, never a traceback or a silently wrong result."""
+
+from __future__ import annotations
+
+import errno
+import json
+import runpy
+import shutil
+import sys
+from pathlib import Path
+
+import matplotlib
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from dvc_project import REPO, tiny_params  # noqa: E402
+from layersim import io  # noqa: E402
+from layersim.errors import LayersimError  # noqa: E402
+from layersim.models import (MODEL_INFO_FILE, load_encoder, load_tokenizer, model_info,  # noqa: E402
+                             verified_info, weights_digest)
+from layersim.tasks import generated_table, get_task  # noqa: E402
+
+TASK = "synth-negation"
+
+
+@pytest.fixture
+def model_copy(tiny_model_dir, tmp_path) -> Path:
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir("tiny-bert"), folder)
+    return folder
+
+
+def _rewrite_digest(folder: Path) -> None:
+    """As if the stage that wrote the folder had written it so: the recorded digest matches the files."""
+    info = model_info(folder)
+    (folder / MODEL_INFO_FILE).write_text(json.dumps({**info, "digest": weights_digest(folder)}))
+
+
+def test_a_flipped_weight_bit_is_refused(model_copy) -> None:
+    weights = model_copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-100] ^= 0x01
+    weights.write_bytes(bytes(data))
+    with pytest.raises(LayersimError, match=rf"model folder {model_copy}: its files changed since they were written "
+                                            r"\(digest \w{12}, recorded \w{12}\); re-run the stage that wrote it"):
+        load_encoder(model_copy)
+
+
+def test_a_removed_tokenizer_file_is_refused_by_the_digest(model_copy) -> None:
+    (model_copy / "tokenizer.json").unlink()
+    with pytest.raises(LayersimError, match=r"its files changed since they were written"):
+        load_tokenizer(model_copy)
+
+
+def test_a_tokenizer_that_does_not_fit_the_model_is_refused(model_copy) -> None:
+    """Written without its tokenizer files, a folder loads a handful of special tokens: every word [UNK]."""
+    for name in ("tokenizer.json", "vocab.txt"):
+        (model_copy / name).unlink(missing_ok=True)
+    _rewrite_digest(model_copy)
+    with pytest.raises(LayersimError, match=rf"the tokenizer of {model_copy} (has \d+ tokens but the model's embedding "
+                                            r"has \d+: it is not this model's tokenizer|cannot be loaded)"):
+        load_tokenizer(model_copy)
+
+
+def test_a_truncated_weights_file_is_one_line(model_copy) -> None:
+    weights = model_copy / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    _rewrite_digest(model_copy)
+    with pytest.raises(LayersimError, match=rf"the weights in {model_copy} cannot be loaded \(.+\); re-run the stage"):
+        load_encoder(model_copy)
+
+
+@pytest.mark.parametrize("content, detail", [("{not json", "cannot be read"), ("[1, 2]", "holds a list, not a JSON object"),
+                                             ("", "cannot be read")])
+def test_a_garbage_info_file_is_one_line(model_copy, content: str, detail: str) -> None:
+    (model_copy / MODEL_INFO_FILE).write_text(content)
+    with pytest.raises(LayersimError, match=rf"model info file {model_copy / MODEL_INFO_FILE} {detail}"):
+        verified_info(model_copy)
+
+
+def test_a_garbage_config_is_one_line(model_copy) -> None:
+    (model_copy / "config.json").write_bytes(b"\xff\xfe garbage")
+    _rewrite_digest(model_copy)
+    with pytest.raises(LayersimError, match=rf"model config {model_copy / 'config.json'} cannot be read"):
+        load_encoder(model_copy)
+
+
+def test_a_missing_model_folder_is_one_line_not_a_hub_lookup(tmp_path) -> None:
+    with pytest.raises(LayersimError, match=r"is not a layersim model folder .*run the download or finetune stage"):
+        load_tokenizer(tmp_path / "missing")
+
+
+def _task_folder(folder: Path) -> Path:
+    spec = get_task(TASK)
+    for split in ("train", "validation"):
+        pq.write_table(generated_table(spec, split, 20, seed=0), folder / f"{split}.parquet")
+    return folder
+
+
+def _checkpoints(tmp_path: Path, tiny_model_dir, task_digest: str) -> Path:
+    for seed in (1, 2):
+        folder = tmp_path / "checkpoints" / f"seed{seed}"
+        shutil.copytree(tiny_model_dir("tiny-bert"), folder)
+        info = model_info(folder)
+        (folder / MODEL_INFO_FILE).write_text(json.dumps({**info, "source": "finetune", "task": TASK,
+                                                          "base_digest": "b" * 64, "task_digest": task_digest}))
+    return tmp_path / "checkpoints"
+
+
+def test_a_task_table_edited_after_fine_tuning_is_refused(tmp_path, tiny_model_dir) -> None:
+    tasks = tmp_path / "task"
+    tasks.mkdir()
+    _task_folder(tasks)
+    checkpoints = _checkpoints(tmp_path, tiny_model_dir, io.task_tables_digest(tasks))
+    assert io.run_expectations(checkpoints, [1, 2], tasks)["seed1"]["task_digest"] == io.task_tables_digest(tasks)
+    table = pq.read_table(tasks / "validation.parquet")
+    pq.write_table(table.slice(0, 19), tasks / "validation.parquet")  # one label fewer, edited by hand
+    with pytest.raises(LayersimError, match=rf"checkpoint {checkpoints / 'seed1'} was fine-tuned on other task tables "
+                                            rf"than {tasks} holds now .*; re-run the finetune stage"):
+        io.run_expectations(checkpoints, [1, 2], tasks)
+
+
+def test_an_activation_table_of_another_width_is_refused(tmp_path, tiny_model_dir) -> None:
+    """Matching run, task and digest metadata, but written at another hidden size than the checkpoint's."""
+    from test_integrity import write_activations
+
+    checkpoints = _checkpoints(tmp_path, tiny_model_dir, "t" * 64)
+    known = io.run_expectations(checkpoints, [1, 2])
+    path = tmp_path / "seed1.cls.parquet"
+    write_activations(path, run="seed1", digest=known["seed1"]["model_digest"])  # 2 layers of width 4
+    with pytest.raises(LayersimError, match=r"has (num_layers 2, expected 3|hidden_size 4, expected 32)"):
+        io.ActivationTable(path, expect={"run": "seed1", **{k: v for k, v in known["seed1"].items() if k != "task_digest"}})
+
+
+def _disk_full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_while_writing_json_is_one_line_and_leaves_nothing(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(Path, "write_text", _disk_full)
+    with pytest.raises(LayersimError, match=rf"no space left on the device while writing {tmp_path / 'm.json'}; free "
+                                            r"some space and run the stage again"):
+        io.write_json({"a": 1}, tmp_path / "m.json")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_while_writing_a_figure_is_one_line_and_leaves_nothing(tmp_path, monkeypatch) -> None:
+    fig = plt.figure()
+    monkeypatch.setattr(Path, "write_bytes", _disk_full)
+    with pytest.raises(LayersimError, match=rf"no space left on the device while writing {tmp_path / 'f.png'}"):
+        io.write_figure(fig, tmp_path / "f.png")
+    plt.close(fig)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_in_a_stage_is_one_error_line(tmp_path, monkeypatch, capsys) -> None:
+    params = tiny_params(yaml.safe_load((REPO / "params.yaml").read_text()), tasks=[TASK])
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(Path, "write_text", _disk_full)
+    monkeypatch.setattr(sys, "argv", [str(REPO / "stages/check_params.py"), "data/params.checked"])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    assert exited.value.code == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1].startswith("error: no space left on the device while writing data/params.checked")
+    assert "Traceback" not in "\n".join(lines)
+    assert list((tmp_path / "data").iterdir()) == []
