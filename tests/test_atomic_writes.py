@@ -132,7 +132,8 @@ def test_write_figure_interrupted(tmp_path, monkeypatch, previous):
     before = path.read_bytes() if previous else None
 
     def partial(target, *args, **kwargs):
-        Path(target).write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)  # a PNG header, then nothing
+        header = b"\x89PNG\r\n\x1a\n" + b"\0" * 64  # a PNG header, then nothing
+        target.write(header) if hasattr(target, "write") else Path(target).write_bytes(header)
         raise Interrupted("renderer crashed")
 
     monkeypatch.setattr(fig, "savefig", partial)
