@@ -12,8 +12,8 @@ from layersim.io import ActivationTable, read_task_table, run_expectations, writ
 from layersim.plots import truncation_curves
 from layersim.tasks import get_task
 from layersim.train import default_device
-from layersim.truncation import (VARIANTS, fewest_layers_within, full_score, head_scores, load_for_validation,
-                                 primary_score, untuned_scores)
+from layersim.truncation import (VARIANTS, full_score, head_scores, load_for_validation, primary_score,
+                                 truncation_summary, untuned_scores)
 
 
 def main(args, params):
@@ -52,27 +52,13 @@ def main(args, params):
     train = cls("orig", "train")
     baseline = primary_score(spec, majority_baseline(spec, train.labels()[train.choice == 0], validation_labels),
                              validation_labels)
-    mean = {variant: np.mean(runs, axis=0) for variant, runs in per_seed.items()}
-    fewest = fewest_layers_within(mean["untuned"].tolist(), float(np.mean(full)), p.tolerance)
-    num_layers = len(mean["untuned"]) - 1
-    metrics = {
-        "metric": spec.primary_metric,
-        "full": round(float(np.mean(full)), 6),
-        "majority_baseline": round(baseline, 6),
-        "tolerance": p.tolerance,
-        "fewest_layers_untuned_within_tolerance": fewest,
-        "droppable_top_layers_untuned": num_layers - fewest,
-        **{variant: {f"layer_{k:02d}": round(float(v), 6) for k, v in enumerate(values)}
-           for variant, values in mean.items()},
-    }
-    rows = [{"variant": variant, "seed": seed, "layer": k, "score": round(float(v), 6)}
-            for variant, runs in per_seed.items() for seed, run in zip(params.seeds, runs) for k, v in enumerate(run)]
+    metrics, rows = truncation_summary(per_seed, full, baseline, params.seeds, p.tolerance, spec.primary_metric)
     title = f"truncation — {orig.metadata['model']} on {spec.name}"
     write_figure(truncation_curves(per_seed, full, baseline, spec.primary_metric, title), args.plots / f"{spec.name}.png")
     write_json(rows, args.plots / f"{spec.name}.json")
     write_json(metrics, args.metrics)
-    cli.log.info("wrote %s and %s: %d of %d top layers can be dropped within %.3g", args.metrics,
-                 args.plots / f"{spec.name}.png", num_layers - fewest, num_layers, p.tolerance)
+    cli.log.info("wrote %s and %s: %d top layers can be dropped within %.3g", args.metrics,
+                 args.plots / f"{spec.name}.png", metrics["droppable_top_layers_untuned"], p.tolerance)
 
 
 if __name__ == "__main__":

@@ -189,7 +189,7 @@ def test_folder_kept_when_the_final_rename_fails(tmp_path, monkeypatch):
             raise Interrupted("rename failed")
         original(src, dst)
 
-    monkeypatch.setattr(io.os, "replace", failing)
+    monkeypatch.setattr(io.atomic.os, "replace", failing)
     with pytest.raises(Interrupted):
         with io.atomic_path(target, is_dir=True) as tmp:
             (tmp / "model.safetensors").write_bytes(b"new weights")

@@ -10,7 +10,6 @@ real subprocesses to prove the command line itself behaves.
 
 from __future__ import annotations
 
-import copy
 import runpy
 import shlex
 import subprocess

@@ -5,7 +5,6 @@ first non-finite activation."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess

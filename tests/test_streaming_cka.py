@@ -3,7 +3,6 @@ and the similarity stage's streamed path (layersim.comparisons), each against th
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
@@ -179,10 +178,9 @@ def test_iter_batches_errors_name_the_layer_and_example(tmp_path, rng):
 
 
 def _stage():
-    spec = importlib.util.spec_from_file_location("similarity_stage", ROOT / "stages" / "similarity.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from layersim import similarity_task
+
+    return similarity_task
 
 
 def _three_runs(tmp_path: Path, rng: np.random.Generator, n: int = 700) -> dict[str, ActivationTable]:

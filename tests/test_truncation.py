@@ -112,3 +112,14 @@ def test_a_folder_without_a_fine_tuned_head_is_refused(tiny_model_dir):
     with pytest.raises(LayersimError) as info:
         load_finetuned(tiny_model_dir("tiny-bert"), get_task("synth-negation"))
     assert "no head fine-tuned on task 'synth-negation'" in str(info.value)
+
+
+def test_truncation_summary_of_a_small_exact_case() -> None:
+    from layersim.truncation import truncation_summary
+
+    per_seed = {"untuned": [[0.5, 0.7, 0.9], [0.5, 0.9, 0.9]], "tuned": [[0.6, 0.8, 0.9], [0.6, 0.8, 0.9]]}
+    metrics, rows = truncation_summary(per_seed, [0.9, 0.9], 0.5, [1, 2], 0.05, "accuracy")
+    assert metrics["full"] == 0.9 and metrics["majority_baseline"] == 0.5
+    assert metrics["untuned"] == {"layer_00": 0.5, "layer_01": 0.8, "layer_02": 0.9}
+    assert metrics["fewest_layers_untuned_within_tolerance"] == 2 and metrics["droppable_top_layers_untuned"] == 0
+    assert len(rows) == 2 * 2 * 3 and rows[0] == {"variant": "untuned", "seed": 1, "layer": 0, "score": 0.5}

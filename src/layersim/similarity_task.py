@@ -1,0 +1,128 @@
+"""The similarity stage's work for one task: read the activation tables of the pretrained model and the
+fine-tuned seeds (checked against the checkpoints they came from) and report, per pooling, every
+measure's layer × layer matrices with their nulls and intervals (layersim.similarity_report), the
+localization score, and attention-level similarities. Returns figures, plot rows and metrics; the
+stage writes them.
+
+Memory: with linear CKA as the only measure, the matrix is streamed from the activation tables in row
+batches once that takes less memory than loading them (layersim.comparisons.stream_linear_cka); the
+null and intervals, which need the rows in memory, are then left out and the metrics say so."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from layersim.comparisons import (attention_maps, per_layer, stacked_matrix, stream_linear_cka, stream_rows,
+                                  streamed_linear_cka)
+from layersim.io import ActivationTable, AttentionTable, run_expectations, write_figure, write_json
+from layersim.params import Params
+from layersim.similarity import check_computable
+from layersim.similarity_report import localization_report, phang_report, settings
+
+
+def run_labels(seeds) -> dict[str, str]:
+    """Run name in the activation folder → label in figures (FT is the first seed, as in Phang)."""
+    return {"orig": "ORIG"} | {f"seed{s}": f"FT[{i}]" for i, s in enumerate(seeds, start=1)}
+
+
+def layer_sources(tables: dict, labels: dict, measures, options, log=lambda *args: None):
+    """(`matrix_of(measure)`, `layers()`) over the runs' stacked layers: linear CKA streamed from the tables in
+    row batches when that takes less memory (then `layers` is None), otherwise every measure on the layers,
+    read once."""
+    widths = [table.hidden_size for table in tables.values() for _ in range(table.num_layers + 1)]
+    num_rows = next(iter(tables.values())).num_rows
+    streamed = stream_linear_cka(measures, num_rows, widths)
+    models = {}
+
+    def layers():
+        if not models:
+            models.update({labels[run]: table.layers() for run, table in tables.items()})
+        return models
+
+    def matrix_of(measure):
+        if measure == "linear_cka" and streamed:
+            rows = stream_rows(widths)
+            log("streaming linear CKA from the activation tables, %d rows at a time", rows)
+            batches = zip(*(table.iter_batches(rows) for table in tables.values()))
+            return streamed_linear_cka(tqdm(batches, total=-(-num_rows // rows), desc="linear CKA", mininterval=2))
+        return stacked_matrix(measure, layers(), **options.get(measure, {}))
+
+    return matrix_of, (None if streamed else layers)
+
+
+@dataclass
+class SimilarityOutputs:
+    """What the stage writes: figures and plot rows by (folder, file name), folders being "plots",
+    "diagonals" and "localization"; and the metrics."""
+    figures: dict[tuple[str, str], object] = field(default_factory=dict)
+    rows: dict[tuple[str, str], list] = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)
+
+    def write(self, folders: dict[str, Path]) -> None:
+        """Every figure (PNG) and plot-row file (JSON) into its folder."""
+        for (where, name), figure in self.figures.items():
+            write_figure(figure, folders[where] / name)
+        for (where, name), rows in self.rows.items():
+            write_json(rows, folders[where] / name)
+
+
+def task_similarity(activations: Path, checkpoints: Path, task: str, params: Params,
+                    log=lambda *args: None, warn=lambda *args: None) -> SimilarityOutputs:
+    p = params.similarity
+    labels = run_labels(params.seeds)
+    options, uncertainty = settings(p)
+    out, localization_rows = SimilarityOutputs(), []
+    known = run_expectations(checkpoints, params.seeds)  # the weights the tables must come from
+    model = params.model
+    for pooling, measures in p.measures.items():
+        tables = {run: ActivationTable(activations / f"{run}.{pooling}.parquet", expect={
+                      "task": task, "split": "validation", "run": run, "pooling": pooling, **known[run]})
+                  for run in labels}
+        for table in tables.values():
+            tables["orig"].check_comparable(table)
+        orig = tables["orig"]
+        for measure in measures:  # before any work: e.g. mixedsim needs more examples than neurons
+            check_computable(measure, orig.num_rows, orig.hidden_size)
+        model = orig.metadata["model"]
+        log("read %d activation tables (%s pooling, %d rows) from %s", len(tables), pooling, orig.num_rows, activations)
+        sizes = {labels[run]: table.num_layers + 1 for run, table in tables.items()}
+        matrix_of, layers = layer_sources(tables, labels, measures, options, log)
+        report = phang_report(sizes, matrix_of, measures, f"{pooling.upper()} representations — {model} on {task}",
+                              layers=layers, options=options, uncertainty=uncertainty, groups=orig.example_id)
+        metrics = out.metrics[pooling] = report.metrics
+        if layers is None:
+            metrics["null"] = "not computed: the tables were streamed (larger than memory)"
+            warn("%s: tables streamed, so no permutation null or bootstrap interval", pooling)
+        metrics["rows"] = orig.num_rows
+        out.figures["plots", f"{pooling}.png"] = report.figure
+        out.rows["plots", f"{pooling}.json"] = report.rows
+        if report.diagonal_figure is not None:
+            out.figures["diagonals", f"{pooling}.png"] = report.diagonal_figure
+        out.rows["diagonals", f"{pooling}.json"] = report.diagonal_rows
+        found = localization_report(report.matrices, sizes, p.localization, f"{pooling.upper()} — {model} on {task}",
+                                    pooling=pooling)
+        if found is not None:
+            metrics["localization"] = {label: per_layer(values) for label, values in found.scores.items()}
+            localization_rows += found.rows
+            out.figures["localization", f"{pooling}.png"] = found.figure
+    # Always written (empty without neuronsim and svcca): git cannot hold an empty output folder.
+    out.rows["localization", "localization.json"] = localization_rows
+    if p.attention_measures:
+        tables = {run: AttentionTable(activations / "attention" / f"{run}.parquet",
+                                      expect={"task": task, "split": "validation", "run": run,
+                                              "model_digest": known[run]["model_digest"]})
+                  for run in labels}
+        for table in tables.values():
+            tables["orig"].check_comparable(table)
+        models = {labels[run]: attention_maps(table) for run, table in tables.items()}
+        report = phang_report({label: len(maps) for label, maps in models.items()},
+                              lambda measure: stacked_matrix(measure, models, **options.get(measure, {})),
+                              p.attention_measures, f"attention maps — {model} on {task}", first_layer=1,
+                              attention=True)
+        out.metrics["attention"] = report.metrics
+        out.figures["plots", "attention.png"] = report.figure
+        out.rows["plots", "attention.json"] = report.rows
+    return out
