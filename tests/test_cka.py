@@ -199,8 +199,10 @@ def test_each_layer_is_centred_once(rng, method, monkeypatch):
         return wrapper
 
     # The gram method centres with centre, the feature method into its stack with centre_into.
-    monkeypatch.setattr(cka, "centre", counting(cka.centre))
-    monkeypatch.setattr(cka, "centre_into", counting(cka.centre_into))
+    from layersim.similarity import _cka_kernels
+
+    monkeypatch.setattr(_cka_kernels, "centre", counting(_cka_kernels.centre))
+    monkeypatch.setattr(_cka_kernels, "centre_into", counting(_cka_kernels.centre_into))
     xs = _layers(rng, 20, [5, 5, 5, 5])
     cka_matrix(xs, method=method)
     assert sorted(calls) == ["xs[0]", "xs[1]", "xs[2]", "xs[3]"]

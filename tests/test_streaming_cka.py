@@ -13,8 +13,8 @@ import pytest
 from layersim.comparisons import stacked_matrix, stream_linear_cka, streamed_linear_cka
 from layersim.errors import LayersimError
 from layersim.io import ActivationTable, ActivationWriter
+from layersim.similarity import _cka_kernels
 from layersim.similarity import LinearCKAAccumulator, cka_matrix
-from layersim.similarity import cka as cka_module
 from layersim.similarity_report import phang_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ def rng() -> np.random.Generator:
 def test_matches_cka_matrix_in_float64(rng):
     # 2,550 columns: two panels of products (PANEL_COLUMNS = 2048), so panel bookkeeping is exercised too.
     layers = _layers(rng, 600, [700, 900, 600, 50, 300])
-    assert len(cka_module._panels(np.cumsum([0, 700, 900, 600, 50, 300]))) == 2
+    assert len(_cka_kernels._panels(np.cumsum([0, 700, 900, 600, 50, 300]))) == 2
     want = cka_matrix(layers, precision="float64")
     got = _stream(layers, 128, precision="float64").matrix()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-9)

@@ -71,206 +71,20 @@ their behaviour).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
-import scipy.linalg
 
-from layersim.errors import LayersimError, unknown_name
+from layersim.errors import LayersimError
 from layersim.similarity._common import (
     Named,
-    centre_drop_constant,
     check_rtol,
-    default_rtol,
     named_lists,
     validated,
 )
 from layersim.similarity._pairs import fill_matrix
 
-METHODS = ("svd", "qr")
-
-# The default cap keeps at most one dimension per this many centred examples (see the module docstring).
-ROWS_PER_DIMENSION = 10
-
-# Measures whose dimensions max_dims caps, by registry name, with their label in error messages.
-CAPPED_MEASURES = {"svcca": "SVCCA", "pwcca": "PWCCA", "mean_cca": "CCA"}
-
-
-@dataclass(frozen=True)
-class Basis:
-    """One layer's whitened form: an orthonormal basis of its centred data (or of its top principal
-    components), and optionally the coordinates of its neurons in that basis (for PWCCA weights)."""
-
-    name: str
-    q: np.ndarray  # (n, r), orthonormal columns
-    coords: np.ndarray | None  # (r, d) = qᵀ Xc, or None when not needed
-
-
-# --- whitening ---
-
-
-def whiten(
-    name: str,
-    a: np.ndarray,
-    measure: str,
-    *,
-    method: str = "svd",
-    variance_threshold: float | None = None,
-    rtol: float | None = None,
-    keep_coords: bool = False,
-    max_dims: int | str | None = None,
-) -> Basis:
-    """Orthonormal basis of the centred ``a`` (constant neurons ignored), rank-truncated at ``rtol``
-    and, with ``variance_threshold``, cut to the fewest top principal components reaching it; then,
-    with ``max_dims`` (an int, or "auto" for :func:`dimension_cap` of ``a``'s row count; None: no
-    cap, the default here), cut to at most that many top principal components."""
-    centred, _ = centre_drop_constant(name, a, measure)
-    n, d = centred.shape
-    tol = default_rtol(n, d) if rtol is None else rtol
-    cap = dimension_cap(n, max_dims)
-    if method == "qr":
-        # Column-pivoted QR: |R_00| >= |R_11| >= ..., and a direction whose pivot is below tol·|R_00|
-        # is (numerically) spanned by the earlier columns.
-        q, r, _ = scipy.linalg.qr(centred, mode="economic", pivoting=True, check_finite=False)
-        pivots = np.abs(np.diag(r))
-        rank = int(np.count_nonzero(pivots > tol * pivots[0]))
-        basis = q[:, :rank]
-        if cap is not None and cap < rank:
-            # Top principal components: centred P = Q R, so the left singular vectors of centred are
-            # Q times those of the small (rank x d) R (the column permutation does not change them).
-            u_r = np.linalg.svd(r[:rank], full_matrices=False)[0]
-            basis = basis @ u_r[:, :cap]
-    else:
-        u, s = _principal_directions(centred)
-        rank = int(np.count_nonzero(s > tol * s[0]))
-        if variance_threshold is not None:
-            explained = np.cumsum(s[:rank] ** 2)
-            # Fewest components whose share reaches the threshold; threshold 1 keeps all `rank`.
-            rank = min(rank, int(np.searchsorted(explained, variance_threshold * explained[-1])) + 1)
-        if cap is not None:
-            rank = min(rank, cap)
-        basis = u[:, :rank]
-    basis = np.ascontiguousarray(basis)
-    return Basis(name, basis, basis.T @ centred if keep_coords else None)
-
-
-def _principal_directions(centred: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Left singular vectors and singular values (descending) of a centred (n, d) array."""
-    n, d = centred.shape
-    if n >= 2 * d:
-        # Tall: QR first, then the SVD of the small d x d factor (cheaper than a direct SVD).
-        q, r = np.linalg.qr(centred)
-        u_r, s, _ = np.linalg.svd(r)
-        return q @ u_r, s
-    u, s, _ = np.linalg.svd(centred, full_matrices=False)
-    return u, s
-
-
-def _correlations(bx: Basis, by: Basis) -> np.ndarray:
-    """Canonical correlations (descending, clipped to [0, 1]) of two whitened layers."""
-    rho = np.linalg.svd(bx.q.T @ by.q, compute_uv=False)
-    return np.clip(rho, 0.0, 1.0)
-
-
-def _pw_both(bx: Basis, by: Basis) -> tuple[float, float]:
-    """PWCCA weighted by x's neurons and by y's neurons, from one SVD of ``Qxᵀ Qy``."""
-    u, rho, vt = np.linalg.svd(bx.q.T @ by.q, full_matrices=False)
-    np.clip(rho, 0.0, 1.0, out=rho)
-    return _pw_weighted(u.T @ bx.coords, rho), _pw_weighted(vt @ by.coords, rho)
-
-
-def _pw_weighted(variates_dot_neurons: np.ndarray, rho: np.ndarray) -> float:
-    """Σ α_i ρ_i with α_i ∝ Σ_j |h_iᵀ xc_j| (rows of the argument are h_iᵀ Xc)."""
-    alpha = np.abs(variates_dot_neurons).sum(axis=1)
-    # Every h_i is a unit vector inside the column space of Xc, so some xc_j has h_iᵀ xc_j != 0:
-    # the weights never sum to zero.
-    return float(np.clip(alpha @ rho / alpha.sum(), 0.0, 1.0))
-
-
-# --- the dimension cap ---
-
-
-def dimension_cap(num_rows: int, max_dims: int | str | None = "auto") -> int | None:
-    """The most principal components per side that the CCA measures keep for ``num_rows`` examples.
-
-    ``max_dims="auto"``: ``max(1, ⌊(num_rows - 1) / 10⌋)`` (see the module docstring); a positive
-    int: that number; None: no cap (returns None). Raises a LayersimError for any other value.
-    """
-    check_max_dims(max_dims)
-    if max_dims is None:
-        return None
-    if max_dims == "auto":
-        return max(1, (int(num_rows) - 1) // ROWS_PER_DIMENSION)
-    return int(max_dims)
-
-
-def check_max_dims(max_dims: object) -> None:
-    """Raise a LayersimError unless ``max_dims`` is "auto", None or a positive integer."""
-    if max_dims is None or (isinstance(max_dims, str) and max_dims == "auto"):
-        return
-    if isinstance(max_dims, (int, np.integer)) and not isinstance(max_dims, (bool, np.bool_)) and max_dims >= 1:
-        return
-    raise LayersimError(
-        f"max_dims must be 'auto' (at most one dimension per {ROWS_PER_DIMENSION} examples), None (no cap) "
-        f"or a positive integer, got {max_dims!r}."
-    )
-
-
-def kept_dimensions(x: np.ndarray, measure: str, **options) -> int:
-    """How many dimensions of the layer ``x`` (``num_examples x hidden``) the CCA measure ``measure``
-    ("svcca", "pwcca" or "mean_cca") compares, with the measure's ``options`` (the same keywords the
-    measure takes, defaults included): its numerical rank, cut by the variance threshold (svcca; pwcca
-    when given) and by ``max_dims``. The number is per layer, so record it per layer; a pair compares
-    ``min(kept(x), kept(y))`` canonical correlations. Costs one SVD (or QR) of ``x``.
-
-    Raises
-    ------
-    LayersimError
-        For another measure name, an option the measure does not take, a bad option value, or a bad ``x``.
-    """
-    if measure not in CAPPED_MEASURES:
-        raise unknown_name("CCA measure", measure, CAPPED_MEASURES, "kept_dimensions only applies to these")
-    defaults = {
-        "svcca": {"variance_threshold": 0.99, "rtol": None, "max_dims": "auto"},
-        "pwcca": {"method": "svd", "variance_threshold": None, "rtol": None, "max_dims": "auto"},
-        "mean_cca": {"method": "svd", "rtol": None, "max_dims": "auto"},
-    }[measure]
-    for key in options:
-        if key not in defaults:
-            raise LayersimError(
-                f"unknown option {key!r} for similarity measure {measure!r}; valid options are: "
-                f"{', '.join(sorted(defaults))}."
-            )
-    opts = {**defaults, **options}
-    label = CAPPED_MEASURES[measure]
-    if measure == "svcca" and opts["variance_threshold"] is None:
-        raise LayersimError("svcca needs a variance_threshold in (0, 1]; use mean_cca or pwcca for plain CCA.")
-    _check_method(opts.get("method", "svd"), opts.get("variance_threshold"))
-    _check_threshold(opts.get("variance_threshold"))
-    check_rtol(opts["rtol"])
-    check_max_dims(opts["max_dims"])
-    (name, a), = validated([("x", x)], label)
-    return int(whiten(name, a, label, **opts).q.shape[1])
-
-
-# --- checks ---
-
-
-def _check_method(method: str, variance_threshold: float | None) -> None:
-    if method not in METHODS:
-        raise unknown_name("CCA method", method, METHODS)
-    if method == "qr" and variance_threshold is not None:
-        raise LayersimError(
-            "method='qr' cannot apply a variance_threshold (that needs principal components); "
-            "use method='svd' or variance_threshold=None."
-        )
-
-
-def _check_threshold(variance_threshold: float | None) -> None:
-    if variance_threshold is None:
-        return
-    if not (isinstance(variance_threshold, (int, float)) and 0.0 < variance_threshold <= 1.0):
-        raise LayersimError(f"variance_threshold must be a number in (0, 1], got {variance_threshold!r}.")
+from layersim.similarity._cca_core import (  # noqa: F401  (re-exported: one import path for callers)
+    METHODS, ROWS_PER_DIMENSION, CAPPED_MEASURES, Basis, whiten, _principal_directions, _correlations, _pw_both, _pw_weighted, dimension_cap, check_max_dims, kept_dimensions, _check_method, _check_threshold)
 
 
 def _bases(named: Named, measure: str, **kwargs) -> list[Basis]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from layersim.errors import LayersimError, unknown_name
-from layersim.similarity import _rv, cka
+from layersim.similarity import _cka_kernels, _rv, cka
 from layersim.similarity._common import check_options, named_lists, validated
 from layersim.similarity._null_engines import ENGINES
 from layersim.similarity.registry import get_measure
@@ -214,7 +214,7 @@ def _exact_linear_cka(x_named, y_named, cells: np.ndarray, *, method: str = "aut
     dtype = cka._product_dtype("auto", [a for _, a in checked], gram_cost if method == "gram" else feature_cost)
     hsic_fn = cka._hsic_gram if method == "gram" else cka._hsic_feature
     hsic, self_x, self_y = hsic_fn(x_named, y_named, dtype=dtype)
-    observed = cka._normalise(hsic, self_x, self_y, symmetric)
+    observed = _cka_kernels._normalise(hsic, self_x, self_y, symmetric)
     trace_x, diag_x = _rv.row_traces(x_named)
     trace_y, diag_y = (trace_x, diag_x) if symmetric else _rv.row_traces(y_named)
     mean, var = _rv.moments(n, trace_x[:, None], self_x[:, None], diag_x[:, None],
