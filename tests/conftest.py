@@ -14,6 +14,22 @@ from pathlib import Path
 import pytest
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_dvc_cache(tmp_path_factory):
+    """One DVC cache (and run-cache) for every tiny project the integration tests build: download and
+    fine-tuning stages that two projects share run once per test run."""
+    from dvc_project import SHARED_CACHE
+
+    folder = tmp_path_factory.mktemp("dvc-cache")
+    previous = os.environ.get(SHARED_CACHE)
+    os.environ[SHARED_CACHE] = str(folder)
+    yield folder
+    if previous is None:
+        os.environ.pop(SHARED_CACHE, None)
+    else:
+        os.environ[SHARED_CACHE] = previous
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """One torch thread for a test module: tiny models and small matrices gain nothing from intra-op

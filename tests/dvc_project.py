@@ -19,6 +19,9 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+# Environment variable naming a DVC cache folder that every project of a test run shares: a stage that
+# another project already ran with the same command, deps and params is restored from DVC's run-cache.
+SHARED_CACHE = "LAYERSIM_TEST_DVC_CACHE"
 
 
 def run(cmd: list[str], cwd: Path, env: dict, check: bool = True) -> subprocess.CompletedProcess:
@@ -75,9 +78,11 @@ def copy_repository(dest: Path) -> None:
             shutil.copy2(src, dest / name)
 
 
-def make_project(dest: Path, configure: Callable[[dict], object]) -> dict:
+def make_project(dest: Path, configure: Callable[[dict], object], *, share_cache: bool = True) -> dict:
     """Copy the repository into ``dest``, edit its params with ``configure(params)``, and commit it to a
-    fresh git repository. Returns the environment to run commands in it with."""
+    fresh git repository. Returns the environment to run commands in it with. With `share_cache` (and a
+    shared cache set up by tests/conftest.py) it uses the test run's one DVC cache and run-cache; a test
+    that needs its stages to really run passes False."""
     copy_repository(dest)
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     configure(params)
@@ -86,6 +91,9 @@ def make_project(dest: Path, configure: Callable[[dict], object]) -> dict:
     run(["git", "init", "-q", "-b", "main"], dest, env)
     run(["git", "add", "-A"], dest, env)
     run(["git", "commit", "-qm", "copy"], dest, env)
+    shared = os.environ.get(SHARED_CACHE)
+    if shared and share_cache:  # one DVC cache, and so one run-cache, for every project of a test run (tests/conftest.py)
+        run(dvc("cache", "dir", "--local", shared), dest, env)
     return env
 
 

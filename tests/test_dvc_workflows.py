@@ -139,7 +139,8 @@ def experiments(base, tmp_path_factory) -> dict:
     work = where / "work"
     env = _clone(bare, work)
     # Reuse the base project's cache (and so its run-cache): the tiny-bert stages need not run again.
-    run(dvc("cache", "dir", "--local", root / ".dvc" / "cache"), work, env)
+    base_cache = run(dvc("cache", "dir"), root, project_env(root)).stdout.strip()
+    run(dvc("cache", "dir", "--local", base_cache), work, env)
     runs = {}
     for name, model in (("bert", "tiny-bert"), ("electra", "tiny-electra")):
         runs[name] = run(dvc("exp", "run", "-n", name, "-S", f"model={model}"), work, env)

@@ -186,7 +186,7 @@ def test_dvc_repro_resumes_after_the_whole_pipeline_is_killed(tmp_path):
     reference, preempted = tmp_path / "reference", tmp_path / "preempted"
     run(dvc("repro", stage), reference, make_project(reference, configure))
 
-    env = make_project(preempted, configure)
+    env = make_project(preempted, configure, share_cache=False)  # else the run-cache restores the reference run
     victim = subprocess.Popen(dvc("repro", stage), cwd=preempted, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     try:
