@@ -116,6 +116,9 @@ def test_exact_matrix_and_point_mass(rng):
     # xs[0] is whitened and spans every centred direction (K = H): every permutation gives the same value.
     assert m.null_mean[0, 1] == pytest.approx(m.observed[0, 1]) and m.null_p95[0, 1] == pytest.approx(m.null_mean[0, 1])
     assert m.p_value[0, 1] == 1.0
+    # Sampled permutations of the same point mass: values equal up to rounding are ties, p = 1.
+    sampled = permutation_matrix("linear_cka", xs, permutations=20, exact=False)
+    assert sampled.p_value[0, 1] == 1.0 and sampled.p_value[1, 0] == 1.0
     assert permutation_test("linear_cka", np.arange(3.0)[:, None], np.array([[1.0], [3], [2]]),
                             permutations=5).method == "permutation"  # n < 4: no moments, sampled
 

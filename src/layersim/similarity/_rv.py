@@ -32,7 +32,10 @@ import scipy.stats
 from layersim.errors import LayersimError
 from layersim.similarity._common import Named, centre
 
-# A null standard deviation below this fraction of the mean counts as a point mass.
+# The variance is a difference of terms of order mean**2, so rounding leaves up to ~sqrt(eps) * mean
+# of spurious standard deviation: a null whose sd is below this fraction of the mean is a point mass.
+_POINT_MASS_SD_RTOL = 1e-6
+# An observed value within this fraction of a point-mass null's mean equals it (p = 1).
 _POINT_MASS_RTOL = 1e-9
 
 
@@ -63,7 +66,7 @@ def moments(n: int, trace_x, trace_sq_x, diag_sq_x, trace_y, trace_sq_y, diag_sq
 def pearson3_null(observed: np.ndarray, mean: np.ndarray, var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """95th percentile and ``P(null >= observed)`` of the gamma-shaped Pearson type III null."""
     sd = np.sqrt(var)
-    point = sd <= _POINT_MASS_RTOL * mean
+    point = sd <= _POINT_MASS_SD_RTOL * mean
     safe_sd = np.where(point, 1.0, sd)
     skew = 2.0 * safe_sd / mean
     p_value = scipy.stats.pearson3.sf(observed, skew, loc=mean, scale=safe_sd)

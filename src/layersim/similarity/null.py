@@ -187,13 +187,19 @@ def _check_cells(cells, shape: tuple[int, int]) -> np.ndarray:
     return mask
 
 
+_TIE_RTOL = 1e-9
+
+
 def _summary(observed: np.ndarray, null: np.ndarray, cells: np.ndarray, permutations: int) -> NullMatrix:
     """Mean, 95th percentile and p-value per cell from the sampled ``(permutations, cells)`` values."""
     mean, p95, p_value = (np.full(cells.shape, np.nan) for _ in range(3))
     obs = observed[cells]
     mean[cells] = null.mean(axis=0)
     p95[cells] = np.percentile(null, 95, axis=0)
-    p_value[cells] = (1.0 + np.count_nonzero(null >= obs[None, :], axis=0)) / (1.0 + permutations)
+    # A permuted value equal to the observed one up to float rounding is a tie and counts as >= (a
+    # point-mass null must give p = 1, not 0.5 by the luck of the last bit).
+    ties = _TIE_RTOL * np.maximum(1.0, np.abs(obs))
+    p_value[cells] = (1.0 + np.count_nonzero(null >= (obs - ties)[None, :], axis=0)) / (1.0 + permutations)
     return NullMatrix(observed, mean, p95, p_value, permutations, "permutation")
 
 
