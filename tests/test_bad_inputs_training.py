@@ -20,7 +20,7 @@ import yaml
 from dvc_project import REPO, tiny_params
 from layersim import train
 from layersim.batching import encode_task
-from layersim.divergence import NonFiniteLoss
+from layersim.training_steps import NonFiniteLoss
 from layersim.errors import LayersimError
 from layersim.heads import HeadParams, train_head
 from layersim.models import load_tokenizer

@@ -18,8 +18,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from layersim.divergence import mark_non_finite
+from layersim.training_steps import GradientSteps
 from layersim.errors import LayersimError
+from layersim.linalg import Standardizer
 from layersim.tasks import TaskSpec
 
 log = logging.getLogger("layersim")
@@ -75,15 +76,15 @@ def train_head(spec: TaskSpec, features: np.ndarray, labels: np.ndarray, params:
                             f"choices for task {spec.name!r}.")
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    x = torch.from_numpy(np.asarray(features, np.float32))
-    mean, scale = x.mean(0), x.std(0).clamp(min=1e-6)
-    x = ((x - mean) / scale).view(len(labels), num_choices, -1)
+    scaler = Standardizer().fit(features)
+    mean, scale = (torch.from_numpy(v.astype(np.float32)) for v in (scaler.mean_, scaler.scale_))
+    x = torch.from_numpy(scaler.transform(features).astype(np.float32)).view(len(labels), num_choices, -1)
     y = torch.from_numpy(np.asarray(labels, np.float32 if spec.regression else np.int64))
     head = Head(x.shape[-1], spec.num_labels, params.dropout)
     optimizer = torch.optim.AdamW(head.parameters(), lr=params.learning_rate, weight_decay=params.weight_decay)
     loss_fn = nn.MSELoss() if spec.regression else nn.CrossEntropyLoss()
     head.train()
-    first_bad = torch.full((), params.epochs + 1)
+    steps = GradientSteps(optimizer, total=params.epochs)
     started = time.perf_counter()
     for epoch in range(params.epochs):
         if epoch == 1:
@@ -96,13 +97,11 @@ def train_head(spec: TaskSpec, features: np.ndarray, labels: np.ndarray, params:
                 loss = loss_fn(out.view(len(batch), num_choices), y[batch])
             else:
                 loss = loss_fn(out.view(len(batch), -1), y[batch])
-            first_bad = mark_non_finite(first_bad, loss.detach(), epoch + 1)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-        if int(first_bad) <= epoch + 1:
+            steps.take(loss, epoch + 1)
+        bad_epoch = steps.diverged_at(epoch + 1)
+        if bad_epoch is not None:
             raise LayersimError(f"training a fresh head for task {spec.name!r}: the loss became NaN or infinite in "
-                                f"epoch {int(first_bad)}; lower truncate.head_learning_rate (now "
+                                f"epoch {bad_epoch}; lower truncate.head_learning_rate (now "
                                 f"{params.learning_rate:g}).")
     return TrainedHead(head, mean, scale, num_choices)
 

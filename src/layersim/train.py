@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from layersim.batching import EncodedTask, collate, to_device
 from layersim.errors import LayersimError
-from layersim.divergence import check_finite_loss, mark_non_finite
+from layersim.training_steps import GradientSteps
 from layersim.evaluate import score
 from layersim.models import (MODEL_INFO_FILE, file_digest, load_task_model, load_tokenizer, model_info, verified_info,
                              weights_digest)
@@ -142,7 +142,7 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
                             resume=resume)
         for step, values in state.history:
             log(step, values)
-    first_bad = torch.full((), params.max_steps + 1, device=device)
+    steps = GradientSteps(optimizer, scheduler, total=params.max_steps, device=device)
 
     model.train()
     progress = tqdm(range(start, params.max_steps), desc=f"finetune {spec.name} seed {seed}", mininterval=2,
@@ -150,17 +150,13 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
     for step in progress:
         batch = to_device(collate(train, order[step], tokenizer), device)
         loss = model(**batch).loss
-        first_bad = mark_non_finite(first_bad, loss.detach(), step + 1)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        steps.take(loss, step + 1)
         running += loss.detach()
         count += 1
         done = step + 1
         if done % log_every == 0 or done == params.max_steps:
             # One host sync per logging window, not per step.
-            check_finite_loss(first_bad, done, what, hint)
+            steps.check(done, what, hint)
             mean_loss = float(running) / count
             progress.set_postfix(loss=f"{mean_loss:.4f}")
             log(done, {"train/loss": mean_loss, "train/lr": scheduler.get_last_lr()[0]})
@@ -169,7 +165,7 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
             log(done, _prefixed(evaluate_model(model, spec, validation, tokenizer, params, device)))
             model.train()
         if resume and params.checkpoint_every and done % params.checkpoint_every == 0 and done != params.max_steps:
-            check_finite_loss(first_bad, done, what, hint)  # a diverged run leaves no state to resume
+            steps.check(done, what, hint)  # a diverged run leaves no state to resume
             resume.save(TrainingState.capture(done, model, optimizer, scheduler, running, count, history))
     final = evaluate_model(model, spec, validation, tokenizer, params, device)
     log(params.max_steps, _prefixed(final))

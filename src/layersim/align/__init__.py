@@ -7,7 +7,8 @@ Pure math on ``(num_examples x hidden)`` arrays (NumPy and torch), no I/O. Maps,
 ``fit(x_train, y_train)``, ``transform(x)`` and, where it exists, ``inverse(y)``.
 """
 
-from layersim.align.base import AlignmentMap, Standardizer
+from layersim.align.base import AlignmentMap
+from layersim.linalg import Standardizer
 from layersim.align.experiments import (alignment_errors, layer_alignment_matrix, map_representations,
                                         synthetic_recovery)
 from layersim.align.linear import CCAMap, LinearRegressionMap, PWCCAMap, SVCCAMap

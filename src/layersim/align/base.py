@@ -23,6 +23,7 @@ from typing import ClassVar
 import numpy as np
 
 from layersim.errors import LayersimError
+from layersim.linalg import Standardizer
 
 
 def as_matrix(a: object, label: str) -> np.ndarray:
@@ -56,29 +57,6 @@ def check_pair(x: object, y: object, min_rows: int = 2) -> tuple[np.ndarray, np.
 def output_dtype(a: object) -> np.dtype:
     """float32 for float32 input, float64 for everything else."""
     return np.dtype(np.float32) if np.asarray(a).dtype == np.float32 else np.dtype(np.float64)
-
-
-class Standardizer:
-    """Per-column ``(a - mean) / std`` with statistics from the rows given to :meth:`fit`.
-
-    Attributes (after ``fit``): ``mean_`` and ``scale_``, float64 arrays of shape ``(hidden,)``;
-    ``scale_`` is the population standard deviation, with 1.0 for columns constant on those rows.
-    """
-
-    def fit(self, a: np.ndarray) -> Standardizer:
-        a = as_matrix(a, "a")
-        self.mean_ = a.mean(axis=0)
-        std = a.std(axis=0)
-        # Constant columns: leave them unscaled rather than divide by ~0 (rounding residue).
-        tiny = std <= 1e-12 * np.maximum(np.abs(self.mean_), 1.0)
-        self.scale_ = np.where(tiny, 1.0, std)
-        return self
-
-    def transform(self, a: np.ndarray) -> np.ndarray:
-        return (np.asarray(a, dtype=np.float64) - self.mean_) / self.scale_
-
-    def inverse_transform(self, a: np.ndarray) -> np.ndarray:
-        return np.asarray(a, dtype=np.float64) * self.scale_ + self.mean_
 
 
 class AlignmentMap:

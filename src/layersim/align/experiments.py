@@ -27,6 +27,7 @@ from layersim.align.maps import MAPS, make_map
 from layersim.align.metrics import mse, relative_error, train_test_split_rows
 from layersim.align.neural import random_flow
 from layersim.errors import LayersimError, unknown_name
+from layersim.linalg import Standardizer
 
 METRICS = ("mse", "relative_error")
 DEFAULT_METHODS = ("linear", "cca", "svcca", "pwcca", "inn", "mlp")
@@ -108,9 +109,7 @@ def synthetic_recovery(x: np.ndarray, methods: Iterable[str] = DEFAULT_METHODS, 
     """
     x = as_matrix(x, "x")
     train_idx, test_idx = train_test_split_rows(x.shape[0], test_fraction, seed)
-    train = x[train_idx]
-    mean, std = train.mean(axis=0), train.std(axis=0)
-    x_s = (x - mean) / np.where(std > 0, std, 1.0)
+    x_s = Standardizer().fit(x[train_idx]).transform(x)
     f = random_flow(x.shape[1], depth=depth, hidden=hidden, clamp=clamp, scale=scale, seed=seed + 1)
     with torch.no_grad():
         y = f(torch.from_numpy(x_s)).numpy()

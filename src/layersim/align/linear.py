@@ -72,10 +72,8 @@ import numpy as np
 
 from layersim.align.base import AlignmentMap, _bool, _float, _non_negative_float, _optional_positive_int
 from layersim.errors import LayersimError
+from layersim.linalg import canonical_pairs, default_rtol, numerical_rank, thin_svd, variance_rank
 
-# Singular values below this fraction of the largest (times max(n, d), as numpy's matrix_rank)
-# count as zero when ranks are decided.
-_RANK_EPS = np.finfo(np.float64).eps
 
 
 class MatrixMap(AlignmentMap):
@@ -89,9 +87,9 @@ class MatrixMap(AlignmentMap):
         if m.shape[0] != m.shape[1]:
             raise LayersimError(f"the {self.name!r} map is {m.shape[0]} x {m.shape[1]} (not square), so it has no "
                                 "inverse; inverse needs equal widths of x and y.")
-        s = np.linalg.svd(m, compute_uv=False)
-        if s[-1] <= s[0] * m.shape[0] * _RANK_EPS * 1e3:
-            rank = int(np.count_nonzero(s > s[0] * m.shape[0] * _RANK_EPS * 1e3))
+        # A looser tolerance than the rank rule: solving with a nearly singular M amplifies noise.
+        rank = numerical_rank(np.linalg.svd(m, compute_uv=False), 1e3 * default_rtol(*m.shape))
+        if rank < m.shape[0]:
             raise LayersimError(f"the fitted {self.name!r} map has rank {rank} < {m.shape[0]}, so it has no inverse; "
                                 "use all components (num_components=None, variance_threshold=1.0).")
         return np.linalg.solve(m.T, ys.T).T
@@ -221,17 +219,15 @@ class SVCCAMap(MatrixMap):
         self.matrix_ = p_x @ (w_x * weights) @ canonical_loadings(reduced_y, w_y) @ p_y.T
 
 
-# --- the linear algebra ---
+# --- the linear algebra (rank and variance rules, thin SVD, canonical pairs: layersim.linalg) ---
 
 
 def _thin_svd(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``a = Q diag(S) Rᵀ`` truncated to the numerical rank; returns (Q, S, R)."""
-    q, s, rt = np.linalg.svd(a, full_matrices=False)
-    rank = int(np.count_nonzero(s > s[0] * max(a.shape) * _RANK_EPS)) if s.size and s[0] > 0 else 0
-    if rank == 0:
+    q, s, r = thin_svd(a)
+    if s.size == 0:
         raise LayersimError("a representation is constant on the training rows (rank 0), so CCA is undefined; "
                             "drop that layer or use more training rows.")
-    return q[:, :rank], s[:rank], rt[:rank].T
+    return q, s, r
 
 
 def canonical_directions(xs: np.ndarray, ys: np.ndarray, num_components: int | None = None
@@ -240,15 +236,14 @@ def canonical_directions(xs: np.ndarray, ys: np.ndarray, num_components: int | N
 
     Returns ``(W_X, W_Y, ρ)`` with ``W_X`` (d_x x c), ``W_Y`` (d_y x c), such that ``xs W_X`` and
     ``ys W_Y`` have orthonormal columns and ``(xs W_X)ᵀ (ys W_Y) = diag(ρ)``, ρ decreasing in [0, 1].
-    ``c = min(rank xs, rank ys, num_components)``.
+    ``c = min(rank xs, rank ys, num_components)``. The same canonical pairs as the similarity measures
+    (:func:`layersim.linalg.canonical_pairs`), expressed as directions in feature space.
     """
     q_x, s_x, r_x = _thin_svd(xs)
     q_y, s_y, r_y = _thin_svd(ys)
-    a, rho, bt = np.linalg.svd(q_x.T @ q_y, full_matrices=False)
+    a, rho, bt = canonical_pairs(q_x, q_y)
     c = rho.size if num_components is None else min(num_components, rho.size)
-    w_x = (r_x / s_x) @ a[:, :c]
-    w_y = (r_y / s_y) @ bt[:c].T
-    return w_x, w_y, np.clip(rho[:c], 0.0, 1.0)
+    return (r_x / s_x) @ a[:, :c], (r_y / s_y) @ bt[:c].T, rho[:c]
 
 
 def canonical_loadings(ys: np.ndarray, w_y: np.ndarray) -> np.ndarray:
@@ -259,10 +254,7 @@ def canonical_loadings(ys: np.ndarray, w_y: np.ndarray) -> np.ndarray:
 
 
 def principal_directions(a: np.ndarray, variance_threshold: float) -> np.ndarray:
-    """Orthonormal columns (d x k): the fewest right singular vectors of centred ``a`` whose squared
-    singular values reach ``variance_threshold`` of the total."""
+    """Orthonormal columns (d x k): the top right singular vectors of centred ``a`` that the SVCCA
+    variance rule keeps (:func:`layersim.linalg.variance_rank`, as the svcca measure)."""
     _, s, r = _thin_svd(a)
-    explained = np.cumsum(s**2) / np.sum(s**2)
-    # Small tolerance so a threshold of exactly 1.0 is reached despite rounding in the cumsum.
-    k = int(np.searchsorted(explained, variance_threshold - 1e-12) + 1)
-    return r[:, : min(k, s.size)]
+    return r[:, : variance_rank(s, variance_threshold)]

@@ -62,6 +62,7 @@ from torch import nn
 
 from layersim.align.base import AlignmentMap, _non_negative_float, _positive_float, _positive_int
 from layersim.errors import LayersimError, unknown_name
+from layersim.training_steps import GradientSteps
 
 SCHEDULES = ("constant", "cosine", "linear")
 LINEAR_INITS = ("identity", "least_squares")
@@ -242,6 +243,7 @@ def train_network(module: nn.Module, xs: np.ndarray, ys: np.ndarray, *, steps: i
     optimizer = torch.optim.Adam(parameter_groups or module.parameters(), lr=learning_rate)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: learning_rate_factor(schedule, s, steps))
     losses = np.empty(steps)
+    gradient_steps = GradientSteps(optimizer, scheduler, total=steps)
     order, position = torch.randperm(n, generator=generator), 0
     module.train()
     for step in range(steps):
@@ -250,10 +252,7 @@ def train_network(module: nn.Module, xs: np.ndarray, ys: np.ndarray, *, steps: i
         rows = order[position : position + batch]
         position += batch
         loss = torch.mean((module(x[rows]) - y[rows]) ** 2)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
+        gradient_steps.take(loss, step + 1)
         losses[step] = loss.item()
     module.eval()
     bad = np.flatnonzero(~np.isfinite(losses))

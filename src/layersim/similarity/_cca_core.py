@@ -11,10 +11,10 @@ import numpy as np
 import scipy.linalg
 
 from layersim.errors import LayersimError, unknown_name
+from layersim.linalg import canonical_correlations_of, canonical_pairs, default_rtol, numerical_rank, variance_rank
 from layersim.similarity._common import (
     centre_drop_constant,
     check_rtol,
-    default_rtol,
     validated,
 )
 
@@ -63,8 +63,7 @@ def whiten(
         # Column-pivoted QR: |R_00| >= |R_11| >= ..., and a direction whose pivot is below tol·|R_00|
         # is (numerically) spanned by the earlier columns.
         q, r, _ = scipy.linalg.qr(centred, mode="economic", pivoting=True, check_finite=False)
-        pivots = np.abs(np.diag(r))
-        rank = int(np.count_nonzero(pivots > tol * pivots[0]))
+        rank = numerical_rank(np.abs(np.diag(r)), tol)
         basis = q[:, :rank]
         if cap is not None and cap < rank:
             # Top principal components: centred P = Q R, so the left singular vectors of centred are
@@ -73,11 +72,9 @@ def whiten(
             basis = basis @ u_r[:, :cap]
     else:
         u, s = _principal_directions(centred)
-        rank = int(np.count_nonzero(s > tol * s[0]))
+        rank = numerical_rank(s, tol)
         if variance_threshold is not None:
-            explained = np.cumsum(s[:rank] ** 2)
-            # Fewest components whose share reaches the threshold; threshold 1 keeps all `rank`.
-            rank = min(rank, int(np.searchsorted(explained, variance_threshold * explained[-1])) + 1)
+            rank = variance_rank(s[:rank], variance_threshold)
         if cap is not None:
             rank = min(rank, cap)
         basis = u[:, :rank]
@@ -99,14 +96,12 @@ def _principal_directions(centred: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _correlations(bx: Basis, by: Basis) -> np.ndarray:
     """Canonical correlations (descending, clipped to [0, 1]) of two whitened layers."""
-    rho = np.linalg.svd(bx.q.T @ by.q, compute_uv=False)
-    return np.clip(rho, 0.0, 1.0)
+    return canonical_correlations_of(bx.q, by.q)
 
 
 def _pw_both(bx: Basis, by: Basis) -> tuple[float, float]:
     """PWCCA weighted by x's neurons and by y's neurons, from one SVD of ``Qxᵀ Qy``."""
-    u, rho, vt = np.linalg.svd(bx.q.T @ by.q, full_matrices=False)
-    np.clip(rho, 0.0, 1.0, out=rho)
+    u, rho, vt = canonical_pairs(bx.q, by.q)
     return _pw_weighted(u.T @ bx.coords, rho), _pw_weighted(vt @ by.coords, rho)
 
 

@@ -160,14 +160,6 @@ def centre_drop_constant(name: str, a: np.ndarray, measure: str) -> tuple[np.nda
     return centred, ~constant
 
 
-def default_rtol(num_examples: int, width: int) -> float:
-    """Relative singular-value tolerance below which a direction counts as absent (rank deficiency).
-
-    NumPy's ``matrix_rank`` rule for float64 arithmetic: ``max(n, d) · eps``.
-    """
-    return max(num_examples, width) * float(np.finfo(np.float64).eps)
-
-
 def check_rtol(rtol: float | None) -> None:
     if rtol is not None and not (isinstance(rtol, (int, float)) and 0.0 <= rtol < 1.0):
         raise LayersimError(f"rtol must be a number in [0, 1) or None, got {rtol!r}.")
