@@ -30,4 +30,5 @@ dvc exp run \
   "$@"
 
 echo
-echo "Done. Figures: plots/{similarity,localization,compare,truncate,skip,align}/   metrics: dvc metrics show   experiments: dvc exp show"
+echo "Done. Figures: plots/{similarity,localization,compare,truncate,skip,align}/   every number: plots/details/"
+echo "Headline metrics: dvc metrics show   experiments: dvc exp show --drop '.*' --keep 'Experiment|^model\$|^mean\.'"

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from layersim import cli
 from layersim.align_report import AlignInputs, align_report
-from layersim.io import atomic_path, write_json
+from layersim.headlines import align_headline, write_metrics
+from layersim.io import atomic_path
 from layersim.tasks import get_task
 
 
@@ -18,8 +19,9 @@ def main(args, params):
     with atomic_path(args.plots, is_dir=True) as tmp:
         title = f"{params.align.pooling} representations — {params.model} on {args.task}"
         report.write_figures(Path(tmp), title, args.task, spec.primary_metric)
-    write_json(report.metrics(params.align.pooling), args.metrics)
-    cli.log.info("wrote %s and %s", args.plots, args.metrics)
+    full = report.metrics(params.align.pooling)
+    write_metrics(full, align_headline(full), args.metrics, args.details)
+    cli.log.info("wrote %s, %s and %s", args.plots, args.metrics, args.details)
 
 
 if __name__ == "__main__":
@@ -29,5 +31,6 @@ if __name__ == "__main__":
     parser.add_argument("--checkpoints", type=Path, required=True, help="folder holding seed<k>/ checkpoints")
     parser.add_argument("--task-dir", type=Path, required=True, help="folder written by download_task")
     parser.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
+    parser.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.headlines)")
     parser.add_argument("--plots", type=Path, required=True, help="folder for figures and plot data")
     cli.run_stage(main, parser.parse_args())

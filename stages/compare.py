@@ -7,15 +7,17 @@ from pathlib import Path
 
 from layersim import cli
 from layersim.compare_task import compare_models
-from layersim.io import atomic_path, write_json
+from layersim.headlines import compare_headline, write_metrics
+from layersim.io import atomic_path
 
 
 def main(args, params):
     out = compare_models(args.pretrained, args.checkpoints, args.compared, args.tasks, params, cli.log.info)
     with atomic_path(args.plots, is_dir=True) as plots, atomic_path(args.localization, is_dir=True) as localization:
         out.write({"plots": Path(plots), "localization": Path(localization)})
-    write_json(out.metrics, args.metrics)
-    cli.log.info("wrote %s and %s", args.plots, args.metrics)
+    pooling, measures = next(iter(params.similarity.measures.items()))  # the primary measure: listed first
+    write_metrics(out.metrics, compare_headline(out.metrics, pooling, measures[0]), args.metrics, args.details)
+    cli.log.info("wrote %s, %s and %s", args.plots, args.metrics, args.details)
 
 
 if __name__ == "__main__":
@@ -25,6 +27,7 @@ if __name__ == "__main__":
     parser.add_argument("--compared", type=Path, required=True, help="folder written by download_compared")
     parser.add_argument("--tasks", type=Path, required=True, help="folder holding <task>/ task tables")
     parser.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
+    parser.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.headlines)")
     parser.add_argument("--plots", type=Path, required=True, help="folder for figures and plot data")
     parser.add_argument("--localization", type=Path, required=True, help="folder for localization curves")
     cli.run_stage(main, parser.parse_args())

@@ -42,7 +42,7 @@ def main(args, params):
     with atomic_path(args.out, is_dir=True) as tmp:
         save_checkpoint(model, tokenizer, tmp, base_dir=args.pretrained, task=spec.name, seed=args.seed,
                         task_digest=task_tables_digest(args.task_dir))
-    write_json({"task": spec.name, "seed": args.seed, "steps": params.finetune.max_steps, **metrics}, args.metrics)
+    write_json(metrics, args.metrics)  # the task's metrics only: task and seed are in the path, steps in params
     if resume:
         resume.clear()  # the run is finished: later stages need only the checkpoint
     cli.log.info("wrote %s and %s: %s", args.out, args.metrics, json.dumps(metrics))

@@ -6,7 +6,8 @@ the localization score per layer; attention-level similarities (layersim.similar
 from pathlib import Path
 
 from layersim import cli
-from layersim.io import atomic_path, write_json
+from layersim.headlines import similarity_headline, write_metrics
+from layersim.io import atomic_path
 from layersim.similarity_task import task_similarity
 
 
@@ -16,7 +17,8 @@ def main(args, params):
     with (atomic_path(args.plots, is_dir=True) as plots, atomic_path(args.localization, is_dir=True) as localization,
           atomic_path(args.diagonals, is_dir=True) as diagonals):
         out.write({"plots": Path(plots), "localization": Path(localization), "diagonals": Path(diagonals)})
-    write_json(out.metrics, args.metrics)
+    write_metrics(out.metrics, similarity_headline(out.metrics, params.similarity.significance), args.metrics,
+                  args.details)
     cli.log.info("wrote %s, %s, %s and %s", args.plots, args.localization, args.diagonals, args.metrics)
 
 
@@ -26,6 +28,7 @@ if __name__ == "__main__":
     parser.add_argument("--activations", type=Path, required=True, help="folder written by the extract stage")
     parser.add_argument("--checkpoints", type=Path, required=True, help="folder holding seed<k>/ checkpoints")
     parser.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
+    parser.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.headlines)")
     parser.add_argument("--plots", type=Path, required=True, help="folder for heatmap PNGs and plot data")
     parser.add_argument("--localization", type=Path, required=True, help="folder for localization curves")
     parser.add_argument("--diagonals", type=Path, required=True,

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from layersim import cli
+from layersim.headlines import skip_headline, write_metrics
 from layersim.io import read_task_table, run_expectations, write_figure, write_json
 from layersim.plots import span_heatmap
 from layersim.tasks import get_task
@@ -42,7 +43,7 @@ def main(args, params):
     title = f"skipped layers — {spec.name} (full model {full_mean:.3f})"
     write_figure(span_heatmap(matrix, full_mean, spec.primary_metric, title), args.plots / f"{spec.name}.png")
     write_json(rows, args.plots / f"{spec.name}.json")
-    write_json(metrics, args.metrics)
+    write_metrics(metrics, skip_headline(metrics), args.metrics, args.details)
     cli.log.info("wrote %s and %s", args.metrics, args.plots / f"{spec.name}.png")
 
 
@@ -52,5 +53,6 @@ if __name__ == "__main__":
     p.add_argument("--checkpoints", type=Path, required=True, help="folder holding seed<k>/ checkpoints")
     p.add_argument("--task-dir", type=Path, required=True, help="folder written by download_task")
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
+    p.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.headlines)")
     p.add_argument("--plots", type=Path, required=True, help="folder for the PNG and the plot rows")
     cli.run_stage(main, p.parse_args())

@@ -8,6 +8,7 @@ import numpy as np
 
 from layersim import cli
 from layersim.heads import HeadParams, majority_baseline
+from layersim.headlines import truncate_headline, write_metrics
 from layersim.io import ActivationTable, read_task_table, run_expectations, write_figure, write_json
 from layersim.plots import truncation_curves
 from layersim.tasks import get_task
@@ -56,7 +57,7 @@ def main(args, params):
     title = f"truncation — {orig.metadata['model']} on {spec.name}"
     write_figure(truncation_curves(per_seed, full, baseline, spec.primary_metric, title), args.plots / f"{spec.name}.png")
     write_json(rows, args.plots / f"{spec.name}.json")
-    write_json(metrics, args.metrics)
+    write_metrics(metrics, truncate_headline(metrics), args.metrics, args.details)
     cli.log.info("wrote %s and %s: %d top layers can be dropped within %.3g", args.metrics,
                  args.plots / f"{spec.name}.png", metrics["droppable_top_layers_untuned"], p.tolerance)
 
@@ -68,5 +69,6 @@ if __name__ == "__main__":
     p.add_argument("--activations", type=Path, required=True, help="folder written by extract")
     p.add_argument("--task-dir", type=Path, required=True, help="folder written by download_task")
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
+    p.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.headlines)")
     p.add_argument("--plots", type=Path, required=True, help="folder for the PNG and the plot rows")
     cli.run_stage(main, p.parse_args())

@@ -121,6 +121,8 @@ CASES = [
      ["finetune.warmup_steps = 6", "smaller than finetune.max_steps = 6"]),
     ("eval-every-past-the-end", "truncate", _set(finetune__eval_every=10),
      ["finetune.eval_every = 10", "finetune.max_steps = 6", "at most max_steps, or 0"]),
+    ("no-similarity-measures", "summary", _set(similarity__measures={}),
+     ["similarity.measures = {} is invalid", "a mapping of poolings (cls, mean, last, tokens) to lists of measures"]),
     ("model-misspelt", "skip", _set(model="tiny-bret"),
      ["model = 'tiny-bret' is not a known model", "did you mean 'tiny-bert'?", "roberta-base", "owner/name"]),
     ("task-misspelt", "align", _set(tasks=["synth-negaton"]),

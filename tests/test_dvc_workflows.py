@@ -180,6 +180,28 @@ def test_experiments_show_params_and_metrics(experiments):
     assert rows["bert"]["metrics"][SIMILARITY_METRICS] != rows["electra"]["metrics"][SIMILARITY_METRICS]
 
 
+def test_summary_columns_of_two_experiments_fit_a_terminal(experiments):
+    """The README's command: the summary metrics of both experiments in a 160-column terminal, nothing cut."""
+    work, env = experiments["work"], {**experiments["env"], "COLUMNS": "160"}
+    shown = run(dvc("exp", "show", "--no-pager", "--drop", ".*", "--keep", r"Experiment|^model$|^mean\."), work, env)
+    lines = [line.rstrip() for line in shown.stdout.splitlines() if line.strip()]
+    assert all(len(line) <= 160 for line in lines) and "…" not in shown.stdout, shown.stdout
+    header = next(line for line in lines if "Experiment" in line).split()
+    assert header == ["Experiment", "mean.ft_orig_top", "mean.inn_advantage", "mean.score", "mean.skip_span",
+                      "mean.tuned_drop", "mean.untuned_drop", "model"], shown.stdout
+    for name, model in (("bert", "tiny-bert"), ("electra", "tiny-electra")):
+        row = next(line for line in lines if f"[{name}]" in line).split()
+        assert row[-1] == model and all(_is_number(value) for value in row[-7:-1]), shown.stdout
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def test_set_param_lists_reshape_the_fan_out(base):
     """`-S 'seeds=[1,2]' -S 'tasks=[...]'` set lists, and the matrix fans out over them: the new seed and
     task add their finetune (and download) stages; what already ran (seed 1 of the first task) does not rerun.

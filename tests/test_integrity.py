@@ -475,7 +475,7 @@ def test_similarity_stage_refuses_a_swapped_seed(extracted, tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "stages" / "similarity.py"), "--params", str(params), "--task", TASK,
          "--activations", str(extracted), "--checkpoints", str(tmp_path / "checkpoints"),
-         "--metrics", str(out / "m.json"), "--plots", str(out / "plots"),
+         "--metrics", str(out / "m.json"), "--details", str(out / "d.json"), "--plots", str(out / "plots"),
          "--localization", str(out / "localization"), "--diagonals", str(out / "diagonals")], capture_output=True,
         text=True, cwd=tmp_path, timeout=300)
     assert result.returncode == 1, result.stderr

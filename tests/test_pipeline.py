@@ -11,12 +11,18 @@ import pytest
 import yaml
 
 from dvc_project import dry_run_stages, dvc, make_project, run, tiny_params
+from layersim import headlines
 from layersim.io import ActivationTable, AttentionTable
 
 TASK = "synth-negation"
 SEEDS = [1, 2]
 
 pytestmark = pytest.mark.integration
+
+
+def _details(root: Path, name: str) -> dict:
+    """Every value a stage computed, from its details plot data (its metrics file holds the headline)."""
+    return headlines.details_to_metrics(json.loads((root / f"plots/details/{name}.json").read_text()))
 
 
 def _configure(params: dict) -> None:
@@ -46,7 +52,7 @@ def test_repro_writes_every_declared_output(project):
         checkpoint = root / f"data/checkpoints/tiny-bert/{TASK}/seed{seed}"
         assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "config.json").is_file()
         metrics = json.loads((root / f"metrics/finetune/{TASK}/seed{seed}.json").read_text())
-        assert metrics["task"] == TASK and metrics["seed"] == seed and 0.0 <= metrics["accuracy"] <= 1.0
+        assert set(metrics) == {"accuracy"} and 0.0 <= metrics["accuracy"] <= 1.0
         curve = root / f"dvclive/finetune/{TASK}/seed{seed}/plots/metrics/train/loss.tsv"
         assert len(curve.read_text().splitlines()) > 1
     activations = root / f"data/activations/tiny-bert/{TASK}"
@@ -65,7 +71,7 @@ def test_repro_writes_every_declared_output(project):
     attention = AttentionTable(activations / "attention/orig.parquet")
     assert attention.num_layers == 3 and len(attention.example_starts) == 60
 
-    similarity = json.loads((root / f"metrics/similarity/{TASK}.json").read_text())
+    similarity = _details(root, f"similarity/{TASK}")
     assert set(similarity) == {"cls", "tokens", "attention"}
     for pooling in ("cls", "tokens"):
         assert set(similarity[pooling]) == {"linear_cka", "svcca", "pwcca", "neuronsim", "localization", "rows"}
@@ -103,7 +109,7 @@ def test_repro_writes_every_declared_output(project):
 
 def test_compare_stacks_base_fine_tuned_and_other_encoders(project):
     root, _ = project
-    compare = json.loads((root / "metrics/compare.json").read_text())
+    compare = _details(root, "compare")
     assert set(compare) == {"cls", "tokens", "attention"}
     linear = compare["tokens"]["linear_cka"]
     # Same depth as the base model: a per-layer diagonal; the other encoders too (tiny ones have 3 layers).
@@ -127,7 +133,7 @@ def test_compare_stacks_base_fine_tuned_and_other_encoders(project):
 
 def test_align_reports_every_method_layer_and_reference(project):
     root, _ = project
-    align = json.loads((root / f"metrics/align/{TASK}.json").read_text())
+    align = _details(root, f"align/{TASK}")
     methods = {"linear", "cca", "svcca", "pwcca", "inn", "mlp"}
     assert align["pooling"] == "mean" and align["train_rows"] == 100 and align["validation_rows"] == 60
     assert set(align["alignment"]) == {"FT[1]→FT[2]", "ORIG→FT[1]"}
@@ -152,15 +158,15 @@ def test_truncate_and_skip_agree_with_the_fine_tuned_models(project):
     root, _ = project
     finetuned = [json.loads((root / f"metrics/finetune/{TASK}/seed{seed}.json").read_text())["accuracy"]
                  for seed in SEEDS]
-    truncate = json.loads((root / f"metrics/truncate/{TASK}.json").read_text())
+    truncate = _details(root, f"truncate/{TASK}")
     assert truncate["metric"] == "accuracy"
     # Exiting after the last layer is the full model: the same score the finetune stage measured.
     assert truncate["full"] == pytest.approx(sum(finetuned) / len(finetuned), abs=1e-6)
     assert truncate["untuned"]["layer_03"] == pytest.approx(truncate["full"], abs=1e-6)
     for variant in ("untuned", "tuned", "tuned_orig"):
         assert sorted(truncate[variant]) == ["layer_00", "layer_01", "layer_02", "layer_03"]
-    assert 0 <= truncate["droppable_top_layers_untuned"] <= 3
-    skip = json.loads((root / f"metrics/skip/{TASK}.json").read_text())
+    assert 0 <= truncate["droppable_top_layers_untuned"] <= 3 and 0 <= truncate["droppable_top_layers_tuned"] <= 3
+    skip = _details(root, f"skip/{TASK}")
     assert sorted(skip["spans"]) == ["1-1", "1-2", "1-3", "2-2", "2-3", "3-3"]
     assert skip["full"] == pytest.approx(truncate["full"], abs=1e-6)
     assert 1 <= skip["worst_single_layer"]["layer"] <= 3
@@ -181,11 +187,42 @@ def test_metrics_are_visible_to_dvc(project):
     root, state = project
     shown = json.loads(run(dvc("metrics", "show", "--json"), root, state["env"]).stdout)
     workspace = json.dumps(shown)
-    assert f"metrics/similarity/{TASK}.json" in workspace and "ft_orig" in workspace
+    assert f"metrics/similarity/{TASK}.json" in workspace and "ft_orig_top" in workspace
+    assert "metrics/summary.json" in workspace and "inn_advantage" in workspace
+
+
+def test_metrics_files_hold_their_headline_and_details_hold_the_rest(project):
+    """Each metrics file is exactly its stage's headline, recomputed from the details plot data (so every
+    value that is not in the metrics file is in the details), and the summary is the mean of the
+    per-task headlines."""
+    root, _ = project
+    significance = yaml.safe_load((root / "params.yaml").read_text())["similarity"]["significance"]
+    expected = {
+        f"similarity/{TASK}": headlines.similarity_headline(_details(root, f"similarity/{TASK}"), significance),
+        f"truncate/{TASK}": headlines.truncate_headline(_details(root, f"truncate/{TASK}")),
+        f"skip/{TASK}": headlines.skip_headline(_details(root, f"skip/{TASK}")),
+        f"align/{TASK}": headlines.align_headline(_details(root, f"align/{TASK}")),
+        "compare": headlines.compare_headline(_details(root, "compare"), "cls", "linear_cka"),
+    }
+    for name, headline in expected.items():
+        written = json.loads((root / f"metrics/{name}.json").read_text())
+        assert written == headline, name
+        rows = json.loads((root / f"plots/details/{name}.json").read_text())
+        assert headlines.metrics_to_details(headlines.details_to_metrics(rows)) == rows  # nothing lost in the rows
+    assert set(expected[f"similarity/{TASK}"]["cls"]) == {"linear_cka", "svcca", "pwcca", "neuronsim"}
+    assert set(expected[f"align/{TASK}"]["FT[1]→FT[2]"]) == {"linear", "cca", "svcca", "pwcca", "inn", "mlp",
+                                                            "inn_advantage"}
+    assert set(expected["compare"]["cls"]["linear_cka"]) == {f"FT:{TASK}", "tiny-roberta"}
+    summary = json.loads((root / "metrics/summary.json").read_text())["mean"]
+    finetuned = [json.loads((root / f"metrics/finetune/{TASK}/seed{seed}.json").read_text())["accuracy"]
+                 for seed in SEEDS]
+    assert summary["score"] == pytest.approx(sum(finetuned) / len(finetuned), abs=1e-6)
+    assert summary["ft_orig_top"] == expected[f"similarity/{TASK}"]["cls"]["linear_cka"]["ft_orig_top"]
+    assert summary["skip_span"] == expected[f"skip/{TASK}"]["longest_skippable_span"]
 
 
 @pytest.mark.parametrize("section,key,value,stages", [
-    ("similarity", "measures", ["mixedsim"], [f"similarity@{TASK}", "compare"]),
+    ("similarity", "measures", ["mixedsim"], [f"similarity@{TASK}", "compare", "summary"]),
     ("compare", "probe_examples", 10, ["compare"]),
     ("truncate", "head_epochs", 3, [f"truncate@{TASK}"]),
     ("skip", "tolerance", 0.05, [f"skip@{TASK}"]),

@@ -106,10 +106,11 @@ def mean_over_seeds(per_seed: Iterable[list[float]]) -> list[float]:
 def truncation_summary(per_seed: dict[str, list], full: list[float], baseline: float, seeds, tolerance: float,
                        metric: str) -> tuple[dict, list[dict]]:
     """The truncate stage's metrics (seed means per variant and exit layer, the full model, the majority
-    baseline, how many top layers the untuned model can drop within `tolerance`) and its plot rows (one per
-    variant, seed and exit layer)."""
+    baseline, how many top layers the untuned and tuned models can drop within `tolerance`) and its plot
+    rows (one per variant, seed and exit layer)."""
     mean = {variant: np.mean(runs, axis=0) for variant, runs in per_seed.items()}
     fewest = fewest_layers_within(mean["untuned"].tolist(), float(np.mean(full)), tolerance)
+    fewest_tuned = fewest_layers_within(mean["tuned"].tolist(), float(np.mean(full)), tolerance)
     num_layers = len(mean["untuned"]) - 1
     metrics = {
         "metric": metric,
@@ -118,6 +119,7 @@ def truncation_summary(per_seed: dict[str, list], full: list[float], baseline: f
         "tolerance": tolerance,
         "fewest_layers_untuned_within_tolerance": fewest,
         "droppable_top_layers_untuned": num_layers - fewest,
+        "droppable_top_layers_tuned": num_layers - fewest_tuned,
         **{variant: {f"layer_{k:02d}": round(float(v), 6) for k, v in enumerate(values)}
            for variant, values in mean.items()},
     }

@@ -1,0 +1,195 @@
+"""What goes into metrics files, and what goes into plot data.
+
+A stage computes its full results (per layer, per cell, per span, with nulls and intervals) as one nested
+dict. Its metrics file holds only the few scalars that answer the stage's question, so that experiments
+read side by side in ``dvc exp show`` (DVC makes one column of every number in a metrics file); the full
+dict goes, row by row, to a *details* plot data file, where ``dvc plots diff`` still compares it:
+
+    {"metric": "cls.linear_cka.ft_orig.diagonal", "layer": 3, "value": 0.91}
+
+``layer`` is the layer of a per-layer value (a ``layer_NN`` key, or a position in a per-layer list) and
+None otherwise. :func:`details_to_metrics` turns the rows back into the full dict, and each headline
+function here reads only that dict, so a metrics file can always be recomputed from its details file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from layersim.errors import LayersimError
+from layersim.io import write_json
+
+_LAYER_KEY = re.compile(r"layer_(\d+)")
+
+
+def write_metrics(full: Mapping[str, Any], headline: Mapping[str, Any], metrics: Path, details: Path) -> None:
+    """Write a stage's `headline` scalars to its metrics file and every value of `full` to its details file."""
+    write_json(metrics_to_details(full), details)
+    write_json(headline, metrics)
+
+
+# --- the details: every value, one row each ---
+
+
+def metrics_to_details(full: Mapping[str, Any]) -> list[dict]:
+    """Every leaf of the nested dict `full` as a row ``{"metric", "layer", "value"}`` (see the module
+    docstring); dict keys are joined with ".", ``layer_NN`` keys and list positions become ``layer``."""
+    rows: list[dict] = []
+
+    def walk(value: Any, path: tuple[str, ...], layer: int | None) -> None:
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                match = _LAYER_KEY.fullmatch(str(key))
+                if match and layer is None:
+                    walk(item, path, int(match.group(1)))
+                else:
+                    walk(item, (*path, str(key)), layer)
+        elif isinstance(value, (list, tuple)) and layer is None:
+            for position, item in enumerate(value):
+                walk(item, path, position)
+        else:
+            rows.append({"metric": ".".join(path), "layer": layer, "value": value})
+
+    walk(full, (), None)
+    return rows
+
+
+def details_to_metrics(rows: Iterable[Mapping[str, Any]]) -> dict:
+    """The nested dict that :func:`metrics_to_details` came from (per-layer lists come back as
+    ``layer_NN`` dicts)."""
+    full: dict = {}
+    for row in rows:
+        *parents, leaf = row["metric"].split(".")
+        node = full
+        for key in parents:
+            node = node.setdefault(key, {})
+        if row["layer"] is None:
+            node[leaf] = row["value"]
+        else:
+            node.setdefault(leaf, {})[f"layer_{int(row['layer']):02d}"] = row["value"]
+    return full
+
+
+# --- the headline scalars of each stage ---
+
+
+def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
+    """Per pooling and measure: the FT–ORIG similarity of the top layer (``ft_orig_top``), the first
+    layer whose FT–ORIG similarity is not above chance (``ft_orig_chance_from``: permutation p-value at
+    least `significance`; None when every layer is above chance; absent without a null) and the
+    FT[1]–FT[2] similarity of the top layer (``ft1_ft2_top``, with two seeds or more). Attention measures
+    have no null and give ``ft_orig_top`` only."""
+    headline: dict = {}
+    for pooling, measures in full.items():
+        if not isinstance(measures, Mapping):
+            continue
+        for measure, result in measures.items():
+            if not (isinstance(result, Mapping) and "ft_orig" in result):
+                continue
+            entry = {"ft_orig_top": result["ft_orig"].get("last_layer")}
+            if pooling != "attention":
+                if "p_value" in result["ft_orig"]:
+                    entry["ft_orig_chance_from"] = first_layer_at_chance(result["ft_orig"]["p_value"], significance)
+                if "ft1_ft2" in result:
+                    entry["ft1_ft2_top"] = result["ft1_ft2"].get("last_layer")
+            headline.setdefault(pooling, {})[measure] = entry
+    return headline
+
+
+def first_layer_at_chance(p_values: Mapping[str, float | None], significance: float) -> int | None:
+    """The lowest layer whose p-value is at least `significance` (undefined layers skipped), or None."""
+    for key in sorted(p_values, key=_layer_number):
+        p = p_values[key]
+        if p is not None and not math.isnan(p) and p >= significance:
+            return _layer_number(key)
+    return None
+
+
+def truncate_headline(full: Mapping[str, Any]) -> dict:
+    """How many top layers can be dropped with the score within tolerance of the full model: Untuned
+    (the fine-tuned head as is) and Tuned (a fresh head on the exit layer)."""
+    return {"untuned_droppable_top_layers": full["droppable_top_layers_untuned"],
+            "tuned_droppable_top_layers": full["droppable_top_layers_tuned"]}
+
+
+def skip_headline(full: Mapping[str, Any]) -> dict:
+    """The length of the longest span of layers that can be skipped within tolerance (0: none)."""
+    span = full.get("largest_span_within_tolerance")
+    return {"longest_skippable_span": 0 if span is None else span["length"]}
+
+
+def align_headline(full: Mapping[str, Any]) -> dict:
+    """For the first compared pair (FT[1]→FT[2] with two seeds): each method's held-out alignment error
+    averaged over layers, and ``inn_advantage`` — the best other method's error minus the INN's
+    (positive: the invertible network aligns better than every other map)."""
+    means = full["alignment_mean"]
+    pair = next(iter(means))
+    entry = dict(means[pair])
+    others = [error for method, error in entry.items() if method != "inn"]
+    if "inn" in entry and others:
+        entry["inn_advantage"] = round(min(others) - entry["inn"], 6)
+    return {pair: entry}
+
+
+def compare_headline(full: Mapping[str, Any], pooling: str, measure: str) -> dict:
+    """Per compared model, its mean similarity to the base model (over layers k against k) in the primary
+    `pooling` and `measure`."""
+    per_model = full.get(pooling, {}).get(measure, {})
+    headline = {}
+    for model, result in per_model.items():
+        if isinstance(result, Mapping) and "diagonal" in result:
+            headline[model] = _mean(result["diagonal"].values())
+    return {pooling: {measure: headline}} if headline else {}
+
+
+def summary_headline(per_stage: Mapping[str, Mapping[str, Any]], task_metrics: Mapping[str, str],
+                     primary: tuple[str, str]) -> dict:
+    """One line across tasks, under ``mean``: the mean over tasks of each stage's main headline value.
+
+    ``score`` — the fine-tuned models' task score (each task's primary metric, `task_metrics`, averaged
+    over seeds); ``ft_orig_top`` — the FT–ORIG top-layer similarity in the `primary` (pooling, measure);
+    ``untuned_drop`` / ``tuned_drop`` — top layers droppable within tolerance; ``skip_span`` — the
+    longest skippable span; ``inn_advantage`` — as in :func:`align_headline`. Short names: they are the
+    columns ``dvc exp show`` compares experiments by. `per_stage` maps a stage name to ``{task: that
+    task's metrics file}`` (finetune: ``{task: [one per seed]}``)."""
+    pooling, measure = primary
+    wanted = {
+        "score": [_mean(run[task_metrics[task]] for run in runs) for task, runs in per_stage.get("finetune", {}).items()],
+        "ft_orig_top": [m.get(pooling, {}).get(measure, {}).get("ft_orig_top")
+                        for m in per_stage.get("similarity", {}).values()],
+        "untuned_drop": [m["untuned_droppable_top_layers"] for m in per_stage.get("truncate", {}).values()],
+        "tuned_drop": [m["tuned_droppable_top_layers"] for m in per_stage.get("truncate", {}).values()],
+        "skip_span": [m["longest_skippable_span"] for m in per_stage.get("skip", {}).values()],
+        "inn_advantage": [next(iter(m.values())).get("inn_advantage") for m in per_stage.get("align", {}).values()],
+    }
+    return {"mean": {key: _mean(values) for key, values in wanted.items() if values}}
+
+
+def read_stage_metrics(metrics_dir: Path, tasks: Iterable[str], seeds: Iterable[int]) -> dict:
+    """The metrics files that :func:`summary_headline` reads, from `metrics_dir` as the stages write them."""
+    def read(*parts: str) -> dict:
+        path = metrics_dir.joinpath(*parts)
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise LayersimError(f"cannot read the metrics file {path} ({err}); re-run the stage that writes it.") from None
+
+    tasks, seeds = list(tasks), list(seeds)
+    per_stage = {"finetune": {task: [read("finetune", task, f"seed{seed}.json") for seed in seeds] for task in tasks}}
+    per_stage |= {stage: {task: read(stage, f"{task}.json") for task in tasks}
+                  for stage in ("similarity", "truncate", "skip", "align")}
+    return per_stage
+
+
+def _layer_number(key: str) -> int:
+    return int(_LAYER_KEY.fullmatch(key).group(1))
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    defined = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    return round(sum(defined) / len(defined), 6) if defined else None

@@ -1,0 +1,110 @@
+"""Metrics files hold headline scalars; details plot data hold every value (layersim.headlines)."""
+
+import math
+
+import pytest
+
+from layersim.headlines import (align_headline, compare_headline, details_to_metrics, first_layer_at_chance,
+                                metrics_to_details, similarity_headline, skip_headline, summary_headline,
+                                truncate_headline)
+
+
+def _layers(*values, first=0):
+    return {f"layer_{k + first:02d}": v for k, v in enumerate(values)}
+
+
+FULL_SIMILARITY = {
+    "cls": {
+        "linear_cka": {
+            "null": {"method": "exact", "permutations": 0},
+            "ft_orig": {"diagonal": _layers(0.99, 0.9, 0.5, first=1), "last_layer": 0.5, "diagonal_mean": 0.8,
+                        "p_value": _layers(0.001, 0.01, 0.2, first=1), "null_mean": _layers(0.3, 0.3, 0.3, first=1)},
+            "ft1_ft2": {"diagonal": _layers(0.98, 0.95, 0.7, first=1), "last_layer": 0.7},
+            "orig_orig": {"diagonal": _layers(1.0, 1.0, 1.0, first=1), "offdiagonal_mean": 0.6},
+        },
+        "rows": 60,
+    },
+    "tokens": {
+        "svcca": {"ft_orig": {"diagonal": _layers(0.9, 0.8), "last_layer": 0.8, "p_value": _layers(0.01, 0.02)},
+                  "kept_dimensions": {"ORIG": [3, 4]}},
+        "localization": {"ORIG": _layers(0.1, -0.2)},
+    },
+    "attention": {"jensen_shannon": {"ft_orig": {"diagonal": _layers(0.8, 0.6, first=1), "last_layer": 0.6},
+                                     "ft1_ft2": {"diagonal": _layers(0.9, 0.9, first=1), "last_layer": 0.9}}},
+}
+
+
+def test_details_hold_every_value_and_give_the_metrics_back():
+    rows = metrics_to_details(FULL_SIMILARITY)
+    assert {"metric": "cls.linear_cka.ft_orig.diagonal", "layer": 3, "value": 0.5} in rows
+    assert {"metric": "cls.linear_cka.null.method", "layer": None, "value": "exact"} in rows
+    assert {"metric": "tokens.svcca.kept_dimensions.ORIG", "layer": 1, "value": 4} in rows  # list position = layer
+    leaves = sum(1 for _ in _leaves(FULL_SIMILARITY))
+    assert len(rows) == leaves
+    back = details_to_metrics(rows)
+    assert back["cls"] == FULL_SIMILARITY["cls"] and back["attention"] == FULL_SIMILARITY["attention"]
+    assert back["tokens"]["svcca"]["kept_dimensions"]["ORIG"] == {"layer_00": 3, "layer_01": 4}
+    assert metrics_to_details(back) == rows  # a fixed point: nothing lost, nothing added
+
+
+def _leaves(value):
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _leaves(item)
+    elif isinstance(value, list):
+        yield from value
+    else:
+        yield value
+
+
+def test_first_layer_at_chance():
+    assert first_layer_at_chance(_layers(0.001, 0.01, 0.2, first=1), 0.05) == 3
+    assert first_layer_at_chance(_layers(0.001, 0.05, 0.2, first=1), 0.05) == 2  # p = significance: not above
+    assert first_layer_at_chance(_layers(0.001, 0.01), 0.05) is None
+    assert first_layer_at_chance({"layer_10": 0.5, "layer_02": 0.9, "layer_00": math.nan}, 0.05) == 2
+    assert first_layer_at_chance({"layer_00": None, "layer_01": 0.3}, 0.05) == 1
+
+
+def test_similarity_headline():
+    headline = similarity_headline(FULL_SIMILARITY, significance=0.05)
+    assert headline == {
+        "cls": {"linear_cka": {"ft_orig_top": 0.5, "ft_orig_chance_from": 3, "ft1_ft2_top": 0.7}},
+        "tokens": {"svcca": {"ft_orig_top": 0.8, "ft_orig_chance_from": None}},  # one seed: no FT[1]–FT[2]
+        "attention": {"jensen_shannon": {"ft_orig_top": 0.6}},
+    }
+    assert similarity_headline(FULL_SIMILARITY, significance=0.01)["cls"]["linear_cka"]["ft_orig_chance_from"] == 2
+
+
+def test_truncate_skip_align_compare_headlines():
+    truncate = {"droppable_top_layers_untuned": 2, "droppable_top_layers_tuned": 4, "full": 0.9,
+                "untuned": _layers(0.5, 0.6, 0.9)}
+    assert truncate_headline(truncate) == {"untuned_droppable_top_layers": 2, "tuned_droppable_top_layers": 4}
+    assert skip_headline({"largest_span_within_tolerance": {"first": 2, "last": 4, "length": 3}}) == \
+        {"longest_skippable_span": 3}
+    assert skip_headline({"largest_span_within_tolerance": None}) == {"longest_skippable_span": 0}
+    align = {"alignment_mean": {"FT[1]→FT[2]": {"linear": 0.4, "cca": 0.5, "inn": 0.3},
+                                "ORIG→FT[1]": {"linear": 0.6, "cca": 0.7, "inn": 0.65}}}
+    assert align_headline(align) == {"FT[1]→FT[2]": {"linear": 0.4, "cca": 0.5, "inn": 0.3, "inn_advantage": 0.1}}
+    assert align_headline({"alignment_mean": {"FT[1]→FT[2]": {"linear": 0.4}}}) == {"FT[1]→FT[2]": {"linear": 0.4}}
+    compare = {"cls": {"linear_cka": {"FT:a": {"diagonal": _layers(None, 0.8, 0.6)},
+                                      "other-model": {"best_match": {}}}},
+               "tokens": {"svcca": {"FT:a": {"diagonal": _layers(0.1)}}}}
+    assert compare_headline(compare, "cls", "linear_cka") == {"cls": {"linear_cka": {"FT:a": 0.7}}}
+    assert compare_headline(compare, "mean", "linear_cka") == {}
+
+
+def test_summary_is_the_mean_over_tasks():
+    per_stage = {
+        "finetune": {"a": [{"accuracy": 0.8}, {"accuracy": 0.6}], "b": [{"pearson": 0.5, "spearman": 0.1}] * 2},
+        "similarity": {"a": {"cls": {"linear_cka": {"ft_orig_top": 0.4}}},
+                       "b": {"cls": {"linear_cka": {"ft_orig_top": None}}}},
+        "truncate": {"a": {"untuned_droppable_top_layers": 1, "tuned_droppable_top_layers": 3},
+                     "b": {"untuned_droppable_top_layers": 2, "tuned_droppable_top_layers": 4}},
+        "skip": {"a": {"longest_skippable_span": 0}, "b": {"longest_skippable_span": 3}},
+        "align": {"a": {"FT[1]→FT[2]": {"inn_advantage": -0.1}}, "b": {"FT[1]→FT[2]": {"inn_advantage": 0.3}}},
+    }
+    summary = summary_headline(per_stage, {"a": "accuracy", "b": "pearson"}, ("cls", "linear_cka"))
+    assert summary["mean"] == pytest.approx({"score": 0.6, "ft_orig_top": 0.4, "untuned_drop": 1.5,
+                                             "tuned_drop": 3.5, "skip_span": 1.5, "inn_advantage": 0.1})
+    assert summary_headline({"finetune": per_stage["finetune"]}, {"a": "accuracy", "b": "pearson"},
+                            ("cls", "linear_cka")) == {"mean": {"score": 0.6}}
