@@ -20,7 +20,7 @@ def main(args, params):
                 table = generated_table(spec, split, size, p.generated_seed)
             else:
                 limit = p.max_train_examples if split == "train" else p.max_validation_examples
-                table = subsample(hub_table(spec, split), limit, seed=0)
+                table = subsample(hub_table(spec, split, p.revisions.get(spec.name)), limit, seed=0)
             write_parquet(table, Path(tmp) / f"{split}.parquet")
             cli.log.info("%s %s: %d examples", spec.name, split, table.num_rows)
     cli.log.info("wrote %s", args.out)

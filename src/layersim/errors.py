@@ -18,8 +18,10 @@ def unknown_name(kind: str, name: object, valid: Iterable[str], hint: str = "") 
     return LayersimError(message + ".")
 
 
-def hub_unreachable(kind: str, name: str, err: Exception, offline: Iterable[str]) -> LayersimError:
-    """The error for a hub download that failed, pointing to what works without network."""
+def hub_unreachable(kind: str, name: str, err: Exception, offline: Iterable[str],
+                    where: str = "the Hugging Face hub") -> LayersimError:
+    """The error for a hub download that failed: which model or dataset, from where and at which
+    revision (`where`), why, and what works without network."""
     detail = str(err).splitlines()[0] if str(err) else type(err).__name__
-    return LayersimError(f"could not download {kind} {name!r} from the Hugging Face hub ({detail}); "
+    return LayersimError(f"could not download {kind} {name!r} from {where}: {detail}; "
                          f"without network use an offline {kind}: {', '.join(offline)}.")

@@ -170,7 +170,8 @@ def snapshot_model(name: str, dest: str | Path, seed: int = 0) -> dict:
             tokenizer = AutoTokenizer.from_pretrained(spec.hub_id, revision=spec.revision)
             model = AutoModel.from_pretrained(spec.hub_id, revision=spec.revision)
         except OSError as err:
-            raise hub_unreachable("model", name, err, OFFLINE_MODELS) from err
+            raise hub_unreachable("model", name, err, OFFLINE_MODELS,
+                                  f"the Hugging Face hub ({spec.hub_id} at revision {spec.revision or 'main'!r})") from err
         revision = getattr(model.config, "_commit_hash", None) or spec.revision
         model.save_pretrained(dest)
         tokenizer.save_pretrained(dest)

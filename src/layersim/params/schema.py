@@ -75,6 +75,32 @@ def _measures_by_pooling(key: str, value) -> dict[str, tuple[str, ...]]:
     return measures
 
 
+# A revision of a hub repository: a commit, tag or branch (refs/convert/parquet included); nothing that
+# could climb out of a path or hold shell syntax.
+_REVISION = r"[A-Za-z0-9][A-Za-z0-9._/-]{0,99}"
+
+
+def _task_revisions(key: str, value) -> dict[str, str]:
+    """download.revisions: a mapping of paper task → hub revision of its dataset."""
+    import re
+
+    from layersim.errors import LayersimError
+    from layersim.params.rules import fail, shown
+    from layersim.tasks import PAPER_TASKS
+
+    if not isinstance(value, dict):
+        raise fail(key, value, "a mapping of paper tasks to revisions of their dataset on the hub, e.g. "
+                               "{rte: 0b7c9a3e…} (a commit, tag or branch); {} uses refs/convert/parquet")
+    for task, revision in value.items():
+        if task not in PAPER_TASKS:
+            raise LayersimError(f"params.yaml: {key} has the task {shown(task)}, which has no hub dataset; each key "
+                                f"must be one of {', '.join(PAPER_TASKS)}.")
+        if not isinstance(revision, str) or not re.fullmatch(_REVISION, revision) or ".." in revision:
+            raise fail(f"{key}.{task}", revision, "a commit, tag or branch of the dataset's repository: letters, "
+                                                  "digits and . _ / - (no '..'), at most 100 characters")
+    return dict(value)
+
+
 @dataclass(frozen=True)
 class DownloadParams:
     max_train_examples: int | None = knob(None, "training examples kept per task (null: all)", POSITIVE,
@@ -86,6 +112,9 @@ class DownloadParams:
     generated_validation_examples: int = knob(500, "size of the built-in synth-* tasks: validation", POSITIVE,
                                               at_most(10**7, "examples of a generated task"), ENOUGH)
     generated_seed: int = knob(0, "seed of the generated tasks", SEED)
+    revisions: dict[str, str] = knob({}, "paper task → revision of its dataset's Parquet export on the hub "
+                                         "(commit, tag or branch; unlisted: refs/convert/parquet, the commit "
+                                         "read is recorded in the task table)", check=_task_revisions)
 
 
 @dataclass(frozen=True)

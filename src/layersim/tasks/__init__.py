@@ -13,18 +13,33 @@ format              text columns
 
 Paper tasks (Phang et al. 2021, §2) come from the Hugging Face hub; built-in ``synth-*`` tasks are
 generated offline (:mod:`layersim.tasks.generated`).
+
+Every paper task is read from the hub's Parquet export of the dataset (the ``refs/convert/parquet``
+revision the dataset viewer publishes: ``<config>/<split>/NNNN.parquet``), not from its main branch:
+hellaswag, cosmos_qa and super_glue were published with loading scripts, which ``datasets`` >= 4 no longer
+runs, and the export gives every dataset the same layout and the same loading code. ``download.revisions``
+pins a task to a commit of that export; the commit read is recorded in the task table's metadata. With
+``LAYERSIM_HUB_MIRROR`` set to a folder laid out as ``<owner>/<name>/<config>/<split>/*.parquet``, the
+same code reads that folder instead of the network (a cluster without internet, and the tests).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from layersim.errors import LayersimError, hub_unreachable, unknown_name
 from layersim.tasks import generated
+
+# The hub's Parquet conversion of every public dataset (see the module docstring).
+PARQUET_EXPORT = "refs/convert/parquet"
+# A local folder laid out like the hub's Parquet exports, read instead of the hub when set.
+HUB_MIRROR_ENV = "LAYERSIM_HUB_MIRROR"
 
 FORMATS = ("single", "pair", "multiple_choice")
 SPLITS = ("train", "validation")
@@ -36,14 +51,19 @@ class HubSource:
     """Where a paper task lives on the hub and how its columns map to the normalized table.
 
     `columns` maps each normalized column to a hub column, or to a tuple of hub columns that are
-    joined with a space (text) or gathered into a list (``choices``).
+    joined with a space (text) or gathered into a list (``choices``). `config` is the dataset's config,
+    which names its folder in the Parquet export ("default" for a dataset without configs).
     """
 
     path: str
     config: str | None
     columns: dict[str, str | tuple[str, ...]]
     splits: dict[str, str] = field(default_factory=lambda: {"train": "train", "validation": "validation"})
-    revision: str | None = None
+    revision: str = PARQUET_EXPORT
+
+    def data_files(self, split: str) -> str:
+        """The Parquet files of one normalized split, relative to the dataset's root at `revision`."""
+        return f"{self.config or 'default'}/{self.splits[split]}/*.parquet"
 
 
 @dataclass(frozen=True)
@@ -102,7 +122,7 @@ _PAPER_TASKS = [
              hub=HubSource("aps/super_glue", "boolq", {"text_a": "question", "text_b": "passage", "label": "label"})),
     # Yelp Polarity has no validation split; like Phang et al. we evaluate on its test split.
     TaskSpec("yelp_polarity", "single", ("accuracy",), ("negative", "positive"),
-             hub=HubSource("fancyzhx/yelp_polarity", None, {"text": "text", "label": "label"},
+             hub=HubSource("fancyzhx/yelp_polarity", "plain_text", {"text": "text", "label": "label"},
                            splits={"train": "train", "validation": "test"})),
     TaskSpec("hellaswag", "multiple_choice", ("accuracy",), num_choices=4,
              hub=HubSource("Rowan/hellaswag", None, {"context": "ctx", "choices": "endings", "label": "label"})),
@@ -181,19 +201,38 @@ def generated_table(spec: TaskSpec, split: str, num_examples: int, seed: int) ->
     return _normalized(spec, columns, split, {"generator": spec.name, "seed": seed, "num_examples": num_examples})
 
 
-def hub_table(spec: TaskSpec, split: str) -> pa.Table:
-    """Download one split of a paper task from the hub and normalize it."""
+def hub_table(spec: TaskSpec, split: str, revision: str | None = None) -> pa.Table:
+    """Read one split of a paper task from the hub's Parquet export (or the folder of
+    ``LAYERSIM_HUB_MIRROR``) at `revision` (default: the registry's) and normalize it."""
     import datasets  # imported here: only the download stage needs it
 
+    hub = spec.hub
+    revision = revision or hub.revision
+    mirror = os.environ.get(HUB_MIRROR_ENV)
+    where = str(Path(mirror) / hub.path) if mirror else hub.path
+    pattern = hub.data_files(split)
     try:
-        dataset = datasets.load_dataset(spec.hub.path, spec.hub.config, split=spec.hub.splits[split],
-                                        revision=spec.hub.revision)
-    except (ConnectionError, OSError) as err:
-        raise hub_unreachable("task", spec.name, err, generated.GENERATED_TASKS) from err
-    revision = spec.hub.revision or getattr(dataset.info, "version", None)
-    source = {"hub": spec.hub.path, "config": spec.hub.config, "split": spec.hub.splits[split],
-              "revision": str(revision) if revision is not None else None}
+        dataset = datasets.load_dataset(where, data_files={split: pattern}, split=split,
+                                        revision=None if mirror else revision)
+    except (ConnectionError, OSError, ValueError) as err:
+        place = (f"the hub mirror {where} ({HUB_MIRROR_ENV})" if mirror else
+                 f"the Hugging Face hub ({hub.path} at revision {revision!r})")
+        raise hub_unreachable("task", spec.name, err, generated.GENERATED_TASKS,
+                              f"{place}, files {pattern}") from err
+    source = {"hub": hub.path, "config": hub.config, "split": hub.splits[split], "files": pattern,
+              "revision": f"mirror {mirror}" if mirror else _commit(hub.path, revision)}
     return normalize_hub_table(spec, dataset.data.table, split, source)
+
+
+def _commit(path: str, revision: str) -> str:
+    """The commit that `revision` of dataset `path` resolves to (recorded: a branch moves), or `revision`
+    itself when the hub cannot say."""
+    try:
+        from huggingface_hub import HfApi
+
+        return HfApi().dataset_info(path, revision=revision).sha or revision
+    except Exception:  # noqa: BLE001 - the data is read; the commit is a record, not a requirement
+        return revision
 
 
 def subsample(table: pa.Table, max_examples: int | None, seed: int) -> pa.Table:
