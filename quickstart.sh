@@ -27,8 +27,9 @@ dvc exp run \
   -S align.inn_hidden=128 \
   -S align.mlp_hidden=256 \
   -S align.matrix_steps=30 \
+  -S 'freeze.seeds=[1]' \
   "$@"
 
 echo
-echo "Done. Figures: plots/{similarity,localization,compare,truncate,skip,align}/   every number: plots/details/"
+echo "Done. Figures: plots/{similarity,localization,compare,truncate,skip,align,freeze}/   every number: plots/details/"
 echo "Headline metrics: dvc metrics show   experiments: dvc exp show --drop '.*' --keep 'Experiment|^model\$|^mean\.'"

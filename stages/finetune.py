@@ -6,12 +6,11 @@ from pathlib import Path
 from dvclive import Live
 
 from layersim import cli
-from layersim.batching import encode_task
-from layersim.io import atomic_path, read_task_table, task_tables_digest, write_json
+from layersim.io import atomic_path, task_tables_digest, write_json
 from layersim.models import load_tokenizer
 from layersim.tasks import get_task
 from layersim.resume import TrainingCheckpoint
-from layersim.train import finetune, run_fingerprint, save_checkpoint
+from layersim.train import encoded_splits, finetune, run_fingerprint, save_checkpoint
 
 
 def main(args, params):
@@ -19,8 +18,7 @@ def main(args, params):
     spec = get_task(args.task)
     tokenizer = load_tokenizer(args.pretrained)
     max_length = params.finetune.max_length
-    train = encode_task(read_task_table(args.task_dir, spec, "train"), spec, tokenizer, max_length)
-    validation = encode_task(read_task_table(args.task_dir, spec, "validation"), spec, tokenizer, max_length)
+    train, validation = encoded_splits(args.task_dir, spec, tokenizer, max_length)
     cli.log.info("read %s: %d train / %d validation examples", args.task_dir, len(train), len(validation))
 
     resume = None
@@ -36,12 +34,13 @@ def main(args, params):
             for name, value in values.items():
                 live.log_metric(name, value)
 
+        timing = {}
         model, metrics = finetune(args.pretrained, spec, train, validation, params.finetune, args.seed, log=log,
-                                  resume=resume)
+                                  resume=resume, timing=timing)
 
     with atomic_path(args.out, is_dir=True) as tmp:
         save_checkpoint(model, tokenizer, tmp, base_dir=args.pretrained, task=spec.name, seed=args.seed,
-                        task_digest=task_tables_digest(args.task_dir))
+                        task_digest=task_tables_digest(args.task_dir), train_seconds=timing["train_seconds"])
     write_json(metrics, args.metrics)  # the task's metrics only: task and seed are in the path, steps in params
     if resume:
         resume.clear()  # the run is finished: later stages need only the checkpoint

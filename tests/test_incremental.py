@@ -26,9 +26,9 @@ DOWNLOAD = {"download_model", "download_compared", f"download_task@{TASK}"}
 FINETUNE = {f"finetune@{TASK}-1", f"finetune@{TASK}-2"}
 EXTRACT, SIMILARITY, TRUNCATE, SKIP, ALIGN = (f"{stage}@{TASK}" for stage in
                                               ("extract", "similarity", "truncate", "skip", "align"))
-COMPARE, SUMMARY = "compare", "summary"
+COMPARE, SUMMARY, FREEZE = "compare", "summary", f"freeze@{TASK}"
 AFTER_EXTRACT = {SIMILARITY, COMPARE, TRUNCATE, ALIGN, SUMMARY}  # skip reads checkpoints, not activations
-AFTER_FINETUNE = {EXTRACT, SKIP, *AFTER_EXTRACT}
+AFTER_FINETUNE = {EXTRACT, SKIP, FREEZE, *AFTER_EXTRACT}
 EXPENSIVE = DOWNLOAD | FINETUNE | {EXTRACT}
 
 
@@ -72,6 +72,8 @@ ANALYSIS = [
     ("skip.tolerance", 0.05, {SKIP}, None),
     ("align.steps", 6, {ALIGN}, None),
     ("align.methods", ["linear", "cca", "inn"], {ALIGN}, None),
+    ("freeze.layers", [4], {FREEZE}, None),
+    ("freeze.seeds", [1], {FREEZE}, None),
 ]
 UPSTREAM = [
     # Read by extract (which attention maps to keep) and by compare (how many it encodes itself).
@@ -79,9 +81,10 @@ UPSTREAM = [
     # Read by extract (word rows it writes) and by compare (word rows it encodes itself).
     ("extract.max_tokens", 50, {EXTRACT, COMPARE}, {EXTRACT, *AFTER_EXTRACT}),
     # Read by every stage that tokenizes: all but the downloads and similarity (which reads tables).
-    ("finetune.max_length", 24, FINETUNE | {EXTRACT, COMPARE, TRUNCATE, SKIP, ALIGN}, FINETUNE | AFTER_FINETUNE),
+    ("finetune.max_length", 24, FINETUNE | {EXTRACT, COMPARE, TRUNCATE, SKIP, ALIGN, FREEZE},
+     FINETUNE | AFTER_FINETUNE),
     # The control that makes the cases above able to fail: a new learning rate is new fine-tuned models.
-    ("finetune.learning_rate", 2e-3, FINETUNE, FINETUNE | AFTER_FINETUNE),
+    ("finetune.learning_rate", 2e-3, FINETUNE | {FREEZE}, FINETUNE | AFTER_FINETUNE),
     # How often fine-tuning saves a resumable state cannot change its result: nothing reruns.
     ("finetune.checkpoint_every", 2, set(), set()),
     ("download.generated_seed", 1, {f"download_task@{TASK}"},

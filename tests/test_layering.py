@@ -14,7 +14,8 @@ LAYERS = {
     2: {"tasks", "models", "words", "params"},
     3: {"encoders", "batching"},
     4: {"train", "extract", "evaluate", "io", "comparisons", "similarity_report", "plots", "heads", "injection",
-        "truncation", "resume", "cli", "measure_sizes", "align_report", "similarity_task", "compare_task", "headlines"},
+        "truncation", "resume", "cli", "measure_sizes", "align_report", "similarity_task", "compare_task", "headlines",
+        "freezing"},
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
 

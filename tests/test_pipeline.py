@@ -12,6 +12,7 @@ import yaml
 
 from dvc_project import dry_run_stages, dvc, make_project, run, tiny_params
 from layersim import headlines
+from layersim.freezing import freeze_headline as headlines_of_freeze
 from layersim.io import ActivationTable, AttentionTable
 
 TASK = "synth-negation"
@@ -173,6 +174,28 @@ def test_truncate_and_skip_agree_with_the_fine_tuned_models(project):
     for stage in ("truncate", "skip"):
         assert (root / f"plots/{stage}/{TASK}.png").read_bytes()[:4] == b"\x89PNG"
         assert json.loads((root / f"plots/{stage}/{TASK}.json").read_text())
+
+
+def test_freeze_scores_each_configuration_next_to_the_unfrozen_run(project):
+    """Wu et al. Table 1 on the 3-layer tiny model: layers [4, 6] of 12 become 1 and 2 of 3."""
+    root, _ = project
+    freeze = _details(root, f"freeze/{TASK}")
+    assert freeze["metric"] == "accuracy" and freeze["num_layers"] == 3
+    finetuned = [json.loads((root / f"metrics/finetune/{TASK}/seed{seed}.json").read_text())["accuracy"]
+                 for seed in SEEDS]
+    assert freeze["unfrozen"]["score"] == pytest.approx(sum(finetuned) / len(finetuned), abs=1e-6)
+    assert freeze["unfrozen"]["train_seconds"] > 0  # recorded by the finetune stage in its checkpoint info
+    for label, side, layers in (("bottom1", "bottom", 1), ("bottom2", "bottom", 2), ("top1", "top", 1),
+                                ("top2", "top", 2)):
+        entry = freeze[label]
+        assert (entry["side"], entry["layers"]) == (side, layers) and set(entry["seeds"]) == {"1", "2"}
+        assert 0.0 <= entry["score"] <= 1.0 and entry["time_saved"] is not None
+        assert entry["score_change"] == pytest.approx(entry["score"] - freeze["unfrozen"]["score"], abs=1e-5)
+    headline = json.loads((root / f"metrics/freeze/{TASK}.json").read_text())
+    assert headline == headlines_of_freeze(freeze) and set(headline) == {"bottom1", "bottom2", "top1", "top2"}
+    rows = json.loads((root / f"plots/freeze/{TASK}.json").read_text())
+    assert len(rows) == len(SEEDS) * 5
+    assert (root / f"plots/freeze/{TASK}.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_second_repro_has_nothing_to_do(project):

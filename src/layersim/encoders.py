@@ -169,29 +169,35 @@ def run_layers(model: nn.Module, layers: Sequence[int]) -> Iterator[nn.Module]:
     each with its own fine-tuned weights; yields `model`. Nothing is copied; all is restored on exit."""
     stack = describe_architecture(model)
     indices = _check_layers(layers, stack.num_layers)
+    with _swapped_stack(stack, [stack.module_for(i) for i in indices]):
+        yield model
+
+
+@contextlib.contextmanager
+def _swapped_stack(stack: LayerStack, entries: list[nn.Module]) -> Iterator[None]:
+    """The encoder runs `entries` in order, one per layer, instead of its own stack; restored on exit."""
     encoder = stack.encoder
     if _SAVED in encoder.__dict__:
-        raise LayersimError("layer selections do not nest; valid use is one run_layers, exit_at or "
-                            "skip_span context at a time per model.")
+        raise LayersimError("layer selections do not nest; valid use is one run_layers, exit_at, skip_span or "
+                            "frozen_layers context at a time per model.")
     _install_output_hooks(stack.base_model)
-    chosen = nn.ModuleList([stack.module_for(i) for i in indices])
     handle = None
     try:
         encoder.__dict__[_SAVED] = (stack.modules, stack.config)
-        setattr(encoder, stack.attribute, chosen)
+        setattr(encoder, stack.attribute, nn.ModuleList(entries))
         if stack.shared:
-            # The ALBERT loop reads only these two fields: with one group entry per chosen layer, loop
+            # The ALBERT loop reads only these two fields: with one group entry per layer to run, loop
             # step n runs entry n. A private copy keeps the model's shared config (read by the head, the
             # masks and saving) untouched.
             view = copy.copy(stack.config)
-            view.num_hidden_layers = len(indices)
-            view.num_hidden_groups = max(len(indices), 1)  # never 0: it is a divisor in the loop
+            view.num_hidden_layers = len(entries)
+            view.num_hidden_groups = max(len(entries), 1)  # never 0: it is a divisor in the loop
             encoder.config = view
-        if not indices:
+        if not entries:
             hook = _initial_state_hook()
             if hook is not None:
                 handle = encoder.register_forward_hook(hook)
-        yield model
+        yield
     finally:
         if handle is not None:
             handle.remove()
@@ -199,6 +205,78 @@ def run_layers(model: nn.Module, layers: Sequence[int]) -> Iterator[nn.Module]:
             encoder.config = stack.config
         setattr(encoder, stack.attribute, stack.modules)
         encoder.__dict__.pop(_SAVED, None)
+
+
+FREEZE_SIDES = ("bottom", "top")
+
+
+def frozen_range(num: int, side: str, k: int) -> list[int]:
+    """0-based indices of the `k` bottom or top layers of a `num`-layer model."""
+    if side not in FREEZE_SIDES:
+        raise LayersimError(f"freeze side {side!r} is invalid; valid sides are: {', '.join(FREEZE_SIDES)}.")
+    k = _as_int(k, "number of frozen layers", f"0..{num}")
+    if not 0 <= k <= num:
+        raise LayersimError(f"cannot freeze {k} layers of this {num}-layer model; valid values are 0..{num}.")
+    return list(range(k)) if side == "bottom" else list(range(num - k, num))
+
+
+def embedding_modules(model: nn.Module) -> list[nn.Module]:
+    """What turns tokens into the first layer's input: the embeddings and, where the embedding size
+    differs from the hidden size, ELECTRA's and ALBERT's projection to it."""
+    stack = describe_architecture(model)
+    found = [stack.base_model.embeddings]
+    for owner, name in ((stack.base_model, "embeddings_project"), (stack.encoder, "embedding_hidden_mapping_in")):
+        if isinstance(getattr(owner, name, None), nn.Module):
+            found.append(getattr(owner, name))
+    return found
+
+
+class _FrozenApplication(nn.Module):
+    """One application of a shared layer group whose weights receive no gradient from it: the group runs
+    on detached copies of its parameters, so gradients flow through it to the layers below but do not
+    update it (used for ALBERT, whose layers share one group)."""
+
+    def __init__(self, group: nn.Module):
+        super().__init__()
+        self.__dict__["group"] = group  # not registered: the group's parameters stay where they are
+
+    def forward(self, *args, **kwargs):
+        import torch
+
+        detached = {name: value.detach() for name, value in self.group.named_parameters()}
+        return torch.func.functional_call(self.group, detached, args, kwargs)
+
+
+@contextlib.contextmanager
+def frozen_layers(model: nn.Module, side: str, k: int) -> Iterator[nn.Module]:
+    """Within the context, training leaves the bottom or top `k` transformer layers unchanged (Wu et al.
+    2020, Table 1); with the bottom ones, the embeddings (and any projection to the hidden size) too.
+    Gradients still flow through frozen top layers to the layers below.
+
+    BERT, RoBERTa, ELECTRA: the frozen modules get ``requires_grad = False`` (restored on exit). ALBERT has
+    one layer group applied at every depth, so a layer cannot be frozen by itself: here "freezing layer i"
+    means that its application of the shared group contributes no gradient to the group's weights, which
+    are updated only by the unfrozen applications (and stay unchanged when all are frozen)."""
+    stack = describe_architecture(model)
+    frozen = frozen_range(stack.num_layers, side, k)
+    modules = embedding_modules(model) if side == "bottom" and frozen else []
+    if not stack.shared:
+        modules += [stack.module_for(i) for i in frozen]
+    parameters = [p for module in modules for p in module.parameters()]
+    before = [p.requires_grad for p in parameters]
+    try:
+        for p in parameters:
+            p.requires_grad_(False)
+        if stack.shared and frozen:
+            entries = [_FrozenApplication(stack.module_for(i)) if i in frozen else stack.module_for(i)
+                       for i in range(stack.num_layers)]
+            with _swapped_stack(stack, entries):
+                yield model
+        else:
+            yield model
+    finally:
+        for p, flag in zip(parameters, before):
+            p.requires_grad_(flag)
 
 
 def exit_at(model: nn.Module, k: int) -> contextlib.AbstractContextManager[nn.Module]:

@@ -6,10 +6,12 @@ the same weights — also across a kill and resume (see :mod:`layersim.resume`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import random
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +19,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from layersim.batching import EncodedTask, collate, to_device
+from layersim.batching import EncodedTask, collate, encode_task, to_device
+from layersim.encoders import frozen_layers
 from layersim.errors import LayersimError
 from layersim.training_steps import GradientSteps
 from layersim.evaluate import score
@@ -103,8 +106,13 @@ def data_order(num_examples: int, batch_size: int, max_steps: int, seed: int) ->
 def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, validation: EncodedTask,
              params: FinetuneParams, seed: int, *, log: Logger | None = None,
              device: torch.device | None = None, resume: TrainingCheckpoint | None = None,
+             freeze: tuple[str, int] | None = None, timing: dict | None = None,
              ) -> tuple[torch.nn.Module, dict[str, float]]:
     """Fine-tune the encoder in `pretrained_dir` on `train`; return the model and final validation metrics.
+
+    With `freeze` = (side, k), the bottom or top k layers are frozen while training
+    (:func:`layersim.encoders.frozen_layers`). A `timing` dict receives ``train_seconds``: the wall time of
+    the training steps, evaluations and saved states left out (of this process only, when resumed).
 
     With `resume`, the full training state is saved there every `params.checkpoint_every` steps, and a
     run that finds a state saved by an identical earlier run (same fingerprint) continues from it: the
@@ -139,37 +147,52 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
                             resume.path, str(err).splitlines()[0][:200])
             resume.clear()
             return finetune(pretrained_dir, spec, train, validation, params, seed, log=sink, device=device,
-                            resume=resume)
+                            resume=resume, freeze=freeze, timing=timing)
         for step, values in state.history:
             log(step, values)
     steps = GradientSteps(optimizer, scheduler, total=params.max_steps, device=device)
 
-    model.train()
-    progress = tqdm(range(start, params.max_steps), desc=f"finetune {spec.name} seed {seed}", mininterval=2,
-                    initial=start, total=params.max_steps)
-    for step in progress:
-        batch = to_device(collate(train, order[step], tokenizer), device)
-        loss = model(**batch).loss
-        steps.take(loss, step + 1)
-        running += loss.detach()
-        count += 1
-        done = step + 1
-        if done % log_every == 0 or done == params.max_steps:
-            # One host sync per logging window, not per step.
-            steps.check(done, what, hint)
-            mean_loss = float(running) / count
-            progress.set_postfix(loss=f"{mean_loss:.4f}")
-            log(done, {"train/loss": mean_loss, "train/lr": scheduler.get_last_lr()[0]})
-            running, count = torch.zeros((), device=device), 0
-        if params.eval_every and done % params.eval_every == 0 and done != params.max_steps:
-            log(done, _prefixed(evaluate_model(model, spec, validation, tokenizer, params, device)))
-            model.train()
-        if resume and params.checkpoint_every and done % params.checkpoint_every == 0 and done != params.max_steps:
-            steps.check(done, what, hint)  # a diverged run leaves no state to resume
-            resume.save(TrainingState.capture(done, model, optimizer, scheduler, running, count, history))
+    # Frozen layers (Wu et al. Table 1) stay frozen for the whole loop; the model is whole again after it.
+    with frozen_layers(model, *freeze) if freeze else contextlib.nullcontext():
+        model.train()
+        started, paused = time.perf_counter(), 0.0
+        progress = tqdm(range(start, params.max_steps), desc=f"finetune {spec.name} seed {seed}", mininterval=2,
+                        initial=start, total=params.max_steps)
+        for step in progress:
+            batch = to_device(collate(train, order[step], tokenizer), device)
+            loss = model(**batch).loss
+            steps.take(loss, step + 1)
+            running += loss.detach()
+            count += 1
+            done = step + 1
+            if done % log_every == 0 or done == params.max_steps:
+                # One host sync per logging window, not per step.
+                steps.check(done, what, hint)
+                mean_loss = float(running) / count
+                progress.set_postfix(loss=f"{mean_loss:.4f}")
+                log(done, {"train/loss": mean_loss, "train/lr": scheduler.get_last_lr()[0]})
+                running, count = torch.zeros((), device=device), 0
+            pause = time.perf_counter()
+            if params.eval_every and done % params.eval_every == 0 and done != params.max_steps:
+                log(done, _prefixed(evaluate_model(model, spec, validation, tokenizer, params, device)))
+                model.train()
+            if resume and params.checkpoint_every and done % params.checkpoint_every == 0 and done != params.max_steps:
+                steps.check(done, what, hint)  # a diverged run leaves no state to resume
+                resume.save(TrainingState.capture(done, model, optimizer, scheduler, running, count, history))
+            paused += time.perf_counter() - pause
+        if timing is not None:
+            timing["train_seconds"] = round(time.perf_counter() - started - paused, 3)
     final = evaluate_model(model, spec, validation, tokenizer, params, device)
     log(params.max_steps, _prefixed(final))
     return model, final
+
+
+def encoded_splits(task_dir: str | Path, spec: TaskSpec, tokenizer, max_length: int) -> tuple[EncodedTask, EncodedTask]:
+    """The train and validation tables of a task, tokenized for fine-tuning."""
+    from layersim.io import read_task_table
+
+    return tuple(encode_task(read_task_table(task_dir, spec, split), spec, tokenizer, max_length)
+                 for split in ("train", "validation"))
 
 
 def run_fingerprint(base_dir: str | Path, task_dir: str | Path, spec: TaskSpec, params: FinetuneParams,
@@ -191,12 +214,12 @@ def evaluate_model(model, spec: TaskSpec, validation: EncodedTask, tokenizer, pa
 
 
 def save_checkpoint(model, tokenizer, folder: Path, *, base_dir: str | Path, task: str, seed: int,
-                    task_digest: str | None = None) -> None:
+                    task_digest: str | None = None, train_seconds: float | None = None) -> None:
     """Weights (safetensors), config and tokenizer, plus layersim's info file, into `folder`; `task_digest`:
     of the task tables it was fine-tuned on (layersim.io.task_tables_digest), checked by later stages."""
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     base = verified_info(base_dir)
     info = {"name": base["name"], "source": "finetune", "base_digest": base["digest"], "task": task,
-            "seed": seed, "task_digest": task_digest, "digest": weights_digest(folder)}
+            "seed": seed, "task_digest": task_digest, "digest": weights_digest(folder), "train_seconds": train_seconds}
     (Path(folder) / MODEL_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")

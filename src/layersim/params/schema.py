@@ -221,6 +221,41 @@ class AlignParams:  # Ren et al. 2023; see layersim.align
     seed: int = knob(0, "seed of the maps' initialisation and batches", SEED)
 
 
+WU_DEPTH = 12  # freeze.layers count layers out of Wu et al.'s 12 and are scaled to the model's depth
+
+
+def _freeze_layers(key: str, value) -> tuple[int, ...]:
+    """freeze.layers: distinct integers from 1 to 12 (layers out of 12, scaled to the model's depth)."""
+    from layersim.params.rules import fail
+
+    ok = (isinstance(value, list) and all(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= WU_DEPTH
+                                          for k in value) and len(set(value)) == len(value))
+    if not ok:
+        raise fail(key, value, f"a list of distinct integers from 1 to {WU_DEPTH} (layers frozen out of "
+                               f"{WU_DEPTH}, scaled to the model's depth), e.g. [4, 6]; [] runs no frozen fine-tuning")
+    return tuple(value)
+
+
+def _freeze_seeds(key: str, value) -> tuple[int, ...] | None:
+    """freeze.seeds: null (every seed of `seeds`) or a list of them (checked against `seeds` later)."""
+    from layersim.params.rules import fail
+
+    if value is None:
+        return None
+    if not (isinstance(value, list) and value and all(isinstance(k, int) and not isinstance(k, bool) for k in value)
+            and len(set(value)) == len(value)):
+        raise fail(key, value, "null (every seed of seeds) or a non-empty list of distinct seeds from seeds")
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class FreezeParams:  # Wu et al. 2020, Table 1
+    layers: tuple[int, ...] = knob((4, 6), "layers frozen at the bottom and at the top, out of 12 (Wu: 4 and 6); "
+                                           "scaled to the model's depth, round(k × L / 12)", check=_freeze_layers)
+    seeds: tuple[int, ...] | None = knob(None, "seeds of the frozen fine-tuning runs (null: every seed of seeds)",
+                                         check=_freeze_seeds)
+
+
 @dataclass(frozen=True)
 class Params:
     model: str
@@ -234,9 +269,10 @@ class Params:
     truncate: TruncateParams = field(default_factory=TruncateParams)
     skip: SkipParams = field(default_factory=SkipParams)
     align: AlignParams = field(default_factory=AlignParams)
+    freeze: FreezeParams = field(default_factory=FreezeParams)
 
 
 SECTIONS = {"download": DownloadParams, "finetune": FinetuneParams, "extract": ExtractParams,
             "similarity": SimilarityParams, "compare": CompareParams, "truncate": TruncateParams,
-            "skip": SkipParams, "align": AlignParams}
+            "skip": SkipParams, "align": AlignParams, "freeze": FreezeParams}
 TOP_LEVEL = ("model", "tasks", "seeds", *SECTIONS)

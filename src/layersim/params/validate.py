@@ -92,7 +92,7 @@ def parse_params(raw: Any) -> Params:
     if same is not None:
         raise fail("seeds", seeds, f"a list without repeated seeds ({same} is given twice)")
     sections = {name: _build_section(name, cls, raw.get(name)) for name, cls in SECTIONS.items()}
-    _check_across_sections(model, {**sections, "tasks": tasks})
+    _check_across_sections(model, {**sections, "tasks": tasks, "seeds": seeds})
     return Params(model=model, tasks=tuple(tasks), seeds=tuple(seeds), **sections)
 
 
@@ -127,6 +127,11 @@ def _check_across_sections(model: str, sections: dict[str, Any]) -> None:
     if weights(model) in {weights(name) for name in compare.models}:
         raise LayersimError(f"params.yaml: compare.models = {list(compare.models)} repeats model = {model!r}; "
                             "list only the other encoders to compare with it.")
+    freeze_seeds = sections["freeze"].seeds
+    if freeze_seeds is not None and not set(freeze_seeds) <= set(sections["seeds"]):
+        raise LayersimError(f"params.yaml: freeze.seeds = {list(freeze_seeds)} has seeds that are not in seeds = "
+                            f"{list(sections['seeds'])}; the frozen runs are compared with the unfrozen ones of the "
+                            "same seed, so pick from those (or null for all).")
     if "cls" not in extract.poolings:
         raise LayersimError(f"params.yaml: extract.poolings = {list(extract.poolings)} must include 'cls'; "
                             "the truncate stage trains its fresh heads on CLS activations.")

@@ -1,0 +1,111 @@
+"""Wu et al. 2020, Table 1: fine-tuning with the bottom or top k layers frozen, scored next to the
+unfrozen run of the same task and seed, with the fine-tuning time saved.
+
+Wu et al. freeze 4 or 6 of BERT's 12 layers; `freeze.layers` counts out of 12 and is scaled to the
+model's depth L as ``round(k × L / 12)`` (at least 1, at most L): MiniLM's 6 layers give 2 and 3. The
+runs use the finetune stage's recipe and seeds (``freeze.seeds``: a subset), without intermediate
+evaluations, and save no checkpoint: only their score and training time are reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from layersim.encoders import FREEZE_SIDES
+from layersim.params import Params
+from layersim.params.schema import WU_DEPTH
+from layersim.plots import method_bars
+from layersim.tasks import TaskSpec
+
+
+@dataclass(frozen=True)
+class FreezeConfig:
+    side: str          # "bottom" (with the embeddings) or "top"
+    layers: int        # frozen layers of this model
+    of_twelve: int     # as given in params, out of Wu's 12
+
+    @property
+    def label(self) -> str:
+        return f"{self.side}{self.layers}"
+
+
+def scaled_layers(k_of_twelve: int, num_layers: int) -> int:
+    """``round(k × L / 12)``, kept within 1..L."""
+    return min(num_layers, max(1, round(k_of_twelve * num_layers / WU_DEPTH)))
+
+
+def freeze_configs(layers_of_twelve: Iterable[int], num_layers: int) -> list[FreezeConfig]:
+    """Every (side, k) to run, bottom first, without repeats after scaling."""
+    configs, seen = [], set()
+    for side in FREEZE_SIDES:
+        for k in layers_of_twelve:
+            config = FreezeConfig(side, scaled_layers(k, num_layers), k)
+            if (side, config.layers) not in seen:
+                seen.add((side, config.layers))
+                configs.append(config)
+    return configs
+
+
+def frozen_params(params: Params):
+    """The finetune recipe for frozen runs: the same, without intermediate evaluations or saved states."""
+    return dataclasses.replace(params.finetune, eval_every=0, checkpoint_every=0)
+
+
+@dataclass(frozen=True)
+class FreezeRun:
+    config: FreezeConfig | None  # None: the unfrozen run of the finetune stage
+    seed: int
+    score: float                 # the task's primary metric
+    train_seconds: float | None
+
+
+def freeze_report(spec: TaskSpec, num_layers: int, runs: Sequence[FreezeRun]) -> tuple[dict, list[dict], object]:
+    """The full results (per config: mean score, change against unfrozen, time saved, per seed), the plot
+    rows (one per run) and the bar chart (score per configuration, the unfrozen score as a line)."""
+    unfrozen = {run.seed: run for run in runs if run.config is None}
+    configs = list(dict.fromkeys(run.config for run in runs if run.config is not None))
+    full = {"metric": spec.primary_metric, "num_layers": num_layers,
+            "unfrozen": {"score": _mean(run.score for run in unfrozen.values()),
+                         "train_seconds": _mean(run.train_seconds for run in unfrozen.values())}}
+    bars = {}
+    for config in configs:
+        mine = [run for run in runs if run.config == config]
+        changes = [run.score - unfrozen[run.seed].score for run in mine]
+        saved = [1.0 - run.train_seconds / unfrozen[run.seed].train_seconds for run in mine
+                 if run.train_seconds and unfrozen[run.seed].train_seconds]
+        entry = {"side": config.side, "layers": config.layers, "of_twelve": config.of_twelve,
+                 "score": _mean(run.score for run in mine), "score_change": _mean(changes),
+                 "time_saved": _mean(saved), "seeds": {str(run.seed): run.score for run in mine}}
+        full[config.label] = entry
+        time_note = "" if entry["time_saved"] is None else f"\n{entry['time_saved']:+.0%} time"
+        bars[f"{config.side} {config.layers}{time_note}"] = entry["score"]
+    rows = [{"config": "unfrozen" if run.config is None else run.config.label, "seed": run.seed,
+             "score": round(run.score, 6), "train_seconds": run.train_seconds} for run in runs]
+    figure = method_bars(bars, f"{spec.name}: frozen layers during fine-tuning (Wu et al. Table 1), "
+                               f"{num_layers}-layer model", spec.primary_metric,
+                         {"unfrozen": full["unfrozen"]["score"]})
+    return full, rows, figure
+
+
+def freeze_headline(full: dict) -> dict:
+    """Per configuration, the change in the task score against the unfrozen run (mean over seeds)."""
+    return {label: entry["score_change"] for label, entry in full.items()
+            if isinstance(entry, dict) and "score_change" in entry}
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    defined = [float(v) for v in values if v is not None]
+    return round(float(np.mean(defined)), 6) if defined else None
+
+
+def unfrozen_run(metrics_file: Path, info: dict, spec: TaskSpec, seed: int) -> FreezeRun:
+    """The finetune stage's run of `seed`, from its metrics file and checkpoint info."""
+    import json
+
+    metrics = json.loads(Path(metrics_file).read_text(encoding="utf-8"))
+    return FreezeRun(None, seed, float(metrics[spec.primary_metric]), info.get("train_seconds"))

@@ -1,0 +1,50 @@
+"""freeze: fine-tune one task with the bottom or top k layers frozen (Wu et al. 2020, Table 1), with the
+finetune stage's recipe and seeds, and report each configuration's score and training time next to
+the unfrozen run (layersim.freezing)."""
+
+from pathlib import Path
+
+from layersim import cli
+from layersim.freezing import (FreezeRun, freeze_configs, freeze_headline, freeze_report, frozen_params,
+                               unfrozen_run)
+from layersim.headlines import write_metrics
+from layersim.io import write_figure, write_json
+from layersim.models import load_tokenizer, model_info, model_shape
+from layersim.tasks import get_task
+from layersim.train import encoded_splits, finetune
+
+
+def main(args, params):
+    spec = get_task(args.task)
+    seeds = params.freeze.seeds or params.seeds
+    num_layers = model_shape(args.pretrained)["num_layers"]
+    configs = freeze_configs(params.freeze.layers, num_layers)
+    runs = [unfrozen_run(args.finetune_metrics / f"seed{seed}.json", model_info(args.checkpoints / f"seed{seed}"),
+                         spec, seed) for seed in seeds]  # read first: a missing run fails before any training
+    train, validation = encoded_splits(args.task_dir, spec, load_tokenizer(args.pretrained), params.finetune.max_length)
+    for seed in seeds:
+        for config in configs:
+            timing = {}
+            _, metrics = finetune(args.pretrained, spec, train, validation, frozen_params(params), seed,
+                                  freeze=(config.side, config.layers), timing=timing)
+            runs.append(FreezeRun(config, seed, metrics[spec.primary_metric], timing["train_seconds"]))
+            cli.log.info("seed %d, %s %d of %d layers frozen: %s %.4f in %.1f s of training", seed, config.side,
+                         config.layers, num_layers, spec.primary_metric, runs[-1].score, timing["train_seconds"])
+    full, rows, figure = freeze_report(spec, num_layers, runs)
+    write_figure(figure, args.plots / f"{spec.name}.png")
+    write_json(rows, args.plots / f"{spec.name}.json")
+    write_metrics(full, freeze_headline(full), args.metrics, args.details)
+    cli.log.info("wrote %s and %s", args.metrics, args.plots / f"{spec.name}.png")
+
+
+if __name__ == "__main__":
+    p = cli.parser(__doc__)
+    p.add_argument("--task", required=True)
+    p.add_argument("--pretrained", type=Path, required=True, help="folder written by download_model")
+    p.add_argument("--task-dir", type=Path, required=True, help="folder written by download_task")
+    p.add_argument("--checkpoints", type=Path, required=True, help="folder holding the unfrozen seed<k>/ checkpoints")
+    p.add_argument("--finetune-metrics", type=Path, required=True, help="folder of the unfrozen runs' metrics")
+    p.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
+    p.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.headlines)")
+    p.add_argument("--plots", type=Path, required=True, help="folder for the bar chart and the plot rows")
+    cli.run_stage(main, p.parse_args())

@@ -1,0 +1,135 @@
+"""Freezing the bottom or top k layers during fine-tuning (Wu et al. 2020, Table 1): layersim.encoders.frozen_layers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from layersim.batching import collate, encode_task
+from layersim.encoders import describe_architecture, embedding_modules, frozen_layers, frozen_range
+from layersim.errors import LayersimError
+from layersim.models import load_task_model, load_tokenizer
+from layersim.tasks import generated_table, get_task
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+TINY = ("tiny-bert", "tiny-roberta", "tiny-albert", "tiny-electra")
+L = 3
+
+
+def _model_and_batch(tiny_model_dir, name: str):
+    folder, spec = tiny_model_dir(name), get_task("synth-negation")
+    torch.manual_seed(0)
+    model = load_task_model(folder, spec).train()
+    tokenizer = load_tokenizer(folder)
+    encoded = encode_task(generated_table(spec, "train", 8, seed=0), spec, tokenizer, 32)
+    return model, collate(encoded, range(len(encoded)), tokenizer)
+
+
+def _grads(model, batch, side=None, k=0) -> dict[str, torch.Tensor | None]:
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(1)  # the same dropout masks in every call
+    if side is None:
+        model(**batch).loss.backward()
+    else:
+        with frozen_layers(model, side, k):
+            model(**batch).loss.backward()
+    return {name: None if p.grad is None else p.grad.clone() for name, p in model.named_parameters()}
+
+
+def _layer_prefix(model, index: int) -> str:
+    stack = describe_architecture(model)
+    return next(name for name, module in model.named_modules() if module is stack.module_for(index)) + "."
+
+
+@pytest.mark.parametrize("name", ["tiny-bert", "tiny-roberta", "tiny-electra"])
+@pytest.mark.parametrize("side, k", [("bottom", 1), ("bottom", 2), ("top", 1), ("top", 2)])
+def test_frozen_layers_get_no_gradient_and_the_others_the_full_one(tiny_model_dir, name, side, k):
+    model, batch = _model_and_batch(tiny_model_dir, name)
+    full = _grads(model, batch)
+    frozen = _grads(model, batch, side, k)
+    frozen_prefixes = tuple(_layer_prefix(model, i) for i in frozen_range(L, side, k))
+    embedding_names = {n for module in (embedding_modules(model) if side == "bottom" else [])
+                       for n, p in model.named_parameters() if any(p is q for q in module.parameters())}
+    for param_name, grad in frozen.items():
+        if param_name.startswith(frozen_prefixes) or param_name in embedding_names:
+            assert grad is None, param_name
+        elif full[param_name] is not None:
+            # Nothing below a frozen top layer changes: gradients flow through it as before.
+            torch.testing.assert_close(grad, full[param_name], rtol=1e-5, atol=1e-7, msg=param_name)
+    assert all(p.requires_grad for p in model.parameters()), "restored on exit"
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_albert_shared_group_gradient_splits_over_its_applications(tiny_model_dir, k):
+    """ALBERT's one group is applied at every depth: the gradient it gets with the top k applications frozen
+    plus the one with the other L − k frozen is its full gradient (each application contributes its part)."""
+    model, batch = _model_and_batch(tiny_model_dir, "tiny-albert")
+    group = describe_architecture(model).modules[0]
+    group_names = {n for n, p in model.named_parameters() if any(p is q for q in group.parameters())}
+    full = _grads(model, batch)
+    top = _grads(model, batch, "top", k)
+    bottom = _grads(model, batch, "bottom", L - k)
+    for name in group_names:
+        torch.testing.assert_close(top[name] + bottom[name], full[name], rtol=1e-4, atol=1e-6, msg=name)
+    # The frozen applications did contribute: without them the group's gradient is another one.
+    missing = sum(float((full[name] - top[name]).norm()) for name in group_names)
+    assert missing > 0.05 * sum(float(full[name].norm()) for name in group_names)
+    everything = _grads(model, batch, "top", L)
+    assert all(everything[name] is None or not everything[name].any() for name in group_names)
+    assert describe_architecture(model).modules is model.base_model.encoder.albert_layer_groups, "restored"
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_a_training_step_leaves_frozen_weights_unchanged(tiny_model_dir, name):
+    model, batch = _model_and_batch(tiny_model_dir, name)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with frozen_layers(model, "bottom", 1):
+        model(**batch).loss.backward()
+        optimizer.step()
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    embeddings = {n for module in embedding_modules(model) for n, p in model.named_parameters()
+                  if any(p is q for q in module.parameters())}
+    assert changed and not changed & embeddings
+    if name != "tiny-albert":
+        assert not any(n.startswith(_layer_prefix(model, 0)) for n in changed)
+
+
+def test_bad_freeze_arguments():
+    assert frozen_range(12, "bottom", 4) == [0, 1, 2, 3] and frozen_range(12, "top", 2) == [10, 11]
+    assert frozen_range(6, "top", 0) == []
+    with pytest.raises(LayersimError, match=r"freeze side 'middle' is invalid; valid sides are: bottom, top\."):
+        frozen_range(6, "middle", 2)
+    with pytest.raises(LayersimError, match=r"cannot freeze 7 layers of this 6-layer model; valid values are 0\.\.6\."):
+        frozen_range(6, "top", 7)
+
+
+def test_layers_out_of_twelve_are_scaled_to_the_depth():
+    from layersim.freezing import freeze_configs, scaled_layers
+
+    assert [scaled_layers(k, 12) for k in (4, 6)] == [4, 6]
+    assert [scaled_layers(k, 6) for k in (4, 6)] == [2, 3]       # MiniLM: bottom/top 2 and 3 of 6
+    assert [scaled_layers(k, 24) for k in (4, 6)] == [8, 12]     # albert-large
+    assert [scaled_layers(k, 3) for k in (1, 4, 6, 12)] == [1, 1, 2, 3]  # at least 1, at most L
+    assert [c.label for c in freeze_configs((4, 6), 6)] == ["bottom2", "bottom3", "top2", "top3"]
+    assert [c.label for c in freeze_configs((1, 2), 3)] == ["bottom1", "top1"]  # no repeats after scaling
+
+
+def test_freeze_report_scores_and_time_saved():
+    from layersim.freezing import FreezeConfig, FreezeRun, freeze_headline, freeze_report
+
+    spec = get_task("synth-negation")
+    bottom, top = FreezeConfig("bottom", 2, 4), FreezeConfig("top", 2, 4)
+    runs = [FreezeRun(None, 1, 0.80, 10.0), FreezeRun(None, 2, 0.90, 20.0),
+            FreezeRun(bottom, 1, 0.70, 6.0), FreezeRun(bottom, 2, 0.90, 10.0),
+            FreezeRun(top, 1, 0.85, 9.0), FreezeRun(top, 2, 0.85, None)]
+    full, rows, figure = freeze_report(spec, 6, runs)
+    assert full["unfrozen"] == {"score": 0.85, "train_seconds": 15.0}
+    assert full["bottom2"]["score"] == pytest.approx(0.8) and full["bottom2"]["score_change"] == pytest.approx(-0.05)
+    assert full["bottom2"]["time_saved"] == pytest.approx((0.4 + 0.5) / 2)
+    assert full["top2"]["time_saved"] == pytest.approx(0.1)  # a run without a time is left out of the mean
+    assert full["top2"]["seeds"] == {"1": 0.85, "2": 0.85}
+    assert freeze_headline(full) == pytest.approx({"bottom2": -0.05, "top2": 0.0})
+    assert [row["config"] for row in rows] == ["unfrozen", "unfrozen", "bottom2", "bottom2", "top2", "top2"]
+    assert figure.axes[0].get_ylabel() == "accuracy"
