@@ -1,7 +1,8 @@
 """align: bijective alignment of representation spaces (Ren et al. 2023) for one task — maps fitted on
 train-split representations, scored on validation rows: per-layer alignment error of every method
-for FT[1]→FT[2] (seeds) and ORIG→FT[1]; recovery of a known random INN; injection of FT[1]'s mapped
-last layer into FT[2]'s head; the INN's layer × layer error matrix (layersim.align_report)."""
+for each pair of align.pairs (fine-tuning seeds, ORIG→FT, pretrained models such as MultiBERTs), mean ± sd
+over the pairs of each kind; recovery of a known random INN; injection of a mapped last layer into a
+fine-tuned head; the INN's layer × layer error matrix (layersim.align_report)."""
 
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from layersim.tasks import get_task
 
 def main(args, params):
     spec = get_task(args.task)
-    inputs = AlignInputs(args.activations, args.checkpoints, args.task_dir, spec, params)
+    inputs = AlignInputs(args.activations, args.checkpoints, args.task_dir, spec, params, args.paired)
     report = align_report(inputs, log=cli.log.info)
     with atomic_path(args.plots, is_dir=True) as tmp:
         title = f"{params.align.pooling} representations — {params.model} on {args.task}"
@@ -30,6 +31,7 @@ if __name__ == "__main__":
     parser.add_argument("--activations", type=Path, required=True, help="folder written by the extract stage")
     parser.add_argument("--checkpoints", type=Path, required=True, help="folder holding seed<k>/ checkpoints")
     parser.add_argument("--task-dir", type=Path, required=True, help="folder written by download_task")
+    parser.add_argument("--paired", type=Path, required=True, help="folder written by download_paired")
     parser.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
     parser.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.headlines)")
     parser.add_argument("--plots", type=Path, required=True, help="folder for figures and plot data")

@@ -34,8 +34,10 @@ def main(args, params):
             tokenizer = load_tokenizer(folder)
             encoder = load_encoder(folder)
             for split, (table, subfolder) in splits.items():
-                # Words ("tokens") are validation data points only; train tables feed per-example heads.
-                poolings = [q for q in p.poolings if q != "tokens" or split == "validation"]
+                # Words ("tokens") are validation data points only; train tables feed truncate's heads (cls)
+                # and align's maps (align.pooling), so no other pooling is written for the train split.
+                poolings = p.poolings if split == "validation" else [q for q in p.poolings
+                                                                     if q in ("cls", params.align.pooling)]
                 encoded = encode_task(table, spec, tokenizer, params.finetune.max_length, words="tokens" in poolings)
                 metadata = {"model": params.model, "model_digest": info["digest"], "run": run, "task": spec.name,
                             "split": split, "task_digest": task_digest}

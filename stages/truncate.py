@@ -1,6 +1,7 @@
 """truncate: task score when the fine-tuned encoder exits after layer k, for every k (Phang et al. §4):
-Untuned (the fine-tuned head as is), Tuned (a fresh head on the fine-tuned encoder's layer k) and
-TunedOrig (a fresh head on the pretrained encoder's layer k)."""
+Untuned (the fine-tuned head as is), Tuned (the fine-tuned head trained further on the fine-tuned
+encoder's layer k) and TunedOrig (the head fine-tuning starts from, trained on the pretrained encoder's
+layer k); with truncate.head: fresh, Tuned and TunedOrig train a fresh head instead."""
 
 from pathlib import Path
 
@@ -13,15 +14,17 @@ from layersim.io import ActivationTable, read_task_table, run_expectations, writ
 from layersim.plots import truncation_curves
 from layersim.tasks import get_task
 from layersim.train import default_device
-from layersim.truncation import (VARIANTS, full_score, head_scores, load_for_validation, primary_score,
-                                 truncation_summary, untuned_scores)
+from layersim.task_heads import own_head
+from layersim.truncation import (VARIANTS, full_score, head_scores, initial_head, load_for_validation,
+                                 primary_score, truncation_summary, untuned_scores)
 
 
 def main(args, params):
     spec = get_task(args.task)
     p = params.truncate
     heads = HeadParams(epochs=p.head_epochs, learning_rate=p.head_learning_rate, batch_size=p.head_batch_size,
-                       weight_decay=p.head_weight_decay)
+                       weight_decay=p.head_weight_decay, holdout=p.head_holdout, patience=p.head_patience)
+    own = p.head == "own"
     table = read_task_table(args.task_dir, spec, "validation", params.extract.max_examples)
     device = default_device()
     runs = run_expectations(args.checkpoints, params.seeds, args.task_dir)
@@ -43,8 +46,9 @@ def main(args, params):
         tuned_orig[0].check_comparable(tuned[0])
         full.append(full_score(model, spec, encoded, tokenizer, params.extract.batch_size, device))
         per_seed["untuned"].append(untuned_scores(model, spec, encoded, tokenizer, params.extract.batch_size, device))
-        per_seed["tuned"].append(head_scores(spec, *tuned, heads, seed))
-        per_seed["tuned_orig"].append(head_scores(spec, *tuned_orig, heads, seed))
+        per_seed["tuned"].append(head_scores(spec, *tuned, heads, seed, own_head(model) if own else None))
+        per_seed["tuned_orig"].append(head_scores(spec, *tuned_orig, heads, seed,
+                                                  initial_head(args.pretrained, spec, seed) if own else None))
         cli.log.info("seed %d: full %s %.4f, untuned by exit layer %s", seed, spec.primary_metric, full[-1],
                      np.round(per_seed["untuned"][-1], 3).tolist())
 
@@ -68,6 +72,7 @@ if __name__ == "__main__":
     p.add_argument("--checkpoints", type=Path, required=True, help="folder holding seed<k>/ checkpoints")
     p.add_argument("--activations", type=Path, required=True, help="folder written by extract")
     p.add_argument("--task-dir", type=Path, required=True, help="folder written by download_task")
+    p.add_argument("--pretrained", type=Path, required=True, help="folder written by download_model (TunedOrig's head)")
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
     p.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.headlines)")
     p.add_argument("--plots", type=Path, required=True, help="folder for the PNG and the plot rows")

@@ -5,14 +5,66 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from layersim.align_report import AlignReport, compared_pairs, method_options, run_labels
-from layersim.params import AlignParams
+from layersim.align_report import (AlignReport, Pair, compared_pairs, injection_pair, method_options, over_pairs,
+                                   run_labels)
+from layersim.errors import LayersimError
+from layersim.params import AlignParams, parse_params
+
+
+def _params(seeds, pairs=None):
+    import yaml
+
+    from dvc_project import REPO
+
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw.update(model="tiny-bert", tasks=["synth-negation"], seeds=list(seeds))
+    raw["finetune"]["max_length"] = 64
+    raw["align"]["pairs"] = pairs
+    return parse_params(raw)
 
 
 def test_runs_and_pairs_follow_the_seeds() -> None:
     assert run_labels([3, 7]) == {"ORIG": "orig", "FT[1]": "seed3", "FT[2]": "seed7"}
-    assert compared_pairs([3, 7]) == [("FT[1]", "FT[2]"), ("ORIG", "FT[1]")]
-    assert compared_pairs([3]) == [("ORIG", "FT[1]")]
+    assert compared_pairs(_params([3, 7])) == [Pair("FT[1]", "FT[2]", "finetuning_seeds"),
+                                               Pair("ORIG", "FT[1]", "finetuning")]
+    assert compared_pairs(_params([3])) == [Pair("ORIG", "FT[1]", "finetuning")]
+
+
+def test_pairs_of_every_kind_and_the_pair_injected() -> None:
+    params = _params([1, 2, 3], [["tiny-bert-seed1", "tiny-bert-seed2"], ["FT3", "ORIG"], ["ORIG", "tiny-bert-seed1"],
+                                 ["FT2", "tiny-bert-seed2"], ["FT1", "FT3"]])
+    pairs = compared_pairs(params)
+    assert [(p.label, p.kind) for p in pairs] == [
+        ("tiny-bert-seed1→tiny-bert-seed2", "pretrained_models"), ("FT[3]→ORIG", "finetuning"),
+        ("ORIG→tiny-bert-seed1", "pretrained_models"), ("FT[2]→tiny-bert-seed2", "mixed"),
+        ("FT[1]→FT[3]", "finetuning_seeds")]
+    assert injection_pair(pairs, [1, 2, 3]) == ("FT[1]", "FT[3]")  # the first with a fine-tuned target
+    assert injection_pair(pairs[:2], [1, 2, 3]) == ("FT[1]", "FT[2]")
+    assert injection_pair([], [1]) == ("ORIG", "FT[1]")
+
+
+def test_pairs_must_name_known_runs_and_models() -> None:
+    with pytest.raises(LayersimError, match=r"align.pairs has 'FT2', but seeds = \[1\] holds 1 seed"):
+        _params([1], [["ORIG", "FT2"]])
+    with pytest.raises(LayersimError, match=r"did you mean 'multiberts-1'\?.*multiberts-0 … multiberts-24"):
+        _params([1], [["ORIG", "multibert-1"]])
+    with pytest.raises(LayersimError, match=r"of widths 32 and 768"):
+        _params([1], [["ORIG", "multiberts-3"]])
+    with pytest.raises(LayersimError, match=r"aligns a run with itself"):
+        _params([1], [["FT1", "FT1"]])
+
+
+def test_mean_and_sd_over_the_pairs_of_a_kind() -> None:
+    errors = {"a→b": {"inn": [0.1, 0.3]}, "c→d": {"inn": [0.3, 0.5]}, "ORIG→FT[1]": {"inn": [0.2, 0.2]}}
+    pairs = [Pair("a", "b", "pretrained_models"), Pair("ORIG", "FT[1]", "finetuning"), Pair("c", "d", "pretrained_models")]
+    grouped = over_pairs(errors, pairs)
+    assert list(grouped) == ["finetuning", "pretrained_models"]  # the order of PAIR_KINDS
+    inn = grouped["pretrained_models"]["inn"]
+    assert grouped["pretrained_models"]["pairs"] == ["a→b", "c→d"]
+    np.testing.assert_allclose(inn["mean"], [0.2, 0.4])
+    np.testing.assert_allclose(inn["sd"], [np.sqrt(0.02), np.sqrt(0.02)])  # sample sd of (0.1, 0.3)
+    assert inn["layer_mean"] == pytest.approx(0.3) and inn["layer_mean_sd"] == pytest.approx(np.sqrt(0.02))
+    assert grouped["finetuning"]["inn"]["sd"] == [0.0, 0.0]  # one pair: no spread
 
 
 def test_method_options_come_from_the_align_params() -> None:

@@ -160,7 +160,7 @@ def test_checkpoint_interrupted_in_save_pretrained(tmp_path, monkeypatch, previo
 
     stage = _download_model_stage()
     out = tmp_path / "models" / "pretrained"
-    args = argparse.Namespace(out=out, compared=False)
+    args = argparse.Namespace(out=out, compared=False, paired=False)
     params = SimpleNamespace(model="tiny-bert", compare=SimpleNamespace(models=()))
     if previous:
         stage.main(args, params)

@@ -82,10 +82,17 @@ def test_truncate_skip_align_compare_headlines():
     assert skip_headline({"largest_span_within_tolerance": {"first": 2, "last": 4, "length": 3}}) == \
         {"longest_skippable_span": 3}
     assert skip_headline({"largest_span_within_tolerance": None}) == {"longest_skippable_span": 0}
-    align = {"alignment_mean": {"FT[1]→FT[2]": {"linear": 0.4, "cca": 0.5, "inn": 0.3},
-                                "ORIG→FT[1]": {"linear": 0.6, "cca": 0.7, "inn": 0.65}}}
-    assert align_headline(align) == {"FT[1]→FT[2]": {"linear": 0.4, "cca": 0.5, "inn": 0.3, "inn_advantage": 0.1}}
-    assert align_headline({"alignment_mean": {"FT[1]→FT[2]": {"linear": 0.4}}}) == {"FT[1]→FT[2]": {"linear": 0.4}}
+    def kind(pairs, **means):
+        return {"pairs": "; ".join(pairs), "num_pairs": len(pairs), **{m: {"layer_mean": v, "layer_mean_sd": 0.01} for m, v in means.items()}}
+
+    align = {"alignment_over_pairs": {"finetuning_seeds": kind(["FT[1]→FT[2]"], linear=0.4, cca=0.5, inn=0.3),
+                                      "finetuning": kind(["ORIG→FT[1]"], linear=0.6, cca=0.7, inn=0.65)}}
+    assert align_headline(align) == {"finetuning_seeds": {"linear": 0.4, "cca": 0.5, "inn": 0.3, "inn_advantage": 0.1}}
+    one = {"alignment_over_pairs": {"finetuning": kind(["ORIG→FT[1]"], linear=0.4)}}
+    assert align_headline(one) == {"finetuning": {"linear": 0.4}}
+    several = {"alignment_over_pairs": {"pretrained_models": kind(["a→b", "c→d"], linear=0.4, inn=0.2)}}
+    assert align_headline(several) == {"pretrained_models": {"linear": 0.4, "linear_sd": 0.01, "inn": 0.2,
+                                                             "inn_sd": 0.01, "inn_advantage": 0.2}}
     compare = {"cls": {"linear_cka": {"FT:a": {"diagonal": _layers(None, 0.8, 0.6)},
                                       "other-model": {"best_match": {}}}},
                "tokens": {"svcca": {"FT:a": {"diagonal": _layers(0.1)}}}}
@@ -101,7 +108,7 @@ def test_summary_is_the_mean_over_tasks():
         "truncate": {"a": {"untuned_droppable_top_layers": 1, "tuned_droppable_top_layers": 3},
                      "b": {"untuned_droppable_top_layers": 2, "tuned_droppable_top_layers": 4}},
         "skip": {"a": {"longest_skippable_span": 0}, "b": {"longest_skippable_span": 3}},
-        "align": {"a": {"FT[1]→FT[2]": {"inn_advantage": -0.1}}, "b": {"FT[1]→FT[2]": {"inn_advantage": 0.3}}},
+        "align": {"a": {"finetuning_seeds": {"inn_advantage": -0.1}}, "b": {"finetuning_seeds": {"inn_advantage": 0.3}}},
     }
     summary = summary_headline(per_stage, {"a": "accuracy", "b": "pearson"}, ("cls", "linear_cka"))
     assert summary["mean"] == pytest.approx({"score": 0.6, "ft_orig_top": 0.4, "untuned_drop": 1.5,

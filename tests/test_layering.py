@@ -12,7 +12,7 @@ LAYERS = {
     0: {"errors", "linalg", "training_steps"},
     1: {"similarity", "align"},
     2: {"tasks", "models", "words", "params"},
-    3: {"encoders", "batching"},
+    3: {"encoders", "batching", "task_heads"},
     4: {"train", "extract", "evaluate", "io", "comparisons", "similarity_report", "plots", "heads", "injection",
         "truncation", "resume", "cli", "measure_sizes", "align_report", "similarity_task", "compare_task", "headlines",
         "freezing"},

@@ -70,3 +70,16 @@ def test_standardizer_population_scale_and_constant_columns():
     np.testing.assert_allclose(s.inverse_transform(z), a)
     with pytest.raises(LayersimError, match=r"shape \(3,\)"):
         Standardizer().fit(np.ones(3))
+
+
+def test_standardizer_over_batches_equals_one_fit() -> None:
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((301, 7)) * 3 + 1e4  # a large mean: a naive sum of squares loses the variance
+    a[:, 2] = 7.0                                # a constant column keeps scale 1
+    whole = Standardizer().fit(a)
+    batched = Standardizer().fit_batches([a[:100], a[100:101], a[101:101], a[101:]])
+    np.testing.assert_allclose(batched.mean_, whole.mean_, rtol=1e-13)
+    np.testing.assert_allclose(batched.scale_, whole.scale_, rtol=1e-9)
+    assert batched.scale_[2] == 1.0
+    with pytest.raises(LayersimError, match="at least one row"):
+        Standardizer().fit_batches([])

@@ -17,7 +17,8 @@ def test_registry_holds_the_paper_encoders_and_offline_ones():
     assert MODELS["albert-large-v2"].architecture == "albert"
     assert MODELS["electra-base"].hub_id == "google/electra-base-discriminator"
     assert MODELS["bert-base-uncased"].source == "hub"
-    assert set(OFFLINE_MODELS) == {"minilm-l6", "tiny-bert", "tiny-roberta", "tiny-albert", "tiny-electra"}
+    assert set(OFFLINE_MODELS) == {"minilm-l6", "tiny-bert", "tiny-roberta", "tiny-albert", "tiny-electra",
+                                   "tiny-bert-seed1", "tiny-bert-seed2"}
 
 
 def test_any_hub_id_is_accepted_as_given():

@@ -32,6 +32,9 @@ def _configure(params: dict) -> None:
     measures = ["linear_cka", "svcca", "pwcca", "neuronsim"]
     params["similarity"].update(measures={"cls": measures, "tokens": measures})
     params["compare"].update(models=["tiny-roberta"], probe_examples=20)
+    # Every kind of pair; tiny-bert-seed1/2 stand in for MultiBERTs (tiny-bert from other init seeds).
+    params["align"].update(pairs=[["FT1", "FT2"], ["ORIG", "FT1"], ["tiny-bert-seed1", "tiny-bert-seed2"],
+                                  ["tiny-bert-seed2", "ORIG"]])
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +140,19 @@ def test_align_reports_every_method_layer_and_reference(project):
     align = _details(root, f"align/{TASK}")
     methods = {"linear", "cca", "svcca", "pwcca", "inn", "mlp"}
     assert align["pooling"] == "mean" and align["train_rows"] == 100 and align["validation_rows"] == 60
-    assert set(align["alignment"]) == {"FT[1]→FT[2]", "ORIG→FT[1]"}
+    assert list(align["alignment"]) == ["FT[1]→FT[2]", "ORIG→FT[1]", "tiny-bert-seed1→tiny-bert-seed2",
+                                        "tiny-bert-seed2→ORIG"]
+    grouped = align["alignment_over_pairs"]
+    assert list(grouped) == ["finetuning_seeds", "finetuning", "pretrained_models"]
+    assert grouped["pretrained_models"]["pairs"] == "tiny-bert-seed1→tiny-bert-seed2; tiny-bert-seed2→ORIG"
+    assert grouped["pretrained_models"]["num_pairs"] == 2
+    for method in methods:  # mean ± sd over the two pretrained pairs, layer by layer
+        both = [list(align["alignment"][pair][method].values()) for pair in grouped["pretrained_models"]["pairs"].split("; ")]
+        stats = grouped["pretrained_models"][method]
+        assert list(stats["mean"].values()) == pytest.approx([(a + b) / 2 for a, b in zip(*both)], abs=2e-6)
+        assert list(stats["sd"].values()) == pytest.approx([abs(a - b) / 2 ** 0.5 for a, b in zip(*both)], abs=2e-6)
+        assert grouped["finetuning"][method]["sd"] == {f"layer_{k:02d}": 0.0 for k in range(4)}
+    assert json.loads((root / "data/align/models/models.json").read_text()) == ["tiny-bert-seed1", "tiny-bert-seed2"]
     for per_method in align["alignment"].values():
         assert set(per_method) == methods
         for per_layer in per_method.values():
@@ -152,7 +167,7 @@ def test_align_reports_every_method_layer_and_reference(project):
     for name in ("errors.png", "synthetic.png", "layer_matrix.png", "injection.png"):
         assert (root / f"plots/align/{TASK}/{name}").read_bytes()[:4] == b"\x89PNG", name
     rows = json.loads((root / f"plots/align/{TASK}/errors.json").read_text())
-    assert len(rows) == 2 * 4 * len(methods)
+    assert len(rows) == 4 * 4 * len(methods)
 
 
 def test_truncate_and_skip_agree_with_the_fine_tuned_models(project):
@@ -233,7 +248,7 @@ def test_metrics_files_hold_their_headline_and_details_hold_the_rest(project):
         rows = json.loads((root / f"plots/details/{name}.json").read_text())
         assert headlines.metrics_to_details(headlines.details_to_metrics(rows)) == rows  # nothing lost in the rows
     assert set(expected[f"similarity/{TASK}"]["cls"]) == {"linear_cka", "svcca", "pwcca", "neuronsim"}
-    assert set(expected[f"align/{TASK}"]["FT[1]→FT[2]"]) == {"linear", "cca", "svcca", "pwcca", "inn", "mlp",
+    assert set(expected[f"align/{TASK}"]["finetuning_seeds"]) == {"linear", "cca", "svcca", "pwcca", "inn", "mlp",
                                                             "inn_advantage"}
     assert set(expected["compare"]["cls"]["linear_cka"]) == {f"FT:{TASK}", "tiny-roberta"}
     summary = json.loads((root / "metrics/summary.json").read_text())["mean"]

@@ -1,11 +1,14 @@
 """The align stage's work for one task (Ren et al. 2023): maps fitted on train-split representations and
-scored on validation rows — per-layer alignment error of every method for FT[1]→FT[2] (seeds) and
-ORIG→FT[1]; recovery of a known random INN; injection of FT[1]'s mapped last layer into FT[2]'s head;
-the INN's layer × layer error matrix — and the figures and metrics that report it."""
+scored on validation rows — per-layer alignment error of every method for each pair of align.pairs
+(fine-tuning seeds FT[1]→FT[2], ORIG→FT[1], pretrained registry models such as MultiBERTs that differ
+in their pretraining seed), as mean ± sd over the pairs of each kind; recovery of a known random INN;
+injection of a mapped last layer into a fine-tuned model's head; the INN's layer × layer error matrix —
+and the figures and metrics that report it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +16,12 @@ import numpy as np
 
 from layersim.align import alignment_errors, layer_alignment_matrix, map_representations, synthetic_recovery
 from layersim.injection import injected_score, random_like
+from layersim.batching import encode_task
+from layersim.errors import LayersimError
+from layersim.extract import extract_activations
 from layersim.io import ActivationTable, read_task_table, run_expectations, write_figure, write_json
-from layersim.params import Params
+from layersim.models import load_encoder, load_tokenizer, model_shape, verified_info
+from layersim.params import Params, aligned_pairs, pair_member
 from layersim.plots import alignment_error_curves, heatmap_grid, method_bars
 from layersim.tasks import TaskSpec
 from layersim.train import default_device
@@ -34,9 +41,60 @@ def run_labels(seeds) -> dict[str, str]:
     return {"ORIG": "orig"} | {f"FT[{i}]": f"seed{s}" for i, s in enumerate(seeds, start=1)}
 
 
-def compared_pairs(seeds) -> list[tuple[str, str]]:
-    """FT[1]→FT[2] (with two seeds or more), then ORIG→FT[1]."""
-    return ([("FT[1]", "FT[2]")] if len(seeds) > 1 else []) + [("ORIG", "FT[1]")]
+# The kinds of pair, in the order the figures show them, and the question each answers.
+PAIR_KINDS = {
+    "finetuning_seeds": "two fine-tunings of one pretrained model that differ only in their seed",
+    "finetuning": "what fine-tuning changed: the pretrained model against a fine-tuned one",
+    "pretrained_models": "two pretrained models, e.g. MultiBERTs that differ only in their pretraining seed",
+    "mixed": "a fine-tuned run against another pretrained model",
+}
+
+
+@dataclass(frozen=True)
+class Pair:
+    source: str  # figure label: ORIG, FT[i] or a registry model's name
+    target: str
+    kind: str    # a key of PAIR_KINDS
+
+    @property
+    def label(self) -> str:
+        return f"{self.source}→{self.target}"
+
+
+def _label(name: str) -> tuple[str, str]:
+    """(figure label, member kind) of a name of align.pairs."""
+    kind, value = pair_member(name)
+    return (f"FT[{value}]" if kind == "finetuned" else str(value)), kind
+
+
+def compared_pairs(params: Params) -> list[Pair]:
+    """align.pairs (or its default) with figure labels and kinds."""
+    pairs = []
+    for source, target in aligned_pairs(params):
+        (a, kind_a), (b, kind_b) = _label(source), _label(target)
+        kinds = {kind_a, kind_b}
+        kind = ("finetuning_seeds" if kinds == {"finetuned"} else "finetuning" if kinds == {"orig", "finetuned"}
+                else "mixed" if "finetuned" in kinds else "pretrained_models")
+        pairs.append(Pair(a, b, kind))
+    return pairs
+
+
+def over_pairs(errors: dict[str, dict[str, list[float]]], pairs: list[Pair]) -> dict[str, dict]:
+    """Per kind of pair (in PAIR_KINDS order): its pairs, and per method the mean and sd over those pairs of
+    the error at each layer and of the error averaged over layers (sd 0 for a single pair; Ren Table 4)."""
+    grouped = {}
+    for kind in PAIR_KINDS:
+        labels = [pair.label for pair in pairs if pair.kind == kind]
+        if not labels:
+            continue
+        entry: dict = {"pairs": labels}
+        for method in errors[labels[0]]:
+            curves = np.array([errors[label][method] for label in labels])  # pairs × layers
+            ddof = 1 if len(labels) > 1 else 0
+            entry[method] = {"mean": curves.mean(axis=0).tolist(), "sd": curves.std(axis=0, ddof=ddof).tolist(),
+                             "layer_mean": float(curves.mean()), "layer_mean_sd": float(curves.mean(axis=1).std(ddof=ddof))}
+        grouped[kind] = entry
+    return grouped
 
 
 @dataclass(frozen=True)
@@ -47,34 +105,66 @@ class AlignInputs:
     task_dir: Path
     spec: TaskSpec
     params: Params
+    paired: Path | None = None  # folder written by download_paired: the registry models of align.pairs
 
     def expect(self) -> dict[str, dict[str, Any]]:
         known = run_expectations(self.checkpoints, self.params.seeds, self.task_dir)
         return {run: {"task": self.spec.name, **known[run]} for run in run_labels(self.params.seeds).values()}
 
-    def table(self, run: str, pooling: str, split: str, expect: dict) -> ActivationTable:
+    def table(self, run: str, pooling: str, split: str, expect: dict, folder: Path | None = None) -> ActivationTable:
         """One run's activation table of `split`, checked against `expect` (task, weights), run, split and pooling."""
-        return ActivationTable(self.activations / ("train" if split == "train" else "") / f"{run}.{pooling}.parquet",
+        folder = folder or self.activations
+        return ActivationTable(folder / ("train" if split == "train" else "") / f"{run}.{pooling}.parquet",
                                expect={**expect, "split": split, "run": run, "pooling": pooling})
 
     def validation_task_table(self):
         return read_task_table(self.task_dir, self.spec, "validation", self.params.extract.max_examples)
 
+    def extract_models(self, names: list[str], out: Path, task_digest: str) -> dict[str, dict[str, Any]]:
+        """Write train and validation tables (align.pooling) of each pretrained registry model `names` into `out`,
+        from the same task tables and example caps as the extract stage; return each run's expectations."""
+        p, spec = self.params, self.spec
+        splits = {"validation": read_task_table(self.task_dir, spec, "validation", p.extract.max_examples),
+                  "train": read_task_table(self.task_dir, spec, "train", p.extract.max_train_examples)}
+        expect = {}
+        for name in names:
+            folder = self.paired / name
+            info = verified_info(folder)
+            tokenizer, encoder = load_tokenizer(folder), load_encoder(folder)
+            for split, table in splits.items():
+                encoded = encode_task(table, spec, tokenizer, p.finetune.max_length)
+                metadata = {"model": name, "model_digest": info["digest"], "run": model_run(name), "task": spec.name,
+                            "split": split, "task_digest": task_digest}
+                path = out / ("train" if split == "train" else "") / f"{model_run(name)}.{p.align.pooling}.parquet"
+                extract_activations(encoder, tokenizer, spec, encoded, {p.align.pooling: path}, metadata,
+                                    p.extract.batch_size, default_device())
+            expect[name] = {"task": spec.name, "model_digest": info["digest"], "task_digest": task_digest,
+                            **model_shape(folder)}
+        return expect
 
-def read_layers(inputs: AlignInputs, expect: dict) -> tuple[dict[str, list[np.ndarray]], int]:
-    """Per run label, per layer, the train rows followed by the validation rows; and the number of train rows.
-    Every run's tables must hold the same rows in the same order: maps are fitted row by row."""
+
+def read_layers(inputs: AlignInputs, sources: dict[str, tuple[str, Path, dict]]
+                ) -> tuple[dict[str, list[np.ndarray]], int]:
+    """Per run label (label → its run name, table folder and expectations; ORIG first), per layer, the train
+    rows followed by the validation rows; and the number of train rows. Every run's tables must hold the
+    same rows in the same order: maps are fitted row by row."""
     pooling, spec = inputs.params.align.pooling, inputs.spec
-    tables = {label: tuple(inputs.table(run, pooling, split, expect[run]) for split in ("train", "validation"))
-              for label, run in run_labels(inputs.params.seeds).items()}
+    tables = {label: tuple(inputs.table(run, pooling, split, expect, folder) for split in ("train", "validation"))
+              for label, (run, folder, expect) in sources.items()}
+    reference = next(iter(tables.values()))
     for label in tables:
-        for reference, table in zip(tables["ORIG"], tables[label]):
-            reference.check_comparable(table)
+        for first, table in zip(reference, tables[label]):
+            first.check_comparable(table)
     ids = inputs.validation_task_table().column("example_id").to_numpy()
-    tables["ORIG"][1].check_examples(ids, spec.num_choices or 1, f"{inputs.task_dir}/validation.parquet")
+    reference[1].check_examples(ids, spec.num_choices or 1, f"{inputs.task_dir}/validation.parquet")
     layers = {label: [np.concatenate([a, b]) for a, b in zip(train.layers(), validation.layers())]
               for label, (train, validation) in tables.items()}
-    return layers, tables["ORIG"][0].num_rows
+    return layers, reference[0].num_rows
+
+
+def model_run(name: str) -> str:
+    """The run name (and file name stem) of a registry model's tables: a hub id's '/' becomes '--'."""
+    return name.replace("/", "--")
 
 
 def inject(inputs: AlignInputs, pair: tuple[str, str], options: dict, expect: dict) -> dict:
@@ -106,25 +196,46 @@ def inject(inputs: AlignInputs, pair: tuple[str, str], options: dict, expect: di
     return {"pair": f"{pair[0]}→{pair[1]}", "metric": spec.primary_metric, "methods": methods, "references": references}
 
 
+def injection_pair(pairs: list[Pair], seeds) -> tuple[str, str]:
+    """The first pair whose target is a fine-tuned run (it has a head) and whose source is ORIG or a fine-tuned
+    run (they have CLS tables); without one, FT[1]→FT[2] with two seeds or more, else ORIG→FT[1]."""
+    runs = run_labels(seeds)
+    for pair in pairs:
+        if pair.source in runs and pair.target.startswith("FT["):
+            return pair.source, pair.target
+    return ("FT[1]", "FT[2]") if len(seeds) > 1 else ("ORIG", "FT[1]")
+
+
 @dataclass
 class AlignReport:
     rows: list[dict]                              # per pair, method and layer: relative error and MSE
-    errors: dict[str, dict[str, list[float]]]     # pair → method → relative error per layer
+    errors: dict[str, dict[str, list[float]]]     # pair label → method → relative error per layer
     recovery: dict[str, float]                    # method → held-out error recovering a random INN
     matrix_pair: tuple[str, str]
     matrix: np.ndarray                            # INN error, source layer × target layer
     injection: dict
     num_train: int
     num_rows: int
+    pairs: list[Pair] = field(default_factory=list)  # in the order of align.pairs; [] → one kind per label
+
+    def grouped(self) -> dict[str, dict]:
+        pairs = self.pairs or [Pair(*label.split("→"), kind=label) for label in self.errors]
+        return over_pairs(self.errors, pairs)
 
     def metrics(self, pooling: str) -> dict:
         matrix, (source, target) = self.matrix, self.matrix_pair
+        # Pairs as one string and curves per layer: the details file keeps lists for layers only.
+        grouped = {kind: {"pairs": "; ".join(entry["pairs"]), "num_pairs": len(entry["pairs"]),
+                          **{method: {key: _rounded(value) for key, value in stats.items()}
+                             for method, stats in entry.items() if method != "pairs"}}
+                   for kind, entry in self.grouped().items()}
         return {"pooling": pooling, "train_rows": int(self.num_train),
                 "validation_rows": int(self.num_rows - self.num_train),
                 "alignment": {pair: {method: {f"layer_{k:02d}": round(v, 6) for k, v in enumerate(values)}
                                      for method, values in per_method.items()} for pair, per_method in self.errors.items()},
                 "alignment_mean": {pair: {method: round(float(np.mean(values)), 6) for method, values in per_method.items()}
                                    for pair, per_method in self.errors.items()},
+                "alignment_over_pairs": grouped,
                 "synthetic_recovery": self.recovery,
                 "layer_matrix_inn": {"pair": f"{source}→{target}", "diagonal_mean": round(float(np.diag(matrix).mean()), 6),
                                      "offdiagonal_mean": round(float(matrix[~np.eye(len(matrix), dtype=bool)].mean()), 6)},
@@ -132,7 +243,11 @@ class AlignReport:
 
     def write_figures(self, plots: Path, title: str, task: str, metric: str) -> None:
         (source, target) = self.matrix_pair
-        write_figure(alignment_error_curves(self.errors, f"alignment error per layer, {title}"), plots / "errors.png")
+        panels = {(entry["pairs"][0] if len(entry["pairs"]) == 1 else
+                   f"{kind.replace('_', ' ')}: mean ± sd over {len(entry['pairs'])} pairs"):
+                  {method: (stats["mean"], stats["sd"]) for method, stats in entry.items() if method != "pairs"}
+                  for kind, entry in self.grouped().items()}
+        write_figure(alignment_error_curves(panels, f"alignment error per layer, {title}"), plots / "errors.png")
         write_json(self.rows, plots / "errors.json")
         write_figure(method_bars(self.recovery, f"recovering a random INN from the pretrained last layer ({task})",
                                  "held-out relative error"), plots / "synthetic.png")
@@ -140,44 +255,73 @@ class AlignReport:
                                   f"INN held-out relative error, layer × layer — {task}", ncols=1, vmin=0.0,
                                   vmax=max(1.0, float(self.matrix.max())), colorbar_label="relative error"),
                      plots / "layer_matrix.png")
-        write_figure(method_bars(self.injection["methods"], f"{source} last layer injected into {target} ({task})",
-                                 metric, self.injection["references"]), plots / "injection.png")
+        injected_source, injected_target = self.injection["pair"].split("→")
+        write_figure(method_bars(self.injection["methods"], f"{injected_source} last layer injected into "
+                                 f"{injected_target} ({task})", metric, self.injection["references"]),
+                     plots / "injection.png")
+
+
+def _check_shapes(pairs: list[Pair], shapes: dict[str, dict[str, int]]) -> None:
+    """Refuse, before any work, a pair whose two models differ in depth or width: maps align layer k with
+    layer k, and the INN is a bijection."""
+    for pair in pairs:
+        a, b = shapes[pair.source], shapes[pair.target]
+        if a != b:
+            raise LayersimError(f"align.pairs has [{pair.source}, {pair.target}], which differ in shape ({a['num_layers']} "
+                                f"layers of width {a['hidden_size']} vs {b['num_layers']} of width {b['hidden_size']}); "
+                                "pair models of the same depth and width.")
+
+
+def _rounded(value):
+    return {f"layer_{k:02d}": round(v, 6) for k, v in enumerate(value)} if isinstance(value, list) else round(value, 6)
 
 
 def align_report(inputs: AlignInputs, log=lambda *args: None) -> AlignReport:
     """Every experiment of the align stage on one task."""
-    p = inputs.params.align
-    pairs = compared_pairs(inputs.params.seeds)
+    p, seeds = inputs.params.align, inputs.params.seeds
+    pairs = compared_pairs(inputs.params)
     all_options = method_options(p)
     options = {method: values for method, values in all_options.items() if method in p.methods}
     expect = inputs.expect()
-    layers, num_train = read_layers(inputs, expect)
+    runs = run_labels(seeds)
+    used = ["ORIG"] + [label for pair in pairs for label in (pair.source, pair.target) if label != "ORIG"]
+    models = [label for label in dict.fromkeys(used) if label not in runs]
+    _check_shapes(pairs, {label: {k: expect[run][k] for k in ("num_layers", "hidden_size")} for label, run in runs.items()}
+                  | {name: model_shape(inputs.paired / name) for name in models})
+    with tempfile.TemporaryDirectory(prefix="layersim-align-") as tmp:
+        model_expect = inputs.extract_models(models, Path(tmp), expect["orig"]["task_digest"]) if models else {}
+        if models:
+            log("encoded the task with %s", ", ".join(models))
+        sources = {label: (runs[label], inputs.activations, expect[runs[label]]) if label in runs else
+                   (model_run(label), Path(tmp), {**model_expect[label]}) for label in dict.fromkeys(used)}
+        layers, num_train = read_layers(inputs, sources)
     num_rows = len(layers["ORIG"][0])
     train_idx, test_idx = np.arange(num_train), np.arange(num_train, num_rows)
     log("read %s representations of %d runs: %d train and %d validation rows", p.pooling, len(layers),
         num_train, num_rows - num_train)
 
-    # 1. Per-layer alignment error of every method (Ren Table 4, Figure 2).
+    # 1. Per-layer alignment error of every method (Ren Table 4, Figure 2), per pair.
     errors, rows = {}, []
-    for source, target in pairs:
-        pair = f"{source}→{target}"
-        for row in alignment_errors(layers[source], layers[target], p.methods, train_idx, test_idx, **options):
-            errors.setdefault(pair, {}).setdefault(row["method"], []).append(row["relative_error"])
-            rows.append({"pair": pair, "method": row["method"], "layer": row["layer"],
+    for pair in pairs:
+        for row in alignment_errors(layers[pair.source], layers[pair.target], p.methods, train_idx, test_idx,
+                                    **options):
+            errors.setdefault(pair.label, {}).setdefault(row["method"], []).append(row["relative_error"])
+            rows.append({"pair": pair.label, "kind": pair.kind, "method": row["method"], "layer": row["layer"],
                          "relative_error": round(row["relative_error"], 6), "mse": round(row["mse"], 6)})
-        log("aligned %s at every layer with %s", pair, ", ".join(p.methods))
+        log("aligned %s at every layer with %s", pair.label, ", ".join(p.methods))
 
     # 2. Synthetic recovery (Ren §4.3, Table 3): Y = f(X) for a random INN f on the pretrained last layer.
     synthetic = synthetic_recovery(layers["ORIG"][-1], p.methods, p.seed, scale=p.synthetic_scale, **options)
     recovery = {row["method"]: round(row["relative_error"], 6) for row in synthetic["rows"]}
 
     # 3. The INN's layer × layer matrix (Ren Figure 3) for the first pair, fewer steps per fit.
-    source, target = pairs[0]
-    matrix = layer_alignment_matrix(layers[source], layers[target], "inn", train_idx=train_idx, test_idx=test_idx,
-                                    **{**all_options["inn"], "steps": p.matrix_steps})
+    first = pairs[0]
+    matrix = layer_alignment_matrix(layers[first.source], layers[first.target], "inn", train_idx=train_idx,
+                                    test_idx=test_idx, **{**all_options["inn"], "steps": p.matrix_steps})
 
-    # 4. Layer injection (Ren §4.5, Table 5): FT[1]'s last-layer CLS mapped into FT[2]'s head (with one
-    # seed, ORIG's into FT[1]'s).
-    injection = inject(inputs, pairs[0], options, expect)
-    log("injected %s's last layer into %s's head with %s", *pairs[0], ", ".join(injection["methods"]))
-    return AlignReport(rows, errors, recovery, pairs[0], matrix, injection, num_train, num_rows)
+    # 4. Layer injection (Ren §4.5, Table 5): a last-layer CLS state mapped into a fine-tuned model's head.
+    injected = injection_pair(pairs, seeds)
+    injection = inject(inputs, injected, options, expect)
+    log("injected %s's last layer into %s's head with %s", *injected, ", ".join(injection["methods"]))
+    return AlignReport(rows, errors, recovery, (first.source, first.target), matrix, injection, num_train, num_rows,
+                       pairs)

@@ -124,16 +124,23 @@ def skip_headline(full: Mapping[str, Any]) -> dict:
 
 
 def align_headline(full: Mapping[str, Any]) -> dict:
-    """For the first compared pair (FT[1]→FT[2] with two seeds): each method's held-out alignment error
-    averaged over layers, and ``inn_advantage`` — the best other method's error minus the INN's
-    (positive: the invertible network aligns better than every other map)."""
-    means = full["alignment_mean"]
-    pair = next(iter(means))
-    entry = dict(means[pair])
-    others = [error for method, error in entry.items() if method != "inn"]
-    if "inn" in entry and others:
-        entry["inn_advantage"] = round(min(others) - entry["inn"], 6)
-    return {pair: entry}
+    """For the first kind of pair of align.pairs (fine-tuning seeds by default): each method's held-out
+    alignment error averaged over layers and pairs (with its sd over pairs, ``<method>_sd``, when there
+    are several), and ``inn_advantage`` — the best other method's error minus the INN's (positive: the
+    invertible network aligns better than every other map)."""
+    kind, entry = next(iter(full["alignment_over_pairs"].items()))
+    several = entry["num_pairs"] > 1
+    headline = {}
+    for method, stats in entry.items():
+        if method in ("pairs", "num_pairs"):
+            continue
+        headline[method] = stats["layer_mean"]
+        if several:
+            headline[f"{method}_sd"] = stats["layer_mean_sd"]
+    others = [error for method, error in headline.items() if method != "inn" and not method.endswith("_sd")]
+    if "inn" in headline and others:
+        headline["inn_advantage"] = round(min(others) - headline["inn"], 6)
+    return {kind: headline}
 
 
 def compare_headline(full: Mapping[str, Any], pooling: str, measure: str) -> dict:

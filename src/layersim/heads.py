@@ -1,41 +1,61 @@
-"""Fresh task heads trained on cached layer representations: the Tuned and TunedOrig variants of
-Phang et al. §4, where only the output head is trained on top of a frozen (truncated) encoder.
+"""Output heads trained on cached first-token (CLS / <s>) representations of one layer: the Tuned and
+TunedOrig variants of Phang et al. §4, where only the output head is trained on top of a frozen
+(truncated) encoder.
 
-Every head in the registry reads only the first token (CLS / <s>), so a head can be trained from
-the CLS activation tables that the extract stage writes, with no encoder run. The head is the
-shape shared by BERT's pooler + classifier and RoBERTa's classification head: dense → tanh →
-dropout → linear. Multiple choice scores each (example, choice) row and takes a softmax over the
-choices; regression has one output trained with squared error.
+Every task head of the registry reads only the first token, so a head trains from the CLS
+activation tables that the extract stage writes, with no encoder run. Two kinds of head:
+
+- the task model's own head (layersim.task_heads.own_head): Tuned continues training the fine-tuned
+  model's head on layer k's states; TunedOrig trains the head that fine-tuning starts from (the
+  pretrained pooler where there is one, a seeded random classifier) on the pretrained model's layer k;
+- a fresh head (``truncate.head: fresh``): dense → tanh → dropout → linear on standardised states,
+  the shape shared by BERT's pooler + classifier and RoBERTa's classification head.
+
+Training sees every train row it is given, streamed from the table a few row groups at a time in a
+seeded random order, and stops early on a held-out share of the train examples (never the
+validation split), keeping the epoch that scored best there (epoch 0, the starting head, included). Multiple choice scores each (example,
+choice) row and takes a softmax over the choices; regression has one output trained with squared error.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
-from layersim.training_steps import GradientSteps
 from layersim.errors import LayersimError
+from layersim.evaluate import compute_metrics
+from layersim.io import ActivationTable
 from layersim.linalg import Standardizer
 from layersim.tasks import TaskSpec
+from layersim.training_steps import GradientSteps
 
 log = logging.getLogger("layersim")
+
+HEAD_KINDS = ("own", "fresh")
 
 
 @dataclass(frozen=True)
 class HeadParams:
-    epochs: int = 20
+    epochs: int = 20                 # at most; early stopping may end sooner
     learning_rate: float = 1e-3
     batch_size: int = 64
     weight_decay: float = 0.0
-    dropout: float = 0.1
+    dropout: float = 0.1             # the fresh head's
+    holdout: float = 0.0             # share of train examples held out for early stopping (0: none)
+    patience: int = 3                # epochs without a better held-out score before stopping
+    chunk_rows: int = 65536          # rows read from a table at a time
 
 
 class Head(nn.Module):
+    """The fresh head: dense → tanh → dropout → linear."""
+
     def __init__(self, hidden_size: int, num_outputs: int, dropout: float):
         super().__init__()
         self.dense = nn.Linear(hidden_size, hidden_size)
@@ -46,72 +66,166 @@ class Head(nn.Module):
         return self.out(self.dropout(torch.tanh(self.dense(self.dropout(x)))))
 
 
+class Standardized(nn.Module):
+    """A module applied to ``(x - mean) / scale``, with the statistics of its training rows."""
+
+    def __init__(self, module: nn.Module, mean: np.ndarray, scale: np.ndarray):
+        super().__init__()
+        self.module = module
+        self.register_buffer("mean", torch.from_numpy(np.asarray(mean, np.float32)))
+        self.register_buffer("scale", torch.from_numpy(np.asarray(scale, np.float32)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module((x - self.mean) / self.scale)
+
+
 @dataclass
 class TrainedHead:
-    """A head and the train-row standardisation it was fitted with."""
+    """A head (raw first-token states → outputs) and what training it did."""
 
-    head: Head
-    mean: torch.Tensor
-    scale: torch.Tensor
+    head: nn.Module
     num_choices: int
+    epochs_run: int = 0
+    best_epoch: int = 0
+    held_out_score: float | None = None
 
     @torch.inference_mode()
     def logits(self, features: np.ndarray) -> np.ndarray:
         """Logits shaped like the task model's: (n, labels), (n, 1) for regression, (n, choices)."""
         self.head.eval()
-        x = (torch.from_numpy(np.asarray(features, np.float32)) - self.mean) / self.scale
-        out = self.head(x)
+        out = self.head(torch.from_numpy(np.require(features, np.float32, "W")))  # tables' arrays are read-only
         if self.num_choices > 1:
             out = out.view(-1, self.num_choices)
         return out.numpy()
 
 
-def train_head(spec: TaskSpec, features: np.ndarray, labels: np.ndarray, params: HeadParams,
-               seed: int) -> TrainedHead:
-    """Fit a fresh head on (rows, hidden) `features`. For multiple choice, rows are (example,
-    choice) in example order and `labels` holds one label per example."""
-    num_choices = spec.num_choices if spec.format == "multiple_choice" else 1
-    if len(features) != len(labels) * num_choices:
-        raise LayersimError(f"{len(features)} feature rows do not match {len(labels)} labels × {num_choices} "
-                            f"choices for task {spec.name!r}.")
-    generator = torch.Generator().manual_seed(seed)
+class Rows:
+    """Train rows of one layer, in whole examples (`num_choices` rows each), read chunk by chunk.
+
+    From an array (all in one chunk) or from layer k of an activation table, whose row groups are read
+    a few at a time in a random order (memory: one chunk, not the table)."""
+
+    def __init__(self, num_choices: int, array: np.ndarray | None = None,
+                 table: ActivationTable | None = None, layer: int = 0, chunk_rows: int = 65536):
+        self.num_choices = num_choices
+        self._array, self._table, self._layer, self._chunk_rows = array, table, layer, chunk_rows
+        self.num_rows = len(array) if array is not None else table.num_rows
+        self.hidden_size = array.shape[1] if array is not None else table.hidden_size
+
+    def chunks(self, rng: np.random.Generator | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(example indices, their rows as (examples, choices, hidden) float32); a random chunk order
+        with `rng`, table order without."""
+        if self._array is not None:
+            yield np.arange(self.num_rows // self.num_choices), self._by_example(self._array, 0)
+            return
+        groups = self._table.row_groups()
+        order = rng.permutation(len(groups)) if rng is not None else np.arange(len(groups))
+        per_chunk = max(1, self._chunk_rows // max(1, int(np.median([n for _, n in groups]))))
+        for at in range(0, len(order), per_chunk):
+            picked = sorted(order[at:at + per_chunk].tolist())
+            rows = np.concatenate([np.arange(groups[g][0], groups[g][0] + groups[g][1]) for g in picked])
+            array = self._table.layer_of_row_groups(self._layer, picked)
+            yield rows[::self.num_choices] // self.num_choices, self._by_example(array, int(rows[0]))
+
+    def _by_example(self, array: np.ndarray, first_row: int) -> np.ndarray:
+        if len(array) % self.num_choices or first_row % self.num_choices:
+            raise LayersimError(f"{len(array)} rows from row {first_row} are not whole examples of "
+                                f"{self.num_choices} choices; re-run the extract stage.")
+        return np.asarray(array, np.float32).reshape(len(array) // self.num_choices, self.num_choices, -1)
+
+
+def fresh_head(spec: TaskSpec, rows: Rows, train_examples: np.ndarray, params: HeadParams, seed: int) -> nn.Module:
+    """A seeded fresh head on states standardised with the statistics of the `train_examples` rows."""
+    scaler = Standardizer().fit_batches(x[np.isin(index, train_examples)].reshape(-1, rows.hidden_size)
+                                        for index, x in rows.chunks())
     torch.manual_seed(seed)
-    scaler = Standardizer().fit(features)
-    mean, scale = (torch.from_numpy(v.astype(np.float32)) for v in (scaler.mean_, scaler.scale_))
-    x = torch.from_numpy(scaler.transform(features).astype(np.float32)).view(len(labels), num_choices, -1)
-    y = torch.from_numpy(np.asarray(labels, np.float32 if spec.regression else np.int64))
-    head = Head(x.shape[-1], spec.num_labels, params.dropout)
+    return Standardized(Head(rows.hidden_size, spec.num_labels, params.dropout), scaler.mean_, scaler.scale_)
+
+
+def held_out_examples(num_examples: int, share: float, seed: int) -> np.ndarray:
+    """A seeded random `share` of the example indices 0..num_examples-1 (at least one when share > 0,
+    never all), sorted."""
+    if share <= 0 or num_examples < 2:
+        return np.zeros(0, np.int64)
+    count = min(num_examples - 1, max(1, round(share * num_examples)))
+    return np.sort(np.random.default_rng([seed, 7]).choice(num_examples, count, replace=False))
+
+
+def train_head(spec: TaskSpec, features: np.ndarray | Rows, labels: np.ndarray, params: HeadParams, seed: int,
+               head: nn.Module | None = None, what: str = "a fresh head") -> TrainedHead:
+    """Train `head` (default: a fresh one) on `features` — a (rows, hidden) array or :class:`Rows` —
+    with one label per example. For multiple choice, rows are (example, choice) in example order."""
+    num_choices = spec.num_choices if spec.format == "multiple_choice" else 1
+    rows = features if isinstance(features, Rows) else Rows(num_choices, np.asarray(features, np.float32))
+    labels = np.asarray(labels)
+    if rows.num_rows != len(labels) * num_choices:
+        raise LayersimError(f"{rows.num_rows} feature rows do not match {len(labels)} labels × {num_choices} "
+                            f"choices for task {spec.name!r}.")
+    held = held_out_examples(len(labels), params.holdout, seed)
+    train_examples = np.setdiff1d(np.arange(len(labels)), held)
+    head = head if head is not None else fresh_head(spec, rows, train_examples, params, seed)
+    held_x = _gather(rows, held)
+    y = torch.from_numpy(labels.astype(np.float32 if spec.regression else np.int64))
+    generator = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
     optimizer = torch.optim.AdamW(head.parameters(), lr=params.learning_rate, weight_decay=params.weight_decay)
     loss_fn = nn.MSELoss() if spec.regression else nn.CrossEntropyLoss()
-    head.train()
     steps = GradientSteps(optimizer, total=params.epochs)
+    # The starting head is a candidate too: for Tuned on the last layer it is already the fine-tuned head.
+    best = (_score(spec, TrainedHead(head, num_choices), held_x, labels[held]), 0, copy.deepcopy(head.state_dict())) \
+        if len(held) else (-np.inf, 0, None)  # score, epoch, state
+    is_train = np.ones(len(labels), bool)
+    is_train[held] = False
     started = time.perf_counter()
-    for epoch in range(params.epochs):
-        if epoch == 1:
-            _estimate(params.epochs, time.perf_counter() - started, spec.name)
-        for batch in torch.randperm(len(labels), generator=generator).split(params.batch_size):
-            out = head(x[batch])  # (batch, choices, outputs)
-            if spec.regression:
-                loss = loss_fn(out.view(-1), y[batch])
-            elif num_choices > 1:
-                loss = loss_fn(out.view(len(batch), num_choices), y[batch])
-            else:
-                loss = loss_fn(out.view(len(batch), -1), y[batch])
-            steps.take(loss, epoch + 1)
-        bad_epoch = steps.diverged_at(epoch + 1)
+    epoch = 0
+    for epoch in range(1, params.epochs + 1):
+        if epoch == 2:
+            _estimate(params.epochs, time.perf_counter() - started, spec.name, what)
+        head.train()
+        for index, x in rows.chunks(rng):
+            keep = is_train[index]
+            x, target = torch.from_numpy(x[keep]), y[torch.from_numpy(index[keep])]
+            for batch in torch.randperm(len(x), generator=generator).split(params.batch_size):
+                out = head(x[batch])  # (batch, choices, outputs)
+                if spec.regression:
+                    loss = loss_fn(out.view(-1), target[batch])
+                else:
+                    loss = loss_fn(out.view(len(batch), -1), target[batch])
+                steps.take(loss, epoch)
+        bad_epoch = steps.diverged_at(epoch)
         if bad_epoch is not None:
-            raise LayersimError(f"training a fresh head for task {spec.name!r}: the loss became NaN or infinite in "
+            raise LayersimError(f"training {what} for task {spec.name!r}: the loss became NaN or infinite in "
                                 f"epoch {bad_epoch}; lower truncate.head_learning_rate (now "
                                 f"{params.learning_rate:g}).")
-    return TrainedHead(head, mean, scale, num_choices)
+        if not len(held):
+            continue
+        score = _score(spec, TrainedHead(head, num_choices), held_x, labels[held])
+        if score > best[0]:
+            best = (score, epoch, copy.deepcopy(head.state_dict()))
+        elif epoch - best[1] >= params.patience:
+            break
+    if best[2] is not None:
+        head.load_state_dict(best[2])
+    return TrainedHead(head, num_choices, epochs_run=epoch, best_epoch=best[1] if best[2] is not None else epoch,
+                       held_out_score=None if best[2] is None else float(best[0]))
 
 
-def _estimate(epochs: int, first_epoch_seconds: float, task: str) -> None:
+def _gather(rows: Rows, examples: np.ndarray) -> np.ndarray:
+    """The rows of `examples` (sorted indices) as a (rows, hidden) array."""
+    parts = [x[np.isin(index, examples)] for index, x in rows.chunks()] if len(examples) else []
+    return np.concatenate(parts).reshape(-1, rows.hidden_size) if parts else np.zeros((0, rows.hidden_size), np.float32)
+
+
+def _score(spec: TaskSpec, head: TrainedHead, features: np.ndarray, labels: np.ndarray) -> float:
+    return compute_metrics(spec, head.logits(features), labels)[spec.primary_metric]
+
+
+def _estimate(epochs: int, first_epoch_seconds: float, task: str, what: str) -> None:
     """Say how long the requested epochs will take, when it is long enough to wonder."""
     total = epochs * first_epoch_seconds
     if total > 60:
-        log.info("training a fresh head for %s: %d epochs at %.2f s each, about %.0f min in all "
-                 "(truncate.head_epochs)", task, epochs, first_epoch_seconds, total / 60)
+        log.info("training %s for %s: at most %d epochs at %.2f s each, about %.0f min in all "
+                 "(truncate.head_epochs)", what, task, epochs, first_epoch_seconds, total / 60)
 
 
 def majority_baseline(spec: TaskSpec, train_labels: np.ndarray, validation_labels: np.ndarray) -> np.ndarray:

@@ -75,11 +75,37 @@ class Standardizer:
         a = np.asarray(a, dtype=np.float64)
         if a.ndim != 2 or a.shape[0] == 0:
             raise LayersimError(f"standardising needs a (rows, hidden) array with at least one row, got shape {a.shape}.")
-        self.mean_ = a.mean(axis=0)
-        std = a.std(axis=0)
-        tiny = std <= 1e-12 * np.maximum(np.abs(self.mean_), 1.0)
-        self.scale_ = np.where(tiny, 1.0, std)
+        self._set(a.mean(axis=0), a.std(axis=0))
         return self
+
+    def fit_batches(self, batches) -> Standardizer:
+        """:meth:`fit` over rows that arrive in (rows, hidden) batches, merging each batch's mean and
+        sum of squared deviations (Chan et al.), so memory is one batch and no precision is lost to
+        subtracting large squares."""
+        count, mean, squares = 0, None, None
+        for a in batches:
+            a = np.asarray(a, dtype=np.float64)
+            if a.shape[0] == 0:
+                continue
+            m = a.mean(axis=0)
+            s = np.square(a - m).sum(axis=0)
+            if mean is None:
+                count, mean, squares = len(a), m, s
+                continue
+            total = count + len(a)
+            delta = m - mean
+            mean = mean + delta * (len(a) / total)
+            squares = squares + s + np.square(delta) * (count * len(a) / total)
+            count = total
+        if mean is None:
+            raise LayersimError("standardising needs at least one row, got none.")
+        self._set(mean, np.sqrt(squares / count))
+        return self
+
+    def _set(self, mean: np.ndarray, std: np.ndarray) -> None:
+        self.mean_ = mean
+        tiny = std <= 1e-12 * np.maximum(np.abs(mean), 1.0)
+        self.scale_ = np.where(tiny, 1.0, std)
 
     def transform(self, a: np.ndarray) -> np.ndarray:
         return (np.asarray(a, dtype=np.float64) - self.mean_) / self.scale_

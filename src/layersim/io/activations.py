@@ -204,6 +204,25 @@ class ActivationTable:
         values = column.values.to_numpy(zero_copy_only=False)
         return self.check_finite(k, values.reshape(len(column), self.hidden_size))
 
+    def row_groups(self) -> list[tuple[int, int]]:
+        """(first row, rows) of each Parquet row group, in file order: the units read at random."""
+        sizes = [self._file.metadata.row_group(g).num_rows for g in range(self._file.metadata.num_row_groups)]
+        return list(zip(np.cumsum([0, *sizes[:-1]]).tolist(), sizes))
+
+    def layer_of_row_groups(self, k: int, groups: list[int]) -> np.ndarray:
+        """Layer k of the listed row groups (in that order) as an (n, hidden) float32 array."""
+        if not 0 <= k <= self.num_layers:
+            raise LayersimError(f"layer {k} is out of range for {self.path}; valid layers are 0..{self.num_layers}.")
+        with self._reader.translating():
+            column = self._file.read_row_groups(groups, columns=[layer_column(k)]).column(0).combine_chunks()
+        values = column.values.to_numpy(zero_copy_only=False).reshape(len(column), self.hidden_size)
+        spans, at = self.row_groups(), 0
+        for g in groups:  # each group checked at its own rows, so an error names the right example
+            first, size = spans[g]
+            self.check_finite(k, values[at:at + size], first)
+            at += size
+        return values
+
     def layers(self) -> list[np.ndarray]:
         return [self.layer(k) for k in range(self.num_layers + 1)]
 

@@ -45,6 +45,9 @@ from layersim.params.schema import (
     SimilarityParams,
     SkipParams,
     TruncateParams,
+    aligned_pairs,
+    pair_member,
+    paired_models,
 )
 from layersim.params.validate import MODEL_HIDDEN_SIZE, MODEL_MAX_LENGTH, parse_params
 from layersim.params.yaml_file import load_params, parse_yaml
@@ -52,4 +55,4 @@ from layersim.params.yaml_file import load_params, parse_yaml
 __all__ = ["ALIGN_METHODS", "DEFAULT_MEASURES", "EXAMPLE_POOLINGS", "LOCALIZATIONS", "MAX_SEED", "MIN_EXAMPLES",
            "MIN_MAX_LENGTH", "MODEL_HIDDEN_SIZE", "MODEL_MAX_LENGTH", "POOLINGS", "AlignParams", "CompareParams",
            "DownloadParams", "ExtractParams", "FinetuneParams", "Params", "SimilarityParams", "SkipParams",
-           "TruncateParams", "describe", "load_params", "parse_params", "parse_yaml"]
+           "TruncateParams", "aligned_pairs", "describe", "load_params", "pair_member", "paired_models", "parse_params", "parse_yaml"]

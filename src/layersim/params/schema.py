@@ -7,6 +7,7 @@ these declarations (`python -m layersim.params`), and a test keeps it current.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from layersim.params.rules import (FRACTION, NON_NEGATIVE, POSITIVE, SEED, TOLERANCE, Bound, at_least, at_most,
@@ -15,6 +16,7 @@ from layersim.params.rules import (FRACTION, NON_NEGATIVE, POSITIVE, SEED, TOLER
 # First token, mean of tokens, last sub-word of the last word: one row per (example, choice); "tokens":
 # one row per word, its last sub-word (Wu et al.; layersim.words).
 POOLINGS = ("cls", "mean", "last", "tokens")
+HEAD_KINDS = ("own", "fresh")  # layersim.heads.HEAD_KINDS (checked by a test)
 EXAMPLE_POOLINGS = ("cls", "mean", "last")  # one row per (example, choice): what align can map
 LOCALIZATIONS = ("raw", "zscore")  # Wu et al.'s raw difference of means, or each series z-scored first
 # The default align.methods: every map of layersim.align.MAPS (checked by a test; spelled out here so
@@ -142,8 +144,8 @@ class ExtractParams:
                                                "and choice), tokens (one row per word)", names=POOLINGS)
     batch_size: int = knob(32, "examples per forward pass", POSITIVE, BATCH)
     max_examples: int | None = knob(None, "validation examples per task (null: all)", POSITIVE, EXAMPLES, ENOUGH)
-    max_train_examples: int | None = knob(10000, "train examples whose activations train truncate's fresh heads "
-                                                 "(null: all)", POSITIVE, EXAMPLES, ENOUGH)
+    max_train_examples: int | None = knob(None, "train examples whose activations train truncate's heads and "
+                                                "align's maps (null: all)", POSITIVE, EXAMPLES, ENOUGH)
     attention_examples: int = knob(100, "validation examples whose attention maps are kept (0: none)", NON_NEGATIVE,
                                    at_most(10**5, "attention maps are stored per example, layer and head"))
     max_tokens: int = knob(20000, "tokens pooling: word rows per task (validation), the first words in order",
@@ -186,18 +188,75 @@ class CompareParams:
 
 @dataclass(frozen=True)
 class TruncateParams:
-    head_epochs: int = knob(20, "epochs of the fresh heads (Tuned, TunedOrig) on cached CLS activations", POSITIVE,
-                            at_most(10**4, "epochs over the cached activations"))
-    head_learning_rate: float = knob(1e-3, "learning rate of the fresh heads", LEARNING_RATE)
-    head_batch_size: int = knob(64, "examples per step of the fresh heads", POSITIVE,
+    head: str = knob("own", "the head trained on layer k's CLS states: own (Tuned continues the fine-tuned model's "
+                     "head, TunedOrig trains the head fine-tuning starts from; Phang et al.) or fresh (a new "
+                     "dense-tanh-linear head on standardised states)", names=HEAD_KINDS)
+    head_epochs: int = knob(20, "most epochs of the heads (Tuned, TunedOrig) over the cached CLS activations",
+                            POSITIVE, at_most(10**4, "epochs over the cached activations"))
+    head_learning_rate: float = knob(1e-3, "learning rate of the heads", LEARNING_RATE)
+    head_batch_size: int = knob(64, "examples per step of the heads", POSITIVE,
                                 at_most(_BATCH, "examples per step"))
-    head_weight_decay: float = knob(0.0, "weight decay of the fresh heads", NON_NEGATIVE)
+    head_weight_decay: float = knob(0.0, "weight decay of the heads", NON_NEGATIVE)
+    head_holdout: float = knob(0.1, "share of the train examples held out to stop the heads early (never the "
+                               "validation split)", Bound(lambda v: 0 <= v < 1, "a number in [0, 1)"))
+    head_patience: int = knob(3, "epochs without a better held-out score before a head stops", POSITIVE,
+                              at_most(10**4, "epochs"))
     tolerance: float = knob(0.01, "\"within 1 point\" of the full model, on the metric's 0–1 scale", TOLERANCE)
 
 
 @dataclass(frozen=True)
 class SkipParams:
     tolerance: float = knob(0.01, "a span is cheap if skipping it costs at most this much", TOLERANCE)
+
+
+ORIG_RUN = "ORIG"             # align.pairs: the pretrained `model`
+_FINETUNED_RUN = re.compile(r"FT([1-9][0-9]{0,3})")  # align.pairs: FT<i>, fine-tuned with the i-th seed
+
+
+def pair_member(name: str) -> tuple[str, int | str]:
+    """What a name of align.pairs stands for: ("orig", "ORIG"), ("finetuned", i) for FT<i> (1-based seed
+    position), or ("model", name) for a registry model, pretrained."""
+    if name == ORIG_RUN:
+        return "orig", name
+    match = _FINETUNED_RUN.fullmatch(name)
+    return ("finetuned", int(match.group(1))) if match else ("model", name)
+
+
+def aligned_pairs(params: "Params") -> tuple[tuple[str, str], ...]:
+    """align.pairs, or its default: [FT1, FT2] with two seeds or more, then [ORIG, FT1]."""
+    if params.align.pairs is not None:
+        return params.align.pairs
+    return ((("FT1", "FT2"),) if len(params.seeds) > 1 else ()) + ((ORIG_RUN, "FT1"),)
+
+
+def paired_models(params: "Params") -> list[str]:
+    """The registry models (pretrained) that align.pairs names, each once, in order."""
+    names = [name for pair in aligned_pairs(params) for name in pair if pair_member(name)[0] == "model"]
+    return list(dict.fromkeys(names))
+
+
+def _align_pairs(key: str, value) -> tuple[tuple[str, str], ...] | None:
+    """align.pairs: null, or a list of [source, target] pairs of ORIG, FT<i> or registry model names."""
+    from layersim.params.names import check_model
+    from layersim.params.rules import fail
+
+    if value is None:
+        return None
+    allowed = ("null or a non-empty list of distinct [source, target] pairs, each ORIG (the pretrained model), "
+               "FT<i> (fine-tuned with the i-th seed) or a registry model name, e.g. [[FT1, FT2], [ORIG, FT1]]")
+    if not (isinstance(value, list) and value and all(isinstance(pair, list) and len(pair) == 2 and
+                                                      all(isinstance(name, str) for name in pair) for pair in value)):
+        raise fail(key, value, allowed)
+    pairs = tuple(tuple(pair) for pair in value)
+    for source, target in pairs:
+        if source == target:
+            raise fail(key, value, f"a list of pairs of two different runs ([{source}, {target}] aligns a run with itself)")
+        for name in (source, target):
+            if pair_member(name)[0] == "model":
+                check_model(key, name, entry=True)
+    if len(set(pairs)) != len(pairs):
+        raise fail(key, value, "a list without repeated pairs")
+    return pairs
 
 
 @dataclass(frozen=True)
@@ -219,6 +278,10 @@ class AlignParams:  # Ren et al. 2023; see layersim.align
                              at_most(10**6, "optimiser steps per cell of the layer × layer matrix"))
     synthetic_scale: float = knob(0.5, "weight scale of the random INN to recover: how non-linear it is", POSITIVE)
     seed: int = knob(0, "seed of the maps' initialisation and batches", SEED)
+    pairs: tuple[tuple[str, str], ...] | None = knob(
+        None, "the [source, target] pairs aligned: ORIG (the pretrained model), FT<i> (fine-tuned with the i-th "
+              "seed) or a registry model, pretrained (e.g. multiberts-0 and multiberts-1: two pretraining seeds); "
+              "null: [FT1, FT2] with two seeds or more, then [ORIG, FT1]", check=_align_pairs)
 
 
 WU_DEPTH = 12  # freeze.layers count layers out of Wu et al.'s 12 and are scaled to the model's depth

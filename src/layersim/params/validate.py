@@ -9,21 +9,24 @@ import difflib
 from typing import Any
 
 from layersim.errors import LayersimError
+from layersim.models import MULTIBERTS_SEEDS
 from layersim.params.names import check_model, check_task, weights
 from layersim.params.rules import MAX_SEED, check_value, fail, repeated, shown
-from layersim.params.schema import SECTIONS, TOP_LEVEL, Params
+from layersim.params.schema import SECTIONS, TOP_LEVEL, Params, pair_member
 
 # Longest input (special tokens included) that the position embeddings of the registry models whose
 # config is known offline can encode: the tiny configs have 130 positions, and RoBERTa's start after
 # the padding index (0 with the MiniLM tokenizer the tiny models use); all-MiniLM-L6-v2 has 512.
 # tests/test_params.py checks these against the real models. Hub models are not known offline.
 MODEL_MAX_LENGTH = {"tiny-bert": 130, "tiny-albert": 130, "tiny-electra": 130, "tiny-roberta": 129,
-                    "minilm-l6": 512}
+                    "tiny-bert-seed1": 130, "tiny-bert-seed2": 130, "minilm-l6": 512}
 
 # Width of the registry models' layers (tests/test_params.py checks the offline ones against the real
 # models; the hub ones are their published configs), for checks of measures against the sizes.
 MODEL_HIDDEN_SIZE = {"tiny-bert": 32, "tiny-albert": 32, "tiny-electra": 32, "tiny-roberta": 32, "minilm-l6": 384,
-                     "roberta-base": 768, "electra-base": 768, "bert-base-uncased": 768, "albert-large-v2": 1024}
+                     "tiny-bert-seed1": 32, "tiny-bert-seed2": 32,
+                     "roberta-base": 768, "electra-base": 768, "bert-base-uncased": 768, "albert-large-v2": 1024,
+                     **{f"multiberts-{n}": 768 for n in range(MULTIBERTS_SEEDS)}}
 
 
 def _suggestion(section: str | None, key: Any) -> str:
@@ -108,7 +111,9 @@ def _check_across_sections(model: str, sections: dict[str, Any]) -> None:
                             f"finetune.max_steps = {finetune.max_steps}; it must be at most max_steps, or 0 to "
                             "evaluate only at the end.")
     # finetune.checkpoint_every >= max_steps is allowed: like 0, it saves no intermediate state.
-    for name, where in [(model, "model"), *((other, "of compare.models") for other in compare.models)]:
+    paired = [name for pair in align.pairs or () for name in pair if pair_member(name)[0] == "model"]
+    for name, where in [(model, "model"), *((other, "of compare.models") for other in compare.models),
+                        *((other, "of align.pairs") for other in paired)]:
         limit = MODEL_MAX_LENGTH.get(name)
         if limit is not None and finetune.max_length > limit:
             described = f"model {name!r}" if where == "model" else f"{name!r} {where}"
@@ -132,6 +137,18 @@ def _check_across_sections(model: str, sections: dict[str, Any]) -> None:
         raise LayersimError(f"params.yaml: freeze.seeds = {list(freeze_seeds)} has seeds that are not in seeds = "
                             f"{list(sections['seeds'])}; the frozen runs are compared with the unfrozen ones of the "
                             "same seed, so pick from those (or null for all).")
+    for pair in align.pairs or ():
+        for name in pair:
+            kind, index = pair_member(name)
+            if kind == "finetuned" and index > len(sections["seeds"]):
+                raise LayersimError(f"params.yaml: align.pairs has {name!r}, but seeds = {list(sections['seeds'])} "
+                                    f"holds {len(sections['seeds'])} seed(s); FT<i> is the run of the i-th seed, so "
+                                    f"use FT1 to FT{len(sections['seeds'])}.")
+        widths = [MODEL_HIDDEN_SIZE.get(model if pair_member(name)[0] != "model" else name) for name in pair]
+        if None not in widths and widths[0] != widths[1]:
+            raise LayersimError(f"params.yaml: align.pairs has [{pair[0]}, {pair[1]}], of widths {widths[0]} and "
+                                f"{widths[1]}; a pair must have one width (the INN is a bijection), so pair models "
+                                "of the same width.")
     if "cls" not in extract.poolings:
         raise LayersimError(f"params.yaml: extract.poolings = {list(extract.poolings)} must include 'cls'; "
                             "the truncate stage trains its fresh heads on CLS activations.")

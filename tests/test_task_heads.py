@@ -1,0 +1,174 @@
+"""The task model's own head (Phang et al.'s Tuned / TunedOrig) and heads trained on streamed rows:
+exact identities against the model's forward, and the training rules (held-out stopping, streaming)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from layersim.batching import encode_task
+from layersim.encoders import exit_at, num_layers
+from layersim.evaluate import predict
+from layersim.heads import HEAD_KINDS, HeadParams, Rows, held_out_examples, train_head
+from layersim.io import ActivationTable, ActivationWriter
+from layersim.models import load_task_model, load_tokenizer
+from layersim.task_heads import own_head
+from layersim.tasks import generated_table, get_task
+from layersim.truncation import exit_logits, initial_head
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+CPU = torch.device("cpu")
+ARCHITECTURES = ("tiny-bert", "tiny-roberta", "tiny-albert", "tiny-electra")
+TASKS = ("synth-negation", "synth-choice", "synth-similarity")  # classification, multiple choice, regression
+
+
+def _model(tiny_model_dir, arch: str, task: str, examples: int = 12):
+    spec = get_task(task)
+    folder = tiny_model_dir(arch)
+    torch.manual_seed(0)
+    model = load_task_model(folder, spec).eval()
+    tokenizer = load_tokenizer(folder)
+    return spec, model, tokenizer, encode_task(generated_table(spec, "validation", examples, seed=0), spec,
+                                               tokenizer, 32)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("task", TASKS)
+def test_one_pass_gives_every_exit_exactly(tiny_model_dir, arch: str, task: str) -> None:
+    spec, model, tokenizer, encoded = _model(tiny_model_dir, arch, task)
+    every_exit = exit_logits(model, encoded, tokenizer, 5, CPU)
+    assert len(every_exit) == num_layers(model) + 1
+    for k, logits in enumerate(every_exit):
+        with exit_at(model, k):
+            np.testing.assert_array_equal(logits, predict(model, encoded, tokenizer, 5, CPU), err_msg=f"layer {k}")
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_the_copied_head_is_the_models_and_training_it_leaves_the_model_alone(tiny_model_dir, arch: str) -> None:
+    spec, model, tokenizer, encoded = _model(tiny_model_dir, arch, "synth-negation")
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    head = own_head(model)
+    names = {name for name, _ in head.named_parameters()}
+    assert any("classifier" in name or "out_proj" in name for name in names), names
+    rows = np.random.default_rng(0).standard_normal((40, model.config.hidden_size)).astype(np.float32)
+    train_head(spec, rows, np.arange(40) % 2, HeadParams(epochs=2, learning_rate=1e-2), seed=0, head=head)
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]), f"{name} changed"
+    assert not all(torch.equal(a, b) for a, b in zip(head.state_dict().values(), own_head(model).state_dict().values()))
+
+
+def test_the_initial_head_is_seeded(tiny_model_dir) -> None:
+    spec = get_task("synth-negation")
+    folder = tiny_model_dir("tiny-bert")
+    a, b, c = (initial_head(folder, spec, seed).state_dict() for seed in (1, 1, 2))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["classifier.weight"], c["classifier.weight"])
+    # The pooler is the pretrained one, whatever the seed: only the classifier is new.
+    assert torch.equal(a["pool.dense.weight"], c["pool.dense.weight"])
+
+
+def test_a_head_that_training_only_worsens_is_kept_as_it_started() -> None:
+    """Epoch 0 competes on the held-out examples: a run of ruinous steps returns the starting head."""
+    spec = get_task("synth-negation")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((400, 6)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    start = torch.nn.Linear(6, 2)
+    with torch.no_grad():
+        start.weight.zero_()
+        start.bias.zero_()
+        start.weight[1, 0], start.weight[0, 0] = 5.0, -5.0  # already right on every example
+    trained = train_head(spec, x, y, HeadParams(epochs=3, learning_rate=10.0, holdout=0.2, patience=5), seed=0,
+                         head=_copy(start))
+    assert trained.best_epoch == 0 and trained.held_out_score == 1.0
+    np.testing.assert_array_equal(trained.logits(x), start(torch.from_numpy(x)).detach().numpy())
+
+
+def _copy(module: torch.nn.Module) -> torch.nn.Module:
+    import copy
+
+    return copy.deepcopy(module)
+
+
+def test_held_out_examples_are_a_seeded_share_and_never_all() -> None:
+    a = held_out_examples(1000, 0.1, seed=3)
+    assert len(a) == 100 and np.all(np.diff(a) > 0) and a.max() < 1000
+    np.testing.assert_array_equal(a, held_out_examples(1000, 0.1, seed=3))
+    assert not np.array_equal(a, held_out_examples(1000, 0.1, seed=4))
+    assert len(held_out_examples(1000, 0.0, seed=3)) == 0
+    assert len(held_out_examples(2, 0.9, seed=3)) == 1 and len(held_out_examples(1, 0.5, seed=3)) == 0
+
+
+def test_early_stopping_ends_when_the_held_out_score_stalls() -> None:
+    spec = get_task("synth-negation")
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((300, 4)).astype(np.float32)
+    y = rng.integers(0, 2, 300)  # labels carry nothing: the held-out score cannot keep improving
+    trained = train_head(spec, x, y, HeadParams(epochs=200, holdout=0.2, patience=2), seed=0)
+    assert trained.epochs_run < 200 and trained.epochs_run - trained.best_epoch == 2
+
+
+def _table(path, x: np.ndarray, y: np.ndarray, choices: int = 1, rows_per_group: int = 64) -> ActivationTable:
+    examples = len(y)
+    with ActivationWriter(path, num_layers=0, hidden_size=x.shape[1], label_type=pa.int64(),
+                          metadata={"task": "t"}, rows_per_group=rows_per_group) as writer:
+        for at in range(0, examples, 10):
+            ids = np.arange(at, min(at + 10, examples))
+            writer.write(np.repeat(ids, choices), np.tile(np.arange(choices, dtype=np.int16), len(ids)),
+                         np.repeat(y[ids], choices), [x[at * choices:(at + len(ids)) * choices]])
+    return ActivationTable(path)
+
+
+def test_streamed_rows_train_exactly_like_an_array_when_one_chunk_holds_them(tmp_path) -> None:
+    spec = get_task("synth-choice")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((120 * 4, 5)).astype(np.float32)
+    y = rng.integers(0, 4, 120)
+    table = _table(tmp_path / "t.parquet", x, y, choices=4)
+    assert len(table.row_groups()) > 1
+    params = HeadParams(epochs=4, holdout=0.25, patience=10)
+    streamed = train_head(spec, Rows(4, table=table, chunk_rows=10**6), y, params, seed=0)
+    in_memory = train_head(spec, x, y, params, seed=0)
+    np.testing.assert_array_equal(streamed.logits(x), in_memory.logits(x))
+
+
+def test_small_chunks_visit_every_example_once_per_epoch_in_a_seeded_order(tmp_path) -> None:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((90 * 2, 3)).astype(np.float32)
+    table = _table(tmp_path / "t.parquet", x, np.arange(90), choices=2, rows_per_group=20)
+    rows = Rows(2, table=table, chunk_rows=40)
+    orders = []
+    for seed in (0, 0, 1):
+        seen = [(index, chunk) for index, chunk in rows.chunks(np.random.default_rng(seed))]
+        index = np.concatenate([i for i, _ in seen])
+        assert sorted(index.tolist()) == list(range(90))
+        for i, chunk in seen:  # each example's rows are its own, choices in order
+            np.testing.assert_array_equal(chunk, x.reshape(90, 2, 3)[i])
+        orders.append(index.tolist())
+    assert orders[0] == orders[1] and orders[0] != orders[2]
+
+
+def test_head_kinds_match_the_params_names() -> None:
+    from layersim.params.schema import HEAD_KINDS as DECLARED
+
+    assert DECLARED == HEAD_KINDS
+
+
+def test_head_scores_train_a_copy_of_the_start_on_each_layer(tmp_path) -> None:
+    from layersim.truncation import head_scores
+
+    spec = get_task("synth-negation")
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((300, 6)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    train, validation = _table(tmp_path / "train.parquet", x[:200], y[:200]), _table(tmp_path / "v.parquet", x[200:], y[200:])
+    params = HeadParams(epochs=30, learning_rate=1e-2, holdout=0.2, patience=30)
+    torch.manual_seed(0)
+    start = torch.nn.Linear(6, 2)
+    before = {k: v.clone() for k, v in start.state_dict().items()}
+    own, fresh = head_scores(spec, train, validation, params, 0, start), head_scores(spec, train, validation, params, 0)
+    assert len(own) == len(fresh) == 1 and own[0] > 0.85 and fresh[0] > 0.85
+    assert all(torch.equal(before[k], v) for k, v in start.state_dict().items())  # the start itself is untouched
