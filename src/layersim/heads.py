@@ -13,7 +13,8 @@ activation tables that the extract stage writes, with no encoder run. Two kinds 
 
 Training sees every train row it is given, streamed from the table a few row groups at a time in a
 seeded random order, and stops early on a held-out share of the train examples (never the
-validation split), keeping the epoch that scored best there (epoch 0, the starting head, included). Multiple choice scores each (example,
+validation split), keeping the epoch with the lowest held-out loss (epoch 0, the starting head, included;
+the loss, not the metric: a metric stuck at the majority class for a few epochs would stop training early). Multiple choice scores each (example,
 choice) row and takes a softmax over the choices; regression has one output trained with squared error.
 """
 
@@ -30,7 +31,6 @@ import torch
 from torch import nn
 
 from layersim.errors import LayersimError
-from layersim.evaluate import compute_metrics
 from layersim.io import ActivationTable
 from layersim.linalg import Standardizer
 from layersim.tasks import TaskSpec
@@ -87,7 +87,7 @@ class TrainedHead:
     num_choices: int
     epochs_run: int = 0
     best_epoch: int = 0
-    held_out_score: float | None = None
+    held_out_loss: float | None = None
 
     @torch.inference_mode()
     def logits(self, features: np.ndarray) -> np.ndarray:
@@ -172,8 +172,9 @@ def train_head(spec: TaskSpec, features: np.ndarray | Rows, labels: np.ndarray, 
     loss_fn = nn.MSELoss() if spec.regression else nn.CrossEntropyLoss()
     steps = GradientSteps(optimizer, total=params.epochs)
     # The starting head is a candidate too: for Tuned on the last layer it is already the fine-tuned head.
-    best = (_score(spec, TrainedHead(head, num_choices), held_x, labels[held]), 0, copy.deepcopy(head.state_dict())) \
-        if len(held) else (-np.inf, 0, None)  # score, epoch, state
+    held_y = y[torch.from_numpy(held)]
+    best = (_loss(head, held_x, held_y, loss_fn, spec), 0, copy.deepcopy(head.state_dict())) \
+        if len(held) else (np.inf, 0, None)  # loss, epoch, state
     is_train = np.ones(len(labels), bool)
     is_train[held] = False
     started = time.perf_counter()
@@ -199,25 +200,30 @@ def train_head(spec: TaskSpec, features: np.ndarray | Rows, labels: np.ndarray, 
                                 f"{params.learning_rate:g}).")
         if not len(held):
             continue
-        score = _score(spec, TrainedHead(head, num_choices), held_x, labels[held])
-        if score > best[0]:
-            best = (score, epoch, copy.deepcopy(head.state_dict()))
+        loss = _loss(head, held_x, held_y, loss_fn, spec)
+        if loss < best[0]:
+            best = (loss, epoch, copy.deepcopy(head.state_dict()))
         elif epoch - best[1] >= params.patience:
             break
     if best[2] is not None:
         head.load_state_dict(best[2])
     return TrainedHead(head, num_choices, epochs_run=epoch, best_epoch=best[1] if best[2] is not None else epoch,
-                       held_out_score=None if best[2] is None else float(best[0]))
+                       held_out_loss=None if best[2] is None else float(best[0]))
 
 
-def _gather(rows: Rows, examples: np.ndarray) -> np.ndarray:
-    """The rows of `examples` (sorted indices) as a (rows, hidden) array."""
+def _gather(rows: Rows, examples: np.ndarray) -> torch.Tensor:
+    """The rows of `examples` (sorted indices) as an (examples, choices, hidden) tensor."""
     parts = [x[np.isin(index, examples)] for index, x in rows.chunks()] if len(examples) else []
-    return np.concatenate(parts).reshape(-1, rows.hidden_size) if parts else np.zeros((0, rows.hidden_size), np.float32)
+    return torch.from_numpy(np.concatenate(parts) if parts else np.zeros((0, rows.num_choices, rows.hidden_size),
+                                                                         np.float32))
 
 
-def _score(spec: TaskSpec, head: TrainedHead, features: np.ndarray, labels: np.ndarray) -> float:
-    return compute_metrics(spec, head.logits(features), labels)[spec.primary_metric]
+@torch.inference_mode()
+def _loss(head: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn, spec: TaskSpec) -> float:
+    """The training loss of `head` on held-out examples (x: examples × choices × hidden), dropout off."""
+    head.eval()
+    out = head(x)
+    return float(loss_fn(out.view(-1), y) if spec.regression else loss_fn(out.view(len(x), -1), y))
 
 
 def _estimate(epochs: int, first_epoch_seconds: float, task: str, what: str) -> None:
