@@ -34,7 +34,7 @@ def _configure(params: dict) -> None:
     params["compare"].update(models=["tiny-roberta"], probe_examples=20)
     # Every kind of pair; tiny-bert-seed1/2 stand in for MultiBERTs (tiny-bert from other init seeds).
     params["align"].update(pairs=[["FT1", "FT2"], ["ORIG", "FT1"], ["tiny-bert-seed1", "tiny-bert-seed2"],
-                                  ["tiny-bert-seed2", "ORIG"]])
+                                  ["tiny-bert-seed2", "ORIG"]], attention=True)
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +153,13 @@ def test_align_reports_every_method_layer_and_reference(project):
         assert list(stats["sd"].values()) == pytest.approx([abs(a - b) / 2 ** 0.5 for a, b in zip(*both)], abs=2e-6)
         assert grouped["finetuning"][method]["sd"] == {f"layer_{k:02d}": 0.0 for k in range(4)}
     assert json.loads((root / "data/align/models/models.json").read_text()) == ["tiny-bert-seed1", "tiny-bert-seed2"]
+    # Attention weights (Ren Fig. 4 / 5b): only pairs of runs with attention tables, layers 1…L.
+    attention = align["attention_alignment"]
+    assert list(attention) == ["FT[1]→FT[2]", "ORIG→FT[1]"]
+    for per_method in attention.values():
+        assert set(per_method) == methods
+        assert all(sorted(per_layer) == ["layer_01", "layer_02", "layer_03"] and min(per_layer.values()) >= 0
+                   for per_layer in per_method.values())
     for per_method in align["alignment"].values():
         assert set(per_method) == methods
         for per_layer in per_method.values():

@@ -14,12 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from layersim.align import alignment_errors, layer_alignment_matrix, map_representations, synthetic_recovery
+from layersim.align import (alignment_errors, layer_alignment_matrix, map_representations, synthetic_recovery,
+                            train_test_split_rows)
 from layersim.injection import injected_score, random_like
 from layersim.batching import encode_task
 from layersim.errors import LayersimError
 from layersim.extract import extract_activations
-from layersim.io import ActivationTable, read_task_table, run_expectations, write_figure, write_json
+from layersim.io import ActivationTable, AttentionTable, read_task_table, run_expectations, write_figure, write_json
 from layersim.models import load_encoder, load_tokenizer, model_shape, verified_info
 from layersim.params import Params, aligned_pairs, pair_member
 from layersim.plots import alignment_error_curves, heatmap_grid, method_bars
@@ -196,6 +197,40 @@ def inject(inputs: AlignInputs, pair: tuple[str, str], options: dict, expect: di
     return {"pair": f"{pair[0]}→{pair[1]}", "metric": spec.primary_metric, "methods": methods, "references": references}
 
 
+def attention_errors(inputs: AlignInputs, pairs: list[Pair], expect: dict, options: dict,
+                     log=lambda *args: None) -> dict[str, dict[str, list[float]]]:
+    """Ren et al. Fig. 4 / 5b: per layer 1 … L, the held-out error of maps from the source model's attention
+    weights to the target's, for each pair of runs that have attention tables (ORIG, FT[i]). A point is one
+    (example, query token, key token) with one feature per head; maps are fitted on the points of a seeded
+    80 % of the examples and scored on the rest, so no example is on both sides."""
+    runs = run_labels(inputs.params.seeds)
+    p = inputs.params.align
+    tables = {}
+    errors: dict[str, dict[str, list[float]]] = {}
+    for pair in pairs:
+        if pair.source not in runs or pair.target not in runs:
+            continue
+        for label in (pair.source, pair.target):
+            if label not in tables:
+                run = runs[label]
+                tables[label] = AttentionTable(inputs.activations / "attention" / f"{run}.parquet",
+                                               expect={"task": inputs.spec.name, "split": "validation", "run": run,
+                                                       "model_digest": expect[run]["model_digest"]})
+        source, target = tables[pair.source], tables[pair.target]
+        source.check_comparable(target)
+        example_ids = np.unique(source.index[:, 0])  # choices of one example stay on one side
+        train_examples, test_examples = train_test_split_rows(len(example_ids), 0.2, p.seed)
+        train_idx, test_idx = (np.flatnonzero(np.isin(source.index[:, 0], example_ids[chosen]))
+                               for chosen in (train_examples, test_examples))
+        x_layers = [source.layer(k) for k in range(1, source.num_layers + 1)]
+        y_layers = [target.layer(k) for k in range(1, target.num_layers + 1)]
+        for row in alignment_errors(x_layers, y_layers, p.methods, train_idx, test_idx, **options):
+            errors.setdefault(pair.label, {}).setdefault(row["method"], []).append(row["relative_error"])
+        log("aligned the attention weights of %s at every layer (%d points, %d heads)", pair.label, len(source.index),
+            source.num_heads)
+    return errors
+
+
 def injection_pair(pairs: list[Pair], seeds) -> tuple[str, str]:
     """The first pair whose target is a fine-tuned run (it has a head) and whose source is ORIG or a fine-tuned
     run (they have CLS tables); without one, FT[1]→FT[2] with two seeds or more, else ORIG→FT[1]."""
@@ -217,6 +252,7 @@ class AlignReport:
     num_train: int
     num_rows: int
     pairs: list[Pair] = field(default_factory=list)  # in the order of align.pairs; [] → one kind per label
+    attention: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # pair → method → error, layers 1…L
 
     def grouped(self) -> dict[str, dict]:
         pairs = self.pairs or [Pair(*label.split("→"), kind=label) for label in self.errors]
@@ -236,6 +272,9 @@ class AlignReport:
                 "alignment_mean": {pair: {method: round(float(np.mean(values)), 6) for method, values in per_method.items()}
                                    for pair, per_method in self.errors.items()},
                 "alignment_over_pairs": grouped,
+                **({"attention_alignment": {pair: {method: {f"layer_{k:02d}": round(v, 6) for k, v in enumerate(values, 1)}
+                                                   for method, values in per_method.items()}
+                                            for pair, per_method in self.attention.items()}} if self.attention else {}),
                 "synthetic_recovery": self.recovery,
                 "layer_matrix_inn": {"pair": f"{source}→{target}", "diagonal_mean": round(float(np.diag(matrix).mean()), 6),
                                      "offdiagonal_mean": round(float(matrix[~np.eye(len(matrix), dtype=bool)].mean()), 6)},
@@ -247,6 +286,8 @@ class AlignReport:
                    f"{kind.replace('_', ' ')}: mean ± sd over {len(entry['pairs'])} pairs"):
                   {method: (stats["mean"], stats["sd"]) for method, stats in entry.items() if method != "pairs"}
                   for kind, entry in self.grouped().items()}
+        panels |= {f"attention weights: {pair}": {method: ([np.nan] + values, None) for method, values in per_method.items()}
+                   for pair, per_method in self.attention.items()}  # layer 0 (embeddings) has no attention
         write_figure(alignment_error_curves(panels, f"alignment error per layer, {title}"), plots / "errors.png")
         write_json(self.rows, plots / "errors.json")
         write_figure(method_bars(self.recovery, f"recovering a random INN from the pretrained last layer ({task})",
@@ -319,9 +360,12 @@ def align_report(inputs: AlignInputs, log=lambda *args: None) -> AlignReport:
     matrix = layer_alignment_matrix(layers[first.source], layers[first.target], "inn", train_idx=train_idx,
                                     test_idx=test_idx, **{**all_options["inn"], "steps": p.matrix_steps})
 
-    # 4. Layer injection (Ren §4.5, Table 5): a last-layer CLS state mapped into a fine-tuned model's head.
+    # 4. Attention weights (Ren Fig. 4 / 5b), behind align.attention: they are far more alike than representations.
+    attention = attention_errors(inputs, pairs, expect, options, log) if p.attention else {}
+
+    # 5. Layer injection (Ren §4.5, Table 5): a last-layer CLS state mapped into a fine-tuned model's head.
     injected = injection_pair(pairs, seeds)
     injection = inject(inputs, injected, options, expect)
     log("injected %s's last layer into %s's head with %s", *injected, ", ".join(injection["methods"]))
     return AlignReport(rows, errors, recovery, (first.source, first.target), matrix, injection, num_train, num_rows,
-                       pairs)
+                       pairs, attention)

@@ -300,9 +300,13 @@ def alignment_error_curves(errors: dict[str, dict[str, list[float] | tuple[list[
                            ylabel: str = "held-out relative error"):
     """Alignment error (y) per layer (x), one line per method, one panel per model pair or kind of pair
     (Ren et al. Figure 2); a (mean, sd) value draws the mean with a ± sd band over pairs."""
-    fig, axes = plt.subplots(1, len(errors), figsize=(4.8 * len(errors), 3.8), squeeze=False, sharey=True,
+    ncols = min(len(errors), 3)
+    nrows = -(-len(errors) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.8 * ncols, 3.8 * nrows), squeeze=False, sharey=True,
                              constrained_layout=True)
-    for ax, (pair, per_method) in zip(axes[0], errors.items()):
+    for ax in axes.flat[len(errors):]:
+        ax.set_visible(False)
+    for ax, (pair, per_method) in zip(axes.flat, errors.items()):
         # Distinct line styles and markers keep coinciding methods visible (pwcca maps exactly as cca).
         for n, (method, values) in enumerate(per_method.items()):
             values, sd = values if isinstance(values, tuple) else (values, None)
@@ -316,8 +320,9 @@ def alignment_error_curves(errors: dict[str, dict[str, list[float] | tuple[list[
         ax.set_xticklabels(layer_tick_labels(num))
         ax.set_xlabel("layer")
         ax.set_title(pair)
-    axes[0][0].set_ylabel(ylabel)
-    axes[0][-1].legend(fontsize=8, loc="best", framealpha=0.9)
+    for row in axes:
+        row[0].set_ylabel(ylabel)
+    axes.flat[len(errors) - 1].legend(fontsize=8, loc="best", framealpha=0.9)
     fig.suptitle(title)
     return fig
 

@@ -278,6 +278,8 @@ class AlignParams:  # Ren et al. 2023; see layersim.align
                              at_most(10**6, "optimiser steps per cell of the layer × layer matrix"))
     synthetic_scale: float = knob(0.5, "weight scale of the random INN to recover: how non-linear it is", POSITIVE)
     seed: int = knob(0, "seed of the maps' initialisation and batches", SEED)
+    attention: bool = knob(False, "also align the attention weights, per layer, of each pair of ORIG / FT<i> runs "
+                                  "(Ren Fig. 4 / 5b; points: the extract stage's attention maps, one feature per head)")
     pairs: tuple[tuple[str, str], ...] | None = knob(
         None, "the [source, target] pairs aligned: ORIG (the pretrained model), FT<i> (fine-tuned with the i-th "
               "seed) or a registry model, pretrained (e.g. multiberts-0 and multiberts-1: two pretraining seeds); "
