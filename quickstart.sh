@@ -13,7 +13,7 @@ dvc exp run \
   -S finetune.batch_size=16 \
   -S finetune.learning_rate=1e-4 \
   -S finetune.warmup_steps=20 \
-  -S finetune.max_steps=200 \
+  -S finetune.max_steps=150 \
   -S finetune.eval_every=50 \
   -S finetune.max_length=64 \
   -S extract.max_train_examples=1000 \
