@@ -10,11 +10,12 @@ dvc exp run \
   -S model=minilm-l6 \
   -S 'tasks=[synth-negation,synth-similarity]' \
   -S 'seeds=[1,2]' \
+  -S download.generated_validation_examples=300 \
   -S finetune.batch_size=16 \
   -S finetune.learning_rate=1e-4 \
   -S finetune.warmup_steps=20 \
-  -S finetune.max_steps=150 \
-  -S finetune.eval_every=50 \
+  -S finetune.max_steps=120 \
+  -S finetune.eval_every=40 \
   -S finetune.max_length=64 \
   -S extract.max_train_examples=1000 \
   -S extract.max_tokens=1000 \
@@ -26,7 +27,7 @@ dvc exp run \
   -S align.steps=100 \
   -S align.inn_hidden=128 \
   -S align.mlp_hidden=256 \
-  -S align.matrix_steps=30 \
+  -S align.matrix_steps=20 \
   -S 'freeze.seeds=[1]' \
   "$@"
 
