@@ -315,6 +315,8 @@ def alignment_error_curves(errors: dict[str, dict[str, list[float] | tuple[list[
             if sd is not None and any(sd):
                 low, high = np.asarray(values) - np.asarray(sd), np.asarray(values) + np.asarray(sd)
                 ax.fill_between(range(len(values)), low, high, color=line.get_color(), alpha=0.15, lw=0)
+        # Relative error 1 is what predicting every row as Y's mean gives: a map above it learnt nothing.
+        ax.axhline(1.0, color="grey", ls=":", lw=1.0, label="chance (Y's mean)" if ax is axes.flat[0] else None)
         num = max(len(v[0] if isinstance(v, tuple) else v) for v in per_method.values())
         ax.set_xticks(range(num))
         ax.set_xticklabels(layer_tick_labels(num))
@@ -322,7 +324,8 @@ def alignment_error_curves(errors: dict[str, dict[str, list[float] | tuple[list[
         ax.set_title(pair)
     for row in axes:
         row[0].set_ylabel(ylabel)
-    axes.flat[len(errors) - 1].legend(fontsize=8, loc="best", framealpha=0.9)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    axes.flat[len(errors) - 1].legend(handles, labels, fontsize=8, loc="best", framealpha=0.9)
     fig.suptitle(title)
     return fig
 
