@@ -205,7 +205,7 @@ def attention_errors(inputs: AlignInputs, pairs: list[Pair], expect: dict, optio
     80 % of the examples and scored on the rest, so no example is on both sides."""
     runs = run_labels(inputs.params.seeds)
     p = inputs.params.align
-    tables = {}
+    tables, layers = {}, {}  # each run's table and per-layer weights, read once however many pairs it is in
     errors: dict[str, dict[str, list[float]]] = {}
     for pair in pairs:
         if pair.source not in runs or pair.target not in runs:
@@ -216,15 +216,15 @@ def attention_errors(inputs: AlignInputs, pairs: list[Pair], expect: dict, optio
                 tables[label] = AttentionTable(inputs.activations / "attention" / f"{run}.parquet",
                                                expect={"task": inputs.spec.name, "split": "validation", "run": run,
                                                        "model_digest": expect[run]["model_digest"]})
+                layers[label] = [tables[label].layer(k) for k in range(1, tables[label].num_layers + 1)]
         source, target = tables[pair.source], tables[pair.target]
         source.check_comparable(target)
         example_ids = np.unique(source.index[:, 0])  # choices of one example stay on one side
         train_examples, test_examples = train_test_split_rows(len(example_ids), 0.2, p.seed)
         train_idx, test_idx = (np.flatnonzero(np.isin(source.index[:, 0], example_ids[chosen]))
                                for chosen in (train_examples, test_examples))
-        x_layers = [source.layer(k) for k in range(1, source.num_layers + 1)]
-        y_layers = [target.layer(k) for k in range(1, target.num_layers + 1)]
-        for row in alignment_errors(x_layers, y_layers, p.methods, train_idx, test_idx, **options):
+        for row in alignment_errors(layers[pair.source], layers[pair.target], p.methods, train_idx, test_idx,
+                                    **options):
             errors.setdefault(pair.label, {}).setdefault(row["method"], []).append(row["relative_error"])
         log("aligned the attention weights of %s at every layer (%d points, %d heads)", pair.label, len(source.index),
             source.num_heads)
@@ -334,7 +334,7 @@ def align_report(inputs: AlignInputs, log=lambda *args: None) -> AlignReport:
         if models:
             log("encoded the task with %s", ", ".join(models))
         sources = {label: (runs[label], inputs.activations, expect[runs[label]]) if label in runs else
-                   (model_run(label), Path(tmp), {**model_expect[label]}) for label in dict.fromkeys(used)}
+                   (model_run(label), Path(tmp), model_expect[label]) for label in dict.fromkeys(used)}
         layers, num_train = read_layers(inputs, sources)
     num_rows = len(layers["ORIG"][0])
     train_idx, test_idx = np.arange(num_train), np.arange(num_train, num_rows)

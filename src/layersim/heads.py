@@ -134,9 +134,10 @@ class Rows:
         return np.asarray(array, np.float32).reshape(len(array) // self.num_choices, self.num_choices, -1)
 
 
-def fresh_head(spec: TaskSpec, rows: Rows, train_examples: np.ndarray, params: HeadParams, seed: int) -> nn.Module:
-    """A seeded fresh head on states standardised with the statistics of the `train_examples` rows."""
-    scaler = Standardizer().fit_batches(x[np.isin(index, train_examples)].reshape(-1, rows.hidden_size)
+def fresh_head(spec: TaskSpec, rows: Rows, is_train: np.ndarray, params: HeadParams, seed: int) -> nn.Module:
+    """A seeded fresh head on states standardised with the statistics of the train examples' rows
+    (`is_train`: one flag per example)."""
+    scaler = Standardizer().fit_batches(x[is_train[index]].reshape(-1, rows.hidden_size)
                                         for index, x in rows.chunks())
     torch.manual_seed(seed)
     return Standardized(Head(rows.hidden_size, spec.num_labels, params.dropout), scaler.mean_, scaler.scale_)
@@ -162,9 +163,10 @@ def train_head(spec: TaskSpec, features: np.ndarray | Rows, labels: np.ndarray, 
         raise LayersimError(f"{rows.num_rows} feature rows do not match {len(labels)} labels × {num_choices} "
                             f"choices for task {spec.name!r}.")
     held = held_out_examples(len(labels), params.holdout, seed)
-    train_examples = np.setdiff1d(np.arange(len(labels)), held)
-    head = head if head is not None else fresh_head(spec, rows, train_examples, params, seed)
-    held_x = _gather(rows, held)
+    is_train = np.ones(len(labels), bool)
+    is_train[held] = False
+    head = head if head is not None else fresh_head(spec, rows, is_train, params, seed)
+    held_x = _gather(rows, ~is_train)
     y = torch.from_numpy(labels.astype(np.float32 if spec.regression else np.int64))
     generator = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -175,8 +177,6 @@ def train_head(spec: TaskSpec, features: np.ndarray | Rows, labels: np.ndarray, 
     held_y = y[torch.from_numpy(held)]
     best = (_loss(head, held_x, held_y, loss_fn, spec), 0, copy.deepcopy(head.state_dict())) \
         if len(held) else (np.inf, 0, None)  # loss, epoch, state
-    is_train = np.ones(len(labels), bool)
-    is_train[held] = False
     started = time.perf_counter()
     epoch = 0
     for epoch in range(1, params.epochs + 1):
@@ -187,12 +187,7 @@ def train_head(spec: TaskSpec, features: np.ndarray | Rows, labels: np.ndarray, 
             keep = is_train[index]
             x, target = torch.from_numpy(x[keep]), y[torch.from_numpy(index[keep])]
             for batch in torch.randperm(len(x), generator=generator).split(params.batch_size):
-                out = head(x[batch])  # (batch, choices, outputs)
-                if spec.regression:
-                    loss = loss_fn(out.view(-1), target[batch])
-                else:
-                    loss = loss_fn(out.view(len(batch), -1), target[batch])
-                steps.take(loss, epoch)
+                steps.take(_example_loss(head(x[batch]), target[batch], loss_fn, spec), epoch)
         bad_epoch = steps.diverged_at(epoch)
         if bad_epoch is not None:
             raise LayersimError(f"training {what} for task {spec.name!r}: the loss became NaN or infinite in "
@@ -211,9 +206,10 @@ def train_head(spec: TaskSpec, features: np.ndarray | Rows, labels: np.ndarray, 
                        held_out_loss=None if best[2] is None else float(best[0]))
 
 
-def _gather(rows: Rows, examples: np.ndarray) -> torch.Tensor:
-    """The rows of `examples` (sorted indices) as an (examples, choices, hidden) tensor."""
-    parts = [x[np.isin(index, examples)] for index, x in rows.chunks()] if len(examples) else []
+def _gather(rows: Rows, chosen: np.ndarray) -> torch.Tensor:
+    """The rows of the examples flagged in `chosen` (one flag per example), in example order, as an
+    (examples, choices, hidden) tensor."""
+    parts = [x[chosen[index]] for index, x in rows.chunks()] if chosen.any() else []
     return torch.from_numpy(np.concatenate(parts) if parts else np.zeros((0, rows.num_choices, rows.hidden_size),
                                                                          np.float32))
 
@@ -222,8 +218,13 @@ def _gather(rows: Rows, examples: np.ndarray) -> torch.Tensor:
 def _loss(head: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn, spec: TaskSpec) -> float:
     """The training loss of `head` on held-out examples (x: examples × choices × hidden), dropout off."""
     head.eval()
-    out = head(x)
-    return float(loss_fn(out.view(-1), y) if spec.regression else loss_fn(out.view(len(x), -1), y))
+    return float(_example_loss(head(x), y, loss_fn, spec))
+
+
+def _example_loss(out: torch.Tensor, y: torch.Tensor, loss_fn, spec: TaskSpec) -> torch.Tensor:
+    """The loss of (examples, choices, outputs) head outputs against one target per example: squared
+    error for regression, cross-entropy over the labels or, for multiple choice, over the choices."""
+    return loss_fn(out.view(-1), y) if spec.regression else loss_fn(out.view(len(out), -1), y)
 
 
 def _estimate(epochs: int, first_epoch_seconds: float, task: str, what: str) -> None:
