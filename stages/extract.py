@@ -5,13 +5,13 @@ row per word ("tokens", validation only), and attention maps of a few, for the p
 from pathlib import Path
 
 from layersim import cli
+from layersim.device import resolve_device
 from layersim.batching import encode_task
 from layersim.extract import extract_activations, extract_attention
 from layersim.errors import LayersimError
 from layersim.io import atomic_path, read_task_table, run_expectations
 from layersim.models import load_encoder, load_tokenizer, verified_info
 from layersim.tasks import get_task
-from layersim.train import default_device
 
 
 def main(args, params):
@@ -27,7 +27,7 @@ def main(args, params):
     if verified_info(args.pretrained)["digest"] != known["orig"]["model_digest"]:
         raise LayersimError(f"the checkpoints in {args.checkpoints} were not fine-tuned from {args.pretrained}; "
                             "re-run the finetune stage.")
-    device = default_device()
+    device = resolve_device(params.device)
     with atomic_path(args.out, is_dir=True) as tmp:
         for run, folder in runs.items():
             info = verified_info(folder)

@@ -6,6 +6,7 @@ from pathlib import Path
 from dvclive import Live
 
 from layersim import cli
+from layersim.device import resolve_device
 from layersim.io import atomic_path, task_tables_digest, write_json
 from layersim.models import load_tokenizer
 from layersim.tasks import get_task
@@ -36,7 +37,7 @@ def main(args, params):
 
         timing = {}
         model, metrics = finetune(args.pretrained, spec, train, validation, params.finetune, args.seed, log=log,
-                                  resume=resume, timing=timing)
+                                  resume=resume, timing=timing, device=resolve_device(params.device))
 
     with atomic_path(args.out, is_dir=True) as tmp:
         save_checkpoint(model, tokenizer, tmp, base_dir=args.pretrained, task=spec.name, seed=args.seed,

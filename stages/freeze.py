@@ -5,6 +5,7 @@ the unfrozen run (layersim.freezing)."""
 from pathlib import Path
 
 from layersim import cli
+from layersim.device import resolve_device
 from layersim.freezing import (FreezeRun, freeze_configs, freeze_headline, freeze_report, frozen_params,
                                unfrozen_run)
 from layersim.headlines import write_metrics
@@ -26,7 +27,8 @@ def main(args, params):
         for config in configs:
             timing = {}
             _, metrics = finetune(args.pretrained, spec, train, validation, frozen_params(params), seed,
-                                  freeze=(config.side, config.layers), timing=timing)
+                                  freeze=(config.side, config.layers), timing=timing,
+                                  device=resolve_device(params.device))
             runs.append(FreezeRun(config, seed, metrics[spec.primary_metric], timing["train_seconds"]))
             cli.log.info("seed %d, %s %d of %d layers frozen: %s %.4f in %.1f s of training", seed, config.side,
                          config.layers, num_layers, spec.primary_metric, runs[-1].score, timing["train_seconds"])

@@ -6,12 +6,12 @@ from pathlib import Path
 import numpy as np
 
 from layersim import cli
+from layersim.device import resolve_device, resolve_precision
 from layersim.headlines import skip_headline, write_metrics
 from layersim.io import read_task_table, run_expectations, write_figure, write_json
 from layersim.plots import span_heatmap
 from layersim.tasks import get_task
-from layersim.train import default_device
-from layersim.truncation import full_score, load_for_validation, span_scores, span_summary
+from layersim.truncation import load_for_validation, span_scores, span_summary
 
 
 def main(args, params):
@@ -19,13 +19,15 @@ def main(args, params):
     table = read_task_table(args.task_dir, spec, "validation", params.extract.max_examples)
     run_expectations(args.checkpoints, params.seeds, args.task_dir)  # checkpoints verified, on these tables
     batch_size = params.extract.batch_size
-    device = default_device()
+    device = resolve_device(params.device)
+    precision = resolve_precision(params.finetune.precision, device)
     full, per_seed = [], []
     for seed in params.seeds:
         folder = args.checkpoints / f"seed{seed}"
         model, tokenizer, encoded = load_for_validation(folder, spec, table, params.finetune.max_length, device)
-        full.append(full_score(model, spec, encoded, tokenizer, batch_size, device))
-        per_seed.append(span_scores(model, spec, encoded, tokenizer, batch_size, device))
+        full_model, spans = span_scores(model, spec, encoded, tokenizer, batch_size, device, precision)
+        full.append(full_model)
+        per_seed.append(spans)
         cli.log.info("seed %d: %d spans scored from %s", seed, len(per_seed[-1]), folder)
 
     spans = list(per_seed[0])

@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 
 from layersim import cli
+from layersim.device import resolve_device, resolve_precision
 from layersim.heads import HeadParams, majority_baseline
 from layersim.headlines import truncate_headline, write_metrics
 from layersim.io import ActivationTable, read_task_table, run_expectations, write_figure, write_json
 from layersim.plots import truncation_curves
 from layersim.tasks import get_task
-from layersim.train import default_device
 from layersim.task_heads import own_head
-from layersim.truncation import (VARIANTS, full_score, head_scores, initial_head, load_for_validation,
+from layersim.truncation import (VARIANTS, head_scores, initial_head, load_for_validation,
                                  primary_score, truncation_summary, untuned_scores)
 
 
@@ -26,7 +26,8 @@ def main(args, params):
                        weight_decay=p.head_weight_decay, holdout=p.head_holdout, patience=p.head_patience)
     own = p.head == "own"
     table = read_task_table(args.task_dir, spec, "validation", params.extract.max_examples)
-    device = default_device()
+    device = resolve_device(params.device)
+    precision = resolve_precision(params.finetune.precision, device)
     runs = run_expectations(args.checkpoints, params.seeds, args.task_dir)
 
     def cls(run: str, split: str = "validation") -> ActivationTable:
@@ -44,8 +45,9 @@ def main(args, params):
         for validation in (tuned[1], tuned_orig[1]):
             validation.check_examples(encoded.example_id, encoded.num_choices, f"{args.task_dir}/validation.parquet")
         tuned_orig[0].check_comparable(tuned[0])
-        full.append(full_score(model, spec, encoded, tokenizer, params.extract.batch_size, device))
-        per_seed["untuned"].append(untuned_scores(model, spec, encoded, tokenizer, params.extract.batch_size, device))
+        untuned = untuned_scores(model, spec, encoded, tokenizer, params.extract.batch_size, device, precision)
+        full.append(untuned[-1])  # exiting after the last layer is the full model
+        per_seed["untuned"].append(untuned)
         per_seed["tuned"].append(head_scores(spec, *tuned, heads, seed, own_head(model) if own else None))
         per_seed["tuned_orig"].append(head_scores(spec, *tuned_orig, heads, seed,
                                                   initial_head(args.pretrained, spec, seed) if own else None))

@@ -84,6 +84,14 @@ def _alias_bomb(levels: int = 9) -> str:
 # (id, stage, change: a function that edits the document in place or returns the file's text,
 #  fragments of the message: the key, the bad value as printed, what is allowed)
 CASES = [
+    ("device-unknown", "finetune", _set(device="tpu"),
+     ["device = 'tpu'", "auto, cpu, cuda or cuda:N"]),
+    ("device-shell", "extract", _set(device="cuda; rm -rf ~"),
+     ["device = 'cuda; rm -rf ~'", "auto, cpu, cuda or cuda:N"]),
+    ("precision-unknown", "skip", _set(finetune__precision="fp8"),
+     ["finetune.precision = 'fp8'", "auto, fp32, bf16, fp16"]),
+    ("negative-grad-norm", "freeze", _set(finetune__max_grad_norm=-1.0),
+     ["finetune.max_grad_norm = -1.0", "a non-negative number"]),
     ("bool-for-int", "download_task", _set(finetune__batch_size=True),
      ["finetune.batch_size = True", "must be an integer"]),
     ("string-for-number", "download_model", _set(finetune__learning_rate="0.001"),

@@ -9,7 +9,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "layersim"
 
 LAYERS = {
-    0: {"errors", "linalg", "training_steps"},
+    0: {"errors", "linalg", "training_steps", "device"},
     1: {"similarity", "align"},
     2: {"tasks", "models", "words", "params"},
     3: {"encoders", "batching", "task_heads"},

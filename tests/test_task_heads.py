@@ -8,15 +8,17 @@ import pyarrow as pa
 import pytest
 import torch
 
-from layersim.batching import encode_task
-from layersim.encoders import exit_at, num_layers
+from layersim.batching import encode_task, length_sorted_batches, sequential_batches
+from layersim.encoders import all_spans, exit_at, inject_first_token, num_layers, skip_span
+from layersim.errors import LayersimError
 from layersim.evaluate import predict
 from layersim.heads import HEAD_KINDS, HeadParams, Rows, held_out_examples, train_head
+from layersim.injection import injected_logits, injected_score
 from layersim.io import ActivationTable, ActivationWriter
 from layersim.models import load_task_model, load_tokenizer
 from layersim.task_heads import own_head
 from layersim.tasks import generated_table, get_task
-from layersim.truncation import exit_logits, initial_head
+from layersim.truncation import exit_logits, initial_head, span_logits
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -173,3 +175,45 @@ def test_head_scores_train_a_copy_of_the_start_on_each_layer(tmp_path) -> None:
     own, fresh = head_scores(spec, train, validation, params, 0, start), head_scores(spec, train, validation, params, 0)
     assert len(own) == len(fresh) == 1 and own[0] > 0.85 and fresh[0] > 0.85
     assert all(torch.equal(before[k], v) for k, v in start.state_dict().items())  # the start itself is untouched
+
+
+# --- fewer passes (issue 18): prefix-reusing skip, length-sorted batches, injection through the head ---
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("task", TASKS)
+def test_prefix_reusing_skip_equals_the_direct_skip_exactly(tiny_model_dir, arch: str, task: str) -> None:
+    spec, model, tokenizer, encoded = _model(tiny_model_dir, arch, task)
+    full, spans = span_logits(model, encoded, tokenizer, 5, CPU)
+    np.testing.assert_array_equal(full, predict(model, encoded, tokenizer, 5, CPU))
+    assert list(spans) == all_spans(num_layers(model))
+    for (i, j), logits in spans.items():
+        with skip_span(model, i, j):
+            np.testing.assert_array_equal(logits, predict(model, encoded, tokenizer, 5, CPU), err_msg=f"span {i}-{j}")
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_length_sorted_batches_give_every_example_once_and_table_order_back(tiny_model_dir, task: str) -> None:
+    spec, model, tokenizer, encoded = _model(tiny_model_dir, "tiny-bert", task, examples=23)
+    seen, widths = [], []
+    for indices, batch in length_sorted_batches(encoded, 4, tokenizer):
+        seen.extend(indices.tolist())
+        widths.append(batch["input_ids"].shape[-1])
+        np.testing.assert_array_equal(batch["labels"].numpy(), encoded.labels[indices].astype(batch["labels"].numpy().dtype))
+    assert sorted(seen) == list(range(23)) and widths == sorted(widths, reverse=True)
+    in_order = np.concatenate([model(**batch).logits.detach().numpy()
+                               for _, batch in sequential_batches(encoded, 4, tokenizer, with_labels=False)])
+    np.testing.assert_allclose(predict(model, encoded, tokenizer, 4, CPU), in_order, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("task", TASKS)
+def test_injection_through_the_head_equals_the_model_with_its_state_replaced(tiny_model_dir, arch, task) -> None:
+    spec, model, tokenizer, encoded = _model(tiny_model_dir, arch, task)
+    rows = len(encoded) * encoded.num_choices
+    vectors = np.random.default_rng(0).standard_normal((rows, model.config.hidden_size)).astype(np.float32)
+    with torch.no_grad(), inject_first_token(model, torch.from_numpy(vectors)):  # the model's own path
+        expected = np.concatenate([model(**batch).logits.numpy()
+                                   for _, batch in sequential_batches(encoded, 5, tokenizer, with_labels=False)])
+    np.testing.assert_array_equal(injected_logits(model, vectors, encoded.num_choices, 5, CPU), expected)
+    with pytest.raises(LayersimError, match=f"{rows - 1} vectors were given"):
+        injected_score(model, spec, encoded, vectors[1:], 5, CPU)

@@ -28,3 +28,13 @@ def test_the_first_non_finite_step_is_remembered_and_raised():
                                             r"was saved\. The run diverged: lower it\.$"):
         steps.check(3, "run x", "lower it")
     steps.check(1, "run x", "lower it")  # step 2 is not done yet at 1
+
+
+def test_clipping_bounds_the_gradients_total_norm():
+    """With max_grad_norm, an SGD step moves the parameters by lr x the clipped gradient: its norm is
+    max_grad_norm, not the raw gradient's 5."""
+    for max_norm, moved in ((0.0, 5.0), (1.0, 1.0), (10.0, 5.0)):
+        param = torch.nn.Parameter(torch.zeros(2))
+        steps = GradientSteps(torch.optim.SGD([param], lr=1.0), total=1, max_grad_norm=max_norm)
+        steps.take((param * torch.tensor([3.0, 4.0])).sum(), 1)  # gradient (3, 4): norm 5
+        assert torch.linalg.vector_norm(param.detach()).item() == pytest.approx(moved)

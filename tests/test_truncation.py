@@ -45,7 +45,8 @@ def test_span_scores_cover_every_span(tiny_model_dir):
     model = load_task_model(folder, spec).eval()
     tokenizer = load_tokenizer(folder)
     encoded = encode_task(generated_table(spec, "validation", 16, seed=0), spec, tokenizer, 32)
-    scores = span_scores(model, spec, encoded, tokenizer, 8, CPU)
+    full, scores = span_scores(model, spec, encoded, tokenizer, 8, CPU)
+    assert full == primary_score(spec, predict(model, encoded, tokenizer, 8, CPU), encoded.labels)
     assert list(scores) == all_spans(3) and len(scores) == 6
     assert all(0.0 <= s <= 1.0 for s in scores.values())
 

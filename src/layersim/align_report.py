@@ -25,7 +25,7 @@ from layersim.models import load_encoder, load_tokenizer, model_shape, verified_
 from layersim.params import Params, aligned_pairs, pair_member
 from layersim.plots import alignment_error_curves, heatmap_grid, method_bars
 from layersim.tasks import TaskSpec
-from layersim.train import default_device
+from layersim.device import resolve_device, resolve_precision
 from layersim.truncation import full_score, load_for_validation
 
 
@@ -138,7 +138,7 @@ class AlignInputs:
                             "split": split, "task_digest": task_digest}
                 path = out / ("train" if split == "train" else "") / f"{model_run(name)}.{p.align.pooling}.parquet"
                 extract_activations(encoder, tokenizer, spec, encoded, {p.align.pooling: path}, metadata,
-                                    p.extract.batch_size, default_device())
+                                    p.extract.batch_size, resolve_device(p.device))
             expect[name] = {"task": spec.name, "model_digest": info["digest"], "task_digest": task_digest,
                             **model_shape(folder)}
         return expect
@@ -177,7 +177,7 @@ def inject(inputs: AlignInputs, pair: tuple[str, str], options: dict, expect: di
     train = {run: inputs.table(run, "cls", "train", expect[run]) for run in (source, target)}
     train[source].check_comparable(train[target])
     source_validation = inputs.table(source, "cls", "validation", expect[source])
-    device = default_device()
+    device = resolve_device(params.device)
     model, tokenizer, encoded = load_for_validation(inputs.checkpoints / target, spec, inputs.validation_task_table(),
                                                     params.finetune.max_length, device)
     source_validation.check_examples(encoded.example_id, encoded.num_choices, f"{inputs.task_dir}/validation.parquet")
@@ -187,11 +187,12 @@ def inject(inputs: AlignInputs, pair: tuple[str, str], options: dict, expect: di
     batch = params.extract.batch_size
 
     def score(vectors):
-        return round(injected_score(model, spec, encoded, tokenizer, vectors, batch, device), 6)
+        return round(injected_score(model, spec, encoded, vectors, batch, device), 6)
 
     methods = {method: score(map_representations(x_train, y_train, x_validation, method, **options.get(method, {}))[0])
                for method in params.align.methods}
-    references = {f"{pair[1]} itself": round(full_score(model, spec, encoded, tokenizer, batch, device), 6),
+    references = {f"{pair[1]} itself": round(full_score(model, spec, encoded, tokenizer, batch, device,
+                                                                 resolve_precision(params.finetune.precision, device)), 6),
                   f"{pair[0]} unmapped": score(x_validation),
                   "random": score(random_like(y_train, len(x_validation), params.align.seed))}
     return {"pair": f"{pair[0]}→{pair[1]}", "metric": spec.primary_metric, "methods": methods, "references": references}

@@ -116,5 +116,24 @@ def sequential_batches(encoded: EncodedTask, batch_size: int, tokenizer, with_la
         yield indices, collate(encoded, indices, tokenizer, with_labels)
 
 
-def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+def length_sorted_batches(encoded: EncodedTask, batch_size: int, tokenizer, with_labels: bool = True
+                          ) -> Iterator[tuple[np.ndarray, dict[str, torch.Tensor]]]:
+    """Batches of examples of similar length, longest first, with the indices of the examples they hold:
+    each batch is padded to its own longest, so sorting wastes little on padding (evaluation only; the
+    caller puts outputs back in table order by the indices; the longest batch first shows peak memory
+    at once)."""
+    longest = np.fromiter((max(len(row["input_ids"]) for row in rows) for rows in encoded.features),
+                          dtype=np.int64, count=len(encoded))
+    order = np.argsort(-longest, kind="stable")
+    for start in range(0, len(encoded), batch_size):
+        indices = order[start:start + batch_size]
+        yield indices, collate(encoded, indices, tokenizer, with_labels)
+
+
+def in_table_order(parts: list[tuple[np.ndarray, np.ndarray]], num_examples: int) -> np.ndarray:
+    """Per-batch outputs (indices, rows) put back into table order: row k of the result is example k's."""
+    first = parts[0][1]
+    out = np.empty((num_examples, *first.shape[1:]), dtype=first.dtype)
+    for indices, rows in parts:
+        out[indices] = rows
+    return out

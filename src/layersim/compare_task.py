@@ -19,7 +19,7 @@ from layersim.similarity import MEASURES, check_computable
 from layersim.similarity_report import localization_report, settings, stacked_report
 from layersim.similarity_task import SimilarityOutputs
 from layersim.tasks import get_task
-from layersim.train import default_device
+from layersim.device import resolve_device
 
 
 def probe_representations(folder: Path, params: Params, task_dirs: dict[str, Path], device) -> Pooled:
@@ -53,7 +53,7 @@ def probe_attention(folder: Path, params: Params, task_dirs: dict[str, Path], de
 
 def compare_models(pretrained: Path, checkpoints: Path, compared: Path, tasks: Path, params: Params,
                    log=lambda *args: None) -> SimilarityOutputs:
-    device = default_device()
+    device = resolve_device(params.device)
     task_dirs = {task: tasks / task for task in params.tasks}
     seed = params.seeds[0]
     folders = {"ORIG": pretrained} | {f"FT:{task}": checkpoints / task / f"seed{seed}" for task in params.tasks}

@@ -301,6 +301,34 @@ def skip_span(model: nn.Module, i: int, j: int) -> contextlib.AbstractContextMan
     return run_layers(model, [n for n in range(num) if not i - 1 <= n <= j - 1])
 
 
+class _StartFrom(nn.Module):
+    """A stack entry that runs `layer` on a given state instead of the one the encoder passes in."""
+
+    def __init__(self, layer: nn.Module, state):
+        super().__init__()
+        self.layer, self.state = layer, state
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return self.layer(self.state, *args, **kwargs)
+
+
+def continue_from(model: nn.Module, first: int, state) -> contextlib.AbstractContextManager[nn.Module]:
+    """Run layers first+1..L (1-based) on `state`, the hidden state of the batch before layer first+1
+    (``hidden_states[i - 1]`` of a full forward pass), instead of on the embeddings' output; the rest of
+    the forward (masks, head) is the model's own. With ``first = j`` and the state after layer i−1, this
+    is :func:`skip_span` (i, j) without recomputing layers 1..i−1, which every span starting at i shares.
+    The embeddings still run (cheap) and their output is ignored. `first` must be below L."""
+    num = num_layers(model)
+    valid = f"0..{num - 1} for this {num}-layer model"
+    first = _as_int(first, "first layer", valid)
+    if not 0 <= first < num:
+        raise LayersimError(f"first layer {first} is out of range; valid values are {valid}.")
+    stack = describe_architecture(model)
+    entries = [stack.module_for(n) for n in range(first, num)]
+    entries[0] = _StartFrom(entries[0], state)
+    return _swapped_stack(stack, entries)
+
+
 def all_spans(num: int) -> list[tuple[int, int]]:
     """Every span (i, j) with 1 <= i <= j <= num, ordered by start, then end."""
     num = _as_int(num, "number of layers", "integers >= 0")

@@ -8,7 +8,8 @@ from scipy import stats
 from sklearn import metrics as skm
 from tqdm.auto import tqdm
 
-from layersim.batching import EncodedTask, sequential_batches, to_device
+from layersim.batching import EncodedTask, in_table_order, length_sorted_batches
+from layersim.device import autocast, to_device
 from layersim.errors import LayersimError
 from layersim.tasks import TaskSpec
 
@@ -57,18 +58,20 @@ def compute_metrics(spec: TaskSpec, logits: np.ndarray, labels: np.ndarray) -> d
 
 @torch.inference_mode()
 def predict(model, encoded: EncodedTask, tokenizer, batch_size: int, device: torch.device,
-            progress: bool = False) -> np.ndarray:
-    """Logits of a task model over every example, in table order."""
+            progress: bool = False, precision: str = "fp32") -> np.ndarray:
+    """Logits of a task model over every example, in table order (run in batches of similar length)."""
     model.eval()
     outputs = []
-    batches = sequential_batches(encoded, batch_size, tokenizer, with_labels=False)
-    for _, batch in tqdm(batches, total=-(-len(encoded) // batch_size), desc="evaluate", disable=not progress,
-                         leave=False):
-        outputs.append(model(**to_device(batch, device)).logits.float().cpu().numpy())
-    return np.concatenate(outputs)
+    batches = length_sorted_batches(encoded, batch_size, tokenizer, with_labels=False)
+    for indices, batch in tqdm(batches, total=-(-len(encoded) // batch_size), desc="evaluate",
+                               disable=not progress, leave=False):
+        with autocast(device, precision):
+            outputs.append((indices, model(**to_device(batch, device)).logits.float().cpu().numpy()))
+    return in_table_order(outputs, len(encoded))
 
 
 def score(model, spec: TaskSpec, encoded: EncodedTask, tokenizer, batch_size: int,
-          device: torch.device) -> dict[str, float]:
+          device: torch.device, precision: str = "fp32") -> dict[str, float]:
     """Every metric of `spec` for `model` on `encoded`."""
-    return compute_metrics(spec, predict(model, encoded, tokenizer, batch_size, device), encoded.labels)
+    return compute_metrics(spec, predict(model, encoded, tokenizer, batch_size, device, precision=precision),
+                           encoded.labels)

@@ -13,7 +13,8 @@ import pyarrow as pa
 import torch
 from tqdm.auto import tqdm
 
-from layersim.batching import EncodedTask, sequential_batches, to_device
+from layersim.batching import EncodedTask, sequential_batches
+from layersim.device import to_device
 from layersim.errors import LayersimError
 from layersim.io import ActivationWriter, layer_column, with_metadata, write_parquet
 from layersim.params import POOLINGS

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from layersim.batching import EncodedTask, collate, encode_task, to_device
+from layersim.batching import EncodedTask, collate, encode_task
+from layersim.device import autocast, default_device, grad_scaler, resolve_precision, to_device
 from layersim.encoders import frozen_layers
 from layersim.errors import LayersimError
 from layersim.training_steps import GradientSteps
@@ -40,10 +41,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def make_optimizer(model: torch.nn.Module, params: FinetuneParams) -> torch.optim.Optimizer:
@@ -150,7 +147,9 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
                             resume=resume, freeze=freeze, timing=timing)
         for step, values in state.history:
             log(step, values)
-    steps = GradientSteps(optimizer, scheduler, total=params.max_steps, device=device)
+    precision = resolve_precision(params.precision, device)
+    steps = GradientSteps(optimizer, scheduler, total=params.max_steps, device=device,
+                          max_grad_norm=params.max_grad_norm, scaler=grad_scaler(device, precision))
 
     # Frozen layers (Wu et al. Table 1) stay frozen for the whole loop; the model is whole again after it.
     with frozen_layers(model, *freeze) if freeze else contextlib.nullcontext():
@@ -160,7 +159,8 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
                         initial=start, total=params.max_steps)
         for step in progress:
             batch = to_device(collate(train, order[step], tokenizer), device)
-            loss = model(**batch).loss
+            with autocast(device, precision):
+                loss = model(**batch).loss
             steps.take(loss, step + 1)
             running += loss.detach()
             count += 1
@@ -210,7 +210,8 @@ def _prefixed(metrics: dict[str, float]) -> dict[str, float]:
 
 def evaluate_model(model, spec: TaskSpec, validation: EncodedTask, tokenizer, params: FinetuneParams,
                    device: torch.device) -> dict[str, float]:
-    return score(model, spec, validation, tokenizer, params.eval_batch_size, device)
+    return score(model, spec, validation, tokenizer, params.eval_batch_size, device,
+                 precision=resolve_precision(params.precision, device))
 
 
 def save_checkpoint(model, tokenizer, folder: Path, *, base_dir: str | Path, task: str, seed: int,

@@ -17,22 +17,40 @@ class NonFiniteLoss(LayersimError):
 
 
 class GradientSteps:
-    """Backward, optimizer step, scheduler step (if any), gradients cleared; and the first step (1-based,
-    or epoch for loops that check per epoch) whose loss was not finite, kept on the loss's device."""
+    """Backward, optional clipping of the gradients' total norm, optimizer step, scheduler step (if any),
+    gradients cleared; and the first step (1-based, or epoch for loops that check per epoch) whose loss
+    was not finite, kept on the loss's device. With a `scaler` (fp16), the loss is scaled for backward
+    and the gradients unscaled before clipping and stepping; steps whose scaled gradients overflowed
+    are skipped by the scaler, as usual for fp16."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, scheduler=None, *, total: int,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, max_grad_norm: float = 0.0,
+                 scaler: torch.amp.GradScaler | None = None):
         self.optimizer, self.scheduler = optimizer, scheduler
+        self.max_grad_norm, self.scaler = max_grad_norm, scaler
         self.first_bad = torch.full((), total + 1, device=device)
 
     def take(self, loss: torch.Tensor, step: int) -> None:
         """One optimisation step on `loss`, counted as `step` for the divergence check."""
         self.first_bad = mark_non_finite(self.first_bad, loss.detach(), step)
-        loss.backward()
-        self.optimizer.step()
+        if self.scaler is None:
+            loss.backward()
+            self._clip()
+            self.optimizer.step()
+        else:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.optimizer)
+            self._clip()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+
+    def _clip(self) -> None:
+        if self.max_grad_norm:
+            parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
+            torch.nn.utils.clip_grad_norm_(parameters, self.max_grad_norm)
 
     def diverged_at(self, done: int) -> int | None:
         """The first step up to `done` whose loss was not finite, or None (one host sync)."""

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from layersim.batching import EncodedTask, encode_task, sequential_batches, to_device
-from layersim.encoders import all_spans, num_layers, skip_span
+from layersim.batching import EncodedTask, encode_task, in_table_order, length_sorted_batches
+from layersim.device import autocast, to_device
+from layersim.encoders import all_spans, continue_from, num_layers
 from layersim.evaluate import compute_metrics, predict
 from layersim.heads import HeadParams, Rows, train_head
 from layersim.io import ActivationTable
@@ -43,30 +44,36 @@ def load_for_validation(folder, spec: TaskSpec, table, max_length: int, device: 
 
 
 def full_score(model, spec: TaskSpec, encoded: EncodedTask, tokenizer, batch_size: int,
-               device: torch.device) -> float:
-    return primary_score(spec, predict(model, encoded, tokenizer, batch_size, device), encoded.labels)
+               device: torch.device, precision: str = "fp32") -> float:
+    return primary_score(spec, predict(model, encoded, tokenizer, batch_size, device, precision=precision),
+                         encoded.labels)
 
 
 @torch.inference_mode()
-def exit_logits(model, encoded: EncodedTask, tokenizer, batch_size: int, device: torch.device) -> list[np.ndarray]:
+def exit_logits(model, encoded: EncodedTask, tokenizer, batch_size: int, device: torch.device,
+                precision: str = "fp32") -> list[np.ndarray]:
     """The logits of the fine-tuned model exiting after each layer k = 0 (embeddings) … L, from one
     forward pass: its own head (layersim.task_heads) on each layer's first-token state, which equals
-    ``exit_at(model, k)`` exactly (nothing runs between the last layer and the head)."""
+    ``exit_at(model, k)`` exactly (nothing runs between the last layer and the head). The last entry
+    is the full model's logits."""
     model.eval()
     head = own_head(model).to(device).eval()
-    per_layer: list[list[np.ndarray]] = [[] for _ in range(num_layers(model) + 1)]
-    for _, batch in sequential_batches(encoded, batch_size, tokenizer, with_labels=False):
-        out = model(**to_device(batch, device), output_hidden_states=True)
-        for k, state in enumerate(out.hidden_states):
-            per_layer[k].append(head(state[:, 0]).view(out.logits.shape).float().cpu().numpy())
-    return [np.concatenate(logits) for logits in per_layer]
+    per_layer: list[list] = [[] for _ in range(num_layers(model) + 1)]
+    for indices, batch in length_sorted_batches(encoded, batch_size, tokenizer, with_labels=False):
+        with autocast(device, precision):
+            out = model(**to_device(batch, device), output_hidden_states=True)
+            for k, state in enumerate(out.hidden_states):
+                logits = head(state[:, 0]).view(out.logits.shape)
+                per_layer[k].append((indices, logits.float().cpu().numpy()))
+    return [in_table_order(parts, len(encoded)) for parts in per_layer]
 
 
 def untuned_scores(model, spec: TaskSpec, encoded: EncodedTask, tokenizer, batch_size: int,
-                   device: torch.device) -> list[float]:
-    """Score of the fine-tuned model exiting after each layer k = 0 (embeddings) … L."""
+                   device: torch.device, precision: str = "fp32") -> list[float]:
+    """Score of the fine-tuned model exiting after each layer k = 0 (embeddings) … L (the last: the full
+    model)."""
     return [primary_score(spec, logits, encoded.labels)
-            for logits in exit_logits(model, encoded, tokenizer, batch_size, device)]
+            for logits in exit_logits(model, encoded, tokenizer, batch_size, device, precision)]
 
 
 def initial_head(pretrained_folder, spec: TaskSpec, seed: int) -> torch.nn.Module:
@@ -97,15 +104,42 @@ def _example_labels(table: ActivationTable) -> np.ndarray:
     return table.labels()[table.choice == 0]
 
 
-def span_scores(model, spec: TaskSpec, encoded: EncodedTask, tokenizer, batch_size: int,
-                device: torch.device) -> dict[tuple[int, int], float]:
-    """Score with every contiguous span [i, j] (1 ≤ i ≤ j ≤ L) of layers skipped."""
-    scores = {}
-    for i, j in tqdm(all_spans(num_layers(model)), desc="skipped spans", leave=False):
-        with skip_span(model, i, j):
-            scores[(i, j)] = primary_score(spec, predict(model, encoded, tokenizer, batch_size, device),
-                                           encoded.labels)
-    return scores
+@torch.inference_mode()
+def span_logits(model, encoded: EncodedTask, tokenizer, batch_size: int, device: torch.device,
+                precision: str = "fp32") -> tuple[np.ndarray, dict[tuple[int, int], np.ndarray]]:
+    """The full model's logits, and the logits with each contiguous span [i, j] (1 ≤ i ≤ j ≤ L) of layers
+    skipped, equal to running ``skip_span(model, i, j)``: one full forward pass per batch gives the state
+    after every layer i−1, from which only layers j+1..L run (:func:`layersim.encoders.continue_from`);
+    spans that end at L need no layer at all, only the head on that state."""
+    model.eval()
+    num = num_layers(model)
+    head = own_head(model).to(device).eval()
+    full: list = []
+    spans: dict[tuple[int, int], list] = {span: [] for span in all_spans(num)}
+    batches = length_sorted_batches(encoded, batch_size, tokenizer, with_labels=False)
+    for indices, batch in tqdm(batches, total=-(-len(encoded) // batch_size), desc="skipped spans", leave=False):
+        batch = to_device(batch, device)
+        with autocast(device, precision):
+            out = model(**batch, output_hidden_states=True)
+            full.append((indices, out.logits.float().cpu().numpy()))
+            for (i, j), parts in spans.items():
+                before = out.hidden_states[i - 1]
+                if j == num:
+                    logits = head(before[:, 0]).view(out.logits.shape)
+                else:
+                    with continue_from(model, j, before):
+                        logits = model(**batch).logits
+                parts.append((indices, logits.float().cpu().numpy()))
+    return in_table_order(full, len(encoded)), {span: in_table_order(parts, len(encoded))
+                                                 for span, parts in spans.items()}
+
+
+def span_scores(model, spec: TaskSpec, encoded: EncodedTask, tokenizer, batch_size: int, device: torch.device,
+                precision: str = "fp32") -> tuple[float, dict[tuple[int, int], float]]:
+    """The full model's score, and the score with every contiguous span [i, j] of layers skipped."""
+    full, spans = span_logits(model, encoded, tokenizer, batch_size, device, precision)
+    return (primary_score(spec, full, encoded.labels),
+            {span: primary_score(spec, logits, encoded.labels) for span, logits in spans.items()})
 
 
 def fewest_layers_within(scores: list[float], full: float, tolerance: float) -> int:

@@ -39,7 +39,7 @@ def describe() -> str:
     """Markdown: one table per section, one row per key (default, what it accepts, what it does)."""
     lines = ["# params.yaml keys", "",
              "Generated from `src/layersim/params/schema.py` by `python -m layersim.params > docs/params.md`; "
-             "a test keeps it current. `model`, `tasks` and `seeds` are described in params.yaml itself.", ""]
+             "a test keeps it current. `model`, `tasks`, `seeds` and `device` are described in params.yaml itself.", ""]
     for name, cls in SECTIONS.items():
         lines += [f"## {name}", "", "| key | default | accepts | what it does |", "|---|---|---|---|"]
         for spec in dataclasses.fields(cls):

@@ -16,6 +16,7 @@ from layersim.params.rules import (FRACTION, NON_NEGATIVE, POSITIVE, SEED, TOLER
 # First token, mean of tokens, last sub-word of the last word: one row per (example, choice); "tokens":
 # one row per word, its last sub-word (Wu et al.; layersim.words).
 POOLINGS = ("cls", "mean", "last", "tokens")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # layersim.device (checked by a test)
 HEAD_KINDS = ("own", "fresh")  # layersim.heads.HEAD_KINDS (checked by a test)
 EXAMPLE_POOLINGS = ("cls", "mean", "last")  # one row per (example, choice): what align can map
 LOCALIZATIONS = ("raw", "zscore")  # Wu et al.'s raw difference of means, or each series z-scored first
@@ -136,6 +137,11 @@ class FinetuneParams:
     eval_batch_size: int = knob(32, "examples per evaluation batch", POSITIVE, BATCH)
     checkpoint_every: int = knob(500, "steps between resumable training states (0, or any value >= max_steps: "
                                       "never); changing it reruns nothing", NON_NEGATIVE, STEPS)
+    precision: str = knob("auto", "arithmetic of fine-tuning and of scoring task models (autocast): fp32, bf16, "
+                                  "fp16 (GPU only, with loss scaling); auto: bf16 on a GPU that has it, else fp32",
+                          names=PRECISIONS)
+    max_grad_norm: float = knob(0.0, "clip the gradients' total norm to this before each step (0: no clipping, "
+                                     "the papers' setting)", NON_NEGATIVE)
 
 
 @dataclass(frozen=True)
@@ -326,6 +332,7 @@ class Params:
     model: str
     tasks: tuple[str, ...]
     seeds: tuple[int, ...]
+    device: str = "auto"
     download: DownloadParams = field(default_factory=DownloadParams)
     finetune: FinetuneParams = field(default_factory=FinetuneParams)
     extract: ExtractParams = field(default_factory=ExtractParams)
@@ -340,4 +347,6 @@ class Params:
 SECTIONS = {"download": DownloadParams, "finetune": FinetuneParams, "extract": ExtractParams,
             "similarity": SimilarityParams, "compare": CompareParams, "truncate": TruncateParams,
             "skip": SkipParams, "align": AlignParams, "freeze": FreezeParams}
-TOP_LEVEL = ("model", "tasks", "seeds", *SECTIONS)
+TOP_LEVEL = ("model", "tasks", "seeds", "device", *SECTIONS)
+# The device param: auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N.
+DEVICE = r"auto|cpu|cuda(:[0-9]{1,2})?"

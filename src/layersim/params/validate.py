@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from typing import Any
 
 from layersim.errors import LayersimError
 from layersim.models import MULTIBERTS_SEEDS
 from layersim.params.names import check_model, check_task, weights
 from layersim.params.rules import MAX_SEED, check_value, fail, repeated, shown
-from layersim.params.schema import SECTIONS, TOP_LEVEL, Params, pair_member
+from layersim.params.schema import DEVICE, SECTIONS, TOP_LEVEL, Params, pair_member
 
 # Longest input (special tokens included) that the position embeddings of the registry models whose
 # config is known offline can encode: the tiny configs have 130 positions, and RoBERTa's start after
@@ -94,9 +95,12 @@ def parse_params(raw: Any) -> Params:
     same = repeated(seeds)
     if same is not None:
         raise fail("seeds", seeds, f"a list without repeated seeds ({same} is given twice)")
+    device = raw.get("device", "auto")
+    if not isinstance(device, str) or not re.fullmatch(DEVICE, device):
+        raise fail("device", device, "auto, cpu, cuda or cuda:N (auto: the first GPU if there is one, else the CPU)")
     sections = {name: _build_section(name, cls, raw.get(name)) for name, cls in SECTIONS.items()}
     _check_across_sections(model, {**sections, "tasks": tasks, "seeds": seeds})
-    return Params(model=model, tasks=tuple(tasks), seeds=tuple(seeds), **sections)
+    return Params(model=model, tasks=tuple(tasks), seeds=tuple(seeds), device=device, **sections)
 
 
 def _check_across_sections(model: str, sections: dict[str, Any]) -> None:
