@@ -8,7 +8,7 @@ import pytest
 from layersim.align_report import (AlignReport, Pair, compared_pairs, injection_pair, method_options, over_pairs,
                                    run_labels)
 from layersim.errors import LayersimError
-from layersim.params import AlignParams, parse_params
+from layersim.params import AlignParams, Params, parse_params
 
 
 def _params(seeds, pairs=None):
@@ -68,10 +68,12 @@ def test_mean_and_sd_over_the_pairs_of_a_kind() -> None:
 
 
 def test_method_options_come_from_the_align_params() -> None:
-    p = AlignParams(ridge=0.5, inn_depth=2, steps=9)
-    options = method_options(p)
+    params = Params(model="tiny-bert", tasks=("synth-negation",), seeds=(1,), device="cpu",
+                    align=AlignParams(ridge=0.5, inn_depth=2, steps=9))
+    options = method_options(params)
     assert options["linear"] == {"ridge": 0.5}
     assert options["inn"]["depth"] == 2 and options["inn"]["steps"] == 9 and options["mlp"]["steps"] == 9
+    assert options["inn"]["device"] == options["mlp"]["device"] == "cpu"
 
 
 def test_metrics_of_a_small_report() -> None:

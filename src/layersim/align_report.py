@@ -29,9 +29,12 @@ from layersim.device import resolve_device, resolve_precision
 from layersim.truncation import full_score, load_for_validation
 
 
-def method_options(p) -> dict[str, dict]:
-    """Constructor options of each map that takes any, from params.yaml's align section."""
-    network = {"steps": p.steps, "learning_rate": p.learning_rate, "batch_size": p.batch_size, "seed": p.seed}
+def method_options(params: Params) -> dict[str, dict]:
+    """Constructor options of each map that takes any, from params.yaml's align section (and the device the
+    neural maps train on)."""
+    p = params.align
+    network = {"steps": p.steps, "learning_rate": p.learning_rate, "batch_size": p.batch_size, "seed": p.seed,
+               "device": params.device}
     return {"linear": {"ridge": p.ridge}, "svcca": {"variance_threshold": p.svcca_variance},
             "inn": {"depth": p.inn_depth, "hidden": p.inn_hidden, **network},
             "mlp": {"depth": p.mlp_depth, "hidden": p.mlp_hidden, **network}}
@@ -322,7 +325,7 @@ def align_report(inputs: AlignInputs, log=lambda *args: None) -> AlignReport:
     """Every experiment of the align stage on one task."""
     p, seeds = inputs.params.align, inputs.params.seeds
     pairs = compared_pairs(inputs.params)
-    all_options = method_options(p)
+    all_options = method_options(inputs.params)
     options = {method: values for method, values in all_options.items() if method in p.methods}
     expect = inputs.expect()
     runs = run_labels(seeds)

@@ -18,6 +18,7 @@ evaluate in float64). Outputs are float32 when the input was float32, float64 ot
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -89,12 +90,7 @@ class AlignmentMap:
             If an input is not a finite real 2-D array, the row counts differ, there are fewer than
             2 rows, or the widths are not allowed by this map (the INN needs equal widths).
         """
-        x, y = check_pair(x, y)
-        self._check_widths(x.shape[1], y.shape[1])
-        self.x_scaler_ = Standardizer().fit(x)
-        self.y_scaler_ = Standardizer().fit(y)
-        self._fit(self.x_scaler_.transform(x), self.y_scaler_.transform(y))
-        self.dims_ = (x.shape[1], y.shape[1])
+        fit_maps([self], [(x, y)])
         return self
 
     def transform(self, x: np.ndarray) -> np.ndarray:
@@ -120,6 +116,20 @@ class AlignmentMap:
         return self.fit(x, y).transform(x)
 
     # --- hooks for subclasses ---
+
+    def _prepare(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Checked inputs, standardised with their own statistics (kept for transform and inverse)."""
+        x, y = check_pair(x, y)
+        self._check_widths(x.shape[1], y.shape[1])
+        self.x_scaler_ = Standardizer().fit(x)
+        self.y_scaler_ = Standardizer().fit(y)
+        return self.x_scaler_.transform(x), self.y_scaler_.transform(y)
+
+    @classmethod
+    def _fit_group(cls, maps: Sequence[AlignmentMap], data: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Fit each of `maps` (all of this class) on its standardised (xs, ys); one at a time by default."""
+        for fitted, (xs, ys) in zip(maps, data):
+            fitted._fit(xs, ys)
 
     def _check_widths(self, dx: int, dy: int) -> None:
         """Raise if this map cannot go from width ``dx`` to width ``dy``; any widths by default."""
@@ -154,6 +164,23 @@ class AlignmentMap:
     def get_params(self) -> dict[str, object]:
         """The constructor arguments (hyperparameters) of this map, by name."""
         return {k: getattr(self, k) for k in option_names(type(self))}
+
+
+def fit_maps(maps: Sequence[AlignmentMap], pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[AlignmentMap]:
+    """Fit ``maps[k]`` on the paired rows ``pairs[k]`` for every k, with the result of ``maps[k].fit(*pairs[k])``
+    (up to float32 rounding for the neural maps): maps of a class that can train together do, e.g. the INN
+    of every layer of a comparison in one batched loop. Every input is checked before any fitting."""
+    if len(maps) != len(pairs):
+        raise LayersimError(f"{len(maps)} maps but {len(pairs)} (x, y) pairs; give one pair per map.")
+    data = [fitted._prepare(x, y) for fitted, (x, y) in zip(maps, pairs)]
+    by_class: dict[type, list[int]] = {}
+    for k, fitted in enumerate(maps):
+        by_class.setdefault(type(fitted), []).append(k)
+    for cls, members in by_class.items():
+        cls._fit_group([maps[k] for k in members], [data[k] for k in members])
+    for fitted, (xs, ys) in zip(maps, data):
+        fitted.dims_ = (xs.shape[1], ys.shape[1])
+    return list(maps)
 
 
 def option_names(cls: type) -> tuple[str, ...]:

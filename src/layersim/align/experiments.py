@@ -22,7 +22,7 @@ import numpy as np
 from tqdm.auto import tqdm
 import torch
 
-from layersim.align.base import AlignmentMap, as_matrix
+from layersim.align.base import AlignmentMap, as_matrix, fit_maps
 from layersim.align.maps import MAPS, make_map
 from layersim.align.metrics import mse, relative_error, train_test_split_rows
 from layersim.align.neural import random_flow
@@ -72,13 +72,14 @@ def alignment_errors(x_layers: Sequence[np.ndarray], y_layers: Sequence[np.ndarr
     train_idx, test_idx = _split(train_idx, test_idx, _num_rows(x_layers + y_layers))
     for name in methods:  # reject bad options before any (slow) fitting
         make_map(name, **dict(options.get(name, {})))
-    rows = []
-    pairs = tqdm(list(enumerate(zip(x_layers, y_layers))), desc="align layers", leave=False, mininterval=2)
-    for layer, (x, y) in pairs:
-        for name in methods:
-            fitted = make_map(name, **dict(options.get(name, {})))
-            rows.append({"layer": layer, "method": name, **_fit_and_score(fitted, x, y, train_idx, test_idx)})
-    return rows
+    scores = {}
+    for name in tqdm(methods, desc="align layers", leave=False, mininterval=2):
+        # One method's maps of every layer are fitted together (the neural ones in one batched loop).
+        fitted = [make_map(name, **dict(options.get(name, {}))) for _ in x_layers]
+        for layer, row in enumerate(_fit_and_score_all(fitted, x_layers, y_layers, train_idx, test_idx)):
+            scores[layer, name] = row
+    return [{"layer": layer, "method": name, **scores[layer, name]}
+            for layer in range(len(x_layers)) for name in methods]
 
 
 def synthetic_recovery(x: np.ndarray, methods: Iterable[str] = DEFAULT_METHODS, seed: int = 0, *,
@@ -148,9 +149,10 @@ def layer_alignment_matrix(x_layers: Sequence[np.ndarray], y_layers: Sequence[np
     make_map(method, **options)  # reject a bad method or option before any fitting
     out = np.empty((len(x_layers), len(y_layers)))
     for i, x in enumerate(tqdm(x_layers, desc=f"{method} layer x layer", leave=False, mininterval=2)):
-        for j, y in enumerate(y_layers):
-            scores = _fit_and_score(make_map(method, **options), x, y, train_idx, test_idx)
-            out[i, j] = scores[metric]
+        # A row of the matrix at a time: its maps fitted together, memory bounded by one row's rows.
+        fitted = [make_map(method, **options) for _ in y_layers]
+        scores = _fit_and_score_all(fitted, [x] * len(y_layers), y_layers, train_idx, test_idx)
+        out[i] = [row[metric] for row in scores]
     return out
 
 
@@ -168,15 +170,20 @@ def map_representations(x_train: np.ndarray, y_train: np.ndarray, x_apply: np.nd
 # --- helpers ---
 
 
-def _fit_and_score(fitted: AlignmentMap, x: np.ndarray, y: np.ndarray, train_idx: np.ndarray,
-                   test_idx: np.ndarray) -> dict[str, float]:
-    """Fit on the training rows only, then the errors on test and training rows."""
-    x_train, y_train = x[train_idx], y[train_idx]
-    fitted.fit(x_train, y_train)
-    y_hat_test, y_test = fitted.transform(x[test_idx]), as_matrix(y[test_idx], "y (test rows)")
-    y_hat_train = fitted.transform(x_train)
-    return {"mse": mse(y_hat_test, y_test), "relative_error": relative_error(y_hat_test, y_test),
-            "train_mse": mse(y_hat_train, y_train), "train_relative_error": relative_error(y_hat_train, y_train)}
+def _fit_and_score_all(maps: list[AlignmentMap], xs: Sequence[np.ndarray], ys: Sequence[np.ndarray],
+                       train_idx: np.ndarray, test_idx: np.ndarray) -> list[dict[str, float]]:
+    """Fit ``maps[k]`` from ``xs[k]`` to ``ys[k]`` on the training rows only (all together, see
+    :func:`~layersim.align.base.fit_maps`), then each one's errors on test and training rows."""
+    fit_maps(maps, [(x[train_idx], y[train_idx]) for x, y in zip(xs, ys)])
+    scores = []
+    for fitted, x, y in zip(maps, xs, ys):
+        x_train, y_train = x[train_idx], as_matrix(y[train_idx], "y (train rows)")
+        y_hat_test, y_test = fitted.transform(x[test_idx]), as_matrix(y[test_idx], "y (test rows)")
+        y_hat_train = fitted.transform(x_train)
+        scores.append({"mse": mse(y_hat_test, y_test), "relative_error": relative_error(y_hat_test, y_test),
+                       "train_mse": mse(y_hat_train, y_train),
+                       "train_relative_error": relative_error(y_hat_train, y_train)})
+    return scores
 
 
 def _methods(methods: Iterable[str]) -> list[str]:

@@ -54,13 +54,16 @@ float64 inverse and the least-squares start under our control.
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from layersim.align.base import AlignmentMap, _non_negative_float, _positive_float, _positive_int
+from layersim.device import resolve_device
 from layersim.errors import LayersimError, unknown_name
 from layersim.training_steps import GradientSteps
 
@@ -228,49 +231,82 @@ def learning_rate_factor(schedule: str, step: int, steps: int) -> float:
     return 1.0
 
 
-def train_network(module: nn.Module, xs: np.ndarray, ys: np.ndarray, *, steps: int, batch_size: int,
-                  learning_rate: float, schedule: str, generator: torch.Generator,
-                  parameter_groups: list[dict] | None = None) -> np.ndarray:
-    """Adam on ``mean((module(x) − y)²)`` over random mini-batches (each epoch a fresh permutation of
-    the rows, drawn from ``generator``). Float32 arithmetic; ``module`` is trained in place.
+# Stacked parameters (with their gradients and two Adam moments) of one batched fit at most this many
+# bytes; larger groups are fitted in several batches.
+_GROUP_BYTES = 2 * 2**30
 
-    Returns the training loss of every step, a float64 array of length ``steps``.
+
+def train_networks(modules: Sequence[nn.Module], xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], *, steps: int,
+                   batch_size: int, learning_rate: float, schedule: str, generator: torch.Generator,
+                   learning_rate_factors: Callable[[str], float] = lambda name: 1.0,
+                   device: torch.device = torch.device("cpu")) -> np.ndarray:
+    """Adam on ``mean((module_k(x_k) − y_k)²)`` for several networks of one architecture at once, each on its
+    own rows (equal row counts), over the same random mini-batches (each epoch a fresh permutation of the
+    rows, drawn from ``generator``). The networks' parameters are stacked and run as one batched network
+    (``torch.func.vmap``), so k fits cost about one step's overhead per step instead of k; each network's
+    gradient is that of its own loss, and Adam works element by element, so each trains as it would alone.
+    Float32 arithmetic on `device`; `modules` are trained in place (left on the CPU). A parameter's learning
+    rate is ``learning_rate × learning_rate_factors(name)``.
+
+    Returns each network's training loss at every step, float64 (len(modules), steps).
     """
-    x = torch.from_numpy(np.ascontiguousarray(xs, dtype=np.float32))
-    y = torch.from_numpy(np.ascontiguousarray(ys, dtype=np.float32))
-    n = x.shape[0]
+    x = torch.stack([torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)) for a in xs]).to(device)
+    y = torch.stack([torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)) for a in ys]).to(device)
+    n = x.shape[1]
     batch = min(batch_size, n)
-    optimizer = torch.optim.Adam(parameter_groups or module.parameters(), lr=learning_rate)
+    stacked, _ = torch.func.stack_module_state([module.to(device) for module in modules])
+    buffers = dict(modules[0].named_buffers())  # the coupling permutations: the same in every network
+    template = copy.deepcopy(modules[0]).to("meta")
+
+    def one(params, rows):
+        return torch.func.functional_call(template, (params, buffers), (rows,))
+
+    forward = torch.vmap(one)
+    by_factor: dict[float, list[torch.Tensor]] = {}
+    for name, tensor in stacked.items():
+        by_factor.setdefault(learning_rate_factors(name), []).append(tensor)
+    optimizer = torch.optim.Adam([{"params": group, "lr": learning_rate * factor}
+                                  for factor, group in by_factor.items()], lr=learning_rate)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: learning_rate_factor(schedule, s, steps))
-    losses = np.empty(steps)
-    gradient_steps = GradientSteps(optimizer, scheduler, total=steps)
+    losses = torch.empty((len(modules), steps), device=device)
+    gradient_steps = GradientSteps(optimizer, scheduler, total=steps, device=device)
     order, position = torch.randperm(n, generator=generator), 0
-    module.train()
     for step in range(steps):
         if position + batch > n:
             order, position = torch.randperm(n, generator=generator), 0
-        rows = order[position : position + batch]
+        rows = order[position : position + batch].to(device)
         position += batch
-        loss = torch.mean((module(x[rows]) - y[rows]) ** 2)
-        gradient_steps.take(loss, step + 1)
-        losses[step] = loss.item()
-    module.eval()
-    bad = np.flatnonzero(~np.isfinite(losses))
-    if len(bad):
-        raise LayersimError(f"training diverged: the loss became {losses[bad[0]]} at step {bad[0] + 1} of {steps}; "
-                            "lower align.learning_rate (or the coupling clamp).")
+        per_network = torch.mean((forward(stacked, x[:, rows]) - y[:, rows]) ** 2, dim=(1, 2))
+        gradient_steps.take(per_network.sum(), step + 1)  # the sum: each network's own gradient
+        losses[:, step] = per_network.detach()
+    with torch.no_grad():
+        for k, module in enumerate(modules):
+            module.to("cpu")
+            for name, tensor in module.named_parameters():
+                tensor.copy_(stacked[name][k].cpu())
+            module.eval()
+    losses = losses.double().cpu().numpy()
+    for k, history in enumerate(losses):
+        bad = np.flatnonzero(~np.isfinite(history))
+        if len(bad):
+            which = f" (network {k + 1} of {len(modules)})" if len(modules) > 1 else ""
+            raise LayersimError(f"training diverged{which}: the loss became {history[bad[0]]} at step {bad[0] + 1} "
+                                f"of {steps}; lower align.learning_rate (or the coupling clamp).")
     return losses
 
 
 class NeuralMap(AlignmentMap):
     """A map given by a trained torch module; subclasses build the module in ``_build(dx, dy, xs, ys)``.
 
+    Maps with the same options fitted on rows of the same shapes train together
+    (:func:`~layersim.align.base.fit_maps`), with the same result as one at a time up to float32 rounding.
+
     Attributes (after ``fit``): ``module_`` — the trained network in float64 (eval mode);
     ``loss_history_`` — the training MSE (standardised units) at every step.
     """
 
     def __init__(self, depth: int, hidden: int, steps: int, learning_rate: float, schedule: str,
-                 batch_size: int, seed: int):
+                 batch_size: int, seed: int, device: str):
         self.depth = _positive_int("depth", depth)
         self.hidden = _positive_int("hidden", hidden)
         self.steps = _positive_int("steps", steps)
@@ -282,23 +318,46 @@ class NeuralMap(AlignmentMap):
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise LayersimError(f"seed must be a non-negative integer, got {seed!r}.")
         self.seed = int(seed)
+        if not isinstance(device, str):
+            raise LayersimError(f"device must be a device name (auto, cpu, cuda or cuda:N), got {device!r}.")
+        self.device = device
 
     def _build(self, xs: np.ndarray, ys: np.ndarray) -> nn.Module:
         raise NotImplementedError
 
-    def _parameter_groups(self, module: nn.Module) -> list[dict] | None:
-        """Adam parameter groups with their own learning rates; None trains all at ``learning_rate``."""
-        return None
+    def _learning_rate_factor(self, name: str) -> float:
+        """The learning rate of parameter `name`, as a fraction of ``learning_rate``."""
+        return 1.0
 
     def _fit(self, xs: np.ndarray, ys: np.ndarray) -> None:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed)
-            module = self._build(xs, ys)
-        generator = torch.Generator().manual_seed(self.seed)
-        self.loss_history_ = train_network(module, xs, ys, steps=self.steps, batch_size=self.batch_size,
-                                           learning_rate=self.learning_rate, schedule=self.schedule,
-                                           generator=generator, parameter_groups=self._parameter_groups(module))
-        self.module_ = module.double().eval()
+        type(self)._fit_group([self], [(xs, ys)])
+
+    @classmethod
+    def _fit_group(cls, maps: Sequence[NeuralMap], data: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Fit maps of this class together, in batches of equal options and shapes (within _GROUP_BYTES)."""
+        groups: dict[tuple, list[int]] = {}
+        for k, (fitted, (xs, ys)) in enumerate(zip(maps, data)):
+            key = (tuple(sorted(fitted.get_params().items())), xs.shape, ys.shape)
+            groups.setdefault(key, []).append(k)
+        for members in groups.values():
+            modules = []
+            for k in members:
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(maps[k].seed)
+                    modules.append(maps[k]._build(*data[k]))
+            size = sum(p.numel() for p in modules[0].parameters()) * 4 * 4  # weights, gradients, Adam moments
+            per_batch = max(1, _GROUP_BYTES // size)
+            for first in range(0, len(members), per_batch):
+                chunk = members[first:first + per_batch]
+                first_map = maps[chunk[0]]
+                histories = train_networks(
+                    modules[first:first + per_batch], [data[k][0] for k in chunk], [data[k][1] for k in chunk],
+                    steps=first_map.steps, batch_size=first_map.batch_size, learning_rate=first_map.learning_rate,
+                    schedule=first_map.schedule, generator=torch.Generator().manual_seed(first_map.seed),
+                    learning_rate_factors=first_map._learning_rate_factor, device=resolve_device(first_map.device))
+                for k, module, history in zip(chunk, modules[first:first + per_batch], histories):
+                    maps[k].loss_history_ = history
+                    maps[k].module_ = module.double().eval()
 
     @torch.no_grad()
     def _transform(self, xs: np.ndarray) -> np.ndarray:
@@ -323,6 +382,8 @@ class INNMap(NeuralMap):
     schedule : "cosine" (default), "linear" or "constant" — after a 5% linear warm-up.
     batch_size : int, default 256 — rows per step (all rows if fewer).
     seed : int, default 0 — initial weights and batch order.
+    device : str, default "auto" — where it trains (auto, cpu, cuda, cuda:N; layersim.device); the fitted
+        map is kept and applied on the CPU in float64.
 
     Requires ``d_x = d_y``. ``inverse`` is exact (see the module docstring); it raises if the linear
     layer is singular (e.g. Y has a column that is constant on the training rows).
@@ -334,8 +395,8 @@ class INNMap(NeuralMap):
     def __init__(self, depth: int = 4, hidden: int = 256, clamp: float = 2.0, linear_init: str = "least_squares",
                  linear_learning_rate_factor: float = 0.1,
                  steps: int = 600, learning_rate: float = 1e-3, schedule: str = "cosine", batch_size: int = 256,
-                 seed: int = 0):
-        super().__init__(depth, hidden, steps, learning_rate, schedule, batch_size, seed)
+                 seed: int = 0, device: str = "auto"):
+        super().__init__(depth, hidden, steps, learning_rate, schedule, batch_size, seed, device)
         self.linear_learning_rate_factor = _non_negative_float("linear_learning_rate_factor",
                                                                linear_learning_rate_factor)
         self.clamp = _positive_float("clamp", clamp)
@@ -359,11 +420,8 @@ class INNMap(NeuralMap):
                 flow.linear.weight.copy_(torch.from_numpy(start.T))
         return flow
 
-    def _parameter_groups(self, module: nn.Module) -> list[dict] | None:
-        linear = list(module.linear.parameters())
-        blocks = list(module.blocks.parameters())
-        return [{"params": blocks, "lr": self.learning_rate},
-                {"params": linear, "lr": self.learning_rate * self.linear_learning_rate_factor}]
+    def _learning_rate_factor(self, name: str) -> float:
+        return self.linear_learning_rate_factor if name.startswith("linear.") else 1.0
 
     @torch.no_grad()
     def _inverse(self, ys: np.ndarray) -> np.ndarray:
@@ -381,7 +439,7 @@ class MLPMap(NeuralMap):
     ----------
     depth : int, default 2 — hidden layers.
     hidden : int, default 512 — their width.
-    steps, learning_rate, schedule, batch_size, seed : as for :class:`INNMap` (same defaults).
+    steps, learning_rate, schedule, batch_size, seed, device : as for :class:`INNMap` (same defaults).
 
     Any widths; no inverse.
     """
@@ -389,8 +447,8 @@ class MLPMap(NeuralMap):
     name = "mlp"
 
     def __init__(self, depth: int = 2, hidden: int = 512, steps: int = 600, learning_rate: float = 1e-3,
-                 schedule: str = "cosine", batch_size: int = 256, seed: int = 0):
-        super().__init__(depth, hidden, steps, learning_rate, schedule, batch_size, seed)
+                 schedule: str = "cosine", batch_size: int = 256, seed: int = 0, device: str = "auto"):
+        super().__init__(depth, hidden, steps, learning_rate, schedule, batch_size, seed, device)
 
     def _build(self, xs: np.ndarray, ys: np.ndarray) -> nn.Module:
         return mlp(xs.shape[1], ys.shape[1], self.depth, self.hidden)
