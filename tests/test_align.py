@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from layersim.align import (MAPS, CCAMap, CouplingFlow, INNMap, LinearRegressionMap, MLPMap, PWCCAMap, SVCCAMap,
-                            alignment_errors, layer_alignment_matrix, make_map, map_representations, mse, random_flow,
+                            alignment_errors, fit_maps, layer_alignment_matrix, make_map, map_representations, mse, random_flow,
                             relative_error, synthetic_recovery, train_test_split_rows)
 from layersim.errors import LayersimError
 
@@ -486,3 +486,20 @@ def test_experiment_argument_errors(rng):
         layer_alignment_matrix(x, None, "linear", train_idx=train, test_idx=test)
     with pytest.raises(LayersimError, match="valid metrics are: mse, relative_error"):
         layer_alignment_matrix([x], None, "linear", train_idx=train, test_idx=test, metric="r2")
+
+
+@pytest.mark.parametrize("name", ["inn", "mlp"])
+def test_maps_fitted_together_equal_maps_fitted_one_at_a_time(rng, name):
+    """fit_maps trains the neural maps of several layers as one batched network; each comes out as its
+    own fit would (the same losses, the same map), and the other kinds are fitted one by one."""
+    xs = [_correlated(rng, 120, 6) for _ in range(4)]
+    ys = [np.tanh(x) @ rng.normal(size=(6, 6)) for x in xs]
+    options = {"steps": 25, "hidden": 16, "batch_size": 32, "device": "cpu"}
+    together = fit_maps([make_map(name, **options) for _ in xs] + [make_map("linear")], list(zip(xs, ys)) + [(xs[0], ys[0])])
+    for fitted, x, y in zip(together, xs, ys):
+        alone = make_map(name, **options).fit(x, y)
+        np.testing.assert_array_equal(fitted.loss_history_, alone.loss_history_)
+        np.testing.assert_array_equal(fitted.transform(x), alone.transform(x))
+    np.testing.assert_array_equal(together[-1].transform(xs[0]), make_map("linear").fit(xs[0], ys[0]).transform(xs[0]))
+    with pytest.raises(LayersimError, match="2 maps but 1"):
+        fit_maps([make_map(name, **options), make_map(name, **options)], [(xs[0], ys[0])])

@@ -7,7 +7,7 @@ Pure math on ``(num_examples x hidden)`` arrays (NumPy and torch), no I/O. Maps,
 ``fit(x_train, y_train)``, ``transform(x)`` and, where it exists, ``inverse(y)``.
 """
 
-from layersim.align.base import AlignmentMap
+from layersim.align.base import AlignmentMap, fit_maps
 from layersim.linalg import Standardizer
 from layersim.align.experiments import (alignment_errors, layer_alignment_matrix, map_representations,
                                         synthetic_recovery)
@@ -18,6 +18,6 @@ from layersim.align.neural import CouplingFlow, INNMap, MLPMap, random_flow
 
 __all__ = [
     "MAPS", "AlignmentMap", "CCAMap", "CouplingFlow", "INNMap", "LinearRegressionMap", "MLPMap", "PWCCAMap",
-    "SVCCAMap", "Standardizer", "alignment_errors", "layer_alignment_matrix", "make_map", "map_representations",
+    "SVCCAMap", "Standardizer", "alignment_errors", "fit_maps", "layer_alignment_matrix", "make_map", "map_representations",
     "mse", "random_flow", "relative_error", "synthetic_recovery", "train_test_split_rows",
 ]

@@ -83,39 +83,51 @@ _INIT_RIDGE = 1e-2
 
 
 class AffineCoupling(nn.Module):
-    """One RealNVP affine coupling block (see the module docstring). ``permutation`` picks which
-    coordinates are kept (its first ``split``, default ``⌊d/2⌋``) and which are transformed (the
-    rest); the output is in the input's coordinate order, so a block at initialisation is exactly
-    the identity."""
+    """One RealNVP affine coupling block (see the module docstring): it keeps (conditions on) ``split``
+    coordinates, the leading ones if ``keep_first`` else the trailing ones, and transforms the rest; the
+    output is in the input's coordinate order, so a block at initialisation is exactly the identity.
+    The halves are slices, not gathers: a permutation by index costs as much as the subnetwork here."""
 
-    def __init__(self, dim: int, hidden: int, clamp: float, permutation: torch.Tensor, split: int | None = None):
+    def __init__(self, dim: int, hidden: int, clamp: float, keep_first: bool = True, split: int | None = None):
         super().__init__()
         self.split = dim // 2 if split is None else int(split)
         if not 1 <= self.split < dim:
             raise LayersimError(f"a coupling block of width {dim} must keep between 1 and {dim - 1} coordinates, "
                                 f"got {self.split}.")
-        self.clamp = clamp
-        self.register_buffer("permutation", permutation)
-        self.register_buffer("inverse_permutation", torch.argsort(permutation))
+        self.dim, self.clamp, self.keep_first = dim, clamp, keep_first
         self.subnet = nn.Sequential(nn.Linear(self.split, hidden), nn.GELU(), nn.Linear(hidden, 2 * (dim - self.split)))
         nn.init.zeros_(self.subnet[-1].weight)
         nn.init.zeros_(self.subnet[-1].bias)
 
+    @property
+    def permutation(self) -> torch.Tensor:
+        """The coordinates in the block's order: the kept ones (first ``split``), then the transformed."""
+        order = torch.arange(self.dim)
+        cut = self.split if self.keep_first else self.dim - self.split
+        return order if self.keep_first else torch.cat([order[cut:], order[:cut]])
+
+    def _halves(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keep_first:
+            return x[..., : self.split], x[..., self.split :]
+        cut = self.dim - self.split
+        return x[..., cut:], x[..., :cut]
+
+    def _join(self, kept: torch.Tensor, transformed: torch.Tensor) -> torch.Tensor:
+        return torch.cat([kept, transformed] if self.keep_first else [transformed, kept], dim=-1)
+
     def _scale_shift(self, u1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        s_raw, t = self.subnet(u1).chunk(2, dim=1)
+        s_raw, t = self.subnet(u1).chunk(2, dim=-1)
         return self.clamp * torch.tanh(s_raw / self.clamp), t
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        u = x[:, self.permutation]
-        u1, u2 = u[:, : self.split], u[:, self.split :]
+        u1, u2 = self._halves(x)
         s, t = self._scale_shift(u1)
-        return torch.cat([u1, u2 * torch.exp(s) + t], dim=1)[:, self.inverse_permutation]
+        return self._join(u1, u2 * torch.exp(s) + t)
 
     def inverse(self, y: torch.Tensor) -> torch.Tensor:
-        v = y[:, self.permutation]
-        v1, v2 = v[:, : self.split], v[:, self.split :]
+        v1, v2 = self._halves(y)
         s, t = self._scale_shift(v1)
-        return torch.cat([v1, (v2 - t) * torch.exp(-s)], dim=1)[:, self.inverse_permutation]
+        return self._join(v1, (v2 - t) * torch.exp(-s))
 
 
 class CouplingFlow(nn.Module):
@@ -142,7 +154,7 @@ class CouplingFlow(nn.Module):
                 self.linear.weight.copy_(torch.eye(dim))
                 self.linear.bias.zero_()
         self.blocks = nn.ModuleList(
-            AffineCoupling(dim, hidden, clamp, alternating_permutation(dim, i), alternating_split(dim, i))
+            AffineCoupling(dim, hidden, clamp, keep_first=i % 2 == 0, split=alternating_split(dim, i))
             for i in range(depth))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -160,19 +172,11 @@ class CouplingFlow(nn.Module):
         return y
 
 
-def alternating_permutation(dim: int, block: int) -> torch.Tensor:
-    """Block ``block``'s coordinate order: its first :func:`alternating_split` entries are kept, the
-    rest transformed. Even blocks keep the leading ``⌊dim/2⌋`` coordinates and transform the trailing
-    ``⌈dim/2⌉``; odd blocks the other way round, so the half a block keeps is exactly the half the
-    next block transforms (Ren et al. §3.4), for odd ``dim`` too."""
-    order = torch.arange(dim)
-    if block % 2 == 0:
-        return order
-    return torch.cat([order[dim // 2 :], order[: dim // 2]])
-
-
 def alternating_split(dim: int, block: int) -> int:
-    """How many coordinates block ``block`` keeps: ``⌊dim/2⌋`` for even blocks, ``⌈dim/2⌉`` for odd ones."""
+    """How many coordinates block ``block`` keeps: even blocks keep the leading ``⌊dim/2⌋`` coordinates and
+    transform the trailing ``⌈dim/2⌉``; odd blocks keep the trailing ``⌈dim/2⌉`` and transform the leading
+    ``⌊dim/2⌋``, so the half a block keeps is exactly the half the next block transforms (Ren et al. §3.4),
+    for odd ``dim`` too."""
     return dim // 2 if block % 2 == 0 else dim - dim // 2
 
 
