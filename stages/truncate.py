@@ -22,11 +22,12 @@ from layersim.truncation import (VARIANTS, head_scores, initial_head, load_for_v
 def main(args, params):
     spec = get_task(args.task)
     p = params.truncate
+    device = resolve_device(params.device)
     heads = HeadParams(epochs=p.head_epochs, learning_rate=p.head_learning_rate, batch_size=p.head_batch_size,
-                       weight_decay=p.head_weight_decay, holdout=p.head_holdout, patience=p.head_patience)
+                       weight_decay=p.head_weight_decay, holdout=p.head_holdout, patience=p.head_patience,
+                       device=device)
     own = p.head == "own"
     table = read_task_table(args.task_dir, spec, "validation", params.extract.max_examples)
-    device = resolve_device(params.device)
     precision = resolve_precision(params.finetune.precision, device)
     runs = run_expectations(args.checkpoints, params.seeds, args.task_dir)
 

@@ -51,6 +51,7 @@ class HeadParams:
     holdout: float = 0.0             # share of train examples held out for early stopping (0: none)
     patience: int = 3                # epochs without a better held-out score before stopping
     chunk_rows: int = 65536          # rows read from a table at a time
+    device: torch.device = torch.device("cpu")  # where the head trains (layersim.device)
 
 
 class Head(nn.Module):
@@ -93,10 +94,11 @@ class TrainedHead:
     def logits(self, features: np.ndarray) -> np.ndarray:
         """Logits shaped like the task model's: (n, labels), (n, 1) for regression, (n, choices)."""
         self.head.eval()
-        out = self.head(torch.from_numpy(np.require(features, np.float32, "W")))  # tables' arrays are read-only
+        device = next(self.head.parameters()).device
+        out = self.head(torch.from_numpy(np.require(features, np.float32, "W")).to(device))  # tables' arrays are read-only
         if self.num_choices > 1:
             out = out.view(-1, self.num_choices)
-        return out.numpy()
+        return out.cpu().numpy()
 
 
 class Rows:
@@ -165,16 +167,17 @@ def train_head(spec: TaskSpec, features: np.ndarray | Rows, labels: np.ndarray, 
     held = held_out_examples(len(labels), params.holdout, seed)
     is_train = np.ones(len(labels), bool)
     is_train[held] = False
-    head = head if head is not None else fresh_head(spec, rows, is_train, params, seed)
-    held_x = _gather(rows, ~is_train)
-    y = torch.from_numpy(labels.astype(np.float32 if spec.regression else np.int64))
+    device = params.device
+    head = (head if head is not None else fresh_head(spec, rows, is_train, params, seed)).to(device)
+    held_x = _gather(rows, ~is_train).to(device)
+    y = torch.from_numpy(labels.astype(np.float32 if spec.regression else np.int64)).to(device)
     generator = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     optimizer = torch.optim.AdamW(head.parameters(), lr=params.learning_rate, weight_decay=params.weight_decay)
     loss_fn = nn.MSELoss() if spec.regression else nn.CrossEntropyLoss()
-    steps = GradientSteps(optimizer, total=params.epochs)
+    steps = GradientSteps(optimizer, total=params.epochs, device=device)
     # The starting head is a candidate too: for Tuned on the last layer it is already the fine-tuned head.
-    held_y = y[torch.from_numpy(held)]
+    held_y = y[torch.from_numpy(held).to(device)]
     best = (_loss(head, held_x, held_y, loss_fn, spec), 0, copy.deepcopy(head.state_dict())) \
         if len(held) else (np.inf, 0, None)  # loss, epoch, state
     started = time.perf_counter()
@@ -185,7 +188,7 @@ def train_head(spec: TaskSpec, features: np.ndarray | Rows, labels: np.ndarray, 
         head.train()
         for index, x in rows.chunks(rng):
             keep = is_train[index]
-            x, target = torch.from_numpy(x[keep]), y[torch.from_numpy(index[keep])]
+            x, target = torch.from_numpy(x[keep]).to(device), y[torch.from_numpy(index[keep]).to(device)]
             for batch in torch.randperm(len(x), generator=generator).split(params.batch_size):
                 steps.take(_example_loss(head(x[batch]), target[batch], loss_fn, spec), epoch)
         bad_epoch = steps.diverged_at(epoch)
