@@ -177,9 +177,15 @@ def bench_inn_step(steps: int, device) -> dict:
     x = rng.standard_normal((n, d))
     ys = [np.tanh(x @ rng.standard_normal((d, d)) / np.sqrt(d)) for _ in range(layers)]
     options = dict(depth=4, hidden=256, steps=steps, batch_size=256, device=str(device))
-    old_s, _ = timed(lambda: fit_alone_gathered(make_map("inn", **options), x, ys[0]))
-    new_s, _ = timed(lambda: make_map("inn", **options).fit(x, ys[0]))
-    together_s, _ = timed(lambda: fit_maps([make_map("inn", **options) for _ in ys], [(x, y) for y in ys]))
+    warm = {**options, "steps": 3}  # first calls pay for allocations and thread start-up: not timed
+    fit_alone_gathered(make_map("inn", **warm), x, ys[0])
+    fit_maps([make_map("inn", **warm) for _ in ys], [(x, y) for y in ys])
+    old_s = new_s = together_s = np.inf
+    for _ in range(2):  # alternating rounds, the faster of each kept (a shared machine's noise only adds time)
+        old_s = min(old_s, timed(lambda: fit_alone_gathered(make_map("inn", **options), x, ys[0]))[0])
+        new_s = min(new_s, timed(lambda: make_map("inn", **options).fit(x, ys[0]))[0])
+        together_s = min(together_s, timed(lambda: fit_maps([make_map("inn", **options) for _ in ys],
+                                                            [(x, y) for y in ys]))[0])
     return {"steps": steps, "before_s_per_step": old_s / steps, "now_s_per_step": new_s / steps,
             "together_s_per_step_per_network": together_s / steps / layers, "speedup_one": old_s / new_s,
             "speedup_per_network_together": old_s / (together_s / layers)}
