@@ -32,5 +32,5 @@ dvc exp run \
   "$@"
 
 echo
-echo "Done. Figures: plots/{similarity,localization,compare,truncate,skip,align,freeze}/   every number: plots/details/"
+echo "Done. Figures: plots/{similarity,localization,compare,truncate,skip,align,freeze,summary}/   every number: plots/details/"
 echo "Headline metrics: dvc metrics show   experiments: dvc exp show --drop '.*' --keep 'Experiment|^model\$|^mean\.'"

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from layersim.headlines import (align_headline, compare_headline, details_to_metrics, first_layer_at_chance,
-                                metrics_to_details, similarity_headline, skip_headline, summary_headline,
+                                last_block_starts, metrics_to_details, similarity_headline, skip_headline, summary_headline,
                                 truncate_headline)
 
 
@@ -115,3 +115,20 @@ def test_summary_is_the_mean_over_tasks():
                                              "tuned_drop": 3.5, "skip_span": 1.5, "inn_advantage": 0.1})
     assert summary_headline({"finetune": per_stage["finetune"]}, {"a": "accuracy", "b": "pearson"},
                             ("cls", "linear_cka")) == {"mean": {"score": 0.6}}
+
+
+def test_last_block_starts_come_from_the_similarity_details_and_feed_the_summary():
+    def blocks(ft_start, layers=4):
+        labels = {f"layer_{k:02d}": int(k >= ft_start) for k in range(layers)}
+        return {"ft_ft": {"block_of_layer": labels, "num_blocks": 2, "last_block_start": ft_start},
+                "orig_orig": {"block_of_layer": {f"layer_{k:02d}": 0 for k in range(layers)}, "num_blocks": 1,
+                              "last_block_start": 0}}
+    details = {"a": metrics_to_details({"cls": {"linear_cka": {"blocks": blocks(2)}, "svcca": {"blocks": blocks(1)}}}),
+               "b": metrics_to_details({"cls": {"linear_cka": {"blocks": blocks(3)}}}),
+               "c": metrics_to_details({"cls": {"linear_cka": {"ft_orig": {}}}})}  # no blocks found
+    starts, num_layers = last_block_starts(details, ("cls", "linear_cka"))
+    assert starts == {"a": {"orig_orig": 0, "ft_ft": 2}, "b": {"orig_orig": 0, "ft_ft": 3},
+                      "c": {"orig_orig": None, "ft_ft": None}}
+    assert num_layers == 4
+    summary = summary_headline({}, {}, ("cls", "linear_cka"), starts)
+    assert summary == {"mean": {"last_block": 2.5}}

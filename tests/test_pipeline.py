@@ -82,7 +82,14 @@ def test_repro_writes_every_declared_output(project):
         for measure in ("linear_cka", "svcca", "pwcca", "neuronsim"):
             summary = similarity[pooling][measure]
             cca = {"kept_dimensions"} if measure in ("svcca", "pwcca") else set()
-            assert set(summary) == {"orig_orig", "ft_orig", "ft_ft", "ft1_ft2", "null"} | cca
+            assert set(summary) == {"orig_orig", "ft_orig", "ft_ft", "ft1_ft2", "null", "blocks"} | cca
+            # Blocks of layers: every defined layer of ORIG–ORIG and FT–FT in one, the two seeds compared.
+            for key in ("orig_orig", "ft_ft"):
+                blocks = summary["blocks"][key]
+                assert set(blocks["block_of_layer"]) == {"layer_00", "layer_01", "layer_02", "layer_03"}
+                assert blocks["num_blocks"] == len({b for b in blocks["block_of_layer"].values() if b is not None})
+                assert blocks["last_block_start"] in (0, 1, 2, 3)
+            assert 0.0 <= summary["blocks"]["seed_stability"] <= 1.0
             assert summary["null"]["method"] == ("exact" if measure == "linear_cka" else "permutation")
             assert summary["ft_ft"]["diagonal"]["layer_03"] == pytest.approx(1.0)
             assert 0.0 <= summary["ft_orig"]["last_layer"] <= 1.0
@@ -264,6 +271,11 @@ def test_metrics_files_hold_their_headline_and_details_hold_the_rest(project):
     assert summary["score"] == pytest.approx(sum(finetuned) / len(finetuned), abs=1e-6)
     assert summary["ft_orig_top"] == expected[f"similarity/{TASK}"]["cls"]["linear_cka"]["ft_orig_top"]
     assert summary["skip_span"] == expected[f"skip/{TASK}"]["longest_skippable_span"]
+    ft_blocks = _details(root, f"similarity/{TASK}")["cls"]["linear_cka"]["blocks"]["ft_ft"]
+    assert summary["last_block"] == ft_blocks["last_block_start"]
+    last_block = json.loads((root / "plots/summary/last_block.json").read_text())
+    assert {(row["task"], row["comparison"]) for row in last_block} == {(TASK, "ORIG–ORIG"), (TASK, "FT–FT")}
+    assert (root / "plots/summary/last_block.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.parametrize("section,key,value,stages", [

@@ -10,7 +10,7 @@ from matplotlib.patches import Rectangle
 
 from layersim.comparisons import stacked_matrix
 from layersim.similarity import permutation_test
-from layersim.similarity_report import Uncertainty, phang_report, stacked_report
+from layersim.similarity_report import Uncertainty, blocks_metrics, layer_blocks, phang_report, stacked_report
 
 N, D = 80, 6
 
@@ -105,3 +105,38 @@ def test_stacked_report_qualifies_every_cell():
     assert report.summary["FT[1]"]["p_value"]["layer_03"] > 0.05 > report.summary["FT[1]"]["p_value"]["layer_00"]
     assert _hatched(report.figure) == sum(row["p_value"] >= 0.05 for row in report.rows)
     plt.close("all")
+
+
+def test_planted_blocks_of_layers_are_found_outlined_and_stable_over_seeds():
+    """Each model's layers 0-2 share one signal and layers 3-5 another: ORIG–ORIG and FT–FT split into
+    those two blocks, outlined on the heatmaps; both seeds split the same way (stability 1)."""
+    rng = np.random.default_rng(1)
+    models = {}
+    for label in ("ORIG", "FT[1]", "FT[2]"):
+        early, late = rng.normal(size=(N, D)), rng.normal(size=(N, D))
+        models[label] = [(early if k < 3 else late) + 0.3 * rng.normal(size=(N, D)) for k in range(6)]
+    sizes = {label: 6 for label in models}
+    report = phang_report(sizes, lambda m: stacked_matrix(m, models), ["linear_cka"], "test")
+    blocks = report.metrics["linear_cka"]["blocks"]
+    for key in ("orig_orig", "ft_ft"):
+        assert blocks[key]["num_blocks"] == 2 and blocks[key]["last_block_start"] == 3
+        assert list(blocks[key]["block_of_layer"].values()) == [0, 0, 0, 1, 1, 1]
+        assert blocks[key]["contrast"] > 0.5
+    assert blocks["ft1_ft2"]["num_blocks"] == 1  # the seeds' signals are independent: no structure across them
+    assert blocks["seed_stability"] == 1.0
+    outlines = [p for ax in report.figure.axes for p in ax.patches if isinstance(p, Rectangle) and not p.get_fill()]
+    assert len(outlines) == 4  # two blocks on each of ORIG–ORIG and FT–FT
+    plt.close(report.figure)
+
+
+def test_an_undefined_layer_joins_no_block():
+    """A layer constant over the examples (CLS at the embeddings) has NaN similarities: the blocks cover the
+    other layers, numbered as in the matrix."""
+    matrix = np.full((5, 5), 0.2)
+    matrix[1:3, 1:3] = matrix[3:, 3:] = 0.9
+    matrix[0, :] = matrix[:, 0] = np.nan
+    found = layer_blocks(matrix)
+    assert found.starts == (1, 3) and found.labels.tolist() == [-1, 0, 0, 1, 1]
+    metrics = blocks_metrics(found)
+    assert metrics["block_of_layer"] == {"layer_00": None, "layer_01": 0, "layer_02": 0, "layer_03": 1, "layer_04": 1}
+    assert metrics["last_block_start"] == 3 and metrics["num_blocks"] == 2

@@ -271,9 +271,9 @@ def pair_summary(matrix: np.ndarray, sizes: dict[str, int], first: str, first_la
     return summary
 
 
-def number(value: float) -> float | None:
+def number(value: float | None) -> float | None:
     """A metrics-file number: rounded, or null when undefined."""
-    return None if not np.isfinite(value) else round(float(value), 6)
+    return None if value is None or not np.isfinite(value) else round(float(value), 6)
 
 
 def _nanmean(values: np.ndarray) -> float | None:

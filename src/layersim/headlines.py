@@ -154,14 +154,35 @@ def compare_headline(full: Mapping[str, Any], pooling: str, measure: str) -> dic
     return {pooling: {measure: headline}} if headline else {}
 
 
+BLOCK_KEYS = {"orig_orig": "ORIG–ORIG", "ft_ft": "FT–FT"}  # the self-comparisons whose blocks are summarised
+
+
+def last_block_starts(details: Mapping[str, Iterable[Mapping[str, Any]]], primary: tuple[str, str]
+                      ) -> tuple[dict[str, dict[str, int | None]], int]:
+    """Per task (`details`: each task's similarity details rows), the layer where the last block of layers
+    starts in ORIG–ORIG and FT–FT of the `primary` (pooling, measure), None where no blocks were found;
+    and the number of layers (embeddings included)."""
+    pooling, measure = primary
+    starts, num_layers = {}, 0
+    for task, rows in details.items():
+        prefix = f"{pooling}.{measure}.blocks."
+        found = {row["metric"][len(prefix):]: row for row in rows if row["metric"].startswith(prefix)}
+        starts[task] = {key: (found.get(f"{key}.last_block_start") or {}).get("value") for key in BLOCK_KEYS}
+        layers = [row["layer"] for name, row in found.items() if name.endswith(".block_of_layer")]
+        num_layers = max([num_layers, *(layer + 1 for layer in layers)])
+    return starts, num_layers
+
+
 def summary_headline(per_stage: Mapping[str, Mapping[str, Any]], task_metrics: Mapping[str, str],
-                     primary: tuple[str, str]) -> dict:
+                     primary: tuple[str, str], last_blocks: Mapping[str, Mapping[str, int | None]] | None = None
+                     ) -> dict:
     """One line across tasks, under ``mean``: the mean over tasks of each stage's main headline value.
 
     ``score`` — the fine-tuned models' task score (each task's primary metric, `task_metrics`, averaged
     over seeds); ``ft_orig_top`` — the FT–ORIG top-layer similarity in the `primary` (pooling, measure);
     ``untuned_drop`` / ``tuned_drop`` — top layers droppable within tolerance; ``skip_span`` — the
-    longest skippable span; ``inn_advantage`` — as in :func:`align_headline`. Short names: they are the
+    longest skippable span; ``inn_advantage`` — as in :func:`align_headline`; ``last_block`` — the layer
+    where the FT–FT matrix's last block of layers starts (`last_blocks`, :func:`last_block_starts`). Short names: they are the
     columns ``dvc exp show`` compares experiments by. `per_stage` maps a stage name to ``{task: that
     task's metrics file}`` (finetune: ``{task: [one per seed]}``)."""
     pooling, measure = primary
@@ -173,18 +194,23 @@ def summary_headline(per_stage: Mapping[str, Mapping[str, Any]], task_metrics: M
         "tuned_drop": [m["tuned_droppable_top_layers"] for m in per_stage.get("truncate", {}).values()],
         "skip_span": [m["longest_skippable_span"] for m in per_stage.get("skip", {}).values()],
         "inn_advantage": [next(iter(m.values())).get("inn_advantage") for m in per_stage.get("align", {}).values()],
+        "last_block": [starts["ft_ft"] for starts in (last_blocks or {}).values()],
     }
     return {"mean": {key: _mean(values) for key, values in wanted.items() if values}}
+
+
+def read_metrics_file(path: Path) -> Any:
+    """A stage's metrics or details JSON; a missing or unreadable one is an error naming it."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise LayersimError(f"cannot read the metrics file {path} ({err}); re-run the stage that writes it.") from None
 
 
 def read_stage_metrics(metrics_dir: Path, tasks: Iterable[str], seeds: Iterable[int]) -> dict:
     """The metrics files that :func:`summary_headline` reads, from `metrics_dir` as the stages write them."""
     def read(*parts: str) -> dict:
-        path = metrics_dir.joinpath(*parts)
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            raise LayersimError(f"cannot read the metrics file {path} ({err}); re-run the stage that writes it.") from None
+        return read_metrics_file(metrics_dir.joinpath(*parts))
 
     tasks, seeds = list(tasks), list(seeds)
     per_stage = {"finetune": {task: [read("finetune", task, f"seed{seed}.json") for seed in seeds] for task in tasks}}

@@ -160,7 +160,7 @@ def measure_grid(rows: dict[str, tuple[dict[str, tuple], tuple[float, float] | N
 
     `rows` maps a measure label to (panels, bounds): panels as in :func:`heatmap_grid`, each optionally with
     a fourth element, a boolean mask of the cells not above chance (greyed and hatched, explained by
-    `note`); bounds the measure's fixed colour range, or None to scale that row to its own values.
+    `note`, or None), and a fifth, blocks of layers as (first, last) spans, outlined on the diagonal; bounds the measure's fixed colour range, or None to scale that row to its own values.
     `first_layer` is the layer the first row/column stands for (1 for attention maps, which have no
     embedding layer).
     """
@@ -168,14 +168,19 @@ def measure_grid(rows: dict[str, tuple[dict[str, tuple], tuple[float, float] | N
     fig, axes = plt.subplots(len(rows), ncols, figsize=(3.4 * ncols + 0.8, 3.1 * len(rows)), squeeze=False,
                              constrained_layout=True)
     cmap = plt.get_cmap("magma").with_extremes(bad="lightgrey")
-    undefined = hatched = False
+    undefined = hatched = outlined = False
     for row_axes, (measure, (panels, bounds)) in zip(axes, rows.items()):
         values = np.concatenate([p[0][np.isfinite(p[0])] for p in panels.values()] or [np.zeros(1)])
         vmin, vmax = bounds if bounds is not None else (values.min(initial=0.0), values.max(initial=1.0))
         image = None
-        for ax, (panel, (matrix, ylabel, xlabel, *chance)) in zip(row_axes, panels.items()):
-            chance = chance[0] if chance else None
+        for ax, (panel, (matrix, ylabel, xlabel, *extra)) in zip(row_axes, panels.items()):
+            chance = extra[0] if extra else None
+            spans = extra[1] if len(extra) > 1 else None
             image = _heatmap(ax, matrix, vmin, vmax, cmap, chance)
+            for start, end in spans or ():
+                ax.add_patch(Rectangle((start - 0.5, start - 0.5), end - start + 1, end - start + 1, fill=False,
+                                       edgecolor="cyan", linewidth=1.6))
+            outlined |= bool(spans)
             undefined |= bool(np.isnan(matrix).any())
             hatched |= chance is not None and bool((chance & np.isfinite(matrix)).any())
             ax.set_title(panel, fontsize=10)
@@ -195,6 +200,9 @@ def measure_grid(rows: dict[str, tuple[dict[str, tuple], tuple[float, float] | N
                      "(e.g. CLS at the embedding layer)")
     if note and hatched:
         notes.append(note)
+    if outlined:
+        notes.append("cyan outlines: blocks of layers more alike than the matrix's average pair "
+                     "(layersim.similarity.blocks)")
     if notes:
         fig.text(0.5, -0.01, "\n".join(notes), ha="center", va="top", fontsize=8)
     fig.suptitle(title)
@@ -340,5 +348,23 @@ def method_bars(values: dict[str, float], title: str, ylabel: str, references: d
     if references:
         ax.legend(fontsize=7, loc="best", framealpha=0.9)
     ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    return fig
+
+
+def last_block_counts(starts: dict[str, dict[str, int | None]], labels: dict[str, str], num_layers: int, title: str):
+    """How many tasks' last block of layers starts at each layer, one bar per comparison (`labels`: key →
+    legend label) — Phang et al.'s "the last layers form their own block", counted."""
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.45 * num_layers + 2), 3.4), constrained_layout=True)
+    width = 0.8 / max(1, len(labels))
+    for k, (key, label) in enumerate(labels.items()):
+        counts = np.bincount([s[key] for s in starts.values() if s.get(key) is not None], minlength=num_layers)
+        ax.bar(np.arange(num_layers) + (k - (len(labels) - 1) / 2) * width, counts[:num_layers], width, label=label)
+    ax.set_xticks(range(num_layers))
+    ax.set_xticklabels(layer_tick_labels(num_layers), fontsize=7)
+    ax.set_xlabel("layer where the last block starts")
+    ax.set_ylabel("tasks")
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.legend(fontsize=8)
     ax.set_title(title, fontsize=10)
     return fig

@@ -12,12 +12,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from layersim.comparisons import (LOCALIZATION_LABELS, Comparison, attention_measure_bounds, attention_measure_label,
-                                  diagonal_intervals, localization, measure_options, number, pair_summary, per_layer,
+                                  block, diagonal_intervals, localization, measure_options, number, pair_summary, per_layer,
                                   phang_cells, phang_comparisons, seed_spread, stacked_matrix, stacked_null, summarize)
 from layersim.plots import (Curve, block_heatmap, chance_note, diagonal_curves, localization_curves, matrix_rows,
                             measure_grid, stacked_rows)
 from layersim.similarity import MEASURES, is_constant
+from layersim.similarity.blocks import Blocks, find_blocks, stability
 from layersim.similarity.cca import CAPPED_MEASURES, kept_dimensions
+
+# The comparisons whose matrices are segmented into blocks of layers (Phang et al.'s block-diagonal
+# structure): one model's layers against themselves, and the two seeds' (symmetrised).
+BLOCK_COMPARISONS = ("orig_orig", "ft_ft", "ft1_ft2")
 
 
 @dataclass(frozen=True)
@@ -80,10 +85,18 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
         if qualified and uncertainty.bootstrap:
             comparisons = diagonal_intervals(measure, layers(), comparisons, resamples=uncertainty.bootstrap,
                                              seed=uncertainty.seed, groups=groups, **options.get(measure, {}))
-        grid[label] = ({c.title: _panel(c, uncertainty) for c in comparisons}, bounds)
+        blocks = {c.key: layer_blocks(c.matrix) for c in comparisons if c.key in BLOCK_COMPARISONS}
+        grid[label] = ({c.title: _panel(c, uncertainty, blocks.get(c.key)) for c in comparisons}, bounds)
         rows += [row for c in comparisons for row in matrix_rows(
             c.matrix, "similarity", comparison=c.title, measure=label, first_layer=first_layer, cells=_cells(c))]
         metrics[measure] = summarize(comparisons, first_layer, adjusted=bool(uncertainty and uncertainty.adjusted))
+        metrics[measure]["blocks"] = {key: blocks_metrics(found, first_layer) for key, found in blocks.items()
+                                      if found is not None}
+        if len(finetuned) > 1 and blocks.get("ft_ft") is not None:
+            others = [layer_blocks(block(matrix, sizes, label, label)) for label in finetuned[1:]]
+            if all(other is not None for other in others):
+                # Do the other seeds' FT–FT matrices split into the same blocks? (Rand index, 1: the same)
+                metrics[measure]["blocks"]["seed_stability"] = round(stability(blocks["ft_ft"], others), 6)
         if null is not None:
             metrics[measure]["null"] = {"method": null.method, "permutations": null.permutations}
             if measure in CAPPED_MEASURES:
@@ -111,12 +124,36 @@ def kept_dimensions_per_layer(models: dict[str, list], measure: str, **options) 
             for label, layers in models.items()}
 
 
-def _panel(c: Comparison, uncertainty: Uncertainty | None) -> tuple:
+def layer_blocks(matrix: np.ndarray) -> Blocks | None:
+    """The blocks of a layer × layer matrix (layersim.similarity.blocks) over its defined layers (a layer
+    that is constant for every example, e.g. CLS at the embeddings, has no similarity and joins no block),
+    in the matrix's layer numbering; None when fewer than two layers are defined."""
+    kept = np.flatnonzero(np.isfinite(np.diag(matrix)))
+    sub = matrix[np.ix_(kept, kept)]
+    if len(kept) < 2 or not np.isfinite(sub).all():
+        return None
+    found = find_blocks(sub)
+    return Blocks(tuple(int(kept[start]) for start in found.starts), int(kept[-1]) + 1, found.within, found.between)
+
+
+def blocks_metrics(found: Blocks, first_layer: int = 0) -> dict:
+    """A segmentation for the metrics: the block of every layer, how many blocks, where the last starts,
+    and the mean within- and between-block similarity and their contrast."""
+    labels = {f"layer_{k + first_layer:02d}": None for k in range(found.starts[0])}
+    for index, (start, end) in enumerate(found.spans):
+        labels |= {f"layer_{k + first_layer:02d}": index for k in range(start, end + 1)}
+    return {"block_of_layer": labels, "num_blocks": len(found.starts),
+            "last_block_start": found.starts[-1] + first_layer, "within": number(found.within),
+            "between": number(found.between), "contrast": number(found.contrast)}
+
+
+def _panel(c: Comparison, uncertainty: Uncertainty | None, blocks: Blocks | None = None) -> tuple:
+    spans = None if blocks is None or len(blocks.starts) < 2 else blocks.spans
     if c.p_value is None or uncertainty is None:
-        return (c.matrix, c.y_label, c.x_label)
+        return (c.matrix, c.y_label, c.x_label, None, spans)
     with np.errstate(invalid="ignore"):
         chance = np.isfinite(c.p_value) & (c.p_value >= uncertainty.significance)
-    return (c.matrix, c.y_label, c.x_label, chance)
+    return (c.matrix, c.y_label, c.x_label, chance, spans)
 
 
 def _cells(c: Comparison) -> dict[str, np.ndarray]:

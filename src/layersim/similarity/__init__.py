@@ -13,7 +13,8 @@ The bottom layer of the library: NumPy/SciPy only, no I/O, no models. The measur
   ``check_computable`` (can a measure run on these sizes, before any work);
 * :mod:`~layersim.similarity.localization` — Wu et al.'s localization score;
 * :mod:`~layersim.similarity.null` — permutation nulls (chance level, p-values) for every measure;
-* :mod:`~layersim.similarity.bootstrap` — bootstrap intervals over examples.
+* :mod:`~layersim.similarity.bootstrap` — bootstrap intervals over examples;
+* :mod:`~layersim.similarity.blocks` — contiguous blocks of layers in a layer × layer matrix.
 """
 
 from layersim.similarity.attention import (
