@@ -89,6 +89,7 @@ def test_repro_writes_every_declared_output(project):
                 assert set(blocks["block_of_layer"]) == {"layer_00", "layer_01", "layer_02", "layer_03"}
                 assert blocks["num_blocks"] == len({b for b in blocks["block_of_layer"].values() if b is not None})
                 assert blocks["last_block_start"] in (0, 1, 2, 3)
+                assert 0.0 <= blocks["bootstrap_stability"] <= 1.0
             assert 0.0 <= summary["blocks"]["seed_stability"] <= 1.0
             assert summary["null"]["method"] == ("exact" if measure == "linear_cka" else "permutation")
             assert summary["ft_ft"]["diagonal"]["layer_03"] == pytest.approx(1.0)

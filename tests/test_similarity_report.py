@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from matplotlib.patches import Rectangle
 
-from layersim.comparisons import stacked_matrix
-from layersim.similarity import permutation_test
+from layersim.comparisons import diagonal_intervals, phang_comparisons, stacked_matrix
+from layersim.similarity import cka_matrix, permutation_test
+from layersim.similarity.bootstrap import resample_rows
 from layersim.similarity_report import Uncertainty, blocks_metrics, layer_blocks, phang_report, stacked_report
 
 N, D = 80, 6
@@ -127,6 +128,21 @@ def test_planted_blocks_of_layers_are_found_outlined_and_stable_over_seeds():
     outlines = [p for ax in report.figure.axes for p in ax.patches if isinstance(p, Rectangle) and not p.get_fill()]
     assert len(outlines) == 4  # two blocks on each of ORIG–ORIG and FT–FT
     plt.close(report.figure)
+    qualified = phang_report(sizes, lambda m: stacked_matrix(m, models), ["linear_cka"], "test", layers=lambda: models,
+                             uncertainty=Uncertainty(permutations=5, bootstrap=12))
+    for key in ("orig_orig", "ft_ft"):  # resamples of the examples split the same way
+        assert qualified.metrics["linear_cka"]["blocks"][key]["bootstrap_stability"] == 1.0
+    plt.close(qualified.figure)
+
+
+def test_the_whole_self_matrices_come_back_for_every_bootstrap_resample():
+    models = _models()
+    comparisons = phang_comparisons(stacked_matrix("linear_cka", models), {k: 4 for k in models}, "ORIG",
+                                    ["FT[1]", "FT[2]"])
+    _, resampled = diagonal_intervals("linear_cka", models, comparisons, resamples=5, seed=3, whole=("ft_ft",))
+    assert set(resampled) == {"ft_ft"} and resampled["ft_ft"].shape == (5, 4, 4)
+    for matrix, rows in zip(resampled["ft_ft"], resample_rows(N, 5, 3)):
+        np.testing.assert_allclose(matrix, cka_matrix([a[rows] for a in models["FT[1]"]]), atol=1e-9)
 
 
 def test_an_undefined_layer_joins_no_block():

@@ -203,19 +203,36 @@ def stacked_null(measure: str, models: dict[str, Sequence], *, permutations: int
 
 
 def diagonal_intervals(measure: str, models: dict[str, Sequence], comparisons: Sequence[Comparison], *,
-                       resamples: int, seed: int, groups: np.ndarray | None = None, **options) -> list[Comparison]:
+                       resamples: int, seed: int, groups: np.ndarray | None = None, whole: Sequence[str] = (),
+                       **options) -> tuple[list[Comparison], dict[str, np.ndarray]]:
     """The comparisons with a bootstrap interval (over examples, or over `groups` of rows) of the diagonal of
     FT–ORIG and FT[1]–FT[2]: the per-layer values that metrics report. Models are named as in the comparisons'
-    titles: ORIG and FT[1] (FT), FT[2]. Both diagonals come from the same resamples, each layer prepared once."""
+    titles: ORIG and FT[1] (FT), FT[2]. Both diagonals come from the same resamples, each layer prepared once.
+
+    Also, for the self-comparisons named in `whole` (orig_orig, ft_ft), the whole matrix on every resample,
+    (resamples, layers, layers), from the same resamples (e.g. for the stability of blocks of layers)."""
     pairs = {"ft_orig": ("FT[1]", "ORIG"), "ft1_ft2": ("FT[1]", "FT[2]")}
+    selves = {"orig_orig": "ORIG", "ft_ft": "FT[1]"}
     wanted = [c.key for c in comparisons if c.key in pairs]
-    if not wanted:
-        return list(comparisons)
+    matrices = [key for key in whole if key in selves and selves[key] in models]
+    if not wanted and not matrices:
+        return list(comparisons), {}
     xs = [layer for key in wanted for layer in models[pairs[key][0]]]
     ys = [layer for key in wanted for layer in models[pairs[key][1]]]
+    for key in matrices:
+        layers = models[selves[key]]
+        xs += [a for a in layers for _ in layers]
+        ys += [b for _ in layers for b in layers]
     result = bootstrap_pairs(measure, xs, ys, resamples=resamples, seed=seed, groups=groups, **options)
-    bounds = dict(zip(wanted, zip(np.split(result.low, len(wanted)), np.split(result.high, len(wanted)))))
-    return [dataclasses.replace(c, interval=bounds[c.key]) if c.key in bounds else c for c in comparisons]
+    diagonal = sum(len(models[pairs[key][0]]) for key in wanted)
+    bounds = dict(zip(wanted, zip(np.split(result.low[:diagonal], len(wanted) or 1),
+                                  np.split(result.high[:diagonal], len(wanted) or 1))))
+    resampled, at = {}, diagonal
+    for key in matrices:
+        size = len(models[selves[key]])
+        resampled[key] = result.values[:, at:at + size * size].reshape(resamples, size, size)
+        at += size * size
+    return [dataclasses.replace(c, interval=bounds[c.key]) if c.key in bounds else c for c in comparisons], resampled
 
 
 def seed_spread(matrix: np.ndarray, sizes: dict[str, int], finetuned: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

@@ -82,9 +82,11 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
                                 cells=phang_cells(sizes, orig, finetuned), **options.get(measure, {}))
             note = uncertainty.note(null.method)
         comparisons = phang_comparisons(matrix, sizes, orig, finetuned, null)
+        resampled = {}
         if qualified and uncertainty.bootstrap:
-            comparisons = diagonal_intervals(measure, layers(), comparisons, resamples=uncertainty.bootstrap,
-                                             seed=uncertainty.seed, groups=groups, **options.get(measure, {}))
+            comparisons, resampled = diagonal_intervals(
+                measure, layers(), comparisons, resamples=uncertainty.bootstrap, seed=uncertainty.seed, groups=groups,
+                whole=("orig_orig", "ft_ft"), **options.get(measure, {}))
         blocks = {c.key: layer_blocks(c.matrix) for c in comparisons if c.key in BLOCK_COMPARISONS}
         grid[label] = ({c.title: _panel(c, uncertainty, blocks.get(c.key)) for c in comparisons}, bounds)
         rows += [row for c in comparisons for row in matrix_rows(
@@ -92,6 +94,13 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
         metrics[measure] = summarize(comparisons, first_layer, adjusted=bool(uncertainty and uncertainty.adjusted))
         metrics[measure]["blocks"] = {key: blocks_metrics(found, first_layer) for key, found in blocks.items()
                                       if found is not None}
+        for key, per_resample in resampled.items():
+            if blocks.get(key) is not None:
+                # How far bootstrap resamples of the examples split the layers the same way (Rand index).
+                again = [layer_blocks(m) for m in per_resample]
+                again = [b for b in again if b is not None and b.num_layers == blocks[key].num_layers]
+                if again:
+                    metrics[measure]["blocks"][key]["bootstrap_stability"] = round(stability(blocks[key], again), 6)
         if len(finetuned) > 1 and blocks.get("ft_ft") is not None:
             others = [layer_blocks(block(matrix, sizes, label, label)) for label in finetuned[1:]]
             if all(other is not None for other in others):

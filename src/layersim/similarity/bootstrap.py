@@ -41,6 +41,7 @@ class BootstrapResult:
     high: np.ndarray
     resamples: int
     level: float
+    values: np.ndarray | None = None  # (resamples, pairs): the measure on each resample (NaN: undefined)
 
 
 def resample_rows(num_rows: int, resamples: int, seed: int, groups: np.ndarray | None = None) -> list[np.ndarray]:
@@ -99,7 +100,7 @@ def bootstrap_pairs(name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray
             low[k], high[k] = 2 * estimate[k] - q_high, 2 * estimate[k] - q_low
     if measure.bounded is not None:
         low, high = np.clip(low, *measure.bounded), np.clip(high, *measure.bounded)
-    return BootstrapResult(estimate, low, high, resamples, level)
+    return BootstrapResult(estimate, low, high, resamples, level, values)
 
 
 def _distinct_layers(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray]) -> tuple[list[np.ndarray], list[tuple]]:
