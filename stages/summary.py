@@ -19,7 +19,7 @@ def main(args, params):
     primary = (pooling, measures[0])
     details = {task: read_metrics_file(args.details_dir / "similarity" / f"{task}.json") for task in params.tasks}
     starts, num_layers = last_block_starts(details, primary)
-    summary = summary_headline(per_stage, task_metrics, primary, starts)
+    summary = summary_headline(per_stage, task_metrics, primary)
     title = f"where the last block of layers starts ({pooling} {measures[0]}, {len(params.tasks)} tasks)"
     write_figure(last_block_counts(starts, BLOCK_KEYS, num_layers, title), args.plots / "last_block.png")
     write_json([{"task": task, "comparison": BLOCK_KEYS[key], "last_block_start": start}

@@ -117,7 +117,7 @@ def test_summary_is_the_mean_over_tasks():
                             ("cls", "linear_cka")) == {"mean": {"score": 0.6}}
 
 
-def test_last_block_starts_come_from_the_similarity_details_and_feed_the_summary():
+def test_last_block_starts_come_from_the_similarity_details():
     def blocks(ft_start, layers=4):
         labels = {f"layer_{k:02d}": int(k >= ft_start) for k in range(layers)}
         return {"ft_ft": {"block_of_layer": labels, "num_blocks": 2, "last_block_start": ft_start},
@@ -130,5 +130,3 @@ def test_last_block_starts_come_from_the_similarity_details_and_feed_the_summary
     assert starts == {"a": {"orig_orig": 0, "ft_ft": 2}, "b": {"orig_orig": 0, "ft_ft": 3},
                       "c": {"orig_orig": None, "ft_ft": None}}
     assert num_layers == 4
-    summary = summary_headline({}, {}, ("cls", "linear_cka"), starts)
-    assert summary == {"mean": {"last_block": 2.5}}

@@ -174,15 +174,13 @@ def last_block_starts(details: Mapping[str, Iterable[Mapping[str, Any]]], primar
 
 
 def summary_headline(per_stage: Mapping[str, Mapping[str, Any]], task_metrics: Mapping[str, str],
-                     primary: tuple[str, str], last_blocks: Mapping[str, Mapping[str, int | None]] | None = None
-                     ) -> dict:
+                     primary: tuple[str, str]) -> dict:
     """One line across tasks, under ``mean``: the mean over tasks of each stage's main headline value.
 
     ``score`` — the fine-tuned models' task score (each task's primary metric, `task_metrics`, averaged
     over seeds); ``ft_orig_top`` — the FT–ORIG top-layer similarity in the `primary` (pooling, measure);
     ``untuned_drop`` / ``tuned_drop`` — top layers droppable within tolerance; ``skip_span`` — the
-    longest skippable span; ``inn_advantage`` — as in :func:`align_headline`; ``last_block`` — the layer
-    where the FT–FT matrix's last block of layers starts (`last_blocks`, :func:`last_block_starts`). Short names: they are the
+    longest skippable span; ``inn_advantage`` — as in :func:`align_headline`. Short names: they are the
     columns ``dvc exp show`` compares experiments by. `per_stage` maps a stage name to ``{task: that
     task's metrics file}`` (finetune: ``{task: [one per seed]}``)."""
     pooling, measure = primary
@@ -194,7 +192,6 @@ def summary_headline(per_stage: Mapping[str, Mapping[str, Any]], task_metrics: M
         "tuned_drop": [m["tuned_droppable_top_layers"] for m in per_stage.get("truncate", {}).values()],
         "skip_span": [m["longest_skippable_span"] for m in per_stage.get("skip", {}).values()],
         "inn_advantage": [next(iter(m.values())).get("inn_advantage") for m in per_stage.get("align", {}).values()],
-        "last_block": [starts["ft_ft"] for starts in (last_blocks or {}).values()],
     }
     return {"mean": {key: _mean(values) for key, values in wanted.items() if values}}
 
