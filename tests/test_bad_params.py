@@ -254,6 +254,10 @@ CASES = [
      ["tasks has 'synth-negation;touch PWNED', which is not a known task"]),
     ("seed-shell-injection", "download_task", _set(seeds=["1;touch PWNED"]),
      ["seeds = ['1;touch PWNED']", "a non-empty list of non-negative integers"]),
+    ("export-timing-zero", "export", _set(export__timing_examples=0),
+     ["export.timing_examples = 0", "a positive"]),
+    ("export-selection-as-text", "export", _set(export__selection_examples="all"),
+     ["export.selection_examples = 'all'", "integer"]),
     ("not-yaml", "extract", _edit_text(lambda text: text + "finetune:\n\t- batch_size 8\n"),
      [f"{BAD} is not valid YAML", "found character '\\t'", "line "]),
 ]

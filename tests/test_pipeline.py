@@ -206,6 +206,44 @@ def test_truncate_and_skip_agree_with_the_fine_tuned_models(project):
         assert json.loads((root / f"plots/{stage}/{TASK}.json").read_text())
 
 
+def test_export_writes_a_plain_checkpoint_that_keeps_the_score(project):
+    """The exported model loads with transformers alone, has the layers it names, scores on validation what
+    truncate / skip measured for that choice (first seed), and its choice is within tolerance on the train
+    examples it was made on."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    root, _ = project
+    export = _details(root, f"export/{TASK}")
+    exported, full = export["exported"], export["full"]
+    folder = root / f"data/export/tiny-bert/{TASK}"
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    assert model.config.num_hidden_layers == exported["layers"] == len(exported["kept_layers"]) <= full["layers"] == 3
+    assert exported["train"] >= full["train"] - export["tolerance"]
+    finetuned = json.loads((root / f"metrics/finetune/{TASK}/seed{SEEDS[0]}.json").read_text())["accuracy"]
+    assert full["validation"] == pytest.approx(finetuned, abs=1e-6)
+    if exported["skipped"]:
+        first, last = exported["skipped"]
+        measured = {(r["first"], r["last"]): r["score"] for r in json.loads((root / f"plots/skip/{TASK}.json").read_text())
+                    if r["seed"] == SEEDS[0]}[(first, last)]
+    else:
+        measured = {r["layer"]: r["score"] for r in json.loads((root / f"plots/truncate/{TASK}.json").read_text())
+                    if r["seed"] == SEEDS[0] and r["variant"] == "untuned"}[exported["exit_layer"]]
+    assert exported["validation"] == pytest.approx(measured, abs=1e-6)
+    # Re-scored here as a user would: its own tokenizer, one padded batch, argmax.
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    table = pq.read_table(root / f"data/tasks/{TASK}/validation.parquet").to_pydict()
+    import torch
+
+    with torch.no_grad():
+        batch = tokenizer(table["text"], padding=True, truncation=True, max_length=32, return_tensors="pt")
+        predicted = model(**batch).logits.argmax(-1).numpy()
+    assert (predicted == table["label"]).mean() == pytest.approx(exported["validation"], abs=1e-6)
+    assert export["speedup"]["batch_1"] > 0 and export["speedup"]["batch_32"] > 0
+    headline = json.loads((root / f"metrics/export/{TASK}.json").read_text())
+    assert headline == headlines.export_headline(export)
+    assert (root / f"plots/export/{TASK}.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_freeze_scores_each_configuration_next_to_the_unfrozen_run(project):
     """Wu et al. Table 1 on the 3-layer tiny model: layers [4, 6] of 12 become 1 and 2 of 3."""
     root, _ = project

@@ -31,6 +31,11 @@ class EncodedTask:
     def __len__(self) -> int:
         return len(self.features)
 
+    def head(self, count: int) -> "EncodedTask":
+        """The first `count` examples (all when there are fewer)."""
+        return EncodedTask(self.features[:count], self.labels[:count], self.example_id[:count], self.num_choices,
+                           None if self.words is None else self.words[:count])
+
 
 def encode_task(table: pa.Table, spec: TaskSpec, tokenizer, max_length: int, words: bool = False) -> EncodedTask:
     """Tokenize every (example, choice); `words` also locates each word's last sub-word (a fast tokenizer's

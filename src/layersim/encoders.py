@@ -329,6 +329,32 @@ def continue_from(model: nn.Module, first: int, state) -> contextlib.AbstractCon
     return _swapped_stack(stack, entries)
 
 
+def smaller_copy(model: nn.Module, layers: Sequence[int]) -> nn.Module:
+    """A new model that runs only `layers` (0-based, increasing, at least one) of `model`, as a model of
+    that depth in its own right: the same weights, ``config.num_hidden_layers = len(layers)``, so that
+    ``save_pretrained`` writes an ordinary checkpoint that transformers loads with no layersim code and
+    that computes exactly what ``run_layers(model, layers)`` does. ALBERT's shared group is kept once and
+    applied len(layers) times (one group only: with several, a shallower stack assigns groups anew)."""
+    stack = describe_architecture(model)
+    if _SAVED in stack.encoder.__dict__:
+        raise LayersimError("cannot copy a model inside a layer selection; valid use is outside any run_layers, "
+                            "exit_at, skip_span or frozen_layers context.")
+    indices = _check_layers(layers, stack.num_layers)
+    if not indices:
+        raise LayersimError(f"a smaller model needs at least one layer; valid layer lists hold 1 to "
+                            f"{stack.num_layers} of the layers 0..{stack.num_layers - 1}.")
+    if stack.shared and int(stack.config.num_hidden_groups) != 1:
+        raise LayersimError(f"an ALBERT model with {stack.config.num_hidden_groups} layer groups cannot be made "
+                            "shallower exactly; valid models have num_hidden_groups = 1 (every albert-*-v2).")
+    small = copy.deepcopy(model)
+    small_stack = describe_architecture(small)
+    if not small_stack.shared:
+        setattr(small_stack.encoder, small_stack.attribute, nn.ModuleList([small_stack.modules[i] for i in indices]))
+    for config in {id(c): c for c in (small.config, small_stack.config)}.values():
+        config.num_hidden_layers = len(indices)
+    return small
+
+
 def all_spans(num: int) -> list[tuple[int, int]]:
     """Every span (i, j) with 1 <= i <= j <= num, ordered by start, then end."""
     num = _as_int(num, "number of layers", "integers >= 0")

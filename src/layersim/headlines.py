@@ -123,6 +123,13 @@ def skip_headline(full: Mapping[str, Any]) -> dict:
     return {"longest_skippable_span": 0 if span is None else span["length"]}
 
 
+def export_headline(full: Mapping[str, Any]) -> dict:
+    """The exported model's depth against the full model's, both scores on validation, and its speed-up."""
+    return {"layers": full["exported"]["layers"], "full_layers": full["full"]["layers"],
+            "validation_full": full["full"]["validation"], "validation_exported": full["exported"]["validation"],
+            **{f"speedup_batch_{size}": full["speedup"][f"batch_{size}"] for size in (1, 32)}}
+
+
 def align_headline(full: Mapping[str, Any]) -> dict:
     """For the first kind of pair of align.pairs (fine-tuning seeds by default): each method's held-out
     alignment error averaged over layers and pairs (with its sd over pairs, ``<method>_sd``, when there

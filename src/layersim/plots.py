@@ -115,6 +115,25 @@ def truncation_curves(per_seed: dict[str, list[list[float]]], full: list[float],
     return fig
 
 
+def export_curve(curves: dict[str, dict[int, float]], full: dict[str, float], tolerance: float, chosen: int,
+                 metric: str, title: str):
+    """The score with n layers kept (x: n) of the choice that is best on the train examples, on each split
+    (one curve per split: the train examples the choice is made on, validation), the full model's score
+    minus the tolerance as a dashed line per split, and the chosen depth as a vertical line."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.8), constrained_layout=True)
+    for (split, points), colour in zip(curves.items(), ("tab:blue", "tab:orange", "tab:green")):
+        depths = sorted(points)
+        ax.plot(depths, [points[n] for n in depths], marker="o", ms=3, color=colour, label=f"best on train with n layers ({split})")
+        ax.axhline(full[split] - tolerance, color=colour, ls="--", lw=1, label=f"full model − {tolerance:g} ({split})")
+    ax.axvline(chosen, color="black", lw=1.2, ls=":", label=f"exported: {chosen} layers")
+    ax.set_xticks(sorted({n for points in curves.values() for n in points}))
+    ax.set_xlabel("layers kept (exit early or skip a span)")
+    ax.set_ylabel(metric)
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
+    return fig
+
+
 def span_heatmap(scores: np.ndarray, full: float, metric: str, title: str):
     """Score with layers i..j skipped: row i (first skipped layer), column j (last skipped layer);
     the lower triangle (j < i) is empty. The colour bar marks the full model's score."""

@@ -39,6 +39,7 @@ from layersim.params.schema import (
     AlignParams,
     CompareParams,
     DownloadParams,
+    ExportParams,
     ExtractParams,
     FinetuneParams,
     Params,
@@ -54,5 +55,5 @@ from layersim.params.yaml_file import load_params, parse_yaml
 
 __all__ = ["ALIGN_METHODS", "DEFAULT_MEASURES", "EXAMPLE_POOLINGS", "LOCALIZATIONS", "MAX_SEED", "MIN_EXAMPLES",
            "MIN_MAX_LENGTH", "MODEL_HIDDEN_SIZE", "MODEL_MAX_LENGTH", "POOLINGS", "AlignParams", "CompareParams",
-           "DownloadParams", "ExtractParams", "FinetuneParams", "Params", "SimilarityParams", "SkipParams",
+           "DownloadParams", "ExportParams", "ExtractParams", "FinetuneParams", "Params", "SimilarityParams", "SkipParams",
            "TruncateParams", "aligned_pairs", "describe", "load_params", "pair_member", "paired_models", "parse_params", "parse_yaml"]

@@ -328,6 +328,17 @@ class FreezeParams:  # Wu et al. 2020, Table 1
 
 
 @dataclass(frozen=True)
+class ExportParams:  # a smaller model that keeps the score (the export stage)
+    selection_examples: int = knob(2000, "train examples (a seeded sample) on which the exported model's layers are "
+                                   "chosen, so that the choice never sees the validation score it reports",
+                                   POSITIVE, at_most(10**7, "train examples"))
+    timing_examples: int = knob(64, "validation examples timed through the full and the exported model (batch 1 and "
+                                "batch 32)", POSITIVE, at_most(10**5, "timed examples"))
+    timing_repeats: int = knob(3, "timed passes over those examples per model and batch size (the median is "
+                               "reported)", POSITIVE, at_most(1000, "timed passes"))
+
+
+@dataclass(frozen=True)
 class Params:
     model: str
     tasks: tuple[str, ...]
@@ -342,11 +353,13 @@ class Params:
     skip: SkipParams = field(default_factory=SkipParams)
     align: AlignParams = field(default_factory=AlignParams)
     freeze: FreezeParams = field(default_factory=FreezeParams)
+    export: ExportParams = field(default_factory=ExportParams)
 
 
 SECTIONS = {"download": DownloadParams, "finetune": FinetuneParams, "extract": ExtractParams,
             "similarity": SimilarityParams, "compare": CompareParams, "truncate": TruncateParams,
-            "skip": SkipParams, "align": AlignParams, "freeze": FreezeParams}
+            "skip": SkipParams, "align": AlignParams, "freeze": FreezeParams,
+            "export": ExportParams}
 TOP_LEVEL = ("model", "tasks", "seeds", "device", *SECTIONS)
 # The device param: auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N.
 DEVICE = r"auto|cpu|cuda(:[0-9]{1,2})?"

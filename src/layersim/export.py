@@ -1,0 +1,169 @@
+"""A smaller model that keeps the score: the fewest layers of a fine-tuned model whose score stays within a
+tolerance of the full model's, written as an ordinary Hugging Face checkpoint (no layersim code needed to
+load it), re-scored from its files and timed against the full model.
+
+The candidates are every exit after layer k (Phang et al.'s Untuned truncation, k = 1..L, k = L being the
+full model) and every contiguous span i..j < L skipped (§4.1), each with the fine-tuned head as it is; all
+their logits come from one forward pass per batch (:func:`layersim.truncation.span_logits`). The choice is
+made on examples of the train split, so it never sees the validation score that is then reported.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from layersim.batching import EncodedTask, length_sorted_batches
+from layersim.device import autocast, to_device
+from layersim.encoders import num_layers, smaller_copy
+from layersim.errors import LayersimError
+from layersim.evaluate import predict
+from layersim.io import atomic_path
+from layersim.tasks import TaskSpec
+from layersim.truncation import primary_score, span_logits
+
+EXPORT_INFO_FILE = "layersim_export.json"  # provenance, next to the checkpoint's own files
+TIMED_BATCH_SIZES = (1, 32)
+
+
+@dataclass(frozen=True, order=True)
+class LayerChoice:
+    """A way to run fewer layers: exit after layer `exit_layer`, or skip the layers `first`..`last` (1-based)."""
+
+    num_layers: int          # the full model's depth L
+    exit_layer: int          # L when a span is skipped
+    first: int = 0           # 0: nothing skipped
+    last: int = 0
+
+    @property
+    def kept(self) -> list[int]:
+        """The 0-based layers this choice runs, in order."""
+        return [n for n in range(self.exit_layer) if not self.first - 1 <= n <= self.last - 1]
+
+    @property
+    def depth(self) -> int:
+        return len(self.kept)
+
+    def describe(self) -> str:
+        if self.first:
+            return f"layers {self.first}-{self.last} of {self.num_layers} skipped"
+        if self.exit_layer == self.num_layers:
+            return f"the full model ({self.num_layers} layers)"
+        return f"exit after layer {self.exit_layer} of {self.num_layers}"
+
+    def as_dict(self) -> dict:
+        return {"description": self.describe(), "layers": self.depth, "exit_layer": self.exit_layer,
+                "skipped": [self.first, self.last] if self.first else None,
+                "kept_layers": [n + 1 for n in self.kept]}
+
+
+def choice_logits(model, encoded: EncodedTask, tokenizer, batch_size: int, device: torch.device,
+                  precision: str = "fp32") -> dict[LayerChoice, np.ndarray]:
+    """The logits of every choice of at least one layer, from one forward pass per batch: the exits after
+    layers 1..L−1 are the spans k+1..L skipped, the full model is exit L."""
+    num = num_layers(model)
+    full, spans = span_logits(model, encoded, tokenizer, batch_size, device, precision)
+    out = {LayerChoice(num, num): full}
+    for (i, j), logits in spans.items():
+        if j == num and i > 1:
+            out[LayerChoice(num, i - 1)] = logits
+        elif j < num:
+            out[LayerChoice(num, num, i, j)] = logits
+    return out
+
+
+def choose_layers(scores: dict[LayerChoice, float], tolerance: float) -> LayerChoice:
+    """The choice with the fewest layers whose score is at least the full model's minus `tolerance`; among
+    equally deep ones the best score, then an exit before a skipped span (the simpler model)."""
+    full = next(c for c in scores if c.exit_layer == c.num_layers and not c.first)
+    within = [c for c, s in scores.items() if s >= scores[full] - tolerance]
+    return min(within, key=lambda c: (c.depth, -scores[c], bool(c.first), c))
+
+
+def best_per_depth(scores: dict[LayerChoice, float]) -> dict[int, LayerChoice]:
+    """For each number of layers, the choice with the best score (ties: as :func:`choose_layers`)."""
+    best: dict[int, LayerChoice] = {}
+    for choice in sorted(scores, key=lambda c: (-scores[c], bool(c.first), c)):
+        best.setdefault(choice.depth, choice)
+    return dict(sorted(best.items()))
+
+
+def write_checkpoint(model, tokenizer, choice: LayerChoice, folder: str | Path, spec: TaskSpec,
+                     provenance: dict, check) -> tuple[object, object]:
+    """Write `model` cut to `choice` into `folder` (weights, config, tokenizer and a provenance file), reload
+    it with plain transformers and call ``check(reloaded)`` before the folder appears: a check that raises
+    leaves nothing behind. Returns the reloaded model and what the check returned."""
+    small = smaller_copy(model, choice.kept)
+    with atomic_path(folder, is_dir=True) as tmp:
+        small.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        info = {**provenance, "task": spec.name, "choice": choice.as_dict(),
+                "load_with": auto_class_name(spec) + ".from_pretrained"}
+        (tmp / EXPORT_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        reloaded = load_exported(tmp, spec)
+        if num_layers(reloaded) != choice.depth:
+            raise LayersimError(f"the exported model has {num_layers(reloaded)} layers, expected {choice.depth}; "
+                                "this is a bug in layersim.encoders.smaller_copy.")
+        checked = check(reloaded)
+    return reloaded, checked
+
+
+def auto_class_name(spec: TaskSpec) -> str:
+    return "AutoModelForMultipleChoice" if spec.format == "multiple_choice" else "AutoModelForSequenceClassification"
+
+
+def load_exported(folder: str | Path, spec: TaskSpec):
+    """An exported checkpoint loaded as a user would: transformers' auto class alone."""
+    import transformers
+
+    return getattr(transformers, auto_class_name(spec)).from_pretrained(folder).eval()
+
+
+def exact_rescore(reloaded, expected: np.ndarray, spec: TaskSpec, encoded: EncodedTask, tokenizer,
+                  batch_size: int, device: torch.device, precision: str) -> float:
+    """The reloaded model's score on `encoded`; in fp32 its logits must equal `expected` (the in-memory
+    truncated model's) bit for bit, else the export is refused."""
+    logits = predict(reloaded.to(device), encoded, tokenizer, batch_size, device, precision=precision)
+    if precision == "fp32" and not np.array_equal(logits, expected):
+        worst = float(np.nanmax(np.abs(logits - expected)))
+        raise LayersimError(f"the exported checkpoint's logits differ from the truncated model's by up to {worst:.3g} "
+                            "in fp32, expected none; the export was not written.")
+    return primary_score(spec, logits, encoded.labels)
+
+
+@torch.inference_mode()
+def time_models(models: dict[str, torch.nn.Module], encoded: EncodedTask, tokenizer, batch_size: int,
+                device: torch.device, precision: str, repeats: int) -> dict[str, dict[str, float]]:
+    """Per model: the median seconds per batch of `batch_size` and the examples per second over `encoded`,
+    the models timed in turn on the same batches after one warm-up pass each (median over `repeats`)."""
+    batches = [to_device(batch, device) for _, batch in
+               length_sorted_batches(encoded, batch_size, tokenizer, with_labels=False)]
+    per_batch = {name: [] for name in models}
+    per_pass = {name: [] for name in models}
+
+    def one_pass(model) -> list[float]:
+        times = []
+        for batch in batches:
+            start = time.perf_counter()
+            with autocast(device, precision):
+                model(**batch)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+        return times
+
+    for model in models.values():
+        model.eval()
+        one_pass(model)
+    for _ in range(repeats):
+        for name, model in models.items():
+            times = one_pass(model)
+            per_batch[name].extend(times)
+            per_pass[name].append(sum(times))
+    return {name: {"seconds_per_batch": float(np.median(per_batch[name])),
+                   "examples_per_second": len(encoded) / float(np.median(per_pass[name]))} for name in models}

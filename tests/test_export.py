@@ -1,0 +1,102 @@
+"""The export of a smaller model: exact identities on the four tiny architectures and small choice cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from layersim.batching import encode_task
+from layersim.encoders import num_layers, run_layers, smaller_copy
+from layersim.errors import LayersimError
+from layersim.evaluate import predict
+from layersim.export import (EXPORT_INFO_FILE, LayerChoice, best_per_depth, choice_logits, choose_layers,
+                             exact_rescore, load_exported, time_models, write_checkpoint)
+from layersim.models import load_task_model, load_tokenizer
+from layersim.tasks import generated_table, get_task
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+CPU = torch.device("cpu")
+ARCHITECTURES = [("tiny-bert", "synth-negation"), ("tiny-roberta", "synth-choice"),
+                 ("tiny-albert", "synth-similarity"), ("tiny-electra", "synth-roles")]
+
+
+def _task_model(tiny_model_dir, arch: str, task: str, examples: int = 20):
+    spec = get_task(task)
+    folder = tiny_model_dir(arch)
+    torch.manual_seed(0)
+    model = load_task_model(folder, spec).eval()
+    tokenizer = load_tokenizer(folder)
+    encoded = encode_task(generated_table(spec, "validation", examples, seed=0), spec, tokenizer, 32)
+    return spec, model, tokenizer, encoded
+
+
+def test_layer_choices_keep_the_layers_they_name():
+    assert LayerChoice(12, 12).kept == list(range(12))
+    assert LayerChoice(12, 5).kept == [0, 1, 2, 3, 4] and LayerChoice(12, 5).depth == 5
+    skipped = LayerChoice(12, 12, 3, 5)
+    assert skipped.kept == [0, 1, 5, 6, 7, 8, 9, 10, 11] and skipped.depth == 9
+    assert skipped.as_dict()["kept_layers"] == [1, 2, 6, 7, 8, 9, 10, 11, 12]
+    assert "skipped" in skipped.describe() and "exit after layer 5" in LayerChoice(12, 5).describe()
+
+
+def test_choose_layers_takes_the_fewest_layers_within_tolerance():
+    full, exit2, exit1 = LayerChoice(4, 4), LayerChoice(4, 2), LayerChoice(4, 1)
+    skip23, skip12 = LayerChoice(4, 4, 2, 3), LayerChoice(4, 4, 1, 2)
+    scores = {full: 0.80, exit1: 0.50, exit2: 0.795, skip23: 0.797, skip12: 0.60}
+    assert choose_layers(scores, 0.01) == skip23            # 2 layers both; the better score wins
+    assert choose_layers({**scores, skip23: 0.795}, 0.01) == exit2  # a tie: the exit is the simpler model
+    assert choose_layers(scores, 0.001) == full             # nothing shallower is close enough
+    assert choose_layers(scores, 0.5) == exit1
+    assert best_per_depth(scores) == {1: exit1, 2: skip23, 4: full}
+
+
+@pytest.mark.parametrize("arch,task", ARCHITECTURES)
+def test_every_choice_exported_reproduces_its_logits_exactly(tiny_model_dir, tmp_path, arch, task):
+    """An exported checkpoint, loaded by transformers alone, computes bit for bit what the fine-tuned model
+    computes with those layers (exit or skipped span), and has that many layers."""
+    spec, model, tokenizer, encoded = _task_model(tiny_model_dir, arch, task)
+    logits = choice_logits(model, encoded, tokenizer, 8, CPU)
+    num = num_layers(model)
+    assert len(logits) == num + (num - 1) * num // 2  # exits 1..L, spans i..j < L
+    for choice, expected in logits.items():
+        with run_layers(model, choice.kept):
+            np.testing.assert_array_equal(predict(model, encoded, tokenizer, 8, CPU), expected)
+        folder = tmp_path / f"{choice.exit_layer}-{choice.first}-{choice.last}"
+        reloaded, score = write_checkpoint(model, tokenizer, choice, folder, spec, {"source": "test"},
+                                           lambda m, e=expected: exact_rescore(m, e, spec, encoded, tokenizer, 8,
+                                                                               CPU, "fp32"))
+        fresh = load_exported(folder, spec)
+        assert fresh.config.num_hidden_layers == choice.depth == num_layers(fresh)
+        np.testing.assert_array_equal(predict(fresh, encoded, tokenizer, 8, CPU), expected)
+        assert (folder / EXPORT_INFO_FILE).is_file() and (folder / "config.json").is_file()
+    assert num_layers(model) == num  # the source model is untouched
+
+
+def test_a_failed_check_leaves_no_export_behind(tiny_model_dir, tmp_path):
+    spec, model, tokenizer, encoded = _task_model(tiny_model_dir, "tiny-bert", "synth-negation")
+    logits = choice_logits(model, encoded, tokenizer, 8, CPU)
+    choice = LayerChoice(3, 2)
+    wrong = logits[LayerChoice(3, 3)]  # the full model's logits are not the truncated one's
+    with pytest.raises(LayersimError, match="differ from the truncated model"):
+        write_checkpoint(model, tokenizer, choice, tmp_path / "out", spec, {},
+                         lambda m: exact_rescore(m, wrong, spec, encoded, tokenizer, 8, CPU, "fp32"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_smaller_copy_refuses_an_empty_stack_and_bad_layers(tiny_model_dir):
+    _, model, _, _ = _task_model(tiny_model_dir, "tiny-bert", "synth-negation")
+    with pytest.raises(LayersimError, match="at least one layer"):
+        smaller_copy(model, [])
+    with pytest.raises(LayersimError, match="out of range|valid"):
+        smaller_copy(model, [0, 7])
+
+
+def test_time_models_times_every_model_on_the_same_batches(tiny_model_dir):
+    _, model, tokenizer, encoded = _task_model(tiny_model_dir, "tiny-bert", "synth-negation", examples=6)
+    small = smaller_copy(model, [0])
+    timings = time_models({"full": model, "exported": small}, encoded, tokenizer, 2, CPU, "fp32", repeats=2)
+    assert set(timings) == {"full", "exported"}
+    for times in timings.values():
+        assert times["seconds_per_batch"] > 0 and times["examples_per_second"] > 0
