@@ -29,8 +29,10 @@ dvc exp run \
   -S align.mlp_hidden=256 \
   -S align.matrix_steps=20 \
   -S 'freeze.seeds=[1]' \
+  -S export.selection_examples=500 \
   "$@"
 
 echo
-echo "Done. Figures: plots/{similarity,localization,compare,truncate,skip,align,freeze,summary}/   every number: plots/details/"
+echo "Done. Figures: plots/{similarity,localization,compare,truncate,skip,export,align,freeze,summary}/   every number: plots/details/"
+echo "Smaller models that keep the score (plain Hugging Face checkpoints): data/export/minilm-l6/"
 echo "Headline metrics: dvc metrics show   experiments: dvc exp show --drop '.*' --keep 'Experiment|^model\$|^mean\.'"

@@ -258,6 +258,8 @@ CASES = [
      ["export.timing_examples = 0", "a positive"]),
     ("export-selection-as-text", "export", _set(export__selection_examples="all"),
      ["export.selection_examples = 'all'", "integer"]),
+    ("report-significance-above-one", "report", _set(similarity__significance=1.5),
+     ["similarity.significance = 1.5"]),
     ("not-yaml", "extract", _edit_text(lambda text: text + "finetune:\n\t- batch_size 8\n"),
      [f"{BAD} is not valid YAML", "found character '\\t'", "line "]),
 ]

@@ -26,9 +26,10 @@ DOWNLOAD = {"download_model", "download_compared", f"download_task@{TASK}"}
 FINETUNE = {f"finetune@{TASK}-1", f"finetune@{TASK}-2"}
 EXTRACT, SIMILARITY, TRUNCATE, SKIP, ALIGN = (f"{stage}@{TASK}" for stage in
                                               ("extract", "similarity", "truncate", "skip", "align"))
-COMPARE, SUMMARY, FREEZE = "compare", "summary", f"freeze@{TASK}"
-AFTER_EXTRACT = {SIMILARITY, COMPARE, TRUNCATE, ALIGN, SUMMARY}  # skip reads checkpoints, not activations
-AFTER_FINETUNE = {EXTRACT, SKIP, FREEZE, *AFTER_EXTRACT}
+COMPARE, SUMMARY, FREEZE, EXPORT, REPORT = "compare", "summary", f"freeze@{TASK}", f"export@{TASK}", "report"
+# The report page reads every per-task result and the summary (not compare's).
+AFTER_EXTRACT = {SIMILARITY, COMPARE, TRUNCATE, ALIGN, SUMMARY, REPORT}  # skip reads checkpoints, not activations
+AFTER_FINETUNE = {EXTRACT, SKIP, FREEZE, EXPORT, *AFTER_EXTRACT}
 EXPENSIVE = DOWNLOAD | FINETUNE | {EXTRACT}
 
 
@@ -60,14 +61,15 @@ def project(tmp_path_factory):
 # (dotted key, new value, stages whose params changed, stages `dvc repro` would then run)
 ANALYSIS = [
     # The summary averages the first measure's headline: it reads similarity.measures too.
-    ("similarity.measures", {"cls": ["linear_cka", "svcca", "neuronsim", "pwcca"]}, {SIMILARITY, COMPARE, SUMMARY},
-     None),
-    ("similarity.measures", {"cls": ["linear_cka"], "last": ["svcca"]}, {SIMILARITY, COMPARE, SUMMARY}, None),
+    # The report names the first measure in its overview.
+    ("similarity.measures", {"cls": ["linear_cka", "svcca", "neuronsim", "pwcca"]},
+     {SIMILARITY, COMPARE, SUMMARY, REPORT}, None),
+    ("similarity.measures", {"cls": ["linear_cka"], "last": ["svcca"]}, {SIMILARITY, COMPARE, SUMMARY, REPORT}, None),
     ("similarity.permutations", 10, {SIMILARITY, COMPARE}, None),
     ("similarity.localization", "zscore", {SIMILARITY, COMPARE}, None),
     ("similarity.svcca_variance", 0.9, {SIMILARITY, COMPARE}, None),
     ("compare.probe_examples", 12, {COMPARE}, None),
-    ("truncate.tolerance", 0.05, {TRUNCATE}, None),
+    ("truncate.tolerance", 0.05, {TRUNCATE, EXPORT}, None),  # export keeps the score within it
     ("truncate.head_learning_rate", 0.01, {TRUNCATE}, None),
     ("skip.tolerance", 0.05, {SKIP}, None),
     ("align.steps", 6, {ALIGN}, None),
@@ -81,7 +83,7 @@ UPSTREAM = [
     # Read by extract (word rows it writes) and by compare (word rows it encodes itself).
     ("extract.max_tokens", 50, {EXTRACT, COMPARE}, {EXTRACT, *AFTER_EXTRACT}),
     # Read by every stage that tokenizes: all but the downloads and similarity (which reads tables).
-    ("finetune.max_length", 24, FINETUNE | {EXTRACT, COMPARE, TRUNCATE, SKIP, ALIGN, FREEZE},
+    ("finetune.max_length", 24, FINETUNE | {EXTRACT, COMPARE, TRUNCATE, SKIP, ALIGN, FREEZE, EXPORT},
      FINETUNE | AFTER_FINETUNE),
     # The control that makes the cases above able to fail: a new learning rate is new fine-tuned models.
     ("finetune.learning_rate", 2e-3, FINETUNE | {FREEZE}, FINETUNE | AFTER_FINETUNE),
@@ -98,9 +100,11 @@ def test_a_param_change_reruns_only_the_stages_that_read_it(project, key, value,
     with edited_params(root, **{key: value}):
         assert stale_stages(root, env) == stale | {GATE}  # any params change: the gate checks them again
         would_run = stages_to_rerun(root, env)
-    # Without an explicit list, what reruns is the stale stages and the summary after any per-task analysis.
+    # Without an explicit list, what reruns is the stale stages, the summary after any per-task analysis and the
+    # report after any result it shows.
     summarised = {SUMMARY} if stale & {SIMILARITY, TRUNCATE, SKIP, ALIGN} else set()
-    assert would_run == (rerun or stale | summarised) | {GATE}
+    reported = {REPORT} if stale & {SIMILARITY, TRUNCATE, SKIP, ALIGN, FREEZE, EXPORT} else set()
+    assert would_run == (rerun or stale | summarised | reported) | {GATE}
     if not rerun:  # an analysis param (or one that changes no result): nothing expensive reruns
         assert not would_run & EXPENSIVE
     assert stale_stages(root, env) == set(), "params.yaml restored: nothing stale"
@@ -116,9 +120,10 @@ def test_a_real_repro_after_an_analysis_change_runs_only_that_stage(project) -> 
         with edited_params(root, **{"skip.tolerance": 0.2}):
             repro = run(dvc("repro"), root, env)
             ran = {line.split("'")[1] for line in repro.stdout.splitlines() if line.startswith("Running stage")}
-            # The gate's constant output reruns nothing else; the summary reruns only if skip's headline changed.
+            # The gate's constant output reruns nothing else; the summary reruns only if skip's headline changed; the
+            # report, which shows skip's details, always.
             changed = (root / f"metrics/skip/{TASK}.json").read_text() != headline
-            assert ran == {GATE, SKIP} | ({"summary"} if changed else set()), output(repro)
+            assert ran == {GATE, SKIP, REPORT} | ({"summary"} if changed else set()), output(repro)
             details = json.loads((root / f"plots/details/skip/{TASK}.json").read_text())
             assert {"metric": "tolerance", "layer": None, "value": 0.2} in details
     finally:

@@ -244,6 +244,18 @@ def test_export_writes_a_plain_checkpoint_that_keeps_the_score(project):
     assert (root / f"plots/export/{TASK}.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_report_is_one_offline_page_that_states_the_stage_results(project):
+    root, _ = project
+    page = (root / "report/index.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "http" not in page  # nothing to fetch
+    assert len(re.findall(r'src="data:image/png;base64,', page)) >= 8  # heatmaps, diagonals, curves, export, ...
+    export = _details(root, f"export/{TASK}")
+    assert f"{export['exported']['layers']} / {export['full']['layers']}" in page
+    assert f"{export['speedup']['batch_1']:.2f}× / {export['speedup']['batch_32']:.2f}×" in page
+    top = _details(root, f"similarity/{TASK}")["cls"]["linear_cka"]["ft_orig"]
+    assert f"{top['last_layer']:.3f} (null {top['null_mean']['layer_03']:.3f})" in page
+
+
 def test_freeze_scores_each_configuration_next_to_the_unfrozen_run(project):
     """Wu et al. Table 1 on the 3-layer tiny model: layers [4, 6] of 12 become 1 and 2 of 3."""
     root, _ = project
@@ -318,7 +330,7 @@ def test_metrics_files_hold_their_headline_and_details_hold_the_rest(project):
 
 
 @pytest.mark.parametrize("section,key,value,stages", [
-    ("similarity", "measures", ["mixedsim"], [f"similarity@{TASK}", "compare", "summary"]),
+    ("similarity", "measures", ["mixedsim"], [f"similarity@{TASK}", "compare", "summary", "report"]),
     ("compare", "probe_examples", 10, ["compare"]),
     ("truncate", "head_epochs", 3, [f"truncate@{TASK}"]),
     ("skip", "tolerance", 0.05, [f"skip@{TASK}"]),

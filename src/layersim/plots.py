@@ -91,10 +91,11 @@ VARIANT_STYLE = {  # Phang et al. Figure 3's colours
 
 
 def truncation_curves(per_seed: dict[str, list[list[float]]], full: list[float], baseline: float, metric: str,
-                      title: str):
+                      title: str, exported_exit: int | None = None):
     """Score (y) against exit layer (x) for each variant: the mean over seeds as a line, the range
     over seeds as a band; the full fine-tuned model as a grey line and the majority-class baseline
-    as a red dotted line (Phang et al. Figure 3)."""
+    as a red dotted line (Phang et al. Figure 3); `exported_exit`: the exit the export stage chose, a
+    black dotted line."""
     fig, ax = plt.subplots(figsize=(5.5, 3.8), constrained_layout=True)
     for variant, runs in per_seed.items():
         label, colour = VARIANT_STYLE[variant]
@@ -105,6 +106,8 @@ def truncation_curves(per_seed: dict[str, list[list[float]]], full: list[float],
             ax.fill_between(layers, values.min(0), values.max(0), color=colour, alpha=0.2, lw=0)
     ax.axhline(float(np.mean(full)), color="grey", lw=1, label="full fine-tuned model")
     ax.axhline(baseline, color="red", ls=":", lw=1.2, label="majority baseline")
+    if exported_exit is not None:
+        ax.axvline(exported_exit, color="black", ls=":", lw=1.2, label=f"exported: exit after layer {exported_exit}")
     num = len(next(iter(per_seed.values()))[0])
     ax.set_xticks(range(num))
     ax.set_xticklabels(layer_tick_labels(num))

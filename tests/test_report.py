@@ -1,0 +1,75 @@
+"""The experiment's report page: small exact cases of what it states, and that it is one offline file."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import matplotlib.pyplot as plt
+
+from layersim.headlines import metrics_to_details
+from layersim.report import Layout, block_spans, build_report, export_facts, png, render, similarity_tables, Table
+
+
+def _similarity(p_top: float) -> dict:
+    layers = lambda *values: {f"layer_{k:02d}": v for k, v in enumerate(values)}  # noqa: E731
+    entry = {"last_layer": 0.8, "null_mean": layers(None, 0.1, 0.7), "p_value": layers(None, 0.0, p_top),
+             "ci_low": layers(None, 0.85, 0.75), "ci_high": layers(None, 0.95, 0.85)}
+    blocks = {"ft_ft": {"block_of_layer": layers(None, 0, 1), "last_block_start": 2, "contrast": 0.2,
+                        "bootstrap_stability": 0.9}, "seed_stability": 1.0}
+    return {"cls": {"linear_cka": {"ft_orig": entry, "ft1_ft2": entry, "blocks": blocks}}}
+
+
+def test_block_spans_turn_layer_labels_into_ranges():
+    assert block_spans({"layer_00": None, "layer_01": 0, "layer_02": 0, "layer_03": 1, "layer_04": 1,
+                        "layer_05": 1}) == "1–2 | 3–5"
+    assert block_spans({"layer_00": 0, "layer_01": 0}) == "0–1"
+    assert block_spans({"layer_01": 0, "layer_02": 1, "layer_03": 2}) == "1 | 2 | 3"
+    assert block_spans({}) == ""
+
+
+def test_a_top_layer_at_chance_is_said_to_be_chance():
+    above, chance = similarity_tables(_similarity(0.01), 0.05)[0], similarity_tables(_similarity(0.3), 0.05)[0]
+    assert [row[-1] for row in above.rows] == ["yes", "yes"]
+    assert [row[-1] for row in chance.rows] == ["no: chance", "no: chance"]
+    row = chance.rows[0]
+    assert row[:7] == ["linear_cka", "FT–ORIG", "0.800", "[0.750, 0.850]", "0.700", "0.300", "no: chance"]
+    blocks = similarity_tables(_similarity(0.01), 0.05)[1]
+    assert blocks.rows[0] == ["linear_cka", "FT–FT", "1 | 2", "2", "0.200", "0.900"]
+
+
+def test_export_facts_state_the_choice_scores_and_speed_up():
+    export = {"metric": "accuracy", "tolerance": 0.01, "selection_examples": 500,
+              "full": {"layers": 6, "train": 0.9, "validation": 0.85},
+              "exported": {"description": "exit after layer 4 of 6", "layers": 4, "train": 0.895, "validation": 0.84},
+              "speedup": {"batch_1": 1.4, "batch_32": 1.5}}
+    facts = " ".join(export_facts(export))
+    for fragment in ("exit after layer 4 of 6", "4 of 6 layers", "0.840 on validation", "0.850 for the full model",
+                     "500 train examples", "1.40× at batch 1", "1.50× at batch 32"):
+        assert fragment in facts
+    assert export_facts(None) == []
+
+
+def test_the_page_escapes_text_and_embeds_its_figures():
+    fig, ax = plt.subplots()
+    ax.plot([0, 1])
+    from layersim.report import Figure, Section
+
+    page = render("a <title>", ["x < y & z"], Table("t", ["h"], [["<b>"]]), [],
+                  [Section("task <1>", ["fact"], [], [Figure("c", png(fig))])])
+    assert "<title>a &lt;title&gt;</title>" in page and "x &lt; y &amp; z" in page and "&lt;b&gt;" in page
+    assert len(re.findall(r'src="data:image/png;base64,', page)) == 1
+    assert "http" not in page  # nothing to fetch: it renders offline
+
+
+def test_build_report_reads_the_stage_outputs(tmp_path):
+    """A minimal set of outputs (similarity and finetune only): the page names the task, its scores and the
+    chance verdict, and leaves out the figures that are not there."""
+    (tmp_path / "metrics/finetune/rte").mkdir(parents=True)
+    (tmp_path / "metrics/finetune/rte/seed1.json").write_text(json.dumps({"accuracy": 0.625}))
+    (tmp_path / "plots/details/similarity").mkdir(parents=True)
+    (tmp_path / "plots/details/similarity/rte.json").write_text(json.dumps(metrics_to_details(_similarity(0.3))))
+    layout = Layout(tmp_path / "metrics", tmp_path / "plots/details", tmp_path / "plots")
+    page = build_report("roberta-base", ["rte"], [1], 0.05, ("cls", "linear_cka"), layout)
+    assert "seed 1 0.625" in page and "no: chance" in page and "roberta-base" in page
+    assert "data:image/png" not in page
