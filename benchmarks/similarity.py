@@ -486,6 +486,67 @@ def measures_section(names: list[str], n: int, width: int, num_layers: int, seed
         print(f"{name:<12} {t_fast:>11.2f} {t_slow:>14.2f} {t_slow / t_fast:>8.1f}x {diff:>11.1e}", flush=True)
 
 
+MOMENT_OPTIONS = {"svcca": {"variance_threshold": 0.99}, "pwcca": {"variance_threshold": 0.99}, "mean_cca": {},
+                  "neuronsim": {}, "mixedsim": {}}
+
+
+def _peak_mb(fn: Callable, *args, **kwargs):
+    """fn's result, seconds, and the peak of memory it allocated through NumPy/Python (tracemalloc), in MB."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        result, seconds = timed(fn, *args, **kwargs)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return result, seconds, peak / 1e6
+
+
+def moments_section(names: list[str], n: int, width: int, num_layers: int, seed: int, memory_max: int,
+                    loop_pairs: int, batch_rows: int = 8192) -> None:
+    """The streamed-moments route (one pass over row batches, then every measure from the d x d blocks)
+    against today's in-memory matrix (per-layer bases of n rows) and the per-pair loop."""
+    from layersim.similarity.cka_streaming import LinearCKAAccumulator
+    from layersim.similarity.moments import LayerMoments, moments_matrix
+
+    layers = make_layers(n, width, num_layers, seed)
+    print(f"\n{num_layers} layers x {n} examples x {width} neurons (float32), rows streamed in batches of {batch_rows}")
+
+    def gather():
+        acc = LinearCKAAccumulator(precision="float64")
+        for start in range(0, n, batch_rows):
+            acc.update([a[start:start + batch_rows] for a in layers])
+        return LayerMoments(acc)
+
+    moments, t_pass, mb_pass = _peak_mb(gather)
+    print(f"one pass over the rows (float64 products, shared by every measure): {t_pass:.1f} s, peak {mb_pass:.0f} MB\n")
+    header = (f"{'measure':<10} {'moments [s]':>11} {'peak MB':>8} {'in memory [s]':>13} {'peak MB':>8} "
+              f"{'pair loop [s]':>13} {'vs memory':>9} {'vs loop':>8} {'max |diff|':>10}")
+    print(header)
+    print("-" * len(header))
+    for name in names:
+        options = MOMENT_OPTIONS[name]
+        fast, t_fast, mb_fast = _peak_mb(moments_matrix, name, moments, list(range(num_layers)), **options)
+        t_total = t_pass + t_fast
+        if n <= memory_max:
+            exact, t_mem, mb_mem = _peak_mb(similarity_matrix, name, layers, **options)
+            diff = f"{float(np.abs(fast - exact).max()):.1e}"
+            memory = f"{t_mem:>13.1f} {mb_mem:>8.0f}"
+            ratio = f"{t_mem / t_total:>8.1f}x"
+        else:
+            diff, memory, ratio = "not run", f"{'not run':>13} {'':>8}", f"{'':>9}"
+        pairs = sample_pairs(num_layers, loop_pairs)
+        pair = get_measure(name).pair
+        _, t_some = timed(lambda: [pair(layers[i], layers[j], **options) for i, j in pairs])
+        t_loop = t_some * (num_layers * (num_layers - 1) // 2) / len(pairs)
+        print(f"{name:<10} {t_total:>11.1f} {mb_fast + mb_pass:>8.0f} {memory} {t_loop:>13.0f} {ratio} "
+              f"{t_loop / t_total:>7.0f}x {diff:>10}", flush=True)
+    print(f"\nmoments [s]: the pass plus the measure's matrix; pair loop: {len(pairs)} pairs timed, scaled to all "
+          f"{num_layers * (num_layers - 1) // 2}; peak MB: allocations traced beyond the input layers "
+          f"({sum(a.nbytes for a in layers) / 1e6:.0f} MB)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: n = 2,000 and 6,000, 13 x 256")
@@ -501,11 +562,21 @@ def main() -> None:
     parser.add_argument("--peer-pairs", type=int, default=2, help="pairs timed for per-pair peers (ckatorch)")
     parser.add_argument("--measures", nargs="+",
                         help="instead: time these symmetric measures' matrices against their pair loop (n = 5,000)")
+    parser.add_argument("--moments", action="store_true",
+                        help="instead: the streamed-moments route of the CCA family, neuronsim and mixedsim at "
+                             "--sizes (default 5000 50000) against the in-memory matrix and the pair loop")
+    parser.add_argument("--memory-max", type=int, default=50_000,
+                        help="--moments: run the in-memory matrix (the reference for the error) up to this n")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     width = args.width or (256 if args.quick else 768)
     threads = {k: os.environ.get(k, "default") for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     print(f"{os.cpu_count()} CPUs, {threads}; numpy {np.__version__}, Python {platform.python_version()}")
+    if args.moments:
+        names = args.measures or list(MOMENT_OPTIONS)
+        for n in args.sizes or [5000, 50_000]:
+            moments_section(names, n, width, args.layers, args.seed, args.memory_max, min(args.loop_pairs, 3))
+        return
     if args.measures:
         for name in args.measures:
             if not get_measure(name).symmetric:

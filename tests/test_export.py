@@ -37,7 +37,9 @@ def test_layer_choices_keep_the_layers_they_name():
     assert LayerChoice(12, 5).kept == [0, 1, 2, 3, 4] and LayerChoice(12, 5).depth == 5
     skipped = LayerChoice(12, 12, 3, 5)
     assert skipped.kept == [0, 1, 5, 6, 7, 8, 9, 10, 11] and skipped.depth == 9
-    assert skipped.as_dict()["kept_layers"] == [1, 2, 6, 7, 8, 9, 10, 11, 12]
+    assert skipped.as_dict()["kept_layers"] == "1,2,6,7,8,9,10,11,12"
+    assert (skipped.as_dict()["skipped_first"], skipped.as_dict()["skipped_last"]) == (3, 5)
+    assert LayerChoice(12, 5).as_dict()["skipped_first"] is None
     assert "skipped" in skipped.describe() and "exit after layer 5" in LayerChoice(12, 5).describe()
 
 

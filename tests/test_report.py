@@ -73,3 +73,29 @@ def test_build_report_reads_the_stage_outputs(tmp_path):
     page = build_report("roberta-base", ["rte"], [1], 0.05, ("cls", "linear_cka"), layout)
     assert "seed 1 0.625" in page and "no: chance" in page and "roberta-base" in page
     assert "data:image/png" not in page
+
+
+def test_a_skipped_span_survives_the_details_round_trip(tmp_path):
+    """The export's choice goes through the details rows (lists would become per-layer rows) and the page
+    still names it: a skipped span is stated under the truncation curve, which marks no exit."""
+    from layersim.export import LayerChoice
+
+    chosen = LayerChoice(3, 3, 2, 2)
+    export = {"metric": "accuracy", "tolerance": 0.01, "selection_examples": 100,
+              "full": {"layers": 3, "train": 0.9, "validation": 0.8},
+              "exported": {**chosen.as_dict(), "train": 0.9, "validation": 0.8},
+              "speedup": {"batch_1": 1.2, "batch_32": 1.3}}
+    truncate = {"metric": "accuracy", "full": 0.8, "majority_baseline": 0.5, "tolerance": 0.01,
+                "droppable_top_layers_untuned": 0, "droppable_top_layers_tuned": 1}
+    details = tmp_path / "plots/details"
+    for name, values in (("export/rte", export), ("truncate/rte", truncate)):
+        (details / name).parent.mkdir(parents=True, exist_ok=True)
+        (details / f"{name}.json").write_text(json.dumps(metrics_to_details(values)))
+    (tmp_path / "plots/truncate").mkdir(parents=True)
+    (tmp_path / "plots/truncate/rte.json").write_text(json.dumps(
+        [{"variant": v, "seed": 1, "layer": k, "score": 0.5 + 0.1 * k} for v in ("untuned", "tuned", "tuned_orig")
+         for k in range(4)]))
+    page = build_report("m", ["rte"], [1], 0.05, ("cls", "linear_cka"),
+                        Layout(tmp_path / "metrics", details, tmp_path / "plots"))
+    assert "here it skipped layers 2–2 instead" in page and "layers 2-2 of 3 skipped" in page
+    assert "2 / 3" in page and "1.20× / 1.30×" in page

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from layersim.comparisons import stacked_matrix, stream_linear_cka, streamed_linear_cka
+from layersim.comparisons import stacked_matrix, stream_layers, streamed_linear_cka
 from layersim.errors import LayersimError
 from layersim.io import ActivationTable, ActivationWriter
 from layersim.similarity import _cka_kernels
@@ -212,7 +212,7 @@ def test_stage_outputs_are_the_same_streamed_or_loaded(tmp_path, rng, monkeypatc
     sizes = {labels[run]: table.num_layers + 1 for run, table in tables.items()}
     outputs = {}
     for streamed in (False, True):
-        monkeypatch.setattr(stage, "stream_linear_cka", lambda *args, streamed=streamed: streamed)
+        monkeypatch.setattr(stage, "stream_layers", lambda *args, streamed=streamed: streamed)
         loaded = []
         monkeypatch.setattr(ActivationTable, "layers", lambda self, original=ActivationTable.layers: (
             loaded.append(self.path.name), original(self))[1])
@@ -225,9 +225,30 @@ def test_stage_outputs_are_the_same_streamed_or_loaded(tmp_path, rng, monkeypatc
     assert outputs[True] == outputs[False]
 
 
+@pytest.mark.parametrize("measure, options", [("svcca", {"variance_threshold": 0.99}), ("pwcca", {}),
+                                              ("mean_cca", {}), ("neuronsim", {}), ("mixedsim", {})])
+def test_streamed_moments_give_the_loaded_matrices(tmp_path, rng, monkeypatch, measure, options):
+    """The stage's streamed path for the other measures that second moments determine: the same stacked
+    matrix as on the loaded layers, NaN for the constant embedding layers included."""
+    stage = _stage()
+    tables = _three_runs(tmp_path, rng)
+    labels = stage.run_labels([1, 2])
+    matrices = {}
+    for streamed in (False, True):
+        monkeypatch.setattr(stage, "stream_layers", lambda *args, streamed=streamed: streamed)
+        matrix_of, layers = stage.layer_sources(tables, labels, ["linear_cka", measure], {measure: options})
+        assert (layers is None) == streamed
+        matrices[streamed] = matrix_of(measure), matrix_of("linear_cka")
+        monkeypatch.undo()
+    for streamed, loaded in zip(matrices[True], matrices[False]):
+        assert np.array_equal(np.isnan(streamed), np.isnan(loaded)) and np.isnan(streamed[5]).all()
+        np.testing.assert_allclose(streamed, loaded, rtol=0, atol=1e-9)
+
+
 def test_when_the_stage_streams():
     widths = [768] * 39  # ORIG and two seeds of a 12-layer base model
-    assert stream_linear_cka(["linear_cka"], 200_000, widths)
-    assert not stream_linear_cka(["linear_cka"], 277, widths)  # RTE's validation set: loading is smaller
-    assert not stream_linear_cka(["linear_cka", "svcca"], 200_000, widths)  # svcca loads the layers anyway
-    assert not stream_linear_cka(["svcca"], 200_000, widths)
+    assert stream_layers(["linear_cka"], 200_000, widths)
+    assert not stream_layers(["linear_cka"], 277, widths)  # RTE's validation set: loading is smaller
+    assert stream_layers(["linear_cka", "svcca", "pwcca", "neuronsim", "mixedsim"], 200_000, widths)
+    assert not stream_layers(["linear_cka", "rbf_cka"], 200_000, widths)  # RBF CKA needs the rows
+    assert not stream_layers(["debiased_cka"], 200_000, widths)

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from layersim.similarity import (MEASURES, AttentionMaps, LinearCKAAccumulator, attention_similarity_matrix, cka_matrix,
-                                 is_constant, localization_scores, similarity_matrix)
+from layersim.similarity import (MEASURES, MOMENT_MEASURES, AttentionMaps, LayerMoments, LinearCKAAccumulator,
+                                 attention_similarity_matrix, cka_matrix, is_constant, localization_scores,
+                                 moments_matrix, similarity_matrix)
 from layersim.similarity._common import blas_threads_for
 from layersim.similarity.bootstrap import bootstrap_pairs
 from layersim.similarity.null import NullMatrix, chance_adjusted, permutation_matrix
@@ -120,22 +121,45 @@ def streamed_linear_cka(batches: Iterable[Sequence[Sequence[np.ndarray]]]) -> np
     in the models' order, e.g. ``zip(*(table.iter_batches(rows) for table in tables))``. The result
     equals stacked_matrix's to ~1e-12, constant layers' rows and columns NaN included.
     """
+    return streamed_moments(batches).matrix(constant="nan")
+
+
+def streamed_moments(batches: Iterable[Sequence[Sequence[np.ndarray]]]) -> LinearCKAAccumulator:
+    """One pass over row batches (as :func:`streamed_linear_cka` takes them): the float64 centred
+    cross-products of every pair of stacked layers, from which :func:`moments_stacked_matrix` gives linear
+    CKA and every measure of :data:`layersim.similarity.moments.MOMENT_MEASURES`."""
     accumulator = LinearCKAAccumulator(precision=LINEAR_CKA_PRECISION)
     for per_model in batches:
         accumulator.update([layer for model_layers in per_model for layer in model_layers])
-    return accumulator.matrix(constant="nan")
+    return accumulator
 
 
-def stream_linear_cka(measures: Sequence[str], num_rows: int, widths: Sequence[int]) -> bool:
-    """Whether linear CKA over layers of these widths (all models stacked) should be streamed from the
-    tables rather than computed on the loaded layers.
+def moments_stacked_matrix(measure: str, accumulator: LinearCKAAccumulator, **options) -> np.ndarray:
+    """``stacked_matrix(measure, models)`` from the streamed moments of the stacked layers: the same matrix
+    (layersim.similarity.moments states the accuracy), constant layers' rows and columns NaN."""
+    if measure == "linear_cka":
+        return accumulator.matrix(constant="nan")
+    constant = accumulator.constant_layers()
+    defined = np.flatnonzero(~constant).tolist()
+    out = np.full((len(constant), len(constant)), np.nan)
+    if defined:
+        out[np.ix_(defined, defined)] = moments_matrix(measure, LayerMoments(accumulator), defined, **options)
+    return out
 
-    Only when no other measure needs the layers in memory anyway (the other measures do: they are
-    computed on whole layers), and loading (the float32 layers plus cka_matrix's float64 centred copy)
-    would take more memory than streaming's float64 cross-product sums and one batch, which do not grow
-    with the number of rows. Few examples are faster and smaller in memory (sample space).
+
+STREAMABLE = ("linear_cka", *MOMENT_MEASURES)
+
+
+def stream_layers(measures: Sequence[str], num_rows: int, widths: Sequence[int]) -> bool:
+    """Whether the measures over layers of these widths (all models stacked) should come from moments
+    streamed from the tables rather than from the loaded layers.
+
+    Only when every measure can (linear CKA, the CCA family, neuronsim, mixedsim; not RBF or debiased CKA,
+    which need the rows), and loading (the float32 layers plus a float64 centred copy) would take more
+    memory than streaming's float64 cross-product sums and one batch, which do not grow with the number of
+    rows. Few examples are faster and smaller in memory in sample space.
     """
-    if "linear_cka" not in measures or set(measures) - {"linear_cka"}:
+    if not measures or set(measures) - set(STREAMABLE):
         return False
     rows = stream_rows(widths)
     streaming = LinearCKAAccumulator.memory_bytes(widths, rows, LINEAR_CKA_PRECISION) + 4 * rows * sum(widths)

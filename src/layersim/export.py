@@ -57,9 +57,11 @@ class LayerChoice:
         return f"exit after layer {self.exit_layer} of {self.num_layers}"
 
     def as_dict(self) -> dict:
+        """Scalars only (metrics and details files keep lists as per-layer rows): the kept layers 1-based,
+        comma-separated; the skipped span's first and last layer, None when nothing is skipped."""
         return {"description": self.describe(), "layers": self.depth, "exit_layer": self.exit_layer,
-                "skipped": [self.first, self.last] if self.first else None,
-                "kept_layers": [n + 1 for n in self.kept]}
+                "skipped_first": self.first or None, "skipped_last": self.last or None,
+                "kept_layers": ",".join(str(n + 1) for n in self.kept)}
 
 
 def choice_logits(model, encoded: EncodedTask, tokenizer, batch_size: int, device: torch.device,

@@ -250,13 +250,13 @@ def truncation_figure(layout: Layout, task: str, truncate: Mapping, export: Mapp
     curves = {variant: [[by_layer[k] for k in sorted(by_layer)] for _, by_layer in sorted(seeds.items())]
               for variant, seeds in per_seed.items()}
     chosen = (export or {}).get("exported") or {}
-    exit_layer = chosen.get("exit_layer") if not chosen.get("skipped") else None
+    exit_layer = chosen.get("exit_layer") if not chosen.get("skipped_first") else None
     figure = truncation_curves(curves, [truncate["full"]], truncate["majority_baseline"], truncate["metric"],
                                f"truncation — {task}", exported_exit=exit_layer)
     caption = ("Score when the encoder exits after layer k (Phang et al. Fig. 3): mean over seeds, the band their "
                "range; the dotted black line is the exit the export stage chose")
-    if chosen.get("skipped"):
-        caption += f" (here it skipped layers {chosen['skipped'][0]}–{chosen['skipped'][1]} instead)"
+    if chosen.get("skipped_first"):
+        caption += f" (here it skipped layers {chosen['skipped_first']}–{chosen['skipped_last']} instead)"
     return Figure(caption + ".", png(figure))
 
 
@@ -283,7 +283,7 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
     if skip and skip.get("largest_span_within_tolerance"):
         span = skip["largest_span_within_tolerance"]
         section.facts.append(f"Longest span of layers that can be skipped within {skip['tolerance']:g}: "
-                             f"{span.get('first')}–{span.get('last')} ({span['length']} layers).")
+                             f"{span.get('first')}–{span.get('last')} ({span['length']} layer{'s' if span['length'] != 1 else ''}).")
     section.facts += export_facts(export)
     if export:
         loader = "AutoModelForMultipleChoice" if spec.format == "multiple_choice" else "AutoModelForSequenceClassification"

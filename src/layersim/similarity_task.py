@@ -4,9 +4,10 @@ measure's layer × layer matrices with their nulls and intervals (layersim.simil
 localization score, and attention-level similarities. Returns figures, plot rows and metrics; the
 stage writes them.
 
-Memory: with linear CKA as the only measure, the matrix is streamed from the activation tables in row
-batches once that takes less memory than loading them (layersim.comparisons.stream_linear_cka); the
-null and intervals, which need the rows in memory, are then left out and the metrics say so."""
+Memory: when every measure can be computed from second moments (linear CKA, the CCA family, neuronsim,
+mixedsim), the matrices come from one pass over the activation tables in row batches once that takes less
+memory than loading them (layersim.comparisons.stream_layers); the null and intervals, which need the rows in
+memory, are then left out and the metrics say so."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from layersim.comparisons import (attention_maps, per_layer, stacked_matrix, stream_linear_cka, stream_rows,
-                                  streamed_linear_cka)
+from layersim.comparisons import (attention_maps, moments_stacked_matrix, per_layer, stacked_matrix, stream_layers,
+                                  stream_rows, streamed_moments)
 from layersim.io import ActivationTable, AttentionTable, run_expectations, write_figure, write_json
 from layersim.params import Params
 from layersim.similarity import check_computable
@@ -29,13 +30,13 @@ def run_labels(seeds) -> dict[str, str]:
 
 
 def layer_sources(tables: dict, labels: dict, measures, options, log=lambda *args: None):
-    """(`matrix_of(measure)`, `layers()`) over the runs' stacked layers: linear CKA streamed from the tables in
-    row batches when that takes less memory (then `layers` is None), otherwise every measure on the layers,
-    read once."""
+    """(`matrix_of(measure)`, `layers()`) over the runs' stacked layers: every measure from moments streamed
+    from the tables in row batches (one pass for all) when that takes less memory (then `layers` is None),
+    otherwise every measure on the layers, read once."""
     widths = [table.hidden_size for table in tables.values() for _ in range(table.num_layers + 1)]
     num_rows = next(iter(tables.values())).num_rows
-    streamed = stream_linear_cka(measures, num_rows, widths)
-    models = {}
+    streamed = stream_layers(measures, num_rows, widths)
+    models, moments = {}, []
 
     def layers():
         if not models:
@@ -43,12 +44,14 @@ def layer_sources(tables: dict, labels: dict, measures, options, log=lambda *arg
         return models
 
     def matrix_of(measure):
-        if measure == "linear_cka" and streamed:
+        if not streamed:
+            return stacked_matrix(measure, layers(), **options.get(measure, {}))
+        if not moments:
             rows = stream_rows(widths)
-            log("streaming linear CKA from the activation tables, %d rows at a time", rows)
+            log("streaming the layers' moments from the activation tables, %d rows at a time", rows)
             batches = zip(*(table.iter_batches(rows) for table in tables.values()))
-            return streamed_linear_cka(tqdm(batches, total=-(-num_rows // rows), desc="linear CKA", mininterval=2))
-        return stacked_matrix(measure, layers(), **options.get(measure, {}))
+            moments.append(streamed_moments(tqdm(batches, total=-(-num_rows // rows), desc="moments", mininterval=2)))
+        return moments_stacked_matrix(measure, moments[0], **options.get(measure, {}))
 
     return matrix_of, (None if streamed else layers)
 

@@ -8,6 +8,8 @@ The bottom layer of the library: NumPy/SciPy only, no I/O, no models. The measur
 * :mod:`~layersim.similarity.kernels` — RBF CKA and debiased linear CKA;
 * :mod:`~layersim.similarity.cca` — SVCCA, PWCCA, mean R²_CCA, canonical correlations;
 * :mod:`~layersim.similarity.neurons` — neuronsim and mixedsim (neuron-level);
+* :mod:`~layersim.similarity.moments` — the CCA family, neuronsim and mixedsim from streamed second moments
+  (``LayerMoments``, ``moments_matrix``): memory in the widths, not the number of examples;
 * :mod:`~layersim.similarity.attention` — head-level and distributed attention similarities;
 * :mod:`~layersim.similarity.registry` — ``MEASURES`` by name, ``similarity_matrix`` and
   ``check_computable`` (can a measure run on these sizes, before any work);
@@ -28,6 +30,7 @@ from layersim.similarity.cca import canonical_correlations, kept_dimensions, mea
 from layersim.similarity.cka import LinearCKAAccumulator, cka_matrix, is_constant, linear_cka
 from layersim.similarity.kernels import debiased_cka, rbf_cka
 from layersim.similarity.localization import localization_scores, mean_similarity_per_layer
+from layersim.similarity.moments import MOMENT_MEASURES, LayerMoments, moments_matrix
 from layersim.similarity.neurons import NeuronScores, mixedsim, mixedsim_per_neuron, neuronsim, neuronsim_per_neuron
 from layersim.similarity.null import NullMatrix, NullResult, chance_adjusted, permutation_matrix, permutation_test
 from layersim.similarity.registry import (
@@ -42,6 +45,8 @@ from layersim.similarity.registry import (
 __all__ = [
     "HEAD_MEASURES",
     "MEASURES",
+    "MOMENT_MEASURES",
+    "LayerMoments",
     "AttentionMaps",
     "LinearCKAAccumulator",
     "Measure",
@@ -65,6 +70,7 @@ __all__ = [
     "mean_similarity_per_layer",
     "mixedsim",
     "mixedsim_per_neuron",
+    "moments_matrix",
     "neuronsim",
     "neuronsim_per_neuron",
     "permutation_matrix",

@@ -167,6 +167,27 @@ class LinearCKAAccumulator:
             out[np.ix_(defined, defined)] = _normalise(sub, self_terms, self_terms, symmetric=True)
         return out
 
+    def centred_block(self, i: int, j: int) -> np.ndarray:
+        """The centred cross-products ``Xc_iᵀ Xc_j`` of layers i and j (float64, d_i × d_j, a new array) of
+        the rows seen so far: what the CCA family, neuronsim and mixedsim need from the data
+        (layersim.similarity.moments)."""
+        self._check_rows()
+        if i > j:
+            return self.centred_block(j, i).T.copy()
+        offsets, n = self._offsets, self.num_rows
+        panel = next(k for k, (first, stop) in enumerate(self._panels) if first <= i < stop)
+        first = self._panels[panel][0]
+        rows = slice(offsets[i] - offsets[first], offsets[i + 1] - offsets[first])
+        cols = slice(offsets[j] - offsets[first], offsets[j + 1] - offsets[first])
+        mean = self._sums / n
+        return self._cross[panel][rows, cols] - n * np.outer(mean[offsets[i]:offsets[i + 1]],
+                                                             mean[offsets[j]:offsets[j + 1]])
+
+    def layer_mean(self, i: int) -> np.ndarray:
+        """The mean of layer i's neurons over the rows seen so far (float64)."""
+        self._check_rows()
+        return self._shift[i] + self._sums[self._offsets[i]:self._offsets[i + 1]] / self.num_rows
+
     def _check_rows(self) -> None:
         if self.num_rows < 2:
             raise LayersimError(f"the accumulator has seen {self.num_rows} rows; CKA needs at least 2 rows (examples).")
