@@ -47,6 +47,14 @@ that calls the pair function on the upper triangle, recomputing everything per p
     python benchmarks/similarity.py                  # linear CKA, n = 10,000 and 50,000, 13 x 768
     python benchmarks/similarity.py --quick          # n = 2,000 and 6,000, 13 x 256, a few minutes
     python benchmarks/similarity.py --measures svcca # other measures vs their pair loop
+    python benchmarks/similarity.py --moments        # the CCA family, neuronsim, mixedsim from streamed moments
+    python benchmarks/similarity.py --rbf            # RBF CKA: Nyström features against the exact kernels
+
+``--moments`` (n = 5,000 and 50,000 by default): one float64 pass over row batches gathers the centred
+cross-products of the 13 stacked layers (:mod:`layersim.similarity.moments`), then each measure's 13 x 13
+matrix comes from those d x d blocks; timed (the pass included in every measure's time, though one pass
+serves them all) against today's in-memory matrix (per-layer bases of n rows, the float64 reference for the
+error) and the per-pair loop (3 pairs timed, scaled to all 78); peak memory as traced allocations.
 """
 
 from __future__ import annotations
@@ -547,6 +555,20 @@ def moments_section(names: list[str], n: int, width: int, num_layers: int, seed:
           f"({sum(a.nbytes for a in layers) / 1e6:.0f} MB)")
 
 
+def rbf_section(n: int, width: int, num_layers: int, seed: int, landmarks: list[int], exact_max: int) -> None:
+    """RBF CKA's Nyström route (landmarks per layer) against the exact n x n kernels where they fit."""
+    layers = make_layers(n, width, num_layers, seed)
+    print(f"\nRBF CKA, {num_layers} layers x {n} examples x {width} neurons (float32)")
+    exact = None
+    if n <= exact_max:
+        exact, t_exact, mb_exact = _peak_mb(similarity_matrix, "rbf_cka", layers)
+        print(f"exact (n x n kernels): {t_exact:.1f} s, peak {mb_exact:.0f} MB")
+    for m in landmarks:
+        approx, t_approx, mb_approx = _peak_mb(similarity_matrix, "rbf_cka", layers, exact_max_rows=2, landmarks=m)
+        error = "exact not run" if exact is None else f"max |error| {float(np.abs(approx - exact).max()):.4f}"
+        print(f"Nyström, {m} landmarks: {t_approx:.1f} s, peak {mb_approx:.0f} MB, {error}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: n = 2,000 and 6,000, 13 x 256")
@@ -567,11 +589,19 @@ def main() -> None:
                              "--sizes (default 5000 50000) against the in-memory matrix and the pair loop")
     parser.add_argument("--memory-max", type=int, default=50_000,
                         help="--moments: run the in-memory matrix (the reference for the error) up to this n")
+    parser.add_argument("--rbf", action="store_true",
+                        help="instead: RBF CKA's Nyström route at --sizes (default 5000 50000) against the exact kernels "
+                             "(up to n = 10,000)")
+    parser.add_argument("--landmarks", type=int, nargs="+", default=[500, 1000], help="--rbf: landmarks per layer")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     width = args.width or (256 if args.quick else 768)
     threads = {k: os.environ.get(k, "default") for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     print(f"{os.cpu_count()} CPUs, {threads}; numpy {np.__version__}, Python {platform.python_version()}")
+    if args.rbf:
+        for n in args.sizes or [5000, 50_000]:
+            rbf_section(n, width, args.layers, args.seed, args.landmarks, exact_max=10_000)
+        return
     if args.moments:
         names = args.measures or list(MOMENT_OPTIONS)
         for n in args.sizes or [5000, 50_000]:

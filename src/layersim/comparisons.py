@@ -51,10 +51,14 @@ def attention_measure_bounds(measure: str) -> tuple[float, float] | None:
     return _HEAD_MEASURES[measure][1] if measure in _HEAD_MEASURES else MEASURES[measure].bounded
 
 
-def measure_options(*, rbf_sigma_scale: float, svcca_variance: float,
-                    pwcca_variance: float | None = None) -> dict[str, dict]:
+def measure_options(*, rbf_sigma_scale: float, svcca_variance: float, pwcca_variance: float | None = None,
+                    rbf_exact_max_rows: int | None = None, rbf_landmarks: int | None = None,
+                    seed: int = 0) -> dict[str, dict]:
     """The options each measure takes from params.yaml's similarity section, by measure name."""
-    options = {"rbf_cka": {"sigma_scale": rbf_sigma_scale}, "svcca": {"variance_threshold": svcca_variance}}
+    rbf = {"sigma_scale": rbf_sigma_scale}
+    if rbf_exact_max_rows is not None:
+        rbf |= {"exact_max_rows": rbf_exact_max_rows, "landmarks": rbf_landmarks, "seed": seed}
+    options = {"rbf_cka": rbf, "svcca": {"variance_threshold": svcca_variance}}
     if pwcca_variance is not None:
         options["pwcca"] = {"variance_threshold": pwcca_variance}
     return options

@@ -237,7 +237,8 @@ def stacked_report(models: dict[str, list], measure: str, title: str, *, options
 def settings(p) -> tuple[dict[str, dict], Uncertainty]:
     """The measures' options and the Uncertainty from params.yaml's similarity section (SimilarityParams)."""
     options = measure_options(rbf_sigma_scale=p.rbf_sigma_scale, svcca_variance=p.svcca_variance,
-                              pwcca_variance=p.pwcca_variance)
+                              pwcca_variance=p.pwcca_variance, rbf_exact_max_rows=p.rbf_exact_max_rows,
+                              rbf_landmarks=p.rbf_landmarks, seed=p.seed)
     return options, Uncertainty(p.permutations, p.bootstrap, p.seed, p.significance, p.chance_adjusted)
 
 

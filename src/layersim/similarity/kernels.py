@@ -9,7 +9,12 @@ semi-definite). The bandwidth is set per representation: ``σ = sigma_scale × m
 Euclidean distances between distinct examples (the ``n(n-1)/2`` pairs ``i < j``; Kornblith et al.'s
 code takes the median of all ``n²`` squared distances, diagonal zeros included, which comes out
 slightly smaller). Invariant to orthogonal maps, isotropic scaling (σ scales with the data) and
-translation; not to general invertible linear maps. Memory: one ``n x n`` float64 kernel per layer.
+translation; not to general invertible linear maps. Memory: one ``n x n`` float64 kernel per layer, so above
+``exact_max_rows`` examples (default 10,000) the kernels are approximated by Nyström features
+(:class:`NystromRBF`: ``landmarks`` seeded landmark examples per layer, default 1,000; the bandwidth rule
+unchanged, its median over the million pairs of a seeded sample of rows) and the matrix is linear CKA of the features,
+in memory independent of n; its error against the exact value is measured by ``benchmarks/similarity.py
+--rbf`` (tests/test_measures.py checks it at small sizes).
 
 **Debiased linear CKA** (Song et al. 2012's unbiased HSIC estimator, used for CKA by Nguyen et al.
 2021): with the linear kernel of the centred data ``K = Xc Xcᵀ`` and ``K̃ = K - diag(K)``,
@@ -41,7 +46,15 @@ _SELF_HSIC_RTOL = 1e-12
 # --- RBF CKA ---
 
 
-def rbf_cka(x: np.ndarray, y: np.ndarray, sigma_scale: float = 1.0) -> float:
+# Above this many examples RBF CKA is approximated (Nyström) unless the caller sets exact_max_rows: the exact
+# route holds an n x n float64 kernel per layer (800 MB at n = 10,000, 20 GB at 50,000).
+RBF_EXACT_MAX_ROWS = 10_000
+RBF_LANDMARKS = 1000       # Nyström landmarks per layer (a seeded sample of the examples)
+MEDIAN_PAIRS = 1_000_000   # above this many distinct pairs the median distance is taken on a seeded sample of rows
+
+
+def rbf_cka(x: np.ndarray, y: np.ndarray, sigma_scale: float = 1.0, *, exact_max_rows: int = RBF_EXACT_MAX_ROWS,
+            landmarks: int = RBF_LANDMARKS, seed: int = 0) -> float:
     """CKA with Gaussian (RBF) kernels between (n, d1) and (n, d2) arrays.
 
     Parameters
@@ -60,7 +73,7 @@ def rbf_cka(x: np.ndarray, y: np.ndarray, sigma_scale: float = 1.0) -> float:
         For bad shapes, fewer than 2 rows, NaN/inf, a constant input, a median pairwise distance of
         zero (more than half of the example pairs coincide), or a bad ``sigma_scale``.
     """
-    return float(_rbf_cka([("x", x)], [("y", y)], sigma_scale)[0, 0])
+    return float(_rbf_cka([("x", x)], [("y", y)], sigma_scale, exact_max_rows, landmarks, seed)[0, 0])
 
 
 def rbf_cka_matrix(
@@ -68,17 +81,29 @@ def rbf_cka_matrix(
     ys: Sequence[np.ndarray] | None = None,
     *,
     sigma_scale: float = 1.0,
+    exact_max_rows: int = RBF_EXACT_MAX_ROWS,
+    landmarks: int = RBF_LANDMARKS,
+    seed: int = 0,
 ) -> np.ndarray:
-    """All-pairs RBF CKA; each layer's centred kernel is built once (``8·n²`` bytes per layer) and all
-    inner products are one matrix product of the stacked kernels."""
-    return _rbf_cka(*named_lists(xs, ys), sigma_scale)
+    """All-pairs RBF CKA. Up to ``exact_max_rows`` examples exactly: each layer's centred kernel is built
+    once (``8·n²`` bytes per layer) and all inner products are one matrix product of the stacked kernels.
+    Above it, the Nyström approximation (:func:`nystrom_rbf_features`, ``landmarks`` per layer, seeded by
+    ``seed``): each kernel is ``Φ Φᵀ`` for n x m features, and the matrix is linear CKA of the features,
+    gathered in row blocks (memory in m, not n)."""
+    return _rbf_cka(*named_lists(xs, ys), sigma_scale, exact_max_rows, landmarks, seed)
 
 
-def _rbf_cka(x_named: Named, y_named: Named | None, sigma_scale: float) -> np.ndarray:
+def _rbf_cka(x_named: Named, y_named: Named | None, sigma_scale: float, exact_max_rows: int = RBF_EXACT_MAX_ROWS,
+             landmarks: int = RBF_LANDMARKS, seed: int = 0) -> np.ndarray:
     if not (isinstance(sigma_scale, (int, float)) and np.isfinite(sigma_scale) and sigma_scale > 0):
         raise LayersimError(f"sigma_scale must be a positive number, got {sigma_scale!r}.")
+    for key, value in (("exact_max_rows", exact_max_rows), ("landmarks", landmarks)):
+        if not (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 2):
+            raise LayersimError(f"{key} must be an integer of at least 2, got {value!r}.")
     checked = validated(x_named + (y_named or []), "RBF CKA")
     x_named, y_named = checked[: len(x_named)], (None if y_named is None else checked[len(x_named) :])
+    if checked[0][1].shape[0] > exact_max_rows:
+        return _nystrom_cka(x_named, y_named, sigma_scale, landmarks, seed)
     kx = _stacked_rbf(x_named, sigma_scale)
     if y_named is None:
         inner = kx @ kx.T
@@ -99,6 +124,73 @@ def _stacked_rbf(named, sigma_scale: float) -> np.ndarray:
     for k, (name, a) in enumerate(named):
         out[k] = centred_rbf_kernel(name, a, sigma_scale).ravel()
     return out
+
+
+def _nystrom_cka(x_named: Named, y_named: Named | None, sigma_scale: float, landmarks: int, seed: int) -> np.ndarray:
+    """Linear CKA of every layer's Nyström features (row blocks into one accumulator)."""
+    from layersim.similarity.cka_streaming import LinearCKAAccumulator
+
+    named = x_named + (y_named or [])
+    maps = [NystromRBF(name, a, sigma_scale, landmarks, seed) for name, a in named]
+    n = named[0][1].shape[0]
+    acc = LinearCKAAccumulator(precision="float32")  # float32 products: far below the approximation's error
+    for start in range(0, n, 4096):
+        acc.update([m.features(a[start:start + 4096]) for m, (_, a) in zip(maps, named)])
+    whole = acc.matrix()
+    if y_named is None:
+        return np.clip(whole, 0.0, 1.0)
+    return np.clip(whole[: len(x_named), len(x_named):], 0.0, 1.0)
+
+
+class NystromRBF:
+    """The Nyström feature map of one layer's RBF kernel: ``φ(x) = k(x, landmarks) K_mm^{-1/2}``, so that
+    ``Φ Φᵀ = K_nm K_mm⁺ K_mn`` approximates the n x n kernel. The bandwidth follows the exact route's rule,
+    ``σ = sigma_scale × median distance between distinct examples``, the median taken over all pairs up to
+    :data:`MEDIAN_PAIRS` of them and above that over all pairs of a seeded sample of 1,415 rows (a million pairs); the landmarks are a seeded
+    sample of the examples (without replacement). Rows are centred by the layer's mean first (distances
+    do not change; the products lose fewer digits)."""
+
+    def __init__(self, name: str, a: np.ndarray, sigma_scale: float, landmarks: int, seed: int):
+        n = a.shape[0]
+        self.mean = a.mean(axis=0, dtype=np.float64)
+        rng = np.random.default_rng([seed, n])
+        self.median = _median_distance(name, a, self.mean, rng)
+        self.sigma = sigma_scale * self.median
+        chosen = np.sort(rng.choice(n, min(landmarks, n), replace=False))
+        self.landmarks = np.asarray(a[chosen], dtype=np.float64) - self.mean
+        kernel = self._kernel(self.landmarks)
+        eigenvalues, vectors = np.linalg.eigh(kernel)
+        keep = eigenvalues > 1e-10 * eigenvalues.max()  # K_mm⁺ on its numerical range
+        self.whitening = vectors[:, keep] / np.sqrt(eigenvalues[keep])
+
+    def _kernel(self, rows: np.ndarray) -> np.ndarray:
+        sq = (np.einsum("ij,ij->i", rows, rows)[:, None] + np.einsum("ij,ij->i", self.landmarks, self.landmarks)[None, :]
+              - 2.0 * rows @ self.landmarks.T)
+        return np.exp(np.maximum(sq, 0.0) / (-2.0 * self.sigma * self.sigma))
+
+    def features(self, rows: np.ndarray) -> np.ndarray:
+        """(rows, r) float32 features of some of the layer's examples."""
+        return (self._kernel(np.asarray(rows, dtype=np.float64) - self.mean) @ self.whitening).astype(np.float32)
+
+
+def _median_distance(name: str, a: np.ndarray, mean: np.ndarray, rng: np.random.Generator) -> float:
+    """The median distance between distinct examples: over all pairs up to MEDIAN_PAIRS of them, above that
+    over every pair of a seeded sample of rows with about MEDIAN_PAIRS pairs (one Gram product)."""
+    n = a.shape[0]
+    rows = n
+    while rows * (rows - 1) // 2 > MEDIAN_PAIRS:
+        rows = int(np.sqrt(2 * MEDIAN_PAIRS)) + 1
+    chosen = slice(None) if rows == n else np.sort(rng.choice(n, rows, replace=False))
+    centred = np.asarray(a[chosen], dtype=np.float64) - mean
+    gram = centred @ centred.T
+    sq = np.diag(gram)[:, None] + np.diag(gram)[None, :] - 2.0 * gram
+    median = float(np.median(np.sqrt(np.maximum(sq[np.triu_indices(rows, 1)], 0.0))))
+    if not median > 0.0:
+        raise LayersimError(
+            f"{name} has a median pairwise distance of 0 (more than half of its example pairs are "
+            "identical), so the RBF bandwidth is undefined; deduplicate the examples or use linear_cka."
+        )
+    return median
 
 
 def centred_rbf_kernel(name: str, a: np.ndarray, sigma_scale: float = 1.0) -> np.ndarray:
