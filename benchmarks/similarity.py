@@ -55,6 +55,10 @@ cross-products of the 13 stacked layers (:mod:`layersim.similarity.moments`), th
 matrix comes from those d x d blocks; timed (the pass included in every measure's time, though one pass
 serves them all) against today's in-memory matrix (per-layer bases of n rows, the float64 reference for the
 error) and the per-pair loop (3 pairs timed, scaled to all 78); peak memory as traced allocations.
+
+``--rbf`` (``--landmarks 1000 1500`` by default): RBF CKA's 13 x 13 matrix through Nyström features with
+the diagonal restored (the similarity stage's route above ``similarity.rbf_exact_max_rows``), timed, with its
+largest error against the exact n x n kernels where those fit (n ≤ 10,000).
 """
 
 from __future__ import annotations
@@ -592,7 +596,7 @@ def main() -> None:
     parser.add_argument("--rbf", action="store_true",
                         help="instead: RBF CKA's Nyström route at --sizes (default 5000 50000) against the exact kernels "
                              "(up to n = 10,000)")
-    parser.add_argument("--landmarks", type=int, nargs="+", default=[500, 1000], help="--rbf: landmarks per layer")
+    parser.add_argument("--landmarks", type=int, nargs="+", default=[1000, 1500], help="--rbf: landmarks per layer")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     width = args.width or (256 if args.quick else 768)

@@ -173,6 +173,8 @@ CASES = [
      ["align.seed = -1", "a non-negative integer"]),
     ("svcca-variance-zero", "download_task", _set(similarity__svcca_variance=0),
      ["similarity.svcca_variance = 0 ", "a number in (0, 1]"]),
+    ("rbf-landmarks-one", "download_task", _set(similarity__rbf_landmarks=1),
+     ["similarity.rbf_landmarks = 1 ", "at least 2 (a kernel needs two points)"]),
     ("probe-examples-null", "download_model", _set(compare__probe_examples=None),
      ["compare.probe_examples = None", "must be an integer"]),
     ("pooling-not-extracted", "download_compared",

@@ -40,7 +40,7 @@ def test_the_bandwidth_rule_is_unchanged_and_sampled_above_a_million_pairs():
     a = layers[0].astype(np.float64)
     distances = np.sqrt(((a[:, None, :] - a[None, :, :]) ** 2).sum(-1))[np.triu_indices(300, 1)]
     assert small.median == pytest.approx(np.median(distances), rel=1e-12)
-    big = _layers(n=1600, num=1)[0]  # 1.28 million pairs: the median over a sample of 1,415 rows
+    big = _layers(n=1600, num=1)[0]  # 1.28 million pairs: the median over a sample of 1,414 rows
     b = big.astype(np.float64)
     gram = b @ b.T
     sq = np.diag(gram)[:, None] + np.diag(gram)[None, :] - 2 * gram
@@ -55,3 +55,22 @@ def test_the_approximation_is_seeded_and_options_are_checked():
     for key, bad in (("landmarks", 0), ("exact_max_rows", "all"), ("landmarks", True)):
         with pytest.raises(LayersimError, match=f"{key} must be an integer of at least 2"):
             similarity_matrix("rbf_cka", layers, **{key: bad})
+
+
+def test_the_streamed_sums_equal_cka_of_the_corrected_kernels():
+    """The one-pass terms give exactly CKA of K̃ = Φ Φᵀ + diag(1 - ‖φ_i‖²) built densely, whose diagonal
+    is the RBF kernel's (1); several row blocks (n > 4,096) exercise the streaming."""
+    layers = _layers(n=4500, d=8, num=2, seed=4)
+    got = similarity_matrix("rbf_cka", layers, exact_max_rows=100, landmarks=20, seed=2)
+    n = layers[0].shape[0]
+    centring = np.eye(n) - 1.0 / n
+    kernels = []
+    for a in layers:
+        phi = NystromRBF("x", a, 1.0, 20, seed=2).features(a)
+        kernel = phi @ phi.T
+        kernel[np.diag_indices(n)] = 1.0
+        kernels.append(centring @ kernel @ centring)
+    dense = np.sum(kernels[0] * kernels[1]) / np.sqrt(np.sum(kernels[0] ** 2) * np.sum(kernels[1] ** 2))
+    assert got[0, 1] == pytest.approx(dense, abs=2e-6)  # float32 feature products
+    assert got[0, 1] != pytest.approx(
+        similarity_matrix("rbf_cka", layers, exact_max_rows=100, landmarks=20, seed=3)[0, 1], abs=1e-6)

@@ -176,9 +176,10 @@ class SimilarityParams:
                              names=LOCALIZATIONS)
     rbf_sigma_scale: float = knob(1.0, "RBF CKA bandwidth: this × the median pairwise distance", POSITIVE)
     rbf_exact_max_rows: int = knob(10_000, "RBF CKA is exact (n × n kernels, 8·n² bytes per layer) up to this many "
-                                   "points, Nyström-approximated above", POSITIVE, at_most(10**7, "points"))
-    rbf_landmarks: int = knob(1000, "Nyström landmarks per layer above rbf_exact_max_rows (seeded by similarity.seed)",
-                              POSITIVE, at_most(10**5, "landmarks"))
+                                   "points, Nyström-approximated above", at_least(2, "a kernel needs two points"),
+                                   at_most(10**7, "points"))
+    rbf_landmarks: int = knob(1500, "Nyström landmarks per layer above rbf_exact_max_rows (seeded by similarity.seed)",
+                              at_least(2, "a kernel needs two points"), at_most(10**5, "landmarks"))
     svcca_variance: float = knob(0.99, "SVCCA keeps the directions explaining this share of variance", FRACTION)
     pwcca_variance: float | None = knob(0.99, "the same cut for PWCCA, Wu et al.'s pwsim (null: every direction)",
                                         FRACTION)

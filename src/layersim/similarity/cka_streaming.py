@@ -148,10 +148,7 @@ class LinearCKAAccumulator:
             raise unknown_name("constant", constant, ("raise", "nan"))
         self._check_rows()
         centred = self._centred()
-        num = len(self._offsets) - 1
-        hsic = np.zeros((num, num))
-        for (first, stop), panel in zip(self._panels, centred):
-            _panel_hsic(hsic, panel, self._offsets, first, stop)
+        hsic = self._hsic(centred)
         is_constant = self._constant(centred)
         if constant == "raise" and is_constant.any():
             k = int(np.argmax(is_constant))
@@ -160,12 +157,30 @@ class LinearCKAAccumulator:
                 "undefined; drop that layer or check how it was extracted."
             )
         defined = np.flatnonzero(~is_constant)
-        out = np.full((num, num), np.nan)
+        out = np.full(hsic.shape, np.nan)
         if defined.size:
             sub = hsic[np.ix_(defined, defined)]
             self_terms = np.diag(sub).copy()
             out[np.ix_(defined, defined)] = _normalise(sub, self_terms, self_terms, symmetric=True)
         return out
+
+    def hsic(self) -> np.ndarray:
+        """The unnormalised L x L terms ``‖Xc_iᵀ Xc_j‖²_F`` (= ``tr(K_i H K_j H)`` for linear kernels) of the
+        rows seen so far, symmetric: for estimators that add terms before normalising (the Nyström
+        route of RBF CKA)."""
+        self._check_rows()
+        hsic = self._hsic(self._centred())
+        upper = np.triu_indices(len(hsic), 1)
+        hsic[upper[::-1]] = hsic[upper]
+        return hsic
+
+    def _hsic(self, centred: list[np.ndarray]) -> np.ndarray:
+        """The upper triangle of the HSIC terms from the panels' centred cross-products."""
+        num = len(self._offsets) - 1
+        hsic = np.zeros((num, num))
+        for (first, stop), panel in zip(self._panels, centred):
+            _panel_hsic(hsic, panel, self._offsets, first, stop)
+        return hsic
 
     def centred_block(self, i: int, j: int) -> np.ndarray:
         """The centred cross-products ``Xc_iᵀ Xc_j`` of layers i and j (float64, d_i × d_j, a new array) of
