@@ -14,8 +14,10 @@ from layersim.comparisons import stacked_matrix, stream_layers, streamed_linear_
 from layersim.errors import LayersimError
 from layersim.io import ActivationTable, ActivationWriter
 from layersim.similarity import _cka_kernels
-from layersim.similarity import LinearCKAAccumulator, cka_matrix
-from layersim.similarity_report import phang_report
+from layersim.similarity import LinearCKAAccumulator, cka_matrix, permutation_matrix, streamed_linear_cka_null
+from layersim.similarity._rv import row_traces
+from layersim.similarity.kernels import debiased_cka_matrix, streamed_debiased_cka
+from layersim.similarity_report import Uncertainty, phang_report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -216,7 +218,7 @@ def test_stage_outputs_are_the_same_streamed_or_loaded(tmp_path, rng, monkeypatc
         loaded = []
         monkeypatch.setattr(ActivationTable, "layers", lambda self, original=ActivationTable.layers: (
             loaded.append(self.path.name), original(self))[1])
-        matrix_of, layers = stage.layer_sources(tables, labels, ["linear_cka"], {})
+        matrix_of, layers, _ = stage.layer_sources(tables, labels, ["linear_cka"], {})
         assert (layers is None) == streamed  # streamed: no layers in memory, so no null or interval either
         report = phang_report(sizes, matrix_of, ["linear_cka"], "title")
         assert loaded == ([] if streamed else ["orig.cls.parquet", "seed1.cls.parquet", "seed2.cls.parquet"])
@@ -225,18 +227,85 @@ def test_stage_outputs_are_the_same_streamed_or_loaded(tmp_path, rng, monkeypatc
     assert outputs[True] == outputs[False]
 
 
+def test_streamed_traces_and_exact_null_equal_the_in_memory_ones(rng):
+    """Linear CKA's exact permutation null from one streamed pass (traces expanded around the first batch's
+    means) equals permutation_matrix's on the whole arrays, for related and for independent layers."""
+    base = rng.normal(size=(1500, 6))
+    layers = [(base @ rng.normal(size=(6, 9)) + rng.normal(size=(1500, 9)) + 40.0).astype(np.float32),
+              (rng.normal(size=(1500, 20)) * 3.0 - 7.0).astype(np.float32),
+              (base @ rng.normal(size=(6, 5)) + 2.0 * rng.normal(size=(1500, 5))).astype(np.float32)]
+    acc = LinearCKAAccumulator(precision="float64")
+    for start in range(0, 1500, 400):
+        acc.update([a[start:start + 400] for a in layers])
+    trace, products = acc.row_norm_products()
+    norms = np.stack([((a - a.mean(0, dtype=np.float64)) ** 2).sum(1) for a in layers])
+    np.testing.assert_allclose(trace, norms.sum(1), rtol=1e-12)
+    np.testing.assert_allclose(products, norms @ norms.T, rtol=1e-10)
+    np.testing.assert_allclose(np.diag(products), row_traces([(str(k), a) for k, a in enumerate(layers)])[1], rtol=1e-10)
+    cells = ~np.eye(3, dtype=bool)
+    got = streamed_linear_cka_null(acc, cells)
+    want = permutation_matrix("linear_cka", layers, exact=True, cells=cells)
+    for field in ("observed", "null_mean", "null_p95", "p_value"):
+        np.testing.assert_allclose(getattr(got, field), getattr(want, field), rtol=1e-9, atol=1e-12)
+    assert got.method == "exact" and np.isnan(got.p_value[0, 0])
+    assert got.p_value[0, 2] < 1e-6 and got.p_value[0, 1] > 1e-3  # shared signal vs independent noise
+
+
+def test_streamed_debiased_cka_equals_the_in_memory_matrix(rng):
+    """Large offsets (activations are not centred) and uneven batches: the expansion around the first
+    batch's means keeps debiased CKA, whose terms nearly cancel, to 1e-9 of the in-memory float64 value."""
+    base = rng.normal(size=(900, 4))
+    layers = [base @ rng.normal(size=(4, d)) + rng.normal(size=(900, d)) + offset
+              for d, offset in ((5, 100.0), (12, -30.0), (3, 0.0))]
+    acc = LinearCKAAccumulator(precision="float64")
+    for start, stop in ((0, 7), (7, 400), (400, 900)):
+        acc.update([a[start:stop] for a in layers])
+    np.testing.assert_allclose(streamed_debiased_cka(acc, [0, 1, 2]), debiased_cka_matrix(layers), rtol=0, atol=1e-9)
+    np.testing.assert_allclose(streamed_debiased_cka(acc, [2, 0]), debiased_cka_matrix([layers[2], layers[0]]),
+                               rtol=0, atol=1e-9)
+
+
+def test_a_streamed_stage_reports_linear_ckas_exact_null(tmp_path, rng, monkeypatch):
+    """Streamed, the report carries the same linear CKA null as loaded (no bootstrap asked for), and none
+    for a measure whose permutations need the rows."""
+    stage = _stage()
+    tables = _three_runs(tmp_path, rng)
+    labels = stage.run_labels([1, 2])
+    sizes = {labels[run]: table.num_layers + 1 for run, table in tables.items()}
+    uncertainty = Uncertainty(permutations=20, bootstrap=0, seed=0)
+    reports = {}
+    for streamed in (False, True):
+        monkeypatch.setattr(stage, "stream_layers", lambda *args, streamed=streamed: streamed)
+        options = {"svcca": {"variance_threshold": 0.99}}
+        matrix_of, layers, streamed_null = stage.layer_sources(tables, labels, ["linear_cka", "svcca"], options)
+        assert (streamed_null is None) != streamed
+        reports[streamed] = phang_report(sizes, matrix_of, ["linear_cka", "svcca"], "title", layers=layers,
+                                         options=options, uncertainty=uncertainty, streamed_null=streamed_null)
+        monkeypatch.undo()
+    rows = {s: [r for r in reports[s].rows if r["measure"] == "linear CKA"] for s in (False, True)}
+    assert rows[True] and any(r.get("p_value") is not None for r in rows[True])
+    for loaded, streamed in zip(rows[False], rows[True]):
+        assert loaded.keys() == streamed.keys()
+        for key, value in loaded.items():
+            assert streamed[key] == (pytest.approx(value, abs=1e-9) if isinstance(value, float) else value)
+    assert reports[True].metrics["linear_cka"]["null"] == {"method": "exact", "permutations": 0}
+    assert "null" in reports[False].metrics["svcca"] and "null" not in reports[True].metrics["svcca"]
+
+
 @pytest.mark.parametrize("measure, options", [("svcca", {"variance_threshold": 0.99}), ("pwcca", {}),
-                                              ("mean_cca", {}), ("neuronsim", {}), ("mixedsim", {})])
+                                              ("mean_cca", {}), ("neuronsim", {}), ("mixedsim", {}),
+                                              ("debiased_cka", {"method": "feature"})])
 def test_streamed_moments_give_the_loaded_matrices(tmp_path, rng, monkeypatch, measure, options):
-    """The stage's streamed path for the other measures that second moments determine: the same stacked
-    matrix as on the loaded layers, NaN for the constant embedding layers included."""
+    """The stage's streamed path for the other measures that the streamed sums determine (second moments;
+    debiased CKA also the row norms' products): the same stacked matrix as on the loaded layers, NaN for the
+    constant embedding layers included."""
     stage = _stage()
     tables = _three_runs(tmp_path, rng)
     labels = stage.run_labels([1, 2])
     matrices = {}
     for streamed in (False, True):
         monkeypatch.setattr(stage, "stream_layers", lambda *args, streamed=streamed: streamed)
-        matrix_of, layers = stage.layer_sources(tables, labels, ["linear_cka", measure], {measure: options})
+        matrix_of, layers, _ = stage.layer_sources(tables, labels, ["linear_cka", measure], {measure: options})
         assert (layers is None) == streamed
         matrices[streamed] = matrix_of(measure), matrix_of("linear_cka")
         monkeypatch.undo()
@@ -251,4 +320,4 @@ def test_when_the_stage_streams():
     assert not stream_layers(["linear_cka"], 277, widths)  # RTE's validation set: loading is smaller
     assert stream_layers(["linear_cka", "svcca", "pwcca", "neuronsim", "mixedsim"], 200_000, widths)
     assert not stream_layers(["linear_cka", "rbf_cka"], 200_000, widths)  # RBF CKA needs the rows
-    assert not stream_layers(["debiased_cka"], 200_000, widths)
+    assert stream_layers(["debiased_cka"], 200_000, widths)

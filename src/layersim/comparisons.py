@@ -32,7 +32,8 @@ from layersim.similarity import (MEASURES, MOMENT_MEASURES, AttentionMaps, Layer
                                  moments_matrix, similarity_matrix)
 from layersim.similarity._common import blas_threads_for
 from layersim.similarity.bootstrap import bootstrap_pairs
-from layersim.similarity.null import NullMatrix, chance_adjusted, permutation_matrix
+from layersim.similarity.kernels import streamed_debiased_cka
+from layersim.similarity.null import NullMatrix, chance_adjusted, permutation_matrix, streamed_linear_cka_null
 
 # Head-level attention measures: figure label and range (matrix-norm similarity is 1 − a mean
 # Frobenius distance, so it has no lower bound).
@@ -146,20 +147,31 @@ def moments_stacked_matrix(measure: str, accumulator: LinearCKAAccumulator, **op
     constant = accumulator.constant_layers()
     defined = np.flatnonzero(~constant).tolist()
     out = np.full((len(constant), len(constant)), np.nan)
-    if defined:
+    if defined and measure == "debiased_cka":  # its `method` picks how products are taken in memory: moot here
+        out[np.ix_(defined, defined)] = streamed_debiased_cka(accumulator, defined)
+    elif defined:
         out[np.ix_(defined, defined)] = moments_matrix(measure, LayerMoments(accumulator), defined, **options)
     return out
 
 
-STREAMABLE = ("linear_cka", *MOMENT_MEASURES)
+def moments_stacked_null(measure: str, accumulator: LinearCKAAccumulator, cells: np.ndarray | None = None
+                         ) -> NullMatrix | None:
+    """``stacked_null`` from the streamed moments: linear CKA's exact permutation null (its traces are sums
+    over rows); None for the other measures, whose permutations need the rows in memory."""
+    if measure != "linear_cka":
+        return None
+    return streamed_linear_cka_null(accumulator, cells)
+
+
+STREAMABLE = ("linear_cka", "debiased_cka", *MOMENT_MEASURES)
 
 
 def stream_layers(measures: Sequence[str], num_rows: int, widths: Sequence[int]) -> bool:
     """Whether the measures over layers of these widths (all models stacked) should come from moments
     streamed from the tables rather than from the loaded layers.
 
-    Only when every measure can (linear CKA, the CCA family, neuronsim, mixedsim; not RBF or debiased CKA,
-    which need the rows), and loading (the float32 layers plus a float64 centred copy) would take more
+    Only when every measure can (linear and debiased CKA, the CCA family, neuronsim, mixedsim; not RBF CKA,
+    whose kernels need the rows), and loading (the float32 layers plus a float64 centred copy) would take more
     memory than streaming's float64 cross-product sums and one batch, which do not grow with the number of
     rows. Few examples are faster and smaller in memory in sample space.
     """

@@ -16,7 +16,7 @@ from layersim.comparisons import (LOCALIZATION_LABELS, Comparison, attention_mea
                                   phang_cells, phang_comparisons, seed_spread, stacked_matrix, stacked_null, summarize)
 from layersim.plots import (Curve, block_heatmap, chance_note, diagonal_curves, localization_curves, matrix_rows,
                             measure_grid, stacked_rows)
-from layersim.similarity import MEASURES, is_constant
+from layersim.similarity import MEASURES, NullMatrix, is_constant
 from layersim.similarity.blocks import Blocks, find_blocks, stability
 from layersim.similarity.cca import CAPPED_MEASURES, kept_dimensions
 
@@ -57,7 +57,8 @@ class PoolingReport:
 def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], measures: Sequence[str],
                  title: str, *, layers: Callable[[], dict[str, list]] | None = None,
                  options: dict[str, dict] | None = None, uncertainty: Uncertainty | None = None,
-                 groups: np.ndarray | None = None, first_layer: int = 0, attention: bool = False) -> PoolingReport:
+                 groups: np.ndarray | None = None, first_layer: int = 0, attention: bool = False,
+                 streamed_null: Callable[[str, np.ndarray], NullMatrix | None] | None = None) -> PoolingReport:
     """Stacked matrices per measure (`matrix_of(measure)`, layers per model in `sizes`: ORIG, then FT[1], FT[2], …)
     as Phang et al.'s comparisons.
 
@@ -65,7 +66,9 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
     gets its permutation null and the FT–ORIG and FT[1]–FT[2] diagonals a bootstrap interval over examples
     (over `groups` of rows: the words of one example are resampled together); with more than two seeds,
     the FT[i]–FT[j] diagonals' mean ± sd over all pairs. Attention maps get no null (a permutation of
-    examples has no meaning for per-token maps of different lengths).
+    examples has no meaning for per-token maps of different lengths). Without `layers` (tables streamed),
+    `streamed_null(measure, cells)` gives the nulls it can from the streamed moments (None otherwise), and
+    there are no bootstrap intervals.
     """
     options = options or {}
     orig, finetuned = "ORIG", [label for label in sizes if label != "ORIG"]
@@ -80,6 +83,9 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
         if qualified:
             null = stacked_null(measure, layers(), permutations=uncertainty.permutations, seed=uncertainty.seed,
                                 cells=phang_cells(sizes, orig, finetuned), **options.get(measure, {}))
+        elif uncertainty is not None and streamed_null is not None and not attention:
+            null = streamed_null(measure, phang_cells(sizes, orig, finetuned))
+        if null is not None:
             note = uncertainty.note(null.method)
         comparisons = phang_comparisons(matrix, sizes, orig, finetuned, null)
         resampled = {}
@@ -108,7 +114,7 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
                 metrics[measure]["blocks"]["seed_stability"] = round(stability(blocks["ft_ft"], others), 6)
         if null is not None:
             metrics[measure]["null"] = {"method": null.method, "permutations": null.permutations}
-            if measure in CAPPED_MEASURES:
+            if measure in CAPPED_MEASURES and layers is not None:
                 metrics[measure]["kept_dimensions"] = kept_dimensions_per_layer(layers(), measure,
                                                                                 **options.get(measure, {}))
             curves[label], curve_bounds[label] = _diagonal_curves(comparisons, matrix, sizes, finetuned), bounds

@@ -6,7 +6,8 @@ stage writes them.
 
 Memory: when every measure can be computed from second moments (linear CKA, the CCA family, neuronsim,
 mixedsim), the matrices come from one pass over the activation tables in row batches once that takes less
-memory than loading them (layersim.comparisons.stream_layers); the null and intervals, which need the rows in
+memory than loading them (layersim.comparisons.stream_layers); linear CKA's exact permutation null comes from
+the same pass, while the other measures' permutation nulls and every bootstrap interval, which need the rows in
 memory, are then left out and the metrics say so."""
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from layersim.comparisons import (attention_maps, moments_stacked_matrix, per_layer, stacked_matrix, stream_layers,
-                                  stream_rows, streamed_moments)
+from layersim.comparisons import (attention_maps, moments_stacked_matrix, moments_stacked_null, per_layer,
+                                  stacked_matrix, stream_layers, stream_rows, streamed_moments)
 from layersim.io import ActivationTable, AttentionTable, run_expectations, write_figure, write_json
 from layersim.params import Params
 from layersim.similarity import check_computable
@@ -30,9 +31,10 @@ def run_labels(seeds) -> dict[str, str]:
 
 
 def layer_sources(tables: dict, labels: dict, measures, options, log=lambda *args: None):
-    """(`matrix_of(measure)`, `layers()`) over the runs' stacked layers: every measure from moments streamed
-    from the tables in row batches (one pass for all) when that takes less memory (then `layers` is None),
-    otherwise every measure on the layers, read once."""
+    """(`matrix_of(measure)`, `layers()`, `streamed_null(measure, cells)`) over the runs' stacked layers: every
+    measure from moments streamed from the tables in row batches (one pass for all) when that takes less
+    memory (then `layers` is None and `streamed_null` gives the nulls the moments determine), otherwise every
+    measure on the layers, read once (and `streamed_null` is None)."""
     widths = [table.hidden_size for table in tables.values() for _ in range(table.num_layers + 1)]
     num_rows = next(iter(tables.values())).num_rows
     streamed = stream_layers(measures, num_rows, widths)
@@ -43,17 +45,22 @@ def layer_sources(tables: dict, labels: dict, measures, options, log=lambda *arg
             models.update({labels[run]: table.layers() for run, table in tables.items()})
         return models
 
-    def matrix_of(measure):
-        if not streamed:
-            return stacked_matrix(measure, layers(), **options.get(measure, {}))
+    def accumulated():
         if not moments:
             rows = stream_rows(widths)
             log("streaming the layers' moments from the activation tables, %d rows at a time", rows)
             batches = zip(*(table.iter_batches(rows) for table in tables.values()))
             moments.append(streamed_moments(tqdm(batches, total=-(-num_rows // rows), desc="moments", mininterval=2)))
-        return moments_stacked_matrix(measure, moments[0], **options.get(measure, {}))
+        return moments[0]
 
-    return matrix_of, (None if streamed else layers)
+    def matrix_of(measure):
+        if not streamed:
+            return stacked_matrix(measure, layers(), **options.get(measure, {}))
+        return moments_stacked_matrix(measure, accumulated(), **options.get(measure, {}))
+
+    if not streamed:
+        return matrix_of, layers, None
+    return matrix_of, None, lambda measure, cells: moments_stacked_null(measure, accumulated(), cells)
 
 
 @dataclass
@@ -92,13 +99,17 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
         model = orig.metadata["model"]
         log("read %d activation tables (%s pooling, %d rows) from %s", len(tables), pooling, orig.num_rows, activations)
         sizes = {labels[run]: table.num_layers + 1 for run, table in tables.items()}
-        matrix_of, layers = layer_sources(tables, labels, measures, options, log)
+        matrix_of, layers, streamed_null = layer_sources(tables, labels, measures, options, log)
         report = phang_report(sizes, matrix_of, measures, f"{pooling.upper()} representations — {model} on {task}",
-                              layers=layers, options=options, uncertainty=uncertainty, groups=orig.example_id)
+                              layers=layers, options=options, uncertainty=uncertainty, groups=orig.example_id,
+                              streamed_null=streamed_null)
         metrics = out.metrics[pooling] = report.metrics
         if layers is None:
-            metrics["null"] = "not computed: the tables were streamed (larger than memory)"
-            warn("%s: tables streamed, so no permutation null or bootstrap interval", pooling)
+            without = [m for m in measures if "null" not in metrics[m]]
+            metrics["null"] = ("tables streamed (larger than memory): no bootstrap intervals"
+                               + (f"; no permutation null for {', '.join(without)}" if without else ""))
+            warn("%s: tables streamed, so no bootstrap interval%s", pooling,
+                 f" and no permutation null for {', '.join(without)}" if without else "")
         metrics["rows"] = orig.num_rows
         out.figures["plots", f"{pooling}.png"] = report.figure
         out.rows["plots", f"{pooling}.json"] = report.rows

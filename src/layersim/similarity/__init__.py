@@ -32,7 +32,8 @@ from layersim.similarity.kernels import debiased_cka, rbf_cka
 from layersim.similarity.localization import localization_scores, mean_similarity_per_layer
 from layersim.similarity.moments import MOMENT_MEASURES, LayerMoments, moments_matrix
 from layersim.similarity.neurons import NeuronScores, mixedsim, mixedsim_per_neuron, neuronsim, neuronsim_per_neuron
-from layersim.similarity.null import NullMatrix, NullResult, chance_adjusted, permutation_matrix, permutation_test
+from layersim.similarity.null import (NullMatrix, NullResult, chance_adjusted, permutation_matrix, permutation_test,
+                                     streamed_linear_cka_null)
 from layersim.similarity.registry import (
     MEASURES,
     Measure,
@@ -77,6 +78,7 @@ __all__ = [
     "permutation_test",
     "pwcca",
     "rbf_cka",
+    "streamed_linear_cka_null",
     "similarity",
     "similarity_matrix",
     "svcca",

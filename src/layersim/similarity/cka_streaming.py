@@ -109,6 +109,10 @@ class LinearCKAAccumulator:
                 np.subtract(a[start:stop], self._shift[k], out=u[:, offsets[k] : offsets[k + 1]],
                             dtype=np.float64, casting="same_kind")
             self._sums += u.sum(axis=0, dtype=np.float64)
+            norms = np.stack([np.einsum("ij,ij->i", u[:, offsets[k] : offsets[k + 1]], u[:, offsets[k] : offsets[k + 1]],
+                                        dtype=np.float64) for k in range(len(arrays))], axis=1)
+            self._norm_products += norms.T @ norms
+            self._weighted += norms.T @ u
             for (first, last), cross in zip(self._panels, self._cross):
                 _add_panel(cross, u, offsets[first], offsets[last], self._part)
             self.num_rows += stop - start
@@ -126,6 +130,8 @@ class LinearCKAAccumulator:
         float32 = self.precision == "float32" or (self.precision == "auto" and narrow)
         self._dtype = np.float32 if float32 else np.float64
         self._sums = np.zeros(int(offsets[-1]))
+        self._norm_products = np.zeros((len(widths), len(widths)))  # [a, b]: Σ ‖u_a‖² ‖u_b‖²
+        self._weighted = np.zeros((len(widths), int(offsets[-1])))  # [a, columns of b]: Σ ‖u_a‖² u_b
         self._cross = [np.zeros((offsets[stop] - offsets[first], offsets[-1] - offsets[first]))
                        for first, stop in self._panels]
         if float32:
@@ -190,13 +196,39 @@ class LinearCKAAccumulator:
         if i > j:
             return self.centred_block(j, i).T.copy()
         offsets, n = self._offsets, self.num_rows
-        panel = next(k for k, (first, stop) in enumerate(self._panels) if first <= i < stop)
-        first = self._panels[panel][0]
-        rows = slice(offsets[i] - offsets[first], offsets[i + 1] - offsets[first])
-        cols = slice(offsets[j] - offsets[first], offsets[j + 1] - offsets[first])
         mean = self._sums / n
-        return self._cross[panel][rows, cols] - n * np.outer(mean[offsets[i]:offsets[i + 1]],
-                                                             mean[offsets[j]:offsets[j + 1]])
+        return self._raw_block(i, j) - n * np.outer(mean[offsets[i]:offsets[i + 1]], mean[offsets[j]:offsets[j + 1]])
+
+    def row_norm_products(self) -> tuple[np.ndarray, np.ndarray]:
+        """The centred rows' squared norms, summed (``tr K`` per layer) and multiplied across layers
+        (``[a, b] = Σ_i ‖xc_a,i‖² ‖xc_b,i‖²``; its diagonal is ``Σ_i K_ii²``), from the sums kept per batch:
+        what linear CKA's exact permutation null and debiased CKA need beyond the cross-products.
+
+        With ``u`` the shifted rows, ``ū`` their mean, ``s_i = ‖u_i‖²`` and ``c = ‖ū‖²``, the centred norm is
+        ``s_i - 2 u_i·ū + c``, so the products expand into ``Σ s_a s_b - 2 ū_b·Σ s_a u_b - 2 ū_a·Σ s_b u_a
+        + 4 ū_aᵀ(Σ u_aᵀ u_b)ū_b + c_b Σ s_a + c_a Σ s_b - 3n c_a c_b``."""
+        self._check_rows()
+        offsets, n, num = self._offsets, self.num_rows, len(self._offsets) - 1
+        means = [self._sums[offsets[i] : offsets[i + 1]] / n for i in range(num)]
+        sq_means = np.array([m @ m for m in means])
+        sum_sq = np.array([np.trace(self._raw_block(i, i)) for i in range(num)])
+        products = np.empty((num, num))
+        for a in range(num):
+            for b in range(a, num):
+                value = (self._norm_products[a, b]
+                         - 2.0 * means[b] @ self._weighted[a, offsets[b] : offsets[b + 1]]
+                         - 2.0 * means[a] @ self._weighted[b, offsets[a] : offsets[a + 1]]
+                         + 4.0 * means[a] @ self._raw_block(a, b) @ means[b]
+                         + sq_means[b] * sum_sq[a] + sq_means[a] * sum_sq[b] - 3.0 * n * sq_means[a] * sq_means[b])
+                products[a, b] = products[b, a] = value
+        return sum_sq - n * sq_means, products
+
+    def _raw_block(self, i: int, j: int) -> np.ndarray:
+        """``Σ u_iᵀ u_j`` of the shifted rows (a view; i ≤ j)."""
+        offsets = self._offsets
+        panel = next(k for k, (first, stop) in enumerate(self._panels) if first <= i < stop)
+        base = offsets[self._panels[panel][0]]
+        return self._cross[panel][offsets[i] - base : offsets[i + 1] - base, offsets[j] - base : offsets[j + 1] - base]
 
     def layer_mean(self, i: int) -> np.ndarray:
         """The mean of layer i's neurons over the rows seen so far (float64)."""

@@ -302,20 +302,47 @@ def _debiased_cka(x_named: Named, y_named: Named | None, method: str) -> np.ndar
         )
     hsic_fn = cka._hsic_gram if method == "gram" else cka._hsic_feature
     cross, self_x, self_y = hsic_fn(x_named, y_named)
+    own_x = np.einsum("ij,ij->i", rows_x, rows_x)
+    own_y = own_x if y_named is None else np.einsum("ij,ij->i", rows_y, rows_y)
+    return debiased_from_sums(n, cross, rows_x @ rows_y.T, (self_x, own_x, rows_x.sum(1), [k for k, _ in x_named]),
+                              None if y_named is None else (self_y, own_y, rows_y.sum(1), [k for k, _ in y_named]))
 
-    def unbiased(xty: np.ndarray, kx: np.ndarray, ky: np.ndarray) -> np.ndarray:
+
+def streamed_debiased_cka(accumulator, layers: Sequence[int]) -> np.ndarray:
+    """Debiased CKA between the given layers of a :class:`~layersim.similarity.LinearCKAAccumulator`, every
+    pair, from the sums it gathered over row batches: the same matrix as :func:`debiased_cka_matrix` on the
+    concatenated rows (to rounding), in memory independent of the number of examples."""
+    n = accumulator.num_rows
+    if n < 4:
+        raise LayersimError(f"debiased CKA needs at least 4 examples, got {n}.")
+    chosen = np.ix_(list(layers), list(layers))
+    hsic = accumulator.hsic()[chosen]
+    trace, products = accumulator.row_norm_products()
+    products = products[chosen]
+    picked = np.asarray(list(layers))
+    return debiased_from_sums(n, hsic, products, (np.diag(hsic), np.diag(products), trace[picked],
+                                                  [f"layers[{k}]" for k in picked]), None)
+
+
+def debiased_from_sums(n: int, cross: np.ndarray, products: np.ndarray, x_sums: tuple, y_sums: tuple | None
+                       ) -> np.ndarray:
+    """Debiased CKA from sums over the examples, the same whether the rows were in memory or streamed:
+    ``cross[a, b] = ‖Xc_aᵀ Yc_b‖²_F``, ``products[a, b] = Σ_i ‖xc_a,i‖² ‖yc_b,i‖²`` and per side
+    ``(self-HSICs ‖Xcᵀ Xc‖²_F, Σ_i ‖xc_i‖⁴, Σ_i ‖xc_i‖², names)``; ``y_sums`` None: x against itself."""
+    def unbiased(xty, kk, trace_x, trace_y):
         # n(n-3)·HSIC_1 (the common factor cancels in the ratio).
-        return xty - n / (n - 2.0) * (kx @ ky.T) + np.outer(kx.sum(1), ky.sum(1)) / ((n - 1.0) * (n - 2.0))
+        return xty - n / (n - 2.0) * kk + np.outer(trace_x, trace_y) / ((n - 1.0) * (n - 2.0))
 
-    num = unbiased(cross, rows_x, rows_y)
-    den_x = _checked_self(np.diag(unbiased(np.diag(self_x), rows_x, rows_x)), self_x, x_named)
-    if y_named is None:
-        den_y = den_x
-    else:
-        den_y = _checked_self(np.diag(unbiased(np.diag(self_y), rows_y, rows_y)), self_y, y_named)
+    def denominator(self_hsic, own, trace, names):
+        value = np.diag(unbiased(np.diag(self_hsic), np.diag(own), trace, trace))
+        return _checked_self(value, self_hsic, names)
+
+    den_x = denominator(*x_sums)
+    den_y = den_x if y_sums is None else denominator(*y_sums)
+    num = unbiased(cross, products, x_sums[2], (x_sums if y_sums is None else y_sums)[2])
     out = num / (np.sqrt(den_x)[:, None] * np.sqrt(den_y)[None, :])
-    if y_named is None:
-        upper = np.triu_indices(len(x_named), 1)
+    if y_sums is None:
+        upper = np.triu_indices(len(out), 1)
         out[upper[::-1]] = out[upper]
         np.fill_diagonal(out, 1.0)
     return np.clip(out, -1.0, 1.0, out=out)
@@ -326,8 +353,8 @@ def _sq_row_norms(name: str, a: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ij->i", centred, centred)
 
 
-def _checked_self(unbiased_self: np.ndarray, biased_self: np.ndarray, named) -> np.ndarray:
-    for value, biased, (name, _) in zip(unbiased_self, biased_self, named):
+def _checked_self(unbiased_self: np.ndarray, biased_self: np.ndarray, names) -> np.ndarray:
+    for value, biased, name in zip(unbiased_self, biased_self, names):
         if not value > _SELF_HSIC_RTOL * biased:
             raise LayersimError(
                 f"{name} has an unbiased self-HSIC of {value:.3g} (not positive), so its debiased CKA is "

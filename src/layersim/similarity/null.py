@@ -22,7 +22,9 @@ Exact linear CKA: linear CKA is the RV coefficient of the centred data, whose pe
 distribution has exact moments computable from per-layer traces (Kazi-Aoual et al. 1995, "Refined
 approximations to permutation tests for multivariate inference", Comput. Stat. Data Anal.; Josse,
 Pagès & Husson 2008, "Testing the significance of the RV coefficient"; FactoMineR's ``coeffRV``):
-see :mod:`layersim.similarity._rv`. With ``exact=None`` linear_cka uses them (no permutations).
+see :mod:`layersim.similarity._rv`. With ``exact=None`` linear_cka uses them (no permutations). The traces
+are sums over rows, so :func:`streamed_linear_cka_null` gives the same null from one streamed pass
+(:class:`~layersim.similarity.LinearCKAAccumulator`) for tables larger than memory.
 """
 
 from __future__ import annotations
@@ -142,6 +144,33 @@ def permutation_matrix(name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndar
     :class:`NullMatrix` with ``method`` "exact" or "permutation".
     """
     return _null(name, *named_lists(xs, ys), cells, permutations, seed, exact, options)
+
+
+def streamed_linear_cka_null(accumulator, cells: np.ndarray | None = None) -> NullMatrix:
+    """The exact permutation null of every cell of a :class:`LinearCKAAccumulator`'s matrix (all layers
+    against all), from the traces it gathered in its one pass over row batches: the same as
+    ``permutation_matrix("linear_cka", layers, exact=True)`` on the concatenated rows (to rounding), for
+    tables larger than memory. Constant layers and cells outside ``cells`` are NaN."""
+    observed = accumulator.matrix(constant="nan")
+    hsic = np.diag(accumulator.hsic())
+    trace, products = accumulator.row_norm_products()
+    diag_sq = np.diag(products)
+    defined = np.isfinite(np.diag(observed))
+    shape = observed.shape
+    out = [observed.copy()] + [np.full(shape, np.nan) for _ in range(3)]
+    idx = np.flatnonzero(defined)
+    if idx.size:
+        n = accumulator.num_rows
+        t, t2, s2 = trace[idx], hsic[idx], diag_sq[idx]
+        mean, var = _rv.moments(n, t[:, None], t2[:, None], s2[:, None], t[None, :], t2[None, :], s2[None, :])
+        sub = observed[np.ix_(idx, idx)]
+        p95, p_value = _rv.pearson3_null(sub, mean, var)
+        for target, values in zip(out[1:], (mean, p95, p_value)):
+            target[np.ix_(idx, idx)] = values
+    chosen = _check_cells(cells, shape)
+    for a in out:
+        a[~chosen] = np.nan
+    return NullMatrix(*out, 0, "exact")
 
 
 def _null(name: str, x_named, y_named, cells, permutations, seed, exact, options) -> NullMatrix:
