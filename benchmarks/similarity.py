@@ -51,8 +51,10 @@ that calls the pair function on the upper triangle, recomputing everything per p
     python benchmarks/similarity.py --rbf            # RBF CKA: Nyström features against the exact kernels
 
 ``--moments`` (n = 5,000 and 50,000 by default): one float64 pass over row batches gathers the centred
-cross-products of the 13 stacked layers (:mod:`layersim.similarity.moments`), then each measure's 13 x 13
-matrix comes from those d x d blocks; timed (the pass included in every measure's time, though one pass
+cross-products of the 13 stacked layers and their rows' squared norms (what the similarity stage streams,
+:func:`layersim.comparisons.moments_stacked_matrix`), then each measure's 13 x 13 matrix comes from those
+sums (the CCA family, neuronsim and mixedsim from the d x d blocks, debiased CKA also from the norms), and
+linear CKA's exact permutation null from the same pass; timed (the pass included in every measure's time, though one pass
 serves them all) against today's in-memory matrix (per-layer bases of n rows, the float64 reference for the
 error) and the per-pair loop (3 pairs timed, scaled to all 78); peak memory as traced allocations.
 
@@ -499,7 +501,7 @@ def measures_section(names: list[str], n: int, width: int, num_layers: int, seed
 
 
 MOMENT_OPTIONS = {"svcca": {"variance_threshold": 0.99}, "pwcca": {"variance_threshold": 0.99}, "mean_cca": {},
-                  "neuronsim": {}, "mixedsim": {}}
+                  "neuronsim": {}, "mixedsim": {}, "debiased_cka": {}}
 
 
 def _peak_mb(fn: Callable, *args, **kwargs):
@@ -519,8 +521,9 @@ def moments_section(names: list[str], n: int, width: int, num_layers: int, seed:
                     loop_pairs: int, batch_rows: int = 8192) -> None:
     """The streamed-moments route (one pass over row batches, then every measure from the d x d blocks)
     against today's in-memory matrix (per-layer bases of n rows) and the per-pair loop."""
+    from layersim.comparisons import moments_stacked_matrix
+    from layersim.similarity import permutation_matrix, streamed_linear_cka_null
     from layersim.similarity.cka_streaming import LinearCKAAccumulator
-    from layersim.similarity.moments import LayerMoments, moments_matrix
 
     layers = make_layers(n, width, num_layers, seed)
     print(f"\n{num_layers} layers x {n} examples x {width} neurons (float32), rows streamed in batches of {batch_rows}")
@@ -529,17 +532,25 @@ def moments_section(names: list[str], n: int, width: int, num_layers: int, seed:
         acc = LinearCKAAccumulator(precision="float64")
         for start in range(0, n, batch_rows):
             acc.update([a[start:start + batch_rows] for a in layers])
-        return LayerMoments(acc)
+        return acc
 
     moments, t_pass, mb_pass = _peak_mb(gather)
-    print(f"one pass over the rows (float64 products, shared by every measure): {t_pass:.1f} s, peak {mb_pass:.0f} MB\n")
+    print(f"one pass over the rows (float64 products, shared by every measure): {t_pass:.1f} s, peak {mb_pass:.0f} MB")
+    null, t_null, _ = _peak_mb(streamed_linear_cka_null, moments)
+    line = f"linear CKA's exact permutation null from that pass: {t_null:.1f} s"
+    if n <= memory_max:
+        loaded, t_loaded, mb_loaded = _peak_mb(permutation_matrix, "linear_cka", layers, exact=True)
+        line += (f" (in memory {t_loaded:.1f} s, peak {mb_loaded:.0f} MB; max |diff| of the null mean "
+                 f"{float(np.nanmax(np.abs(null.null_mean - loaded.null_mean))):.1e}, of the p-value "
+                 f"{float(np.nanmax(np.abs(null.p_value - loaded.p_value))):.1e})")
+    print(line + "\n")
     header = (f"{'measure':<10} {'moments [s]':>11} {'peak MB':>8} {'in memory [s]':>13} {'peak MB':>8} "
               f"{'pair loop [s]':>13} {'vs memory':>9} {'vs loop':>8} {'max |diff|':>10}")
     print(header)
     print("-" * len(header))
     for name in names:
         options = MOMENT_OPTIONS[name]
-        fast, t_fast, mb_fast = _peak_mb(moments_matrix, name, moments, list(range(num_layers)), **options)
+        fast, t_fast, mb_fast = _peak_mb(moments_stacked_matrix, name, moments, **options)
         t_total = t_pass + t_fast
         if n <= memory_max:
             exact, t_mem, mb_mem = _peak_mb(similarity_matrix, name, layers, **options)

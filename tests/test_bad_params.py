@@ -175,6 +175,8 @@ CASES = [
      ["similarity.svcca_variance = 0 ", "a number in (0, 1]"]),
     ("rbf-landmarks-one", "download_task", _set(similarity__rbf_landmarks=1),
      ["similarity.rbf_landmarks = 1 ", "at least 2 (a kernel needs two points)"]),
+    ("launch-stage-unknown", "download_task", _set(launch__gpu_stages=["finetune", "finetun"]),
+     ["launch.gpu_stages has 'finetun'", "did you mean 'finetune'?"]),
     ("probe-examples-null", "download_model", _set(compare__probe_examples=None),
      ["compare.probe_examples = None", "must be an integer"]),
     ("pooling-not-extracted", "download_compared",

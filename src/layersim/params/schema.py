@@ -343,6 +343,23 @@ class ExportParams:  # a smaller model that keeps the score (the export stage)
                                "reported)", POSITIVE, at_most(1000, "timed passes"))
 
 
+# The pipeline's stages (dvc.yaml's names; tests/test_launch.py keeps the two in step), for launch.gpu_stages.
+STAGES = ("check_params", "download_model", "download_compared", "download_paired", "download_task", "finetune",
+          "extract", "similarity", "compare", "truncate", "skip", "align", "freeze", "export", "summary", "report")
+
+
+@dataclass(frozen=True)
+class LaunchParams:  # `layersim launch`: the pipeline's nodes as Ray tasks (not read by any stage)
+    gpu_stages: tuple[str, ...] = knob(("finetune", "extract", "truncate", "skip", "align", "freeze", "export"),
+                                       "stages whose tasks ask Ray for num_gpus (the others for num_cpus)",
+                                       names=lambda: (STAGES, True))
+    num_gpus: float = knob(1.0, "GPUs per task of a GPU stage (a fraction shares a GPU between tasks)", POSITIVE,
+                           at_most(64, "GPUs per task"))
+    num_cpus: float = knob(1.0, "CPUs per task of the other stages", POSITIVE, at_most(1024, "CPUs per task"))
+    retries: int = knob(2, "times a task is retried when its worker dies (preemption, lost node); a stage that "
+                        "fails is not retried", NON_NEGATIVE, at_most(100, "retries"))
+
+
 @dataclass(frozen=True)
 class Params:
     model: str
@@ -359,12 +376,13 @@ class Params:
     align: AlignParams = field(default_factory=AlignParams)
     freeze: FreezeParams = field(default_factory=FreezeParams)
     export: ExportParams = field(default_factory=ExportParams)
+    launch: LaunchParams = field(default_factory=LaunchParams)
 
 
 SECTIONS = {"download": DownloadParams, "finetune": FinetuneParams, "extract": ExtractParams,
             "similarity": SimilarityParams, "compare": CompareParams, "truncate": TruncateParams,
             "skip": SkipParams, "align": AlignParams, "freeze": FreezeParams,
-            "export": ExportParams}
+            "export": ExportParams, "launch": LaunchParams}
 TOP_LEVEL = ("model", "tasks", "seeds", "device", *SECTIONS)
 # The device param: auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N.
 DEVICE = r"auto|cpu|cuda(:[0-9]{1,2})?"

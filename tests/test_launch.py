@@ -1,0 +1,119 @@
+"""`layersim launch`: the pipeline's nodes as Ray tasks on a local cluster with fake GPUs, against a
+serial `dvc repro` of the same project (tests/launch_project.py: nodes that wait instead of computing)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dvc_project import REPO, dvc, output, run
+from launch_project import make_launch_project, parsed_lock
+from layersim.params.schema import STAGES
+
+ITEMS = ["a", "b", "c", "d"]
+SECONDS = 1.5  # each fine-tune's wait: long enough that two run at once on two fake GPUs
+
+
+def _launch(root: Path, env: dict, *args: str):
+    return run([sys.executable, "-m", "layersim_launch.cli", "launch", "--cpus", "2", *args], root, env, check=False)
+
+
+def _status_clean(root: Path, env: dict) -> bool:
+    return json.loads(run(dvc("status", "--json"), root, env).stdout or "{}") == {}
+
+
+def test_the_launch_params_name_every_stage_of_the_pipeline():
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    assert set(STAGES) == set(stages)
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serial")
+    env = make_launch_project(root, ITEMS, seconds=SECONDS)
+    run(dvc("repro"), root, env)
+    return root
+
+
+@pytest.mark.integration
+def test_shared_workspace_runs_like_serial_with_one_gpu_per_concurrent_finetune(tmp_path, serial):
+    root = tmp_path / "project"
+    env = make_launch_project(root, ITEMS, seconds=SECONDS)
+    result = _launch(root, env, "--gpus", "2")
+    assert result.returncode == 0, output(result)
+    assert _status_clean(root, env)
+    assert parsed_lock(root) == parsed_lock(serial)
+    assert "Unable to acquire lock" not in "".join(p.read_text() for p in (root / ".dvc/tmp/launch").glob("*.log"))
+    runs = [json.loads((root / "logs" / f"train-{item}.json").read_text()) for item in ITEMS]
+    assert {r["devices"] for r in runs} == {"0", "1"}
+    overlapping = [(x, y) for i, x in enumerate(runs) for y in runs[i + 1:] if x["start"] < y["end"] and y["start"] < x["end"]]
+    assert overlapping and all(x["devices"] != y["devices"] for x, y in overlapping)  # two at a time, each its own GPU
+    assert "compare" in result.stdout and "nodes in" in result.stdout  # the per-node summary
+    again = _launch(root, env, "--gpus", "2")
+    assert again.returncode == 0 and "every stage is up to date" in again.stdout, output(again)
+
+
+@pytest.mark.integration
+def test_a_failed_node_stops_its_descendants_and_a_rerun_continues(tmp_path, serial):
+    root = tmp_path / "project"
+    env = make_launch_project(root, ITEMS, seconds=SECONDS)
+    (root / "fail-b").write_text("")
+    result = _launch(root, env, "--gpus", "2")
+    assert result.returncode == 1, output(result)
+    assert "finetune@b failed" in result.stderr and "finetune_at_b.log" in result.stderr
+    assert "told to fail" in (root / ".dvc/tmp/launch/finetune_at_b.log").read_text()
+    for item in ("a", "c", "d"):  # the nodes that did not need it finished
+        assert (root / "data" / "extract" / f"{item}.txt").exists()
+    assert not (root / "data" / "extract" / "b.txt").exists() and not (root / "data" / "compare.txt").exists()
+    (root / "fail-b").unlink()
+    again = _launch(root, env, "--gpus", "2")
+    assert again.returncode == 0, output(again)
+    ran = {line.split()[1] for line in again.stdout.splitlines() if line.startswith("done")}
+    assert ran == {"finetune@b", "extract@b", "compare"}
+    assert _status_clean(root, env) and parsed_lock(root) == parsed_lock(serial)
+
+
+@pytest.mark.integration
+def test_a_killed_worker_is_retried(tmp_path, serial):
+    root = tmp_path / "project"
+    env = make_launch_project(root, ITEMS, seconds=SECONDS)
+    (root / "kill-c").write_text("")
+    result = _launch(root, env, "--gpus", "2")
+    assert result.returncode == 0, output(result)
+    assert (root / "killed-c").exists()  # the first attempt took its worker down
+    assert "killed its Ray worker" in (root / ".dvc/tmp/launch/finetune_at_c.log").read_text()
+    assert _status_clean(root, env) and parsed_lock(root) == parsed_lock(serial)
+
+
+@pytest.mark.integration
+def test_clone_workspace_restores_every_stage_into_the_workspace(tmp_path, serial):
+    root = tmp_path / "project"
+    env = make_launch_project(root, ITEMS, seconds=SECONDS)
+    result = _launch(root, env, "--gpus", "2", "--workspace", "clone")
+    assert result.returncode == 0, output(result)
+    assert _status_clean(root, env)
+    assert (root / "dvc.lock").read_text() == (serial / "dvc.lock").read_text()  # written in DAG order by the head
+    assert (root / "data" / "compare.txt").exists()
+    dirty = root / "sleep.txt"
+    dirty.write_text("3\n")
+    refused = _launch(root, env, "--gpus", "2", "--workspace", "clone")
+    assert refused.returncode == 2 and "uncommitted changes" in refused.stderr, output(refused)
+
+
+def test_bad_flags_and_params_fail_before_ray_starts(tmp_path):
+    root = tmp_path / "project"
+    env = make_launch_project(root, ITEMS, seconds=0)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["launch"]["gpu_stages"] = ["finetun"]
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    result = _launch(root, env)
+    assert result.returncode == 2 and "launch.gpu_stages" in result.stderr and "finetune" in result.stderr
+    shutil.copy2(REPO / "params.yaml", root / "params.yaml")
+    dry = _launch(root, env, "--dry")
+    assert dry.returncode == 0 and "finetune@a  {'num_gpus': 1.0, 'num_cpus': 0}" in dry.stdout, output(dry)
+    assert "compare  {'num_cpus': 1.0}" in dry.stdout
