@@ -544,7 +544,7 @@ def moments_section(names: list[str], n: int, width: int, num_layers: int, seed:
                  f"{float(np.nanmax(np.abs(null.null_mean - loaded.null_mean))):.1e}, of the p-value "
                  f"{float(np.nanmax(np.abs(null.p_value - loaded.p_value))):.1e})")
     print(line + "\n")
-    header = (f"{'measure':<10} {'moments [s]':>11} {'peak MB':>8} {'in memory [s]':>13} {'peak MB':>8} "
+    header = (f"{'measure':<12} {'moments [s]':>11} {'peak MB':>8} {'in memory [s]':>13} {'peak MB':>8} "
               f"{'pair loop [s]':>13} {'vs memory':>9} {'vs loop':>8} {'max |diff|':>10}")
     print(header)
     print("-" * len(header))
@@ -563,7 +563,7 @@ def moments_section(names: list[str], n: int, width: int, num_layers: int, seed:
         pair = get_measure(name).pair
         _, t_some = timed(lambda: [pair(layers[i], layers[j], **options) for i, j in pairs])
         t_loop = t_some * (num_layers * (num_layers - 1) // 2) / len(pairs)
-        print(f"{name:<10} {t_total:>11.1f} {mb_fast + mb_pass:>8.0f} {memory} {t_loop:>13.0f} {ratio} "
+        print(f"{name:<12} {t_total:>11.1f} {mb_fast + mb_pass:>8.0f} {memory} {t_loop:>13.0f} {ratio} "
               f"{t_loop / t_total:>7.0f}x {diff:>10}", flush=True)
     print(f"\nmoments [s]: the pass plus the measure's matrix; pair loop: {len(pairs)} pairs timed, scaled to all "
           f"{num_layers * (num_layers - 1) // 2}; peak MB: allocations traced beyond the input layers "
