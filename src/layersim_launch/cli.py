@@ -43,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     resources = Resources(settings.gpu_stages, settings.num_gpus, settings.num_cpus, settings.retries)
-    nodes = stale(root, pipeline(root), dvc_command())
+    try:
+        nodes = stale(root, pipeline(root), dvc_command())
+    except Exception as error:  # noqa: BLE001 - DVC's errors (not a DVC repository, a broken dvc.yaml)
+        print(f"error: cannot read the DVC pipeline in {root}: {error}", file=sys.stderr)
+        return 2
     if not nodes:
         print("layersim launch: every stage is up to date")
         return 0
@@ -51,13 +55,21 @@ def main(argv: list[str] | None = None) -> int:
         for node in nodes:
             print(f"{node.address}  {resources.of(node)}")
         return 0
-    import ray
-
+    try:
+        import ray
+    except ImportError:
+        print("error: layersim launch needs Ray; install it with `pip install -e .[ray]`.", file=sys.stderr)
+        return 2
     start = time.perf_counter()
-    if args.address:
-        ray.init(address=args.address, log_to_driver=False)
-    else:
-        ray.init(num_gpus=args.gpus, num_cpus=args.cpus, log_to_driver=False)
+    try:
+        if args.address:
+            ray.init(address=args.address, log_to_driver=False)
+        else:
+            ray.init(num_gpus=args.gpus, num_cpus=args.cpus, log_to_driver=False)
+    except Exception as error:  # noqa: BLE001 - Ray raises ConnectionError and others
+        where = f"the Ray cluster at {args.address}" if args.address else "a local Ray cluster"
+        print(f"error: could not start or reach {where}: {error}", file=sys.stderr)
+        return 2
     print(f"layersim launch: {len(nodes)} nodes on {ray.cluster_resources()} ({args.workspace} workspace)", flush=True)
     try:
         results = launch(root, nodes, resources, workspace=args.workspace,
