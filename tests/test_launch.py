@@ -117,6 +117,9 @@ def test_bad_flags_and_params_fail_before_ray_starts(tmp_path):
     dry = _launch(root, env, "--dry")
     assert dry.returncode == 0 and "finetune@a  {'num_gpus': 1.0, 'num_cpus': 0}" in dry.stdout, output(dry)
     assert "compare  {'num_cpus': 1.0}" in dry.stdout
+    no_gpus = _launch(root, env, "--gpus", "0")
+    assert no_gpus.returncode == 2 and "ask for 1 GPU per task, but the Ray cluster has 0" in no_gpus.stderr
+    assert not (root / "data").exists()  # nothing ran
     negative = _launch(root, env, "--gpus", "-1")
     assert negative.returncode == 2 and "--gpus must be a non-negative number, got -1.0" in negative.stderr
     elsewhere = _launch(root, env, "--root", str(tmp_path), "--params", str(root / "params.yaml"))

@@ -71,6 +71,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: could not start or reach {where}: {error}", file=sys.stderr)
         return 2
     print(f"layersim launch: {len(nodes)} nodes on {ray.cluster_resources()} ({args.workspace} workspace)", flush=True)
+    gpus = ray.cluster_resources().get("GPU", 0)
+    wanted = max((resources.of(node).get("num_gpus", 0) for node in nodes), default=0)
+    if wanted > gpus:
+        ray.shutdown()
+        print(f"error: the stages in launch.gpu_stages ask for {wanted:g} GPU per task, but the Ray cluster has "
+              f"{gpus:g}, so they would wait for ever; give the cluster GPUs (--gpus N on one machine) or set "
+              "launch.gpu_stages: [] to run every stage on CPUs.", file=sys.stderr)
+        return 2
     try:
         results = launch(root, nodes, resources, workspace=args.workspace,
                          report=lambda line: print(line, flush=True))
