@@ -8,12 +8,11 @@ from pathlib import Path
 from layersim import cli
 from layersim.batching import encode_task
 from layersim.device import resolve_device, resolve_precision
-from layersim.export import (TIMED_BATCH_SIZES, best_per_depth, choice_logits, choose_layers, exact_rescore,
+from layersim.export import (TIMED_BATCH_SIZES, choice_logits, choose_layers, exact_rescore, export_report,
                              time_models, write_checkpoint)
 from layersim.headlines import export_headline, write_metrics
 from layersim.io import read_task_table, run_expectations, write_figure, write_json
 from layersim.models import verified_info
-from layersim.plots import export_curve
 from layersim.tasks import get_task
 from layersim.truncation import load_for_validation, primary_score
 
@@ -53,27 +52,8 @@ def main(args, params):
     timings = {size: time_models({"full": model, "exported": exported}, timed, tokenizer, size, device, precision,
                                  p.timing_repeats) for size in TIMED_BATCH_SIZES}
 
-    metrics = {"metric": spec.primary_metric, "seed": seed, "tolerance": tolerance,
-               "selection_examples": len(held), "validation_examples": len(encoded),
-               "full": {"layers": full.depth, "train": round(scores["train"][full], 6),
-                        "validation": round(scores["validation"][full], 6)},
-               "exported": {**chosen.as_dict(), "train": round(scores["train"][chosen], 6),
-                            "validation": round(exported_score, 6),
-                            "parameters": sum(t.numel() for t in exported.parameters())},
-               "full_parameters": sum(t.numel() for t in model.parameters()),
-               "timing": {f"batch_{size}": {name: {key: round(value, 6) for key, value in times.items()}
-                                            for name, times in timings[size].items()} for size in TIMED_BATCH_SIZES},
-               "speedup": {f"batch_{size}": round(timings[size]["full"]["seconds_per_batch"]
-                                                  / timings[size]["exported"]["seconds_per_batch"], 3)
-                           for size in TIMED_BATCH_SIZES}}
-    # Per depth, the choice that is best on the train examples, scored on both splits (validation chooses nothing).
-    per_depth = best_per_depth(scores["train"])
-    curves = {split: {n: scores[split][c] for n, c in per_depth.items()} for split in scores}
-    rows = [{"layers": n, "split": split, "score": round(value, 6)} for split, points in curves.items()
-            for n, value in points.items()]
-    title = f"export — {spec.name}: {chosen.describe()}"
-    figure = export_curve(curves, {split: scores[split][full] for split in scores}, tolerance, chosen.depth,
-                          spec.primary_metric, title)
+    metrics, rows, figure = export_report(spec, scores, chosen, exported, exported_score, model, timings,
+                                          seed=seed, tolerance=tolerance, examples=(len(held), len(encoded)))
     write_figure(figure, args.plots / f"{spec.name}.png")
     write_json(rows, args.plots / f"{spec.name}.json")
     write_metrics(metrics, export_headline(metrics), args.metrics, args.details)

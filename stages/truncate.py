@@ -9,14 +9,14 @@ import numpy as np
 
 from layersim import cli
 from layersim.device import resolve_device, resolve_precision
-from layersim.heads import HeadParams, majority_baseline
+from layersim.heads import HeadParams
 from layersim.headlines import truncate_headline, write_metrics
 from layersim.io import ActivationTable, read_task_table, run_expectations, write_figure, write_json
 from layersim.plots import truncation_curves
 from layersim.tasks import get_task
 from layersim.task_heads import own_head
-from layersim.truncation import (VARIANTS, head_scores, initial_head, load_for_validation,
-                                 primary_score, truncation_summary, untuned_scores)
+from layersim.truncation import (VARIANTS, head_scores, initial_head, load_for_validation, majority_score,
+                                 truncation_summary, untuned_scores)
 
 
 def main(args, params):
@@ -56,10 +56,7 @@ def main(args, params):
                      np.round(per_seed["untuned"][-1], 3).tolist())
 
     orig = cls("orig")
-    validation_labels = orig.labels()[orig.choice == 0]
-    train = cls("orig", "train")
-    baseline = primary_score(spec, majority_baseline(spec, train.labels()[train.choice == 0], validation_labels),
-                             validation_labels)
+    baseline = majority_score(spec, cls("orig", "train"), orig)
     metrics, rows = truncation_summary(per_seed, full, baseline, params.seeds, p.tolerance, spec.primary_metric)
     title = f"truncation — {orig.metadata['model']} on {spec.name}"
     write_figure(truncation_curves(per_seed, full, baseline, spec.primary_metric, title), args.plots / f"{spec.name}.png")

@@ -169,3 +169,37 @@ def time_models(models: dict[str, torch.nn.Module], encoded: EncodedTask, tokeni
             per_pass[name].append(sum(times))
     return {name: {"seconds_per_batch": float(np.median(per_batch[name])),
                    "examples_per_second": len(encoded) / float(np.median(per_pass[name]))} for name in models}
+
+
+def export_report(spec: TaskSpec, scores: dict, chosen: LayerChoice, exported: torch.nn.Module, exported_score: float,
+                  full_model: torch.nn.Module, timings: dict, *, seed: int, tolerance: float,
+                  examples: tuple[int, int]):
+    """The export stage's metrics, plot rows and figure from the scores by split ("train", "validation") and
+    choice, and the numbers of (train, validation) `examples`: the choice (scored on the train examples it was
+    made on, and on validation from the saved files), the full model, parameters, timings and speed-ups, and per
+    depth the choice best on the train examples, scored on both splits (validation chooses nothing)."""
+    from layersim.plots import export_curve
+
+    full = max(scores["train"], key=lambda c: c.depth)
+    sizes = sorted(timings)
+    metrics = {"metric": spec.primary_metric, "seed": seed, "tolerance": tolerance,
+               "selection_examples": examples[0], "validation_examples": examples[1],
+               "full": {"layers": full.depth, "train": round(scores["train"][full], 6),
+                        "validation": round(scores["validation"][full], 6)},
+               "exported": {**chosen.as_dict(), "train": round(scores["train"][chosen], 6),
+                            "validation": round(exported_score, 6),
+                            "parameters": sum(t.numel() for t in exported.parameters())},
+               "full_parameters": sum(t.numel() for t in full_model.parameters()),
+               "timing": {f"batch_{size}": {name: {key: round(value, 6) for key, value in times.items()}
+                                            for name, times in timings[size].items()} for size in sizes},
+               "speedup": {f"batch_{size}": round(timings[size]["full"]["seconds_per_batch"]
+                                                  / timings[size]["exported"]["seconds_per_batch"], 3)
+                           for size in sizes}}
+    per_depth = best_per_depth(scores["train"])
+    splits = ("train", "validation")
+    curves = {split: {n: scores[split][c] for n, c in per_depth.items()} for split in splits}
+    rows = [{"layers": n, "split": split, "score": round(value, 6)} for split, points in curves.items()
+            for n, value in points.items()]
+    figure = export_curve(curves, {split: scores[split][full] for split in splits}, tolerance, chosen.depth,
+                          spec.primary_metric, f"export — {spec.name}: {chosen.describe()}")
+    return metrics, rows, figure

@@ -23,7 +23,7 @@ from layersim.batching import EncodedTask, encode_task, in_table_order, length_s
 from layersim.device import autocast, to_device
 from layersim.encoders import all_spans, continue_from, num_layers
 from layersim.evaluate import compute_metrics, predict
-from layersim.heads import HeadParams, Rows, train_head
+from layersim.heads import HeadParams, Rows, majority_baseline, train_head
 from layersim.io import ActivationTable
 from layersim.models import load_finetuned, load_task_model, load_tokenizer
 from layersim.task_heads import own_head
@@ -188,3 +188,12 @@ def truncation_summary(per_seed: dict[str, list], full: list[float], baseline: f
     rows = [{"variant": variant, "seed": seed, "layer": k, "score": round(float(v), 6)}
             for variant, runs in per_seed.items() for seed, run in zip(seeds, runs) for k, v in enumerate(run)]
     return metrics, rows
+
+
+def majority_score(spec: TaskSpec, train: ActivationTable, validation: ActivationTable) -> float:
+    """The validation score of always predicting the train split's majority class (the mean for regression,
+    the most frequent answer position for multiple choice): Phang's red dotted line. Labels come from the
+    tables' first choice row of each example."""
+    validation_labels = validation.labels()[validation.choice == 0]
+    logits = majority_baseline(spec, train.labels()[train.choice == 0], validation_labels)
+    return primary_score(spec, logits, validation_labels)
