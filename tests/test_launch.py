@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dvc_project import REPO, dvc, output, run
+from dvc_project import REPO, dvc, make_project, output, run, tiny_params
 from launch_project import make_launch_project, parsed_lock
 from layersim.params.schema import STAGES
 
@@ -120,7 +120,71 @@ def test_bad_flags_and_params_fail_before_ray_starts(tmp_path):
     no_gpus = _launch(root, env, "--gpus", "0")
     assert no_gpus.returncode == 2 and "ask for 1 GPU per task, but the Ray cluster has 0" in no_gpus.stderr
     assert not (root / "data").exists()  # nothing ran
+    unknown = _launch(root, env, "finetune@zzz")
+    assert unknown.returncode == 2 and "unknown node 'finetune@zzz'; the pipeline's nodes are: " in unknown.stderr
+    only = _launch(root, env, "--dry", "extract@b")
+    assert only.stdout.split("\n")[:3] == ["download  {'num_cpus': 1.0}", "finetune@b  {'num_gpus': 1.0, 'num_cpus': 0}",
+                                             "extract@b  {'num_gpus': 1.0, 'num_cpus': 0}"], output(only)
     negative = _launch(root, env, "--gpus", "-1")
     assert negative.returncode == 2 and "--gpus must be a non-negative number, got -1.0" in negative.stderr
     elsewhere = _launch(root, env, "--root", str(tmp_path), "--params", str(root / "params.yaml"))
     assert elsewhere.returncode == 2 and "cannot read the DVC pipeline in" in elsewhere.stderr, output(elsewhere)
+
+
+# Put into a project copy's stages/finetune.py: with KILL_RAY_WORKER_AT_STEP=k, the first attempt kills the
+# Ray worker running it (a preempted node) and then itself right after optimizer step k.
+PREEMPT = '''
+import os as _os
+if _os.environ.get("KILL_RAY_WORKER_AT_STEP") and not _os.path.exists("preempted"):
+    import psutil as _psutil
+    import torch as _torch
+    _step, _calls = _torch.optim.AdamW.step, [0]
+
+    def _preempting_step(self, *args, **kwargs):
+        out = _step(self, *args, **kwargs)
+        _calls[0] += 1
+        if _calls[0] == int(_os.environ["KILL_RAY_WORKER_AT_STEP"]):
+            open("preempted", "w").close()
+            for parent in _psutil.Process().parents():
+                if "default_worker" in " ".join(parent.cmdline()) or parent.name().startswith("ray::"):
+                    parent.kill()  # the nearest one: the raylet further up names default_worker.py too
+                    break
+            _os.kill(_os.getpid(), 9)
+        return out
+
+    _torch.optim.AdamW.step = _preempting_step
+'''
+
+
+def _finetune_project(root: Path) -> dict:
+    def configure(params):
+        tiny_params(params, seeds=[1])
+        params["finetune"].update(max_steps=24, eval_every=12, checkpoint_every=5)
+        params["launch"]["gpu_stages"] = []
+    env = make_project(root, configure, share_cache=False)
+    script = root / "stages" / "finetune.py"
+    docstring, rest = script.read_text().split("\n", 1)
+    script.write_text(docstring + "\n" + PREEMPT + rest)
+    run(["git", "commit", "-qam", "preemptible finetune"], root, env)
+    return env
+
+
+@pytest.mark.integration
+def test_a_preempted_finetune_is_retried_and_resumes_to_the_same_model(tmp_path):
+    """The real finetune stage (tiny-bert) under Ray: its worker dies after step 13, Ray retries the node,
+    the stage resumes from its step-10 state and ends with the weights of an uninterrupted run."""
+    node = "finetune@synth-negation-1"
+    reference = tmp_path / "reference"
+    # Ray gives a task as many BLAS/OpenMP threads as CPUs it asked for (1), which changes float sums' order.
+    run(dvc("repro", node), reference, {**_finetune_project(reference), "OMP_NUM_THREADS": "1"})
+    root = tmp_path / "project"
+    env = {**_finetune_project(root), "KILL_RAY_WORKER_AT_STEP": "13"}
+    result = _launch(root, env, node)
+    assert result.returncode == 0, output(result)
+    assert (root / "preempted").exists()
+    log = (root / ".dvc/tmp/launch/finetune_at_synth-negation-1.log").read_text()
+    assert log.count(f"--- {node}") == 2 and "at step 10" in log, log  # two attempts, the second resumed
+    weights = Path("data/checkpoints/tiny-bert/synth-negation/seed1/model.safetensors")
+    assert (root / weights).read_bytes() == (reference / weights).read_bytes()
+    status = json.loads(run(dvc("status", "--json", node), root, env).stdout or "{}")
+    assert status == {}

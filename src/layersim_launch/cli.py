@@ -24,6 +24,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--params", default="params.yaml", help="params file whose `launch` section sets resources")
     p.add_argument("--root", default=".", help="the DVC workspace (default: here)")
     p.add_argument("--dry", action="store_true", help="list the nodes that would run, with their resources")
+    p.add_argument("targets", nargs="*", help="only these nodes (e.g. finetune@rte-1) and what they read from")
     return top
 
 
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from layersim.errors import LayersimError
     from layersim.params import load_params
-    from layersim_launch.graph import pipeline, stale
+    from layersim_launch.graph import pipeline, stale, upstream_of
 
     root = Path(args.root).resolve()
     try:
@@ -44,9 +45,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     resources = Resources(settings.gpu_stages, settings.num_gpus, settings.num_cpus, settings.retries)
     try:
-        nodes = stale(root, pipeline(root), dvc_command())
+        graph = pipeline(root)
     except Exception as error:  # noqa: BLE001 - DVC's errors (not a DVC repository, a broken dvc.yaml)
         print(f"error: cannot read the DVC pipeline in {root}: {error}", file=sys.stderr)
+        return 2
+    try:
+        nodes = stale(root, upstream_of(graph, args.targets) if args.targets else graph, dvc_command())
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     if not nodes:
         print("layersim launch: every stage is up to date")

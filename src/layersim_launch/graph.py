@@ -46,3 +46,19 @@ def stale(root: Path, nodes: list[Node], dvc: list[str]) -> list[Node]:
         if node.address in changed or chosen.intersection(node.upstream):
             chosen.add(node.address)
     return [node for node in nodes if node.address in chosen]
+
+
+def upstream_of(nodes: list[Node], targets: list[str]) -> list[Node]:
+    """The target nodes and everything they read from, in the same order (as `dvc repro <targets>` runs);
+    an unknown target raises ValueError naming the valid nodes."""
+    by_address = {node.address: node for node in nodes}
+    unknown = [t for t in targets if t not in by_address]
+    if unknown:
+        raise ValueError(f"unknown node {unknown[0]!r}; the pipeline's nodes are: {', '.join(by_address)}")
+    wanted, todo = set(), list(targets)
+    while todo:
+        address = todo.pop()
+        if address not in wanted:
+            wanted.add(address)
+            todo.extend(by_address[address].upstream)
+    return [node for node in nodes if node.address in wanted]

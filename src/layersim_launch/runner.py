@@ -82,16 +82,52 @@ def run_node(address: str, root: str, workspace: str, commit: str | None, *upstr
     with open(log, "a") as out:
         out.write(f"--- {address} on {host}, CUDA_VISIBLE_DEVICES={devices}\n")
         out.flush()
+        _stop_earlier_attempt(log.with_suffix(".pgid"), host)
         if workspace == "shared":
-            code = subprocess.run([*dvc_command(), "--wait-for-lock", "repro", "-s", address], cwd=root,
-                                  stdout=out, stderr=subprocess.STDOUT).returncode
+            code = _run_group([*dvc_command(), "--wait-for-lock", "repro", "-s", address], Path(root), out,
+                              log.with_suffix(".pgid"), host)
         else:
-            code = _run_in_clone(address, Path(root), commit, out)
+            code = _run_in_clone(address, Path(root), commit, out, log.with_suffix(".pgid"), host)
     return NodeResult(address, "done" if code == 0 else "failed", time.perf_counter() - start, devices, host,
                       str(log), None if code == 0 else f"exit status {code}")
 
 
-def _run_in_clone(address: str, root: Path, commit: str, out) -> int:
+def _run_group(argv: list[str], cwd: Path, out, record: Path, host: str) -> int:
+    """Run `argv` as the leader of its own process group, recorded in `record` until it ends: if this task's
+    worker dies, a retry on the same host stops the whole group (dvc and the stage it runs) before starting
+    again, instead of meeting its locks (DVC drops lock entries of processes that no longer exist)."""
+    process = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    record.write_text(f"{host} {process.pid}\n")
+    code = process.wait()
+    record.unlink(missing_ok=True)
+    return code
+
+
+def _stop_earlier_attempt(record: Path, host: str, timeout: float = 60.0) -> None:
+    """Stop what an earlier attempt of this node left running on this host (its worker died, its process
+    group did not), and wait until it is gone."""
+    import signal
+
+    if not record.exists():
+        return
+    recorded_host, pgid = record.read_text().split()
+    record.unlink(missing_ok=True)
+    if recorded_host != host:
+        return  # another machine's processes died with it (clone workspace)
+    try:
+        os.killpg(int(pgid), signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(int(pgid), 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+
+
+def _run_in_clone(address: str, root: Path, commit: str, out, record: Path, host: str) -> int:
     """`dvc repro <node>` in a throwaway clone of `commit` that uses the workspace's cache: upstream stages
     are restored from the shared run-cache, this node runs and its outputs and run-cache entry land in
     the shared cache."""
@@ -106,7 +142,7 @@ def _run_in_clone(address: str, root: Path, commit: str, out) -> int:
         ]
         for argv, cwd in steps:
             out.flush()
-            code = subprocess.run(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT).returncode
+            code = _run_group(argv, cwd, out, record, host)
             if code != 0:
                 return code
         shutil.rmtree(clone, ignore_errors=True)
