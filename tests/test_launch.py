@@ -3,15 +3,18 @@ serial `dvc repro` of the same project (tests/launch_project.py: nodes that wait
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from dvc_project import REPO, dvc, make_project, output, run, tiny_params
+from dvc_project import REPO, dvc, make_project, output, project_env, run, tiny_params
 from launch_project import make_launch_project, parsed_lock
 from layersim.params.schema import STAGES
 
@@ -188,3 +191,36 @@ def test_a_preempted_finetune_is_retried_and_resumes_to_the_same_model(tmp_path)
     assert (root / weights).read_bytes() == (reference / weights).read_bytes()
     status = json.loads(run(dvc("status", "--json", node), root, env).stdout or "{}")
     assert status == {}
+
+
+# The README's recipe for sweeps of whole experiments: one `dvc queue start` per GPU, a pause between them.
+QUEUE_WORKERS = 'for k in 0 1; do CUDA_VISIBLE_DEVICES=$k dvc queue start -j $((k + 1)); sleep 5; done'
+PROBE = ("import json, os, time; start = time.time(); time.sleep(10); json.dump({'device': "
+         "int(os.environ['CUDA_VISIBLE_DEVICES']), 'start': start, 'end': time.time()}, open('probe.json', 'w'))")
+
+
+@pytest.mark.integration
+def test_queued_experiments_run_one_worker_per_gpu(tmp_path):
+    root = tmp_path / "sweep"
+    root.mkdir()
+    env = project_env(root)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # the workers are spawned as `dvc` from PATH
+    (root / "params.yaml").write_text("name: base\n")
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"probe": {
+        "cmd": f'{sys.executable} -c "{PROBE}"', "params": ["name"], "metrics": [{"probe.json": {"cache": False}}]}}}))
+    for command in (["git", "init", "-q", "-b", "main"], dvc("init", "-q"), ["git", "add", "-A"],
+                    ["git", "commit", "-qm", "sweep"]):
+        run(command, root, env)
+    for name in ("a", "b", "c"):
+        run(dvc("exp", "run", "--queue", "-S", f"name={name}", "-n", f"exp-{name}"), root, env)
+    run(["bash", "-c", QUEUE_WORKERS], root, env)
+    for _ in range(120):
+        if not {"Queued", "Running"} & set(run(dvc("queue", "status"), root, env).stdout.split()):
+            break
+        time.sleep(1)
+    rows = list(csv.DictReader(io.StringIO(run(dvc("exp", "show", "--csv"), root, env).stdout)))
+    runs = [{k: float(row[k]) for k in ("device", "start", "end")} for row in rows if row["Experiment"]]
+    assert len(runs) == 3, rows
+    assert {r["device"] for r in runs} == {0, 1}
+    overlapping = [(x, y) for i, x in enumerate(runs) for y in runs[i + 1:] if x["start"] < y["end"] and y["start"] < x["end"]]
+    assert overlapping and all(x["device"] != y["device"] for x, y in overlapping)
