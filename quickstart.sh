@@ -28,6 +28,7 @@ dvc exp run \
   -S align.inn_hidden=128 \
   -S align.mlp_hidden=256 \
   -S align.matrix_steps=20 \
+  -S align.synthetic_steps=300 \
   -S 'freeze.seeds=[1]' \
   -S export.selection_examples=500 \
   "$@"

@@ -63,7 +63,8 @@ def tiny_params(params: dict, *, model: str = "tiny-bert", tasks: list[str] = ("
     params["extract"].update(max_train_examples=100)
     params["similarity"].update(permutations=20, bootstrap=20)
     params["truncate"].update(head_epochs=2)
-    params["align"].update(steps=20, matrix_steps=5, inn_hidden=16, mlp_hidden=16, batch_size=32)
+    params["align"].update(steps=20, matrix_steps=5, synthetic_steps=20, synthetic_rows=200, inn_hidden=16,
+                           mlp_hidden=16, batch_size=32)
     params.setdefault("export", {}).update(selection_examples=100, timing_examples=8, timing_repeats=1)
     return params
 

@@ -15,7 +15,9 @@ import torch
 from layersim.align import (MAPS, CCAMap, CouplingFlow, INNMap, LinearRegressionMap, MLPMap, PWCCAMap, SVCCAMap,
                             alignment_errors, fit_maps, layer_alignment_matrix, make_map, map_representations, mse, random_flow,
                             relative_error, synthetic_recovery, train_test_split_rows)
+from layersim.align.neural import shrunk_whitening
 from layersim.errors import LayersimError
+from layersim.linalg import Standardizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -216,6 +218,41 @@ def test_inn_recovers_a_random_inn_far_better_than_linear(rng):
     assert errors["inn"] < 0.5 * errors["linear"]  # ≈ 0.19 vs 0.59 on this data
     assert errors["inn"] < 0.5 * errors["cca"]
     assert set(result["train_idx"]).isdisjoint(result["test_idx"])
+
+
+def test_synthetic_recovery_uses_a_seeded_sample_of_rows(rng):
+    x = _correlated(rng, 300, 6)
+    fast = {"inn": {"depth": 1, "hidden": 8, "steps": 5}}
+    sampled = synthetic_recovery(x, ["linear", "inn"], seed=3, rows=100, **fast)
+    again = synthetic_recovery(x, ["linear", "inn"], seed=3, rows=100, **fast)
+    assert sampled["num_rows"] == 100 and len(sampled["train_idx"]) + len(sampled["test_idx"]) == 100
+    np.testing.assert_array_equal(sampled["y"], again["y"])
+    everything = synthetic_recovery(x, ["linear"], seed=3, rows=1000)
+    assert everything["num_rows"] == 300  # fewer rows than asked for: all of them
+    with pytest.raises(LayersimError, match="rows must be an integer >= 3"):
+        synthetic_recovery(x, ["linear"], rows=2)
+
+
+def test_shrunk_whitening_whitens_and_inverts(rng):
+    x = _correlated(rng, 2000, 6)
+    xs = Standardizer().fit(x).transform(x)
+    forward, back = shrunk_whitening(xs, shrinkage=0.0)
+    np.testing.assert_allclose(np.cov(xs @ forward, rowvar=False, bias=True), np.eye(6), atol=1e-8)
+    np.testing.assert_allclose(forward @ back, np.eye(6), atol=1e-10)
+    constant = np.column_stack([xs, xs[:, 0] + xs[:, 1]])  # an exactly constant direction (as after LayerNorm)
+    forward, back = shrunk_whitening(constant)
+    assert np.abs(forward).max() <= 10.0 + 1e-9  # at most 1/sqrt(shrinkage) along it
+    np.testing.assert_allclose(forward @ back, np.eye(7), atol=1e-8)
+
+
+def test_inn_with_and_without_whitening_is_a_bijection_of_the_same_rows(rng):
+    x = _correlated(rng, 300, 10)
+    y = np.tanh(x) @ rng.normal(size=(10, 10))
+    for whiten in (True, False):
+        inn = INNMap(**FAST_INN, whiten=whiten).fit(x[:200], y[:200])
+        assert relative_error(inn.inverse(inn.transform(x)), x) < 1e-10
+    with pytest.raises(LayersimError, match="whiten must be true or false"):
+        INNMap(whiten="yes")
 
 
 def test_inn_inverse_reconstructs_inputs(rng):

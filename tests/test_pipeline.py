@@ -174,6 +174,10 @@ def test_align_reports_every_method_layer_and_reference(project):
             assert sorted(per_layer) == ["layer_00", "layer_01", "layer_02", "layer_03"]
             assert all(value >= 0 for value in per_layer.values())
     assert set(align["synthetic_recovery"]) == methods
+    assert align["synthetic_rows"] == 160  # every train and validation row: fewer than align.synthetic_rows
+    linear_family = [align["synthetic_recovery"][m] for m in ("linear", "cca", "svcca", "pwcca")]
+    assert align["synthetic_linear_over_inn"] == pytest.approx(min(linear_family) / align["synthetic_recovery"]["inn"],
+                                                               abs=2e-3)
     injection = align["injection"]
     assert injection["pair"] == "FT[1]→FT[2]" and set(injection["methods"]) == methods
     finetuned = json.loads((root / f"metrics/finetune/{TASK}/seed2.json").read_text())["accuracy"]

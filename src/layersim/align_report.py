@@ -45,6 +45,9 @@ def run_labels(seeds) -> dict[str, str]:
     return {"ORIG": "orig"} | {f"FT[{i}]": f"seed{s}" for i, s in enumerate(seeds, start=1)}
 
 
+# The linear maps, against which the INN's recovery of a random INN is compared (Ren Table 3).
+LINEAR_FAMILY = {"linear", "cca", "svcca", "pwcca"}
+
 # The kinds of pair, in the order the figures show them, and the question each answers.
 PAIR_KINDS = {
     "finetuning_seeds": "two fine-tunings of one pretrained model that differ only in their seed",
@@ -257,6 +260,7 @@ class AlignReport:
     num_rows: int
     pairs: list[Pair] = field(default_factory=list)  # in the order of align.pairs; [] → one kind per label
     attention: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # pair → method → error, layers 1…L
+    recovery_rows: int = 0                        # rows the random INN was recovered from (80 % fitted)
 
     def grouped(self) -> dict[str, dict]:
         pairs = self.pairs or [Pair(*label.split("→"), kind=label) for label in self.errors]
@@ -279,7 +283,10 @@ class AlignReport:
                 **({"attention_alignment": {pair: {method: {f"layer_{k:02d}": round(v, 6) for k, v in enumerate(values, 1)}
                                                    for method, values in per_method.items()}
                                             for pair, per_method in self.attention.items()}} if self.attention else {}),
-                "synthetic_recovery": self.recovery,
+                "synthetic_recovery": self.recovery, "synthetic_rows": self.recovery_rows,
+                **({"synthetic_linear_over_inn": round(min(v for m, v in self.recovery.items() if m in LINEAR_FAMILY)
+                                                       / self.recovery["inn"], 3)}
+                   if "inn" in self.recovery and LINEAR_FAMILY & set(self.recovery) else {}),
                 "layer_matrix_inn": {"pair": f"{source}→{target}", "diagonal_mean": round(float(np.diag(matrix).mean()), 6),
                                      "offdiagonal_mean": round(float(matrix[~np.eye(len(matrix), dtype=bool)].mean()), 6)},
                 "injection": self.injection}
@@ -294,7 +301,8 @@ class AlignReport:
                    for pair, per_method in self.attention.items()}  # layer 0 (embeddings) has no attention
         write_figure(alignment_error_curves(panels, f"alignment error per layer, {title}"), plots / "errors.png")
         write_json(self.rows, plots / "errors.json")
-        write_figure(method_bars(self.recovery, f"recovering a random INN from the pretrained last layer ({task})",
+        write_figure(method_bars(self.recovery, f"recovering a random INN from {self.recovery_rows:,} rows of the "
+                                                f"pretrained last layer ({task})",
                                  "held-out relative error"), plots / "synthetic.png")
         write_figure(heatmap_grid({f"{source}→{target}": (self.matrix, f"{source} layer (mapped)", f"{target} layer")},
                                   f"INN held-out relative error, layer × layer — {task}", ncols=1, vmin=0.0,
@@ -356,8 +364,13 @@ def align_report(inputs: AlignInputs, log=lambda *args: None) -> AlignReport:
         log("aligned %s at every layer with %s", pair.label, ", ".join(p.methods))
 
     # 2. Synthetic recovery (Ren §4.3, Table 3): Y = f(X) for a random INN f on the pretrained last layer.
-    synthetic = synthetic_recovery(layers["ORIG"][-1], p.methods, p.seed, scale=p.synthetic_scale, **options)
+    #    f is recovered with its own, longer training budget (see synthetic_recovery).
+    budget = {"steps": p.synthetic_steps, "learning_rate": p.synthetic_learning_rate}
+    synthetic = synthetic_recovery(layers["ORIG"][-1], p.methods, p.seed, scale=p.synthetic_scale,
+                                   hidden=p.synthetic_hidden, rows=p.synthetic_rows,
+                                   **{m: {**o, **budget} if m in ("inn", "mlp") else o for m, o in options.items()})
     recovery = {row["method"]: round(row["relative_error"], 6) for row in synthetic["rows"]}
+    log("recovered a random INN from %d rows of the pretrained last layer", synthetic["num_rows"])
 
     # 3. The INN's layer × layer matrix (Ren Figure 3) for the first pair, fewer steps per fit.
     first = pairs[0]
@@ -372,4 +385,4 @@ def align_report(inputs: AlignInputs, log=lambda *args: None) -> AlignReport:
     injection = inject(inputs, injected, options, expect)
     log("injected %s's last layer into %s's head with %s", *injected, ", ".join(injection["methods"]))
     return AlignReport(rows, errors, recovery, (first.source, first.target), matrix, injection, num_train, num_rows,
-                       pairs, attention)
+                       pairs, attention, recovery_rows=synthetic["num_rows"])

@@ -9,6 +9,14 @@ first 5% of steps, then cosine decay to 0 by default).
 
     g(x) = C_D ∘ … ∘ C_1 (x Wᵀ + b)
 
+* whitening — the INN's input is the standardised X whitened with its training rows' correlation
+  matrix ``C``, shrunk towards the identity: ``x ↦ x (C + r I)^(-1/2)`` with ``r = 1e-2``
+  (``whiten=True``, the default). A fixed invertible linear map, so the flow is the same family of
+  bijections; it only conditions the training: real representations are strongly correlated (a
+  LayerNorm output even has an exactly constant direction), and Adam then crawls along the
+  low-variance directions. Recovering a known random INN from 20,000 MiniLM sentence vectors, the
+  held-out error fell from 0.020 to 0.008 (5,000 steps at 3e-3). The shrinkage keeps a direction of
+  (near-)zero training variance from being amplified more than ``1/√r`` = 10×.
 * ``x Wᵀ + b`` — a learnt dense linear layer (in the role of Glow's invertible 1x1 convolution,
   Kingma & Dhariwal 2018). By default it starts at the ridge-regularised least-squares map from
   standardised X to standardised Y (ridge 1e-2 relative to unit variance), so the flow starts as
@@ -34,7 +42,7 @@ first 5% of steps, then cosine decay to 0 by default).
   whose last layer starts at zero, so each block starts as the identity. The bounded log-scale
   keeps ``exp(±s)`` within ``exp(±clamp)``.
 * inverse — exact, block by block: ``u₂ = (v₂ − t(v₁)) ⊙ exp(−s(v₁))``, ``u₁ = v₁``; then
-  ``x = (y − b) W⁻ᵀ``. The network trains in float32 but is kept
+  ``x = (y − b) W⁻ᵀ``, then the whitening undone, ``x (C + r I)^(1/2)``. The network trains in float32 but is kept
   and evaluated in float64 after fitting, so ``inverse(transform(x))`` reconstructs x to float64
   rounding times the conditioning of the flow (~1e-12 relative in practice).
 
@@ -72,6 +80,9 @@ LINEAR_INITS = ("identity", "least_squares")
 
 # Fraction of the steps spent warming the learning rate up linearly from 0.
 _WARMUP_FRACTION = 0.05
+
+# Shrinkage (relative to unit feature variance) of the INN's input whitening, (C + r I)^(-1/2): see the docstring.
+_WHITENING_SHRINKAGE = 1e-2
 
 # Ridge (relative to unit feature variance) of the least-squares start of the INN's linear layer:
 # keeps the start invertible when X is rank-deficient, and generalised better than 1e-3 or 1e-1
@@ -381,6 +392,8 @@ class INNMap(NeuralMap):
         identity.
     linear_learning_rate_factor : float >= 0, default 0.1 — the linear layer's learning rate as a
         fraction of ``learning_rate`` (0 freezes it at its start).
+    whiten : bool, default True — train on the standardised X whitened with its shrunk training
+        correlation (see the module docstring); False trains on the standardised X itself.
     steps : int, default 600 — Adam steps (mini-batches), not epochs.
     learning_rate : float, default 1e-3 — peak learning rate.
     schedule : "cosine" (default), "linear" or "constant" — after a 5% linear warm-up.
@@ -397,10 +410,13 @@ class INNMap(NeuralMap):
     name = "inn"
 
     def __init__(self, depth: int = 4, hidden: int = 256, clamp: float = 2.0, linear_init: str = "least_squares",
-                 linear_learning_rate_factor: float = 0.1,
+                 linear_learning_rate_factor: float = 0.1, whiten: bool = True,
                  steps: int = 600, learning_rate: float = 1e-3, schedule: str = "cosine", batch_size: int = 256,
                  seed: int = 0, device: str = "auto"):
         super().__init__(depth, hidden, steps, learning_rate, schedule, batch_size, seed, device)
+        if not isinstance(whiten, (bool, np.bool_)):
+            raise LayersimError(f"whiten must be true or false, got {whiten!r}.")
+        self.whiten = bool(whiten)
         self.linear_learning_rate_factor = _non_negative_float("linear_learning_rate_factor",
                                                                linear_learning_rate_factor)
         self.clamp = _positive_float("clamp", clamp)
@@ -427,13 +443,33 @@ class INNMap(NeuralMap):
     def _learning_rate_factor(self, name: str) -> float:
         return self.linear_learning_rate_factor if name.startswith("linear.") else 1.0
 
+    @classmethod
+    def _fit_group(cls, maps: Sequence[NeuralMap], data: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+        whitened = []
+        for fitted, (xs, ys) in zip(maps, data):
+            identity = np.eye(xs.shape[1])
+            fitted.whitening_, fitted.unwhitening_ = shrunk_whitening(xs) if fitted.whiten else (identity, identity)
+            whitened.append((xs @ fitted.whitening_, ys))
+        super()._fit_group(maps, whitened)
+
+    def _transform(self, xs: np.ndarray) -> np.ndarray:
+        return super()._transform(xs @ self.whitening_)
+
     @torch.no_grad()
     def _inverse(self, ys: np.ndarray) -> np.ndarray:
         singular = torch.linalg.svdvals(self.module_.linear.weight)
         if not singular[-1] > singular[0] * 1e-12:
             raise LayersimError("the INN's linear layer became singular during training, so this map has no "
                                 "inverse; refit with a different seed or linear_learning_rate_factor=0.")
-        return self.module_.inverse(torch.from_numpy(ys)).numpy()
+        return self.module_.inverse(torch.from_numpy(ys)).numpy() @ self.unwhitening_
+
+
+def shrunk_whitening(xs: np.ndarray, shrinkage: float = _WHITENING_SHRINKAGE) -> tuple[np.ndarray, np.ndarray]:
+    """``(C + r I)^(-1/2)`` and its inverse ``(C + r I)^(1/2)``, both symmetric, for standardised rows ``xs``
+    with correlation ``C = xsᵀxs / n`` and shrinkage ``r``: ``xs @ first`` has (nearly) identity covariance."""
+    eigenvalues, vectors = np.linalg.eigh(xs.T @ xs / xs.shape[0])
+    root = np.sqrt(np.clip(eigenvalues, 0.0, None) + shrinkage)
+    return (vectors / root) @ vectors.T, (vectors * root) @ vectors.T
 
 
 class MLPMap(NeuralMap):

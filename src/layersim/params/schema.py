@@ -288,6 +288,15 @@ class AlignParams:  # Ren et al. 2023; see layersim.align
     matrix_steps: int = knob(200, "INN steps per cell of the layer × layer matrix (L² fits)", POSITIVE,
                              at_most(10**6, "optimiser steps per cell of the layer × layer matrix"))
     synthetic_scale: float = knob(0.5, "weight scale of the random INN to recover: how non-linear it is", POSITIVE)
+    synthetic_hidden: int = knob(64, "units per coupling block of the random INN to recover: how many non-linear "
+                                     "directions it has", POSITIVE, at_most(_WIDTH, "units per layer"))
+    synthetic_rows: int = knob(20000, "rows of the pretrained last layer (a seeded sample of train and validation) "
+                                      "the random INN is recovered from, 80 % fitted, 20 % held out",
+                               at_least(3, "rows"), at_most(10**7, "rows"))
+    synthetic_steps: int = knob(5000, "inn and mlp: Adam steps when recovering the random INN", POSITIVE,
+                                at_most(10**7, "optimiser steps"))
+    synthetic_learning_rate: float = knob(2e-3, "inn and mlp: peak learning rate when recovering the random INN",
+                                          LEARNING_RATE)
     seed: int = knob(0, "seed of the maps' initialisation and batches", SEED)
     attention: bool = knob(False, "also align the attention weights, per layer, of each pair of ORIG / FT<i> runs "
                                   "(Ren Fig. 4 / 5b; points: the extract stage's attention maps, one feature per head)")
