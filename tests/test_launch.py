@@ -211,7 +211,7 @@ def test_queued_experiments_run_one_worker_per_gpu(tmp_path):
     for command in (["git", "init", "-q", "-b", "main"], dvc("init", "-q"), ["git", "add", "-A"],
                     ["git", "commit", "-qm", "sweep"]):
         run(command, root, env)
-    for name in ("a", "b", "c"):
+    for name in ("a", "b"):  # worker 1 is still busy with the first when worker 2 starts (5 s later)
         run(dvc("exp", "run", "--queue", "-S", f"name={name}", "-n", f"exp-{name}"), root, env)
     run(["bash", "-c", QUEUE_WORKERS], root, env)
     for _ in range(120):
@@ -220,7 +220,7 @@ def test_queued_experiments_run_one_worker_per_gpu(tmp_path):
         time.sleep(1)
     rows = list(csv.DictReader(io.StringIO(run(dvc("exp", "show", "--csv"), root, env).stdout)))
     runs = [{k: float(row[k]) for k in ("device", "start", "end")} for row in rows if row["Experiment"]]
-    assert len(runs) == 3, rows
+    assert len(runs) == 2, rows
     assert {r["device"] for r in runs} == {0, 1}
     overlapping = [(x, y) for i, x in enumerate(runs) for y in runs[i + 1:] if x["start"] < y["end"] and y["start"] < x["end"]]
     assert overlapping and all(x["device"] != y["device"] for x, y in overlapping)
