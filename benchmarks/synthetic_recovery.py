@@ -32,9 +32,8 @@ import numpy as np
 import torch
 
 from layersim.align import synthetic_recovery
+from layersim.align_report import LINEAR_FAMILY
 from layersim.params.schema import AlignParams
-
-LINEAR_FAMILY = ("linear", "cca", "svcca", "pwcca")
 
 
 def minilm_rows(rows: int) -> np.ndarray:

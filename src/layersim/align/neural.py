@@ -445,10 +445,15 @@ class INNMap(NeuralMap):
 
     @classmethod
     def _fit_group(cls, maps: Sequence[NeuralMap], data: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
-        whitened = []
+        whitened, seen = [], []  # seen: (xs, its whitening); a row of the layer × layer matrix shares one xs
         for fitted, (xs, ys) in zip(maps, data):
-            identity = np.eye(xs.shape[1])
-            fitted.whitening_, fitted.unwhitening_ = shrunk_whitening(xs) if fitted.whiten else (identity, identity)
+            if not fitted.whiten:
+                fitted.whitening_ = fitted.unwhitening_ = np.eye(xs.shape[1])
+            else:
+                known = next((pair for rows, pair in seen if rows.shape == xs.shape and np.array_equal(rows, xs)), None)
+                fitted.whitening_, fitted.unwhitening_ = known or shrunk_whitening(xs)
+                if known is None:
+                    seen.append((xs, (fitted.whitening_, fitted.unwhitening_)))
             whitened.append((xs @ fitted.whitening_, ys))
         super()._fit_group(maps, whitened)
 
