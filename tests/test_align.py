@@ -255,6 +255,14 @@ def test_inn_with_and_without_whitening_is_a_bijection_of_the_same_rows(rng):
         INNMap(whiten="yes")
 
 
+def test_a_training_that_blows_up_without_nan_fails_loudly(rng):
+    x = _correlated(rng, 400, 8)
+    y = np.tanh(x) @ rng.normal(size=(8, 8))
+    with pytest.raises(LayersimError, match=r"training blew up: the loss ended at .* lower align.learning_rate \(now 1\)"):
+        INNMap(depth=2, hidden=32, steps=300, batch_size=64, learning_rate=1.0).fit(x, y)  # loss 8.7 → 1e7, finite
+    INNMap(depth=2, hidden=32, steps=300, batch_size=64, learning_rate=0.1).fit(x, y)  # a fast but sound fit passes
+
+
 def test_inn_inverse_reconstructs_inputs(rng):
     x = _correlated(rng, 300, 10)
     y = np.sin(x) + x @ rng.normal(size=(10, 10))
