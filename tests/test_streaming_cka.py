@@ -266,8 +266,8 @@ def test_streamed_debiased_cka_equals_the_in_memory_matrix(rng):
 
 
 def test_a_streamed_stage_reports_linear_ckas_exact_null(tmp_path, rng, monkeypatch):
-    """Streamed, the report carries the same linear CKA null as loaded (no bootstrap asked for), and none
-    for a measure whose permutations need the rows."""
+    """Streamed, the report carries the same linear CKA null as loaded (no bootstrap asked for), and SVCCA's
+    rotation null in place of its permutation null: the same null means to Monte-Carlo error."""
     stage = _stage()
     tables = _three_runs(tmp_path, rng)
     labels = stage.run_labels([1, 2])
@@ -289,7 +289,14 @@ def test_a_streamed_stage_reports_linear_ckas_exact_null(tmp_path, rng, monkeypa
         for key, value in loaded.items():
             assert streamed[key] == (pytest.approx(value, abs=1e-9) if isinstance(value, float) else value)
     assert reports[True].metrics["linear_cka"]["null"] == {"method": "exact", "permutations": 0}
-    assert "null" in reports[False].metrics["svcca"] and "null" not in reports[True].metrics["svcca"]
+    assert reports[False].metrics["svcca"]["null"] == {"method": "permutation", "permutations": 20}
+    assert reports[True].metrics["svcca"]["null"] == {"method": "rotation", "permutations": 20}
+    rows = {s: [r for r in reports[s].rows if r["measure"] == "SVCCA" and r.get("null_mean") is not None]
+            for s in (False, True)}
+    assert len(rows[True]) == len(rows[False]) > 0
+    for loaded, streamed in zip(rows[False], rows[True]):
+        assert streamed["similarity"] == pytest.approx(loaded["similarity"], abs=1e-6)
+        assert streamed["null_mean"] == pytest.approx(loaded["null_mean"], abs=0.01)  # ~0.09, sd/√20 ≈ 0.003
 
 
 @pytest.mark.parametrize("measure, options", [("svcca", {"variance_threshold": 0.99}), ("pwcca", {}),

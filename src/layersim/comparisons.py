@@ -34,6 +34,7 @@ from layersim.similarity._common import blas_threads_for
 from layersim.similarity.bootstrap import bootstrap_pairs
 from layersim.similarity.kernels import streamed_debiased_cka
 from layersim.similarity.null import NullMatrix, chance_adjusted, permutation_matrix, streamed_linear_cka_null
+from layersim.similarity.rotation_null import rotation_null
 
 # Head-level attention measures: figure label and range (matrix-norm similarity is 1 − a mean
 # Frobenius distance, so it has no lower bound).
@@ -139,9 +140,11 @@ def streamed_moments(batches: Iterable[Sequence[Sequence[np.ndarray]]]) -> Linea
     return accumulator
 
 
-def moments_stacked_matrix(measure: str, accumulator: LinearCKAAccumulator, **options) -> np.ndarray:
+def moments_stacked_matrix(measure: str, accumulator: LinearCKAAccumulator, *, moments: LayerMoments | None = None,
+                           **options) -> np.ndarray:
     """``stacked_matrix(measure, models)`` from the streamed moments of the stacked layers: the same matrix
-    (layersim.similarity.moments states the accuracy), constant layers' rows and columns NaN."""
+    (layersim.similarity.moments states the accuracy), constant layers' rows and columns NaN. `moments`: the
+    accumulator's :class:`LayerMoments`, to reuse its layers' bases across measures and with the null."""
     if measure == "linear_cka":
         return accumulator.matrix(constant="nan")
     constant = accumulator.constant_layers()
@@ -150,17 +153,34 @@ def moments_stacked_matrix(measure: str, accumulator: LinearCKAAccumulator, **op
     if defined and measure == "debiased_cka":  # its `method` picks how products are taken in memory: moot here
         out[np.ix_(defined, defined)] = streamed_debiased_cka(accumulator, defined)
     elif defined:
-        out[np.ix_(defined, defined)] = moments_matrix(measure, LayerMoments(accumulator), defined, **options)
+        out[np.ix_(defined, defined)] = moments_matrix(measure, moments or LayerMoments(accumulator), defined,
+                                                       **options)
     return out
 
 
-def moments_stacked_null(measure: str, accumulator: LinearCKAAccumulator, cells: np.ndarray | None = None
-                         ) -> NullMatrix | None:
+def moments_stacked_null(measure: str, accumulator: LinearCKAAccumulator, cells: np.ndarray | None = None, *,
+                         permutations: int, seed: int, observed: np.ndarray | None = None,
+                         moments: LayerMoments | None = None, **options) -> NullMatrix | None:
     """``stacked_null`` from the streamed moments: linear CKA's exact permutation null (its traces are sums
-    over rows); None for the other measures, whose permutations need the rows in memory."""
-    if measure != "linear_cka":
+    over rows); the rotation null (layersim.similarity.rotation_null, `permutations` random rotations) of the
+    measures computed from moments; None for debiased CKA, whose permutations need the rows. `observed`: the
+    measure's stacked matrix, when already computed."""
+    if measure == "linear_cka":
+        return streamed_linear_cka_null(accumulator, cells)
+    if measure not in MOMENT_MEASURES:
         return None
-    return streamed_linear_cka_null(accumulator, cells)
+    constant = accumulator.constant_layers()
+    defined = np.flatnonzero(~constant).tolist()
+    full = np.full((len(constant), len(constant)), np.nan)
+    fields = {"observed": full.copy(), "null_mean": full.copy(), "null_p95": full.copy(), "p_value": full.copy()}
+    if defined:
+        inside = np.ix_(defined, defined)
+        null = rotation_null(measure, moments or LayerMoments(accumulator), defined, draws=permutations, seed=seed,
+                             cells=None if cells is None else cells[inside],
+                             observed=None if observed is None else observed[inside], **options)
+        for name, values in fields.items():
+            values[inside] = getattr(null, name)
+    return NullMatrix(**fields, permutations=permutations, method="rotation")
 
 
 STREAMABLE = ("linear_cka", "debiased_cka", *MOMENT_MEASURES)

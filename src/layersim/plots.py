@@ -169,10 +169,9 @@ def _heatmap(ax, matrix: np.ndarray, vmin: float | None, vmax: float | None, cma
     return image
 
 
-def chance_note(significance: float, null: str) -> str:
+def chance_note(significance: float, null: str, how: str = "rows of the column layer shuffled") -> str:
     """The figure note that explains hatched cells."""
-    return (f"hatched grey: not above chance — the {null} gives p ≥ {significance:g} "
-            "(rows of the column layer shuffled)")
+    return f"hatched grey: not above chance — the {null} gives p ≥ {significance:g} ({how})"
 
 
 def measure_grid(rows: dict[str, tuple[dict[str, tuple], tuple[float, float] | None]],

@@ -36,6 +36,9 @@ class Uncertainty:
     adjusted: bool = False       # also report the chance-adjusted diagonal
 
     def note(self, method: str) -> str:
+        if method == "rotation":  # tables streamed: the rows are rotated, not shuffled
+            return chance_note(self.significance, f"rotation null ({self.permutations} random rotations)",
+                               "rows of the column layer randomly rotated")
         null = ("permutation null (exact moments of the RV coefficient)" if method == "exact"
                 else f"permutation null ({self.permutations} permutations)")
         return chance_note(self.significance, null)
@@ -58,7 +61,8 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
                  title: str, *, layers: Callable[[], dict[str, list]] | None = None,
                  options: dict[str, dict] | None = None, uncertainty: Uncertainty | None = None,
                  groups: np.ndarray | None = None, first_layer: int = 0, attention: bool = False,
-                 streamed_null: Callable[[str, np.ndarray], NullMatrix | None] | None = None) -> PoolingReport:
+                 streamed_null: Callable[[str, np.ndarray, int, int], NullMatrix | None] | None = None
+                 ) -> PoolingReport:
     """Stacked matrices per measure (`matrix_of(measure)`, layers per model in `sizes`: ORIG, then FT[1], FT[2], …)
     as Phang et al.'s comparisons.
 
@@ -67,8 +71,8 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
     (over `groups` of rows: the words of one example are resampled together); with more than two seeds,
     the FT[i]–FT[j] diagonals' mean ± sd over all pairs. Attention maps get no null (a permutation of
     examples has no meaning for per-token maps of different lengths). Without `layers` (tables streamed),
-    `streamed_null(measure, cells)` gives the nulls it can from the streamed moments (None otherwise), and
-    there are no bootstrap intervals.
+    `streamed_null(measure, cells, permutations, seed)` gives the nulls it can from the streamed moments (None
+    otherwise), and there are no bootstrap intervals.
     """
     options = options or {}
     orig, finetuned = "ORIG", [label for label in sizes if label != "ORIG"]
@@ -84,7 +88,8 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
             null = stacked_null(measure, layers(), permutations=uncertainty.permutations, seed=uncertainty.seed,
                                 cells=phang_cells(sizes, orig, finetuned), **options.get(measure, {}))
         elif uncertainty is not None and streamed_null is not None and not attention:
-            null = streamed_null(measure, phang_cells(sizes, orig, finetuned))
+            null = streamed_null(measure, phang_cells(sizes, orig, finetuned), uncertainty.permutations,
+                                 uncertainty.seed)
         if null is not None:
             note = uncertainty.note(null.method)
         comparisons = phang_comparisons(matrix, sizes, orig, finetuned, null)

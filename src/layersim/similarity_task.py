@@ -21,7 +21,7 @@ from layersim.comparisons import (attention_maps, moments_stacked_matrix, moment
                                   stacked_matrix, stream_layers, stream_rows, streamed_moments)
 from layersim.io import ActivationTable, AttentionTable, run_expectations, write_figure, write_json
 from layersim.params import Params
-from layersim.similarity import check_computable
+from layersim.similarity import LayerMoments, check_computable
 from layersim.similarity_report import localization_report, phang_report, settings
 
 
@@ -31,14 +31,14 @@ def run_labels(seeds) -> dict[str, str]:
 
 
 def layer_sources(tables: dict, labels: dict, measures, options, log=lambda *args: None):
-    """(`matrix_of(measure)`, `layers()`, `streamed_null(measure, cells)`) over the runs' stacked layers: every
-    measure from moments streamed from the tables in row batches (one pass for all) when that takes less
-    memory (then `layers` is None and `streamed_null` gives the nulls the moments determine), otherwise every
-    measure on the layers, read once (and `streamed_null` is None)."""
+    """(`matrix_of(measure)`, `layers()`, `streamed_null(measure, cells, permutations, seed)`) over the runs'
+    stacked layers: every measure from moments streamed from the tables in row batches (one pass for all) when
+    that takes less memory (then `layers` is None and `streamed_null` gives the nulls the moments determine),
+    otherwise every measure on the layers, read once (and `streamed_null` is None)."""
     widths = [table.hidden_size for table in tables.values() for _ in range(table.num_layers + 1)]
     num_rows = next(iter(tables.values())).num_rows
     streamed = stream_layers(measures, num_rows, widths)
-    models, moments = {}, []
+    models, moments, matrices = {}, [], {}
 
     def layers():
         if not models:
@@ -50,17 +50,24 @@ def layer_sources(tables: dict, labels: dict, measures, options, log=lambda *arg
             rows = stream_rows(widths)
             log("streaming the layers' moments from the activation tables, %d rows at a time", rows)
             batches = zip(*(table.iter_batches(rows) for table in tables.values()))
-            moments.append(streamed_moments(tqdm(batches, total=-(-num_rows // rows), desc="moments", mininterval=2)))
-        return moments[0]
+            gathered = streamed_moments(tqdm(batches, total=-(-num_rows // rows), desc="moments", mininterval=2))
+            moments.extend([gathered, LayerMoments(gathered)])  # the second keeps each layer's basis for reuse
+        return moments
 
     def matrix_of(measure):
         if not streamed:
             return stacked_matrix(measure, layers(), **options.get(measure, {}))
-        return moments_stacked_matrix(measure, accumulated(), **options.get(measure, {}))
+        if measure not in matrices:
+            sums, bases = accumulated()
+            matrices[measure] = moments_stacked_matrix(measure, sums, moments=bases, **options.get(measure, {}))
+        return matrices[measure]
 
-    if not streamed:
-        return matrix_of, layers, None
-    return matrix_of, None, lambda measure, cells: moments_stacked_null(measure, accumulated(), cells)
+    def streamed_null(measure, cells, permutations, seed):
+        sums, bases = accumulated()
+        return moments_stacked_null(measure, sums, cells, permutations=permutations, seed=seed,
+                                    observed=matrix_of(measure), moments=bases, **options.get(measure, {}))
+
+    return (matrix_of, layers, None) if not streamed else (matrix_of, None, streamed_null)
 
 
 @dataclass

@@ -118,9 +118,18 @@ def _canonical(moments: LayerMoments, i: int, j: int, wi: _Whitened, wj: _Whiten
     return u, np.clip(rho, 0.0, 1.0), vt
 
 
+def pwcca_weights(variates_dot_neurons: np.ndarray) -> np.ndarray:
+    """PWCCA's weight of each canonical variate: the sum of |its inner product with each neuron|."""
+    return np.abs(variates_dot_neurons).sum(axis=1)
+
+
+def weighted_correlation(weights: np.ndarray, rho: np.ndarray) -> float:
+    """PWCCA: the canonical correlations averaged with their variates' weights."""
+    return float(np.clip(weights @ rho / weights.sum(), 0.0, 1.0))
+
+
 def _pw(variates_dot_neurons: np.ndarray, rho: np.ndarray) -> float:
-    alpha = np.abs(variates_dot_neurons).sum(axis=1)
-    return float(np.clip(alpha @ rho / alpha.sum(), 0.0, 1.0))
+    return weighted_correlation(pwcca_weights(variates_dot_neurons), rho)
 
 
 def moments_matrix(name: str, moments: LayerMoments, xs: Sequence[int], ys: Sequence[int] | None = None, *,
@@ -129,18 +138,11 @@ def moments_matrix(name: str, moments: LayerMoments, xs: Sequence[int], ys: Sequ
     """The matrix [a, b] = measure(layer xs[a], layer ys[b]) of the stacked layers of `moments` (ys None: xs
     against themselves, diagonal exactly 1), with the options of the in-memory measure (``variance_threshold``:
     SVCCA's, required, and PWCCA's, optional; ``max_dims``: the CCA family's dimension cap)."""
-    if name not in MOMENT_MEASURES:
-        raise unknown_name("measure computed from moments", name, MOMENT_MEASURES)
-    if name == "svcca" and variance_threshold is None:
-        raise LayersimError("svcca needs a variance_threshold in (0, 1]; use mean_cca or pwcca for plain CCA.")
-    check_max_dims(max_dims)
+    options = basis_options(name, moments, list(xs) if ys is None else ys, variance_threshold=variance_threshold,
+                            rtol=rtol, max_dims=max_dims)
     same = ys is None
     ys = list(xs) if same else list(ys)
-    for k in ys if name == "mixedsim" else ():
-        check_mixedsim_sizes(moments.num_rows, moments.widths[k], f"layers[{k}]")
     pair = _PAIRS[name]
-    options = dict(variance_threshold=variance_threshold if name in ("svcca", "pwcca") else None, rtol=rtol,
-                   max_dims=None if name == "mixedsim" else max_dims)
     out = np.empty((len(xs), len(ys)))
     for a, i in enumerate(xs):
         for b, j in enumerate(ys):
@@ -155,6 +157,21 @@ def moments_matrix(name: str, moments: LayerMoments, xs: Sequence[int], ys: Sequ
                 if same:
                     out[b, a] = out[a, b] if name in ("svcca", "mean_cca") else pair(moments, j, i, options)
     return out
+
+
+def basis_options(name: str, moments: LayerMoments, ys: Sequence[int], *, variance_threshold: float | None,
+                  rtol: float | None, max_dims) -> dict:
+    """The options of :meth:`LayerMoments.whitened` that measure `name` uses (each measure's own cuts), after
+    checking the measure's name and options against the column layers `ys`."""
+    if name not in MOMENT_MEASURES:
+        raise unknown_name("measure computed from moments", name, MOMENT_MEASURES)
+    if name == "svcca" and variance_threshold is None:
+        raise LayersimError("svcca needs a variance_threshold in (0, 1]; use mean_cca or pwcca for plain CCA.")
+    check_max_dims(max_dims)
+    for k in ys if name == "mixedsim" else ():
+        check_mixedsim_sizes(moments.num_rows, moments.widths[k], f"layers[{k}]")
+    return dict(variance_threshold=variance_threshold if name in ("svcca", "pwcca") else None, rtol=rtol,
+                max_dims=None if name in ("mixedsim", "neuronsim") else max_dims)
 
 
 def _svcca(m: LayerMoments, i: int, j: int, options) -> float:
@@ -178,19 +195,31 @@ def _pwcca_both(m: LayerMoments, i: int, j: int, options) -> tuple[float, float]
     return _pw(u.T @ wi.coords, rho), _pw(vt @ wj.coords, rho)
 
 
+def neuron_match(correlations: np.ndarray) -> float:
+    """neuronsim from the correlations [a, b] of x's neurons a with y's neurons b: each x neuron's best |r|,
+    averaged over x's neurons."""
+    return min(float(np.abs(correlations).max(axis=1).mean()), 1.0)
+
+
+def explained_share(fractions: np.ndarray) -> float:
+    """mixedsim from ‖Qyᵀ xc_a‖ / ‖xc_a‖ per x neuron a (the share of its norm in y's span), averaged."""
+    return float(np.minimum(fractions, 1.0).mean())
+
+
+def neuron_stds(m: LayerMoments, i: int) -> np.ndarray:
+    """The centred norms of layer i's kept (non-constant) neurons."""
+    return np.sqrt(np.diag(m.block(i, i))[m.kept(i)])
+
+
 def _neuronsim(m: LayerMoments, i: int, j: int, options) -> float:
-    ki, kj = m.kept(i), m.kept(j)
-    std_i, std_j = np.sqrt(np.diag(m.block(i, i))[ki]), np.sqrt(np.diag(m.block(j, j))[kj])
-    corr = np.abs(m.block(i, j)[np.ix_(ki, kj)]) / np.outer(std_i, std_j)
-    return min(float(corr.max(axis=1).mean()), 1.0)
+    cross = m.block(i, j)[np.ix_(m.kept(i), m.kept(j))]
+    return neuron_match(cross / np.outer(neuron_stds(m, i), neuron_stds(m, j)))
 
 
 def _mixedsim(m: LayerMoments, i: int, j: int, options) -> float:
-    ki = m.kept(i)
     wj = m.whitened(j, **options)
-    projected = wj.t.T @ m.block(j, i)[:, ki]          # Qyᵀ xc_a for each kept neuron a of x
-    std_i = np.sqrt(np.diag(m.block(i, i))[ki])
-    return float(np.minimum(np.linalg.norm(projected, axis=0) / std_i, 1.0).mean())
+    projected = wj.t.T @ m.block(j, i)[:, m.kept(i)]          # Qyᵀ xc_a for each kept neuron a of x
+    return explained_share(np.linalg.norm(projected, axis=0) / neuron_stds(m, i))
 
 
 _PAIRS = {"svcca": _svcca, "pwcca": _pwcca, "mean_cca": _mean_cca, "neuronsim": _neuronsim, "mixedsim": _mixedsim}

@@ -1,0 +1,148 @@
+"""The null of the measures computed from streamed moments (SVCCA, PWCCA, mean CCA, neuronsim, mixedsim),
+for activation tables too large to hold: a **rotation null**, sampled from the d × d moments alone.
+
+A permutation ``P`` of the column layer's rows cannot be applied without the rows. Replaced by a uniformly
+random rotation ``H`` of the centred rows (Haar-distributed on the n − 1 dimensions orthogonal to the constant
+vector), it can: with ``Qx``, ``Qy`` the orthonormal bases of the two centred layers (as in
+:mod:`layersim.similarity.moments`), every quantity these measures take from ``x`` and ``H y`` is a function of
+``B = Qxᵀ H Qy``, and ``B`` is distributed as the top-left ``r_x × r_y`` corner of a Haar orthogonal
+``(n−1) × (n−1)`` matrix, whatever the data — drawn here without the rows (:func:`haar_corner`):
+
+* canonical correlations: the singular values of ``B`` (SVCCA, mean CCA);
+* PWCCA: ``B = U diag(ρ) Vᵀ`` with ``U`` Haar and independent of ``ρ`` (``B``'s law is invariant under
+  rotations on either side), so the weights of a draw are those of an independent Haar ``U``;
+* neuronsim: the correlations ``Ĉxᵀ B Ĉy`` (``Ĉ = Qᵀ Xc`` per neuron, over its norm);
+* mixedsim: ``‖Bᵀ ĉ_a‖`` per x neuron a.
+
+The rotation null and the permutation null agree in the first two moments of the cross-product:
+``E[P A Pᵀ] = E[H A Hᵀ] = tr(A)/(n−1) · (I − 11ᵀ/n)`` for centred ``A``, so e.g. both give mean CCA the
+null mean ``max(r_x, r_y)/(n−1)`` exactly; beyond that the rotation null is the permutation null's Gaussian
+limit (a permutation keeps the rows' heavy tails, a rotation mixes them), and the two agree to Monte-Carlo
+error at a few hundred examples (tests/test_rotation_null.py). Cells of one draw share its corner (as
+permutation nulls share a permutation); each cell's null distribution is exact.
+
+Cost: one corner per draw (a Cholesky factorisation of order r), then per cell an eigendecomposition of order
+min(r_x, r_y) (SVCCA, PWCCA: shared by cells of the same ranks), a product of order d³ (neuronsim) or O(d)
+(mixedsim, mean CCA) — independent of the number of examples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.linalg import solve_triangular
+
+from layersim.errors import LayersimError
+from layersim.similarity.moments import (LayerMoments, basis_options, explained_share, moments_matrix, neuron_match,
+                                         neuron_stds, pwcca_weights, weighted_correlation)
+from layersim.similarity.null import NullMatrix, _check_cells, _summary
+
+
+def haar_corner(dimension: int, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """The top-left ``rows × cols`` block of a Haar-random orthogonal ``dimension × dimension`` matrix.
+
+    Its first `cols` columns are ``G R⁻¹`` for a Gaussian ``G`` (dimension × cols) and ``RᵀR = GᵀG`` (the Q of
+    G's QR factorisation, Haar); only G's first `rows` rows are drawn, the rest enter through ``GᵀG`` as a
+    Wishart matrix with ``dimension − rows`` degrees of freedom, drawn by Bartlett's decomposition — so the cost
+    is in ``cols``, not in `dimension`.
+    """
+    if not 0 < rows <= dimension or not 0 < cols <= dimension:
+        raise LayersimError(f"a {rows} × {cols} corner of a {dimension} × {dimension} orthogonal matrix does not exist.")
+    top = rng.standard_normal((rows, cols))
+    rest = dimension - rows
+    if rest < cols:  # Bartlett needs the degrees of freedom ≥ the order; so few rows are cheap to draw
+        below = rng.standard_normal((rest, cols))
+        gram = top.T @ top + below.T @ below
+    else:
+        bartlett = np.tril(rng.standard_normal((cols, cols)), -1)
+        bartlett[np.diag_indices(cols)] = np.sqrt(rng.chisquare(rest - np.arange(cols)))
+        gram = top.T @ top + bartlett @ bartlett.T
+    lower = np.linalg.cholesky(gram)  # gram = L Lᵀ, R = Lᵀ
+    return solve_triangular(lower, top.T, lower=True).T  # G₁ R⁻¹ = G₁ L⁻ᵀ
+
+
+def _haar(order: int, rng: np.random.Generator) -> np.ndarray:
+    q, r = np.linalg.qr(rng.standard_normal((order, order)))
+    return q * np.sign(np.diag(r))
+
+
+class _Draws:
+    """Each measure's value of one cell for a drawn corner, with the per-layer work done once per draw."""
+
+    def __init__(self, name: str, moments: LayerMoments, options: dict):
+        self.name, self.moments = name, moments
+        self.options = options | {"keep_coords": name in ("pwcca", "neuronsim", "mixedsim")}
+        self._unit_coords: dict[int, np.ndarray] = {}
+
+    def rank(self, layer: int) -> int:
+        return self.moments.whitened(layer, **self.options).t.shape[1]
+
+    def unit_coords(self, layer: int) -> np.ndarray:
+        """``Ĉ``: the kept neurons in the layer's whitened basis, each over its norm (r × kept)."""
+        if layer not in self._unit_coords:
+            coords = self.moments.whitened(layer, **self.options).coords[:, self.moments.kept(layer)]
+            self._unit_coords[layer] = coords / neuron_stds(self.moments, layer)
+        return self._unit_coords[layer]
+
+    def values(self, corner: np.ndarray, cells: Sequence[tuple[int, int]], rng: np.random.Generator) -> np.ndarray:
+        rank = {k: self.rank(k) for cell in cells for k in cell}
+        out = np.empty(len(cells))
+        if self.name == "neuronsim":
+            by_column = {j: corner[:, :rank[j]] @ self.unit_coords(j) for j in {j for _, j in cells}}
+            for c, (i, j) in enumerate(cells):
+                out[c] = neuron_match(self.unit_coords(i).T @ by_column[j][:rank[i]])
+        elif self.name == "mixedsim":
+            # ‖B[:r_i, :r_j]ᵀ ĉ_a‖² for every r_j at once: running sums over the rows of Bᵀ Ĉ_i.
+            by_row = {i: np.cumsum((corner[:rank[i]].T @ self.unit_coords(i)) ** 2, axis=0) for i in {i for i, _ in cells}}
+            for c, (i, j) in enumerate(cells):
+                out[c] = explained_share(np.sqrt(by_row[i][rank[j] - 1]))
+        elif self.name == "mean_cca":
+            for c, (i, j) in enumerate(cells):
+                out[c] = float(np.sum(corner[:rank[i], :rank[j]] ** 2)) / min(rank[i], rank[j])
+        else:
+            rho = {}
+            weights = ({i: pwcca_weights(_haar(rank[i], rng).T @ self.moments.whitened(i, **self.options).coords)
+                        for i in sorted({i for i, _ in cells})} if self.name == "pwcca" else {})
+            for c, (i, j) in enumerate(cells):
+                key = (min(rank[i], rank[j]), max(rank[i], rank[j]))  # a corner's transpose is one too
+                if key not in rho:
+                    block = corner[:key[0], :key[1]]
+                    rho[key] = np.sqrt(np.clip(np.linalg.eigvalsh(block @ block.T)[::-1], 0.0, 1.0))
+                if self.name == "svcca":
+                    out[c] = float(rho[key].mean())
+                else:
+                    out[c] = weighted_correlation(weights[i][:len(rho[key])], rho[key])
+        return out
+
+
+def rotation_null(name: str, moments: LayerMoments, xs: Sequence[int], ys: Sequence[int] | None = None, *,
+                  draws: int, seed: int = 0, cells: np.ndarray | None = None, observed: np.ndarray | None = None,
+                  variance_threshold: float | None = None, rtol: float | None = None,
+                  max_dims: int | str | None = "auto") -> NullMatrix:
+    """The rotation null (module docstring) of ``moments_matrix(name, moments, xs, ys, ...)``'s cells: per cell
+    the observed value, the null's mean and 95th percentile over `draws` random rotations, and the one-sided
+    p-value ``(1 + #{null ≥ observed}) / (1 + draws)``; NaN outside `cells`. ``method`` is "rotation" and
+    ``permutations`` the number of draws. Deterministic for a seed (``np.random.default_rng(seed)``).
+    `observed`: that matrix, when already computed (else it is)."""
+    if isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or draws < 1:
+        raise LayersimError(f"draws must be an integer >= 1, got {draws!r}.")
+    if observed is None:
+        observed = moments_matrix(name, moments, xs, ys, variance_threshold=variance_threshold, rtol=rtol,
+                                  max_dims=max_dims)
+    ys = list(xs) if ys is None else list(ys)
+    if np.shape(observed) != (len(xs), len(ys)):
+        raise LayersimError(f"observed must be the {len(xs)} × {len(ys)} matrix of these layers, got shape "
+                            f"{np.shape(observed)}.")
+    cells = _check_cells(cells, observed.shape)
+    options = basis_options(name, moments, ys, variance_threshold=variance_threshold, rtol=rtol, max_dims=max_dims)
+    engine = _Draws(name, moments, options)
+    chosen = [(xs[a], ys[b]) for a, b in np.argwhere(cells)]
+    null = np.empty((int(draws), len(chosen)))
+    if chosen:
+        size = max(engine.rank(k) for cell in chosen for k in cell)
+        rng = np.random.default_rng(seed)
+        for d in range(int(draws)):
+            null[d] = engine.values(haar_corner(moments.num_rows - 1, size, size, rng), chosen, rng)
+    return dataclasses.replace(_summary(observed, null, cells, int(draws)), method="rotation")
