@@ -56,7 +56,10 @@ cross-products of the 13 stacked layers and their rows' squared norms (what the 
 sums (the CCA family, neuronsim and mixedsim from the d x d blocks, debiased CKA also from the norms), and
 linear CKA's exact permutation null from the same pass; timed (the pass included in every measure's time, though one pass
 serves them all) against today's in-memory matrix (per-layer bases of n rows, the float64 reference for the
-error) and the per-pair loop (3 pairs timed, scaled to all 78); peak memory as traced allocations.
+error) and the per-pair loop (3 pairs timed, scaled to all 78); peak memory as traced allocations. Then each
+measure's rotation null from the same moments (``--draws`` per cell, 100 by default, as the stage draws
+``similarity.permutations``), timed, and up to ``--null-check-max`` examples (5,000) checked against the
+permutation null of 3 of the layers computed in memory (:func:`null_table`).
 
 ``--rbf`` (``--landmarks 1000 1500`` by default): RBF CKA's 13 x 13 matrix through Nyström features with
 the diagonal restored (the similarity stage's route above ``similarity.rbf_exact_max_rows``), timed, with its
@@ -518,10 +521,13 @@ def _peak_mb(fn: Callable, *args, **kwargs):
 
 
 def moments_section(names: list[str], n: int, width: int, num_layers: int, seed: int, memory_max: int,
-                    loop_pairs: int, batch_rows: int = 8192) -> None:
+                    loop_pairs: int, draws: int, null_check_max: int, batch_rows: int = 8192) -> None:
     """The streamed-moments route (one pass over row batches, then every measure from the d x d blocks)
-    against today's in-memory matrix (per-layer bases of n rows) and the per-pair loop."""
-    from layersim.comparisons import moments_stacked_matrix
+    against today's in-memory matrix (per-layer bases of n rows) and the per-pair loop; then each measure's
+    rotation null (:func:`null_table`)."""
+    from layersim.comparisons import moments_stacked_matrix, moments_stacked_null
+    from layersim.similarity import LayerMoments
+    from layersim.similarity.moments import MOMENT_MEASURES
     from layersim.similarity import permutation_matrix, streamed_linear_cka_null
     from layersim.similarity.cka_streaming import LinearCKAAccumulator
 
@@ -548,9 +554,14 @@ def moments_section(names: list[str], n: int, width: int, num_layers: int, seed:
               f"{'pair loop [s]':>13} {'vs memory':>9} {'vs loop':>8} {'max |diff|':>10}")
     print(header)
     print("-" * len(header))
+    nulls = []
     for name in names:
         options = MOMENT_OPTIONS[name]
-        fast, t_fast, mb_fast = _peak_mb(moments_stacked_matrix, name, moments, **options)
+        bases = LayerMoments(moments)  # per measure, so that no measure's time includes another's bases
+        fast, t_fast, mb_fast = _peak_mb(moments_stacked_matrix, name, moments, moments=bases, **options)
+        if name in MOMENT_MEASURES and draws:
+            nulls.append((name, _peak_mb(moments_stacked_null, name, moments, permutations=draws, seed=seed,
+                                         observed=fast, moments=bases, **options)))
         t_total = t_pass + t_fast
         if n <= memory_max:
             exact, t_mem, mb_mem = _peak_mb(similarity_matrix, name, layers, **options)
@@ -568,6 +579,34 @@ def moments_section(names: list[str], n: int, width: int, num_layers: int, seed:
     print(f"\nmoments [s]: the pass plus the measure's matrix; pair loop: {len(pairs)} pairs timed, scaled to all "
           f"{num_layers * (num_layers - 1) // 2}; peak MB: allocations traced beyond the input layers "
           f"({sum(a.nbytes for a in layers) / 1e6:.0f} MB)")
+    if nulls:
+        null_table(nulls, layers, draws, seed, n <= null_check_max)
+
+
+def null_table(nulls: list, layers: list[np.ndarray], draws: int, seed: int, check: bool) -> None:
+    """The rotation null of each measure's matrix from the same moments (every cell, `draws` draws) and, with
+    `check`, the permutation null of 3 of the layers (all 9 cells, `draws` permutations of the rows in memory)
+    against the rotation null of the same cells: the largest difference of null mean and 95th percentile, in
+    units of the null's standard deviation (estimated as (p95 − mean) / 1.645)."""
+    from layersim.similarity import permutation_matrix
+
+    picked = [0, len(layers) // 2, len(layers) - 1]
+    print(f"\nrotation null, {draws} draws per cell, every cell of the {len(layers)} x {len(layers)} matrix"
+          + (f"; against the permutation null of layers {picked} ({draws} permutations, in memory)" if check else ""))
+    header = (f"{'measure':<12} {'null [s]':>8} {'per draw [s]':>12} {'peak MB':>8}"
+              + (f" {'permutation [s]':>15} {'max |Δ mean|/sd':>15} {'max |Δ p95|/sd':>14}" if check else ""))
+    print(header)
+    print("-" * len(header))
+    for name, (null, seconds, mb) in nulls:
+        line = f"{name:<12} {seconds:>8.1f} {seconds / draws:>12.2f} {mb:>8.0f}"
+        if check:
+            permuted, t_perm = timed(permutation_matrix, name, [layers[i] for i in picked], permutations=draws,
+                                     seed=seed, **MOMENT_OPTIONS[name])
+            cells = np.ix_(picked, picked)
+            sd = (permuted.null_p95 - permuted.null_mean) / 1.645
+            line += (f" {t_perm:>15.1f} {np.nanmax(np.abs(null.null_mean[cells] - permuted.null_mean) / sd):>15.2f}"
+                     f" {np.nanmax(np.abs(null.null_p95[cells] - permuted.null_p95) / sd):>14.2f}")
+        print(line, flush=True)
 
 
 def rbf_section(n: int, width: int, num_layers: int, seed: int, landmarks: list[int], exact_max: int) -> None:
@@ -604,6 +643,10 @@ def main() -> None:
                              "--sizes (default 5000 50000) against the in-memory matrix and the pair loop")
     parser.add_argument("--memory-max", type=int, default=50_000,
                         help="--moments: run the in-memory matrix (the reference for the error) up to this n")
+    parser.add_argument("--draws", type=int, default=100,
+                        help="--moments: rotation-null draws per cell (params' similarity.permutations; 0: no null)")
+    parser.add_argument("--null-check-max", type=int, default=5000,
+                        help="--moments: check the rotation null against the permutation null up to this n")
     parser.add_argument("--rbf", action="store_true",
                         help="instead: RBF CKA's Nyström route at --sizes (default 5000 50000) against the exact kernels "
                              "(up to n = 10,000)")
@@ -620,7 +663,8 @@ def main() -> None:
     if args.moments:
         names = args.measures or list(MOMENT_OPTIONS)
         for n in args.sizes or [5000, 50_000]:
-            moments_section(names, n, width, args.layers, args.seed, args.memory_max, min(args.loop_pairs, 3))
+            moments_section(names, n, width, args.layers, args.seed, args.memory_max, min(args.loop_pairs, 3),
+                            args.draws, args.null_check_max)
         return
     if args.measures:
         for name in args.measures:

@@ -29,12 +29,11 @@ import numpy as np
 
 from layersim.similarity import (MEASURES, MOMENT_MEASURES, AttentionMaps, LayerMoments, LinearCKAAccumulator,
                                  attention_similarity_matrix, cka_matrix, is_constant, localization_scores,
-                                 moments_matrix, similarity_matrix)
+                                 moments_matrix, rotation_null, similarity_matrix)
 from layersim.similarity._common import blas_threads_for
 from layersim.similarity.bootstrap import bootstrap_pairs
 from layersim.similarity.kernels import streamed_debiased_cka
 from layersim.similarity.null import NullMatrix, chance_adjusted, permutation_matrix, streamed_linear_cka_null
-from layersim.similarity.rotation_null import rotation_null
 
 # Head-level attention measures: figure label and range (matrix-norm similarity is 1 − a mean
 # Frobenius distance, so it has no lower bound).

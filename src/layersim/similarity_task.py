@@ -6,9 +6,10 @@ stage writes them.
 
 Memory: when every measure can be computed from second moments (linear CKA, the CCA family, neuronsim,
 mixedsim), the matrices come from one pass over the activation tables in row batches once that takes less
-memory than loading them (layersim.comparisons.stream_layers); linear CKA's exact permutation null comes from
-the same pass, while the other measures' permutation nulls and every bootstrap interval, which need the rows in
-memory, are then left out and the metrics say so."""
+memory than loading them (layersim.comparisons.stream_layers); linear CKA's exact permutation null and the other
+measures' rotation null (layersim.similarity.rotation_null) come from the same moments, while debiased CKA's
+permutation null and every bootstrap interval, which need the rows in memory, are then left out and the
+metrics say so."""
 
 from __future__ import annotations
 
@@ -113,7 +114,10 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
         metrics = out.metrics[pooling] = report.metrics
         if layers is None:
             without = [m for m in measures if "null" not in metrics[m]]
+            rotated = [m for m in measures if metrics[m].get("null", {}).get("method") == "rotation"]
             metrics["null"] = ("tables streamed (larger than memory): no bootstrap intervals"
+                               + (f"; a rotation null (rows rotated, not shuffled) for {', '.join(rotated)}"
+                                  if rotated else "")
                                + (f"; no permutation null for {', '.join(without)}" if without else ""))
             warn("%s: tables streamed, so no bootstrap interval%s", pooling,
                  f" and no permutation null for {', '.join(without)}" if without else "")

@@ -15,6 +15,8 @@ The bottom layer of the library: NumPy/SciPy only, no I/O, no models. The measur
   ``check_computable`` (can a measure run on these sizes, before any work);
 * :mod:`~layersim.similarity.localization` — Wu et al.'s localization score;
 * :mod:`~layersim.similarity.null` — permutation nulls (chance level, p-values) for every measure;
+* :mod:`~layersim.similarity.rotation_null` — the same from streamed moments (``rotation_null``): the rows
+  rotated at random instead of shuffled, for the measures of ``moments``;
 * :mod:`~layersim.similarity.bootstrap` — bootstrap intervals over examples;
 * :mod:`~layersim.similarity.blocks` — contiguous blocks of layers in a layer × layer matrix.
 """
@@ -42,6 +44,7 @@ from layersim.similarity.registry import (
     similarity,
     similarity_matrix,
 )
+from layersim.similarity.rotation_null import rotation_null
 
 __all__ = [
     "HEAD_MEASURES",
@@ -78,6 +81,7 @@ __all__ = [
     "permutation_test",
     "pwcca",
     "rbf_cka",
+    "rotation_null",
     "streamed_linear_cka_null",
     "similarity",
     "similarity_matrix",

@@ -75,6 +75,7 @@ class _Draws:
         self.name, self.moments = name, moments
         self.options = options | {"keep_coords": name in ("pwcca", "neuronsim", "mixedsim")}
         self._unit_coords: dict[int, np.ndarray] = {}
+        self._stacks: dict[tuple, tuple[np.ndarray, dict[int, slice]]] = {}
 
     def rank(self, layer: int) -> int:
         return self.moments.whitened(layer, **self.options).t.shape[1]
@@ -86,13 +87,33 @@ class _Draws:
             self._unit_coords[layer] = coords / neuron_stds(self.moments, layer)
         return self._unit_coords[layer]
 
+    def _row_stack(self, layers: tuple[int, ...], size: int) -> tuple[np.ndarray, dict[int, slice]]:
+        """``Ĉᵀ`` of `layers` one above the other (float32, zero-padded to `size` basis directions) and each
+        layer's rows in it."""
+        if (layers, size) not in self._stacks:
+            parts = [np.zeros((self.unit_coords(k).shape[1], size), dtype=np.float32) for k in layers]
+            for part, k in zip(parts, layers):
+                part[:, :self.rank(k)] = self.unit_coords(k).T
+            ends = np.cumsum([part.shape[0] for part in parts])
+            offsets = {k: slice(end - part.shape[0], end) for k, part, end in zip(layers, parts, ends)}
+            self._stacks[(layers, size)] = (np.concatenate(parts), offsets)
+        return self._stacks[(layers, size)]
+
     def values(self, corner: np.ndarray, cells: Sequence[tuple[int, int]], rng: np.random.Generator) -> np.ndarray:
         rank = {k: self.rank(k) for cell in cells for k in cell}
         out = np.empty(len(cells))
         if self.name == "neuronsim":
-            by_column = {j: corner[:, :rank[j]] @ self.unit_coords(j) for j in {j for _, j in cells}}
+            rows_of: dict[int, list[int]] = {}
             for c, (i, j) in enumerate(cells):
-                out[c] = neuron_match(self.unit_coords(i).T @ by_column[j][:rank[i]])
+                rows_of.setdefault(j, []).append(c)
+            for j, chosen in rows_of.items():
+                # Every row layer's correlations with column layer j's neurons from one product, in float32 (the
+                # null's correlations are ~n^-½; float32 rounding is ~1e-7 of them).
+                stack, offsets = self._row_stack(tuple(sorted({cells[c][0] for c in chosen})), corner.shape[0])
+                projected = (corner[:, :rank[j]] @ self.unit_coords(j)).astype(np.float32)
+                correlations = stack @ projected
+                for c in chosen:
+                    out[c] = neuron_match(correlations[offsets[cells[c][0]]])
         elif self.name == "mixedsim":
             # ‖B[:r_i, :r_j]ᵀ ĉ_a‖² for every r_j at once: running sums over the rows of Bᵀ Ĉ_i.
             by_row = {i: np.cumsum((corner[:rank[i]].T @ self.unit_coords(i)) ** 2, axis=0) for i in {i for i, _ in cells}}
