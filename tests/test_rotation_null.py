@@ -9,7 +9,7 @@ import pytest
 from layersim.errors import LayersimError
 from layersim.similarity import permutation_matrix
 from layersim.similarity.moments import LayerMoments, moments_matrix
-from layersim.similarity.rotation_null import haar_corner, rotation_null
+from layersim.similarity.rotation_null import canonical_correlations_draw, haar_corner, rotation_null
 
 MEASURES = [("svcca", {"variance_threshold": 0.99}), ("pwcca", {"variance_threshold": 0.99}), ("pwcca", {}),
             ("mean_cca", {}), ("neuronsim", {}), ("mixedsim", {})]
@@ -45,6 +45,22 @@ def test_the_corner_has_the_law_of_a_haar_matrix_corner(rows, cols):
         assert abs(np.percentile(a, 90) - np.percentile(b, 90)) < 0.05
     if rows == cols == dimension:  # the whole matrix is orthogonal
         np.testing.assert_allclose(got[0] @ got[0].T, np.eye(dimension), atol=1e-10)
+
+
+@pytest.mark.parametrize("dimension, rank_x, rank_y", [(40, 6, 9), (40, 9, 6), (30, 12, 12), (200, 50, 30),
+                                                       (20, 12, 12)])  # the last: subspaces that must intersect
+def test_the_tridiagonal_canonical_correlations_have_the_corners_law(dimension, rank_x, rank_y):
+    """The Jacobi ensemble's tridiagonal model against the singular values of drawn corners: the mean and sd of
+    their sum (SVCCA's statistic), the mean of the largest and of the smallest."""
+    draws, rng = 3000, np.random.default_rng(2)
+    got = np.array([canonical_correlations_draw(dimension, rank_x, rank_y, rng) for _ in range(draws)])
+    want = np.array([np.linalg.svd(haar_corner(dimension, rank_x, rank_y, rng), compute_uv=False)
+                     for _ in range(draws)])
+    assert got.shape == want.shape == (draws, min(rank_x, rank_y))
+    assert np.all(np.diff(got, axis=1) <= 0) and got.min() >= 0 and got.max() <= 1
+    for a, b in ((got.sum(axis=1), want.sum(axis=1)), (got[:, 0], want[:, 0]), (got[:, -1], want[:, -1])):
+        assert abs(a.mean() - b.mean()) < 5 * np.sqrt((a.var() + b.var()) / draws)
+    assert got.sum(axis=1).std() == pytest.approx(want.sum(axis=1).std(), rel=0.1)
 
 
 def test_a_corner_that_does_not_exist_is_refused():

@@ -21,9 +21,10 @@ limit (a permutation keeps the rows' heavy tails, a rotation mixes them), and th
 error at a few hundred examples (tests/test_rotation_null.py). Cells of one draw share its corner (as
 permutation nulls share a permutation); each cell's null distribution is exact.
 
-Cost: one corner per draw (a Cholesky factorisation of order r), then per cell an eigendecomposition of order
-min(r_x, r_y) (SVCCA, PWCCA: shared by cells of the same ranks), a product of order d³ (neuronsim) or O(d)
-(mixedsim, mean CCA) — independent of the number of examples.
+Cost, independent of the number of examples: the CCA family needs only the canonical correlations, drawn per
+pair of ranks from the Jacobi ensemble's tridiagonal model (:func:`canonical_correlations_draw`, O(r²)), plus,
+for PWCCA, one Haar rotation per row layer; neuronsim and mixedsim draw one corner per draw (a Cholesky
+factorisation of order r), then per cell a product of order d³ (neuronsim) or O(d) (mixedsim).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.linalg import solve_triangular
+from scipy.linalg import eigvalsh_tridiagonal, solve_triangular
 
 from layersim.errors import LayersimError
 from layersim.similarity.moments import (LayerMoments, basis_options, explained_share, moments_matrix, neuron_match,
@@ -61,6 +62,31 @@ def haar_corner(dimension: int, rows: int, cols: int, rng: np.random.Generator) 
         gram = top.T @ top + bartlett @ bartlett.T
     lower = np.linalg.cholesky(gram)  # gram = L Lᵀ, R = Lᵀ
     return solve_triangular(lower, top.T, lower=True).T  # G₁ R⁻¹ = G₁ L⁻ᵀ
+
+
+def canonical_correlations_draw(dimension: int, rank_x: int, rank_y: int, rng: np.random.Generator) -> np.ndarray:
+    """The singular values (descending) of a :func:`haar_corner` of `rank_x` × `rank_y`: the canonical
+    correlations of two uniformly random subspaces of those dimensions in ℝ^dimension.
+
+    Their squares follow the real Jacobi (MANOVA) ensemble, sampled here by its tridiagonal model (Killip &
+    Nenciu 2004, Theorem 2; the parameters of the Gaussian full model as in Gautier, Bardenet & Valko 2019):
+    2·min(r) Beta variables and a tridiagonal eigenvalue problem, O(r²) where the corner costs O(r³). When the
+    subspaces must intersect (``rank_x + rank_y > dimension``) the corner is drawn instead.
+    """
+    p, wide = min(rank_x, rank_y), max(rank_x, rank_y)
+    rest = dimension - wide
+    if rest < p:
+        corner = haar_corner(dimension, p, wide, rng)
+        return np.sqrt(np.clip(np.linalg.eigvalsh(corner @ corner.T)[::-1], 0.0, 1.0))
+    k = np.arange(p)
+    odd = rng.beta((wide - k) / 2, (rest - k) / 2)
+    even = np.zeros(p)
+    even[1:] = rng.beta((p - k[1:]) / 2, (wide + rest - p - k[1:] + 1) / 2)
+    xi_odd = (1 - even) * odd
+    xi_even = np.zeros(p)
+    xi_even[1:] = (1 - odd[:-1]) * even[1:]
+    squares = eigvalsh_tridiagonal(xi_even + xi_odd, np.sqrt(xi_odd[:-1] * xi_even[1:]), lapack_driver="sterf")
+    return np.sqrt(np.clip(squares[::-1], 0.0, 1.0))
 
 
 def _haar(order: int, rng: np.random.Generator) -> np.ndarray:
@@ -99,9 +125,14 @@ class _Draws:
             self._stacks[(layers, size)] = (np.concatenate(parts), offsets)
         return self._stacks[(layers, size)]
 
-    def values(self, corner: np.ndarray, cells: Sequence[tuple[int, int]], rng: np.random.Generator) -> np.ndarray:
+    def values(self, cells: Sequence[tuple[int, int]], rng: np.random.Generator) -> np.ndarray:
+        """One draw of every cell's null value."""
         rank = {k: self.rank(k) for cell in cells for k in cell}
+        dimension = self.moments.num_rows - 1
         out = np.empty(len(cells))
+        if self.name in ("neuronsim", "mixedsim"):  # the neurons need the corner itself
+            size = max(rank.values())
+            corner = haar_corner(dimension, size, size, rng)
         if self.name == "neuronsim":
             rows_of: dict[int, list[int]] = {}
             for c, (i, j) in enumerate(cells):
@@ -109,7 +140,7 @@ class _Draws:
             for j, chosen in rows_of.items():
                 # Every row layer's correlations with column layer j's neurons from one product, in float32 (the
                 # null's correlations are ~n^-½; float32 rounding is ~1e-7 of them).
-                stack, offsets = self._row_stack(tuple(sorted({cells[c][0] for c in chosen})), corner.shape[0])
+                stack, offsets = self._row_stack(tuple(sorted({cells[c][0] for c in chosen})), size)
                 projected = (corner[:, :rank[j]] @ self.unit_coords(j)).astype(np.float32)
                 correlations = stack @ projected
                 for c in chosen:
@@ -119,20 +150,18 @@ class _Draws:
             by_row = {i: np.cumsum((corner[:rank[i]].T @ self.unit_coords(i)) ** 2, axis=0) for i in {i for i, _ in cells}}
             for c, (i, j) in enumerate(cells):
                 out[c] = explained_share(np.sqrt(by_row[i][rank[j] - 1]))
-        elif self.name == "mean_cca":
-            for c, (i, j) in enumerate(cells):
-                out[c] = float(np.sum(corner[:rank[i], :rank[j]] ** 2)) / min(rank[i], rank[j])
-        else:
+        else:  # the CCA family: canonical correlations, one draw per pair of ranks (shared by cells of a draw)
             rho = {}
             weights = ({i: pwcca_weights(_haar(rank[i], rng).T @ self.moments.whitened(i, **self.options).coords)
                         for i in sorted({i for i, _ in cells})} if self.name == "pwcca" else {})
             for c, (i, j) in enumerate(cells):
-                key = (min(rank[i], rank[j]), max(rank[i], rank[j]))  # a corner's transpose is one too
+                key = (min(rank[i], rank[j]), max(rank[i], rank[j]))
                 if key not in rho:
-                    block = corner[:key[0], :key[1]]
-                    rho[key] = np.sqrt(np.clip(np.linalg.eigvalsh(block @ block.T)[::-1], 0.0, 1.0))
+                    rho[key] = canonical_correlations_draw(dimension, *key, rng)
                 if self.name == "svcca":
                     out[c] = float(rho[key].mean())
+                elif self.name == "mean_cca":
+                    out[c] = float(np.mean(rho[key] ** 2))
                 else:
                     out[c] = weighted_correlation(weights[i][:len(rho[key])], rho[key])
         return out
@@ -162,8 +191,7 @@ def rotation_null(name: str, moments: LayerMoments, xs: Sequence[int], ys: Seque
     chosen = [(xs[a], ys[b]) for a, b in np.argwhere(cells)]
     null = np.empty((int(draws), len(chosen)))
     if chosen:
-        size = max(engine.rank(k) for cell in chosen for k in cell)
         rng = np.random.default_rng(seed)
         for d in range(int(draws)):
-            null[d] = engine.values(haar_corner(moments.num_rows - 1, size, size, rng), chosen, rng)
+            null[d] = engine.values(chosen, rng)
     return dataclasses.replace(_summary(observed, null, cells, int(draws)), method="rotation")
