@@ -17,6 +17,13 @@ debiased_cka 85x, mean_cca 49x, mixedsim 41x, neuronsim 136x, pwcca 48x, rbf_cka
     python benchmarks/null.py                                    # n = 20,000, d = 768, 13 layers, all measures
     python benchmarks/null.py --measures linear_cka              # the exact null only
     python benchmarks/null.py --n 2000 --d 256 --timed 5 --measures svcca pwcca
+
+``--rotation``: the similarity stage's null when the tables are streamed (larger than memory), at Phang et al.'s
+configuration — ORIG, FT[1], FT[2] × ``--layers`` layers, the 676 cells their comparisons report — from one pass
+of moments over ``--n`` rows (the rotation null's cost does not grow with n, but for the layers' ranks): the
+measure's stacked matrix and its rotation null (``--permutations`` draws), each timed.
+
+    python benchmarks/null.py --rotation --n 3000 --measures svcca pwcca neuronsim
 """
 
 from __future__ import annotations
@@ -54,7 +61,12 @@ def main() -> None:
     parser.add_argument("--timed", type=int, default=None,
                         help="run only 1 and 1 + TIMED permutations and extrapolate (default: run them all)")
     parser.add_argument("--measures", nargs="+", default=sorted(MEASURES), choices=sorted(MEASURES))
+    parser.add_argument("--rotation", action="store_true",
+                        help="instead: the streamed route's rotation null at Phang's configuration (3 models)")
     args = parser.parse_args()
+    if args.rotation:
+        rotation(args)
+        return
 
     layers = make_layers(args.n, args.d, args.layers)
     print(f"n = {args.n}, d = {args.d}, {args.layers} x {args.layers} (ys=None), float32 layers; "
@@ -79,6 +91,27 @@ def main() -> None:
             f"mean null {np.nanmean(result.null_mean[off]):.3f}, mean observed {np.nanmean(result.observed[off]):.3f}")
         print(f"{name:<14}{result.method:<13}{t_matrix:>10.2f}{t_null:>11.2f}{t_null / t_matrix:>8.2f}x  {note}",
               flush=True)
+
+
+def rotation(args) -> None:
+    from layersim.comparisons import moments_stacked_matrix, moments_stacked_null, phang_cells, streamed_moments
+    from layersim.similarity import MOMENT_MEASURES, LayerMoments
+
+    models = {label: make_layers(args.n, args.d, args.layers, seed)
+              for seed, label in enumerate(("ORIG", "FT[1]", "FT[2]"))}
+    t_pass, sums = timed(lambda: streamed_moments([list(models.values())]))
+    cells = phang_cells({label: args.layers for label in models}, "ORIG", ["FT[1]", "FT[2]"])
+    print(f"n = {args.n}, d = {args.d}, 3 models x {args.layers} layers, {int(cells.sum())} cells; one pass of "
+          f"moments {t_pass:.1f} s; rotation null with {args.permutations} draws")
+    print(f"{'measure':<14}{'matrix s':>10}{'null s':>10}{'per draw s':>12}  p-values")
+    options = {"svcca": {"variance_threshold": 0.99}, "pwcca": {"variance_threshold": 0.99}}
+    for name in [m for m in args.measures if m in MOMENT_MEASURES]:
+        bases = LayerMoments(sums)  # shared by the matrix and its null, as in the stage
+        t_matrix, matrix = timed(lambda: moments_stacked_matrix(name, sums, moments=bases, **options.get(name, {})))
+        t_null, null = timed(lambda: moments_stacked_null(name, sums, cells, permutations=args.permutations, seed=0,
+                                                          observed=matrix, moments=bases, **options.get(name, {})))
+        print(f"{name:<14}{t_matrix:>10.1f}{t_null:>10.1f}{t_null / args.permutations:>12.2f}  "
+              f"{np.nanmin(null.p_value):.3f}–{np.nanmax(null.p_value):.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -170,16 +170,25 @@ def moments_stacked_null(measure: str, accumulator: LinearCKAAccumulator, cells:
         return None
     constant = accumulator.constant_layers()
     defined = np.flatnonzero(~constant).tolist()
-    full = np.full((len(constant), len(constant)), np.nan)
-    fields = {"observed": full.copy(), "null_mean": full.copy(), "null_p95": full.copy(), "p_value": full.copy()}
+    null = None
     if defined:
         inside = np.ix_(defined, defined)
         null = rotation_null(measure, moments or LayerMoments(accumulator), defined, draws=permutations, seed=seed,
                              cells=None if cells is None else cells[inside],
                              observed=None if observed is None else observed[inside], **options)
+    return _on_layers(null, defined, len(constant), permutations, "rotation")
+
+
+def _on_layers(null: NullMatrix | None, defined: list[int], size: int, permutations: int, method: str) -> NullMatrix:
+    """The null of the `defined` (non-constant) layers as a NullMatrix over all `size` stacked layers, NaN
+    elsewhere; `permutations` and `method` stand in when there was none."""
+    full = np.full((size, size), np.nan)
+    fields = {"observed": full.copy(), "null_mean": full.copy(), "null_p95": full.copy(), "p_value": full.copy()}
+    if null is not None:
         for name, values in fields.items():
-            values[inside] = getattr(null, name)
-    return NullMatrix(**fields, permutations=permutations, method="rotation")
+            values[np.ix_(defined, defined)] = getattr(null, name)
+    return NullMatrix(**fields, permutations=null.permutations if null else permutations,
+                      method=null.method if null else method)
 
 
 STREAMABLE = ("linear_cka", "debiased_cka", *MOMENT_MEASURES)
@@ -247,18 +256,13 @@ def stacked_null(measure: str, models: dict[str, Sequence], *, permutations: int
     for constant layers and for cells outside `cells`. Linear CKA uses the exact permutation moments."""
     layers = [layer for model_layers in models.values() for layer in model_layers]
     defined = [i for i, layer in enumerate(layers) if not is_constant(layer)]
-    full = np.full((len(layers), len(layers)), np.nan)
-    fields = {"observed": full.copy(), "null_mean": full.copy(), "null_p95": full.copy(), "p_value": full.copy()}
     null = None
     if defined:
         chosen = None if cells is None else cells[np.ix_(defined, defined)]
         with blas_threads_for(len(layers[0]), max(layer.shape[1] for layer in layers)):
             null = permutation_matrix(measure, [layers[i] for i in defined], permutations=permutations, seed=seed,
                                       cells=chosen, **options)
-        for name, values in fields.items():
-            values[np.ix_(defined, defined)] = getattr(null, name)
-    return NullMatrix(**fields, permutations=null.permutations if null else permutations,
-                      method=null.method if null else "permutation")
+    return _on_layers(null, defined, len(layers), permutations, "permutation")
 
 
 def diagonal_intervals(measure: str, models: dict[str, Sequence], comparisons: Sequence[Comparison], *,
