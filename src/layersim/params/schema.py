@@ -165,7 +165,8 @@ class SimilarityParams:
     attention_measures: tuple[str, ...] = knob(("jensen_shannon",), "head-level measures of attention maps, or an "
                                                                     "array measure over heads",
                                                names=_attention_measure_names)
-    permutations: int = knob(100, "permutation null per cell (linear CKA: exact moments instead)", POSITIVE,
+    permutations: int = knob(100, "permutation null per cell (linear CKA: exact moments instead; random rotations "
+                                  "when the tables are streamed)", POSITIVE,
                              at_most(10**5, "permutations per cell; 10,000 resolve p = 0.0001"))
     significance: float = knob(0.05, "cells whose null p-value is at least this are hatched", FRACTION)
     bootstrap: int = knob(200, "resamples of the examples for the diagonals' 95% intervals (0: none)",
