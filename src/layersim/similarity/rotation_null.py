@@ -38,6 +38,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from scipy.linalg import eigvalsh_tridiagonal, solve_triangular
+from scipy.stats import ortho_group
 
 from layersim.errors import LayersimError
 from layersim.similarity.moments import (LayerMoments, basis_options, explained_share, moments_matrix, neuron_match,
@@ -93,13 +94,8 @@ def canonical_correlations_draw(dimension: int, rank_x: int, rank_y: int, rng: n
     return np.sqrt(np.clip(squares[::-1], 0.0, 1.0))
 
 
-def _haar(order: int, rng: np.random.Generator) -> np.ndarray:
-    q, r = np.linalg.qr(rng.standard_normal((order, order)))
-    return q * np.sign(np.diag(r))
-
-
 class _Draws:
-    """Each measure's value of one cell for a drawn corner, with the per-layer work done once per draw."""
+    """Draws of every cell's null value of one measure, each layer's basis work done once for all draws."""
 
     def __init__(self, name: str, moments: LayerMoments, options: dict):
         self.name, self.moments = name, moments
@@ -156,8 +152,10 @@ class _Draws:
                 out[c] = explained_share(np.sqrt(by_row[i][rank[j] - 1]))
         else:  # the CCA family: canonical correlations, one draw per pair of ranks (shared by cells of a draw)
             rho = {}
-            weights = ({i: pwcca_weights(_haar(rank[i], rng).T @ self.moments.whitened(i, **self.options).coords)
-                        for i in sorted({i for i, _ in cells})} if self.name == "pwcca" else {})
+            weights = {}  # PWCCA's: the variates' weights under an independent Haar rotation U (module docstring)
+            for i in sorted({i for i, _ in cells}) if self.name == "pwcca" else ():
+                coords = self.moments.whitened(i, **self.options).coords
+                weights[i] = pwcca_weights(ortho_group.rvs(rank[i], random_state=rng).T @ coords)
             for c, (i, j) in enumerate(cells):
                 key = (min(rank[i], rank[j]), max(rank[i], rank[j]))
                 if key not in rho:
