@@ -44,13 +44,15 @@ import numpy as np
 import torch
 
 from layersim.align import experiments
-from layersim.align.base import fit_maps
+from layersim.align.base import AlignmentMap, fit_maps
 from layersim.align.maps import make_map
-from layersim.align.neural import AffineCoupling, INNMap, learning_rate_factor
+from layersim.align.metrics import mse, relative_error
+from layersim.align.neural import AffineCoupling, INNMap, NeuralMap, learning_rate_factor, shrunk_whitening
 from layersim.batching import encode_task, sequential_batches
 from layersim.device import resolve_device
 from layersim.encoders import all_spans, exit_at, inject_first_token, num_layers, skip_span
 from layersim.injection import injected_score
+from layersim.linalg import canonical_pairs, thin_svd, variance_rank
 from layersim.models import load_task_model, load_tokenizer, snapshot_model
 from layersim.tasks import generated_table, get_task
 from layersim.truncation import primary_score, span_scores, untuned_scores
@@ -102,9 +104,9 @@ def gathered_forward(self, x):
     return torch.cat([u1, u2 * torch.exp(s) + t], dim=1)[:, torch.argsort(permutation)]
 
 
-def fit_alone_gathered(fitted, x, y):
-    """NeuralMap.fit as it was: one network, a plain training loop, gathered coupling halves."""
-    xs, ys = fitted._prepare(x, y)
+def train_alone_gathered(fitted, xs, ys):
+    """One network trained as train_networks did before: alone, a plain loop, gathered coupling halves,
+    the for-loop Adam. Returns the module in float64 (as NeuralMap keeps it)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(fitted.seed)
         module = fitted._build(xs, ys)
@@ -129,18 +131,68 @@ def fit_alone_gathered(fitted, x, y):
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-    fitted.module_, fitted.dims_ = module.double().eval(), (x.shape[1], y.shape[1])
+    return module.double().eval()
+
+
+def fit_alone_gathered(fitted, x, y):
+    """NeuralMap.fit as it was: one network (INN input whitened as now), trained by train_alone_gathered."""
+    xs, ys = fitted._prepare(x, y)
+    if isinstance(fitted, INNMap):
+        fitted.whitening_, fitted.unwhitening_ = shrunk_whitening(xs)
+        xs = xs @ fitted.whitening_
+        n, d = xs.shape  # the linear layer's least-squares start, solved for every map as _build did
+        fitted.linear_start_ = np.linalg.solve(xs.T @ xs / n + 1e-2 * np.eye(d), xs.T @ ys / n)
+    fitted.module_, fitted.dims_ = train_alone_gathered(fitted, xs, ys), (x.shape[1], y.shape[1])
     return fitted
 
 
-def fit_maps_one_at_a_time(maps, pairs):
-    return [fit_alone_gathered(fitted, x, y) if isinstance(fitted, INNMap) or fitted.name == "mlp"
-            else fitted.fit(x, y) for fitted, (x, y) in zip(maps, pairs)]
+def canonical_directions_before(xs, ys):
+    """linear.canonical_directions as it was: two thin SVDs and the canonical pairs, for every fit."""
+    q_x, s_x, r_x = thin_svd(xs)
+    q_y, s_y, r_y = thin_svd(ys)
+    a, rho, bt = canonical_pairs(q_x, q_y)
+    return (r_x / s_x) @ a, (r_y / s_y) @ bt.T, rho
+
+
+def fit_linear_alone(fitted, x, y):
+    """The linear maps' fits as they were (default options): each map decomposed its own rows, and SVCCA
+    took five SVDs (each side's principal directions, then CCA of the reduced rows)."""
+    xs, ys = fitted._prepare(x, y)
+    if fitted.name == "linear":
+        fitted.matrix_ = np.linalg.lstsq(xs, ys, rcond=None)[0]
+    elif fitted.name == "svcca":
+        p_x, p_y = (thin_svd(a)[2][:, :variance_rank(thin_svd(a)[1], fitted.variance_threshold)]
+                    for a in (xs, ys))
+        w_x, w_y, _ = canonical_directions_before(xs @ p_x, ys @ p_y)
+        fitted.matrix_ = p_x @ w_x @ ((ys @ p_y @ w_y).T @ (ys @ p_y)) @ p_y.T
+    else:  # cca, pwcca
+        w_x, w_y, _ = canonical_directions_before(xs, ys)
+        fitted.matrix_ = w_x @ ((ys @ w_y).T @ ys)
+        if fitted.name == "pwcca":
+            np.abs((xs @ w_x).T @ xs).sum(axis=1)
+    fitted.dims_ = (x.shape[1], y.shape[1])
+    return fitted
+
+
+def fit_and_score_one_at_a_time(maps, xs, ys, train_idx, test_idx, train_errors=True):
+    """experiments._fit_and_score_all as it was: every map fitted alone, NumPy's BLAS threads left as they are,
+    the training rows' errors computed whether used or not."""
+    scores = []
+    for fitted, x, y in zip(maps, xs, ys):
+        fit = fit_alone_gathered if isinstance(fitted, NeuralMap) else fit_linear_alone
+        fit(fitted, x[train_idx], y[train_idx])
+        y_hat_test, y_test = fitted.transform(x[test_idx]), y[test_idx]
+        y_hat_train, y_train = fitted.transform(x[train_idx]), y[train_idx]
+        scores.append({"mse": mse(y_hat_test, y_test), "relative_error": relative_error(y_hat_test, y_test),
+                       "train_mse": mse(y_hat_train, y_train),
+                       "train_relative_error": relative_error(y_hat_train, y_train)})
+    return scores
 
 
 @contextlib.contextmanager
 def before():
-    with mock.patch.object(experiments, "fit_maps", fit_maps_one_at_a_time):
+    with mock.patch.object(experiments, "_fit_and_score_all", fit_and_score_one_at_a_time), \
+            mock.patch.object(NeuralMap, "transform", AlignmentMap.transform):
         yield
 
 
@@ -202,14 +254,20 @@ def bench_align(folder: Path, examples: int, device) -> dict:
     methods = ("linear", "cca", "svcca", "pwcca", "inn", "mlp")
 
     def experiments_run():
-        for source, target in (("FT1", "FT2"), ("ORIG", "FT1")):
-            experiments.alignment_errors(runs[source], runs[target], methods, train_idx, test_idx, **options)
-        return experiments.layer_alignment_matrix(runs["FT1"], runs["FT2"], "inn", train_idx=train_idx,
-                                                  test_idx=test_idx, **{**options["inn"], "steps": 20})
+        errors = [experiments.alignment_errors(runs[source], runs[target], methods, train_idx, test_idx, **options)
+                  for source, target in (("FT1", "FT2"), ("ORIG", "FT1"))]
+        matrix = experiments.layer_alignment_matrix(runs["FT1"], runs["FT2"], "inn", train_idx=train_idx,
+                                                    test_idx=test_idx, **{**options["inn"], "steps": 20})
+        by_method = {name: np.array([[row["mse"], row["relative_error"]] for rows in errors for row in rows
+                                     if row["method"] == name]) for name in methods}
+        return by_method, matrix
+
+    def largest_relative_difference(names):
+        return max(float(np.abs(old_errors[name] / new_errors[name] - 1).max()) for name in names)
 
     with before():
-        old_s, old_matrix = timed(experiments_run)
-    new_s, new_matrix = timed(experiments_run)
+        old_s, (old_errors, old_matrix) = timed(experiments_run)
+    new_s, (new_errors, new_matrix) = timed(experiments_run)
     spec, model, tokenizer, encoded = quickstart_task(folder, examples)
     vectors = [rng.standard_normal((len(encoded), model.config.hidden_size)).astype(np.float32) for _ in range(8)]
     old_inject, old_scores = timed(lambda: [injected_score_before(model, spec, encoded, tokenizer, v, 32, device)
@@ -218,6 +276,8 @@ def bench_align(folder: Path, examples: int, device) -> dict:
     return {"before_s": old_s + old_inject, "now_s": new_s + new_inject,
             "speedup": (old_s + old_inject) / (new_s + new_inject),
             "experiments_speedup": old_s / new_s, "injection_speedup": old_inject / new_inject,
+            "linear_errors_largest_relative_difference": largest_relative_difference(methods[:4]),
+            "neural_errors_largest_relative_difference": largest_relative_difference(methods[4:]),
             "matrix_largest_difference": float(np.abs(old_matrix - new_matrix).max()),
             "injection_scores_equal": old_scores == new_scores}
 

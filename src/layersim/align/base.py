@@ -18,7 +18,7 @@ evaluate in float64). Outputs are float32 when the input was float32, float64 ot
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -69,6 +69,9 @@ class AlignmentMap:
     """
 
     name: ClassVar[str] = ""
+    # Whether fitting maps of this class on different pairs together saves time (the neural maps train as one
+    # batched network), so that experiments fit a method's maps of every layer at once.
+    batched_over_pairs: ClassVar[bool] = False
 
     # --- public API ---
 
@@ -126,8 +129,13 @@ class AlignmentMap:
         return self.x_scaler_.transform(x), self.y_scaler_.transform(y)
 
     @classmethod
+    def _group_key(cls) -> type:
+        """The class whose ``_fit_group`` fits maps of this class (this class by default)."""
+        return cls
+
+    @classmethod
     def _fit_group(cls, maps: Sequence[AlignmentMap], data: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
-        """Fit each of `maps` (all of this class) on its standardised (xs, ys); one at a time by default."""
+        """Fit each of `maps` (all of this group) on its standardised (xs, ys); one at a time by default."""
         for fitted, (xs, ys) in zip(maps, data):
             fitted._fit(xs, ys)
 
@@ -168,19 +176,39 @@ class AlignmentMap:
 
 def fit_maps(maps: Sequence[AlignmentMap], pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[AlignmentMap]:
     """Fit ``maps[k]`` on the paired rows ``pairs[k]`` for every k, with the result of ``maps[k].fit(*pairs[k])``
-    (up to float32 rounding for the neural maps): maps of a class that can train together do, e.g. the INN
-    of every layer of a comparison in one batched loop. Every input is checked before any fitting."""
+    (up to rounding): maps that can be fitted together are, e.g. the INN of every layer of a comparison in one
+    batched loop, or the linear maps of one layer pair from one SVD per side. Every input is checked before
+    any fitting."""
     if len(maps) != len(pairs):
         raise LayersimError(f"{len(maps)} maps but {len(pairs)} (x, y) pairs; give one pair per map.")
     data = [fitted._prepare(x, y) for fitted, (x, y) in zip(maps, pairs)]
-    by_class: dict[type, list[int]] = {}
+    groups: dict[type, list[int]] = {}
     for k, fitted in enumerate(maps):
-        by_class.setdefault(type(fitted), []).append(k)
-    for cls, members in by_class.items():
-        cls._fit_group([maps[k] for k in members], [data[k] for k in members])
+        groups.setdefault(type(fitted)._group_key(), []).append(k)
+    for group, members in groups.items():
+        group._fit_group([maps[k] for k in members], [data[k] for k in members])
     for fitted, (xs, ys) in zip(maps, data):
         fitted.dims_ = (xs.shape[1], ys.shape[1])
     return list(maps)
+
+
+class ArrayMemo:
+    """``compute(a)`` once per distinct array ``a`` (equal shape and entries) among those it is called with: the
+    maps of one group fitted on the same rows share what is computed from them (each map standardises its own
+    copy of the rows, so equal content, not identity, decides)."""
+
+    def __init__(self, compute: Callable[[np.ndarray], object]):
+        self._compute = compute
+        self._seen: dict[tuple, list[tuple[np.ndarray, object]]] = {}
+
+    def __call__(self, a: np.ndarray) -> object:
+        candidates = self._seen.setdefault((a.shape, a.dtype.str, a[:1].tobytes()), [])  # cheap first filter
+        for rows, value in candidates:
+            if rows is a or np.array_equal(rows, a):
+                return value
+        value = self._compute(a)
+        candidates.append((a, value))
+        return value
 
 
 def option_names(cls: type) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ included); ``test_idx`` rows are only transformed and scored; rows in neither ar
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -27,7 +28,7 @@ from layersim.align.maps import MAPS, make_map
 from layersim.align.metrics import mse, relative_error, train_test_split_rows
 from layersim.align.neural import random_flow
 from layersim.errors import LayersimError, unknown_name
-from layersim.linalg import Standardizer
+from layersim.linalg import Standardizer, blas_on_calling_thread
 
 METRICS = ("mse", "relative_error")
 DEFAULT_METHODS = ("linear", "cca", "svcca", "pwcca", "inn", "mlp")
@@ -72,12 +73,19 @@ def alignment_errors(x_layers: Sequence[np.ndarray], y_layers: Sequence[np.ndarr
     train_idx, test_idx = _split(train_idx, test_idx, _num_rows(x_layers + y_layers))
     for name in methods:  # reject bad options before any (slow) fitting
         make_map(name, **dict(options.get(name, {})))
+    # What is fitted together: a neural method's maps of every layer (one batched network), and the linear
+    # methods of one layer pair (one SVD per side).
+    batched = [name for name in methods if MAPS[name].batched_over_pairs]
+    linear = [name for name in methods if name not in batched]
+    fits = [(linear, [layer]) for layer in range(len(x_layers)) if linear] + [([name], range(len(x_layers)))
+                                                                           for name in batched]
     scores = {}
-    for name in tqdm(methods, desc="align layers", leave=False, mininterval=2):
-        # One method's maps of every layer are fitted together (the neural ones in one batched loop).
-        fitted = [make_map(name, **dict(options.get(name, {}))) for _ in x_layers]
-        for layer, row in enumerate(_fit_and_score_all(fitted, x_layers, y_layers, train_idx, test_idx)):
-            scores[layer, name] = row
+    for names, layers in tqdm(fits, desc="align layers", leave=False, mininterval=2):
+        cells = list(itertools.product(names, layers))
+        fitted = [make_map(name, **dict(options.get(name, {}))) for name, _ in cells]
+        rows = _fit_and_score_all(fitted, [x_layers[layer] for _, layer in cells],
+                                  [y_layers[layer] for _, layer in cells], train_idx, test_idx)
+        scores.update({(layer, name): row for (name, layer), row in zip(cells, rows)})
     return [{"layer": layer, "method": name, **scores[layer, name]}
             for layer in range(len(x_layers)) for name in methods]
 
@@ -165,7 +173,7 @@ def layer_alignment_matrix(x_layers: Sequence[np.ndarray], y_layers: Sequence[np
     for i, x in enumerate(tqdm(x_layers, desc=f"{method} layer x layer", leave=False, mininterval=2)):
         # A row of the matrix at a time: its maps fitted together, memory bounded by one row's rows.
         fitted = [make_map(method, **options) for _ in y_layers]
-        scores = _fit_and_score_all(fitted, [x] * len(y_layers), y_layers, train_idx, test_idx)
+        scores = _fit_and_score_all(fitted, [x] * len(y_layers), y_layers, train_idx, test_idx, train_errors=False)
         out[i] = [row[metric] for row in scores]
     return out
 
@@ -185,19 +193,25 @@ def map_representations(x_train: np.ndarray, y_train: np.ndarray, x_apply: np.nd
 
 
 def _fit_and_score_all(maps: list[AlignmentMap], xs: Sequence[np.ndarray], ys: Sequence[np.ndarray],
-                       train_idx: np.ndarray, test_idx: np.ndarray) -> list[dict[str, float]]:
+                       train_idx: np.ndarray, test_idx: np.ndarray, train_errors: bool = True
+                       ) -> list[dict[str, float]]:
     """Fit ``maps[k]`` from ``xs[k]`` to ``ys[k]`` on the training rows only (all together, see
-    :func:`~layersim.align.base.fit_maps`), then each one's errors on test and training rows."""
-    fit_maps(maps, [(x[train_idx], y[train_idx]) for x, y in zip(xs, ys)])
-    scores = []
-    for fitted, x, y in zip(maps, xs, ys):
-        x_train, y_train = x[train_idx], as_matrix(y[train_idx], "y (train rows)")
-        y_hat_test, y_test = fitted.transform(x[test_idx]), as_matrix(y[test_idx], "y (test rows)")
-        y_hat_train = fitted.transform(x_train)
-        scores.append({"mse": mse(y_hat_test, y_test), "relative_error": relative_error(y_hat_test, y_test),
-                       "train_mse": mse(y_hat_train, y_train),
-                       "train_relative_error": relative_error(y_hat_train, y_train)})
-    return scores
+    :func:`~layersim.align.base.fit_maps`), then each one's errors on the test rows (and the training rows).
+
+    NumPy's BLAS stays on the calling thread throughout: scoring's NumPy calls between the neural maps' torch
+    passes would otherwise wake its worker threads, which then spin on the cores torch needs
+    (:func:`~layersim.linalg.blas_on_calling_thread`)."""
+    with blas_on_calling_thread():
+        fit_maps(maps, [(x[train_idx], y[train_idx]) for x, y in zip(xs, ys)])
+        return [_errors(fitted, x, y, test_idx, "test") | (_errors(fitted, x, y, train_idx, "train") if train_errors
+                                                             else {}) for fitted, x, y in zip(maps, xs, ys)]
+
+
+def _errors(fitted: AlignmentMap, x: np.ndarray, y: np.ndarray, rows: np.ndarray, split: str) -> dict[str, float]:
+    """A fitted map's mse and relative error on `rows` of `split` (test: "mse", …; train: "train_mse", …)."""
+    y_hat, y_rows = fitted.transform(x[rows]), as_matrix(y[rows], f"y ({split} rows)")
+    prefix = "" if split == "test" else f"{split}_"
+    return {f"{prefix}mse": mse(y_hat, y_rows), f"{prefix}relative_error": relative_error(y_hat, y_rows)}
 
 
 def _methods(methods: Iterable[str]) -> list[str]:

@@ -68,16 +68,34 @@ Inverse: every linear map has one when ``M`` is square and numerically full rank
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-from layersim.align.base import AlignmentMap, _bool, _float, _non_negative_float, _optional_positive_int
+from layersim.align.base import AlignmentMap, ArrayMemo, _bool, _float, _non_negative_float, _optional_positive_int
 from layersim.errors import LayersimError
 from layersim.linalg import canonical_pairs, default_rtol, numerical_rank, thin_svd, variance_rank
 
 
-
 class MatrixMap(AlignmentMap):
-    """A map ``ŷ_s = x_s M`` in standardised coordinates; subclasses compute ``matrix_`` (d_x x d_y)."""
+    """A map ``ŷ_s = x_s M`` in standardised coordinates; subclasses compute ``matrix_`` (d_x x d_y).
+
+    The linear maps fit as one group (:func:`~layersim.align.base.fit_maps`): maps fitted on the same rows
+    share one thin SVD per side and one set of canonical pairs (:class:`SharedDecompositions`), e.g. the
+    four linear methods of one layer pair take two SVDs instead of eleven."""
+
+    @classmethod
+    def _group_key(cls) -> type:
+        return MatrixMap
+
+    @classmethod
+    def _fit_group(cls, maps: Sequence[MatrixMap], data: Sequence[tuple[np.ndarray, np.ndarray]]) -> None:
+        shared = SharedDecompositions()
+        for fitted, (xs, ys) in zip(maps, data):
+            fitted._fit_shared(xs, ys, shared)
+
+    def _fit_shared(self, xs: np.ndarray, ys: np.ndarray, shared: SharedDecompositions) -> None:
+        raise NotImplementedError
 
     def _transform(self, xs: np.ndarray) -> np.ndarray:
         return xs @ self.matrix_
@@ -114,10 +132,11 @@ class LinearRegressionMap(MatrixMap):
     def __init__(self, ridge: float = 0.0):
         self.ridge = _non_negative_float("ridge", ridge)
 
-    def _fit(self, xs: np.ndarray, ys: np.ndarray) -> None:
+    def _fit_shared(self, xs: np.ndarray, ys: np.ndarray, shared: SharedDecompositions) -> None:
         n, d = xs.shape
-        if self.ridge == 0.0:
-            self.matrix_ = np.linalg.lstsq(xs, ys, rcond=None)[0]
+        if self.ridge == 0.0:  # the minimum-norm solution through X's thin SVD, with lstsq's rank rule
+            q, s, r = shared.svd(xs)
+            self.matrix_ = (r / s) @ (q.T @ ys)
         else:
             gram = xs.T @ xs / n + self.ridge * np.eye(d)
             self.matrix_ = np.linalg.solve(gram, xs.T @ ys / n)
@@ -149,15 +168,11 @@ class CCAMap(MatrixMap):
         self.num_components = _optional_positive_int("num_components", num_components)
         self.scale_by_correlation = _bool("scale_by_correlation", scale_by_correlation)
 
-    def _fit(self, xs: np.ndarray, ys: np.ndarray) -> None:
-        self.matrix_ = self._cca_matrix(xs, ys)
-
-    def _cca_matrix(self, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
-        w_x, w_y, rho = canonical_directions(xs, ys, self.num_components)
-        self.x_directions_, self.y_directions_, self.correlations_ = w_x, w_y, rho
-        self.y_loadings_ = canonical_loadings(ys, w_y)
+    def _fit_shared(self, xs: np.ndarray, ys: np.ndarray, shared: SharedDecompositions) -> None:
+        w_x, w_y, rho, loadings = canonical_map(xs, ys, shared, self.num_components)
+        self.x_directions_, self.y_directions_, self.correlations_, self.y_loadings_ = w_x, w_y, rho, loadings
         weights = rho if self.scale_by_correlation else np.ones_like(rho)
-        return (w_x * weights) @ self.y_loadings_
+        self.matrix_ = (w_x * weights) @ loadings
 
 
 class PWCCAMap(CCAMap):
@@ -172,8 +187,8 @@ class PWCCAMap(CCAMap):
 
     name = "pwcca"
 
-    def _fit(self, xs: np.ndarray, ys: np.ndarray) -> None:
-        self.matrix_ = self._cca_matrix(xs, ys)
+    def _fit_shared(self, xs: np.ndarray, ys: np.ndarray, shared: SharedDecompositions) -> None:
+        super()._fit_shared(xs, ys, shared)
         variates = xs @ self.x_directions_  # orthonormal columns p_i
         alpha = np.abs(variates.T @ xs).sum(axis=1)
         self.projection_weights_ = alpha / alpha.sum()
@@ -208,53 +223,58 @@ class SVCCAMap(MatrixMap):
         self.num_components = _optional_positive_int("num_components", num_components)
         self.scale_by_correlation = _bool("scale_by_correlation", scale_by_correlation)
 
-    def _fit(self, xs: np.ndarray, ys: np.ndarray) -> None:
-        p_x = principal_directions(xs, self.variance_threshold)
-        p_y = principal_directions(ys, self.variance_threshold)
-        self.kept_ = (p_x.shape[1], p_y.shape[1])
-        reduced_y = ys @ p_y
-        w_x, w_y, rho = canonical_directions(xs @ p_x, reduced_y, self.num_components)
+    def _fit_shared(self, xs: np.ndarray, ys: np.ndarray, shared: SharedDecompositions) -> None:
+        # The principal directions kept are the top right singular vectors of each side (the SVCCA variance
+        # rule, as the svcca measure); CCA between the reduced rows x_s P_X = Q_k S_k needs no new SVD.
+        self.kept_ = tuple(variance_rank(shared.svd(a)[1], self.variance_threshold) for a in (xs, ys))
+        w_x, _, rho, loadings = canonical_map(xs, ys, shared, self.num_components, *self.kept_)
         self.correlations_ = rho
         weights = rho if self.scale_by_correlation else np.ones_like(rho)
-        self.matrix_ = p_x @ (w_x * weights) @ canonical_loadings(reduced_y, w_y) @ p_y.T
+        self.matrix_ = (w_x * weights) @ loadings
 
 
 # --- the linear algebra (rank and variance rules, thin SVD, canonical pairs: layersim.linalg) ---
 
 
-def _thin_svd(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    q, s, r = thin_svd(a)
-    if s.size == 0:
-        raise LayersimError("a representation is constant on the training rows (rank 0), so CCA is undefined; "
-                            "drop that layer or use more training rows.")
-    return q, s, r
+class SharedDecompositions:
+    """The thin SVDs and canonical pairs of one group of fits: each distinct array of standardised rows is
+    decomposed once, and each pair of arrays (with the principal directions kept) paired once."""
+
+    def __init__(self) -> None:
+        self._svds = ArrayMemo(thin_svd)
+        self._pairs: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def svd(self, a: np.ndarray, keep: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``a``'s thin SVD (Q, S, R) to its numerical rank, or to its top ``keep`` directions."""
+        q, s, r = self._svds(a)
+        return (q, s, r) if keep is None else (q[:, :keep], s[:keep], r[:, :keep])
+
+    def canonical_pairs(self, xs: np.ndarray, ys: np.ndarray, keep_x: int | None, keep_y: int | None
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(A, ρ, Bᵀ) of :func:`layersim.linalg.canonical_pairs` between the (kept) left singular vectors."""
+        q_x, q_y = self.svd(xs, keep_x)[0], self.svd(ys, keep_y)[0]
+        if not q_x.shape[1] or not q_y.shape[1]:
+            raise LayersimError("a representation is constant on the training rows (rank 0), so CCA is undefined; "
+                                "drop that layer or use more training rows.")
+        key = (id(self._svds(xs)), id(self._svds(ys)), keep_x, keep_y)
+        if key not in self._pairs:
+            self._pairs[key] = canonical_pairs(q_x, q_y)
+        return self._pairs[key]
 
 
-def canonical_directions(xs: np.ndarray, ys: np.ndarray, num_components: int | None = None
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """CCA of centred ``xs`` (n x d_x) and ``ys`` (n x d_y).
+def canonical_map(xs: np.ndarray, ys: np.ndarray, shared: SharedDecompositions, num_components: int | None = None,
+                  keep_x: int | None = None, keep_y: int | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """CCA of centred ``xs`` (n x d_x) and ``ys`` (n x d_y), or of their top ``keep_x`` / ``keep_y`` principal
+    directions, as directions in feature space.
 
-    Returns ``(W_X, W_Y, ρ)`` with ``W_X`` (d_x x c), ``W_Y`` (d_y x c), such that ``xs W_X`` and
-    ``ys W_Y`` have orthonormal columns and ``(xs W_X)ᵀ (ys W_Y) = diag(ρ)``, ρ decreasing in [0, 1].
-    ``c = min(rank xs, rank ys, num_components)``. The same canonical pairs as the similarity measures
-    (:func:`layersim.linalg.canonical_pairs`), expressed as directions in feature space.
+    Returns ``(W_X, W_Y, ρ, Λ_Y)``: ``xs W_X`` and ``ys W_Y`` have orthonormal columns with
+    ``(xs W_X)ᵀ (ys W_Y) = diag(ρ)``, ρ decreasing in [0, 1], ``c = min(rank, num_components)`` of each;
+    ``Λ_Y = (ys W_Y)ᵀ ys`` (c x d_y) is the least-squares way back from Y's canonical variates. From the thin
+    SVDs ``xs = Q_X S_X R_Xᵀ``, ``ys = Q_Y S_Y R_Yᵀ`` and ``Q_XᵀQ_Y = A diag(ρ) Bᵀ``: ``W_X = R_X S_X⁻¹ A``,
+    ``W_Y = R_Y S_Y⁻¹ B``, ``Λ_Y = Bᵀ S_Y R_Yᵀ`` — the same canonical pairs as the similarity measures.
     """
-    q_x, s_x, r_x = _thin_svd(xs)
-    q_y, s_y, r_y = _thin_svd(ys)
-    a, rho, bt = canonical_pairs(q_x, q_y)
+    (_, s_x, r_x), (_, s_y, r_y) = shared.svd(xs, keep_x), shared.svd(ys, keep_y)
+    a, rho, bt = shared.canonical_pairs(xs, ys, keep_x, keep_y)
     c = rho.size if num_components is None else min(num_components, rho.size)
-    return (r_x / s_x) @ a[:, :c], (r_y / s_y) @ bt[:c].T, rho[:c]
-
-
-def canonical_loadings(ys: np.ndarray, w_y: np.ndarray) -> np.ndarray:
-    """``Λ_Y = Vᵀ ys`` (c x d_y), ``V = ys W_Y`` the canonical variates (orthonormal columns): the
-    least-squares coefficients of centred ``ys`` on ``V``, i.e. the way back from Y's canonical
-    variates to Y's coordinates. Equals ``W_Y⁻¹`` when ``W_Y`` is square and invertible."""
-    return (ys @ w_y).T @ ys
-
-
-def principal_directions(a: np.ndarray, variance_threshold: float) -> np.ndarray:
-    """Orthonormal columns (d x k): the top right singular vectors of centred ``a`` that the SVCCA
-    variance rule keeps (:func:`layersim.linalg.variance_rank`, as the svcca measure)."""
-    _, s, r = _thin_svd(a)
-    return r[:, : variance_rank(s, variance_threshold)]
+    return (r_x / s_x) @ a[:, :c], (r_y / s_y) @ bt[:c].T, rho[:c], (bt[:c] * s_y) @ r_y.T

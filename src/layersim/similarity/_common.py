@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from layersim.errors import LayersimError
+from layersim.linalg import blas_on_calling_thread
 
 Named = list[tuple[str, np.ndarray]]
 
@@ -177,5 +178,4 @@ def blas_threads_for(num_rows: int, width: int):
     (see SMALL_PRODUCT); otherwise it changes nothing."""
     if num_rows * width * width >= SMALL_PRODUCT:
         return contextlib.nullcontext()
-    from threadpoolctl import threadpool_limits
-    return threadpool_limits(limits=1, user_api="blas")
+    return blas_on_calling_thread()
