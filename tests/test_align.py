@@ -17,7 +17,7 @@ from layersim.align import (MAPS, CCAMap, CouplingFlow, INNMap, LinearRegression
                             relative_error, synthetic_recovery, train_test_split_rows)
 from layersim.align.neural import shrunk_whitening
 from layersim.errors import LayersimError
-from layersim.linalg import Standardizer
+from layersim.linalg import Standardizer, thin_svd
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -548,3 +548,25 @@ def test_maps_fitted_together_equal_maps_fitted_one_at_a_time(rng, name):
     np.testing.assert_array_equal(together[-1].transform(xs[0]), make_map("linear").fit(xs[0], ys[0]).transform(xs[0]))
     with pytest.raises(LayersimError, match="2 maps but 1"):
         fit_maps([make_map(name, **options), make_map(name, **options)], [(xs[0], ys[0])])
+
+
+def test_linear_maps_fitted_together_share_decompositions_and_equal_their_own_fits(rng, monkeypatch):
+    """The linear maps of one group decompose each distinct array of rows once (two thin SVDs for the four
+    methods of one layer pair, not eleven), and each comes out exactly as its own fit. Arrays that share their
+    shape and first row but differ below it are different rows, not one."""
+    import layersim.align.linear as linear
+
+    # Small integers in 64 rows: every mean and variance is exact, so the rows of x permuted below its first
+    # standardise to exactly x's standardised rows, permuted: its shape and first row, other rows.
+    x, y = rng.integers(-8, 9, size=(64, 5)).astype(float), _correlated(rng, 64, 4)
+    x_twin = np.concatenate([x[:1], rng.permutation(x[1:])])
+    calls = []
+    monkeypatch.setattr(linear, "thin_svd", lambda a, *args: calls.append(a.shape) or thin_svd(a, *args))
+    pairs = [(x, y)] * len(LINEAR_NAMES) + [(x_twin, y)] * len(LINEAR_NAMES)
+    together = fit_maps([make_map(name) for name in LINEAR_NAMES * 2], pairs)
+    assert len(calls) == 3  # x, y and x_twin: each standardised array once
+    for fitted, name, (xi, yi) in zip(together, LINEAR_NAMES * 2, pairs):
+        alone = make_map(name).fit(xi, yi)
+        np.testing.assert_array_equal(fitted.matrix_, alone.matrix_)
+        np.testing.assert_array_equal(fitted.transform(xi), alone.transform(xi))
+    assert not np.allclose(together[0].matrix_, together[len(LINEAR_NAMES)].matrix_)

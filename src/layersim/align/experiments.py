@@ -73,12 +73,12 @@ def alignment_errors(x_layers: Sequence[np.ndarray], y_layers: Sequence[np.ndarr
     train_idx, test_idx = _split(train_idx, test_idx, _num_rows(x_layers + y_layers))
     for name in methods:  # reject bad options before any (slow) fitting
         make_map(name, **dict(options.get(name, {})))
-    # What is fitted together: a neural method's maps of every layer (one batched network), and the linear
-    # methods of one layer pair (one SVD per side).
+    # What is fitted together: a neural method's maps of every layer (one batched network), and the other
+    # methods of one layer pair (the linear ones from one SVD per side).
     batched = [name for name in methods if MAPS[name].batched_over_pairs]
-    linear = [name for name in methods if name not in batched]
-    fits = [(linear, [layer]) for layer in range(len(x_layers)) if linear] + [([name], range(len(x_layers)))
-                                                                           for name in batched]
+    per_layer = [name for name in methods if name not in batched]
+    fits = ([(per_layer, [layer]) for layer in range(len(x_layers)) if per_layer]
+            + [([name], range(len(x_layers))) for name in batched])
     scores = {}
     for names, layers in tqdm(fits, desc="align layers", leave=False, mininterval=2):
         cells = list(itertools.product(names, layers))
