@@ -171,7 +171,7 @@ def fit_linear_alone(fitted, x, y):
     else:  # cca, pwcca
         w_x, w_y, _ = canonical_directions_before(xs, ys)
         fitted.matrix_ = w_x @ ((ys @ w_y).T @ ys)
-        if fitted.name == "pwcca":
+        if fitted.name == "pwcca":  # its projection weights, as before: only their time matters here
             np.abs((xs @ w_x).T @ xs).sum(axis=1)
     fitted.dims_ = (x.shape[1], y.shape[1])
     return fitted

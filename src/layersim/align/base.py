@@ -63,9 +63,10 @@ def output_dtype(a: object) -> np.dtype:
 class AlignmentMap:
     """Base class: a map from X's representation space to Y's, fitted on paired rows.
 
-    Subclasses set ``name`` (the registry name) and implement ``_fit(xs, ys)`` and
-    ``_transform(xs)`` (and ``_inverse(ys)`` where the map is invertible) on standardised float64
-    arrays; this class does validation, standardisation and units.
+    Subclasses set ``name`` (the registry name) and implement ``_fit(xs, ys)`` — or, for maps fitted in
+    groups, ``_group_key`` and ``_fit_group(maps, data)`` — and ``_transform(xs)`` (and ``_inverse(ys)``
+    where the map is invertible) on standardised float64 arrays; this class does validation,
+    standardisation and units.
     """
 
     name: ClassVar[str] = ""

@@ -367,9 +367,6 @@ class NeuralMap(AlignmentMap):
         """The learning rate of parameter `name`, as a fraction of ``learning_rate``."""
         return 1.0
 
-    def _fit(self, xs: np.ndarray, ys: np.ndarray) -> None:
-        type(self)._fit_group([self], [(xs, ys)])
-
     def transform(self, x: np.ndarray) -> np.ndarray:
         with blas_on_calling_thread():  # NumPy and torch take turns here (see linalg.blas_on_calling_thread)
             return super().transform(x)
