@@ -73,7 +73,7 @@ def test_the_rotation_null_agrees_with_the_permutation_null(name, options):
     """n = 300, widths 12, 9, 15: the null means and 95th percentiles per cell, 600 draws each, within Monte-Carlo
     error (the null's sd estimated from its spread); the observed values are moments_matrix's."""
     layers = _related_layers(300, [12, 9, 15])
-    moments = LayerMoments.of_layers(layers)
+    moments = LayerMoments.of_layers(layers, sample_rows=0)
     rotated = rotation_null(name, moments, [0, 1, 2], draws=600, seed=3, **options)
     permuted = permutation_matrix(name, layers, permutations=600, seed=3, **options)
     assert rotated.method == "rotation" and rotated.permutations == 600
@@ -88,7 +88,7 @@ def test_the_rotation_null_agrees_with_the_permutation_null(name, options):
 def test_mean_ccas_null_mean_is_the_larger_rank_over_n_minus_one():
     """E‖Qxᵀ H Qy‖²_F = r_x r_y / (n − 1) under a rotation as under a permutation, exactly."""
     layers = _related_layers(120, [6, 10])
-    null = rotation_null("mean_cca", LayerMoments.of_layers(layers), [0], [1], draws=4000, seed=0)
+    null = rotation_null("mean_cca", LayerMoments.of_layers(layers, sample_rows=0), [0], [1], draws=4000, seed=0)
     sd = (null.null_p95[0, 0] - null.null_mean[0, 0]) / 1.645
     assert null.null_mean[0, 0] == pytest.approx(10 / 119, abs=4 * sd / np.sqrt(4000))
 
@@ -100,7 +100,7 @@ def test_heavy_tailed_neurons():
     n = 4,000 — while SVCCA and mixedsim, which pool over directions, agree to Monte-Carlo error."""
     rng = np.random.default_rng(0)
     layers = [rng.standard_t(3, size=(1000, 20)) * rng.uniform(0.5, 3, 20) for _ in range(2)]
-    moments = LayerMoments.of_layers(layers)
+    moments = LayerMoments.of_layers(layers, sample_rows=0)
     gaps = {}
     for name, options in (("svcca", {"variance_threshold": 0.99}), ("neuronsim", {}), ("mixedsim", {})):
         rotated = rotation_null(name, moments, [0], [1], draws=1000, seed=1, **options)
@@ -116,14 +116,14 @@ def test_independent_layers_are_rarely_called_related(name, options):
     """Under the null the p-values are about uniform: of 30 layers independent of x, about 5 % at p ≤ 0.05."""
     rng = np.random.default_rng(5)
     layers = [rng.standard_normal((150, 5)) for _ in range(31)]
-    null = rotation_null(name, LayerMoments.of_layers(layers), [0], list(range(1, 31)), draws=99, seed=1, **options)
+    null = rotation_null(name, LayerMoments.of_layers(layers, sample_rows=0), [0], list(range(1, 31)), draws=99, seed=1, **options)
     assert np.mean(null.p_value <= 0.05) <= 0.2
     assert 0.3 < np.median(null.p_value) < 0.7
 
 
 def test_cells_seed_and_bad_arguments():
     layers = _related_layers(200, [5, 7, 6])
-    moments = LayerMoments.of_layers(layers)
+    moments = LayerMoments.of_layers(layers, sample_rows=0)
     cells = np.array([[True, False, True], [False, True, False], [False, False, False]])
     a = rotation_null("svcca", moments, [0, 1, 2], draws=30, seed=7, cells=cells, variance_threshold=0.99)
     b = rotation_null("svcca", moments, [0, 1, 2], draws=30, seed=7, cells=cells, variance_threshold=0.99)

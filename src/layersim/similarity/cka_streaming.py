@@ -13,6 +13,9 @@ from layersim.similarity._common import (CONSTANT_RTOL, as_list, validated)
 from layersim.similarity._cka_kernels import (BLOCK_ROWS, PRECISIONS, SCRATCH_BYTES, _add_panel, _normalise,
                                               _panel_hsic, _panels)
 
+# Rows of the uniform sample an accumulator keeps by default: float32, 123 MB for 39 layers of 768.
+SAMPLE_ROWS = 1024
+
 
 class LinearCKAAccumulator:
     """Exact linear CKA between every pair of L layers, from the examples' rows in batches.
@@ -44,12 +47,20 @@ class LinearCKAAccumulator:
         :func:`cka_matrix` (shifts and all sums are float64). "auto" (default) is float32 when the
         first batch is float32 (or narrower) and float64 otherwise: the number of rows is not known
         in advance, so unlike cka_matrix it does not look at the size.
+    sample_rows : size of a uniform random sample of whole rows (every layer) kept along the pass, for the
+        nulls' tails (:meth:`sample`); all rows, in order, while at most this many were seen. 0 keeps none.
+    seed : seed of the sample (reservoir sampling, Algorithm R: one draw per row, whatever the batches).
     """
 
-    def __init__(self, *, precision: str = "auto"):
+    def __init__(self, *, precision: str = "auto", sample_rows: int = SAMPLE_ROWS, seed: int = 0):
         if precision not in PRECISIONS:
             raise unknown_name("precision", precision, PRECISIONS)
+        if isinstance(sample_rows, bool) or not isinstance(sample_rows, (int, np.integer)) or sample_rows < 0:
+            raise LayersimError(f"sample_rows must be an integer >= 0, got {sample_rows!r}.")
         self.precision = precision
+        self.sample_rows = int(sample_rows)
+        self._rng = np.random.default_rng(seed)
+        self._sample: np.ndarray | None = None  # (sample_rows, sum d) in the batches' dtype
         self.num_rows = 0
         self._dtype: type | None = None
         self._offsets: np.ndarray | None = None
@@ -65,16 +76,18 @@ class LinearCKAAccumulator:
         return None if self._offsets is None else np.diff(self._offsets).tolist()
 
     @staticmethod
-    def memory_bytes(widths: Sequence[int], batch_rows: int, precision: str = "float64") -> int:
+    def memory_bytes(widths: Sequence[int], batch_rows: int, precision: str = "float64",
+                     sample_rows: int = SAMPLE_ROWS) -> int:
         """About how many bytes an accumulator for layers of these widths holds while it is fed
-        batches of ``batch_rows`` rows (the batches themselves not counted)."""
+        batches of ``batch_rows`` rows (the batches themselves not counted; the row sample as float32)."""
         offsets = np.concatenate([[0], np.cumsum(widths)]).astype(np.int64)
         sizes = [int(offsets[stop] - offsets[first]) * int(offsets[-1] - offsets[first])
                  for first, stop in _panels(offsets)]
         item = 4 if precision == "float32" else 8
         rows = min(batch_rows, LinearCKAAccumulator._block_rows(int(offsets[-1]), item))
         # The sums, one panel product before it is added, the shifted block of rows.
-        return 8 * (sum(sizes) + int(offsets[-1])) + item * max(sizes) + item * rows * int(offsets[-1])
+        return (8 * (sum(sizes) + int(offsets[-1])) + item * max(sizes) + item * rows * int(offsets[-1])
+                + 4 * sample_rows * int(offsets[-1]))
 
     def update(self, layers: Sequence[np.ndarray]) -> None:
         """Add a batch of rows: ``layers[k]`` is a (rows, d_k) array for layer k; every batch has the
@@ -98,6 +111,7 @@ class LinearCKAAccumulator:
             return
         if self._shift is None:
             self._shift = [a.mean(axis=0, dtype=np.float64) for a in arrays]
+        self._keep_sample(arrays)
         offsets = self._offsets
         # A block of rows at a time bounds the scratch memory, and the float32 sums (see BLOCK_ROWS).
         block = self._block_rows(int(offsets[-1]), np.dtype(self._dtype).itemsize)
@@ -116,6 +130,29 @@ class LinearCKAAccumulator:
             for (first, last), cross in zip(self._panels, self._cross):
                 _add_panel(cross, u, offsets[first], offsets[last], self._part)
             self.num_rows += stop - start
+
+    def _keep_sample(self, arrays: list[np.ndarray]) -> None:
+        """Algorithm R: row t (0-based) replaces slot ``j ~ U{0..t}`` when ``j < sample_rows``."""
+        if not self.sample_rows:
+            return
+        if self._sample is None:
+            dtype = np.result_type(*arrays, np.float32)
+            self._sample = np.empty((self.sample_rows, int(self._offsets[-1])), dtype=dtype)
+        rows, seen = arrays[0].shape[0], self.num_rows
+        slots = np.arange(seen, seen + rows)
+        late = slots >= self.sample_rows
+        slots[late] = self._rng.integers(0, slots[late] + 1)
+        take = np.flatnonzero(slots < self.sample_rows)  # in order: a later row overwrites an earlier one
+        for k, a in enumerate(arrays):
+            self._sample[slots[take], self._offsets[k]:self._offsets[k + 1]] = a[take]
+
+    def sample(self, i: int) -> np.ndarray:
+        """Layer i's rows in the uniform random sample (``min(sample_rows, num_rows)`` rows, not centred): all
+        rows in their order when the table had at most ``sample_rows``."""
+        self._check_rows()
+        if not self.sample_rows:
+            raise LayersimError("this accumulator keeps no row sample (sample_rows=0).")
+        return self._sample[:min(self.sample_rows, self.num_rows), self._offsets[i]:self._offsets[i + 1]]
 
     @staticmethod
     def _block_rows(columns: int, itemsize: int) -> int:

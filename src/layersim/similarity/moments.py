@@ -31,7 +31,7 @@ from layersim.errors import LayersimError, unknown_name
 from layersim.linalg import default_rtol, numerical_rank, variance_rank
 from layersim.similarity._common import CONSTANT_RTOL
 from layersim.similarity._cca_core import check_max_dims, dimension_cap
-from layersim.similarity.cka_streaming import LinearCKAAccumulator
+from layersim.similarity.cka_streaming import SAMPLE_ROWS, LinearCKAAccumulator
 from layersim.similarity.neurons import check_mixedsim_sizes
 
 MOMENT_MEASURES = ("svcca", "pwcca", "mean_cca", "neuronsim", "mixedsim")
@@ -57,9 +57,11 @@ class LayerMoments:
         self._whitened: dict[tuple, _Whitened] = {}
 
     @classmethod
-    def of_layers(cls, layers: Sequence[np.ndarray], batch_rows: int = 8192) -> "LayerMoments":
-        """The moments of layers held in memory (each (n, d_k), rows aligned), gathered in float64."""
-        acc = LinearCKAAccumulator(precision="float64")
+    def of_layers(cls, layers: Sequence[np.ndarray], batch_rows: int = 8192,
+                  sample_rows: int = SAMPLE_ROWS) -> "LayerMoments":
+        """The moments of layers held in memory (each (n, d_k), rows aligned), gathered in float64, with the
+        accumulator's row sample of `sample_rows` rows (0: none, so the rotation null rotates)."""
+        acc = LinearCKAAccumulator(precision="float64", sample_rows=sample_rows)
         rows = layers[0].shape[0] if len(layers) else 0
         for start in range(0, max(rows, 1), batch_rows):
             acc.update([a[start:start + batch_rows] for a in layers])

@@ -17,13 +17,23 @@ vector), it can: with ``Qx``, ``Qy`` the orthonormal bases of the two centred la
 The rotation null and the permutation null agree in the first two moments of the cross-product:
 ``E[P A Pᵀ] = E[H A Hᵀ] = tr(A)/(n−1) · (I − 11ᵀ/n)`` for centred ``A``, so e.g. both give mean CCA the
 null mean ``max(r_x, r_y)/(n−1)`` exactly; beyond that the rotation null is the permutation null's Gaussian
-limit (a permutation keeps the rows' heavy tails, a rotation mixes them), and the two agree to Monte-Carlo
-error at a few hundred examples (tests/test_rotation_null.py) — except for neuronsim on heavy-tailed neurons:
-a max over single correlations feels each neuron's tails, and on Student-t (3 dof) neurons its rotation null
-sits ~0.4 sd (mean) to ~0.7 sd (p95) below the permutation null, at n = 1,000 as at 4,000, so its p-values
-there are somewhat too small. The cells of one draw share what it drew (the
-corner; the canonical correlations of one pair of ranks), as permutation nulls share a permutation; each
-cell's own null distribution is exact.
+limit (a permutation keeps the rows' heavy tails, a rotation mixes them). The cells of one draw share what it
+drew (the corner; the canonical correlations of one pair of ranks), as permutation nulls share a permutation.
+
+Heavy tails, and the accumulator's row sample (:class:`LinearCKAAccumulator`'s ``sample_rows``, a seeded
+uniform reservoir kept in the same pass): **while the sample holds every row** (tables of at most
+``sample_rows`` rows, 1,024 by default) the null is the permutation null of those rows, exactly
+:func:`~layersim.similarity.permutation_matrix` (``method`` "permutation"). Beyond it the CCA family and
+mixedsim keep plain rotations, within ~0.2 permutation-sd of the permutation null on Student-t (3 dof)
+neurons at n = 3,000 (mean and 95th percentile; measured in benchmarks/calibration.py's notes). neuronsim's
+plain rotations are too narrow there (a max over single correlations feels each neuron's tails: mean 0.3–0.9
+sd and 95th percentile 0.6–1.2 sd below, at n = 300 and 3,000), so its draws take the *shape* of the
+sample's permutation null: ``mean_n + sd_n · (perm_m − mean_rot_m) / sd_rot_m`` per cell, the m-row
+sample's permutation draws standardised by its own rotation null, placed at the n-row rotation null's mean
+and sd (:func:`_sample_tails`). Heavy tails fade as n grows, so the m-row shape is at least as heavy as the
+n-row one: conservative (measured +0.1 to +0.4 sd at n = 300 with m = 100–150 and at n = 3,000 with m = 1,024;
+tests/test_calibration.py asserts |shift| < 0.35 sd at n = 300, m = 150). It costs one permutation null and
+one rotation null on the m sampled rows.
 
 Cost, independent of the number of examples: the CCA family needs only the canonical correlations, drawn per
 pair of ranks from the Jacobi ensemble's tridiagonal model (:func:`canonical_correlations_draw`, O(r²)), plus,
@@ -43,7 +53,9 @@ from scipy.stats import ortho_group
 from layersim.errors import LayersimError
 from layersim.similarity.moments import (LayerMoments, basis_options, explained_share, moments_matrix, neuron_match,
                                          neuron_stds, pwcca_weights, weighted_correlation)
-from layersim.similarity.null import NullMatrix, _check_cells, _summary
+from layersim.similarity.null import NullMatrix, _check_cells, _summary, permutation_matrix
+from layersim.similarity._null_engines import ENGINES
+from layersim.similarity.registry import MEASURES
 
 
 def haar_corner(dimension: int, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -189,11 +201,55 @@ def rotation_null(name: str, moments: LayerMoments, xs: Sequence[int], ys: Seque
                             f"{np.shape(observed)}.")
     cells = _check_cells(cells, observed.shape)
     options = basis_options(name, moments, ys, variance_threshold=variance_threshold, rtol=rtol, max_dims=max_dims)
-    engine = _Draws(name, moments, options)
+    accumulator = moments._acc
+    if accumulator.sample_rows >= moments.num_rows:  # the sample is every row, in order: permute them
+        given = dict(variance_threshold=variance_threshold, rtol=rtol, max_dims=max_dims)
+        measure_options = {k: v for k, v in given.items() if k in MEASURES[name].options and v is not None}
+        rows = [accumulator.sample(k) for k in sorted(set(xs) | set(ys))]
+        where = {k: r for r, k in enumerate(sorted(set(xs) | set(ys)))}
+        null = permutation_matrix(name, [rows[where[k]] for k in xs], [rows[where[k]] for k in ys],
+                                  permutations=int(draws), seed=seed, cells=cells, **measure_options)
+        return dataclasses.replace(null, observed=observed)
     chosen = [(xs[a], ys[b]) for a, b in np.argwhere(cells)]
-    null = np.empty((int(draws), len(chosen)))
+    null = _rotation_draws(name, moments, options, chosen, int(draws), seed)
+    if name == "neuronsim" and chosen and accumulator.sample_rows >= _MIN_SAMPLE_ROWS:
+        null = _sample_tails(moments, chosen, null, seed)
+    return dataclasses.replace(_summary(observed, null, cells, int(draws)), method="rotation")
+
+
+# Fewer sampled rows than this give neuronsim's rotation null no tail correction.
+_MIN_SAMPLE_ROWS = 20
+
+
+def _rotation_draws(name: str, moments: LayerMoments, options: dict, chosen: list, draws: int, seed: int) -> np.ndarray:
+    """``(draws, len(chosen))`` rotation-null values of the chosen (row layer, column layer) cells."""
+    engine = _Draws(name, moments, options)
+    null = np.empty((draws, len(chosen)))
     if chosen:
         rng = np.random.default_rng(seed)
-        for d in range(int(draws)):
+        for d in range(draws):
             null[d] = engine.values(chosen, rng)
-    return dataclasses.replace(_summary(observed, null, cells, int(draws)), method="rotation")
+    return null
+
+
+def _sample_tails(moments: LayerMoments, chosen: list, null: np.ndarray, seed: int) -> np.ndarray:
+    """neuronsim's rotation draws at n rows given the shape of the permutation null of the accumulator's m-row
+    sample: each draw ``mean_n + sd_n · (perm_m − mean_rot_m) / sd_rot_m`` per cell, the sample's permutation
+    draws standardised by its own rotation null (module docstring)."""
+    accumulator = moments._acc
+    layers = sorted({k for cell in chosen for k in cell})
+    where = {k: r for r, k in enumerate(layers)}
+    rows = [accumulator.sample(k) for k in layers]
+    local = [(where[i], where[j]) for i, j in chosen]
+    small = LayerMoments.of_layers(rows)
+    rotated = _rotation_draws("neuronsim", small, basis_options("neuronsim", small, [], variance_threshold=None,
+                                                                rtol=None, max_dims=None), local, len(null), seed + 1)
+    mask = np.zeros((len(layers), len(layers)), dtype=bool)
+    mask[tuple(np.array(local).T)] = True
+    engine = ENGINES["neuronsim"]([(f"layers[{k}]", r) for k, r in zip(layers, rows)], None, mask)
+    rng = np.random.default_rng(seed + 2)
+    index = tuple(np.array(local).T)
+    permuted = np.array([engine.values(rng.permutation(len(rows[0])))[index] for _ in range(len(null))])
+    scale = rotated.std(axis=0)
+    shape = np.divide(permuted - rotated.mean(axis=0), scale, out=np.zeros_like(permuted), where=scale > 0)
+    return null.mean(axis=0) + null.std(axis=0) * shape
