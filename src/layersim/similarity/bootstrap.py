@@ -6,16 +6,35 @@ recomputing the measure gives its sampling distribution. Rows that are
 not independent (the words of one sentence) are resampled together: pass their example id as ``groups``
 and whole examples are drawn (a cluster bootstrap), so the interval is not too narrow.
 
-The interval is the *basic* (pivotal) one, ``[2θ̂ − q_hi, 2θ̂ − q_lo]`` with ``q`` the resampled values'
-percentiles (Davison & Hinkley 1997, §5.2), clipped to the measure's range. Not the plain percentile
-interval: a resample repeats rows, so it holds only about 63% distinct examples, and measures biased
-upwards at small n (CKA, CCA) come out higher on it. On independent 300 × 20 data, linear CKA is 0.064
-(all bias: the population value is 0) and its resamples' 95% range is [0.10, 0.14]; the basic interval
-mirrors that shift, [0, 0.027], and so estimates the population value, bias included in the correction.
-It need not contain the biased estimate itself.
+The interval (``interval=``): ``"basic"`` (pivotal), ``[2θ̂ − q_hi, 2θ̂ − q_lo]`` with ``q`` the resampled
+values' quantiles (Davison & Hinkley 1997, §5.2); ``"percentile"``, ``[q_lo, q_hi]``; ``"bca"``, bias-corrected
+and accelerated (Efron 1987), the quantiles at levels moved by ``z0`` (where the estimate sits among the
+resamples) and ``a`` (their skewness, from a delete-block jackknife of :data:`JACKKNIFE_BLOCKS` blocks of whole
+groups: a block's influence sums its rows', so ``a`` is the delete-one formula's at ~10% of 200 resamples).
+``"auto"`` (the default) is measured, not assumed (``benchmarks/bootstrap.py --coverage``, the statistics
+review's population, 95%): for linear CKA the resamples' upward bias (a resample holds ~63% distinct rows)
+matches the estimate's own, so basic, which subtracts it, covers 0.95 / 0.94 at n = 300 / 1,000, where
+percentile covers 0.49 / 0.84 and BCa 0.78 / 0.91 (its ``z0`` ≈ −1 pushes the low level to the resamples'
+minimum); for SVCCA (cap 20) the estimate is biased *down* (noisy principal components) while resamples come
+out *higher* (CCA overfits the fewer distinct rows), so subtracting the resamples' bias goes the wrong way:
+basic covers 0.40, BCa 0.45, percentile 0.90. So "auto" is percentile for the CCA measures (svcca, pwcca,
+mean_cca) and basic for the others; ``BootstrapResult.method`` says which made each result.
+
+Every interval contains ``centre``, the bias-corrected value it is built around (basic: ``2θ̂ − median``;
+percentile: the median; BCa: the quantile at ``Φ(z0 + z0/(1 − a·z0))``); report it beside the interval. The
+estimate itself lies inside unless nearly all resamples fall on one side of it (for every method: the estimate
+beyond the resamples' ``(1 ± level)/2`` quantiles), i.e. the bootstrap finds a bias larger than the spread;
+``excludes_estimate`` flags it (SVCCA at n = 300: 20% of intervals), and ``plots.diagonal_curves`` marks it.
+
+The CCA measures cap their dimensions at ``⌊(n − 1)/10⌋`` by default (``max_dims="auto"``), a cap that moves
+with the row count; the bootstrap pins it at the full sample's value, so every resample (a cluster
+bootstrap's resamples have other row counts) and jackknife subsample estimates the same quantity. An SVCCA
+interval therefore targets the population's SVCCA *with that cap* (k = ⌊(n − 1)/10⌋ top principal components
+per side), not its uncapped SVCCA, which a different n would move.
 
 The interval says how sure the value is, not whether it beats chance: that is the permutation null's job
-(:mod:`layersim.similarity.null`).
+(:mod:`layersim.similarity.null`). :func:`bootstrap_matrix` (:mod:`~layersim.similarity.bootstrap_matrix`)
+gives every cell of a layer × layer matrix its interval.
 """
 
 from __future__ import annotations
@@ -24,24 +43,48 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import ndtr, ndtri
 
-from layersim.errors import LayersimError
+from layersim.errors import LayersimError, unknown_name
+from layersim.similarity._cca_core import CAPPED_MEASURES, dimension_cap
 from layersim.similarity._common import blas_threads_for, check_options
 from layersim.similarity._null_engines import ENGINES
 from layersim.similarity.cka import is_constant
 from layersim.similarity.registry import get_measure, similarity
 
+INTERVALS = ("auto", "basic", "percentile", "bca")
+
+
+def chosen_interval(name: str, interval: str) -> str:
+    """"auto": percentile for the CCA measures, basic for the others (the module docstring says why)."""
+    if interval != "auto":
+        return interval
+    return "percentile" if name in CAPPED_MEASURES else "basic"
+
+# Delete-block jackknife for BCa's acceleration: 20 recomputations (10% of 200 resamples) estimate the
+# skewness about as well as n would for the size of correction it makes (a is ~0.01–0.05 here).
+JACKKNIFE_BLOCKS = 20
+
 
 @dataclass(frozen=True)
 class BootstrapResult:
-    """Per pair k: the value on all rows, and its ``level`` basic bootstrap interval."""
+    """Per pair k (per cell [i, j] from :func:`bootstrap_matrix`): the value on all rows, and its ``level``
+    bootstrap interval made by ``method`` (one of :data:`INTERVALS`), built around ``centre``."""
 
-    estimate: np.ndarray  # (pairs,)
+    estimate: np.ndarray  # (pairs,) or (x layers, y layers)
     low: np.ndarray
     high: np.ndarray
     resamples: int
     level: float
-    values: np.ndarray | None = None  # (resamples, pairs): the measure on each resample (NaN: undefined)
+    values: np.ndarray | None = None  # (resamples, ...): the measure on each resample (NaN: undefined)
+    method: str = "basic"
+    centre: np.ndarray | None = None  # the bias-corrected value the interval contains (see the module doc)
+
+    @property
+    def excludes_estimate(self) -> np.ndarray:
+        """Where the interval lies beside the estimate (nearly all resamples on one side of it)."""
+        with np.errstate(invalid="ignore"):
+            return (self.estimate < self.low) | (self.estimate > self.high)
 
 
 def resample_rows(num_rows: int, resamples: int, seed: int, groups: np.ndarray | None = None) -> list[np.ndarray]:
@@ -50,57 +93,172 @@ def resample_rows(num_rows: int, resamples: int, seed: int, groups: np.ndarray |
     rng = np.random.default_rng(seed)
     if groups is None:
         return [rng.integers(0, num_rows, num_rows) for _ in range(resamples)]
+    members = _group_members(num_rows, groups)
+    return [np.concatenate([members[g] for g in rng.integers(0, len(members), len(members))])
+            for _ in range(resamples)]
+
+
+def jackknife_rows(num_rows: int, seed: int, groups: np.ndarray | None = None,
+                   blocks: int = JACKKNIFE_BLOCKS) -> list[np.ndarray]:
+    """Row indices of each delete-block jackknife subsample: the groups (or rows) dealt at random into
+    ``blocks`` blocks of near-equal size, each subsample all rows but one block's. A stream of its own
+    (``seed`` with a tag), so the bootstrap resamples stay those of :func:`resample_rows`."""
+    members = [np.array([r]) for r in range(num_rows)] if groups is None else _group_members(num_rows, groups)
+    order = np.random.default_rng([seed, 0x4A4B]).permutation(len(members))
+    dealt = np.array_split(order, min(blocks, len(members)))
+    block_of_row = np.empty(num_rows, dtype=np.int64)
+    for b, chosen in enumerate(dealt):
+        for g in chosen:
+            block_of_row[members[g]] = b
+    return [np.flatnonzero(block_of_row != b) for b in range(len(dealt))]
+
+
+def _group_members(num_rows: int, groups: np.ndarray) -> list[np.ndarray]:
     groups = np.asarray(groups)
     if groups.shape != (num_rows,):
         raise LayersimError(f"bootstrap groups have shape {groups.shape}; expected one group id per row, ({num_rows},).")
     _, inverse = np.unique(groups, return_inverse=True)
     order = np.argsort(inverse, kind="stable")
-    members = np.split(order, np.cumsum(np.bincount(inverse))[:-1])
-    return [np.concatenate([members[g] for g in rng.integers(0, len(members), len(members))])
-            for _ in range(resamples)]
+    return np.split(order, np.cumsum(np.bincount(inverse))[:-1])
+
+
+def check_arguments(name: str, options: dict, resamples: int, level: float, interval: str) -> tuple[dict, str]:
+    """Validate before any work; return the measure's options and the interval method "auto" resolves to."""
+    measure = get_measure(name)
+    check_options(name, options, measure.options)
+    if not (isinstance(resamples, (int, np.integer)) and resamples >= 2):
+        raise LayersimError(f"resamples = {resamples!r} is invalid; it must be an integer of at least 2.")
+    if not (isinstance(level, (int, float)) and 0 < level < 1):
+        raise LayersimError(f"level = {level!r} is invalid; it must be a number in (0, 1).")
+    if interval not in INTERVALS:
+        raise unknown_name("bootstrap interval", interval, INTERVALS)
+    return dict(options), chosen_interval(name, interval)
+
+
+def fixed_cap(name: str, options: dict, num_rows: int) -> dict:
+    """The options with a CCA measure's ``max_dims="auto"`` replaced by its value on all ``num_rows`` rows,
+    so resamples and jackknife subsamples (other row counts) keep the full sample's cap."""
+    if name in CAPPED_MEASURES and options.get("max_dims", "auto") == "auto":
+        return {**options, "max_dims": dimension_cap(num_rows)}
+    return options
 
 
 def bootstrap_pairs(name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], *, resamples: int = 200,
-                    seed: int = 0, groups: np.ndarray | None = None, level: float = 0.95,
+                    seed: int = 0, groups: np.ndarray | None = None, level: float = 0.95, interval: str = "auto",
                     **options) -> BootstrapResult:
-    """Basic bootstrap interval of ``similarity(name, xs[k], ys[k])`` for every pair k.
+    """Bootstrap interval (``interval``: "auto", "basic", "percentile" or "bca") of ``similarity(name, xs[k], ys[k])``
+    for every pair k.
 
     Every pair is computed on the same resamples, so intervals of different layers are comparable. Each
     distinct layer (the same array object may appear in several pairs) is prepared once per resample,
     as the measure's matrix does (:mod:`layersim.similarity._null_engines`). A resample on which the
     measure is undefined (e.g. a layer left constant) counts as NaN and is left out of the percentiles;
-    a pair undefined on all rows gets NaN throughout.
+    a pair undefined on all rows gets NaN throughout. BCa also computes the pairs on
+    :data:`JACKKNIFE_BLOCKS` jackknife subsamples.
     """
-    measure = get_measure(name)
-    check_options(name, options, measure.options)
+    options, interval = check_arguments(name, options, resamples, level, interval)
     if len(xs) != len(ys) or not len(xs):
         raise LayersimError(f"bootstrap_pairs needs as many x layers as y layers (got {len(xs)} and {len(ys)}), "
                             "at least one.")
-    if not (isinstance(resamples, (int, np.integer)) and resamples >= 2):
-        raise LayersimError(f"resamples = {resamples!r} is invalid; it must be an integer of at least 2.")
-    if not 0 < level < 1:
-        raise LayersimError(f"level = {level!r} is invalid; it must be a number in (0, 1).")
     num_rows = len(xs[0])
     if any(len(a) != num_rows for a in (*xs, *ys)):
         raise LayersimError("bootstrap_pairs needs every layer on the same examples (the same number of rows).")
+    if groups is not None:
+        _group_members(num_rows, groups)  # refused before any work
+    options = fixed_cap(name, options, num_rows)
     layers, pairs = _distinct_layers(xs, ys)
     defined = [k for k, (i, j) in enumerate(pairs) if not (is_constant(layers[i]) or is_constant(layers[j]))]
+    chosen = [pairs[k] for k in defined]
+
+    def on_rows(row_sets: list[np.ndarray]) -> np.ndarray:
+        out = np.full((len(row_sets), len(pairs)), np.nan)
+        for r, rows in enumerate(row_sets):
+            out[r, defined] = _pair_values(name, resampled(name, layers, rows), chosen, options)
+        return out
+
     estimate = np.full(len(pairs), np.nan)
-    estimate[defined] = _pair_values(name, layers, [pairs[k] for k in defined], options)
-    values = np.full((resamples, len(pairs)), np.nan)
+    estimate[defined] = _pair_values(name, layers, chosen, options)
     with blas_threads_for(num_rows, max(a.shape[1] for a in layers)):
-        for r, rows in enumerate(resample_rows(num_rows, resamples, seed, groups)):
-            values[r, defined] = _pair_values(name, [a[rows] for a in layers], [pairs[k] for k in defined], options)
-    tail = (1 - level) / 2 * 100
-    low, high = np.full(len(pairs), np.nan), np.full(len(pairs), np.nan)
-    for k in range(len(pairs)):
-        finite = values[np.isfinite(values[:, k]), k]
-        if len(finite):
-            q_low, q_high = np.percentile(finite, [tail, 100 - tail])
-            low[k], high[k] = 2 * estimate[k] - q_high, 2 * estimate[k] - q_low
-    if measure.bounded is not None:
-        low, high = np.clip(low, *measure.bounded), np.clip(high, *measure.bounded)
-    return BootstrapResult(estimate, low, high, resamples, level, values)
+        values = on_rows(resample_rows(num_rows, resamples, seed, groups))
+        jackknife = on_rows(jackknife_rows(num_rows, seed, groups)) if interval == "bca" else None
+    return finish(name, estimate, values, jackknife, level, interval)
+
+
+# Measures of inner products of centred columns, unchanged by an orthogonal map of the rows.
+ROW_ROTATION_INVARIANT = frozenset({"linear_cka", "svcca", "pwcca", "mean_cca", "neuronsim"})
+
+
+def resampled(name: str, layers: Sequence[np.ndarray], rows: np.ndarray) -> list[np.ndarray]:
+    """The layers on the resampled ``rows``: ``a[rows]``, or for a measure in :data:`ROW_ROTATION_INVARIANT`
+    the same measure on ~63% as many rows. Row ``a`` drawn ``w_a`` times adds ``w_a x_a x_aᵀ`` to every
+    centred cross-product, as the row ``√w_a (x_a − μ_w)`` does once; those rows are orthogonal to ``√w``, so
+    the Householder reflection taking ``√w/‖√w‖`` to ``1/√m`` makes their column means 0 (the measure's own
+    centring then changes nothing) and keeps every cross-product. SVCCA's whitening SVDs shrink with the rows."""
+    if name not in ROW_ROTATION_INVARIANT:
+        return [a[rows] for a in layers]
+    drawn, counts = np.unique(rows, return_counts=True)
+    roots = np.sqrt(counts.astype(np.float64))
+    v = roots / np.linalg.norm(roots) - 1 / np.sqrt(len(drawn))
+    norm = v @ v
+    out = []
+    for a in layers:
+        part = np.asarray(a[drawn], dtype=np.float64)
+        b = (part - counts @ part / len(rows)) * roots[:, None]
+        out.append(b if norm < 1e-24 else b - np.outer(v, (2 / norm) * (v @ b)))
+    return out
+
+
+def finish(name: str, estimate: np.ndarray, values: np.ndarray, jackknife: np.ndarray | None, level: float,
+           interval: str) -> BootstrapResult:
+    """The result from the estimates, the resamples' values (resamples, ...) and, for BCa, the jackknife's."""
+    shape = estimate.shape
+    flat = values.reshape(len(values), -1)
+    jack = None if jackknife is None else jackknife.reshape(len(jackknife), -1)
+    low, high, centre = (np.full(flat.shape[1], np.nan) for _ in range(3))
+    for k in range(flat.shape[1]):
+        finite = flat[np.isfinite(flat[:, k]), k]
+        if len(finite) and np.isfinite(estimate.flat[k]):
+            low[k], high[k], centre[k] = interval_of(estimate.flat[k], finite, None if jack is None else jack[:, k],
+                                                     level, interval)
+    bounded = get_measure(name).bounded
+    if bounded is not None:
+        low, high, centre = (np.clip(v, *bounded) for v in (low, high, centre))
+    return BootstrapResult(estimate, low.reshape(shape), high.reshape(shape), len(values), level, values, interval,
+                           centre.reshape(shape))
+
+
+def interval_of(estimate: float, values: np.ndarray, jackknife: np.ndarray | None, level: float,
+                interval: str) -> tuple[float, float, float]:
+    """(low, high, centre) of one value from its finite resampled values (see the module docstring)."""
+    tail = (1 - level) / 2
+    if interval == "percentile":
+        low, high, centre = np.quantile(values, [tail, 1 - tail, 0.5])
+        return low, high, centre
+    if interval == "basic":
+        q_low, q_high, median = np.quantile(values, [tail, 1 - tail, 0.5])
+        return 2 * estimate - q_high, 2 * estimate - q_low, 2 * estimate - median
+    # Ties count half, so a measure exact on every resample (all equal) gets z0 = 0; the share is kept
+    # off 0 and 1 so z0 stays finite when the estimate is beyond every resample.
+    share = (np.sum(values < estimate) + 0.5 * np.sum(values == estimate)) / len(values)
+    z0 = ndtri(np.clip(share, 0.5 / len(values), 1 - 0.5 / len(values)))
+    z = np.array([ndtri(tail), ndtri(1 - tail), 0.0])
+    shifted = z0 + z
+    denominator = 1 - acceleration(jackknife) * shifted
+    # A denominator ≤ 0 (|a| ≳ 0.3, far beyond these measures') would wrap the level around: take the end.
+    levels = np.where(denominator > 0, ndtr(z0 + shifted / np.maximum(denominator, 1e-12)), (z > 0) * 1.0)
+    low, high, centre = np.quantile(values, levels)
+    return low, high, centre
+
+
+def acceleration(jackknife: np.ndarray | None) -> float:
+    """BCa's ``a`` from jackknife values: ``Σ d³ / (6 (Σ d²)^1.5)``, ``d`` each value's distance below their
+    mean (0 when fewer than 3 are defined or they are all equal)."""
+    if jackknife is None:
+        return 0.0
+    finite = jackknife[np.isfinite(jackknife)]
+    d = finite.mean() - finite if len(finite) >= 3 else np.zeros(1)
+    spread = np.sum(d * d)
+    return float(np.sum(d ** 3) / (6 * spread ** 1.5)) if spread > 0 else 0.0
 
 
 def _distinct_layers(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray]) -> tuple[list[np.ndarray], list[tuple]]:
