@@ -65,7 +65,7 @@ ANALYSIS = [
     ("similarity.measures", {"cls": ["linear_cka", "svcca", "neuronsim", "pwcca"]},
      {SIMILARITY, COMPARE, SUMMARY, REPORT}, None),
     ("similarity.measures", {"cls": ["linear_cka"], "last": ["svcca"]}, {SIMILARITY, COMPARE, SUMMARY, REPORT}, None),
-    ("similarity.permutations", 10, {SIMILARITY, COMPARE}, None),
+    ("similarity.permutations", 30, {SIMILARITY, COMPARE}, None),
     ("similarity.localization", "zscore", {SIMILARITY, COMPARE}, None),
     ("similarity.svcca_variance", 0.9, {SIMILARITY, COMPARE}, None),
     ("compare.probe_examples", 12, {COMPARE}, None),

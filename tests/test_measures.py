@@ -458,7 +458,7 @@ def test_matrix_entries_equal_pair_functions(rng, name):
 
 OPTION_EXAMPLES = {
     "linear_cka": {"method": "gram"},
-    "rbf_cka": {"sigma_scale": 2.0, "exact_max_rows": 20, "landmarks": 30, "seed": 1},
+    "rbf_cka": {"sigma_scale": 2.0, "exact_max_rows": 20, "landmarks": 30, "landmark_seed": 1},
     "debiased_cka": {"method": "feature"},
     "svcca": {"variance_threshold": 0.9, "rtol": 1e-8, "max_dims": 3},
     "pwcca": {"method": "svd", "rtol": 1e-8, "variance_threshold": 0.9, "max_dims": None},
@@ -647,7 +647,7 @@ def test_unknown_measure_and_option_errors_list_the_choices(rng):
             message="unknown option 'sigma' for similarity measure 'svcca'; "
                     "valid options are: max_dims, rtol, variance_threshold")
     _raises(similarity_matrix, "neuronsim", xs, method="qr", message="valid options are: none (it takes no options)")
-    _raises(similarity, "rbf_cka", xs[0], xs[0], threshold=2, message="valid options are: exact_max_rows, landmarks, seed, sigma_scale")
+    _raises(similarity, "rbf_cka", xs[0], xs[0], threshold=2, message="valid options are: exact_max_rows, landmark_seed, landmarks, sigma_scale")
     _raises(similarity_matrix, "pwcca", xs, method="eig",
             message="unknown CCA method 'eig'; valid CCA methods are: qr, svd")
     _raises(similarity_matrix, "linear_cka", xs, method="eig", message="valid methods are: auto, feature, gram")

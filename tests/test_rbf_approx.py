@@ -50,8 +50,8 @@ def test_the_bandwidth_rule_is_unchanged_and_sampled_above_a_million_pairs():
 
 def test_the_approximation_is_seeded_and_options_are_checked():
     layers = _layers(n=200)
-    first = similarity_matrix("rbf_cka", layers, exact_max_rows=10, landmarks=40, seed=3)
-    np.testing.assert_array_equal(first, similarity_matrix("rbf_cka", layers, exact_max_rows=10, landmarks=40, seed=3))
+    first = similarity_matrix("rbf_cka", layers, exact_max_rows=10, landmarks=40, landmark_seed=3)
+    np.testing.assert_array_equal(first, similarity_matrix("rbf_cka", layers, exact_max_rows=10, landmarks=40, landmark_seed=3))
     for key, bad in (("landmarks", 0), ("exact_max_rows", "all"), ("landmarks", True)):
         with pytest.raises(LayersimError, match=f"{key} must be an integer of at least 2"):
             similarity_matrix("rbf_cka", layers, **{key: bad})
@@ -61,7 +61,7 @@ def test_the_streamed_sums_equal_cka_of_the_corrected_kernels():
     """The one-pass terms give exactly CKA of K̃ = Φ Φᵀ + diag(1 - ‖φ_i‖²) built densely, whose diagonal
     is the RBF kernel's (1); several row blocks (n > 4,096) exercise the streaming."""
     layers = _layers(n=4500, d=8, num=2, seed=4)
-    got = similarity_matrix("rbf_cka", layers, exact_max_rows=100, landmarks=20, seed=2)
+    got = similarity_matrix("rbf_cka", layers, exact_max_rows=100, landmarks=20, landmark_seed=2)
     n = layers[0].shape[0]
     centring = np.eye(n) - 1.0 / n
     kernels = []
@@ -73,4 +73,4 @@ def test_the_streamed_sums_equal_cka_of_the_corrected_kernels():
     dense = np.sum(kernels[0] * kernels[1]) / np.sqrt(np.sum(kernels[0] ** 2) * np.sum(kernels[1] ** 2))
     assert got[0, 1] == pytest.approx(dense, abs=2e-6)  # float32 feature products
     assert got[0, 1] != pytest.approx(
-        similarity_matrix("rbf_cka", layers, exact_max_rows=100, landmarks=20, seed=3)[0, 1], abs=1e-6)
+        similarity_matrix("rbf_cka", layers, exact_max_rows=100, landmarks=20, landmark_seed=3)[0, 1], abs=1e-6)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 from typing import Any
 
@@ -130,6 +131,7 @@ def _check_across_sections(model: str, sections: dict[str, Any]) -> None:
     if similarity.attention_measures and not extract.attention_examples:
         raise LayersimError(f"params.yaml: similarity.attention_measures = {list(similarity.attention_measures)} needs "
                             "attention maps, but extract.attention_examples = 0; set it above 0 or use [].")
+    _check_permutations_reach(similarity)
     if align.pooling not in extract.poolings:
         raise LayersimError(f"params.yaml: align.pooling = {align.pooling!r} is not among "
                             f"extract.poolings = {list(extract.poolings)}; extract it or pick one of those.")
@@ -156,3 +158,19 @@ def _check_across_sections(model: str, sections: dict[str, Any]) -> None:
     if "cls" not in extract.poolings:
         raise LayersimError(f"params.yaml: extract.poolings = {list(extract.poolings)} must include 'cls'; "
                             "the truncate stage trains its fresh heads on CLS activations.")
+
+
+def _check_permutations_reach(similarity) -> None:
+    """A sampled null of B draws gives p ≥ 1/(B + 1): at or above the significance level, no cell of any measure
+    but linear CKA (whose exact null gives continuous p-values) can be above chance, whatever the correction.
+    The bound that depends on the heatmap's cells (layersim.similarity.correction) is checked by the stage."""
+    sampled = sorted({m for measures in similarity.measures.values() for m in measures if m != "linear_cka"})
+    draws, level = similarity.permutations, similarity.significance
+    if not sampled or 1.0 / (draws + 1) < level:
+        return
+    needed = max(1, math.floor(1.0 / level) - 2)
+    while not 1.0 / (needed + 1) < level:  # the same comparison as the hatching's (p < significance)
+        needed += 1
+    raise LayersimError(f"params.yaml: similarity.permutations = {draws} cannot reach similarity.significance = "
+                        f"{level:g}: the smallest p-value of {draws} permutations is 1/{draws + 1}, so no cell of "
+                        f"{', '.join(sampled)} could ever be above chance; use at least {needed} permutations.")

@@ -163,9 +163,18 @@ class _Finished(_Engine):
         return out
 
 
-def rbf_engine(x_named: Named, y_named: Named | None, cells: np.ndarray, *, sigma_scale: float = 1.0) -> _Engine:
+def rbf_engine(x_named: Named, y_named: Named | None, cells: np.ndarray, *, sigma_scale: float = 1.0,
+               exact_max_rows: int = kernels.RBF_EXACT_MAX_ROWS, landmarks: int = kernels.RBF_LANDMARKS,
+               landmark_seed: int = 0) -> _Engine:
+    """Exact kernels only: above `exact_max_rows` the measure is Nyström-approximated and this engine refuses
+    (`landmarks`, `landmark_seed` are the measure's options for that route, unused here)."""
     if not (isinstance(sigma_scale, (int, float)) and np.isfinite(sigma_scale) and sigma_scale > 0):
         raise LayersimError(f"sigma_scale must be a positive number, got {sigma_scale!r}.")
+    num_rows = np.shape(x_named[0][1])[0]
+    if num_rows > exact_max_rows:
+        raise LayersimError(f"RBF CKA on n = {num_rows} examples is Nyström-approximated (above exact_max_rows = "
+                            f"{exact_max_rows}), and its null and bootstrap engine computes exact n x n kernels only; "
+                            "raise exact_max_rows or use fewer examples.")
     checked = validated(x_named + (y_named or []), "RBF CKA")
     kx = np.stack([kernels.centred_rbf_kernel(name, a, sigma_scale) for name, a in checked[: len(x_named)]])
     ky = kx if y_named is None else np.stack(

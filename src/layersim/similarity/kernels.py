@@ -55,7 +55,7 @@ MEDIAN_PAIRS = 1_000_000   # above this many distinct pairs the median distance 
 
 
 def rbf_cka(x: np.ndarray, y: np.ndarray, sigma_scale: float = 1.0, *, exact_max_rows: int = RBF_EXACT_MAX_ROWS,
-            landmarks: int = RBF_LANDMARKS, seed: int = 0) -> float:
+            landmarks: int = RBF_LANDMARKS, landmark_seed: int = 0) -> float:
     """CKA with Gaussian (RBF) kernels between (n, d1) and (n, d2) arrays.
 
     Parameters
@@ -74,7 +74,7 @@ def rbf_cka(x: np.ndarray, y: np.ndarray, sigma_scale: float = 1.0, *, exact_max
         For bad shapes, fewer than 2 rows, NaN/inf, a constant input, a median pairwise distance of
         zero (more than half of the example pairs coincide), or a bad ``sigma_scale``.
     """
-    return float(_rbf_cka([("x", x)], [("y", y)], sigma_scale, exact_max_rows, landmarks, seed)[0, 0])
+    return float(_rbf_cka([("x", x)], [("y", y)], sigma_scale, exact_max_rows, landmarks, landmark_seed)[0, 0])
 
 
 def rbf_cka_matrix(
@@ -84,14 +84,15 @@ def rbf_cka_matrix(
     sigma_scale: float = 1.0,
     exact_max_rows: int = RBF_EXACT_MAX_ROWS,
     landmarks: int = RBF_LANDMARKS,
-    seed: int = 0,
+    landmark_seed: int = 0,
 ) -> np.ndarray:
     """All-pairs RBF CKA. Up to ``exact_max_rows`` examples exactly: each layer's centred kernel is built
     once (``8·n²`` bytes per layer) and all inner products are one matrix product of the stacked kernels.
     Above it, the Nyström approximation (:func:`nystrom_rbf_features`, ``landmarks`` per layer, seeded by
-    ``seed``): each kernel is ``Φ Φᵀ`` for n x m features, and the matrix is linear CKA of the features,
-    gathered in row blocks (memory in m, not n)."""
-    return _rbf_cka(*named_lists(xs, ys), sigma_scale, exact_max_rows, landmarks, seed)
+    ``landmark_seed``): each kernel is ``Φ Φᵀ`` for n x m features, and the matrix is linear CKA of the
+    features, gathered in row blocks (memory in m, not n). (Not ``seed``: the null and bootstrap drivers pass
+    a measure's options next to their own ``seed``.)"""
+    return _rbf_cka(*named_lists(xs, ys), sigma_scale, exact_max_rows, landmarks, landmark_seed)
 
 
 def _rbf_cka(x_named: Named, y_named: Named | None, sigma_scale: float, exact_max_rows: int = RBF_EXACT_MAX_ROWS,

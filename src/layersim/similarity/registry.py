@@ -62,7 +62,7 @@ MEASURES: dict[str, Measure] = {
     for m in [
         Measure("linear_cka", "linear CKA", True, (0.0, 1.0), _linear_cka, cka_matrix, ("method",)),
         Measure("rbf_cka", "RBF CKA", True, (0.0, 1.0), kernels.rbf_cka, kernels.rbf_cka_matrix,
-                ("exact_max_rows", "landmarks", "seed", "sigma_scale")),
+                ("exact_max_rows", "landmark_seed", "landmarks", "sigma_scale")),
         Measure("debiased_cka", "debiased linear CKA", True, (-1.0, 1.0), kernels.debiased_cka,
                 kernels.debiased_cka_matrix, ("method",), min_rows=4),
         Measure("svcca", "SVCCA", True, (0.0, 1.0), cca.svcca, cca.svcca_matrix,
