@@ -8,6 +8,7 @@ from pathlib import Path
 
 from layersim import cli
 from layersim.align_report import AlignInputs, align_report
+from layersim.convergence import checkpoint_note
 from layersim.headlines import align_headline, write_metrics
 from layersim.io import atomic_path
 from layersim.tasks import get_task
@@ -18,7 +19,8 @@ def main(args, params):
     inputs = AlignInputs(args.activations, args.checkpoints, args.task_dir, spec, params, args.paired)
     report = align_report(inputs, log=cli.log.info)
     with atomic_path(args.plots, is_dir=True) as tmp:
-        title = f"{params.align.pooling} representations — {params.model} on {args.task}"
+        title = (f"{params.align.pooling} representations — {params.model} on {args.task}"
+                 + checkpoint_note(args.checkpoints, params.seeds))
         report.write_figures(Path(tmp), title, args.task, spec.primary_metric)
     full = report.metrics(params.align.pooling)
     write_metrics(full, align_headline(full), args.metrics, args.details)

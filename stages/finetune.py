@@ -6,6 +6,7 @@ from pathlib import Path
 from dvclive import Live
 
 from layersim import cli
+from layersim.convergence import enforce
 from layersim.device import resolve_device
 from layersim.io import atomic_path, task_tables_digest, write_json
 from layersim.models import load_tokenizer
@@ -35,14 +36,19 @@ def main(args, params):
             for name, value in values.items():
                 live.log_metric(name, value)
 
-        timing = {}
+        timing, checks = {}, {}
         model, metrics = finetune(args.pretrained, spec, train, validation, params.finetune, args.seed, log=log,
-                                  resume=resume, timing=timing, device=resolve_device(params.device))
+                                  resume=resume, timing=timing, checks=checks, device=resolve_device(params.device))
+    # Before any output: with finetune.require_convergence an unconverged run leaves no checkpoint or metrics.
+    convergence = checks["convergence"].record()
+    enforce(checks["convergence"], f"fine-tuning {spec.name} seed {args.seed}", params.finetune, cli.log)
 
     with atomic_path(args.out, is_dir=True) as tmp:
         save_checkpoint(model, tokenizer, tmp, base_dir=args.pretrained, task=spec.name, seed=args.seed,
-                        task_digest=task_tables_digest(args.task_dir), train_seconds=timing["train_seconds"])
-    write_json(metrics, args.metrics)  # the task's metrics only: task and seed are in the path, steps in params
+                        task_digest=task_tables_digest(args.task_dir), train_seconds=timing["train_seconds"],
+                        convergence=convergence)
+    # the task's metrics and the convergence check: task and seed are in the path, steps in params
+    write_json(metrics | {"convergence": convergence}, args.metrics)
     if resume:
         resume.clear()  # the run is finished: later stages need only the checkpoint
     cli.log.info("wrote %s and %s: %s", args.out, args.metrics, json.dumps(metrics))

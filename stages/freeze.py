@@ -5,6 +5,7 @@ the unfrozen run (layersim.freezing)."""
 from pathlib import Path
 
 from layersim import cli
+from layersim.convergence import enforce
 from layersim.device import resolve_device
 from layersim.freezing import (FreezeRun, freeze_configs, freeze_headline, freeze_report, frozen_params,
                                unfrozen_run)
@@ -25,11 +26,15 @@ def main(args, params):
     train, validation = encoded_splits(args.task_dir, spec, load_tokenizer(args.pretrained), params.finetune.max_length)
     for seed in seeds:
         for config in configs:
-            timing = {}
+            timing, checks = {}, {}
             _, metrics = finetune(args.pretrained, spec, train, validation, frozen_params(params), seed,
-                                  freeze=(config.side, config.layers), timing=timing,
+                                  freeze=(config.side, config.layers), timing=timing, checks=checks,
                                   device=resolve_device(params.device))
-            runs.append(FreezeRun(config, seed, metrics[spec.primary_metric], timing["train_seconds"]))
+            # finetune.require_convergence: fails here, before any output is written
+            enforce(checks["convergence"], f"fine-tuning {spec.name} seed {seed} with the {config.side} "
+                                           f"{config.layers} layers frozen", params.finetune, cli.log)
+            runs.append(FreezeRun(config, seed, metrics[spec.primary_metric], timing["train_seconds"],
+                                  checks["convergence"].record()))
             cli.log.info("seed %d, %s %d of %d layers frozen: %s %.4f in %.1f s of training", seed, config.side,
                          config.layers, num_layers, spec.primary_metric, runs[-1].score, timing["train_seconds"])
     full, rows, figure = freeze_report(spec, num_layers, runs)

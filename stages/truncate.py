@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from layersim import cli
+from layersim.convergence import checkpoint_note
 from layersim.device import resolve_device, resolve_precision
 from layersim.heads import HeadParams
 from layersim.headlines import truncate_headline, write_metrics
@@ -58,7 +59,7 @@ def main(args, params):
     orig = cls("orig")
     baseline = majority_score(spec, cls("orig", "train"), orig)
     metrics, rows = truncation_summary(per_seed, full, baseline, params.seeds, p.tolerance, spec.primary_metric)
-    title = f"truncation — {orig.metadata['model']} on {spec.name}"
+    title = f"truncation — {orig.metadata['model']} on {spec.name}" + checkpoint_note(args.checkpoints, params.seeds)
     write_figure(truncation_curves(per_seed, full, baseline, spec.primary_metric, title), args.plots / f"{spec.name}.png")
     write_json(rows, args.plots / f"{spec.name}.json")
     write_metrics(metrics, truncate_headline(metrics), args.metrics, args.details)

@@ -125,11 +125,36 @@ def test_freeze_report_scores_and_time_saved():
             FreezeRun(bottom, 1, 0.70, 6.0), FreezeRun(bottom, 2, 0.90, 10.0),
             FreezeRun(top, 1, 0.85, 9.0), FreezeRun(top, 2, 0.85, None)]
     full, rows, figure = freeze_report(spec, 6, runs)
-    assert full["unfrozen"] == {"score": 0.85, "train_seconds": 15.0}
+    assert full["unfrozen"] == {"score": 0.85, "train_seconds": 15.0, "not_converged": 0}
     assert full["bottom2"]["score"] == pytest.approx(0.8) and full["bottom2"]["score_change"] == pytest.approx(-0.05)
     assert full["bottom2"]["time_saved"] == pytest.approx((0.4 + 0.5) / 2)
     assert full["top2"]["time_saved"] == pytest.approx(0.1)  # a run without a time is left out of the mean
     assert full["top2"]["seeds"] == {"1": 0.85, "2": 0.85}
-    assert freeze_headline(full) == pytest.approx({"bottom2": -0.05, "top2": 0.0})
+    # bottom2's seed 1 (0.70) is 0.2 below its sibling (0.90): more than seed noise, so flagged
+    assert freeze_headline(full) == pytest.approx({"bottom2": -0.05, "top2": 0.0, "not_converged": 1})
+    assert [row["converged"] for row in rows] == [True, True, False, True, True, True]
     assert [row["config"] for row in rows] == ["unfrozen", "unfrozen", "bottom2", "bottom2", "top2", "top2"]
     assert figure.axes[0].get_ylabel() == "accuracy"
+
+
+def test_freeze_report_flags_runs_that_did_not_converge():
+    """The quickstart's artefact: an unfrozen seed stuck at the trivial predictor makes freezing look like a
+    gain. The stuck unfrozen run and a frozen run far below its seed sibling are flagged in the rows, the
+    counts and the bar chart's labels."""
+    from layersim.convergence import check_run
+    from layersim.freezing import FreezeConfig, FreezeRun, freeze_headline, freeze_report
+
+    spec = get_task("synth-similarity")
+    bottom, top = FreezeConfig("bottom", 2, 4), FreezeConfig("top", 2, 4)
+    stuck = check_run("pearson", 0.369, 0.0, 3.1, 3.125).record()
+    runs = [FreezeRun(None, 1, 0.369, 10.0, stuck), FreezeRun(None, 2, 0.768, 10.0),
+            FreezeRun(bottom, 1, 0.767, 8.0), FreezeRun(bottom, 2, 0.770, 8.0),
+            FreezeRun(top, 1, 0.30, 8.0), FreezeRun(top, 2, 0.75, 8.0)]
+    full, rows, figure = freeze_report(spec, 6, runs)
+    assert [(row["config"], row["seed"]) for row in rows if not row["converged"]] == [("unfrozen", 1), ("top2", 1)]
+    assert "training loss" in rows[0]["reason"] and "below the median 0.750" in rows[4]["reason"]
+    assert freeze_headline(full)["not_converged"] == 2
+    assert full["unfrozen"]["not_converged"] == 1 and full["bottom2"]["not_converged"] == 0
+    labels = [tick.get_text() for tick in figure.axes[0].get_xticklabels()]
+    assert labels[0].startswith("bottom 2\n") and labels[1].startswith("top 2 (not converged: 1 of 2)\n")
+    assert figure.axes[0].get_legend().get_texts()[0].get_text().startswith("unfrozen (not converged: 1 of 2)")

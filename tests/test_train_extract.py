@@ -462,3 +462,40 @@ def test_fp16_needs_a_gpu_and_unknown_precisions_are_refused():
         assert resolve_device("auto") == CPU
         with pytest.raises(LayersimError, match="no CUDA GPU"):
             resolve_device("cuda:0")
+
+
+def test_a_real_fine_tune_ends_with_its_convergence_check(tiny_model_dir, tmp_path):
+    """Three steps of a random-init encoder on a regression task learn nothing: the check says so, from the
+    run's own logged losses, the train labels' variance and the validation score; the record travels in the
+    checkpoint's info file, where the figure stages read it."""
+    from layersim.convergence import checkpoint_flags
+
+    folder = tiny_model_dir("tiny-bert")
+    spec, tokenizer = get_task("synth-similarity"), load_tokenizer(folder)
+    train_set = _encoded(spec, tokenizer, "train", 32, SHORT_PARAMS.max_length)
+    val_set = _encoded(spec, tokenizer, "validation", 16, SHORT_PARAMS.max_length)
+    logs, checks = [], {}
+    model, metrics = train.finetune(folder, spec, train_set, val_set, SHORT_PARAMS, 0, device=CPU, checks=checks,
+                                    log=lambda step, values: logs.append(values))
+    check = checks["convergence"]
+    assert check.trivial_loss == pytest.approx(float(np.var(train_set.labels)))
+    assert check.final_train_loss == pytest.approx([v["train/loss"] for v in logs if "train/loss" in v][-1])
+    assert check.score == metrics["pearson"] and check.baseline == 0.0 and check.metric == "pearson"
+    assert not check.converged and "training loss" in check.reason
+    assert list(metrics) == ["pearson", "spearman"]  # the returned metrics stay the validation metrics
+
+    record = check.record()
+    for seed, convergence in ((1, record), (2, {**record, "converged": True, "score": record["score"]})):
+        train.save_checkpoint(model, tokenizer, tmp_path / f"seed{seed}", base_dir=folder, task=spec.name,
+                              seed=seed, convergence=convergence)
+    assert models.model_info(tmp_path / "seed1")["convergence"] == record
+    assert list(checkpoint_flags(tmp_path, [1, 2])) == ["FT[1]"]
+
+
+def test_the_trivial_score_is_the_majority_class_or_a_constant_mean():
+    labels = np.array([1, 1, 0, 1])
+    assert train.trivial_score(get_task("synth-negation"), np.array([1, 1, 0]), labels) == 0.75
+    assert train.trivial_score(get_task("cola"), np.array([1, 1, 0]), labels) == 0.0   # MCC of a constant
+    assert train.trivial_score(get_task("mrpc"), np.array([1, 0, 1]), labels) == pytest.approx(2 * 0.75 / 1.75)
+    assert train.trivial_score(get_task("synth-choice"), np.array([2, 2, 3]), np.array([2, 0, 2, 1])) == 0.5
+    assert train.trivial_score(get_task("stsb"), np.array([1.0, 4.0]), np.array([0.0, 5.0, 2.0])) == 0.0

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from layersim.convergence import NOT_CONVERGED, metrics_record, run_flags
 from layersim.encoders import FREEZE_SIDES
 from layersim.params import Params
 from layersim.params.schema import WU_DEPTH
@@ -62,16 +63,23 @@ class FreezeRun:
     seed: int
     score: float                 # the task's primary metric
     train_seconds: float | None
+    convergence: dict | None = None  # its convergence record (layersim.convergence), None if not checked
 
 
 def freeze_report(spec: TaskSpec, num_layers: int, runs: Sequence[FreezeRun]) -> tuple[dict, list[dict], object]:
-    """The full results (per config: mean score, change against unfrozen, time saved, per seed), the plot
-    rows (one per run) and the bar chart (score per configuration, the unfrozen score as a line)."""
+    """The full results (per config: mean score, change against unfrozen, time saved, per seed, runs not
+    converged), the plot rows (one per run, with ``converged`` and the reason) and the bar chart (score per
+    configuration, the unfrozen score as a line; a bar with unconverged runs says how many)."""
     unfrozen = {run.seed: run for run in runs if run.config is None}
     configs = list(dict.fromkeys(run.config for run in runs if run.config is not None))
+    flags = {}  # (config, seed) → why the run is flagged: its own check and its seed siblings of one config
+    for config in (None, *configs):
+        flags |= {(config, seed): reason for seed, reason in run_flags(
+            {run.seed: run.convergence or {"score": run.score} for run in runs if run.config == config}).items()}
     full = {"metric": spec.primary_metric, "num_layers": num_layers,
             "unfrozen": {"score": _mean(run.score for run in unfrozen.values()),
-                         "train_seconds": _mean(run.train_seconds for run in unfrozen.values())}}
+                         "train_seconds": _mean(run.train_seconds for run in unfrozen.values()),
+                         "not_converged": sum(config is None for config, _ in flags)}}
     bars = {}
     for config in configs:
         mine = [run for run in runs if run.config == config]
@@ -80,22 +88,35 @@ def freeze_report(spec: TaskSpec, num_layers: int, runs: Sequence[FreezeRun]) ->
                  if run.train_seconds and unfrozen[run.seed].train_seconds]
         entry = {"side": config.side, "layers": config.layers, "of_twelve": config.of_twelve,
                  "score": _mean(run.score for run in mine), "score_change": _mean(changes),
-                 "time_saved": _mean(saved), "seeds": {str(run.seed): run.score for run in mine}}
+                 "time_saved": _mean(saved), "seeds": {str(run.seed): run.score for run in mine},
+                 "not_converged": sum(key[0] == config for key in flags)}
         full[config.label] = entry
         time_note = "" if entry["time_saved"] is None else f"\n{entry['time_saved']:+.0%} time"
-        bars[f"{config.side} {config.layers}{time_note}"] = entry["score"]
+        bars[_flagged_label(f"{config.side} {config.layers}", entry["not_converged"], len(mine)) + time_note] = \
+            entry["score"]
     rows = [{"config": "unfrozen" if run.config is None else run.config.label, "seed": run.seed,
-             "score": round(run.score, 6), "train_seconds": run.train_seconds} for run in runs]
+             "score": round(run.score, 6), "train_seconds": run.train_seconds,
+             "converged": (run.config, run.seed) not in flags, "reason": flags.get((run.config, run.seed), "")}
+            for run in runs]
+    unfrozen_label = _flagged_label("unfrozen", full["unfrozen"]["not_converged"], len(unfrozen))
     figure = method_bars(bars, f"{spec.name}: frozen layers during fine-tuning (Wu et al. Table 1), "
                                f"{num_layers}-layer model", spec.primary_metric,
-                         {"unfrozen": full["unfrozen"]["score"]})
+                         {unfrozen_label: full["unfrozen"]["score"]})
     return full, rows, figure
 
 
+def _flagged_label(label: str, flagged: int, runs: int) -> str:
+    """A bar's label; with unconverged runs among the seeds it averages, e.g. "top 2 (not converged: 1 of 2)"."""
+    return f"{label} ({NOT_CONVERGED}: {flagged} of {runs})" if flagged else label
+
+
 def freeze_headline(full: dict) -> dict:
-    """Per configuration, the change in the task score against the unfrozen run (mean over seeds)."""
-    return {label: entry["score_change"] for label, entry in full.items()
-            if isinstance(entry, dict) and "score_change" in entry}
+    """Per configuration, the change in the task score against the unfrozen run (mean over seeds), and
+    ``not_converged``: how many runs (frozen and unfrozen) did not converge."""
+    headline = {label: entry["score_change"] for label, entry in full.items()
+                if isinstance(entry, dict) and "score_change" in entry}
+    return headline | {"not_converged": sum(entry.get("not_converged", 0) for entry in full.values()
+                                            if isinstance(entry, dict))}
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -108,4 +129,5 @@ def unfrozen_run(metrics_file: Path, info: dict, spec: TaskSpec, seed: int) -> F
     import json
 
     metrics = json.loads(Path(metrics_file).read_text(encoding="utf-8"))
-    return FreezeRun(None, seed, float(metrics[spec.primary_metric]), info.get("train_seconds"))
+    return FreezeRun(None, seed, float(metrics[spec.primary_metric]), info.get("train_seconds"),
+                     metrics_record(metrics, spec.primary_metric))

@@ -20,11 +20,12 @@ import torch
 from tqdm.auto import tqdm
 
 from layersim.batching import EncodedTask, collate, encode_task
+from layersim.convergence import Convergence, check_run, final_loss, trivial_loss
 from layersim.device import autocast, default_device, grad_scaler, resolve_precision, to_device
 from layersim.encoders import frozen_layers
 from layersim.errors import LayersimError
 from layersim.training_steps import GradientSteps
-from layersim.evaluate import score
+from layersim.evaluate import METRICS, score
 from layersim.models import (MODEL_INFO_FILE, file_digest, load_task_model, load_tokenizer, model_info, verified_info,
                              weights_digest)
 from layersim.params import FinetuneParams
@@ -103,13 +104,14 @@ def data_order(num_examples: int, batch_size: int, max_steps: int, seed: int) ->
 def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, validation: EncodedTask,
              params: FinetuneParams, seed: int, *, log: Logger | None = None,
              device: torch.device | None = None, resume: TrainingCheckpoint | None = None,
-             freeze: tuple[str, int] | None = None, timing: dict | None = None,
+             freeze: tuple[str, int] | None = None, timing: dict | None = None, checks: dict | None = None,
              ) -> tuple[torch.nn.Module, dict[str, float]]:
     """Fine-tune the encoder in `pretrained_dir` on `train`; return the model and final validation metrics.
 
     With `freeze` = (side, k), the bottom or top k layers are frozen while training
     (:func:`layersim.encoders.frozen_layers`). A `timing` dict receives ``train_seconds``: the wall time of
-    the training steps, evaluations and saved states left out (of this process only, when resumed).
+    the training steps, evaluations and saved states left out (of this process only, when resumed). A `checks`
+    dict receives ``convergence``: the run's :class:`~layersim.convergence.Convergence` (:func:`convergence_of`).
 
     With `resume`, the full training state is saved there every `params.checkpoint_every` steps, and a
     run that finds a state saved by an identical earlier run (same fingerprint) continues from it: the
@@ -144,7 +146,7 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
                             resume.path, str(err).splitlines()[0][:200])
             resume.clear()
             return finetune(pretrained_dir, spec, train, validation, params, seed, log=sink, device=device,
-                            resume=resume, freeze=freeze, timing=timing)
+                            resume=resume, freeze=freeze, timing=timing, checks=checks)
         for step, values in state.history:
             log(step, values)
     precision = resolve_precision(params.precision, device)
@@ -184,7 +186,27 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
             timing["train_seconds"] = round(time.perf_counter() - started - paused, 3)
     final = evaluate_model(model, spec, validation, tokenizer, params, device)
     log(params.max_steps, _prefixed(final))
+    if checks is not None:  # the history holds every logged loss, those replayed from a resumed state included
+        losses = [values["train/loss"] for _, values in history if "train/loss" in values]
+        checks["convergence"] = convergence_of(spec, train, validation, losses, final)
     return model, final
+
+
+def trivial_score(spec: TaskSpec, train_labels: np.ndarray, validation_labels: np.ndarray) -> float:
+    """The primary metric of always predicting the train split's majority class (its mean for regression,
+    whose correlation with anything is 0; the most frequent answer position for multiple choice)."""
+    labels = np.asarray(train_labels)
+    constant = float(labels.mean()) if spec.regression else int(np.bincount(labels.astype(np.int64)).argmax())
+    return float(METRICS[spec.primary_metric](validation_labels, np.full(len(validation_labels), constant)))
+
+
+def convergence_of(spec: TaskSpec, train: EncodedTask, validation: EncodedTask, losses: list[float],
+                   metrics: dict[str, float]) -> Convergence:
+    """The run's convergence check (layersim.convergence.check_run) from its logged training losses and its
+    validation `metrics`, against the trivial predictor fitted on the train split."""
+    return check_run(spec.primary_metric, metrics[spec.primary_metric],
+                     trivial_score(spec, train.labels, validation.labels), final_loss(losses),
+                     trivial_loss(train.labels, spec.regression))
 
 
 def encoded_splits(task_dir: str | Path, spec: TaskSpec, tokenizer, max_length: int) -> tuple[EncodedTask, EncodedTask]:
@@ -198,8 +220,10 @@ def encoded_splits(task_dir: str | Path, spec: TaskSpec, tokenizer, max_length: 
 def run_fingerprint(base_dir: str | Path, task_dir: str | Path, spec: TaskSpec, params: FinetuneParams,
                     seed: int) -> dict:
     """What determines a fine-tuning run's result; a saved training state resumes only a run with the
-    same fingerprint. How often states are saved does not change the result, so it is left out."""
-    settings = {k: v for k, v in dataclasses.asdict(params).items() if k != "checkpoint_every"}
+    same fingerprint. How often states are saved, and whether an unconverged run fails its stage, do not change
+    the result, so they are left out."""
+    settings = {k: v for k, v in dataclasses.asdict(params).items()
+                if k not in ("checkpoint_every", "require_convergence")}
     return {"task": spec.name, "seed": seed, "finetune": settings, "base_digest": model_info(base_dir)["digest"],
             "data": {split: file_digest(Path(task_dir) / f"{split}.parquet") for split in ("train", "validation")}}
 
@@ -215,12 +239,16 @@ def evaluate_model(model, spec: TaskSpec, validation: EncodedTask, tokenizer, pa
 
 
 def save_checkpoint(model, tokenizer, folder: Path, *, base_dir: str | Path, task: str, seed: int,
-                    task_digest: str | None = None, train_seconds: float | None = None) -> None:
+                    task_digest: str | None = None, train_seconds: float | None = None,
+                    convergence: dict | None = None) -> None:
     """Weights (safetensors), config and tokenizer, plus layersim's info file, into `folder`; `task_digest`:
-    of the task tables it was fine-tuned on (layersim.io.task_tables_digest), checked by later stages."""
+    of the task tables it was fine-tuned on (layersim.io.task_tables_digest), checked by later stages;
+    `convergence`: the run's convergence record, which later stages' figures mark the run by."""
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     base = verified_info(base_dir)
     info = {"name": base["name"], "source": "finetune", "base_digest": base["digest"], "task": task,
             "seed": seed, "task_digest": task_digest, "digest": weights_digest(folder), "train_seconds": train_seconds}
+    if convergence is not None:
+        info["convergence"] = convergence
     (Path(folder) / MODEL_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
