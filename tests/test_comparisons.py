@@ -114,6 +114,10 @@ def test_labels_and_options():
     assert options == {"rbf_cka": {"sigma_scale": 2.0}, "svcca": {"variance_threshold": 0.9}}
     assert measure_options(rbf_sigma_scale=1.0, svcca_variance=0.9, pwcca_variance=0.99)["pwcca"] == {
         "variance_threshold": 0.99}
+    # The Nyström seed is the measure's landmark_seed: the null and bootstrap drivers take their own `seed`.
+    assert measure_options(rbf_sigma_scale=1.0, svcca_variance=0.9, rbf_exact_max_rows=50, rbf_landmarks=20,
+                           seed=4)["rbf_cka"] == {"sigma_scale": 1.0, "exact_max_rows": 50, "landmarks": 20,
+                                                  "landmark_seed": 4}
 
 
 def test_phang_cells_mark_exactly_the_reported_blocks():
@@ -146,3 +150,22 @@ def test_pair_summary_diagonal_for_equal_depth_best_match_otherwise():
     best = summary["shallow"]["best_match"]
     assert best["layer_00"]["layer"] == 3 and best["layer_01"]["layer"] == 1
     assert best["layer_00"]["similarity"] == pytest.approx(1.0)
+
+
+def test_ft_orig_carries_every_seeds_diagonal_and_random_comparisons_need_the_control():
+    """FT is the first seed's model; per_seed holds FT[k]–ORIG's diagonal for every k, read off the stacked matrix.
+    ORIG–RANDOM and FT–RANDOM appear only when the random-init control is stacked."""
+    sizes = {"ORIG": 3, "FT[1]": 3, "FT[2]": 3, "FT[3]": 3}
+    matrix = np.random.default_rng(8).uniform(size=(12, 12))
+    comparisons = {c.key: c for c in phang_comparisons(matrix, sizes, "ORIG", ["FT[1]", "FT[2]", "FT[3]"])}
+    assert set(comparisons) == {"orig_orig", "ft_orig", "ft_ft", "ft1_ft2"}
+    per_seed = comparisons["ft_orig"].per_seed
+    assert list(per_seed) == ["FT[1]", "FT[2]", "FT[3]"]
+    for k, label in enumerate(per_seed, start=1):
+        np.testing.assert_array_equal(per_seed[label], [matrix[3 * k + i, i] for i in range(3)])
+    assert comparisons["orig_orig"].per_seed is None and comparisons["ft1_ft2"].per_seed is None
+    with_control = {c.key: c for c in phang_comparisons(np.random.default_rng(9).uniform(size=(15, 15)),
+                                                        sizes | {"RANDOM": 3}, "ORIG", ["FT[1]", "FT[2]", "FT[3]"])}
+    assert {"orig_random", "ft_random"} <= set(with_control)
+    assert with_control["ft_random"].x_label == "RANDOM layer" and list(with_control["ft_random"].per_seed) == [
+        "FT[1]", "FT[2]", "FT[3]"]

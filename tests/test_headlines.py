@@ -113,8 +113,23 @@ def test_summary_is_the_mean_over_tasks():
     summary = summary_headline(per_stage, {"a": "accuracy", "b": "pearson"}, ("cls", "linear_cka"))
     assert summary["mean"] == pytest.approx({"score": 0.6, "ft_orig_top": 0.4, "untuned_drop": 1.5,
                                              "tuned_drop": 3.5, "skip_span": 1.5, "inn_advantage": 0.1})
+    assert summary["finetune_runs"] == {"total": 4, "not_converged": 1}  # a's 0.6 is 0.2 below its sibling
     assert summary_headline({"finetune": per_stage["finetune"]}, {"a": "accuracy", "b": "pearson"},
-                            ("cls", "linear_cka")) == {"mean": {"score": 0.6}}
+                            ("cls", "linear_cka")) == {"mean": {"score": 0.6},
+                                                       "finetune_runs": {"total": 4, "not_converged": 1}}
+    assert "finetune_runs" not in summary_headline({"skip": per_stage["skip"]}, {}, ("cls", "linear_cka"))
+
+
+def test_summary_counts_the_runs_that_did_not_converge():
+    """A run flagged by its own check and a seed far below its siblings (0.35 against 0.80, 0.79) count;
+    the mean score still includes them, and says so beside it."""
+    stuck = {"pearson": 0.369, "convergence": {"converged": False, "score": 0.369, "reason": "loss at 3.1"}}
+    fine = {"pearson": 0.768, "convergence": {"converged": True, "score": 0.768}}
+    per_stage = {"finetune": {"sim": [stuck, fine], "neg": [{"accuracy": 0.80}, {"accuracy": 0.79},
+                                                             {"accuracy": 0.35}]}}
+    summary = summary_headline(per_stage, {"sim": "pearson", "neg": "accuracy"}, ("cls", "linear_cka"))
+    assert summary["finetune_runs"] == {"total": 5, "not_converged": 2}
+    assert summary["mean"]["score"] == pytest.approx((0.5685 + 0.6467) / 2, abs=1e-4)
 
 
 def test_last_block_starts_come_from_the_similarity_details():

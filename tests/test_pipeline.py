@@ -56,7 +56,11 @@ def test_repro_writes_every_declared_output(project):
         checkpoint = root / f"data/checkpoints/tiny-bert/{TASK}/seed{seed}"
         assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "config.json").is_file()
         metrics = json.loads((root / f"metrics/finetune/{TASK}/seed{seed}.json").read_text())
-        assert set(metrics) == {"accuracy"} and 0.0 <= metrics["accuracy"] <= 1.0
+        assert set(metrics) == {"accuracy", "convergence"} and 0.0 <= metrics["accuracy"] <= 1.0
+        verdict = metrics["convergence"]  # the check's numbers, whatever the tiny run's verdict
+        assert {"converged", "score", "baseline", "final_train_loss", "trivial_loss"} <= set(verdict)
+        assert verdict["score"] == pytest.approx(metrics["accuracy"], abs=1e-6)
+        assert verdict["converged"] == ("reason" not in verdict)
         curve = root / f"dvclive/finetune/{TASK}/seed{seed}/plots/metrics/train/loss.tsv"
         assert len(curve.read_text().splitlines()) > 1
     activations = root / f"data/activations/tiny-bert/{TASK}"
@@ -68,10 +72,14 @@ def test_repro_writes_every_declared_output(project):
     assert not (activations / "train/orig.tokens.parquet").exists()  # words: validation only
     for pooling in ("cls", "mean", "last", "tokens"):
         reference = ActivationTable(activations / f"orig.{pooling}.parquet")
-        for run_name in ("orig", "seed1", "seed2"):
+        for run_name in ("orig", "seed1", "seed2", "random"):
             table = ActivationTable(activations / f"{run_name}.{pooling}.parquet")
             assert table.metadata["run"] == run_name and table.metadata["pooling"] == pooling
             reference.check_comparable(table)
+    # The random-init control: validation only, its seed and base model recorded.
+    control = ActivationTable(activations / "random.cls.parquet")
+    assert control.metadata["init_seed"] == 0 and control.metadata["base_digest"] == orig.metadata["model_digest"]
+    assert not (activations / "train/random.cls.parquet").exists()
     attention = AttentionTable(activations / "attention/orig.parquet")
     assert attention.num_layers == 3 and len(attention.example_starts) == 60
 
@@ -82,7 +90,11 @@ def test_repro_writes_every_declared_output(project):
         for measure in ("linear_cka", "svcca", "pwcca", "neuronsim"):
             summary = similarity[pooling][measure]
             cca = {"kept_dimensions"} if measure in ("svcca", "pwcca") else set()
-            assert set(summary) == {"orig_orig", "ft_orig", "ft_ft", "ft1_ft2", "null", "blocks"} | cca
+            assert set(summary) == {"orig_orig", "ft_orig", "ft_ft", "ft1_ft2", "orig_random", "ft_random", "null",
+                                    "blocks", "correction"} | cca
+            assert summary["correction"] == "fdr_bh"  # the default: hatching corrected over each heatmap's cells
+            assert summary["ft_orig"]["seeds"] == 2 and "seed_range" in summary["ft_orig"]  # no interval: 2 seeds
+            assert 0.0 <= summary["orig_random"]["p_value"]["layer_03"] <= 1.0
             # Blocks of layers: every defined layer of ORIG–ORIG and FT–FT in one, the two seeds compared.
             for key in ("orig_orig", "ft_ft"):
                 blocks = summary["blocks"][key]
@@ -104,11 +116,12 @@ def test_repro_writes_every_declared_output(project):
         assert {row["comparison"] for row in diagonals} == {"FT–ORIG", "FT[1]–FT[2]"}
         assert all({"null_mean", "low", "high"} <= set(row) for row in diagonals)
         assert (root / f"plots/diagonals/{TASK}/{pooling}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        assert set(similarity[pooling]["localization"]) == {"ORIG", "FT[1]", "FT[2]"}
+        assert set(similarity[pooling]["localization"]) == {"ORIG", "FT[1]", "FT[2]", "RANDOM"}
         assert (root / f"plots/similarity/{TASK}/{pooling}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (root / f"plots/localization/{TASK}/{pooling}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         rows = json.loads((root / f"plots/similarity/{TASK}/{pooling}.json").read_text())
-        assert {row["comparison"] for row in rows} == {"ORIG–ORIG", "FT–ORIG", "FT–FT", "FT[1]–FT[2]"}
+        assert {row["comparison"] for row in rows} == {"ORIG–ORIG", "FT–ORIG", "FT–FT", "FT[1]–FT[2]", "ORIG–RANDOM",
+                                                       "FT–RANDOM"}
         assert {row["measure"] for row in rows} == {"linear CKA", "SVCCA", "PWCCA", "neuronsim"}
         assert all(0.0 <= row["p_value"] <= 1.0 for row in rows if row["p_value"] is not None)
     # CLS at the embedding layer is the same for every example: undefined, null, never NaN.
@@ -116,7 +129,7 @@ def test_repro_writes_every_declared_output(project):
     assert similarity["attention"]["jensen_shannon"]["ft_ft"]["diagonal"]["layer_01"] == pytest.approx(1.0)
     assert "layer_00" not in similarity["attention"]["jensen_shannon"]["ft_ft"]["diagonal"]
     localization = json.loads((root / f"plots/localization/{TASK}/localization.json").read_text())
-    assert {row["model"] for row in localization} == {"ORIG", "FT[1]", "FT[2]"}
+    assert {row["model"] for row in localization} == {"ORIG", "FT[1]", "FT[2]", "RANDOM"}
 
 
 def test_compare_stacks_base_fine_tuned_and_other_encoders(project):
@@ -125,13 +138,13 @@ def test_compare_stacks_base_fine_tuned_and_other_encoders(project):
     assert set(compare) == {"cls", "tokens", "attention"}
     linear = compare["tokens"]["linear_cka"]
     # Same depth as the base model: a per-layer diagonal; the other encoders too (tiny ones have 3 layers).
-    assert set(linear) == {f"FT:{TASK}", "tiny-roberta"}
+    assert set(linear) == {"RANDOM", f"FT:{TASK}", "tiny-roberta", "correction"} and linear["correction"] == "fdr_bh"
     assert set(linear[f"FT:{TASK}"]["diagonal"]) == {"layer_00", "layer_01", "layer_02", "layer_03"}
     # Every diagonal value carries the null's mean and p-value.
     assert set(linear["tiny-roberta"]["p_value"]) == {"layer_00", "layer_01", "layer_02", "layer_03"}
-    assert set(compare["tokens"]["localization"]) == {"ORIG", f"FT:{TASK}", "tiny-roberta"}
+    assert set(compare["tokens"]["localization"]) == {"ORIG", "RANDOM", f"FT:{TASK}", "tiny-roberta"}
     # Attention is compared only between models that share the base model's tokenizer.
-    assert set(compare["attention"]["jensen_shannon"]) == {f"FT:{TASK}"}
+    assert set(compare["attention"]["jensen_shannon"]) == {"RANDOM", f"FT:{TASK}"}
     assert sorted(compare["attention"]["jensen_shannon"][f"FT:{TASK}"]["diagonal"]) == ["layer_01", "layer_02", "layer_03"]
     plots = root / "plots/compare"
     for name in ("cls.linear_cka.png", "tokens.neuronsim.png", "attention.jensen_shannon.png"):
@@ -277,7 +290,11 @@ def test_freeze_scores_each_configuration_next_to_the_unfrozen_run(project):
         assert 0.0 <= entry["score"] <= 1.0 and entry["time_saved"] is not None
         assert entry["score_change"] == pytest.approx(entry["score"] - freeze["unfrozen"]["score"], abs=1e-5)
     headline = json.loads((root / f"metrics/freeze/{TASK}.json").read_text())
-    assert headline == headlines_of_freeze(freeze) and set(headline) == {"bottom1", "bottom2", "top1", "top2"}
+    assert headline == headlines_of_freeze(freeze)
+    assert set(headline) == {"bottom1", "bottom2", "top1", "top2", "not_converged"}
+    # Runs (frozen and unfrozen) that did not learn the task, counted: each entry says how many of its own.
+    assert headline["not_converged"] == sum(freeze[label]["not_converged"] for label in ("bottom1", "bottom2", "top1",
+                                                                                         "top2", "unfrozen"))
     rows = json.loads((root / f"plots/freeze/{TASK}.json").read_text())
     assert len(rows) == len(SEEDS) * 5
     assert (root / f"plots/freeze/{TASK}.png").read_bytes()[:4] == b"\x89PNG"
@@ -320,7 +337,7 @@ def test_metrics_files_hold_their_headline_and_details_hold_the_rest(project):
     assert set(expected[f"similarity/{TASK}"]["cls"]) == {"linear_cka", "svcca", "pwcca", "neuronsim"}
     assert set(expected[f"align/{TASK}"]["finetuning_seeds"]) == {"linear", "cca", "svcca", "pwcca", "inn", "mlp",
                                                             "inn_advantage"}
-    assert set(expected["compare"]["cls"]["linear_cka"]) == {f"FT:{TASK}", "tiny-roberta"}
+    assert set(expected["compare"]["cls"]["linear_cka"]) == {"RANDOM", f"FT:{TASK}", "tiny-roberta"}
     summary = json.loads((root / "metrics/summary.json").read_text())["mean"]
     finetuned = [json.loads((root / f"metrics/finetune/{TASK}/seed{seed}.json").read_text())["accuracy"]
                  for seed in SEEDS]

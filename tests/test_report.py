@@ -33,7 +33,8 @@ def test_a_top_layer_at_chance_is_said_to_be_chance():
     assert [row[-1] for row in above.rows] == ["yes", "yes"]
     assert [row[-1] for row in chance.rows] == ["no: chance", "no: chance"]
     row = chance.rows[0]
-    assert row[:7] == ["linear_cka", "FT–ORIG", "0.800", "[0.750, 0.850]", "0.700", "0.300", "no: chance"]
+    assert row[:9] == ["linear_cka", "FT–ORIG", "–", "0.800", "[0.750, 0.850]", "0.700", "0.300", "none",
+                       "no: chance"]
     blocks = similarity_tables(_similarity(0.01), 0.05)[1]
     assert blocks.rows[0] == ["linear_cka", "FT–FT", "1 | 2", "2", "0.200", "0.900"]
 
@@ -99,3 +100,21 @@ def test_a_skipped_span_survives_the_details_round_trip(tmp_path):
                         Layout(tmp_path / "metrics", details, tmp_path / "plots"))
     assert "here it skipped layers 2–2 instead" in page and "layers 2-2 of 3 skipped" in page
     assert "2 / 3" in page and "1.20× / 1.30×" in page
+
+
+def test_the_page_names_the_runs_that_did_not_converge(tmp_path):
+    """A stuck seed (its own check) and the overview's mean say which run did not converge and why."""
+    from layersim.convergence import check_run
+
+    folder = tmp_path / "metrics/finetune/synth-similarity"
+    folder.mkdir(parents=True)
+    for seed, (score, loss) in {1: (0.369, 3.1), 2: (0.768, 0.9)}.items():
+        record = check_run("pearson", score, 0.0, loss, 3.125).record()
+        (folder / f"seed{seed}.json").write_text(json.dumps({"pearson": score, "spearman": score,
+                                                             "convergence": record}))
+    page = build_report("m", ["synth-similarity"], [1, 2], 0.05, ("cls", "linear_cka"),
+                        Layout(tmp_path / "metrics", tmp_path / "plots/details", tmp_path / "plots"))
+    assert "seed 1 0.369 (not converged), seed 2 0.768." in page
+    assert "Seed 1 (FT[1]) did not converge: its final training loss 3.1 is 99% of the trivial predictor" in page
+    assert "0.569 (1 of 2 runs not converged: seed 1)" in page
+    assert "Seed 2 (FT[2]) did not converge" not in page

@@ -50,9 +50,14 @@ def test_every_reported_cell_carries_its_null_and_chance_cells_are_hatched():
         assert ft_orig["ci_low"]["layer_00"] <= ft_orig["diagonal"]["layer_00"] + 1e-9
     assert report.metrics["linear_cka"]["null"] == {"method": "exact", "permutations": 0}
     assert report.metrics["neuronsim"]["null"] == {"method": "permutation", "permutations": 40}
-    # The figure hatches exactly the cells whose p-value is at least the significance level.
-    chance = sum(row["p_value"] >= 0.05 for row in report.rows if row["p_value"] is not None)
-    assert chance > 0 and _hatched(report.figure) == chance
+    # The figure hatches exactly the cells whose p-value, corrected over its heatmap (BH by default), is at
+    # least the significance level; every row with a p-value carries its corrected value.
+    tested = [row for row in report.rows if row["p_value"] is not None]
+    assert all(row["correction"] == "fdr_bh" and row["p_value"] <= row["p_adjusted"] <= 1 for row in tested)
+    chance = sum(row["p_adjusted"] >= 0.05 for row in tested)
+    assert chance > sum(row["p_value"] >= 0.05 for row in tested) and _hatched(report.figure) == chance
+    uncorrected = _report(models, correction="none", bootstrap=0)
+    assert _hatched(uncorrected.figure) == sum(row["p_value"] >= 0.05 for row in tested)
     plt.close("all")
 
 
@@ -104,7 +109,9 @@ def test_stacked_report_qualifies_every_cell():
     assert all(row["pooling"] == "cls" and 0.0 <= row["p_value"] <= 1.0 for row in report.rows)
     assert set(report.summary["FT[1]"]) == {"diagonal", "null_mean", "p_value"}
     assert report.summary["FT[1]"]["p_value"]["layer_03"] > 0.05 > report.summary["FT[1]"]["p_value"]["layer_00"]
-    assert _hatched(report.figure) == sum(row["p_value"] >= 0.05 for row in report.rows)
+    # One heatmap, one family: BH over all its cells.
+    assert report.summary["correction"] == "fdr_bh"
+    assert _hatched(report.figure) == sum(row["p_adjusted"] >= 0.05 for row in report.rows)
     plt.close("all")
 
 

@@ -124,3 +124,22 @@ def test_truncation_summary_of_a_small_exact_case() -> None:
     assert metrics["untuned"] == {"layer_00": 0.5, "layer_01": 0.8, "layer_02": 0.9}
     assert metrics["fewest_layers_untuned_within_tolerance"] == 2 and metrics["droppable_top_layers_untuned"] == 0
     assert len(rows) == 2 * 2 * 3 and rows[0] == {"variant": "untuned", "seed": 1, "layer": 0, "score": 0.5}
+    # Two seeds: their range, and no interval over seeds.
+    assert metrics["over_seeds"]["untuned"]["seed_range"] == {"layer_00": 0.0, "layer_01": 0.2, "layer_02": 0.0}
+    assert "seed_ci_low" not in metrics["over_seeds"]["untuned"]
+
+
+def test_truncation_summary_gives_a_t_interval_over_three_seeds() -> None:
+    from layersim.truncation import truncation_summary
+
+    # Full-model scores 0.7, 0.8, 0.9: mean 0.8, sd 0.1, t(0.975, 2) = 4.302653 → 0.8 ± 4.302653 · 0.1 / √3.
+    per_seed = {"untuned": [[0.5, 0.7], [0.5, 0.8], [0.5, 0.9]], "tuned": [[0.6, 0.7], [0.6, 0.8], [0.6, 0.9]]}
+    metrics, _ = truncation_summary(per_seed, [0.7, 0.8, 0.9], 0.5, [1, 2, 3], 0.05, "accuracy")
+    half = 4.302653 * 0.1 / 3 ** 0.5
+    full = metrics["over_seeds"]["full"]
+    assert full["seed_mean"] == pytest.approx(0.8) and full["seed_sd"] == pytest.approx(0.1)
+    assert (full["seed_ci_low"], full["seed_ci_high"]) == (pytest.approx(0.8 - half, abs=1e-6),
+                                                           pytest.approx(0.8 + half, abs=1e-6))
+    untuned = metrics["over_seeds"]["untuned"]
+    assert untuned["seed_sd"]["layer_00"] == 0.0 and untuned["seed_ci_high"]["layer_01"] == pytest.approx(0.8 + half,
+                                                                                                        abs=1e-6)

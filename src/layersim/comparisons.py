@@ -22,18 +22,23 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from layersim.similarity import (MEASURES, MOMENT_MEASURES, AttentionMaps, LayerMoments, LinearCKAAccumulator,
-                                 attention_similarity_matrix, cka_matrix, is_constant, localization_scores,
-                                 moments_matrix, rotation_null, similarity_matrix)
+from layersim.similarity import (MEASURES, AttentionMaps, attention_similarity_matrix, cka_matrix, is_constant,
+                                 localization_scores, similarity_matrix)
 from layersim.similarity._common import blas_threads_for
 from layersim.similarity.bootstrap import bootstrap_pairs
-from layersim.similarity.kernels import streamed_debiased_cka
-from layersim.similarity.null import NullMatrix, chance_adjusted, permutation_matrix, streamed_linear_cka_null
+from layersim.similarity.null import NullMatrix, chance_adjusted, permutation_matrix
+# The streamed route (tables larger than memory), here for the stages and tests that import it from this module.
+from layersim.similarity.stacked_moments import (LINEAR_CKA_PRECISION, STREAMABLE, moments_stacked_matrix,  # noqa: F401
+                                                 moments_stacked_null, on_layers, stream_layers, stream_rows,
+                                                 streamed_linear_cka, streamed_moments)
+from layersim.seed_stats import seed_metrics
+
+RANDOM = "RANDOM"  # the label of the random-init control (layersim.models.random_encoder)
 
 # Head-level attention measures: figure label and range (matrix-norm similarity is 1 − a mean
 # Frobenius distance, so it has no lower bound).
@@ -58,7 +63,7 @@ def measure_options(*, rbf_sigma_scale: float, svcca_variance: float, pwcca_vari
     """The options each measure takes from params.yaml's similarity section, by measure name."""
     rbf = {"sigma_scale": rbf_sigma_scale}
     if rbf_exact_max_rows is not None:
-        rbf |= {"exact_max_rows": rbf_exact_max_rows, "landmarks": rbf_landmarks, "seed": seed}
+        rbf |= {"exact_max_rows": rbf_exact_max_rows, "landmarks": rbf_landmarks, "landmark_seed": seed}
     options = {"rbf_cka": rbf, "svcca": {"variance_threshold": svcca_variance}}
     if pwcca_variance is not None:
         options["pwcca"] = {"variance_threshold": pwcca_variance}
@@ -79,7 +84,11 @@ class Comparison:
     x_label: str
     null_mean: np.ndarray | None = None  # the permutation null's mean per cell, like matrix
     p_value: np.ndarray | None = None    # one-sided permutation p-value per cell
+    p_adjusted: np.ndarray | None = None  # p_value corrected over this comparison's cells (similarity.correction)
     interval: tuple[np.ndarray, np.ndarray] | None = None  # bootstrap interval of the diagonal (low, high)
+    interval_method: str | None = None   # how the interval was made (basic, percentile, bca)
+    interval_centre: np.ndarray | None = None  # the bias-corrected diagonal the interval contains
+    per_seed: dict[str, np.ndarray] | None = None  # the diagonal with each seed's model in FT's place, by label
 
 
 def stacked_matrix(measure: str, models: dict[str, Sequence], **options) -> np.ndarray:
@@ -105,111 +114,6 @@ def stacked_matrix(measure: str, models: dict[str, Sequence], **options) -> np.n
     return out
 
 
-# --- linear CKA over tables larger than memory ---
-
-# Linear CKA in the stages is computed in float64, streamed or not: metrics are rounded to 6 decimals,
-# and float32 products (~1e-7, layersim.similarity.cka) would flip that last digit between machines.
-LINEAR_CKA_PRECISION = "float64"
-
-
-def stream_rows(widths: Sequence[int]) -> int:
-    """Rows per batch when streaming layers of these widths: about 256 MB of float32 per batch,
-    at most 4096 rows and at least 256."""
-    return max(256, min(4096, (1 << 28) // (4 * max(1, sum(widths)))))
-
-
-def streamed_linear_cka(batches: Iterable[Sequence[Sequence[np.ndarray]]]) -> np.ndarray:
-    """``stacked_matrix("linear_cka", models)`` from row batches, in memory independent of the number of
-    examples (see :class:`layersim.similarity.LinearCKAAccumulator`).
-
-    Each item of `batches` holds, for one block of rows, every model's list of (rows, d) layer arrays
-    in the models' order, e.g. ``zip(*(table.iter_batches(rows) for table in tables))``. The result
-    equals stacked_matrix's to ~1e-12, constant layers' rows and columns NaN included.
-    """
-    return streamed_moments(batches).matrix(constant="nan")
-
-
-def streamed_moments(batches: Iterable[Sequence[Sequence[np.ndarray]]]) -> LinearCKAAccumulator:
-    """One pass over row batches (as :func:`streamed_linear_cka` takes them): the float64 centred
-    cross-products of every pair of stacked layers, from which :func:`moments_stacked_matrix` gives linear
-    CKA and every measure of :data:`layersim.similarity.moments.MOMENT_MEASURES`."""
-    accumulator = LinearCKAAccumulator(precision=LINEAR_CKA_PRECISION)
-    for per_model in batches:
-        accumulator.update([layer for model_layers in per_model for layer in model_layers])
-    return accumulator
-
-
-def moments_stacked_matrix(measure: str, accumulator: LinearCKAAccumulator, *, moments: LayerMoments | None = None,
-                           **options) -> np.ndarray:
-    """``stacked_matrix(measure, models)`` from the streamed moments of the stacked layers: the same matrix
-    (layersim.similarity.moments states the accuracy), constant layers' rows and columns NaN. `moments`: the
-    accumulator's :class:`LayerMoments`, to reuse its layers' bases across measures and with the null."""
-    if measure == "linear_cka":
-        return accumulator.matrix(constant="nan")
-    constant = accumulator.constant_layers()
-    defined = np.flatnonzero(~constant).tolist()
-    out = np.full((len(constant), len(constant)), np.nan)
-    if defined and measure == "debiased_cka":  # its `method` picks how products are taken in memory: moot here
-        out[np.ix_(defined, defined)] = streamed_debiased_cka(accumulator, defined)
-    elif defined:
-        out[np.ix_(defined, defined)] = moments_matrix(measure, moments or LayerMoments(accumulator), defined,
-                                                       **options)
-    return out
-
-
-def moments_stacked_null(measure: str, accumulator: LinearCKAAccumulator, cells: np.ndarray | None = None, *,
-                         permutations: int, seed: int, observed: np.ndarray | None = None,
-                         moments: LayerMoments | None = None, **options) -> NullMatrix | None:
-    """``stacked_null`` from the streamed moments: linear CKA's exact permutation null (its traces are sums
-    over rows); the rotation null (layersim.similarity.rotation_null, `permutations` random rotations) of the
-    measures computed from moments; None for debiased CKA, whose permutations need the rows. `observed`: the
-    measure's stacked matrix, when already computed."""
-    if measure == "linear_cka":
-        return streamed_linear_cka_null(accumulator, cells)
-    if measure not in MOMENT_MEASURES:
-        return None
-    constant = accumulator.constant_layers()
-    defined = np.flatnonzero(~constant).tolist()
-    null = None
-    if defined:
-        inside = np.ix_(defined, defined)
-        null = rotation_null(measure, moments or LayerMoments(accumulator), defined, draws=permutations, seed=seed,
-                             cells=None if cells is None else cells[inside],
-                             observed=None if observed is None else observed[inside], **options)
-    return _on_layers(null, defined, len(constant), permutations, "rotation")
-
-
-def _on_layers(null: NullMatrix | None, defined: list[int], size: int, permutations: int, method: str) -> NullMatrix:
-    """The null of the `defined` (non-constant) layers as a NullMatrix over all `size` stacked layers, NaN
-    elsewhere; `permutations` and `method` stand in when there was none."""
-    full = np.full((size, size), np.nan)
-    fields = {"observed": full.copy(), "null_mean": full.copy(), "null_p95": full.copy(), "p_value": full.copy()}
-    if null is not None:
-        for name, values in fields.items():
-            values[np.ix_(defined, defined)] = getattr(null, name)
-    return NullMatrix(**fields, permutations=null.permutations if null else permutations,
-                      method=null.method if null else method)
-
-
-STREAMABLE = ("linear_cka", "debiased_cka", *MOMENT_MEASURES)
-
-
-def stream_layers(measures: Sequence[str], num_rows: int, widths: Sequence[int]) -> bool:
-    """Whether the measures over layers of these widths (all models stacked) should come from moments
-    streamed from the tables rather than from the loaded layers.
-
-    Only when every measure can (linear and debiased CKA, the CCA family, neuronsim, mixedsim; not RBF CKA,
-    whose kernels need the rows), and loading (the float32 layers plus a float64 centred copy) would take more
-    memory than streaming's float64 cross-product sums and one batch, which do not grow with the number of
-    rows. Few examples are faster and smaller in memory in sample space.
-    """
-    if not measures or set(measures) - set(STREAMABLE):
-        return False
-    rows = stream_rows(widths)
-    streaming = LinearCKAAccumulator.memory_bytes(widths, rows, LINEAR_CKA_PRECISION) + 4 * rows * sum(widths)
-    return 12 * num_rows * sum(widths) > streaming
-
-
 def block_slices(sizes: dict[str, int], row_model: str, column_model: str) -> tuple[slice, slice]:
     """Rows and columns of a stacked matrix that compare `row_model`'s layers (rows) with `column_model`'s."""
     starts = dict(zip(sizes, np.cumsum([0, *sizes.values()])))
@@ -225,26 +129,33 @@ def block(matrix: np.ndarray, sizes: dict[str, int], row_model: str, column_mode
 def phang_comparisons(matrix: np.ndarray, sizes: dict[str, int], orig: str, finetuned: Sequence[str],
                       null: NullMatrix | None = None) -> list[Comparison]:
     """Phang et al.'s comparisons as blocks of a stacked matrix of the models `sizes` names, with the blocks
-    of the stacked permutation null (:func:`stacked_null`) when given."""
-    def pick(key, title, row_model, column_model, y_label, x_label):
+    of the stacked permutation null (:func:`stacked_null`) when given; FT–ORIG and FT–RANDOM with the diagonal
+    of every seed's model in FT's place. ORIG–RANDOM, FT–RANDOM: with the random-init control (:data:`RANDOM`)."""
+    def pick(key, title, row_model, column_model, y_label, x_label, seeds=False):
         nulls = {} if null is None else {"null_mean": block(null.null_mean, sizes, row_model, column_model),
                                          "p_value": block(null.p_value, sizes, row_model, column_model)}
-        return Comparison(key, title, block(matrix, sizes, row_model, column_model), y_label, x_label, **nulls)
+        per_seed = {label: np.diag(block(matrix, sizes, label, column_model)) for label in finetuned} if seeds else None
+        return Comparison(key, title, block(matrix, sizes, row_model, column_model), y_label, x_label, **nulls,
+                          per_seed=per_seed)
 
     ft = finetuned[0]
     comparisons = [pick("orig_orig", "ORIG–ORIG", orig, orig, "ORIG layer", "ORIG layer"),
-                   pick("ft_orig", "FT–ORIG", ft, orig, "FT layer", "ORIG layer"),
+                   pick("ft_orig", "FT–ORIG", ft, orig, "FT layer", "ORIG layer", seeds=True),
                    pick("ft_ft", "FT–FT", ft, ft, "FT layer", "FT layer")]
     if len(finetuned) > 1:
         comparisons.append(pick("ft1_ft2", "FT[1]–FT[2]", ft, finetuned[1], "FT[1] layer", "FT[2] layer"))
+    if RANDOM in sizes:
+        comparisons += [pick("orig_random", "ORIG–RANDOM", orig, RANDOM, "ORIG layer", "RANDOM layer"),
+                        pick("ft_random", "FT–RANDOM", ft, RANDOM, "FT layer", "RANDOM layer", seeds=True)]
     return comparisons
 
 
 def phang_cells(sizes: dict[str, int], orig: str, finetuned: Sequence[str]) -> np.ndarray:
-    """Boolean mask of the stacked matrix's cells that :func:`phang_comparisons` reports."""
+    """Boolean mask of the stacked matrix's cells that :func:`phang_comparisons` reports (per_seed aside)."""
     chosen = np.zeros((sum(sizes.values()),) * 2, dtype=bool)
     pairs = [(orig, orig), (finetuned[0], orig), (finetuned[0], finetuned[0])] + (
-        [(finetuned[0], finetuned[1])] if len(finetuned) > 1 else [])
+        [(finetuned[0], finetuned[1])] if len(finetuned) > 1 else []) + (
+        [(orig, RANDOM), (finetuned[0], RANDOM)] if RANDOM in sizes else [])
     for row_model, column_model in pairs:
         chosen[block_slices(sizes, row_model, column_model)] = True
     return chosen
@@ -262,7 +173,7 @@ def stacked_null(measure: str, models: dict[str, Sequence], *, permutations: int
         with blas_threads_for(len(layers[0]), max(layer.shape[1] for layer in layers)):
             null = permutation_matrix(measure, [layers[i] for i in defined], permutations=permutations, seed=seed,
                                       cells=chosen, **options)
-    return _on_layers(null, defined, len(layers), permutations, "permutation")
+    return on_layers(null, defined, len(layers), permutations, "permutation")
 
 
 def diagonal_intervals(measure: str, models: dict[str, Sequence], comparisons: Sequence[Comparison], *,
@@ -288,14 +199,18 @@ def diagonal_intervals(measure: str, models: dict[str, Sequence], comparisons: S
         ys += [b for _ in layers for b in layers]
     result = bootstrap_pairs(measure, xs, ys, resamples=resamples, seed=seed, groups=groups, **options)
     diagonal = sum(len(models[pairs[key][0]]) for key in wanted)
-    bounds = dict(zip(wanted, zip(np.split(result.low[:diagonal], len(wanted) or 1),
-                                  np.split(result.high[:diagonal], len(wanted) or 1))))
+    parts = len(wanted) or 1
+    bounds = dict(zip(wanted, zip(np.split(result.low[:diagonal], parts), np.split(result.high[:diagonal], parts))))
+    centres = dict(zip(wanted, np.split((result.estimate if result.centre is None else result.centre)[:diagonal],
+                                        parts)))
     resampled, at = {}, diagonal
     for key in matrices:
         size = len(models[selves[key]])
         resampled[key] = result.values[:, at:at + size * size].reshape(resamples, size, size)
         at += size * size
-    return [dataclasses.replace(c, interval=bounds[c.key]) if c.key in bounds else c for c in comparisons], resampled
+    return [dataclasses.replace(c, interval=bounds[c.key], interval_method=result.method,
+                                interval_centre=centres[c.key]) if c.key in bounds else c
+            for c in comparisons], resampled
 
 
 def seed_spread(matrix: np.ndarray, sizes: dict[str, int], finetuned: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -368,9 +283,9 @@ def per_layer(values: np.ndarray, first_layer: int = 0) -> dict[str, float | Non
 def summarize(comparisons: Sequence[Comparison], first_layer: int = 0, *, adjusted: bool = False) -> dict:
     """Headline numbers: the per-layer diagonal, its mean, the last layer's value, and for the
     symmetric comparisons the mean off-diagonal similarity (how blocky the matrix is). Means skip
-    undefined entries; an undefined single value is null. With a null: the diagonal's null mean and
-    p-value per layer (and the chance-adjusted diagonal when `adjusted`); with a bootstrap interval, its
-    bounds per layer."""
+    undefined entries; an undefined single value is null. With a null: the diagonal's null mean,
+    p-value and corrected p-value per layer (and the chance-adjusted diagonal when `adjusted`); with a bootstrap interval (examples),
+    its bounds per layer; with per-seed diagonals, their spread over seeds (layersim.seed_stats)."""
     summary = {}
     for c in comparisons:
         diagonal = np.diag(c.matrix)
@@ -382,10 +297,17 @@ def summarize(comparisons: Sequence[Comparison], first_layer: int = 0, *, adjust
         if c.null_mean is not None:
             entry["null_mean"] = per_layer(np.diag(c.null_mean), first_layer)
             entry["p_value"] = per_layer(np.diag(c.p_value), first_layer)
+            if c.p_adjusted is not None:
+                entry["p_adjusted"] = per_layer(np.diag(c.p_adjusted), first_layer)
             if adjusted:
                 entry["adjusted"] = per_layer(chance_adjusted(diagonal, np.diag(c.null_mean)), first_layer)
         if c.interval is not None:
             entry["ci_low"], entry["ci_high"] = (per_layer(bound, first_layer) for bound in c.interval)
+            if c.interval_method is not None:  # which bootstrap interval, and the bias-corrected value inside it
+                entry["ci_method"] = c.interval_method
+                entry["ci_centre"] = per_layer(c.interval_centre, first_layer)
+        if c.per_seed is not None:
+            entry |= seed_metrics(c.per_seed, lambda values: per_layer(values, first_layer))
         summary[c.key] = entry
     return summary
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from layersim.convergence import metrics_record, run_flags
 from layersim.errors import LayersimError
 from layersim.io import write_json
 
@@ -80,10 +81,16 @@ def details_to_metrics(rows: Iterable[Mapping[str, Any]]) -> dict:
 
 def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
     """Per pooling and measure: the FT–ORIG similarity of the top layer (``ft_orig_top``), the first
-    layer whose FT–ORIG similarity is not above chance (``ft_orig_chance_from``: permutation p-value at
-    least `significance`; None when every layer is above chance; absent without a null) and the
+    layer whose FT–ORIG similarity is not above chance (``ft_orig_chance_from``: permutation p-value, corrected
+    over the FT–ORIG heatmap's cells as ``ft_orig_chance_correction`` names, at least `significance`; None
+    when every layer is above chance; both absent without a null) and the
     FT[1]–FT[2] similarity of the top layer (``ft1_ft2_top``, with two seeds or more). Attention measures
-    have no null and give ``ft_orig_top`` only."""
+    have no null and give ``ft_orig_top`` only.
+
+    Seeds as the unit (layersim.seed_stats): FT–ORIG's top layer over the seeds' models, ``ft_orig_top_seed_mean``
+    and with three seeds or more ``…_seed_sd`` and the t-interval ``…_seed_ci_low``/``…_seed_ci_high``, with two
+    ``…_seed_range``. With the random-init control: ``ft_orig_above_random_top``, FT–ORIG's top layer minus
+    FT–RANDOM's (what an untrained network of the same architecture scores)."""
     headline: dict = {}
     for pooling, measures in full.items():
         if not isinstance(measures, Mapping):
@@ -92,13 +99,29 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
             if not (isinstance(result, Mapping) and "ft_orig" in result):
                 continue
             entry = {"ft_orig_top": result["ft_orig"].get("last_layer")}
+            for stat in ("seed_mean", "seed_sd", "seed_ci_low", "seed_ci_high", "seed_range"):
+                if result["ft_orig"].get(stat):  # per layer: the top layer's
+                    entry[f"ft_orig_top_{stat}"] = _top(result["ft_orig"][stat])
+            random_top = (result.get("ft_random") or {}).get("last_layer")
+            if random_top is not None and entry["ft_orig_top"] is not None:
+                entry["ft_orig_above_random_top"] = round(entry["ft_orig_top"] - random_top, 6)
             if pooling != "attention":
                 if "p_value" in result["ft_orig"]:
-                    entry["ft_orig_chance_from"] = first_layer_at_chance(result["ft_orig"]["p_value"], significance)
+                    # Corrected over the FT–ORIG heatmap's cells, as its hatching, when the details carry it.
+                    corrected = result["ft_orig"].get("p_adjusted")
+                    entry["ft_orig_chance_from"] = first_layer_at_chance(
+                        result["ft_orig"]["p_value"] if corrected is None else corrected, significance)
+                    if corrected is not None:
+                        entry["ft_orig_chance_correction"] = result.get("correction")
                 if "ft1_ft2" in result:
                     entry["ft1_ft2_top"] = result["ft1_ft2"].get("last_layer")
             headline.setdefault(pooling, {})[measure] = entry
     return headline
+
+
+def _top(per_layer: Mapping[str, float | None]) -> float | None:
+    """The value of the highest layer of a per-layer ``{"layer_NN": value}``."""
+    return per_layer[max(per_layer, key=_layer_number)]
 
 
 def first_layer_at_chance(p_values: Mapping[str, float | None], significance: float) -> int | None:
@@ -189,7 +212,10 @@ def summary_headline(per_stage: Mapping[str, Mapping[str, Any]], task_metrics: M
     ``untuned_drop`` / ``tuned_drop`` — top layers droppable within tolerance; ``skip_span`` — the
     longest skippable span; ``inn_advantage`` — as in :func:`align_headline`. Short names: they are the
     columns ``dvc exp show`` compares experiments by. `per_stage` maps a stage name to ``{task: that
-    task's metrics file}`` (finetune: ``{task: [one per seed]}``)."""
+    task's metrics file}`` (finetune: ``{task: [one per seed]}``). Beside ``mean``, ``finetune_runs``: how
+    many runs the means are over (``total``) and how many of them did not converge (``not_converged``:
+    their own check or far below their seeds, :func:`layersim.convergence.run_flags`), which every mean
+    that uses a fine-tuned model includes."""
     pooling, measure = primary
     wanted = {
         "score": [_mean(run[task_metrics[task]] for run in runs) for task, runs in per_stage.get("finetune", {}).items()],
@@ -200,7 +226,18 @@ def summary_headline(per_stage: Mapping[str, Mapping[str, Any]], task_metrics: M
         "skip_span": [m["longest_skippable_span"] for m in per_stage.get("skip", {}).values()],
         "inn_advantage": [next(iter(m.values())).get("inn_advantage") for m in per_stage.get("align", {}).values()],
     }
-    return {"mean": {key: _mean(values) for key, values in wanted.items() if values}}
+    summary = {"mean": {key: _mean(values) for key, values in wanted.items() if values}}
+    finetuned = per_stage.get("finetune", {})
+    if finetuned:
+        summary["finetune_runs"] = {"total": sum(len(runs) for runs in finetuned.values()),
+                                    "not_converged": sum(len(finetune_flags(runs, task_metrics[task]))
+                                                         for task, runs in finetuned.items())}
+    return summary
+
+
+def finetune_flags(runs: Iterable[Mapping[str, Any]], metric: str) -> dict[int, str]:
+    """Position among `runs` (one task's finetune metrics files, in seed order) → why that run is flagged."""
+    return run_flags({k: metrics_record(run, metric) for k, run in enumerate(runs)})
 
 
 def read_metrics_file(path: Path) -> Any:

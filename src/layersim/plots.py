@@ -169,9 +169,9 @@ def _heatmap(ax, matrix: np.ndarray, vmin: float | None, vmax: float | None, cma
     return image
 
 
-def chance_note(significance: float, null: str, how: str = "rows of the column layer shuffled") -> str:
-    """The figure note that explains hatched cells."""
-    return f"hatched grey: not above chance — the {null} gives p ≥ {significance:g} ({how})"
+def chance_note(significance: float, null: str, how: str = "rows of the column layer shuffled", tested="p") -> str:
+    """The figure note that explains hatched cells: the value tested (p, or a corrected one) and the null."""
+    return f"hatched grey: not above chance — {tested} ≥ {significance:g}; the {null}, {how}"
 
 
 def measure_grid(rows: dict[str, tuple[dict[str, tuple], tuple[float, float] | None]],
@@ -309,6 +309,14 @@ def diagonal_curves(panels: dict[str, dict[str, Curve]], title: str, *, first_la
             if curve.band is not None:
                 ax.fill_between(layers, *curve.band, color=colour, alpha=0.2, lw=0,
                                 label=f"{label}: {curve.band_label}")
+                # A bootstrap interval corrects the estimate's bias; when the bias it finds exceeds its
+                # half-width the interval lies beside the value drawn, which the figure must say.
+                with np.errstate(invalid="ignore"):
+                    outside = (np.asarray(curve.values) < curve.band[0]) | (np.asarray(curve.values) > curve.band[1])
+                if outside.any():
+                    ax.plot(layers[outside], np.asarray(curve.values)[outside], ls="none", marker="X", ms=8,
+                            color=colour, markeredgecolor="black", label=f"{label}: value outside its interval "
+                            "(the resamples put its bias beyond the interval's half-width)")
             if curve.null_mean is not None:
                 ax.plot(layers, curve.null_mean, ls=":", lw=1.3, color=colour, label=f"{label}: null mean")
         num = max(len(c.values) for c in curves.values()) + first_layer

@@ -18,10 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from layersim.errors import LayersimError
-from layersim.headlines import details_to_metrics
+from layersim.convergence import NOT_CONVERGED, marked, title_note
+from layersim.headlines import details_to_metrics, finetune_flags
 
-COMPARISON_NAMES = {"orig_orig": "ORIG–ORIG", "ft_orig": "FT–ORIG", "ft_ft": "FT–FT", "ft1_ft2": "FT[1]–FT[2]"}
-DIAGONAL_COMPARISONS = ("ft_orig", "ft1_ft2")  # ORIG–ORIG and FT–FT diagonals compare a layer with itself: 1
+COMPARISON_NAMES = {"orig_orig": "ORIG–ORIG", "ft_orig": "FT–ORIG", "ft_ft": "FT–FT", "ft1_ft2": "FT[1]–FT[2]",
+                    "ft_random": "FT–RANDOM", "orig_random": "ORIG–RANDOM"}
+# ORIG–ORIG and FT–FT diagonals compare a layer with itself: 1. FT–RANDOM beside FT–ORIG, to read it against.
+DIAGONAL_COMPARISONS = ("ft_orig", "ft_random", "orig_random", "ft1_ft2")
 
 
 @dataclass(frozen=True)
@@ -94,9 +97,25 @@ def _last(values: Mapping[str, object]) -> object:
     return values[max(values)] if values else None
 
 
+def _over_seeds(entry: Mapping, pairs: Mapping | None = None) -> str:
+    """A comparison's top layer over the fine-tuning seeds (layersim.seed_stats), as the report states it."""
+    if entry.get("seed_ci_low"):
+        return (f"{fmt(_last(entry['seed_mean']))} ± {fmt(_last(entry['seed_sd']))} "
+                f"[{fmt(_last(entry['seed_ci_low']))}, {fmt(_last(entry['seed_ci_high']))}] "
+                f"({entry.get('seeds')} seeds)")
+    if entry.get("seed_range"):
+        values = ", ".join(fmt(_last(v)) for v in (entry.get("seed_values") or {}).values())
+        return f"{values} (range {fmt(_last(entry['seed_range']))}; an interval needs ≥ 3 seeds)"
+    if pairs:
+        return (f"{fmt(_last(pairs['mean']))} ± {fmt(_last(pairs['sd']))} over {pairs.get('pairs')} seed pairs "
+                "(no interval: the pairs share seeds)")
+    return "1 seed: no spread" if entry.get("seeds") == 1 else "–"
+
+
 def similarity_tables(details: Mapping, significance: float) -> list[Table]:
-    """Per pooling and measure: each comparison's top-layer value with its 95% interval, the null's mean and
-    the p-value (the last layer, as the headline metrics); then the blocks of layers of each matrix."""
+    """Per pooling and measure: each comparison's top-layer value over the fine-tuning seeds (mean ± sd and a
+    t-interval, or the two seeds' values), then the first seed's value with its 95% interval over examples, the
+    null's mean and the p-value (the last layer, as the headline metrics); then the blocks of layers."""
     tables = []
     for pooling, measures in details.items():
         if pooling == "attention" or not isinstance(measures, Mapping):
@@ -107,11 +126,16 @@ def similarity_tables(details: Mapping, significance: float) -> list[Table]:
             if not isinstance(result, Mapping) or "ft_orig" not in result:
                 continue
             for key in DIAGONAL_COMPARISONS:
+                if key not in result and key in ("ft_random", "orig_random"):
+                    continue  # no random-init control
                 entry = result.get(key) or {}
-                p = _last(entry.get("p_value") or {})
-                rows.append([measure, COMPARISON_NAMES[key], fmt(entry.get("last_layer")),
-                             f"[{fmt(_last(entry.get('ci_low') or {}))}, {fmt(_last(entry.get('ci_high') or {}))}]",
-                             fmt(_last(entry.get("null_mean") or {})), fmt(p),
+                # Hatching's rule: the p-value corrected over the heatmap's cells (similarity.correction).
+                p = _last(entry.get("p_adjusted") or entry.get("p_value") or {})
+                rows.append([measure, COMPARISON_NAMES[key],
+                             _over_seeds(entry, result.get("ft_pairs") if key == "ft1_ft2" else None),
+                             fmt(entry.get("last_layer")),
+                             _interval(entry),
+                             fmt(_last(entry.get("null_mean") or {})), fmt(p), str(result.get("correction", "none")),
                              "–" if p is None else ("yes" if p < significance else "no: chance")])
             for key, blocks in (result.get("blocks") or {}).items():
                 if isinstance(blocks, Mapping) and "block_of_layer" in blocks:
@@ -122,15 +146,35 @@ def similarity_tables(details: Mapping, significance: float) -> list[Table]:
             if seed is not None:
                 block_rows.append([measure, "seed 1 vs seed 2 (FT–FT)", "", "", "", f"seed agreement {fmt(seed)}"])
         if rows:
-            tables.append(Table(f"{pooling}: top layer against chance", ["measure", "comparison", "value",
-                                "95% interval (bootstrap)", "null mean", "p-value", f"above chance (p < {significance:g})"],
-                                rows, "The null shuffles the rows of one side: what unrelated representations of "
-                                      "this size score. A value near its null mean says nothing about the layers."))
+            tables.append(Table(f"{pooling}: top layer against chance", ["measure", "comparison",
+                                "over seeds: mean ± sd [95% t-interval]", "FT[1]'s value",
+                                "FT[1]'s 95% interval over examples (bootstrap)", "null mean", "p-value",
+                                "corrected over cells by", f"above chance (p < {significance:g})"], rows,
+                                "Over seeds: each seed's fine-tuned model in FT's place, a t-interval over their "
+                                "values (n − 1 df) with 3 seeds or more; the bootstrap interval resamples the "
+                                "examples of FT[1] alone and says nothing of another fine-tuning run. RANDOM: the "
+                                "same architecture with random-init weights. The null shuffles the rows of one side: "
+                                "what unrelated representations of this size score. A value near its null mean says "
+                                "nothing about the layers. The p-value is corrected over the heatmap's cells "
+                                "(fdr_bh: Benjamini–Hochberg q; holm: Holm-adjusted p; none: per cell)."))
         if block_rows:
             tables.append(Table(f"{pooling}: blocks of layers", ["measure", "matrix", "blocks (layers)",
                                 "last block starts", "within − between", "stability (bootstrap)"], block_rows,
                                 "One block: no contrast above 0.05 between within- and between-block similarity."))
     return tables
+
+
+def _interval(entry: Mapping) -> str:
+    """The top layer's interval over examples, with the bootstrap method and, when the interval excludes the
+    value itself (resamples all on one side of it), the bias-corrected value it is built around."""
+    low, high = _last(entry.get("ci_low") or {}), _last(entry.get("ci_high") or {})
+    if low is None or high is None:
+        return "–"
+    text = f"[{fmt(low)}, {fmt(high)}]" + (f" ({entry['ci_method']})" if entry.get("ci_method") else "")
+    value, centre = entry.get("last_layer"), _last(entry.get("ci_centre") or {})
+    if value is not None and centre is not None and not low <= value <= high:
+        text += f"; bias-corrected value {fmt(centre)}: the resamples lie on one side of {fmt(value)}"
+    return text
 
 
 def export_facts(export: Mapping | None) -> list[str]:
@@ -147,7 +191,8 @@ def export_facts(export: Mapping | None) -> list[str]:
 
 
 def overview_row(task: str, scores: Sequence[float], similarity: Mapping | None, truncate: Mapping | None,
-                 export: Mapping | None, measure: tuple[str, str]) -> list[str]:
+                 export: Mapping | None, measure: tuple[str, str], flagged: Sequence[int] = ()) -> list[str]:
+    """A task's overview row; `flagged`: the seeds whose run did not converge (named beside the mean score)."""
     pooling, name = measure
     result = ((similarity or {}).get(pooling) or {}).get(name) or {}
     blocks = (result.get("blocks") or {}).get("ft_ft") or {}
@@ -156,7 +201,9 @@ def overview_row(task: str, scores: Sequence[float], similarity: Mapping | None,
     full = (export or {}).get("full") or {}
     speed = (export or {}).get("speedup") or {}
     mean = sum(scores) / len(scores) if scores else None
-    return [task, fmt(mean), block_spans(blocks.get("block_of_layer") or {}) or "–",
+    note = (f" ({len(flagged)} of {len(scores)} runs {NOT_CONVERGED}: seed {', '.join(map(str, flagged))})"
+            if flagged else "")
+    return [task, fmt(mean) + note, block_spans(blocks.get("block_of_layer") or {}) or "–",
             f"{fmt(top.get('last_layer'))} (null {fmt(_last(top.get('null_mean') or {}))})",
             fmt((truncate or {}).get("droppable_top_layers_untuned")), fmt((truncate or {}).get("droppable_top_layers_tuned")),
             f"{fmt(chosen.get('layers'))} / {fmt(full.get('layers'))}",
@@ -225,19 +272,31 @@ def render(title: str, intro: Iterable[str], overview: Table, summary: Iterable[
     return "\n".join(parts)
 
 
-def _finetuned_scores(layout: Layout, task: str, metric: str, seeds: Sequence[int]) -> list[float]:
-    scores = []
+def _finetuned_runs(layout: Layout, task: str, metric: str, seeds: Sequence[int]) -> dict[int, dict]:
+    """Seed → its finetune metrics file, for the seeds whose file holds a score."""
+    runs = {}
     for seed in seeds:
         path = layout.metrics / "finetune" / task / f"seed{seed}.json"
         if path.is_file():
-            value = json.loads(path.read_text(encoding="utf-8")).get(metric)
-            if isinstance(value, (int, float)):
-                scores.append(float(value))
-    return scores
+            metrics = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(metrics.get(metric), (int, float)):
+                runs[seed] = metrics
+    return runs
 
 
-def truncation_figure(layout: Layout, task: str, truncate: Mapping, export: Mapping | None) -> Figure | None:
-    """The truncation curve (Phang Fig. 3) redrawn from the truncate stage's rows with the export's exit marked."""
+def convergence_facts(flags: Mapping[int, str], seeds: Sequence[int]) -> list[str]:
+    """One sentence per flagged seed: why, and which results rest on the run."""
+    position = {seed: i for i, seed in enumerate(seeds, start=1)}
+    return [f"Seed {seed} (FT[{position[seed]}]) did not converge: {reason}. Every result that uses it (FT–ORIG, "
+            f"FT[1]–FT[2], truncation, skipping, alignment, freezing, the export of the first seed) describes the "
+            f"failed run rather than fine-tuning; its figures say \"{NOT_CONVERGED}\"."
+            for seed, reason in flags.items()]
+
+
+def truncation_figure(layout: Layout, task: str, truncate: Mapping, export: Mapping | None,
+                      flagged: Sequence[str] = ()) -> Figure | None:
+    """The truncation curve (Phang Fig. 3) redrawn from the truncate stage's rows with the export's exit marked;
+    the title names the `flagged` runs (e.g. "seed 1") that did not converge, which its band includes."""
     from layersim.plots import truncation_curves
 
     path = layout.plots / "truncate" / f"{task}.json"
@@ -252,7 +311,7 @@ def truncation_figure(layout: Layout, task: str, truncate: Mapping, export: Mapp
     chosen = (export or {}).get("exported") or {}
     exit_layer = chosen.get("exit_layer") if not chosen.get("skipped_first") else None
     figure = truncation_curves(curves, [truncate["full"]], truncate["majority_baseline"], truncate["metric"],
-                               f"truncation — {task}", exported_exit=exit_layer)
+                               f"truncation — {task}{title_note(flagged)}", exported_exit=exit_layer)
     caption = ("Score when the encoder exits after layer k (Phang et al. Fig. 3): mean over seeds, the band their "
                "range; the dotted black line is the exit the export stage chose")
     if chosen.get("skipped_first"):
@@ -270,11 +329,14 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
     truncate = layout.details_of(f"truncate/{task}")
     skip = layout.details_of(f"skip/{task}")
     export = layout.details_of(f"export/{task}")
-    scores = _finetuned_scores(layout, task, spec.primary_metric, seeds)
+    runs = _finetuned_runs(layout, task, spec.primary_metric, seeds)
+    scores = [float(metrics[spec.primary_metric]) for metrics in runs.values()]
+    flags = {list(runs)[k]: reason for k, reason in finetune_flags(runs.values(), spec.primary_metric).items()}
     section = Section(task)
     if scores:
         section.facts.append(f"Fine-tuned {spec.primary_metric}: " + ", ".join(
-            f"seed {seed} {fmt(score)}" for seed, score in zip(seeds, scores)) + ".")
+            marked(f"seed {seed} {fmt(score)}", seed in flags) for seed, score in zip(runs, scores)) + ".")
+    section.facts += convergence_facts(flags, seeds)
     if truncate:
         section.facts.append(f"Top layers that can go within {truncate['tolerance']:g} of the full model "
                              f"({fmt(truncate['full'])}): {truncate['droppable_top_layers_untuned']} with the "
@@ -300,7 +362,7 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
         if figure:
             section.figures.append(figure)
     if truncate:
-        figure = truncation_figure(layout, task, truncate, export)
+        figure = truncation_figure(layout, task, truncate, export, [f"seed {seed}" for seed in flags])
         if figure:
             section.figures.append(figure)
     for relative, caption in ((f"export/{task}.png", "The exported model's choice: the score with n layers kept, on "
@@ -311,7 +373,7 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
         figure = layout.figure(relative, caption)
         if figure:
             section.figures.append(figure)
-    return section, overview_row(task, scores, similarity, truncate, export, first_measure)
+    return section, overview_row(task, scores, similarity, truncate, export, first_measure, list(flags))
 
 
 def build_report(model: str, tasks: Sequence[str], seeds: Sequence[int], significance: float,
@@ -325,7 +387,8 @@ def build_report(model: str, tasks: Sequence[str], seeds: Sequence[int], signifi
     pooling, measure = first_measure
     overview = Table("Overview", OVERVIEW_HEADER, rows,
                      f"Blocks and the FT–ORIG top layer in {measure} on {pooling} points; the exported model is the "
-                     "first seed's, chosen on train examples, scored on validation.")
+                     "first seed's, chosen on train examples, scored on validation. The fine-tuned score is the mean "
+                     f"over seeds, runs {NOT_CONVERGED} included and named beside it.")
     intro = [f"Model {model}; tasks {', '.join(tasks)}; seeds {', '.join(map(str, seeds))}. Every number below is "
              "read from the pipeline's outputs (plots/details/, metrics/); each similarity comes with what chance "
              f"gives (the permutation null) and a 95% bootstrap interval; p < {significance:g} counts as above chance."]

@@ -6,6 +6,7 @@ metrics. No files and no DVC here: the stage reads the tables and writes what th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -14,15 +15,24 @@ import numpy as np
 from layersim.comparisons import (LOCALIZATION_LABELS, Comparison, attention_measure_bounds, attention_measure_label,
                                   block, diagonal_intervals, localization, measure_options, number, pair_summary, per_layer,
                                   phang_cells, phang_comparisons, seed_spread, stacked_matrix, stacked_null, summarize)
+from layersim.comparisons import RANDOM
 from layersim.plots import (Curve, block_heatmap, chance_note, diagonal_curves, localization_curves, matrix_rows,
                             measure_grid, stacked_rows)
-from layersim.similarity import MEASURES, NullMatrix, is_constant
+from layersim.errors import LayersimError
+from layersim.similarity import MEASURES, MOMENT_MEASURES, NullMatrix, is_constant
+from layersim.similarity.correction import adjusted_p_values, at_chance, cells_needed, declares, permutations_needed
 from layersim.similarity.blocks import Blocks, find_blocks, stability
 from layersim.similarity.cca import CAPPED_MEASURES, kept_dimensions
+from layersim.similarity.kernels import RBF_EXACT_MAX_ROWS
 
 # The comparisons whose matrices are segmented into blocks of layers (Phang et al.'s block-diagonal
 # structure): one model's layers against themselves, and the two seeds' (symmetrised).
 BLOCK_COMPARISONS = ("orig_orig", "ft_ft", "ft1_ft2")
+
+
+# What the hatching tests, by similarity.correction (the figures' note says it).
+TESTED = {"none": "p (uncorrected)", "fdr_bh": "Benjamini–Hochberg q over each heatmap's cells",
+          "holm": "Holm-adjusted p over each heatmap's cells"}
 
 
 @dataclass(frozen=True)
@@ -32,16 +42,41 @@ class Uncertainty:
     permutations: int = 100      # sampled permutations per cell (linear CKA uses exact moments instead)
     bootstrap: int = 200         # resamples of the examples; 0 computes no interval
     seed: int = 0
-    significance: float = 0.05   # cells with p ≥ this are drawn hatched: not above chance
+    significance: float = 0.05   # cells with a corrected p ≥ this are drawn hatched: not above chance
     adjusted: bool = False       # also report the chance-adjusted diagonal
+    correction: str = "fdr_bh"   # over each heatmap's cells (layersim.similarity.correction)
 
     def note(self, method: str) -> str:
+        floor = f", smallest p 1/{self.permutations + 1}"
         if method == "rotation":  # tables streamed: the rows are rotated, not shuffled
-            return chance_note(self.significance, f"rotation null ({self.permutations} random rotations)",
-                               "rows of the column layer randomly rotated")
+            return chance_note(self.significance, f"rotation null ({self.permutations} random rotations{floor})",
+                               "rows of the column layer randomly rotated", TESTED[self.correction])
         null = ("permutation null (exact moments of the RV coefficient)" if method == "exact"
-                else f"permutation null ({self.permutations} permutations)")
-        return chance_note(self.significance, null)
+                else f"permutation null ({self.permutations} permutations{floor})")
+        return chance_note(self.significance, null, tested=TESTED[self.correction])
+
+    def corrected(self, p_values: np.ndarray) -> np.ndarray:
+        """`p_values` of one heatmap's cells, corrected over them."""
+        return adjusted_p_values(p_values, self.correction)
+
+    def check_reach(self, cells: int, measures: Sequence[str], what: str) -> str | None:
+        """Before any permutation: refuse when the correction can declare no cell of a heatmap of `cells` cells
+        with this many draws (Holm, whose first step needs 1/(permutations + 1) < significance/cells), and
+        return a warning when only many cells at the smallest p-value together can be (BH); `measures`: those
+        with a sampled null (permutations or rotations; linear CKA's exact null gives continuous p-values)."""
+        draws, level, method = self.permutations, self.significance, self.correction
+        if not measures or declares(method, level, draws, cells):
+            return None
+        if not declares(method, level, draws, cells, cells):
+            raise LayersimError(
+                f"{what}: similarity.correction = {method} over the {cells} cells of a heatmap needs "
+                f"similarity.permutations ≥ {permutations_needed(method, level, cells, cells)} for any cell of "
+                f"{', '.join(measures)} to be above chance (their smallest p-value is 1/(permutations + 1)), but "
+                f"it is {draws}; raise it, or use fdr_bh.")
+        return (f"{what}: with {method} over the {cells} cells of a heatmap and {draws} permutations, a cell of "
+                f"{', '.join(measures)} is above chance only together with at least "
+                f"{cells_needed(method, level, draws, cells) - 1} others at the smallest p-value 1/{draws + 1}; a "
+                f"lone cell needs {permutations_needed(method, level, cells)} permutations")
 
 
 @dataclass
@@ -75,15 +110,18 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
     otherwise), and there are no bootstrap intervals.
     """
     options = options or {}
-    orig, finetuned = "ORIG", [label for label in sizes if label != "ORIG"]
+    orig, finetuned = "ORIG", [label for label in sizes if label not in ("ORIG", RANDOM)]
     grid, rows, metrics, matrices, curves, curve_bounds = {}, [], {}, {}, {}, {}
-    note = None
+    notes = {}
     for measure in measures:
         matrix = matrices[measure] = matrix_of(measure)
         label = attention_measure_label(measure) if attention else MEASURES[measure].label
         bounds = attention_measure_bounds(measure) if attention else MEASURES[measure].bounded
         null = None
         qualified = uncertainty is not None and layers is not None and not attention
+        unavailable = qualified and null_unavailable(measure, len(next(iter(layers().values()))[0]),
+                                                     options.get(measure, {}))
+        qualified = qualified and not unavailable
         if qualified:
             null = stacked_null(measure, layers(), permutations=uncertainty.permutations, seed=uncertainty.seed,
                                 cells=phang_cells(sizes, orig, finetuned), **options.get(measure, {}))
@@ -91,8 +129,8 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
             null = streamed_null(measure, phang_cells(sizes, orig, finetuned), uncertainty.permutations,
                                  uncertainty.seed)
         if null is not None:
-            note = uncertainty.note(null.method)
-        comparisons = phang_comparisons(matrix, sizes, orig, finetuned, null)
+            notes[null.method] = uncertainty.note(null.method)
+        comparisons = [_corrected(c, uncertainty) for c in phang_comparisons(matrix, sizes, orig, finetuned, null)]
         resampled = {}
         if qualified and uncertainty.bootstrap:
             comparisons, resampled = diagonal_intervals(
@@ -101,8 +139,11 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
         blocks = {c.key: layer_blocks(c.matrix) for c in comparisons if c.key in BLOCK_COMPARISONS}
         grid[label] = ({c.title: _panel(c, uncertainty, blocks.get(c.key)) for c in comparisons}, bounds)
         rows += [row for c in comparisons for row in matrix_rows(
-            c.matrix, "similarity", comparison=c.title, measure=label, first_layer=first_layer, cells=_cells(c))]
+            c.matrix, "similarity", comparison=c.title, measure=label, first_layer=first_layer, cells=_cells(c),
+            **_correction_field(c, uncertainty))]
         metrics[measure] = summarize(comparisons, first_layer, adjusted=bool(uncertainty and uncertainty.adjusted))
+        if unavailable:
+            metrics[measure]["no_null"] = unavailable
         metrics[measure]["blocks"] = {key: blocks_metrics(found, first_layer) for key, found in blocks.items()
                                       if found is not None}
         for key, per_resample in resampled.items():
@@ -119,6 +160,7 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
                 metrics[measure]["blocks"]["seed_stability"] = round(stability(blocks["ft_ft"], others), 6)
         if null is not None:
             metrics[measure]["null"] = {"method": null.method, "permutations": null.permutations}
+            metrics[measure]["correction"] = uncertainty.correction  # of p_adjusted, over each heatmap's cells
             if measure in CAPPED_MEASURES and layers is not None:
                 metrics[measure]["kept_dimensions"] = kept_dimensions_per_layer(layers(), measure,
                                                                                 **options.get(measure, {}))
@@ -127,7 +169,7 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
                 mean, sd = seed_spread(matrix, sizes, finetuned)
                 metrics[measure]["ft_pairs"] = {"mean": per_layer(mean, first_layer), "sd": per_layer(sd, first_layer),
                                                 "pairs": len(finetuned) * (len(finetuned) - 1) // 2}
-    figure = measure_grid(grid, title, first_layer=first_layer, note=note)
+    figure = measure_grid(grid, title, first_layer=first_layer, note="\n".join(notes.values()) or None)
     diagonal_figure = (diagonal_curves(curves, f"per-layer similarity and chance — {title}", first_layer=first_layer,
                                        bounds=curve_bounds) if curves else None)
     diagonal_rows = [{"measure": measure, "comparison": name, "layer": k + first_layer, **{
@@ -167,19 +209,50 @@ def blocks_metrics(found: Blocks, first_layer: int = 0) -> dict:
             "between": number(found.between), "contrast": number(found.contrast)}
 
 
+def null_unavailable(measure: str, num_rows: int, options: dict) -> str | None:
+    """Why `measure` gets neither a null nor bootstrap intervals on `num_rows` examples, or None: above its
+    exact_max_rows RBF CKA is Nyström-approximated, and its null engine holds exact n x n kernels."""
+    limit = options.get("exact_max_rows", RBF_EXACT_MAX_ROWS)
+    if measure != "rbf_cka" or num_rows <= limit:
+        return None
+    return (f"RBF CKA on {num_rows} rows is Nyström-approximated (above similarity.rbf_exact_max_rows = {limit}); "
+            "a null or interval would need the exact n x n kernels or the approximation redone for every draw")
+
+
+def sampled_null_measures(measures: Sequence[str], num_rows: int, options: dict[str, dict],
+                          streamed: bool = False) -> list[str]:
+    """The measures whose null is sampled, so that their p-values are at least 1/(permutations + 1): not linear
+    CKA (exact moments), nor those without a null (debiased CKA streamed, RBF CKA above its exact_max_rows);
+    streamed, the rotation null of the measures computed from moments."""
+    if streamed:
+        return [m for m in measures if m in MOMENT_MEASURES]
+    return [m for m in measures if m != "linear_cka" and not null_unavailable(m, num_rows, options.get(m, {}))]
+
+
+def _corrected(c: Comparison, uncertainty: Uncertainty | None) -> Comparison:
+    """The comparison with its p-values corrected over its cells: one heatmap, one family of tests."""
+    if c.p_value is None or uncertainty is None:
+        return c
+    return dataclasses.replace(c, p_adjusted=uncertainty.corrected(c.p_value))
+
+
+def _correction_field(c: Comparison, uncertainty: Uncertainty | None) -> dict[str, str]:
+    return {} if c.p_adjusted is None or uncertainty is None else {"correction": uncertainty.correction}
+
+
 def _panel(c: Comparison, uncertainty: Uncertainty | None, blocks: Blocks | None = None) -> tuple:
     spans = None if blocks is None or len(blocks.starts) < 2 else blocks.spans
     if c.p_value is None or uncertainty is None:
         return (c.matrix, c.y_label, c.x_label, None, spans)
-    with np.errstate(invalid="ignore"):
-        chance = np.isfinite(c.p_value) & (c.p_value >= uncertainty.significance)
+    chance = at_chance(c.p_value, uncertainty.correction, uncertainty.significance)
     return (c.matrix, c.y_label, c.x_label, chance, spans)
 
 
 def _cells(c: Comparison) -> dict[str, np.ndarray]:
     if c.null_mean is None:
         return {}
-    return {"null_mean": c.null_mean, "p_value": c.p_value}
+    return {"null_mean": c.null_mean, "p_value": c.p_value,
+            **({} if c.p_adjusted is None else {"p_adjusted": c.p_adjusted})}
 
 
 def _diagonal_curves(comparisons: Sequence[Comparison], matrix: np.ndarray, sizes: dict[str, int],
@@ -230,16 +303,22 @@ def stacked_report(models: dict[str, list], measure: str, title: str, *, options
     bounds = attention_measure_bounds(measure) if attention else MEASURES[measure].bounded
     sizes = {name: len(layers) for name, layers in models.items()}
     null = chance = note = None
-    if uncertainty is not None and not attention:
+    unavailable = null_unavailable(measure, len(next(iter(models.values()))[0]), options) if not attention else None
+    if uncertainty is not None and not attention and not unavailable:
         null = stacked_null(measure, models, permutations=uncertainty.permutations, seed=uncertainty.seed, **options)
-        with np.errstate(invalid="ignore"):
-            chance = np.isfinite(null.p_value) & (null.p_value >= uncertainty.significance)
+        chance = at_chance(null.p_value, uncertainty.correction, uncertainty.significance)  # one heatmap, one family
         note = uncertainty.note(null.method)
+        fields |= {"correction": uncertainty.correction}
     figure = block_heatmap(matrix, list(sizes.items()), title, label, bounds, first_layer=first_layer, chance=chance,
                            note=note)
-    cells = {} if null is None else {"null_mean": null.null_mean, "p_value": null.p_value}
+    cells = {} if null is None else {"null_mean": null.null_mean, "p_value": null.p_value,
+                                     "p_adjusted": uncertainty.corrected(null.p_value)}
     rows = stacked_rows(matrix, sizes, first_layer, cells=cells, measure=label, **fields)
     summary = pair_summary(matrix, sizes, next(iter(sizes)), first_layer, null)
+    if null is not None:
+        summary["correction"] = uncertainty.correction
+    elif uncertainty is not None and unavailable:
+        summary["no_null"] = unavailable
     if measure in CAPPED_MEASURES and not attention:
         summary["kept_dimensions"] = kept_dimensions_per_layer(models, measure, **options)
     return StackedReport(figure, rows, summary, matrix)
@@ -250,7 +329,7 @@ def settings(p) -> tuple[dict[str, dict], Uncertainty]:
     options = measure_options(rbf_sigma_scale=p.rbf_sigma_scale, svcca_variance=p.svcca_variance,
                               pwcca_variance=p.pwcca_variance, rbf_exact_max_rows=p.rbf_exact_max_rows,
                               rbf_landmarks=p.rbf_landmarks, seed=p.seed)
-    return options, Uncertainty(p.permutations, p.bootstrap, p.seed, p.significance, p.chance_adjusted)
+    return options, Uncertainty(p.permutations, p.bootstrap, p.seed, p.significance, p.chance_adjusted, p.correction)
 
 
 @dataclass

@@ -18,17 +18,30 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from layersim.comparisons import (attention_maps, moments_stacked_matrix, moments_stacked_null, per_layer,
+from layersim.comparisons import (RANDOM, attention_maps, moments_stacked_matrix, moments_stacked_null, per_layer,
                                   stacked_matrix, stream_layers, stream_rows, streamed_moments)
+from layersim.convergence import checkpoint_note
 from layersim.io import ActivationTable, AttentionTable, run_expectations, write_figure, write_json
+from layersim.models import RANDOM_RUN, random_run_metadata
 from layersim.params import Params
 from layersim.similarity import LayerMoments, check_computable
-from layersim.similarity_report import localization_report, phang_report, settings
+from layersim.similarity_report import localization_report, phang_report, sampled_null_measures, settings
 
 
-def run_labels(seeds) -> dict[str, str]:
-    """Run name in the activation folder → label in figures (FT is the first seed, as in Phang)."""
-    return {"orig": "ORIG"} | {f"seed{s}": f"FT[{i}]" for i, s in enumerate(seeds, start=1)}
+def run_labels(seeds, random_control: int | None = None) -> dict[str, str]:
+    """Run name in the activation folder → label in figures (FT is the first seed, as in Phang); with
+    `random_control` (its init seed), the random-init control last."""
+    labels = {"orig": "ORIG"} | {f"seed{s}": f"FT[{i}]" for i, s in enumerate(seeds, start=1)}
+    return labels if random_control is None else labels | {RANDOM_RUN: RANDOM}
+
+
+def run_metadata(checkpoints: Path, seeds, random_control: int | None = None) -> dict[str, dict]:
+    """Run name → the metadata its activation tables must hold (layersim.io.run_expectations), the random-init
+    control's (layersim.models.random_run_metadata) included when `random_control` is its seed."""
+    known = run_expectations(checkpoints, seeds)  # the weights the tables must come from
+    if random_control is not None:
+        known[RANDOM_RUN] = random_run_metadata(known["orig"], random_control)
+    return known
 
 
 def layer_sources(tables: dict, labels: dict, measures, options, log=lambda *args: None):
@@ -90,10 +103,11 @@ class SimilarityOutputs:
 def task_similarity(activations: Path, checkpoints: Path, task: str, params: Params,
                     log=lambda *args: None, warn=lambda *args: None) -> SimilarityOutputs:
     p = params.similarity
-    labels = run_labels(params.seeds)
+    labels = run_labels(params.seeds, p.random_control)
     options, uncertainty = settings(p)
     out, localization_rows = SimilarityOutputs(), []
-    known = run_expectations(checkpoints, params.seeds)  # the weights the tables must come from
+    known = run_metadata(checkpoints, params.seeds, p.random_control)
+    flagged = checkpoint_note(checkpoints, params.seeds)  # runs that did not converge
     model = params.model
     for pooling, measures in p.measures.items():
         tables = {run: ActivationTable(activations / f"{run}.{pooling}.parquet", expect={
@@ -108,10 +122,18 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
         log("read %d activation tables (%s pooling, %d rows) from %s", len(tables), pooling, orig.num_rows, activations)
         sizes = {labels[run]: table.num_layers + 1 for run, table in tables.items()}
         matrix_of, layers, streamed_null = layer_sources(tables, labels, measures, options, log)
-        report = phang_report(sizes, matrix_of, measures, f"{pooling.upper()} representations — {model} on {task}",
+        # Before any permutation: can the correction declare a cell of a heatmap with this many draws?
+        sampled = sampled_null_measures(measures, orig.num_rows, options, streamed=layers is None)
+        shortfall = uncertainty.check_reach(max(sizes.values()) ** 2, sampled, f"similarity ({pooling})")
+        if shortfall:
+            warn("%s", shortfall)
+        report = phang_report(sizes, matrix_of, measures, f"{pooling.upper()} representations — {model} on {task}{flagged}",
                               layers=layers, options=options, uncertainty=uncertainty, groups=orig.example_id,
                               streamed_null=streamed_null)
         metrics = out.metrics[pooling] = report.metrics
+        for measure in measures:
+            if metrics[measure].get("no_null"):
+                warn("%s: no null and no bootstrap interval for %s: %s", pooling, measure, metrics[measure]["no_null"])
         if layers is None:
             without = [m for m in measures if "null" not in metrics[m]]
             rotated = [m for m in measures if metrics[m].get("null", {}).get("method") == "rotation"]
@@ -145,7 +167,7 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
         models = {labels[run]: attention_maps(table) for run, table in tables.items()}
         report = phang_report({label: len(maps) for label, maps in models.items()},
                               lambda measure: stacked_matrix(measure, models, **options.get(measure, {})),
-                              p.attention_measures, f"attention maps — {model} on {task}", first_layer=1,
+                              p.attention_measures, f"attention maps — {model} on {task}{flagged}", first_layer=1,
                               attention=True)
         out.metrics["attention"] = report.metrics
         out.figures["plots", "attention.png"] = report.figure

@@ -26,6 +26,7 @@ from layersim.evaluate import compute_metrics, predict
 from layersim.heads import HeadParams, Rows, majority_baseline, train_head
 from layersim.io import ActivationTable
 from layersim.models import load_finetuned, load_task_model, load_tokenizer
+from layersim.seed_stats import seed_metrics
 from layersim.task_heads import own_head
 from layersim.tasks import TaskSpec
 
@@ -184,10 +185,23 @@ def truncation_summary(per_seed: dict[str, list], full: list[float], baseline: f
         "droppable_top_layers_tuned": num_layers - fewest_tuned,
         **{variant: {f"layer_{k:02d}": round(float(v), 6) for k, v in enumerate(values)}
            for variant, values in mean.items()},
+        # Seeds as the unit: each seed's curve is one observation (mean ± sd, a t-interval with >= 3 seeds).
+        "over_seeds": {"full": seed_metrics({f"seed{s}": np.array([v]) for s, v in zip(seeds, full)},
+                                            lambda values: _rounded(values[0])),
+                       **{variant: seed_metrics({f"seed{s}": np.asarray(run) for s, run in zip(seeds, runs)},
+                                                _per_layer) for variant, runs in per_seed.items()}},
     }
     rows = [{"variant": variant, "seed": seed, "layer": k, "score": round(float(v), 6)}
             for variant, runs in per_seed.items() for seed, run in zip(seeds, runs) for k, v in enumerate(run)]
     return metrics, rows
+
+
+def _rounded(value) -> float | None:
+    return round(float(value), 6) if np.isfinite(value) else None
+
+
+def _per_layer(values) -> dict[str, float | None]:
+    return {f"layer_{k:02d}": _rounded(v) for k, v in enumerate(values)}
 
 
 def majority_score(spec: TaskSpec, train: ActivationTable, validation: ActivationTable) -> float:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from layersim.params.pairs import ORIG_RUN, _align_pairs, aligned_pairs, pair_member, paired_models  # noqa: F401
 from layersim.params.rules import (FRACTION, NON_NEGATIVE, POSITIVE, SEED, TOLERANCE, Bound, at_least, at_most,
                                    check_names, knob)
 
 # First token, mean of tokens, last sub-word of the last word: one row per (example, choice); "tokens":
 # one row per word, its last sub-word (Wu et al.; layersim.words).
+
 POOLINGS = ("cls", "mean", "last", "tokens")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # layersim.device (checked by a test)
 HEAD_KINDS = ("own", "fresh")  # layersim.heads.HEAD_KINDS (checked by a test)
@@ -142,6 +144,10 @@ class FinetuneParams:
                           names=PRECISIONS)
     max_grad_norm: float = knob(0.0, "clip the gradients' total norm to this before each step (0: no clipping, "
                                      "the papers' setting)", NON_NEGATIVE)
+    require_convergence: bool = knob(False, "a run that did not converge (final training loss near the trivial "
+                                            "predictor's, validation score near its score: layersim.convergence) "
+                                            "fails its stage instead of a warning and a flag on every figure "
+                                            "that uses it")
 
 
 @dataclass(frozen=True)
@@ -169,10 +175,14 @@ class SimilarityParams:
                                   "when the tables are streamed)", POSITIVE,
                              at_most(10**5, "permutations per cell; 10,000 resolve p = 0.0001"))
     significance: float = knob(0.05, "cells whose null p-value is at least this are hatched", FRACTION)
+    correction: str = knob("fdr_bh", "multiple comparisons over each heatmap's cells: fdr_bh (Benjamini–Hochberg), "
+                                     "holm, none", names=("fdr_bh", "holm", "none"))
     bootstrap: int = knob(200, "resamples of the examples for the diagonals' 95% intervals (0: none)",
                           NON_NEGATIVE, at_most(10**5, "resamples; 10,000 give stable 95% intervals"))
     chance_adjusted: bool = knob(False, "also report (value − null mean) / (1 − null mean)")
     seed: int = knob(0, "seed of the permutations and bootstrap resamples", SEED)
+    random_control: int | None = knob(0, "init seed of the RANDOM control: the pretrained config with fresh weights "
+                                         "(transformers' from_config), compared like every run (null: none)", SEED)
     localization: str = knob("raw", "Wu et al.'s raw difference of means, or zscore: each series z-scored first",
                              names=LOCALIZATIONS)
     rbf_sigma_scale: float = knob(1.0, "RBF CKA bandwidth: this × the median pairwise distance", POSITIVE)
@@ -219,56 +229,6 @@ class TruncateParams:
 @dataclass(frozen=True)
 class SkipParams:
     tolerance: float = knob(0.01, "a span is cheap if skipping it costs at most this much", TOLERANCE)
-
-
-ORIG_RUN = "ORIG"             # align.pairs: the pretrained `model`
-_FINETUNED_RUN = re.compile(r"FT([1-9][0-9]{0,3})")  # align.pairs: FT<i>, fine-tuned with the i-th seed
-
-
-def pair_member(name: str) -> tuple[str, int | str]:
-    """What a name of align.pairs stands for: ("orig", "ORIG"), ("finetuned", i) for FT<i> (1-based seed
-    position), or ("model", name) for a registry model, pretrained."""
-    if name == ORIG_RUN:
-        return "orig", name
-    match = _FINETUNED_RUN.fullmatch(name)
-    return ("finetuned", int(match.group(1))) if match else ("model", name)
-
-
-def aligned_pairs(params: "Params") -> tuple[tuple[str, str], ...]:
-    """align.pairs, or its default: [FT1, FT2] with two seeds or more, then [ORIG, FT1]."""
-    if params.align.pairs is not None:
-        return params.align.pairs
-    return ((("FT1", "FT2"),) if len(params.seeds) > 1 else ()) + ((ORIG_RUN, "FT1"),)
-
-
-def paired_models(params: "Params") -> list[str]:
-    """The registry models (pretrained) that align.pairs names, each once, in order."""
-    names = [name for pair in aligned_pairs(params) for name in pair if pair_member(name)[0] == "model"]
-    return list(dict.fromkeys(names))
-
-
-def _align_pairs(key: str, value) -> tuple[tuple[str, str], ...] | None:
-    """align.pairs: null, or a list of [source, target] pairs of ORIG, FT<i> or registry model names."""
-    from layersim.params.names import check_model
-    from layersim.params.rules import fail
-
-    if value is None:
-        return None
-    allowed = ("null or a non-empty list of distinct [source, target] pairs, each ORIG (the pretrained model), "
-               "FT<i> (fine-tuned with the i-th seed) or a registry model name, e.g. [[FT1, FT2], [ORIG, FT1]]")
-    if not (isinstance(value, list) and value and all(isinstance(pair, list) and len(pair) == 2 and
-                                                      all(isinstance(name, str) for name in pair) for pair in value)):
-        raise fail(key, value, allowed)
-    pairs = tuple(tuple(pair) for pair in value)
-    for source, target in pairs:
-        if source == target:
-            raise fail(key, value, f"a list of pairs of two different runs ([{source}, {target}] aligns a run with itself)")
-        for name in (source, target):
-            if pair_member(name)[0] == "model":
-                check_model(key, name, entry=True)
-    if len(set(pairs)) != len(pairs):
-        raise fail(key, value, "a list without repeated pairs")
-    return pairs
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,59 @@
+"""align.pairs: which runs and models Ren et al.'s maps align (ORIG, FT<i>, registry models)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from layersim.params.schema import Params
+
+
+ORIG_RUN = "ORIG"             # align.pairs: the pretrained `model`
+_FINETUNED_RUN = re.compile(r"FT([1-9][0-9]{0,3})")  # align.pairs: FT<i>, fine-tuned with the i-th seed
+
+
+def pair_member(name: str) -> tuple[str, int | str]:
+    """What a name of align.pairs stands for: ("orig", "ORIG"), ("finetuned", i) for FT<i> (1-based seed
+    position), or ("model", name) for a registry model, pretrained."""
+    if name == ORIG_RUN:
+        return "orig", name
+    match = _FINETUNED_RUN.fullmatch(name)
+    return ("finetuned", int(match.group(1))) if match else ("model", name)
+
+
+def aligned_pairs(params: "Params") -> tuple[tuple[str, str], ...]:
+    """align.pairs, or its default: [FT1, FT2] with two seeds or more, then [ORIG, FT1]."""
+    if params.align.pairs is not None:
+        return params.align.pairs
+    return ((("FT1", "FT2"),) if len(params.seeds) > 1 else ()) + ((ORIG_RUN, "FT1"),)
+
+
+def paired_models(params: "Params") -> list[str]:
+    """The registry models (pretrained) that align.pairs names, each once, in order."""
+    names = [name for pair in aligned_pairs(params) for name in pair if pair_member(name)[0] == "model"]
+    return list(dict.fromkeys(names))
+
+
+def _align_pairs(key: str, value) -> tuple[tuple[str, str], ...] | None:
+    """align.pairs: null, or a list of [source, target] pairs of ORIG, FT<i> or registry model names."""
+    from layersim.params.names import check_model
+    from layersim.params.rules import fail
+
+    if value is None:
+        return None
+    allowed = ("null or a non-empty list of distinct [source, target] pairs, each ORIG (the pretrained model), "
+               "FT<i> (fine-tuned with the i-th seed) or a registry model name, e.g. [[FT1, FT2], [ORIG, FT1]]")
+    if not (isinstance(value, list) and value and all(isinstance(pair, list) and len(pair) == 2 and
+                                                      all(isinstance(name, str) for name in pair) for pair in value)):
+        raise fail(key, value, allowed)
+    pairs = tuple(tuple(pair) for pair in value)
+    for source, target in pairs:
+        if source == target:
+            raise fail(key, value, f"a list of pairs of two different runs ([{source}, {target}] aligns a run with itself)")
+        for name in (source, target):
+            if pair_member(name)[0] == "model":
+                check_model(key, name, entry=True)
+    if len(set(pairs)) != len(pairs):
+        raise fail(key, value, "a list without repeated pairs")
+    return pairs

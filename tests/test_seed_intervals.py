@@ -1,0 +1,111 @@
+"""Seeds as the unit of uncertainty (layersim.seed_stats): per-seed FT[k]–ORIG diagonals read off the stacked
+matrix, their mean, sd and t-interval over seeds beside the bootstrap interval over examples, and what two seeds
+give instead."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from layersim.comparisons import phang_comparisons, stacked_matrix, summarize
+from layersim.headlines import similarity_headline
+from layersim.report import similarity_tables
+from layersim.seed_stats import over_seeds
+
+# t(0.975, 2 df) in closed form: with 2 df the CDF is 1/2 + t / (2·sqrt(2 + t²)), so t / sqrt(2 + t²) = 0.95.
+T_975_2 = math.sqrt(2 * 0.95**2 / (1 - 0.95**2))
+
+
+def test_three_seeds_give_the_hand_computed_t_interval():
+    values = np.array([[0.50, 0.60], [0.70, 0.65], [0.90, 0.70]])  # 3 seeds × 2 layers
+    spread = over_seeds(values)
+    for layer in range(2):
+        column = values[:, layer]
+        mean = column.sum() / 3
+        sd = math.sqrt(((column - mean) ** 2).sum() / 2)
+        half = T_975_2 * sd / math.sqrt(3)
+        assert spread.mean[layer] == pytest.approx(mean)
+        assert spread.sd[layer] == pytest.approx(sd)
+        assert (spread.low[layer], spread.high[layer]) == pytest.approx((mean - half, mean + half))
+    assert spread.seeds == 3 and "t-interval over 3 seeds" in spread.note and "2 df" in spread.note
+
+
+def test_two_seeds_give_values_and_range_and_say_why_there_is_no_interval():
+    spread = over_seeds(np.array([[0.37], [0.77]]))
+    assert spread.sd is None and spread.low is None and spread.high is None
+    assert spread.range[0] == pytest.approx(0.40) and spread.mean[0] == pytest.approx(0.57)
+    assert "at least 3 seeds" in spread.note
+    one = over_seeds(np.array([[0.5]]))
+    assert one.low is None and "no spread over seeds" in one.note
+
+
+def test_identical_seeds_collapse_the_interval_and_undefined_layers_stay_undefined():
+    values = np.array([[np.nan, 0.4, 0.2], [np.nan, 0.4, 0.9], [np.nan, 0.4, 0.5], [np.nan, 0.4, 0.1]])
+    spread = over_seeds(values)
+    assert np.isnan([spread.mean[0], spread.sd[0], spread.low[0], spread.high[0]]).all()
+    assert spread.sd[1] == 0.0 and spread.low[1] == spread.high[1] == pytest.approx(0.4)
+    # A wider confidence gives a wider interval around the same mean.
+    wide = over_seeds(values, confidence=0.99)
+    assert wide.low[2] < spread.low[2] < spread.mean[2] < spread.high[2] < wide.high[2]
+
+
+def _models(seeds: int, rng: np.random.Generator, n: int = 60, width: int = 4) -> dict[str, list[np.ndarray]]:
+    """ORIG's layer 1 kept by every seed with seed-specific noise (so the seeds disagree), layer 0 constant."""
+    orig = [np.ones((n, width)), rng.normal(size=(n, width))]
+    models = {"ORIG": orig}
+    for k in range(1, seeds + 1):
+        models[f"FT[{k}]"] = [orig[0], orig[1] + 0.3 * k * rng.normal(size=(n, width))]
+    return models
+
+
+def _summary(seeds: int) -> tuple[dict, np.ndarray]:
+    models = _models(seeds, np.random.default_rng(seeds))
+    sizes = {label: len(layers) for label, layers in models.items()}
+    matrix = stacked_matrix("linear_cka", models)
+    finetuned = [label for label in sizes if label != "ORIG"]
+    summary = summarize(phang_comparisons(matrix, sizes, "ORIG", finetuned))
+    top = np.array([matrix[2 + 2 * k + 1, 1] for k in range(seeds)])  # FT[k]'s layer 1 against ORIG's layer 1
+    return summary, top
+
+
+def test_seed_metrics_of_three_seeds_come_from_every_seeds_ft_orig_diagonal():
+    summary, top = _summary(3)
+    entry = summary["ft_orig"]
+    assert entry["seeds"] == 3
+    assert entry["last_layer"] == pytest.approx(top[0], abs=1e-6)  # FT is still the first seed
+    assert [v["layer_01"] for v in entry["seed_values"].values()] == pytest.approx(top, abs=1e-6)
+    mean, sd = top.mean(), top.std(ddof=1)
+    half = T_975_2 * sd / math.sqrt(3)
+    assert entry["seed_mean"]["layer_01"] == pytest.approx(mean, abs=1e-6)
+    assert entry["seed_sd"]["layer_01"] == pytest.approx(sd, abs=1e-6)
+    assert (entry["seed_ci_low"]["layer_01"], entry["seed_ci_high"]["layer_01"]) == pytest.approx(
+        (mean - half, mean + half), abs=1e-6)
+    assert entry["seed_mean"]["layer_00"] is None  # the constant layer has no similarity, for any seed
+    headline = similarity_headline({"cls": {"linear_cka": summary}}, 0.05)["cls"]["linear_cka"]
+    assert headline["ft_orig_top_seed_ci_low"] == entry["seed_ci_low"]["layer_01"]
+    assert headline["ft_orig_top_seed_sd"] == entry["seed_sd"]["layer_01"]
+    assert "ft_orig_top_seed_range" not in headline
+    # The report leads with the seed-level value: mean ± sd [interval] (n seeds).
+    row = similarity_tables({"cls": {"linear_cka": summary}}, 0.05)[0].rows[0]
+    assert row[2].startswith(f"{mean:.3f} ± {sd:.3f} [") and row[2].endswith("(3 seeds)")
+
+
+def test_two_seeds_report_both_values_and_their_range_but_no_interval():
+    summary, top = _summary(2)
+    entry = summary["ft_orig"]
+    assert not {"seed_sd", "seed_ci_low", "seed_ci_high"} & set(entry)
+    assert entry["seed_range"]["layer_01"] == pytest.approx(abs(top[1] - top[0]), abs=1e-6)
+    assert "at least 3 seeds" in entry["seed_interval"]
+    headline = similarity_headline({"cls": {"linear_cka": summary}}, 0.05)["cls"]["linear_cka"]
+    assert "ft_orig_top_seed_ci_low" not in headline
+    assert headline["ft_orig_top_seed_range"] == entry["seed_range"]["layer_01"]
+    row = similarity_tables({"cls": {"linear_cka": summary}}, 0.05)[0].rows[0]
+    assert f"{top[0]:.3f}, {top[1]:.3f}" in row[2] and "needs ≥ 3 seeds" in row[2]
+
+
+def test_one_seed_says_there_is_no_spread():
+    summary, _ = _summary(1)
+    assert summary["ft_orig"]["seeds"] == 1 and "seed_mean" not in summary["ft_orig"]
+    assert "no spread over seeds" in summary["ft_orig"]["seed_interval"]
