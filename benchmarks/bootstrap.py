@@ -24,6 +24,7 @@ import argparse
 import time
 
 import numpy as np
+from null import make_layers  # benchmarks/null.py: run as `python benchmarks/bootstrap.py`
 
 from layersim.similarity import similarity, similarity_matrix
 from layersim.similarity.bootstrap import bootstrap_pairs, finish
@@ -74,16 +75,6 @@ def coverage(args) -> None:
                       f"{np.mean((low <= truth) & (truth <= high)):.2f} | {np.mean(truth < low):.2f} / "
                       f"{np.mean(truth > high):.2f} | {np.mean(high - low):.3f} | "
                       f"{np.mean((est < low) | (est > high)):.2f} |", flush=True)
-
-
-def make_layers(n: int, d: int, layers: int, seed: int = 0) -> list[np.ndarray]:
-    """Float32 layers like a residual stream: each one the previous plus fresh noise."""
-    rng = np.random.default_rng(seed)
-    out, h = [], rng.normal(size=(n, d)).astype(np.float32)
-    for _ in range(layers):
-        h = h + 0.7 * rng.normal(size=(n, d)).astype(np.float32)
-        out.append(h.copy())
-    return out
 
 
 def cost(args) -> None:

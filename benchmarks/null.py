@@ -9,7 +9,9 @@ per-pair work of the matrix (the per-layer statistics are computed once), so for
 table marks such rows "scaled".
 
 Measured on the shared 2-core dev machine (other jobs running; ratios ±30%): linear_cka exact at
-n = 20,000, d = 768, 13 x 13: matrix 24.4 s, null 25.4 s, **1.04x**. At n = 5,000, d = 256, 100
+n = 20,000, d = 768, 13 x 13: matrix 24.4 s, null 25.4 s, **1.04x** — before the null took the exact skewness,
+whose two cubic Gram invariants cost n²·d per layer: 13 x 768, +1.4 s at n = 2,000 (matrix 1.6 s) and +4.5 s at
+n = 4,000 (matrix 2.6 s), growing as n² (about +110 s at n = 20,000, not yet re-measured on a quiet machine). At n = 5,000, d = 256, 100
 permutations (scaled from 1 and 4): per permutation 1.2–2.7 s against a matrix of 0.9–6.5 s, i.e.
 debiased_cka 85x, mean_cca 49x, mixedsim 41x, neuronsim 136x, pwcca 48x, rbf_cka 11x, svcca 92x
 (the sampled nulls run in float64 over all ordered pairs; the matrices use float32 and symmetry).
