@@ -1,10 +1,12 @@
-"""download_task: write the normalized train and validation tables of one task."""
+"""download_task: write the normalized train and validation tables of one task (registry, generated, or
+declared on the user's files under user_tasks: every file read and checked before anything is written)."""
 
 from pathlib import Path
 
 from layersim import cli
 from layersim.errors import LayersimError
 from layersim.io import atomic_path, write_parquet
+from layersim.lockfile import locked_task_revision
 from layersim.tasks import SPLITS, generated_table, get_task, hub_table, subsample
 
 
@@ -13,14 +15,22 @@ def main(args, params):
         raise LayersimError(f"task {args.task!r} is not in params.yaml tasks ({', '.join(params.tasks)}).")
     spec = get_task(args.task)
     p = params.download
+    limits = {"train": p.max_train_examples, "validation": p.max_validation_examples}
+    tables = {}
+    if spec.user is not None:
+        from layersim.tasks.user import user_tables
+
+        tables = {split: subsample(table, limits[split], seed=0) for split, table in user_tables(spec).items()}
+    revision = locked_task_revision(spec, p.revisions.get(spec.name))  # layersim.lock's commit, before any work
     with atomic_path(args.out, is_dir=True) as tmp:
         for split in SPLITS:
-            if spec.hub is None:
+            if split in tables:
+                table = tables[split]
+            elif spec.hub is None:
                 size = p.generated_train_examples if split == "train" else p.generated_validation_examples
                 table = generated_table(spec, split, size, p.generated_seed)
             else:
-                limit = p.max_train_examples if split == "train" else p.max_validation_examples
-                table = subsample(hub_table(spec, split, p.revisions.get(spec.name)), limit, seed=0)
+                table = subsample(hub_table(spec, split, revision), limits[split], seed=0)
             write_parquet(table, Path(tmp) / f"{split}.parquet")
             cli.log.info("%s %s: %d examples", spec.name, split, table.num_rows)
     cli.log.info("wrote %s", args.out)

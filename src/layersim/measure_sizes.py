@@ -21,8 +21,8 @@ def check_measure_sizes(params: Params) -> None:
         return
     for task in params.tasks:
         spec = get_task(task)
-        known = [size for size in (extract.max_examples,
-                                   download.generated_validation_examples if spec.hub is None else None)
+        generated = spec.hub is None and spec.user is None
+        known = [size for size in (extract.max_examples, download.generated_validation_examples if generated else None)
                  if size is not None]
         if not known:
             continue

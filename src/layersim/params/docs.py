@@ -35,16 +35,27 @@ def _accepts(spec: dataclasses.Field) -> str:
     return text + ("; or null" if "None" in annotation else "")
 
 
+def _table(cls: type) -> list[str]:
+    lines = ["| key | default | accepts | what it does |", "|---|---|---|---|"]
+    for spec in dataclasses.fields(cls):
+        default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
+        doc = spec.metadata["doc"].replace("|", "\\|")
+        lines.append(f"| `{spec.name}` | `{_default(default)}` | {_accepts(spec)} | {doc} |")
+    return lines + [""]
+
+
 def describe() -> str:
     """Markdown: one table per section, one row per key (default, what it accepts, what it does)."""
     lines = ["# params.yaml keys", "",
              "Generated from `src/layersim/params/schema.py` by `python -m layersim.params > docs/params.md`; "
              "a test keeps it current. `model`, `tasks`, `seeds` and `device` are described in params.yaml itself.", ""]
     for name, cls in SECTIONS.items():
-        lines += [f"## {name}", "", "| key | default | accepts | what it does |", "|---|---|---|---|"]
-        for spec in dataclasses.fields(cls):
-            default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
-            doc = spec.metadata["doc"].replace("|", "\\|")
-            lines.append(f"| `{spec.name}` | `{_default(default)}` | {_accepts(spec)} | {doc} |")
-        lines.append("")
+        lines += [f"## {name}", "", *_table(cls)]
+    from layersim.params.user_tasks import UserTaskParams
+
+    lines += ["## user_tasks.<name>", "",
+              "Tasks on your own files, each under a name of its own (1 to 64 of a-z, 0-9, _ and -) to list in "
+              "`tasks`, e.g. `user_tasks: {reviews: {train: user_data/reviews.csv, validation_fraction: 0.2, "
+              "text: [review], label: stars}}`. The files live in `user_data/`, a dependency of download_task.", ""]
+    lines += _table(UserTaskParams)
     return "\n".join(lines)

@@ -347,12 +347,14 @@ class Params:
     freeze: FreezeParams = field(default_factory=FreezeParams)
     export: ExportParams = field(default_factory=ExportParams)
     launch: LaunchParams = field(default_factory=LaunchParams)
+    # Tasks declared on the user's files (layersim.params.user_tasks): name → its TaskSpec.
+    user_tasks: dict = field(default_factory=dict)
 
 
 SECTIONS = {"download": DownloadParams, "finetune": FinetuneParams, "extract": ExtractParams,
             "similarity": SimilarityParams, "compare": CompareParams, "truncate": TruncateParams,
             "skip": SkipParams, "align": AlignParams, "freeze": FreezeParams,
             "export": ExportParams, "launch": LaunchParams}
-TOP_LEVEL = ("model", "tasks", "seeds", "device", *SECTIONS)
+TOP_LEVEL = ("model", "tasks", "seeds", "device", *SECTIONS, "user_tasks")
 # The device param: auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N.
 DEVICE = r"auto|cpu|cuda(:[0-9]{1,2})?"

@@ -15,6 +15,8 @@ from layersim.models import MULTIBERTS_SEEDS
 from layersim.params.names import check_model, check_task, weights
 from layersim.params.rules import MAX_SEED, check_value, fail, repeated, shown
 from layersim.params.schema import DEVICE, SECTIONS, TOP_LEVEL, Params, pair_member
+from layersim.params.user_tasks import check_user_tasks
+from layersim.tasks import TASKS, register_user_tasks
 
 # Longest input (special tokens included) that the position embeddings of the registry models whose
 # config is known offline can encode: the tiny configs have 130 positions, and RoBERTa's start after
@@ -83,6 +85,8 @@ def parse_params(raw: Any) -> Params:
     tasks, seeds = raw["tasks"], raw["seeds"]
     if not isinstance(tasks, list) or not tasks or not all(isinstance(task, str) for task in tasks):
         raise fail("tasks", tasks, "a non-empty list of task names")
+    user_tasks = check_user_tasks("user_tasks", raw.get("user_tasks"), TASKS)
+    register_user_tasks(user_tasks)  # so that get_task knows them in every stage (params are read first)
     for task in tasks:
         check_task("tasks", task)
     same = repeated(tasks)
@@ -101,7 +105,8 @@ def parse_params(raw: Any) -> Params:
         raise fail("device", device, "auto, cpu, cuda or cuda:N (auto: the first GPU if there is one, else the CPU)")
     sections = {name: _build_section(name, cls, raw.get(name)) for name, cls in SECTIONS.items()}
     _check_across_sections(model, {**sections, "tasks": tasks, "seeds": seeds})
-    return Params(model=model, tasks=tuple(tasks), seeds=tuple(seeds), device=device, **sections)
+    return Params(model=model, tasks=tuple(tasks), seeds=tuple(seeds), device=device, user_tasks=user_tasks,
+                  **sections)
 
 
 def _check_across_sections(model: str, sections: dict[str, Any]) -> None:

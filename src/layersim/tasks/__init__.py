@@ -12,7 +12,8 @@ format              text columns
 ==================  ==========================================
 
 Paper tasks (Phang et al. 2021, §2) come from the Hugging Face hub; built-in ``synth-*`` tasks are
-generated offline (:mod:`layersim.tasks.generated`).
+generated offline (:mod:`layersim.tasks.generated`); user tasks, declared under ``user_tasks`` in
+params.yaml, are read from the user's files (:mod:`layersim.tasks.user`).
 
 Every paper task is read from the hub's Parquet export of the dataset (the ``refs/convert/parquet``
 revision the dataset viewer publishes: ``<config>/<split>/NNNN.parquet``), not from its main branch:
@@ -67,6 +68,20 @@ class HubSource:
 
 
 @dataclass(frozen=True)
+class UserSource:
+    """Where a user task's rows are (params.yaml's user_tasks; read by :mod:`layersim.tasks.user`): its files,
+    paths inside the repository, or one file split by a seeded draw; and which columns hold the text (in the
+    format's order: text; text_a, text_b; context, choice 1 … choice k) and the label."""
+
+    train: str
+    validation: str | None
+    text: tuple[str, ...]
+    label: str
+    validation_fraction: float | None = None
+    split_seed: int = 0
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     name: str
     format: str
@@ -75,6 +90,7 @@ class TaskSpec:
     regression: bool = False
     num_choices: int = 0
     hub: HubSource | None = None
+    user: UserSource | None = None  # a task declared in params.yaml (user_tasks), read from the user's files
 
     @property
     def num_labels(self) -> int:
@@ -144,11 +160,39 @@ PAPER_TASKS: tuple[str, ...] = tuple(t.name for t in _PAPER_TASKS)
 assert set(generated.GENERATED_TASKS) == {t.name for t in _GENERATED_TASKS}
 
 
+# The user tasks of the params.yaml last validated (layersim.params registers them), by name.
+_USER_TASKS: dict[str, TaskSpec] = {}
+# Where the download_task stage writes each task's tables (dvc.yaml): a user task's label names, when
+# params.yaml does not declare them, are read back from there (the task table's metadata).
+TASKS_DIR = Path("data/tasks")
+
+
+def register_user_tasks(specs: dict[str, TaskSpec]) -> None:
+    """Make `specs` (every user task of one params.yaml) the user tasks that get_task knows."""
+    clash = sorted(set(specs) & set(TASKS))
+    if clash:
+        raise LayersimError(f"user task {clash[0]!r} has the name of a registry task; give it another name.")
+    _USER_TASKS.clear()
+    _USER_TASKS.update(specs)
+
+
+def known_tasks() -> list[str]:
+    """Every task name get_task accepts: the registry's and the registered user tasks'."""
+    return [*TASKS, *_USER_TASKS]
+
+
 def get_task(name: object) -> TaskSpec:
-    """The spec of a registered task; an unknown name is an error listing the valid ones."""
-    if not isinstance(name, str) or name not in TASKS:
-        raise unknown_name("task", name, TASKS)
-    return TASKS[name]
+    """The spec of a registered task or user task; an unknown name is an error listing the valid ones."""
+    if isinstance(name, str) and name in TASKS:
+        return TASKS[name]
+    if not isinstance(name, str) or name not in _USER_TASKS:
+        raise unknown_name("task", name, known_tasks())
+    spec = _USER_TASKS[name]
+    if spec.label_names or spec.regression or spec.format == "multiple_choice":
+        return spec
+    from layersim.tasks.user import labels_from_table  # label names taken from the data: read back
+
+    return labels_from_table(spec, TASKS_DIR / name / "train.parquet")
 
 
 # --- building normalized tables ------------------------------------------------------------------
@@ -158,9 +202,10 @@ def task_metadata(spec: TaskSpec, split: str, source: dict) -> dict:
             "metrics": list(spec.metrics), "regression": spec.regression, "source": source}
 
 
-def _normalized(spec: TaskSpec, columns: dict[str, list], split: str, source: dict) -> pa.Table:
+def _normalized(spec: TaskSpec, columns: dict[str, list], split: str, source: dict,
+                example_id: np.ndarray | None = None) -> pa.Table:
     n = len(columns["label"])
-    arrays = {"example_id": pa.array(np.arange(n), pa.int64())}
+    arrays = {"example_id": pa.array(np.arange(n) if example_id is None else example_id, pa.int64())}
     for name in spec.text_columns:
         arrays[name] = pa.array(columns[name], pa.list_(pa.string()) if name == "choices" else pa.string())
     arrays["label"] = pa.array(columns["label"], spec.label_type)
