@@ -6,6 +6,7 @@ from pathlib import Path
 
 from layersim import cli
 from layersim.io import atomic_path, write_json
+from layersim.lockfile import locked_model_revision
 from layersim.models import snapshot_model
 from layersim.params import paired_models
 
@@ -13,10 +14,11 @@ from layersim.params import paired_models
 def main(args, params):
     several = args.compared or args.paired
     names = list(params.compare.models) if args.compared else paired_models(params) if args.paired else [params.model]
+    commits = {name: locked_model_revision(name) for name in names}  # layersim.lock, checked before any download
     with atomic_path(args.out, is_dir=True) as tmp:
         for name in names:
             folder = Path(tmp) / name if several else Path(tmp)
-            info = snapshot_model(name, folder)
+            info = snapshot_model(name, folder, revision=commits[name])
             cli.log.info("wrote %s (%s, revision %s)", Path(args.out) / folder.relative_to(tmp), name, info["revision"])
         if several:
             write_json(names, Path(tmp) / "models.json")  # the folder is never empty, also for no models
