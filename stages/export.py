@@ -1,7 +1,7 @@
 """export: per task, the fine-tuned model (first seed) with the fewest layers whose score stays within
 truncate.tolerance of the full model's (an exit after layer k, or a skipped span), chosen on train examples,
 written as a plain Hugging Face checkpoint, re-scored from its files on validation and timed against the
-full model at batch 1 and 32."""
+full model at batch 1 and 32 (the times go to --timings, outside every hashed output: docs/architecture.md)."""
 
 from pathlib import Path
 
@@ -9,7 +9,7 @@ from layersim import cli
 from layersim.batching import encode_task
 from layersim.device import resolve_device, resolve_precision
 from layersim.export import (TIMED_BATCH_SIZES, choice_logits, choose_layers, exact_rescore, export_report,
-                             time_models, write_checkpoint)
+                             export_timings, time_models, write_checkpoint)
 from layersim.headlines import export_headline, write_metrics
 from layersim.io import read_task_table, run_expectations, write_figure, write_json
 from layersim.models import verified_info
@@ -47,19 +47,22 @@ def main(args, params):
 
     provenance = {"source": str(source), "source_digest": verified_info(source)["digest"], "seed": seed,
                   "tolerance": tolerance, "selected_on": f"{len(held)} train examples"}
-    exported, exported_score = write_checkpoint(model, tokenizer, chosen, args.out, spec, provenance, rescored)
+    exported, exported_score = write_checkpoint(model, tokenizer, chosen, args.out, spec, provenance, rescored,
+                                                max_length=params.finetune.max_length)
     timed = encoded.head(p.timing_examples)
     timings = {size: time_models({"full": model, "exported": exported}, timed, tokenizer, size, device, precision,
                                  p.timing_repeats) for size in TIMED_BATCH_SIZES}
 
-    metrics, rows, figure = export_report(spec, scores, chosen, exported, exported_score, model, timings,
-                                          seed=seed, tolerance=tolerance, examples=(len(held), len(encoded)))
+    metrics, rows, figure = export_report(spec, scores, chosen, exported, exported_score, model, seed=seed,
+                                          tolerance=tolerance, examples=(len(held), len(encoded)))
+    measured = export_timings(timings)
+    write_json(measured, args.timings)
     write_figure(figure, args.plots / f"{spec.name}.png")
     write_json(rows, args.plots / f"{spec.name}.json")
     write_metrics(metrics, export_headline(metrics), args.metrics, args.details)
     cli.log.info("wrote %s: %d of %d layers, validation %.4f (full %.4f), speed-up %.2fx at batch 1, %.2fx at 32",
                  args.out, chosen.depth, full.depth, exported_score, scores["validation"][full],
-                 metrics["speedup"]["batch_1"], metrics["speedup"]["batch_32"])
+                 measured["speedup"]["batch_1"], measured["speedup"]["batch_32"])
 
 
 if __name__ == "__main__":
@@ -71,4 +74,5 @@ if __name__ == "__main__":
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
     p.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.headlines)")
     p.add_argument("--plots", type=Path, required=True, help="folder for the PNG and the plot rows")
+    p.add_argument("--timings", type=Path, required=True, help="JSON of the measured times and speed-ups")
     cli.run_stage(main, p.parse_args())

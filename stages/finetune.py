@@ -16,7 +16,7 @@ from layersim.train import encoded_splits, finetune, run_fingerprint, save_check
 
 
 def main(args, params):
-    cli.check_separate(args, "out", "metrics", "live", "resume")
+    cli.check_separate(args, "out", "metrics", "live", "resume", "timings")
     spec = get_task(args.task)
     tokenizer = load_tokenizer(args.pretrained)
     max_length = params.finetune.max_length
@@ -45,10 +45,11 @@ def main(args, params):
 
     with atomic_path(args.out, is_dir=True) as tmp:
         save_checkpoint(model, tokenizer, tmp, base_dir=args.pretrained, task=spec.name, seed=args.seed,
-                        task_digest=task_tables_digest(args.task_dir), train_seconds=timing["train_seconds"],
-                        convergence=convergence)
+                        task_digest=task_tables_digest(args.task_dir), convergence=convergence)
     # the task's metrics and the convergence check: task and seed are in the path, steps in params
     write_json(metrics | {"convergence": convergence}, args.metrics)
+    if args.timings:  # wall clock: kept out of every output DVC hashes
+        write_json({"train_seconds": timing["train_seconds"]}, args.timings)
     if resume:
         resume.clear()  # the run is finished: later stages need only the checkpoint
     cli.log.info("wrote %s and %s: %s", args.out, args.metrics, json.dumps(metrics))
@@ -63,6 +64,8 @@ if __name__ == "__main__":
     p.add_argument("--out", type=Path, required=True, help="checkpoint folder to write")
     p.add_argument("--metrics", type=Path, required=True, help="validation metrics JSON to write")
     p.add_argument("--live", type=Path, required=True, help="dvclive folder for the training curves")
+    p.add_argument("--timings", type=Path, help="JSON of the training time (wall clock), which no DVC-hashed "
+                                                "output holds")
     p.add_argument("--resume", type=Path, help="folder for the resumable training state (kept outside DVC's "
                                               "outputs; a killed run started again continues from it)")
     cli.run_stage(main, p.parse_args())

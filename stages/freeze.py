@@ -1,14 +1,14 @@
 """freeze: fine-tune one task with the bottom or top k layers frozen (Wu et al. 2020, Table 1), with the
 finetune stage's recipe and seeds, and report each configuration's score and training time next to
-the unfrozen run (layersim.freezing)."""
+the unfrozen run (layersim.freezing); training times and time saved go to --timings (not hashed by DVC)."""
 
 from pathlib import Path
 
 from layersim import cli
 from layersim.convergence import enforce
 from layersim.device import resolve_device
-from layersim.freezing import (FreezeRun, freeze_configs, freeze_headline, freeze_report, frozen_params,
-                               unfrozen_run)
+from layersim.freezing import (FreezeRun, freeze_configs, freeze_headline, freeze_report, freeze_timings,
+                               frozen_params, unfrozen_run)
 from layersim.headlines import write_metrics
 from layersim.io import write_figure, write_json
 from layersim.models import load_tokenizer, model_info, model_shape
@@ -21,8 +21,10 @@ def main(args, params):
     seeds = params.freeze.seeds or params.seeds
     num_layers = model_shape(args.pretrained)["num_layers"]
     configs = freeze_configs(params.freeze.layers, num_layers)
-    runs = [unfrozen_run(args.finetune_metrics / f"seed{seed}.json", model_info(args.checkpoints / f"seed{seed}"),
-                         spec, seed) for seed in seeds]  # read first: a missing run fails before any training
+    for seed in seeds:  # a missing unfrozen run fails before any training
+        model_info(args.checkpoints / f"seed{seed}")
+    runs = [unfrozen_run(args.finetune_metrics / f"seed{seed}.json", args.finetune_timings / f"seed{seed}.json",
+                         spec, seed) for seed in seeds]
     train, validation = encoded_splits(args.task_dir, spec, load_tokenizer(args.pretrained), params.finetune.max_length)
     for seed in seeds:
         for config in configs:
@@ -41,6 +43,7 @@ def main(args, params):
     write_figure(figure, args.plots / f"{spec.name}.png")
     write_json(rows, args.plots / f"{spec.name}.json")
     write_metrics(full, freeze_headline(full), args.metrics, args.details)
+    write_json(freeze_timings(runs), args.timings)
     cli.log.info("wrote %s and %s", args.metrics, args.plots / f"{spec.name}.png")
 
 
@@ -51,6 +54,8 @@ if __name__ == "__main__":
     p.add_argument("--task-dir", type=Path, required=True, help="folder written by download_task")
     p.add_argument("--checkpoints", type=Path, required=True, help="folder holding the unfrozen seed<k>/ checkpoints")
     p.add_argument("--finetune-metrics", type=Path, required=True, help="folder of the unfrozen runs' metrics")
+    p.add_argument("--finetune-timings", type=Path, required=True, help="folder of the unfrozen runs' timings")
+    p.add_argument("--timings", type=Path, required=True, help="JSON of the training times and time saved")
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
     p.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.headlines)")
     p.add_argument("--plots", type=Path, required=True, help="folder for the bar chart and the plot rows")

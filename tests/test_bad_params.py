@@ -247,7 +247,7 @@ CASES = [
     ("model-command-substitution", "download_model", _set(model="$(touch PWNED)/y"),
      ["model = '$(touch PWNED)/y' is not a valid Hugging Face hub id", "owner/name"]),
     ("model-parent-folder", "finetune", _set(model="../mymodel"),
-     ["model = '../mymodel' is not a valid Hugging Face hub id", "local/<folder>"]),
+     ["model = '../mymodel' is not a Hugging Face hub id (owner/name) but a path", "local/<folder>"]),
     ("model-path-with-dots", "extract", _set(model="a/../b"), ["model = 'a/../b'", "not of the form owner/name"]),
     ("local-model-parent", "similarity", _set(model="local/.."),
      ["model = 'local/..' is not a valid local model", "models/<folder>/", "no '..'"]),

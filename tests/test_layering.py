@@ -15,7 +15,7 @@ LAYERS = {
     3: {"encoders", "batching", "task_heads"},
     4: {"train", "extract", "evaluate", "io", "comparisons", "similarity_report", "plots", "heads", "injection",
         "truncation", "resume", "cli", "measure_sizes", "align_report", "similarity_task", "compare_task", "headlines",
-        "freezing", "export", "report"},
+        "freezing", "export", "report", "lockfile"},
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
 

@@ -10,6 +10,7 @@ import torch
 from layersim.errors import LayersimError
 from layersim.models import (ARCHITECTURES, MODEL_INFO_FILE, MODELS, OFFLINE_MODELS, get_model, load_encoder,
                              load_tokenizer, snapshot_model, weights_digest)
+from layersim.params.names import check_models
 
 
 def test_registry_holds_the_paper_encoders_and_offline_ones():
@@ -81,3 +82,34 @@ def test_unreachable_hub_points_to_the_offline_models(tmp_path):
         snapshot_model("roberta-base", tmp_path / "out")
     message = str(info.value)
     assert "'roberta-base'" in message and "hub" in message and "minilm-l6" in message and "tiny-bert" in message
+    assert "local/<folder>" in message and "models/<folder>/" in message  # the user's own folder works offline
+
+
+@pytest.mark.parametrize("given,fix", [("models/my-minilm", "name it local/my-minilm"),
+                                       ("./models/my-minilm", "name it local/my-minilm"),
+                                       ("elsewhere/my-minilm", "copy it to models/<folder>/"),
+                                       ("/opt/encoders/my-minilm", "copy it to models/<folder>/"),
+                                       ("../my-minilm", "copy it to models/<folder>/")])
+def test_a_path_where_a_hub_id_goes_is_refused_pointing_at_local(tmp_path, monkeypatch, given, fix):
+    """A folder that exists (transformers would load it and the run record it as a hub model), or a value
+    written as a path, is refused in one sentence that names it and says how to write local/<folder>."""
+    monkeypatch.chdir(tmp_path)
+    for folder in ("models/my-minilm", "elsewhere/my-minilm"):
+        (tmp_path / folder).mkdir(parents=True)
+    with pytest.raises(LayersimError) as info:
+        get_model(given)
+    message = str(info.value)
+    assert message.startswith(f"model {given!r} is not a Hugging Face hub id (owner/name) but a path; ")
+    assert f": {fix}" in message and message.endswith(".") and message.count(". ") == 0  # one sentence
+    with pytest.raises(LayersimError, match=r"^params\.yaml: compare\.models has .*, which is not a Hugging Face"):
+        check_models("compare.models", ["tiny-roberta", given])
+
+
+def test_hub_ids_and_local_names_that_are_not_folders_stay_accepted(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models/mine").mkdir(parents=True)
+    assert get_model("someone/mine").source == "hub"       # no such folder here: a hub id
+    assert get_model("local/mine").source == "local"       # the folder itself, named the documented way
+    (tmp_path / "someone/mine").mkdir(parents=True)
+    with pytest.raises(LayersimError, match="but a path"):  # now transformers would load the folder
+        get_model("someone/mine")

@@ -229,7 +229,7 @@ def test_export_writes_a_plain_checkpoint_that_keeps_the_score(project):
     examples it was made on."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    root, _ = project
+    root, state = project
     export = _details(root, f"export/{TASK}")
     exported, full = export["exported"], export["full"]
     folder = root / f"data/export/tiny-bert/{TASK}"
@@ -256,7 +256,11 @@ def test_export_writes_a_plain_checkpoint_that_keeps_the_score(project):
         batch = tokenizer(table["text"], padding=True, truncation=True, max_length=32, return_tensors="pt")
         predicted = model(**batch).logits.argmax(-1).numpy()
     assert (predicted == table["label"]).mean() == pytest.approx(exported["validation"], abs=1e-6)
-    assert export["speedup"]["batch_1"] > 0 and export["speedup"]["batch_32"] > 0
+    assert "speedup" not in export  # wall clock: in timings/, outside every output DVC hashes
+    if f"Running stage 'export@{TASK}'" in state["first_repro"]:  # not restored from the run-cache: it timed
+        timings = json.loads((root / f"timings/export/{TASK}.json").read_text())
+        assert timings["speedup"]["batch_1"] > 0 and timings["speedup"]["batch_32"] > 0
+    assert model.config.id2label == {0: "negative", 1: "positive"} and tokenizer.model_max_length == 32
     headline = json.loads((root / f"metrics/export/{TASK}.json").read_text())
     assert headline == headlines.export_headline(export)
     assert (root / f"plots/export/{TASK}.png").read_bytes()[:4] == b"\x89PNG"
@@ -269,25 +273,27 @@ def test_report_is_one_offline_page_that_states_the_stage_results(project):
     assert len(re.findall(r'src="data:image/png;base64,', page)) >= 8  # heatmaps, diagonals, curves, export, ...
     export = _details(root, f"export/{TASK}")
     assert f"{export['exported']['layers']} / {export['full']['layers']}" in page
-    assert f"{export['speedup']['batch_1']:.2f}× / {export['speedup']['batch_32']:.2f}×" in page
+    assert f"{export['exported']['parameters'] / export['full_parameters']:.0%}" in page
     top = _details(root, f"similarity/{TASK}")["cls"]["linear_cka"]["ft_orig"]
     assert f"{top['last_layer']:.3f} (null {top['null_mean']['layer_03']:.3f})" in page
 
 
 def test_freeze_scores_each_configuration_next_to_the_unfrozen_run(project):
     """Wu et al. Table 1 on the 3-layer tiny model: layers [4, 6] of 12 become 1 and 2 of 3."""
-    root, _ = project
+    root, state = project
     freeze = _details(root, f"freeze/{TASK}")
     assert freeze["metric"] == "accuracy" and freeze["num_layers"] == 3
     finetuned = [json.loads((root / f"metrics/finetune/{TASK}/seed{seed}.json").read_text())["accuracy"]
                  for seed in SEEDS]
     assert freeze["unfrozen"]["score"] == pytest.approx(sum(finetuned) / len(finetuned), abs=1e-6)
-    assert freeze["unfrozen"]["train_seconds"] > 0  # recorded by the finetune stage in its checkpoint info
+    assert "train_seconds" not in freeze["unfrozen"]  # wall clock: in timings/, outside every output DVC hashes
+    ran = all(f"Running stage '{stage}'" in state["first_repro"] for stage in (f"freeze@{TASK}", f"finetune@{TASK}-1"))
+    timings = json.loads((root / f"timings/freeze/{TASK}.json").read_text()) if ran else None
     for label, side, layers in (("bottom1", "bottom", 1), ("bottom2", "bottom", 2), ("top1", "top", 1),
                                 ("top2", "top", 2)):
         entry = freeze[label]
         assert (entry["side"], entry["layers"]) == (side, layers) and set(entry["seeds"]) == {"1", "2"}
-        assert 0.0 <= entry["score"] <= 1.0 and entry["time_saved"] is not None
+        assert 0.0 <= entry["score"] <= 1.0 and (timings is None or timings[label]["time_saved"] is not None)
         assert entry["score_change"] == pytest.approx(entry["score"] - freeze["unfrozen"]["score"], abs=1e-5)
     headline = json.loads((root / f"metrics/freeze/{TASK}.json").read_text())
     assert headline == headlines_of_freeze(freeze)

@@ -39,15 +39,16 @@ def test_a_top_layer_at_chance_is_said_to_be_chance():
     assert blocks.rows[0] == ["linear_cka", "FT–FT", "1 | 2", "2", "0.200", "0.900"]
 
 
-def test_export_facts_state_the_choice_scores_and_speed_up():
+def test_export_facts_state_the_choice_scores_and_size():
     export = {"metric": "accuracy", "tolerance": 0.01, "selection_examples": 500,
-              "full": {"layers": 6, "train": 0.9, "validation": 0.85},
-              "exported": {"description": "exit after layer 4 of 6", "layers": 4, "train": 0.895, "validation": 0.84},
-              "speedup": {"batch_1": 1.4, "batch_32": 1.5}}
+              "full": {"layers": 6, "train": 0.9, "validation": 0.85}, "full_parameters": 200,
+              "exported": {"description": "exit after layer 4 of 6", "layers": 4, "train": 0.895, "validation": 0.84,
+                           "parameters": 150}}
     facts = " ".join(export_facts(export))
     for fragment in ("exit after layer 4 of 6", "4 of 6 layers", "0.840 on validation", "0.850 for the full model",
-                     "500 train examples", "1.40× at batch 1", "1.50× at batch 32"):
+                     "500 train examples", "Parameters: 75% of the full model's", "timings/export/"):
         assert fragment in facts
+    assert "×" not in facts  # wall-clock speed-ups stay out of the page (it must hash the same on a rerun)
     assert export_facts(None) == []
 
 
@@ -84,8 +85,8 @@ def test_a_skipped_span_survives_the_details_round_trip(tmp_path):
     chosen = LayerChoice(3, 3, 2, 2)
     export = {"metric": "accuracy", "tolerance": 0.01, "selection_examples": 100,
               "full": {"layers": 3, "train": 0.9, "validation": 0.8},
-              "exported": {**chosen.as_dict(), "train": 0.9, "validation": 0.8},
-              "speedup": {"batch_1": 1.2, "batch_32": 1.3}}
+              "exported": {**chosen.as_dict(), "train": 0.9, "validation": 0.8, "parameters": 60},
+              "full_parameters": 80}
     truncate = {"metric": "accuracy", "full": 0.8, "majority_baseline": 0.5, "tolerance": 0.01,
                 "droppable_top_layers_untuned": 0, "droppable_top_layers_tuned": 1}
     details = tmp_path / "plots/details"
@@ -99,7 +100,7 @@ def test_a_skipped_span_survives_the_details_round_trip(tmp_path):
     page = build_report("m", ["rte"], [1], 0.05, ("cls", "linear_cka"),
                         Layout(tmp_path / "metrics", details, tmp_path / "plots"))
     assert "here it skipped layers 2–2 instead" in page and "layers 2-2 of 3 skipped" in page
-    assert "2 / 3" in page and "1.20× / 1.30×" in page
+    assert "2 / 3" in page and "<td>75%</td>" in page
 
 
 def test_the_page_names_the_runs_that_did_not_converge(tmp_path):

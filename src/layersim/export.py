@@ -28,6 +28,7 @@ from layersim.tasks import TaskSpec
 from layersim.truncation import primary_score, span_logits
 
 EXPORT_INFO_FILE = "layersim_export.json"  # provenance, next to the checkpoint's own files
+TASK_INFO_FILE = "layersim_task.json"      # how to call the model: its task's inputs, labels and max length
 TIMED_BATCH_SIZES = (1, 32)
 
 
@@ -95,18 +96,49 @@ def best_per_depth(scores: dict[LayerChoice, float]) -> dict[int, LayerChoice]:
     return dict(sorted(best.items()))
 
 
+def task_card(spec: TaskSpec, max_length: int) -> dict:
+    """What a user needs to call the exported model: the task's input format and the texts it takes, in the
+    order the tokenizer takes them, its labels, and the training max length (tokens; longer inputs were cut)."""
+    calls = {"single": "tokenizer(text)", "pair": "tokenizer(text_a, text_b)",
+             "multiple_choice": "tokenizer([context] * len(choices), choices, truncation='only_first'), "
+                                "one row per choice, scores over choices"}
+    return {"task": spec.name, "format": spec.format, "text_columns": list(spec.text_columns),
+            "tokenize": calls[spec.format], "label_names": list(spec.label_names), "regression": spec.regression,
+            "num_choices": spec.num_choices or None, "max_length": max_length, "metric": spec.primary_metric,
+            "load_with": auto_class_name(spec) + ".from_pretrained"}
+
+
+def _label_config(config, spec: TaskSpec) -> None:
+    """The task's label names into a classifier's config, so that it predicts "positive", not "LABEL_1"."""
+    if spec.label_names and spec.num_labels == len(spec.label_names):
+        config.id2label = dict(enumerate(spec.label_names))
+        config.label2id = {name: i for i, name in enumerate(spec.label_names)}
+
+
+def _limit_tokenizer(folder: Path, max_length: int) -> None:
+    """The saved tokenizer truncates at the training max length (the model never saw longer inputs)."""
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["model_max_length"] = max_length
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def write_checkpoint(model, tokenizer, choice: LayerChoice, folder: str | Path, spec: TaskSpec,
-                     provenance: dict, check) -> tuple[object, object]:
-    """Write `model` cut to `choice` into `folder` (weights, config, tokenizer and a provenance file), reload
-    it with plain transformers and call ``check(reloaded)`` before the folder appears: a check that raises
-    leaves nothing behind. Returns the reloaded model and what the check returned."""
+                     provenance: dict, check, *, max_length: int) -> tuple[object, object]:
+    """Write `model` cut to `choice` into `folder` (weights, a config with the task's label names, the
+    tokenizer limited to `max_length`, a provenance file and :func:`task_card`), reload it with plain
+    transformers and call ``check(reloaded)`` before the folder appears: a check that raises leaves nothing
+    behind. Returns the reloaded model and what the check returned."""
     small = smaller_copy(model, choice.kept)
+    _label_config(small.config, spec)
     with atomic_path(folder, is_dir=True) as tmp:
         small.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        _limit_tokenizer(tmp, max_length)
         info = {**provenance, "task": spec.name, "choice": choice.as_dict(),
                 "load_with": auto_class_name(spec) + ".from_pretrained"}
         (tmp / EXPORT_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        (tmp / TASK_INFO_FILE).write_text(json.dumps(task_card(spec, max_length), indent=2) + "\n", encoding="utf-8")
         reloaded = load_exported(tmp, spec)
         if num_layers(reloaded) != choice.depth:
             raise LayersimError(f"the exported model has {num_layers(reloaded)} layers, expected {choice.depth}; "
@@ -171,17 +203,26 @@ def time_models(models: dict[str, torch.nn.Module], encoded: EncodedTask, tokeni
                    "examples_per_second": len(encoded) / float(np.median(per_pass[name]))} for name in models}
 
 
+def export_timings(timings: dict) -> dict:
+    """The measured times per batch size (:func:`time_models` of the full and the exported model) and the
+    speed-ups (full ÷ exported, median seconds per batch). Wall-clock numbers: they go to the stage's timings
+    file, never into an output DVC hashes (a rerun would never give the same dvc.lock)."""
+    sizes = sorted(timings)
+    return {"timing": {f"batch_{size}": {name: {key: round(value, 6) for key, value in times.items()}
+                                         for name, times in timings[size].items()} for size in sizes},
+            "speedup": {f"batch_{size}": round(timings[size]["full"]["seconds_per_batch"]
+                                               / timings[size]["exported"]["seconds_per_batch"], 3) for size in sizes}}
+
+
 def export_report(spec: TaskSpec, scores: dict, chosen: LayerChoice, exported: torch.nn.Module, exported_score: float,
-                  full_model: torch.nn.Module, timings: dict, *, seed: int, tolerance: float,
-                  examples: tuple[int, int]):
+                  full_model: torch.nn.Module, *, seed: int, tolerance: float, examples: tuple[int, int]):
     """The export stage's metrics, plot rows and figure from the scores by split ("train", "validation") and
     choice, and the numbers of (train, validation) `examples`: the choice (scored on the train examples it was
-    made on, and on validation from the saved files), the full model, parameters, timings and speed-ups, and per
-    depth the choice best on the train examples, scored on both splits (validation chooses nothing)."""
+    made on, and on validation from the saved files), the full model, parameters, and per depth the choice best
+    on the train examples, scored on both splits (validation chooses nothing). No timings: see export_timings."""
     from layersim.plots import export_curve
 
     full = max(scores["train"], key=lambda c: c.depth)
-    sizes = sorted(timings)
     metrics = {"metric": spec.primary_metric, "seed": seed, "tolerance": tolerance,
                "selection_examples": examples[0], "validation_examples": examples[1],
                "full": {"layers": full.depth, "train": round(scores["train"][full], 6),
@@ -189,12 +230,7 @@ def export_report(spec: TaskSpec, scores: dict, chosen: LayerChoice, exported: t
                "exported": {**chosen.as_dict(), "train": round(scores["train"][chosen], 6),
                             "validation": round(exported_score, 6),
                             "parameters": sum(t.numel() for t in exported.parameters())},
-               "full_parameters": sum(t.numel() for t in full_model.parameters()),
-               "timing": {f"batch_{size}": {name: {key: round(value, 6) for key, value in times.items()}
-                                            for name, times in timings[size].items()} for size in sizes},
-               "speedup": {f"batch_{size}": round(timings[size]["full"]["seconds_per_batch"]
-                                                  / timings[size]["exported"]["seconds_per_batch"], 3)
-                           for size in sizes}}
+               "full_parameters": sum(t.numel() for t in full_model.parameters())}
     per_depth = best_per_depth(scores["train"])
     splits = ("train", "validation")
     curves = {split: {n: scores[split][c] for n, c in per_depth.items()} for split in splits}

@@ -4,7 +4,9 @@ unfrozen run of the same task and seed, with the fine-tuning time saved.
 Wu et al. freeze 4 or 6 of BERT's 12 layers; `freeze.layers` counts out of 12 and is scaled to the
 model's depth L as ``round(k × L / 12)`` (at least 1, at most L): MiniLM's 6 layers give 2 and 3. The
 runs use the finetune stage's recipe and seeds (``freeze.seeds``: a subset), without intermediate
-evaluations, and save no checkpoint: only their score and training time are reported.
+evaluations, and save no checkpoint: only their score and training time are reported. Training times are
+wall clock: :func:`freeze_timings` gives them apart from the scores, for the stage's timings file, which no
+hashed output holds (a rerun gives the same dvc.lock).
 """
 
 from __future__ import annotations
@@ -67,9 +69,9 @@ class FreezeRun:
 
 
 def freeze_report(spec: TaskSpec, num_layers: int, runs: Sequence[FreezeRun]) -> tuple[dict, list[dict], object]:
-    """The full results (per config: mean score, change against unfrozen, time saved, per seed, runs not
-    converged), the plot rows (one per run, with ``converged`` and the reason) and the bar chart (score per
-    configuration, the unfrozen score as a line; a bar with unconverged runs says how many)."""
+    """The full results (per config: mean score, change against unfrozen, per seed, runs not converged), the
+    plot rows (one per run, with ``converged`` and the reason) and the bar chart (score per configuration, the
+    unfrozen score as a line; a bar with unconverged runs says how many). No times: see freeze_timings."""
     unfrozen = {run.seed: run for run in runs if run.config is None}
     configs = list(dict.fromkeys(run.config for run in runs if run.config is not None))
     flags = {}  # (config, seed) → why the run is flagged: its own check and its seed siblings of one config
@@ -78,24 +80,19 @@ def freeze_report(spec: TaskSpec, num_layers: int, runs: Sequence[FreezeRun]) ->
             {run.seed: run.convergence or {"score": run.score} for run in runs if run.config == config}).items()}
     full = {"metric": spec.primary_metric, "num_layers": num_layers,
             "unfrozen": {"score": _mean(run.score for run in unfrozen.values()),
-                         "train_seconds": _mean(run.train_seconds for run in unfrozen.values()),
                          "not_converged": sum(config is None for config, _ in flags)}}
     bars = {}
     for config in configs:
         mine = [run for run in runs if run.config == config]
         changes = [run.score - unfrozen[run.seed].score for run in mine]
-        saved = [1.0 - run.train_seconds / unfrozen[run.seed].train_seconds for run in mine
-                 if run.train_seconds and unfrozen[run.seed].train_seconds]
         entry = {"side": config.side, "layers": config.layers, "of_twelve": config.of_twelve,
                  "score": _mean(run.score for run in mine), "score_change": _mean(changes),
-                 "time_saved": _mean(saved), "seeds": {str(run.seed): run.score for run in mine},
+                 "seeds": {str(run.seed): run.score for run in mine},
                  "not_converged": sum(key[0] == config for key in flags)}
         full[config.label] = entry
-        time_note = "" if entry["time_saved"] is None else f"\n{entry['time_saved']:+.0%} time"
-        bars[_flagged_label(f"{config.side} {config.layers}", entry["not_converged"], len(mine)) + time_note] = \
-            entry["score"]
+        bars[_flagged_label(f"{config.side} {config.layers}", entry["not_converged"], len(mine))] = entry["score"]
     rows = [{"config": "unfrozen" if run.config is None else run.config.label, "seed": run.seed,
-             "score": round(run.score, 6), "train_seconds": run.train_seconds,
+             "score": round(run.score, 6),
              "converged": (run.config, run.seed) not in flags, "reason": flags.get((run.config, run.seed), "")}
             for run in runs]
     unfrozen_label = _flagged_label("unfrozen", full["unfrozen"]["not_converged"], len(unfrozen))
@@ -103,6 +100,20 @@ def freeze_report(spec: TaskSpec, num_layers: int, runs: Sequence[FreezeRun]) ->
                                f"{num_layers}-layer model", spec.primary_metric,
                          {unfrozen_label: full["unfrozen"]["score"]})
     return full, rows, figure
+
+
+def freeze_timings(runs: Sequence[FreezeRun]) -> dict:
+    """Wall-clock training seconds per run, and per frozen configuration the time saved against the unfrozen
+    run of the same seed (mean over seeds with both times; None without): for the timings file only."""
+    unfrozen = {run.seed: run.train_seconds for run in runs if run.config is None}
+    timings = {"unfrozen": {"train_seconds": {str(seed): t for seed, t in unfrozen.items()}}}
+    for config in dict.fromkeys(run.config for run in runs if run.config is not None):
+        mine = [run for run in runs if run.config == config]
+        saved = [1.0 - run.train_seconds / unfrozen[run.seed] for run in mine
+                 if run.train_seconds and unfrozen.get(run.seed)]
+        timings[config.label] = {"train_seconds": {str(run.seed): run.train_seconds for run in mine},
+                                 "time_saved": _mean(saved)}
+    return timings
 
 
 def _flagged_label(label: str, flagged: int, runs: int) -> str:
@@ -124,10 +135,13 @@ def _mean(values: Iterable[float | None]) -> float | None:
     return round(float(np.mean(defined)), 6) if defined else None
 
 
-def unfrozen_run(metrics_file: Path, info: dict, spec: TaskSpec, seed: int) -> FreezeRun:
-    """The finetune stage's run of `seed`, from its metrics file and checkpoint info."""
+def unfrozen_run(metrics_file: Path, timings_file: Path, spec: TaskSpec, seed: int) -> FreezeRun:
+    """The finetune stage's run of `seed`, from its metrics file and its timings file (train_seconds; the time
+    is None when that file is missing: a stage restored from DVC's run-cache writes no timings)."""
     import json
 
     metrics = json.loads(Path(metrics_file).read_text(encoding="utf-8"))
-    return FreezeRun(None, seed, float(metrics[spec.primary_metric]), info.get("train_seconds"),
+    seconds = json.loads(Path(timings_file).read_text(encoding="utf-8")).get("train_seconds") \
+        if Path(timings_file).is_file() else None
+    return FreezeRun(None, seed, float(metrics[spec.primary_metric]), seconds,
                      metrics_record(metrics, spec.primary_metric))

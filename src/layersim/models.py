@@ -62,6 +62,8 @@ LOCAL_PREFIX = "local/"      # model: local/<name> — the folder models/<name>/
 LOCAL_MODELS_DIR = Path("models")
 _HUB_RULE = ("a Hugging Face hub id is owner/name, each part of letters, digits, '-', '_' and '.' (not first or "
              "last), at most 96 characters, without '--' or '..'")
+# What works without network, as the offline hub error lists it: the offline registry and the user's own folders.
+OFFLINE_CHOICES = (*OFFLINE_MODELS, "or your own model saved in models/<folder>/ and named local/<folder>")
 
 
 def _name_problem(name: str) -> str | None:
@@ -86,6 +88,8 @@ def get_model(name: object) -> ModelSpec:
     if not isinstance(name, str) or "/" not in name:
         raise unknown_name("model", name, MODELS, hint="or a Hugging Face hub id written owner/name, or "
                                                        "local/<folder> for a folder of models/")
+    if not name.startswith(LOCAL_PREFIX) and _is_path(name):
+        raise LayersimError(_path_refusal(name))
     problem = _name_problem(name)
     if name.startswith(LOCAL_PREFIX):
         if problem:
@@ -97,6 +101,27 @@ def get_model(name: object) -> ModelSpec:
         raise LayersimError(f"model {name[:200]!r} is not a valid Hugging Face hub id: {problem} ({_HUB_RULE}); "
                             "a folder on disk is given as local/<folder> (a folder of models/).")
     return ModelSpec(name, "hub", name)
+
+
+def _is_path(name: str) -> bool:
+    """Whether `name`, given where a hub id is expected, is a path: transformers loads an existing folder of
+    that name instead of the hub's repository, and the run would record a local folder as a hub model."""
+    if name.startswith(("./", "../", "/", "~")) or "\\" in name:
+        return True
+    try:
+        return Path(name).exists()
+    except (OSError, ValueError):  # too long for a path, or a NUL: not a folder on disk
+        return False
+
+
+def _path_refusal(name: str) -> str:
+    """One sentence: `name` is a path, and how to name a folder on disk (local/<folder>, under models/)."""
+    parts = Path(name).parts
+    inside = parts[1:] if len(parts) > 1 and parts[0] == str(LOCAL_MODELS_DIR) else ()
+    fix = (f"name it {LOCAL_PREFIX}{inside[0]}" if len(inside) == 1 else
+           f"copy it to {LOCAL_MODELS_DIR}/<folder>/ and name it {LOCAL_PREFIX}<folder>")
+    return (f"model {name[:200]!r} is not a Hugging Face hub id (owner/name) but a path; a model folder on disk is "
+            f"named {LOCAL_PREFIX}<folder> for the folder {LOCAL_MODELS_DIR}/<folder>/ of the repository: {fix}.")
 
 
 def local_model_dir(spec: ModelSpec) -> Path:
@@ -145,9 +170,10 @@ def tiny_config(architecture: str, vocab_size: int, pad_token_id: int):
     raise unknown_name("architecture", architecture, ARCHITECTURES)
 
 
-def snapshot_model(name: str, dest: str | Path, seed: int | None = None) -> dict:
+def snapshot_model(name: str, dest: str | Path, seed: int | None = None, revision: str | None = None) -> dict:
     """Write model `name` (weights, config, tokenizer) into the folder `dest`; return its info. A tiny model
-    is initialised with `seed` (default: the registry's)."""
+    is initialised with `seed` (default: the registry's); a hub model is read at `revision` (the commit
+    layersim.lock holds for it; default: the registry's revision, or main), which the info records."""
     import torch
     from transformers import AutoModel, AutoTokenizer
 
@@ -155,7 +181,7 @@ def snapshot_model(name: str, dest: str | Path, seed: int | None = None) -> dict
     local = local_model_dir(spec) if spec.source == "local" else None  # checked before anything is written
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    revision = spec.revision
+    revision = revision or spec.revision
     if spec.source == "package":
         src = packaged_minilm_dir()
         for filename in _MINILM_FILES:
@@ -175,12 +201,13 @@ def snapshot_model(name: str, dest: str | Path, seed: int | None = None) -> dict
         revision = f"local folder {local}"
     else:
         try:
-            tokenizer = AutoTokenizer.from_pretrained(spec.hub_id, revision=spec.revision)
-            model = AutoModel.from_pretrained(spec.hub_id, revision=spec.revision)
+            tokenizer = AutoTokenizer.from_pretrained(spec.hub_id, revision=revision)
+            model = AutoModel.from_pretrained(spec.hub_id, revision=revision)
         except OSError as err:
-            raise hub_unreachable("model", name, err, OFFLINE_MODELS,
-                                  f"the Hugging Face hub ({spec.hub_id} at revision {spec.revision or 'main'!r})") from err
-        revision = getattr(model.config, "_commit_hash", None) or spec.revision
+            raise hub_unreachable("model", name, err, OFFLINE_CHOICES,
+                                  f"the Hugging Face hub ({spec.hub_id} at revision {revision or 'main'!r})") from err
+        # transformers >= 5 no longer sets config._commit_hash: without a commit given, the branch is recorded.
+        revision = getattr(model.config, "_commit_hash", None) or revision or "main"
         model.save_pretrained(dest)
         tokenizer.save_pretrained(dest)
     info = {"name": spec.name, "source": spec.source, "hub_id": spec.hub_id, "revision": revision,

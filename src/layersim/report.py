@@ -1,5 +1,5 @@
 """One page per experiment: per task, the similarity heatmaps with their blocks and chance marks, the truncation
-curve with the exit the export chose, the exported model's score and speed-up, and every reported number with
+curve with the exit the export chose, the exported model's score and size, and every reported number with
 its null and interval. A single HTML file with the figures inside it (PNG data URIs): it renders offline, in
 any browser, and can be mailed or committed as it is.
 
@@ -181,13 +181,17 @@ def export_facts(export: Mapping | None) -> list[str]:
     if not export:
         return []
     chosen, full = export["exported"], export["full"]
-    speed = export.get("speedup", {})
     return [f"Exported model: {chosen['description']} — {chosen['layers']} of {full['layers']} layers, "
             f"{export['metric']} {fmt(chosen['validation'])} on validation against {fmt(full['validation'])} for the "
             f"full model (chosen on {export['selection_examples']} train examples within {export['tolerance']:g}: "
             f"{fmt(chosen['train'])} against {fmt(full['train'])}).",
-            f"Measured speed-up of the exported model: {fmt(speed.get('batch_1'), 2)}× at batch 1, "
-            f"{fmt(speed.get('batch_32'), 2)}× at batch 32 (median time per batch, same inputs, same device)."]
+            f"Parameters: {_share(chosen.get('parameters'), export.get('full_parameters'))} of the full model's; "
+            "measured speed-ups (wall clock, kept out of this page so that it hashes the same on a rerun): "
+            "timings/export/."]
+
+
+def _share(part, whole) -> str:
+    return f"{part / whole:.0%}" if isinstance(part, int) and isinstance(whole, int) and whole else "–"
 
 
 def overview_row(task: str, scores: Sequence[float], similarity: Mapping | None, truncate: Mapping | None,
@@ -199,7 +203,6 @@ def overview_row(task: str, scores: Sequence[float], similarity: Mapping | None,
     top = result.get("ft_orig") or {}
     chosen = (export or {}).get("exported") or {}
     full = (export or {}).get("full") or {}
-    speed = (export or {}).get("speedup") or {}
     mean = sum(scores) / len(scores) if scores else None
     note = (f" ({len(flagged)} of {len(scores)} runs {NOT_CONVERGED}: seed {', '.join(map(str, flagged))})"
             if flagged else "")
@@ -208,11 +211,11 @@ def overview_row(task: str, scores: Sequence[float], similarity: Mapping | None,
             fmt((truncate or {}).get("droppable_top_layers_untuned")), fmt((truncate or {}).get("droppable_top_layers_tuned")),
             f"{fmt(chosen.get('layers'))} / {fmt(full.get('layers'))}",
             f"{fmt(full.get('validation'))} → {fmt(chosen.get('validation'))}",
-            f"{fmt(speed.get('batch_1'), 2)}× / {fmt(speed.get('batch_32'), 2)}×"]
+            _share(chosen.get("parameters"), (export or {}).get("full_parameters"))]
 
 
 OVERVIEW_HEADER = ["task", "fine-tuned score", "FT–FT blocks", "FT–ORIG top layer", "droppable top layers (Untuned)",
-                   "(Tuned)", "exported layers", "validation: full → exported", "speed-up batch 1 / 32"]
+                   "(Tuned)", "exported layers", "validation: full → exported", "exported parameters"]
 
 
 def png(fig) -> bytes:

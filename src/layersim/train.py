@@ -239,16 +239,16 @@ def evaluate_model(model, spec: TaskSpec, validation: EncodedTask, tokenizer, pa
 
 
 def save_checkpoint(model, tokenizer, folder: Path, *, base_dir: str | Path, task: str, seed: int,
-                    task_digest: str | None = None, train_seconds: float | None = None,
-                    convergence: dict | None = None) -> None:
+                    task_digest: str | None = None, convergence: dict | None = None) -> None:
     """Weights (safetensors), config and tokenizer, plus layersim's info file, into `folder`; `task_digest`:
     of the task tables it was fine-tuned on (layersim.io.task_tables_digest), checked by later stages;
-    `convergence`: the run's convergence record, which later stages' figures mark the run by."""
+    `convergence`: the run's convergence record, which later stages' figures mark the run by. Nothing
+    wall-clock or host-specific goes in: the folder is a DVC output that a rerun must reproduce byte for byte."""
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     base = verified_info(base_dir)
     info = {"name": base["name"], "source": "finetune", "base_digest": base["digest"], "task": task,
-            "seed": seed, "task_digest": task_digest, "digest": weights_digest(folder), "train_seconds": train_seconds}
+            "seed": seed, "task_digest": task_digest, "digest": weights_digest(folder)}
     if convergence is not None:
         info["convergence"] = convergence
     (Path(folder) / MODEL_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")

@@ -9,7 +9,7 @@ from typing import Any
 from layersim.errors import LayersimError
 from layersim.models import MODELS, get_model
 from layersim.params.rules import fail, repeated, shown
-from layersim.tasks import TASKS, get_task
+from layersim.tasks import get_task, known_tasks
 
 
 def known_name(key: str, value: Any, kind: str, lookup, valid, hint: str = "", entry: bool = False) -> Any:
@@ -54,7 +54,14 @@ def check_model(key: str, name: Any, entry: bool = False):
 
 
 def check_task(key: str, name: Any) -> None:
-    known_name(key, name, "task", get_task, TASKS, entry=True)
+    if isinstance(name, str) and re.search(r"[/\\]|\.(csv|tsv|jsonl|json|parquet)$", name):
+        file = re.split(r"[/\\]", name)[-1]
+        stem = re.sub(r"[^a-z0-9_-]", "", file.split(".")[0].lower()) or "mine"
+        raise LayersimError(f"params.yaml: {key} has {shown(name)}, a file rather than a task name; move the file "
+                            f"into user_data/, declare a task on it (user_tasks: {{{stem}: {{train: user_data/{file}, "
+                            f"validation_fraction: 0.2}}}}; docs/params.md) and list {stem!r} in {key}.")
+    known_name(key, name, "task", get_task, known_tasks(), " (or a task of your own files, declared under "
+                                                           "user_tasks: docs/params.md)", entry=True)
 
 
 def weights(name: str) -> str:
