@@ -11,7 +11,8 @@ from layersim.batching import encode_task
 from layersim.extract import extract_activations, extract_attention
 from layersim.errors import LayersimError
 from layersim.io import atomic_path, read_task_table, run_expectations
-from layersim.models import RANDOM_RUN, load_encoder, load_tokenizer, random_encoder, random_run_metadata, verified_info
+from layersim.models import load_encoder, load_tokenizer, verified_info
+from layersim.random_control import RANDOM_RUN, random_encoder, random_run_metadata
 from layersim.tasks import get_task
 
 

@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "layersim"
 LAYERS = {
     0: {"errors", "linalg", "training_steps", "device"},
     1: {"similarity", "align", "seed_stats"},
-    2: {"tasks", "models", "words", "params", "convergence"},
+    2: {"tasks", "models", "random_control", "words", "params", "convergence"},
     3: {"encoders", "batching", "task_heads"},
     4: {"train", "extract", "evaluate", "io", "comparisons", "similarity_report", "plots", "heads", "injection",
         "truncation", "resume", "cli", "measure_sizes", "align_report", "similarity_task", "compare_task", "headlines",

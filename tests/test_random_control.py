@@ -13,7 +13,8 @@ from layersim.comparisons import RANDOM, pair_summary, phang_cells, phang_compar
 from layersim.errors import LayersimError
 from layersim.headlines import similarity_headline
 from layersim.io import ActivationTable, ActivationWriter
-from layersim.models import RANDOM_RUN, load_encoder, random_encoder, random_init_digest, random_run_metadata
+from layersim.models import load_encoder
+from layersim.random_control import RANDOM_RUN, random_encoder, random_init_digest, random_run_metadata
 from layersim.params import parse_params
 from layersim.similarity_report import Uncertainty, phang_report
 from layersim.similarity_task import run_labels, task_similarity

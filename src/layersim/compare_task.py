@@ -15,7 +15,8 @@ from layersim.batching import encode_task
 from layersim.comparisons import RANDOM, attention_maps, attention_measure_label, number
 from layersim.extract import Pooled, concatenate_pooled, extract_attention, models_for_pooling, pooled_layers
 from layersim.io import AttentionTable, read_task_table
-from layersim.models import load_encoder, load_tokenizer, random_encoder
+from layersim.models import load_encoder, load_tokenizer
+from layersim.random_control import random_encoder
 from layersim.params import Params
 from layersim.similarity import MEASURES, check_computable
 from layersim.similarity_report import localization_report, sampled_null_measures, settings, stacked_report

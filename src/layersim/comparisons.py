@@ -38,7 +38,7 @@ from layersim.similarity.stacked_moments import (LINEAR_CKA_PRECISION, STREAMABL
                                                  streamed_linear_cka, streamed_moments)
 from layersim.seed_stats import seed_metrics
 
-RANDOM = "RANDOM"  # the label of the random-init control (layersim.models.random_encoder)
+RANDOM = "RANDOM"  # the label of the random-init control (layersim.random_control.random_encoder)
 
 # Head-level attention measures: figure label and range (matrix-norm similarity is 1 − a mean
 # Frobenius distance, so it has no lower bound).

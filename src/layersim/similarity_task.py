@@ -22,7 +22,7 @@ from layersim.comparisons import (RANDOM, attention_maps, moments_stacked_matrix
                                   stacked_matrix, stream_layers, stream_rows, streamed_moments)
 from layersim.convergence import checkpoint_note
 from layersim.io import ActivationTable, AttentionTable, run_expectations, write_figure, write_json
-from layersim.models import RANDOM_RUN, random_run_metadata
+from layersim.random_control import RANDOM_RUN, random_run_metadata
 from layersim.params import Params
 from layersim.similarity import LayerMoments, check_computable
 from layersim.similarity_report import localization_report, phang_report, sampled_null_measures, settings
