@@ -1,6 +1,6 @@
 """Extraction throughput: the extract stage's work against a bare forward pass over the same batches.
 
-"extract" is ``layersim.extract.extract_activations`` writing all three poolings (cls, mean, last)
+"extract" is ``layersim.experiments.extract.extract_activations`` writing all three poolings (cls, mean, last)
 of every layer to Parquet through ``ActivationWriter``; "forward" runs the same encoder over the same
 batches (same collate, ``torch.inference_mode``, ``output_hidden_states=True``) and discards the
 result. Both run in the same process on the same data, interleaved, and the median of the
@@ -42,12 +42,12 @@ import pyarrow as pa
 import torch
 import transformers
 
-from layersim.batching import encode_task, sequential_batches
-from layersim.extract import extract_activations, pool_layers
-from layersim.io import ActivationTable, ActivationWriter
-from layersim.models import load_encoder, load_tokenizer, snapshot_model
-from layersim.params import EXAMPLE_POOLINGS as POOLINGS  # the per-example poolings measured in README
-from layersim.tasks import generated_table, get_task
+from layersim.data.batching import encode_task, sequential_batches
+from layersim.experiments.extract import extract_activations, pool_layers
+from layersim.data.io import ActivationTable, ActivationWriter
+from layersim.models.registry import load_encoder, load_tokenizer, snapshot_model
+from layersim.params import EXAMPLE_POOLINGS as POOLINGS  # the per-example poolings measured in docs/performance.md
+from layersim.data.tasks import generated_table, get_task
 
 CPU = torch.device("cpu")
 

@@ -49,11 +49,11 @@ import torch
 import transformers
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from layersim import train
-from layersim.batching import encode_task
-from layersim.models import load_task_model, load_tokenizer, snapshot_model
+from layersim.training import train
+from layersim.data.batching import encode_task
+from layersim.models.registry import load_task_model, load_tokenizer, snapshot_model
 from layersim.params import FinetuneParams
-from layersim.tasks import generated_table, get_task
+from layersim.data.tasks import generated_table, get_task
 
 CPU = torch.device("cpu")
 

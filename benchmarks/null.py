@@ -96,7 +96,8 @@ def main() -> None:
 
 
 def rotation(args) -> None:
-    from layersim.comparisons import moments_stacked_matrix, moments_stacked_null, phang_cells, streamed_moments
+    from layersim.similarity.comparisons import (moments_stacked_matrix, moments_stacked_null, phang_cells,
+                                                 streamed_moments)
     from layersim.similarity import MOMENT_MEASURES, LayerMoments
 
     models = {label: make_layers(args.n, args.d, args.layers, seed)

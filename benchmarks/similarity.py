@@ -52,7 +52,7 @@ that calls the pair function on the upper triangle, recomputing everything per p
 
 ``--moments`` (n = 5,000 and 50,000 by default): one float64 pass over row batches gathers the centred
 cross-products of the 13 stacked layers and their rows' squared norms (what the similarity stage streams,
-:func:`layersim.comparisons.moments_stacked_matrix`), then each measure's 13 x 13 matrix comes from those
+:func:`layersim.similarity.comparisons.moments_stacked_matrix`), then each measure's 13 x 13 matrix comes from those
 sums (the CCA family, neuronsim and mixedsim from the d x d blocks, debiased CKA also from the norms), and
 linear CKA's exact permutation null from the same pass; timed (the pass included in every measure's time, though one pass
 serves them all) against today's in-memory matrix (per-layer bases of n rows, the float64 reference for the
@@ -525,7 +525,7 @@ def moments_section(names: list[str], n: int, width: int, num_layers: int, seed:
     """The streamed-moments route (one pass over row batches, then every measure from the d x d blocks)
     against today's in-memory matrix (per-layer bases of n rows) and the per-pair loop; then each measure's
     rotation null (:func:`null_table`)."""
-    from layersim.comparisons import moments_stacked_matrix, moments_stacked_null
+    from layersim.similarity.comparisons import moments_stacked_matrix, moments_stacked_null
     from layersim.similarity import LayerMoments
     from layersim.similarity.moments import MOMENT_MEASURES
     from layersim.similarity import permutation_matrix, streamed_linear_cka_null

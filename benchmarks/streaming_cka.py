@@ -1,7 +1,7 @@
 """Streaming linear CKA over activation tables: peak memory does not grow with the number of examples.
 
 For n = 20,000 and n = 200,000 rows, writes an activation table (13 layers; 256 neurons each by default,
-see below) with layersim.io.ActivationWriter into a temporary folder, then, in a fresh child process
+see below) with layersim.data.io.ActivationWriter into a temporary folder, then, in a fresh child process
 per table, streams it with ``ActivationTable.iter_batches`` into
 ``layersim.similarity.LinearCKAAccumulator`` and takes the 13 × 13 matrix. Reported per n: the time,
 the child's peak resident memory (VmHWM), its resident memory after imports (what Python, NumPy
@@ -39,7 +39,7 @@ def write_table(path: Path, num_rows: int, width: int, num_layers: int, seed: in
     previous one, with an offset), written `chunk` rows at a time; returns the seconds it took."""
     import pyarrow as pa
 
-    from layersim.io import ActivationWriter
+    from layersim.data.io import ActivationWriter
 
     rng = np.random.default_rng(seed)
     spectrum = (np.arange(1, width + 1) ** -0.75).astype(np.float32)
@@ -71,7 +71,7 @@ def rss(field: str = "VmRSS") -> int:
 
 def child(path: str, rows: int, precision: str) -> None:
     """Stream one table and print a JSON line: seconds, peak and after-import resident memory, matrix."""
-    from layersim.io import ActivationTable
+    from layersim.data.io import ActivationTable
     from layersim.similarity import LinearCKAAccumulator
 
     table = ActivationTable(path)
@@ -133,7 +133,7 @@ def main() -> None:
             result["write"] = seconds_write
             result["file"] = path.stat().st_size
             if n == min(sizes):
-                from layersim.io import ActivationTable
+                from layersim.data.io import ActivationTable
                 from layersim.similarity import cka_matrix
 
                 reference = cka_matrix(ActivationTable(path).layers(), precision="float64")

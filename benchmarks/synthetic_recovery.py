@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from layersim.align import synthetic_recovery
-from layersim.align_report import LINEAR_FAMILY
+from layersim.experiments.align import LINEAR_FAMILY
 from layersim.params.schema import AlignParams
 
 
@@ -40,8 +40,8 @@ def minilm_rows(rows: int) -> np.ndarray:
     """Mean-pooled last-layer vectors of all-MiniLM-L6-v2 over generated training sentences."""
     from transformers import AutoModel, AutoTokenizer
 
-    from layersim.models import packaged_minilm_dir
-    from layersim.tasks.generated import generate
+    from layersim.models.registry import packaged_minilm_dir
+    from layersim.data.tasks.generated import generate
 
     folder = packaged_minilm_dir()
     tokenizer, model = AutoTokenizer.from_pretrained(folder), AutoModel.from_pretrained(folder).eval()

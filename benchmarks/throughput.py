@@ -50,15 +50,16 @@ from layersim.align import experiments
 from layersim.align.base import AlignmentMap, fit_maps
 from layersim.align.maps import make_map
 from layersim.align.metrics import mse, relative_error
-from layersim.align.neural import AffineCoupling, INNMap, NeuralMap, learning_rate_factor, shrunk_whitening
-from layersim.batching import encode_task, sequential_batches
-from layersim.device import resolve_device
-from layersim.encoders import all_spans, exit_at, inject_first_token, num_layers, skip_span
-from layersim.injection import injected_score
-from layersim.linalg import canonical_pairs, thin_svd, variance_rank
-from layersim.models import load_task_model, load_tokenizer, snapshot_model
-from layersim.tasks import generated_table, get_task
-from layersim.truncation import primary_score, span_scores, untuned_scores
+from layersim.align.flows import AffineCoupling, learning_rate_factor
+from layersim.align.neural import INNMap, NeuralMap, shrunk_whitening
+from layersim.data.batching import encode_task, sequential_batches
+from layersim.compute.device import resolve_device
+from layersim.models.encoders import all_spans, exit_at, inject_first_token, num_layers, skip_span
+from layersim.experiments.injection import injected_score
+from layersim.compute.linalg import canonical_pairs, thin_svd, variance_rank
+from layersim.models.registry import load_task_model, load_tokenizer, snapshot_model
+from layersim.data.tasks import generated_table, get_task
+from layersim.experiments.truncation import primary_score, span_scores, untuned_scores
 
 
 def timed(fn):
@@ -340,7 +341,7 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=300, help="validation examples (the quickstart's)")
     parser.add_argument("--quick", action="store_true", help="50 INN steps, 100 examples")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's own choice)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, … (layersim.device)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, … (layersim.compute.device)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

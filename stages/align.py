@@ -2,16 +2,16 @@
 train-split representations, scored on validation rows: per-layer alignment error of every method
 for each pair of align.pairs (fine-tuning seeds, ORIG→FT, pretrained models such as MultiBERTs), mean ± sd
 over the pairs of each kind; recovery of a known random INN; injection of a mapped last layer into a
-fine-tuned head; the INN's layer × layer error matrix (layersim.align_report)."""
+fine-tuned head; the INN's layer × layer error matrix (layersim.experiments.align)."""
 
 from pathlib import Path
 
 from layersim import cli
-from layersim.align_report import AlignInputs, align_report
-from layersim.convergence import checkpoint_note
-from layersim.headlines import align_headline, write_metrics
-from layersim.io import atomic_path
-from layersim.tasks import get_task
+from layersim.experiments.align import AlignInputs, align_report
+from layersim.training.convergence import checkpoint_note
+from layersim.reporting.headlines import align_headline, write_metrics
+from layersim.data.io import atomic_path
+from layersim.data.tasks import get_task
 
 
 def main(args, params):
@@ -35,6 +35,6 @@ if __name__ == "__main__":
     parser.add_argument("--task-dir", type=Path, required=True, help="folder written by download_task")
     parser.add_argument("--paired", type=Path, required=True, help="folder written by download_paired")
     parser.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
-    parser.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.headlines)")
+    parser.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.reporting.headlines)")
     parser.add_argument("--plots", type=Path, required=True, help="folder for figures and plot data")
     cli.run_stage(main, parser.parse_args())

@@ -6,8 +6,8 @@ been validated as a registry name or a hub id, which cannot hold shell syntax (d
 The output never changes, so a params change reruns only the stages that read the changed key."""
 
 from layersim import cli
-from layersim.io import atomic_path
-from layersim.measure_sizes import check_measure_sizes
+from layersim.data.io import atomic_path
+from layersim.params.measure_sizes import check_measure_sizes
 
 CHECKED = "params.yaml passed validation; see docs/params-safety.md\n"
 

@@ -1,14 +1,14 @@
 """compare: every layer of several models on the same inputs, one stacked matrix per measure — the
 pretrained encoder, its fine-tuned models for each task (first seed; Wu et al. Figures 5–7) and the
 other pretrained encoders of `compare.models` (Phang et al. Figure 7, Wu et al. Figure 1)
-(layersim.compare_task)."""
+(layersim.experiments.compare)."""
 
 from pathlib import Path
 
 from layersim import cli
-from layersim.compare_task import compare_models
-from layersim.headlines import compare_headline, write_metrics
-from layersim.io import atomic_path
+from layersim.experiments.compare import compare_models
+from layersim.reporting.headlines import compare_headline, write_metrics
+from layersim.data.io import atomic_path
 
 
 def main(args, params):
@@ -28,7 +28,7 @@ if __name__ == "__main__":
     parser.add_argument("--compared", type=Path, required=True, help="folder written by download_compared")
     parser.add_argument("--tasks", type=Path, required=True, help="folder holding <task>/ task tables")
     parser.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
-    parser.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.headlines)")
+    parser.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.reporting.headlines)")
     parser.add_argument("--plots", type=Path, required=True, help="folder for figures and plot data")
     parser.add_argument("--localization", type=Path, required=True, help="folder for localization curves")
     cli.run_stage(main, parser.parse_args())

@@ -5,9 +5,9 @@ each. The only stages, with download_task, that may reach the network."""
 from pathlib import Path
 
 from layersim import cli
-from layersim.io import atomic_path, write_json
-from layersim.lockfile import locked_model_revision
-from layersim.models import snapshot_model
+from layersim.data.io import atomic_path, write_json
+from layersim.params.lockfile import locked_model_revision
+from layersim.models.registry import snapshot_model
 from layersim.params import paired_models
 
 

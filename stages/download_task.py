@@ -5,9 +5,9 @@ from pathlib import Path
 
 from layersim import cli
 from layersim.errors import LayersimError
-from layersim.io import atomic_path, write_parquet
-from layersim.lockfile import locked_task_revision
-from layersim.tasks import SPLITS, generated_table, get_task, hub_table, subsample
+from layersim.data.io import atomic_path, write_parquet
+from layersim.params.lockfile import locked_task_revision
+from layersim.data.tasks import SPLITS, generated_table, get_task, hub_table, subsample
 
 
 def main(args, params):
@@ -18,7 +18,7 @@ def main(args, params):
     limits = {"train": p.max_train_examples, "validation": p.max_validation_examples}
     tables = {}
     if spec.user is not None:
-        from layersim.tasks.user import user_tables
+        from layersim.data.tasks.user import user_tables
 
         tables = {split: subsample(table, limits[split], seed=0) for split, table in user_tables(spec).items()}
     revision = locked_task_revision(spec, p.revisions.get(spec.name))  # layersim.lock's commit, before any work

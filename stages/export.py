@@ -6,15 +6,15 @@ full model at batch 1 and 32 (the times go to --timings, outside every hashed ou
 from pathlib import Path
 
 from layersim import cli
-from layersim.batching import encode_task
-from layersim.device import resolve_device, resolve_precision
-from layersim.export import (TIMED_BATCH_SIZES, choice_logits, choose_layers, exact_rescore, export_report,
-                             export_timings, time_models, write_checkpoint)
-from layersim.headlines import export_headline, write_metrics
-from layersim.io import read_task_table, run_expectations, write_figure, write_json
-from layersim.models import verified_info
-from layersim.tasks import get_task
-from layersim.truncation import load_for_validation, primary_score
+from layersim.data.batching import encode_task
+from layersim.compute.device import resolve_device, resolve_precision
+from layersim.experiments.export import (TIMED_BATCH_SIZES, choice_logits, choose_layers, exact_rescore, export_report,
+                                         export_timings, time_models, write_checkpoint)
+from layersim.reporting.headlines import export_headline, write_metrics
+from layersim.data.io import read_task_table, run_expectations, write_figure, write_json
+from layersim.models.registry import verified_info
+from layersim.data.tasks import get_task
+from layersim.experiments.truncation import load_for_validation, primary_score
 
 
 def main(args, params):
@@ -72,7 +72,7 @@ if __name__ == "__main__":
     p.add_argument("--task-dir", type=Path, required=True, help="folder written by download_task")
     p.add_argument("--out", type=Path, required=True, help="folder of the exported checkpoint")
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
-    p.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.headlines)")
+    p.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.reporting.headlines)")
     p.add_argument("--plots", type=Path, required=True, help="folder for the PNG and the plot rows")
     p.add_argument("--timings", type=Path, required=True, help="JSON of the measured times and speed-ups")
     cli.run_stage(main, p.parse_args())

@@ -6,14 +6,14 @@ row per word ("tokens", validation only), and attention maps of a few, for the p
 from pathlib import Path
 
 from layersim import cli
-from layersim.device import resolve_device
-from layersim.batching import encode_task
-from layersim.extract import extract_activations, extract_attention
+from layersim.compute.device import resolve_device
+from layersim.data.batching import encode_task
+from layersim.experiments.extract import extract_activations, extract_attention
 from layersim.errors import LayersimError
-from layersim.io import atomic_path, read_task_table, run_expectations
-from layersim.models import load_encoder, load_tokenizer, verified_info
-from layersim.random_control import RANDOM_RUN, random_encoder, random_run_metadata
-from layersim.tasks import get_task
+from layersim.data.io import atomic_path, read_task_table, run_expectations
+from layersim.models.registry import load_encoder, load_tokenizer, verified_info
+from layersim.models.random_control import RANDOM_RUN, random_encoder, random_run_metadata
+from layersim.data.tasks import get_task
 
 
 def main(args, params):

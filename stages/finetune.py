@@ -6,13 +6,13 @@ from pathlib import Path
 from dvclive import Live
 
 from layersim import cli
-from layersim.convergence import enforce
-from layersim.device import resolve_device
-from layersim.io import atomic_path, task_tables_digest, write_json
-from layersim.models import load_tokenizer
-from layersim.tasks import get_task
-from layersim.resume import TrainingCheckpoint
-from layersim.train import encoded_splits, finetune, run_fingerprint, save_checkpoint
+from layersim.training.convergence import enforce
+from layersim.compute.device import resolve_device
+from layersim.data.io import atomic_path, task_tables_digest, write_json
+from layersim.models.registry import load_tokenizer
+from layersim.data.tasks import get_task
+from layersim.training.resume import TrainingCheckpoint
+from layersim.training.train import encoded_splits, finetune, run_fingerprint, save_checkpoint
 
 
 def main(args, params):

@@ -1,19 +1,19 @@
 """freeze: fine-tune one task with the bottom or top k layers frozen (Wu et al. 2020, Table 1), with the
 finetune stage's recipe and seeds, and report each configuration's score and training time next to
-the unfrozen run (layersim.freezing); training times and time saved go to --timings (not hashed by DVC)."""
+the unfrozen run (layersim.experiments.freeze); training times and time saved go to --timings (not hashed by DVC)."""
 
 from pathlib import Path
 
 from layersim import cli
-from layersim.convergence import enforce
-from layersim.device import resolve_device
-from layersim.freezing import (FreezeRun, freeze_configs, freeze_headline, freeze_report, freeze_timings,
-                               frozen_params, unfrozen_run)
-from layersim.headlines import write_metrics
-from layersim.io import write_figure, write_json
-from layersim.models import load_tokenizer, model_info, model_shape
-from layersim.tasks import get_task
-from layersim.train import encoded_splits, finetune
+from layersim.training.convergence import enforce
+from layersim.compute.device import resolve_device
+from layersim.experiments.freeze import (FreezeRun, freeze_configs, freeze_headline, freeze_report, freeze_timings,
+                                         frozen_params, unfrozen_run)
+from layersim.reporting.headlines import write_metrics
+from layersim.data.io import write_figure, write_json
+from layersim.models.registry import load_tokenizer, model_info, model_shape
+from layersim.data.tasks import get_task
+from layersim.training.train import encoded_splits, finetune
 
 
 def main(args, params):
@@ -57,6 +57,6 @@ if __name__ == "__main__":
     p.add_argument("--finetune-timings", type=Path, required=True, help="folder of the unfrozen runs' timings")
     p.add_argument("--timings", type=Path, required=True, help="JSON of the training times and time saved")
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
-    p.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.headlines)")
+    p.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.reporting.headlines)")
     p.add_argument("--plots", type=Path, required=True, help="folder for the bar chart and the plot rows")
     cli.run_stage(main, p.parse_args())

@@ -5,8 +5,8 @@ exported model's score and speed-up, and every similarity with its null and inte
 from pathlib import Path
 
 from layersim import cli
-from layersim.io import atomic_path
-from layersim.report import Layout, build_report
+from layersim.data.io import atomic_path
+from layersim.reporting.page import Layout, build_report
 
 
 def main(args, params):

@@ -1,14 +1,14 @@
 """similarity: for one task, layer × layer matrices of every chosen measure (Wu et al. 2020) between the
 pretrained model and the fine-tuned seeds — Phang et al.'s ORIG–ORIG, FT–ORIG, FT–FT and FT[1]–FT[2] —
 per pooling, each cell with its permutation null and each reported diagonal with a bootstrap interval;
-the localization score per layer; attention-level similarities (layersim.similarity_task)."""
+the localization score per layer; attention-level similarities (layersim.experiments.similarity)."""
 
 from pathlib import Path
 
 from layersim import cli
-from layersim.headlines import similarity_headline, write_metrics
-from layersim.io import atomic_path
-from layersim.similarity_task import task_similarity
+from layersim.reporting.headlines import similarity_headline, write_metrics
+from layersim.data.io import atomic_path
+from layersim.experiments.similarity import task_similarity
 
 
 def main(args, params):
@@ -28,7 +28,7 @@ if __name__ == "__main__":
     parser.add_argument("--activations", type=Path, required=True, help="folder written by the extract stage")
     parser.add_argument("--checkpoints", type=Path, required=True, help="folder holding seed<k>/ checkpoints")
     parser.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
-    parser.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.headlines)")
+    parser.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.reporting.headlines)")
     parser.add_argument("--plots", type=Path, required=True, help="folder for heatmap PNGs and plot data")
     parser.add_argument("--localization", type=Path, required=True, help="folder for localization curves")
     parser.add_argument("--diagonals", type=Path, required=True,

@@ -6,12 +6,12 @@ from pathlib import Path
 import numpy as np
 
 from layersim import cli
-from layersim.device import resolve_device, resolve_precision
-from layersim.headlines import skip_headline, write_metrics
-from layersim.io import read_task_table, run_expectations, write_figure, write_json
-from layersim.plots import span_heatmap
-from layersim.tasks import get_task
-from layersim.truncation import load_for_validation, span_scores, span_summary
+from layersim.compute.device import resolve_device, resolve_precision
+from layersim.reporting.headlines import skip_headline, write_metrics
+from layersim.data.io import read_task_table, run_expectations, write_figure, write_json
+from layersim.reporting.plots import span_heatmap
+from layersim.data.tasks import get_task
+from layersim.experiments.truncation import load_for_validation, span_scores, span_summary
 
 
 def main(args, params):
@@ -55,6 +55,6 @@ if __name__ == "__main__":
     p.add_argument("--checkpoints", type=Path, required=True, help="folder holding seed<k>/ checkpoints")
     p.add_argument("--task-dir", type=Path, required=True, help="folder written by download_task")
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
-    p.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.headlines)")
+    p.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.reporting.headlines)")
     p.add_argument("--plots", type=Path, required=True, help="folder for the PNG and the plot rows")
     cli.run_stage(main, p.parse_args())

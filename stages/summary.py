@@ -1,15 +1,16 @@
 """summary: one metrics file across tasks — the mean over tasks of each stage's main headline value
-(layersim.headlines.summary_headline), so `dvc exp show` compares experiments in a few columns — and
+(layersim.reporting.headlines.summary_headline), so `dvc exp show` compares experiments in a few columns — and
 where the last block of layers starts, task by task (a bar chart and its rows)."""
 
 import json
 from pathlib import Path
 
 from layersim import cli
-from layersim.headlines import BLOCK_KEYS, last_block_starts, read_metrics_file, read_stage_metrics, summary_headline
-from layersim.io import write_figure, write_json
-from layersim.plots import last_block_counts
-from layersim.tasks import get_task
+from layersim.reporting.headlines import (BLOCK_KEYS, last_block_starts, read_metrics_file, read_stage_metrics,
+                                          summary_headline)
+from layersim.data.io import write_figure, write_json
+from layersim.reporting.plots import last_block_counts
+from layersim.data.tasks import get_task
 
 
 def main(args, params):

@@ -8,16 +8,16 @@ from pathlib import Path
 import numpy as np
 
 from layersim import cli
-from layersim.convergence import checkpoint_note
-from layersim.device import resolve_device, resolve_precision
-from layersim.heads import HeadParams
-from layersim.headlines import truncate_headline, write_metrics
-from layersim.io import ActivationTable, read_task_table, run_expectations, write_figure, write_json
-from layersim.plots import truncation_curves
-from layersim.tasks import get_task
-from layersim.task_heads import own_head
-from layersim.truncation import (VARIANTS, head_scores, initial_head, load_for_validation, majority_score,
-                                 truncation_summary, untuned_scores)
+from layersim.training.convergence import checkpoint_note
+from layersim.compute.device import resolve_device, resolve_precision
+from layersim.training.heads import HeadParams
+from layersim.reporting.headlines import truncate_headline, write_metrics
+from layersim.data.io import ActivationTable, read_task_table, run_expectations, write_figure, write_json
+from layersim.reporting.plots import truncation_curves
+from layersim.data.tasks import get_task
+from layersim.models.task_heads import own_head
+from layersim.experiments.truncation import (VARIANTS, head_scores, initial_head, load_for_validation, majority_score,
+                                             truncation_summary, untuned_scores)
 
 
 def main(args, params):
@@ -75,6 +75,6 @@ if __name__ == "__main__":
     p.add_argument("--task-dir", type=Path, required=True, help="folder written by download_task")
     p.add_argument("--pretrained", type=Path, required=True, help="folder written by download_model (TunedOrig's head)")
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
-    p.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.headlines)")
+    p.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.reporting.headlines)")
     p.add_argument("--plots", type=Path, required=True, help="folder for the PNG and the plot rows")
     cli.run_stage(main, p.parse_args())

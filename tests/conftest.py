@@ -49,7 +49,7 @@ def tiny_model_dir(tmp_path_factory) -> Callable[[str], Path]:
     Any offline model name works ("tiny-bert", "tiny-roberta", "tiny-albert", "tiny-electra",
     "minilm-l6"); each is snapshotted once per session and shared read-only by every test.
     """
-    from layersim.models import snapshot_model
+    from layersim.models.registry import snapshot_model
 
     root = tmp_path_factory.mktemp("models")
     cache: dict[str, Path] = {}

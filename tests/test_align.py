@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from layersim.align import (MAPS, CCAMap, CouplingFlow, INNMap, LinearRegressionMap, MLPMap, PWCCAMap, SVCCAMap,
-                            alignment_errors, fit_maps, layer_alignment_matrix, make_map, map_representations, mse, random_flow,
-                            relative_error, synthetic_recovery, train_test_split_rows)
+                            alignment_errors, fit_maps, layer_alignment_matrix, make_map, map_representations, mse,
+                            random_flow, relative_error, synthetic_recovery, train_test_split_rows)
 from layersim.align.neural import shrunk_whitening
 from layersim.errors import LayersimError
-from layersim.linalg import Standardizer, thin_svd
+from layersim.compute.linalg import Standardizer, thin_svd
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from layersim.align_report import (AlignReport, Pair, compared_pairs, injection_pair, method_options, over_pairs,
-                                   run_labels)
+from layersim.experiments.align import (AlignReport, Pair, compared_pairs, injection_pair, method_options, over_pairs,
+                                        run_labels)
 from layersim.errors import LayersimError
 from layersim.params import AlignParams, Params, parse_params
 

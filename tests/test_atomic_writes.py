@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from layersim import io
+from layersim.data import io
 from layersim.errors import LayersimError
-from layersim.io import ActivationTable, ActivationWriter
+from layersim.data.io import ActivationTable, ActivationWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 HIDDEN = 4
@@ -210,7 +210,7 @@ def _killed_child(code: str, cwd: Path) -> None:
 
 KILLED_ACTIVATION_WRITER = """
     import numpy as np, pyarrow as pa
-    from layersim.io import ActivationWriter
+    from layersim.data.io import ActivationWriter
     meta = {meta!r}
     with ActivationWriter("orig.cls.parquet", num_layers=2, hidden_size=4, label_type=pa.int64(), metadata=meta,
                           rows_per_group=2) as writer:
@@ -251,8 +251,8 @@ def test_activation_writer_killed_mid_write(tmp_path, previous):
 
 
 KILLED_SNAPSHOT = """
-    from layersim.io import atomic_path
-    from layersim.models import snapshot_model
+    from layersim.data.io import atomic_path
+    from layersim.models.registry import snapshot_model
     with atomic_path("pretrained", is_dir=True) as tmp:
         snapshot_model("tiny-bert", tmp)
         KILL()  # weights, config and tokenizer are written; the folder is not renamed into place

@@ -21,11 +21,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from dvc_project import REPO, tiny_params  # noqa: E402
-from layersim import io  # noqa: E402
+from layersim.data import io  # noqa: E402
 from layersim.errors import LayersimError  # noqa: E402
-from layersim.models import (MODEL_INFO_FILE, load_encoder, load_tokenizer, model_info,  # noqa: E402
+from layersim.models.registry import (MODEL_INFO_FILE, load_encoder, load_tokenizer, model_info,  # noqa: E402
                              verified_info, weights_digest)
-from layersim.tasks import generated_table, get_task  # noqa: E402
+from layersim.data.tasks import generated_table, get_task  # noqa: E402
 
 TASK = "synth-negation"
 

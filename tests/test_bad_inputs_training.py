@@ -18,15 +18,15 @@ import torch
 import yaml
 
 from dvc_project import REPO, tiny_params
-from layersim import train
-from layersim.batching import encode_task
-from layersim.training_steps import NonFiniteLoss
+from layersim.training import train
+from layersim.data.batching import encode_task
+from layersim.compute.training_steps import NonFiniteLoss
 from layersim.errors import LayersimError
-from layersim.heads import HeadParams, train_head
-from layersim.models import load_tokenizer
+from layersim.training.heads import HeadParams, train_head
+from layersim.models.registry import load_tokenizer
 from layersim.params import FinetuneParams
-from layersim.resume import STATE_FILE, TrainingCheckpoint
-from layersim.tasks import generated_table, get_task
+from layersim.training.resume import STATE_FILE, TrainingCheckpoint
+from layersim.data.tasks import generated_table, get_task
 
 CPU = torch.device("cpu")
 TASK = "synth-negation"

@@ -1,6 +1,6 @@
 """Tests for the fast paths of batching (NumPy padding) and extraction (all layers pooled at once):
 each must give exactly what the straightforward version gives — ``tokenizer.pad`` and
-:func:`layersim.extract.pool` layer by layer — bit for bit."""
+:func:`layersim.experiments.extract.pool` layer by layer — bit for bit."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from layersim.batching import collate, encode_task, pad_rows
+from layersim.data.batching import collate, encode_task, pad_rows
 from layersim.errors import LayersimError
-from layersim.extract import last_content_position, pool, pool_layers
-from layersim.models import load_tokenizer
-from layersim.tasks import generated_table, get_task
+from layersim.experiments.extract import last_content_position, pool, pool_layers
+from layersim.models.registry import load_tokenizer
+from layersim.data.tasks import generated_table, get_task
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

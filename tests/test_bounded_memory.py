@@ -4,9 +4,9 @@ more data than the process may allocate.
 A child process imports what the stage's computation needs, warms it up on one batch (thread pools,
 allocator arenas and BLAS buffers reserve address space lazily), measures its address space, and caps
 it (RLIMIT_AS) at that plus MARGIN. The tables hold three times MARGIN of float32 activations. The
-streamed matrix (layersim.comparisons.streamed_linear_cka over ActivationTable.iter_batches) must
+streamed matrix (layersim.similarity.comparisons.streamed_linear_cka over ActivationTable.iter_batches) must
 finish under the cap and match the value known from how the data was built; loading the layers
-instead (layersim.comparisons.stacked_matrix) must fail with MemoryError under the same cap, which
+instead (layersim.similarity.comparisons.stacked_matrix) must fail with MemoryError under the same cap, which
 shows that the cap is real.
 """
 
@@ -24,7 +24,7 @@ import pyarrow as pa
 import pytest
 from threadpoolctl import threadpool_limits
 
-from layersim.io import ActivationWriter
+from layersim.data.io import ActivationWriter
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc and RLIMIT_AS")
 
@@ -38,9 +38,9 @@ CHILD = r"""
 import json, os, resource, sys
 
 mode, folder, margin = sys.argv[1], sys.argv[2], int(sys.argv[3])
-from layersim.comparisons import stacked_matrix, stream_rows, streamed_linear_cka
+from layersim.similarity.comparisons import stacked_matrix, stream_rows, streamed_linear_cka
 from layersim.errors import LayersimError
-from layersim.io import ActivationTable
+from layersim.data.io import ActivationTable
 
 
 def vm(field):

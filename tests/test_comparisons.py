@@ -1,12 +1,13 @@
-"""Tests of layersim.comparisons: stacked matrices, their blocks and the localization score."""
+"""Tests of layersim.similarity.comparisons: stacked matrices, their blocks and the localization score."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from layersim.comparisons import (attention_measure_bounds, attention_measure_label, block, localization, measure_options, pair_summary,
-                                  phang_cells, phang_comparisons, seed_spread, stacked_matrix, summarize)
+from layersim.similarity.comparisons import (attention_measure_bounds, attention_measure_label, block, localization,
+                                             measure_options, pair_summary, phang_cells, phang_comparisons, seed_spread,
+                                             stacked_matrix, summarize)
 from layersim.similarity import AttentionMaps, attention_similarity_matrix, similarity_matrix
 
 

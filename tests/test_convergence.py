@@ -1,4 +1,4 @@
-"""The convergence check (layersim.convergence): planted runs that learned nothing or fell far below their
+"""The convergence check (layersim.training.convergence): planted runs that learned nothing or fell far below their
 seeds are flagged, converged runs are not, and finetune.require_convergence turns the warning into an error."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from layersim.convergence import (Convergence, check_run, enforce, final_loss, marked, metrics_record, run_flags,
-                                  seed_outliers, title_note, trivial_loss)
+from layersim.training.convergence import (Convergence, check_run, enforce, final_loss, marked, metrics_record,
+                                           run_flags, seed_outliers, title_note, trivial_loss)
 from layersim.errors import LayersimError
 
 FINETUNE = SimpleNamespace(max_steps=120, learning_rate=1e-4, warmup_steps=20, require_convergence=False)

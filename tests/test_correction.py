@@ -12,12 +12,12 @@ import pytest
 from matplotlib.patches import Rectangle
 
 from layersim.errors import LayersimError
-from layersim.headlines import similarity_headline
+from layersim.reporting.headlines import similarity_headline
 from layersim.params.schema import SimilarityParams
 from layersim.similarity import NullMatrix
 from layersim.similarity.correction import (CORRECTIONS, adjusted_p_values, at_chance, cells_needed, declares,
                                             permutations_needed)
-from layersim.similarity_report import Uncertainty, phang_report
+from layersim.reporting.similarity import Uncertainty, phang_report
 
 NAN = math.nan
 # One heatmap's p-values (FT layer × ORIG layer); NaN: cells without a test (e.g. an undefined layer).

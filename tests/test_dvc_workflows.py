@@ -181,7 +181,8 @@ def test_experiments_show_params_and_metrics(experiments):
 
 
 def test_summary_columns_of_two_experiments_fit_a_terminal(experiments):
-    """The README's command: the summary metrics of both experiments in a 160-column terminal, nothing cut."""
+    """The documented command (docs/experiments.md): the summary metrics of both experiments in a 160-column
+    terminal, nothing cut."""
     work, env = experiments["work"], {**experiments["env"], "COLUMNS": "160"}
     shown = run(dvc("exp", "show", "--no-pager", "--drop", ".*", "--keep", r"Experiment|^model$|^mean\."), work, env)
     lines = [line.rstrip() for line in shown.stdout.splitlines() if line.strip()]

@@ -1,4 +1,4 @@
-"""Tests for layersim.encoders: untuned truncation (exit at layer k) and layer skipping, on the tiny
+"""Tests for layersim.models.encoders: untuned truncation (exit at layer k) and layer skipping, on the tiny
 random-init configs of all four architectures and their own task heads.
 
 The references are independent of the context managers: the plain forward's hidden states, the
@@ -12,12 +12,12 @@ import torch
 from torch import nn
 from transformers.masking_utils import create_bidirectional_mask
 
-from layersim.batching import collate, encode_task
-from layersim.encoders import (all_spans, describe_architecture, exit_at, inject_first_token, num_layers,
-                               run_layers, skip_span)
+from layersim.data.batching import collate, encode_task
+from layersim.models.encoders import (all_spans, describe_architecture, exit_at, inject_first_token, num_layers,
+                                      run_layers, skip_span)
 from layersim.errors import LayersimError
-from layersim.models import load_task_model, load_tokenizer
-from layersim.tasks import generated_table, get_task
+from layersim.models.registry import load_task_model, load_tokenizer
+from layersim.data.tasks import generated_table, get_task
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

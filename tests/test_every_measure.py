@@ -1,6 +1,6 @@
 """Every measure of layersim.similarity.MEASURES through the similarity and compare stages' code, with the
-stages' own options (layersim.similarity_report.settings), nulls and intervals on: in memory, and streamed
-from the tables' moments where the measure streams (the switch, layersim.comparisons.stream_layers, forced).
+stages' own options (layersim.reporting.similarity.settings), nulls and intervals on: in memory, and streamed
+from the tables' moments where the measure streams (the switch, layersim.similarity.comparisons.stream_layers, forced).
 Tiny tables (3 models × 3 layers of width 4, 40 rows) keep it to seconds."""
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import layersim.similarity_task as similarity_task
-from layersim.compare_task import compare_representations
-from layersim.comparisons import STREAMABLE
-from layersim.extract import Pooled
-from layersim.io import ActivationWriter
+import layersim.experiments.similarity as similarity_task
+from layersim.experiments.compare import compare_representations
+from layersim.similarity.comparisons import STREAMABLE
+from layersim.experiments.extract import Pooled
+from layersim.data.io import ActivationWriter
 from layersim.params import parse_params
 from layersim.similarity import MEASURES, MOMENT_MEASURES, permutation_matrix, permutation_test
 from layersim.similarity.bootstrap import bootstrap_pairs
-from layersim.similarity_task import task_similarity
+from layersim.experiments.similarity import task_similarity
 
 from test_integrity import HIDDEN, NUM_LAYERS, TASK, fake_model_folder
 

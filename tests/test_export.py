@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from layersim.batching import encode_task
-from layersim.encoders import num_layers, run_layers, smaller_copy
+from layersim.data.batching import encode_task
+from layersim.models.encoders import num_layers, run_layers, smaller_copy
 from layersim.errors import LayersimError
-from layersim.evaluate import predict
-from layersim.export import (EXPORT_INFO_FILE, TASK_INFO_FILE, LayerChoice, best_per_depth, choice_logits,
-                             choose_layers, exact_rescore, export_report, export_timings, load_exported, time_models,
-                             write_checkpoint)
-from layersim.models import load_task_model, load_tokenizer
-from layersim.tasks import generated_table, get_task
+from layersim.training.evaluate import predict
+from layersim.experiments.export import (EXPORT_INFO_FILE, TASK_INFO_FILE, LayerChoice, best_per_depth, choice_logits,
+                                         choose_layers, exact_rescore, export_report, export_timings, load_exported,
+                                         time_models, write_checkpoint)
+from layersim.models.registry import load_task_model, load_tokenizer
+from layersim.data.tasks import generated_table, get_task
 from transformers import AutoTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -131,26 +131,29 @@ def test_an_export_names_its_labels_inputs_and_max_length(tiny_model_dir, tmp_pa
     assert model.config.id2label == {0: "LABEL_0", 1: "LABEL_1"} or spec.num_labels == 1  # the source is untouched
 
 
-def _readme_snippet() -> str:
-    """The README's example of predicting with an exported model, as a user would copy it."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    blocks = [textwrap.dedent(b) for b in re.findall(r"^( *)```python\n(.*?)^\1```", readme, re.S | re.M)
+SNIPPET_PAGE = "docs/outputs.md"  # "The exported model"
+
+
+def _docs_snippet() -> str:
+    """The docs' example of predicting with an exported model, as a user would copy it."""
+    page = (Path(__file__).resolve().parents[1] / SNIPPET_PAGE).read_text(encoding="utf-8")
+    blocks = [textwrap.dedent(b) for b in re.findall(r"^( *)```python\n(.*?)^\1```", page, re.S | re.M)
               for b in [b[1]]]
     found = [b for b in blocks if "data/export/" in b and "id2label" in b]
-    assert len(found) == 1, "README.md should hold one python example that predicts with an exported model"
+    assert len(found) == 1, f"{SNIPPET_PAGE} should hold one python example that predicts with an exported model"
     return found[0]
 
 
-def test_the_readme_snippet_predicts_label_names(tiny_model_dir, tmp_path, monkeypatch, capsys):
-    """The README's snippet, run as it is (from the folder it names, relative to the repository root) on an
+def test_the_docs_snippet_predicts_label_names(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """The docs' snippet, run as it is (from the folder it names, relative to the repository root) on an
     exported tiny model, prints the task's label names, one per sentence."""
-    code = _readme_snippet()
+    code = _docs_snippet()
     folder = re.search(r'folder = "([^"]+)"', code).group(1)
     task = Path(folder).name
     spec, model, tokenizer, _ = _task_model(tiny_model_dir, "tiny-bert", task, examples=4)
     write_checkpoint(model, tokenizer, LayerChoice(3, 3), tmp_path / folder, spec, {}, lambda m: None, max_length=32)
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, SNIPPET_PAGE, "exec"), {})
     printed = eval(capsys.readouterr().out.strip().splitlines()[-1])  # the list the snippet prints
     sentences = re.search(r"sentences = (\[.*\])", code).group(1)
     assert len(printed) == len(eval(sentences)) and set(printed) <= set(spec.label_names)

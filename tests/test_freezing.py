@@ -1,4 +1,4 @@
-"""Freezing the bottom or top k layers during fine-tuning (Wu et al. 2020, Table 1): layersim.encoders.frozen_layers."""
+"""Freezing the bottom or top k layers during fine-tuning (Wu et al. 2020, Table 1): layersim.models.freezing.frozen_layers."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import json
 import pytest
 import torch
 
-from layersim.batching import collate, encode_task
-from layersim.encoders import describe_architecture, embedding_modules, frozen_layers, frozen_range
+from layersim.data.batching import collate, encode_task
+from layersim.models.encoders import describe_architecture
+from layersim.models.freezing import embedding_modules, frozen_layers, frozen_range
 from layersim.errors import LayersimError
-from layersim.models import load_task_model, load_tokenizer
-from layersim.tasks import generated_table, get_task
+from layersim.models.registry import load_task_model, load_tokenizer
+from layersim.data.tasks import generated_table, get_task
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -108,7 +109,7 @@ def test_bad_freeze_arguments():
 
 
 def test_layers_out_of_twelve_are_scaled_to_the_depth():
-    from layersim.freezing import freeze_configs, scaled_layers
+    from layersim.experiments.freeze import freeze_configs, scaled_layers
 
     assert [scaled_layers(k, 12) for k in (4, 6)] == [4, 6]
     assert [scaled_layers(k, 6) for k in (4, 6)] == [2, 3]       # MiniLM: bottom/top 2 and 3 of 6
@@ -119,7 +120,7 @@ def test_layers_out_of_twelve_are_scaled_to_the_depth():
 
 
 def test_freeze_report_scores_and_time_saved():
-    from layersim.freezing import FreezeConfig, FreezeRun, freeze_headline, freeze_report, freeze_timings
+    from layersim.experiments.freeze import FreezeConfig, FreezeRun, freeze_headline, freeze_report, freeze_timings
 
     spec = get_task("synth-negation")
     bottom, top = FreezeConfig("bottom", 2, 4), FreezeConfig("top", 2, 4)
@@ -148,8 +149,8 @@ def test_freeze_report_flags_runs_that_did_not_converge():
     """The quickstart's artefact: an unfrozen seed stuck at the trivial predictor makes freezing look like a
     gain. The stuck unfrozen run and a frozen run far below its seed sibling are flagged in the rows, the
     counts and the bar chart's labels."""
-    from layersim.convergence import check_run
-    from layersim.freezing import FreezeConfig, FreezeRun, freeze_headline, freeze_report
+    from layersim.training.convergence import check_run
+    from layersim.experiments.freeze import FreezeConfig, FreezeRun, freeze_headline, freeze_report
 
     spec = get_task("synth-similarity")
     bottom, top = FreezeConfig("bottom", 2, 4), FreezeConfig("top", 2, 4)

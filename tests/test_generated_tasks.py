@@ -1,4 +1,4 @@
-"""Tests for the built-in generated tasks (layersim.tasks.generated).
+"""Tests for the built-in generated tasks (layersim.data.tasks.generated).
 
 Besides the table contract (columns, types, determinism, splits, errors), these tests show
 that each task needs composition. A bag-of-words classifier stays near chance, while a
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from layersim.errors import LayersimError
-from layersim.tasks import generated
-from layersim.tasks.generated import GENERATED_TASKS, generate
+from layersim.data.tasks import generated
+from layersim.data.tasks.generated import GENERATED_TASKS, generate
 
 COLUMNS = {
     "synth-negation": ("text", "label"),

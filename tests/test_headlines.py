@@ -1,12 +1,12 @@
-"""Metrics files hold headline scalars; details plot data hold every value (layersim.headlines)."""
+"""Metrics files hold headline scalars; details plot data hold every value (layersim.reporting.headlines)."""
 
 import math
 
 import pytest
 
-from layersim.headlines import (align_headline, compare_headline, details_to_metrics, first_layer_at_chance,
-                                last_block_starts, metrics_to_details, similarity_headline, skip_headline, summary_headline,
-                                truncate_headline)
+from layersim.reporting.headlines import (align_headline, compare_headline, details_to_metrics, first_layer_at_chance,
+                                          last_block_starts, metrics_to_details, similarity_headline, skip_headline,
+                                          summary_headline, truncate_headline)
 
 
 def _layers(*values, first=0):

@@ -1,5 +1,5 @@
 """The hub path, offline: every paper task is read by the same code the download stage runs
-(`layersim.tasks.hub_table`), from a folder laid out like the hub's Parquet export
+(`layersim.data.tasks.hub_table`), from a folder laid out like the hub's Parquet export
 (`<owner>/<name>/<config>/<split>/0000.parquet`, LAYERSIM_HUB_MIRROR), with each dataset's own column
 names and types as published — written out here, not read from the registry, so a wrong column or
 config in the registry fails."""
@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from layersim.errors import LayersimError
-from layersim.tasks import HUB_MIRROR_ENV, PAPER_TASKS, get_task, hub_table
+from layersim.data.tasks import HUB_MIRROR_ENV, PAPER_TASKS, get_task, hub_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -148,7 +148,7 @@ def test_bad_revisions_are_refused(tmp_path, revisions, message):
 
 
 def test_an_unreachable_hub_model_names_the_model_and_revision(tmp_path, monkeypatch):
-    from layersim.models import snapshot_model
+    from layersim.models.registry import snapshot_model
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache: nothing to fall back on

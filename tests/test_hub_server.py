@@ -5,7 +5,7 @@ served: `bert-base-uncased` is google-bert/bert-base-uncased (here a tiny random
 sst2 config of nyu-mll/glue's Parquet export (refs/convert/parquet, `<config>/<split>/0000.parquet`).
 
 And the lock (layersim.lock): the served repositories get new commits; the locked run still reads the old
-ones, and `python -m layersim.lockfile refresh` moves it."""
+ones, and `python -m layersim.params.lockfile refresh` moves it."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _save_model(folder: Path, seed: int) -> None:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    from layersim.models import packaged_minilm_dir, tiny_config
+    from layersim.models.registry import packaged_minilm_dir, tiny_config
 
     tokenizer = AutoTokenizer.from_pretrained(packaged_minilm_dir())
     torch.manual_seed(seed)
@@ -111,7 +111,7 @@ def test_locked_downloads_read_their_commit_until_refreshed(hub, tmp_path):
     work.mkdir()
     (work / "params.yaml").write_text(PARAMS)
 
-    out = _run(["-m", "layersim.lockfile", "sync"], work, server.url)
+    out = _run(["-m", "layersim.params.lockfile", "sync"], work, server.url)
     lock = json.loads((work / "layersim.lock").read_text())
     assert lock["models"] == {MODEL: {"hub_id": MODEL_REPO, "revision": "main", "commit": first["model"]}}
     assert lock["tasks"] == {TASK: {"dataset": DATASET, "config": TASK, "revision": EXPORT, "commit": first["export"]}}
@@ -138,7 +138,7 @@ def test_locked_downloads_read_their_commit_until_refreshed(hub, tmp_path):
     assert info["revision"] == first["model"] and _same(weights, served)
     assert train.column("label").to_pylist() == [0, 1] * 6
 
-    out = _run(["-m", "layersim.lockfile", "refresh"], work, server.url)
+    out = _run(["-m", "layersim.params.lockfile", "refresh"], work, server.url)
     assert f"model {MODEL}: {first['model'][:12]} -> {second['model'][:12]} (main)" in out
     assert f"task {TASK}: {first['export'][:12]} -> {second['export'][:12]} ({EXPORT})" in out
     lock = json.loads((work / "layersim.lock").read_text())
@@ -149,5 +149,5 @@ def test_locked_downloads_read_their_commit_until_refreshed(hub, tmp_path):
     assert train.column("label").to_pylist() == [1, 0] * 6
     assert json.loads(train.schema.metadata[b"layersim"])["source"]["revision"] == second["export"]
 
-    out = _run(["-m", "layersim.lockfile", "refresh"], work, server.url)  # nothing moved: the file is untouched
+    out = _run(["-m", "layersim.params.lockfile", "refresh"], work, server.url)  # nothing moved: the file is untouched
     assert "0 entries written" in out and json.loads((work / "layersim.lock").read_text()) == lock

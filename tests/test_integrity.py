@@ -17,11 +17,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from layersim import io
+from layersim.data import io
 from layersim.errors import LayersimError
-from layersim.io import ActivationTable, ActivationWriter, AttentionTable, read_task_table
-from layersim.models import MODEL_INFO_FILE, weights_digest
-from layersim.tasks import generated_table, get_task
+from layersim.data.io import ActivationTable, ActivationWriter, AttentionTable, read_task_table
+from layersim.models.registry import MODEL_INFO_FILE, weights_digest
+from layersim.data.tasks import generated_table, get_task
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_LAYERS = 2

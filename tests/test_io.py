@@ -1,4 +1,4 @@
-"""Tests for layersim.io: activation tables (round trip, schema, refusals) and atomic writes."""
+"""Tests for layersim.data.io: activation tables (round trip, schema, refusals) and atomic writes."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from layersim import io
+from layersim.data import io
 from layersim.errors import LayersimError
-from layersim.io import ActivationTable, ActivationWriter
+from layersim.data.io import ActivationTable, ActivationWriter
 
 NUM_LAYERS = 3
 HIDDEN = 5

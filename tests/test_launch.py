@@ -193,7 +193,7 @@ def test_a_preempted_finetune_is_retried_and_resumes_to_the_same_model(tmp_path)
     assert status == {}
 
 
-# The README's recipe for sweeps of whole experiments: one `dvc queue start` per GPU, a pause between them.
+# The recipe for sweeps of whole experiments (docs/scale-out.md): one `dvc queue start` per GPU, a pause between them.
 QUEUE_WORKERS = 'for k in 0 1; do CUDA_VISIBLE_DEVICES=$k dvc queue start -j $((k + 1)); sleep 5; done'
 PROBE = ("import json, os, time; start = time.time(); time.sleep(10); json.dump({'device': "
          "int(os.environ['CUDA_VISIBLE_DEVICES']), 'start': start, 'end': time.time()}, open('probe.json', 'w'))")

@@ -9,13 +9,15 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "layersim"
 
 LAYERS = {
-    0: {"errors", "linalg", "training_steps", "device"},
-    1: {"similarity", "align", "seed_stats"},
-    2: {"tasks", "models", "random_control", "words", "params", "convergence"},
-    3: {"encoders", "batching", "task_heads"},
-    4: {"train", "extract", "evaluate", "io", "comparisons", "similarity_report", "plots", "heads", "injection",
-        "truncation", "resume", "cli", "measure_sizes", "align_report", "similarity_task", "compare_task", "headlines",
-        "freezing", "export", "report", "lockfile"},
+    0: {"errors", "compute"},
+    1: {"similarity", "align"},
+    2: {"models"},
+    3: {"data"},
+    4: {"params"},
+    5: {"training"},
+    6: {"reporting"},
+    7: {"experiments"},
+    8: {"cli"},
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
 

@@ -1,4 +1,4 @@
-"""The shared numerical core (layersim.linalg): one rank rule, one SVCCA variance rule, one
+"""The shared numerical core (layersim.compute.linalg): one rank rule, one SVCCA variance rule, one
 standardiser, used alike by the similarity measures, the alignment maps and the heads."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 
 from layersim.align import SVCCAMap
 from layersim.errors import LayersimError
-from layersim.linalg import (Standardizer, canonical_pairs, numerical_rank, thin_svd, variance_rank)
+from layersim.compute.linalg import (Standardizer, canonical_pairs, numerical_rank, thin_svd, variance_rank)
 from layersim.similarity import canonical_correlations, kept_dimensions
 
 

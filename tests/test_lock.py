@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from layersim import lockfile
+from layersim.params import lockfile
 from layersim.errors import LayersimError
-from layersim.lockfile import locked_model_revision, locked_task_revision, read_lock, update, write_lock
+from layersim.params.lockfile import locked_model_revision, locked_task_revision, read_lock, update, write_lock
 from layersim.params import load_params
-from layersim.tasks import HUB_MIRROR_ENV, get_task
+from layersim.data.tasks import HUB_MIRROR_ENV, get_task
 
 ROOT = Path(__file__).resolve().parents[1]
 A, B, C = "a" * 40, "b" * 40, "c" * 40
@@ -58,7 +58,7 @@ def test_a_hub_model_without_an_entry_is_refused_with_the_command(tmp_path):
     lock = tmp_path / "layersim.lock"
     with pytest.raises(LayersimError) as error:
         locked_model_revision("roberta-base", lock)
-    assert str(error.value) == (f"model 'roberta-base' has no commit in {lock}; run `python -m layersim.lockfile sync` "
+    assert str(error.value) == (f"model 'roberta-base' has no commit in {lock}; run `python -m layersim.params.lockfile sync` "
                                 f"to record the commit it resolves to now (or `refresh roberta-base` to move it) and "
                                 f"commit {lock}.")
 
@@ -75,7 +75,7 @@ def test_an_entry_that_does_not_match_params_is_refused(tmp_path, entry, message
     write_lock({"models": {}, "tasks": {"rte": entry}}, lock)
     with pytest.raises(LayersimError) as error:
         locked_task_revision(get_task("rte"), C, lock)  # download.revisions: {rte: C}
-    assert message in str(error.value) and "python -m layersim.lockfile sync" in str(error.value)
+    assert message in str(error.value) and "python -m layersim.params.lockfile sync" in str(error.value)
 
 
 def test_the_locked_commit_is_what_the_stage_reads(tmp_path, monkeypatch):
@@ -184,6 +184,6 @@ def test_the_stage_refuses_an_unlocked_hub_model_before_writing(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
     assert result.stderr.strip() == ("error: model 'roberta-base' has no commit in layersim.lock; run `python -m "
-                                     "layersim.lockfile sync` to record the commit it resolves to now (or `refresh "
+                                     "layersim.params.lockfile sync` to record the commit it resolves to now (or `refresh "
                                      "roberta-base` to move it) and commit layersim.lock.")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["layersim.lock", "params.yaml"]

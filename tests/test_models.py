@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from layersim.errors import LayersimError
-from layersim.models import (ARCHITECTURES, MODEL_INFO_FILE, MODELS, OFFLINE_MODELS, get_model, load_encoder,
-                             load_tokenizer, snapshot_model, weights_digest)
+from layersim.models.registry import (ARCHITECTURES, MODEL_INFO_FILE, MODELS, OFFLINE_MODELS, get_model, load_encoder,
+                                      load_tokenizer, snapshot_model, weights_digest)
 from layersim.params.names import check_models
 
 

@@ -12,21 +12,10 @@ import pytest
 import yaml
 
 from layersim.errors import LayersimError
-from layersim.params import (
-    MAX_SEED,
-    MIN_MAX_LENGTH,
-    MODEL_HIDDEN_SIZE,
-    MODEL_MAX_LENGTH,
-    DownloadParams,
-    ExtractParams,
-    FinetuneParams,
-    Params,
-    SimilarityParams,
-    load_params,
-    parse_params,
-)
-from layersim.measure_sizes import check_measure_sizes
-from layersim.tasks import PAPER_TASKS
+from layersim.params import (MAX_SEED, MIN_MAX_LENGTH, MODEL_HIDDEN_SIZE, MODEL_MAX_LENGTH, DownloadParams,
+                             ExtractParams, FinetuneParams, Params, SimilarityParams, load_params, parse_params)
+from layersim.params.measure_sizes import check_measure_sizes
+from layersim.data.tasks import PAPER_TASKS
 
 REPO = Path(__file__).parents[1]
 PARAMS_YAML = REPO / "params.yaml"
@@ -435,7 +424,7 @@ def test_model_max_length_is_what_the_model_can_encode(name: str, tiny_model_dir
     it: an input of that many tokens runs, one token more overflows the position embeddings."""
     import torch
 
-    from layersim.models import load_encoder, load_tokenizer
+    from layersim.models.registry import load_encoder, load_tokenizer
 
     folder = tiny_model_dir(name)
     encoder, tokenizer = load_encoder(folder).eval(), load_tokenizer(folder)

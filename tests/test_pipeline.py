@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from dvc_project import dry_run_stages, dvc, make_project, run, tiny_params
-from layersim import headlines
-from layersim.freezing import freeze_headline as headlines_of_freeze
-from layersim.io import ActivationTable, AttentionTable
+from layersim.reporting import headlines
+from layersim.experiments.freeze import freeze_headline as headlines_of_freeze
+from layersim.data.io import ActivationTable, AttentionTable
 
 TASK = "synth-negation"
 SEEDS = [1, 2]

@@ -9,15 +9,16 @@ import pyarrow as pa
 import pytest
 import torch
 
-from layersim.comparisons import RANDOM, pair_summary, phang_cells, phang_comparisons, stacked_matrix, stacked_null
+from layersim.similarity.comparisons import (RANDOM, pair_summary, phang_cells, phang_comparisons, stacked_matrix,
+                                             stacked_null)
 from layersim.errors import LayersimError
-from layersim.headlines import similarity_headline
-from layersim.io import ActivationTable, ActivationWriter
-from layersim.models import load_encoder
-from layersim.random_control import RANDOM_RUN, random_encoder, random_init_digest, random_run_metadata
+from layersim.reporting.headlines import similarity_headline
+from layersim.data.io import ActivationTable, ActivationWriter
+from layersim.models.registry import load_encoder
+from layersim.models.random_control import RANDOM_RUN, random_encoder, random_init_digest, random_run_metadata
 from layersim.params import parse_params
-from layersim.similarity_report import Uncertainty, phang_report
-from layersim.similarity_task import run_labels, task_similarity
+from layersim.reporting.similarity import Uncertainty, phang_report
+from layersim.experiments.similarity import run_labels, task_similarity
 
 N, D, LAYERS = 60, 5, 3
 
@@ -121,7 +122,7 @@ def test_compare_summary_gives_the_control_its_own_diagonal_and_null():
 def test_the_similarity_stage_reads_the_control_checked_against_its_seed(tmp_path, monkeypatch):
     """task_similarity over activation tables (the fine-tuned checkpoints' metadata stubbed): the control's
     tables are read and compared, with nulls; a table from another init seed is refused before any work."""
-    import layersim.similarity_task as similarity_task
+    import layersim.experiments.similarity as similarity_task
 
     known = {"orig": {"model_digest": "a" * 64, "task_digest": "b" * 64, "num_layers": LAYERS, "hidden_size": D}}
     known |= {f"seed{s}": {**known["orig"], "model_digest": str(s) * 64} for s in (1, 2)}

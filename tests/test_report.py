@@ -7,8 +7,9 @@ import re
 
 import matplotlib.pyplot as plt
 
-from layersim.headlines import metrics_to_details
-from layersim.report import Layout, block_spans, build_report, export_facts, png, render, similarity_tables, Table
+from layersim.reporting.headlines import metrics_to_details
+from layersim.reporting.page import (Layout, block_spans, build_report, export_facts, png, render, similarity_tables,
+                                     Table)
 
 
 def _similarity(p_top: float) -> dict:
@@ -55,7 +56,7 @@ def test_export_facts_state_the_choice_scores_and_size():
 def test_the_page_escapes_text_and_embeds_its_figures():
     fig, ax = plt.subplots()
     ax.plot([0, 1])
-    from layersim.report import Figure, Section
+    from layersim.reporting.page import Figure, Section
 
     page = render("a <title>", ["x < y & z"], Table("t", ["h"], [["<b>"]]), [],
                   [Section("task <1>", ["fact"], [], [Figure("c", png(fig))])])
@@ -80,7 +81,7 @@ def test_build_report_reads_the_stage_outputs(tmp_path):
 def test_a_skipped_span_survives_the_details_round_trip(tmp_path):
     """The export's choice goes through the details rows (lists would become per-layer rows) and the page
     still names it: a skipped span is stated under the truncation curve, which marks no exit."""
-    from layersim.export import LayerChoice
+    from layersim.experiments.export import LayerChoice
 
     chosen = LayerChoice(3, 3, 2, 2)
     export = {"metric": "accuracy", "tolerance": 0.01, "selection_examples": 100,
@@ -105,7 +106,7 @@ def test_a_skipped_span_survives_the_details_round_trip(tmp_path):
 
 def test_the_page_names_the_runs_that_did_not_converge(tmp_path):
     """A stuck seed (its own check) and the overview's mean say which run did not converge and why."""
-    from layersim.convergence import check_run
+    from layersim.training.convergence import check_run
 
     folder = tmp_path / "metrics/finetune/synth-similarity"
     folder.mkdir(parents=True)

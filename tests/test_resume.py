@@ -21,8 +21,8 @@ import pytest
 import torch
 import yaml
 
-from layersim.models import weights_digest
-from layersim.resume import STATE_FILE, TrainingCheckpoint, TrainingState
+from layersim.models.registry import weights_digest
+from layersim.training.resume import STATE_FILE, TrainingCheckpoint, TrainingState
 from dvc_project import REPO, output
 
 MAX_STEPS, CHECKPOINT_EVERY = 24, 5

@@ -1,4 +1,4 @@
-"""Seeds as the unit of uncertainty (layersim.seed_stats): per-seed FT[k]–ORIG diagonals read off the stacked
+"""Seeds as the unit of uncertainty (layersim.similarity.seeds): per-seed FT[k]–ORIG diagonals read off the stacked
 matrix, their mean, sd and t-interval over seeds beside the bootstrap interval over examples, and what two seeds
 give instead."""
 
@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from layersim.comparisons import phang_comparisons, stacked_matrix, summarize
-from layersim.headlines import similarity_headline
-from layersim.report import similarity_tables
-from layersim.seed_stats import over_seeds
+from layersim.similarity.comparisons import phang_comparisons, stacked_matrix, summarize
+from layersim.reporting.headlines import similarity_headline
+from layersim.reporting.page import similarity_tables
+from layersim.similarity.seeds import over_seeds
 
 # t(0.975, 2 df) in closed form: with 2 df the CDF is 1/2 + t / (2·sqrt(2 + t²)), so t / sqrt(2 + t²) = 0.95.
 T_975_2 = math.sqrt(2 * 0.95**2 / (1 - 0.95**2))

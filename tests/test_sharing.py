@@ -1,6 +1,6 @@
-"""Integration: the README's sharing steps, run as they are written, and two clean runs giving one dvc.lock.
+"""Integration: the documented sharing steps, run as they are written, and two clean runs giving one dvc.lock.
 
-The steps are read out of README.md (the first bash block after "Experiments and sharing results" that adds a
+The steps are read out of docs/experiments.md (the first bash block under "Sharing results" that adds a
 remote): the owner's part runs in a tiny project after `dvc repro`, the colleague's part (after "# a
 colleague") in a fresh folder. Only the placeholders are replaced: the remote folder and `<repo>` (a bare git
 repository the project pushes to). The colleague's clone must then hold every output with `dvc status` clean;
@@ -25,22 +25,23 @@ pytestmark = pytest.mark.integration
 
 REMOTE_PLACEHOLDER = "/mnt/shared/layersim-dvc"
 COLLEAGUE = "# a colleague"
+SHARING_PAGE = "docs/experiments.md"
 
 
-def readme_sharing_steps() -> tuple[str, str]:
-    """The owner's and the colleague's commands from the README's sharing block, as written."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Experiments and sharing results"):]
+def sharing_steps() -> tuple[str, str]:
+    """The owner's and the colleague's commands from the docs' sharing block, as written."""
+    page = (REPO / SHARING_PAGE).read_text(encoding="utf-8")
+    section = page[page.index("## Sharing results"):]
     section = section[:section.index("\n## ", 1)]
     blocks = [b for b in re.findall(r"^```bash\n(.*?)^```", section, re.S | re.M) if "dvc remote add" in b]
-    assert blocks, "README.md: the sharing section has no bash block that adds a remote"
+    assert blocks, f"{SHARING_PAGE}: the sharing section has no bash block that adds a remote"
     owner, colleague = blocks[0].split(COLLEAGUE)
     assert REMOTE_PLACEHOLDER in owner and "<repo>" in colleague, blocks[0]
     return owner, colleague
 
 
 def _shell(script: str, cwd: Path, env: dict) -> None:
-    """Run the README's lines with bash, stopping at the first that fails (as a user would notice)."""
+    """Run the documented lines with bash, stopping at the first that fails (as a user would notice)."""
     run(["bash", "-euo", "pipefail", "-c", script], cwd, env)
 
 
@@ -53,7 +54,7 @@ def _lock_outs(root: Path) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory) -> dict:
-    """The README's steps on the tiny pipeline: repro, then the owner's block, then the colleague's."""
+    """The documented steps on the tiny pipeline: repro, then the owner's block, then the colleague's."""
     where = tmp_path_factory.mktemp("sharing")
     root = where / "project"
     root.mkdir()
@@ -66,7 +67,7 @@ def shared(tmp_path_factory) -> dict:
     run(["git", "remote", "add", "origin", str(origin)], root, env)
     run(["git", "push", "-q", "-u", "origin", "main"], root, env)
 
-    owner, colleague = readme_sharing_steps()
+    owner, colleague = sharing_steps()
     _shell(owner.replace(REMOTE_PLACEHOLDER, str(where / "dvc-remote")), root, env)
     desk = where / "colleague"
     desk.mkdir()
@@ -77,7 +78,7 @@ def shared(tmp_path_factory) -> dict:
 
 
 def test_the_commit_leaves_nothing_behind(shared):
-    """The README's `git add` list holds every file the pipeline wrote that git should carry."""
+    """The documented `git add` list holds every file the pipeline wrote that git should carry."""
     status = run(["git", "status", "--porcelain"], shared["root"], shared["env"])
     assert status.stdout == "", status.stdout
 

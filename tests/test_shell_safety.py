@@ -11,7 +11,7 @@ import pytest
 
 from dvc_project import dvc, make_project, output, run, tiny_params
 from layersim.errors import LayersimError
-from layersim.models import get_model, model_info, snapshot_model
+from layersim.models.registry import get_model, model_info, snapshot_model
 
 
 @pytest.fixture(scope="module")

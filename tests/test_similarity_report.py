@@ -1,4 +1,4 @@
-"""What the similarity and compare stages report (layersim.similarity_report), without DVC: every cell with
+"""What the similarity and compare stages report (layersim.reporting.similarity), without DVC: every cell with
 its permutation null, hatched when not above it, and the diagonals with bootstrap intervals."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from matplotlib.patches import Rectangle
 
-from layersim.comparisons import diagonal_intervals, phang_comparisons, stacked_matrix
+from layersim.similarity.comparisons import diagonal_intervals, phang_comparisons, stacked_matrix
 from layersim.similarity import cka_matrix, permutation_test
 from layersim.similarity.bootstrap import resample_rows
-from layersim.similarity_report import Uncertainty, blocks_metrics, layer_blocks, phang_report, stacked_report
+from layersim.reporting.similarity import Uncertainty, blocks_metrics, layer_blocks, phang_report, stacked_report
 
 N, D = 80, 6
 

@@ -1,5 +1,5 @@
 """Linear CKA from row batches: layersim.similarity.LinearCKAAccumulator, ActivationTable.iter_batches,
-and the similarity stage's streamed path (layersim.comparisons), each against the in-memory computation."""
+and the similarity stage's streamed path (layersim.similarity.comparisons), each against the in-memory computation."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from layersim.comparisons import stacked_matrix, stream_layers, streamed_linear_cka
+from layersim.similarity.comparisons import stacked_matrix, stream_layers, streamed_linear_cka
 from layersim.errors import LayersimError
-from layersim.io import ActivationTable, ActivationWriter
+from layersim.data.io import ActivationTable, ActivationWriter
 from layersim.similarity import _cka_kernels
 from layersim.similarity import LinearCKAAccumulator, cka_matrix, permutation_matrix, streamed_linear_cka_null
 from layersim.similarity._rv import row_traces
 from layersim.similarity.kernels import debiased_cka_matrix, streamed_debiased_cka
-from layersim.similarity_report import Uncertainty, phang_report
+from layersim.reporting.similarity import Uncertainty, phang_report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -180,7 +180,7 @@ def test_iter_batches_errors_name_the_layer_and_example(tmp_path, rng):
 
 
 def _stage():
-    from layersim import similarity_task
+    from layersim.experiments import similarity as similarity_task
 
     return similarity_task
 

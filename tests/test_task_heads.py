@@ -8,17 +8,17 @@ import pyarrow as pa
 import pytest
 import torch
 
-from layersim.batching import encode_task, length_sorted_batches, sequential_batches
-from layersim.encoders import all_spans, exit_at, inject_first_token, num_layers, skip_span
+from layersim.data.batching import encode_task, length_sorted_batches, sequential_batches
+from layersim.models.encoders import all_spans, exit_at, inject_first_token, num_layers, skip_span
 from layersim.errors import LayersimError
-from layersim.evaluate import predict
-from layersim.heads import HEAD_KINDS, HeadParams, Rows, held_out_examples, train_head
-from layersim.injection import injected_logits, injected_score
-from layersim.io import ActivationTable, ActivationWriter
-from layersim.models import load_task_model, load_tokenizer
-from layersim.task_heads import own_head
-from layersim.tasks import generated_table, get_task
-from layersim.truncation import exit_logits, initial_head, span_logits
+from layersim.training.evaluate import predict
+from layersim.training.heads import HEAD_KINDS, HeadParams, Rows, held_out_examples, train_head
+from layersim.experiments.injection import injected_logits, injected_score
+from layersim.data.io import ActivationTable, ActivationWriter
+from layersim.models.registry import load_task_model, load_tokenizer
+from layersim.models.task_heads import own_head
+from layersim.data.tasks import generated_table, get_task
+from layersim.experiments.truncation import exit_logits, initial_head, span_logits
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -161,7 +161,7 @@ def test_head_kinds_match_the_params_names() -> None:
 
 
 def test_head_scores_train_a_copy_of_the_start_on_each_layer(tmp_path) -> None:
-    from layersim.truncation import head_scores
+    from layersim.experiments.truncation import head_scores
 
     spec = get_task("synth-negation")
     rng = np.random.default_rng(4)

@@ -1,4 +1,4 @@
-"""Tests for the task registry (layersim.tasks) and the checked task-table reader (layersim.io).
+"""Tests for the task registry (layersim.data.tasks) and the checked task-table reader (layersim.data.io).
 
 The hub tests build, for every paper task, a small Parquet file with exactly the column names and
 dtypes of the dataset on the Hugging Face hub, load it through `datasets` the way `hub_table` does
@@ -15,18 +15,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from layersim import io
+from layersim.data import io
 from layersim.errors import LayersimError
-from layersim.tasks import (
-    PAPER_TASKS,
-    TASKS,
-    TEXT_COLUMNS,
-    generated_table,
-    get_task,
-    normalize_hub_table,
-    subsample,
-)
-from layersim.tasks.generated import GENERATED_TASKS
+from layersim.data.tasks import (PAPER_TASKS, TASKS, TEXT_COLUMNS, generated_table, get_task, normalize_hub_table,
+                                 subsample)
+from layersim.data.tasks.generated import GENERATED_TASKS
 
 PAPER = ("cola", "mnli", "mrpc", "qnli", "qqp", "rte", "sst2", "stsb", "boolq", "yelp_polarity",
          "hellaswag", "cosmosqa")
@@ -510,7 +503,7 @@ def test_read_task_table_refuses_wrong_columns(tmp_path: Path) -> None:
 
 def test_unreachable_hub_points_to_the_builtin_tasks():
     # conftest sets HF_HUB_OFFLINE=1, which makes the hub unreachable at once.
-    from layersim.tasks import hub_table
+    from layersim.data.tasks import hub_table
 
     with pytest.raises(LayersimError) as info:
         hub_table(get_task("rte"), "train")

@@ -1,5 +1,5 @@
-"""Tests for fine-tuning (layersim.train), metrics (layersim.evaluate) and extraction
-(layersim.extract) on tiny random-init encoders and the built-in generated tasks.
+"""Tests for fine-tuning (layersim.training.train), metrics (layersim.training.evaluate) and extraction
+(layersim.experiments.extract) on tiny random-init encoders and the built-in generated tasks.
 
 Extraction is checked against the encoder run by hand on one unpadded example at a time, so a
 pooling mistake or padding that leaks into the pooled rows shows up as a numerical mismatch.
@@ -14,15 +14,17 @@ import numpy as np
 import pytest
 import torch
 
-from layersim import models, train
-from layersim.batching import encode_task
+from layersim.models import registry as models
+
+from layersim.training import train
+from layersim.data.batching import encode_task
 from layersim.errors import LayersimError
-from layersim.evaluate import compute_metrics, predict
-from layersim.extract import extract_activations, extract_attention
-from layersim.io import ActivationTable, AttentionTable
-from layersim.models import load_encoder, load_tokenizer
+from layersim.training.evaluate import compute_metrics, predict
+from layersim.experiments.extract import extract_activations, extract_attention
+from layersim.data.io import ActivationTable, AttentionTable
+from layersim.models.registry import load_encoder, load_tokenizer
 from layersim.params import FinetuneParams
-from layersim.tasks import TaskSpec, generated_table, get_task
+from layersim.data.tasks import TaskSpec, generated_table, get_task
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -451,7 +453,7 @@ def test_bf16_autocast_fine_tuning_runs_on_cpu_and_learns(tiny_model_dir):
 
 
 def test_fp16_needs_a_gpu_and_unknown_precisions_are_refused():
-    from layersim.device import resolve_device, resolve_precision
+    from layersim.compute.device import resolve_device, resolve_precision
     assert resolve_precision("auto", CPU) == "fp32" and resolve_precision("bf16", CPU) == "bf16"
     with pytest.raises(LayersimError, match="fp16.*needs a CUDA GPU"):
         resolve_precision("fp16", CPU)
@@ -468,7 +470,7 @@ def test_a_real_fine_tune_ends_with_its_convergence_check(tiny_model_dir, tmp_pa
     """Three steps of a random-init encoder on a regression task learn nothing: the check says so, from the
     run's own logged losses, the train labels' variance and the validation score; the record travels in the
     checkpoint's info file, where the figure stages read it."""
-    from layersim.convergence import checkpoint_flags
+    from layersim.training.convergence import checkpoint_flags
 
     folder = tiny_model_dir("tiny-bert")
     spec, tokenizer = get_task("synth-similarity"), load_tokenizer(folder)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from layersim.training_steps import GradientSteps, NonFiniteLoss
+from layersim.compute.training_steps import GradientSteps, NonFiniteLoss
 
 
 def test_a_step_updates_clears_gradients_and_schedules():

@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from layersim.batching import encode_task
-from layersim.encoders import all_spans, exit_at, num_layers
-from layersim.evaluate import predict
-from layersim.heads import HeadParams, majority_baseline, train_head
-from layersim.models import load_task_model, load_tokenizer
-from layersim.tasks import generated_table, get_task
-from layersim.truncation import fewest_layers_within, primary_score, span_scores, span_summary, untuned_scores
+from layersim.data.batching import encode_task
+from layersim.models.encoders import all_spans, exit_at, num_layers
+from layersim.training.evaluate import predict
+from layersim.training.heads import HeadParams, majority_baseline, train_head
+from layersim.models.registry import load_task_model, load_tokenizer
+from layersim.data.tasks import generated_table, get_task
+from layersim.experiments.truncation import (fewest_layers_within, primary_score, span_scores, span_summary,
+                                             untuned_scores)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -108,7 +109,7 @@ def test_fewest_layers_and_span_summary_small_cases():
 
 def test_a_folder_without_a_fine_tuned_head_is_refused(tiny_model_dir):
     from layersim.errors import LayersimError
-    from layersim.models import load_finetuned
+    from layersim.models.registry import load_finetuned
 
     with pytest.raises(LayersimError) as info:
         load_finetuned(tiny_model_dir("tiny-bert"), get_task("synth-negation"))
@@ -116,7 +117,7 @@ def test_a_folder_without_a_fine_tuned_head_is_refused(tiny_model_dir):
 
 
 def test_truncation_summary_of_a_small_exact_case() -> None:
-    from layersim.truncation import truncation_summary
+    from layersim.experiments.truncation import truncation_summary
 
     per_seed = {"untuned": [[0.5, 0.7, 0.9], [0.5, 0.9, 0.9]], "tuned": [[0.6, 0.8, 0.9], [0.6, 0.8, 0.9]]}
     metrics, rows = truncation_summary(per_seed, [0.9, 0.9], 0.5, [1, 2], 0.05, "accuracy")
@@ -130,7 +131,7 @@ def test_truncation_summary_of_a_small_exact_case() -> None:
 
 
 def test_truncation_summary_gives_a_t_interval_over_three_seeds() -> None:
-    from layersim.truncation import truncation_summary
+    from layersim.experiments.truncation import truncation_summary
 
     # Full-model scores 0.7, 0.8, 0.9: mean 0.8, sd 0.1, t(0.975, 2) = 4.302653 → 0.8 ± 4.302653 · 0.1 / √3.
     per_seed = {"untuned": [[0.5, 0.7], [0.5, 0.8], [0.5, 0.9]], "tuned": [[0.6, 0.7], [0.6, 0.8], [0.6, 0.9]]}

@@ -15,12 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layersim.errors import LayersimError
-from layersim.io.task_tables import read_task_table
+from layersim.data.io.task_tables import read_task_table
 from layersim.params import MIN_EXAMPLES, parse_params
 from layersim.params import user_tasks as declared
-from layersim.tasks import FORMATS, TASKS, get_task
-from layersim.tasks import user as user_module
-from layersim.tasks.user_files import MAX_FIELD_CHARS
+from layersim.data.tasks import FORMATS, TASKS, get_task
+from layersim.data.tasks import user as user_module
+from layersim.data.tasks.user_files import MAX_FIELD_CHARS
 
 REPO = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("download_task_stage", REPO / "stages" / "download_task.py")
@@ -331,7 +331,7 @@ def test_user_tasks_are_those_of_the_params_last_read():
 
 
 def test_declared_vocabularies_are_the_librarys():
-    from layersim.evaluate import METRICS
+    from layersim.training.evaluate import METRICS
 
     assert set(declared.CLASSIFICATION_METRICS + declared.REGRESSION_METRICS) == set(METRICS)
     assert declared.FORMATS == FORMATS and declared.USER_DATA == user_module.USER_DATA

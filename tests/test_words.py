@@ -1,4 +1,4 @@
-"""Tests for the "tokens" pooling (layersim.words): one row per whitespace word, its last sub-word, keyed
+"""Tests for the "tokens" pooling (layersim.data.words): one row per whitespace word, its last sub-word, keyed
 by (example_id, choice, segment, word) so that models with different tokenizers line up.
 
 Two tokenizers: MiniLM's BERT WordPiece (the tiny models') and a RoBERTa-style byte-level BPE trained
@@ -14,13 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from layersim.batching import encode_task
+from layersim.data.batching import encode_task
 from layersim.errors import LayersimError
-from layersim.extract import concatenate_pooled, extract_activations, models_for_pooling, pooled_layers
-from layersim.io import ActivationTable, ActivationWriter, with_metadata, write_parquet
-from layersim.models import load_encoder, load_tokenizer
-from layersim.tasks import generated_table, get_task
-from layersim.words import align_rows, row_words
+from layersim.experiments.extract import concatenate_pooled, extract_activations, models_for_pooling, pooled_layers
+from layersim.data.io import ActivationTable, ActivationWriter, with_metadata, write_parquet
+from layersim.models.registry import load_encoder, load_tokenizer
+from layersim.data.tasks import generated_table, get_task
+from layersim.data.words import align_rows, row_words
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

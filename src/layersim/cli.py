@@ -36,7 +36,7 @@ def check_separate(args: argparse.Namespace, *names: str) -> None:
 
 def _remove_stale_temporaries(args: argparse.Namespace) -> None:
     """Temporaries a killed run of this stage left beside its paths (their writers are dead)."""
-    from layersim.io import remove_stale_temporaries
+    from layersim.data.io import remove_stale_temporaries
 
     for value in vars(args).values():
         if isinstance(value, Path) and value.parent.is_dir():

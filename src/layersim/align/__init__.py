@@ -8,13 +8,13 @@ Pure math on ``(num_examples x hidden)`` arrays (NumPy and torch), no I/O. Maps,
 """
 
 from layersim.align.base import AlignmentMap, fit_maps
-from layersim.linalg import Standardizer
-from layersim.align.experiments import (alignment_errors, layer_alignment_matrix, map_representations,
-                                        synthetic_recovery)
+from layersim.compute.linalg import Standardizer
+from layersim.align.experiments import alignment_errors, layer_alignment_matrix, map_representations, synthetic_recovery
 from layersim.align.linear import CCAMap, LinearRegressionMap, PWCCAMap, SVCCAMap
 from layersim.align.maps import MAPS, make_map
 from layersim.align.metrics import mse, relative_error, train_test_split_rows
-from layersim.align.neural import CouplingFlow, INNMap, MLPMap, random_flow
+from layersim.align.flows import CouplingFlow, random_flow
+from layersim.align.neural import INNMap, MLPMap
 
 __all__ = [
     "MAPS", "AlignmentMap", "CCAMap", "CouplingFlow", "INNMap", "LinearRegressionMap", "MLPMap", "PWCCAMap",

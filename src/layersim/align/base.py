@@ -24,7 +24,7 @@ from typing import ClassVar
 import numpy as np
 
 from layersim.errors import LayersimError
-from layersim.linalg import Standardizer
+from layersim.compute.linalg import Standardizer
 
 
 def as_matrix(a: object, label: str) -> np.ndarray:

@@ -26,9 +26,9 @@ import torch
 from layersim.align.base import AlignmentMap, as_matrix, fit_maps
 from layersim.align.maps import MAPS, make_map
 from layersim.align.metrics import mse, relative_error, train_test_split_rows
-from layersim.align.neural import random_flow
+from layersim.align.flows import random_flow
 from layersim.errors import LayersimError, unknown_name
-from layersim.linalg import Standardizer, blas_on_calling_thread
+from layersim.compute.linalg import Standardizer, blas_on_calling_thread
 
 METRICS = ("mse", "relative_error")
 DEFAULT_METHODS = ("linear", "cca", "svcca", "pwcca", "inn", "mlp")
@@ -96,7 +96,7 @@ def synthetic_recovery(x: np.ndarray, methods: Iterable[str] = DEFAULT_METHODS, 
     """Ren §4.3: can a method recover a known non-linear bijection ``f`` from paired rows?
 
     ``X`` is standardised with its training rows' statistics and ``Y = f(X_s)``, with ``f`` a
-    random, untrained :func:`~layersim.align.neural.random_flow` (a random rotation then ``depth``
+    random, untrained :func:`~layersim.align.flows.random_flow` (a random rotation then ``depth``
     affine coupling blocks with random weights of size ``scale``; drawn from ``seed + 1``). Every
     method is fitted on the training rows of ``(X, Y)`` and scored on the held-out rows.
 
@@ -113,7 +113,7 @@ def synthetic_recovery(x: np.ndarray, methods: Iterable[str] = DEFAULT_METHODS, 
     x : ``(num_examples x hidden)`` representation (real activations, or structured random data).
     methods : registry names to compare; default all six.
     seed : the row sample, the split (``train_test_split_rows(n, test_fraction, seed)``) and ``f``.
-    depth, hidden, scale, clamp : the ground-truth ``f`` (see :func:`~layersim.align.neural.random_flow`).
+    depth, hidden, scale, clamp : the ground-truth ``f`` (see :func:`~layersim.align.flows.random_flow`).
         ``scale`` sets how non-linear ``f`` is; the ``linear`` row of the result shows how far
         a linear map gets.
     rows : use a seeded sample of at most this many rows of ``x`` (None: all).
@@ -200,7 +200,7 @@ def _fit_and_score_all(maps: list[AlignmentMap], xs: Sequence[np.ndarray], ys: S
 
     NumPy's BLAS stays on the calling thread throughout: scoring's NumPy calls between the neural maps' torch
     passes would otherwise wake its worker threads, which then spin on the cores torch needs
-    (:func:`~layersim.linalg.blas_on_calling_thread`)."""
+    (:func:`~layersim.compute.linalg.blas_on_calling_thread`)."""
     with blas_on_calling_thread():
         fit_maps(maps, [(x[train_idx], y[train_idx]) for x, y in zip(xs, ys)])
         return [_errors(fitted, x, y, test_idx, "test") | (_errors(fitted, x, y, train_idx, "train") if train_errors

@@ -74,7 +74,7 @@ import numpy as np
 
 from layersim.align.base import AlignmentMap, ArrayMemo, _bool, _float, _non_negative_float, _optional_positive_int
 from layersim.errors import LayersimError
-from layersim.linalg import canonical_pairs, default_rtol, numerical_rank, thin_svd, variance_rank
+from layersim.compute.linalg import canonical_pairs, default_rtol, numerical_rank, thin_svd, variance_rank
 
 
 class MatrixMap(AlignmentMap):
@@ -233,7 +233,7 @@ class SVCCAMap(MatrixMap):
         self.matrix_ = (w_x * weights) @ loadings
 
 
-# --- the linear algebra (rank and variance rules, thin SVD, canonical pairs: layersim.linalg) ---
+# --- the linear algebra (rank and variance rules, thin SVD, canonical pairs: layersim.compute.linalg) ---
 
 
 class SharedDecompositions:
@@ -251,7 +251,7 @@ class SharedDecompositions:
 
     def canonical_pairs(self, xs: np.ndarray, ys: np.ndarray, keep_x: int | None, keep_y: int | None
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(A, ρ, Bᵀ) of :func:`layersim.linalg.canonical_pairs` between the (kept) left singular vectors."""
+        """(A, ρ, Bᵀ) of :func:`layersim.compute.linalg.canonical_pairs` between the (kept) left singular vectors."""
         q_x, q_y = self.svd(xs, keep_x)[0], self.svd(ys, keep_y)[0]
         if not q_x.shape[1] or not q_y.shape[1]:
             raise LayersimError("a representation is constant on the training rows (rank 0), so CCA is undefined; "

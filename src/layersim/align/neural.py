@@ -1,6 +1,6 @@
 """Neural alignment maps: an invertible network (Ren et al. 2023, §3.4) and a plain MLP baseline.
 
-Both are trained the same way (one shared loop, :func:`train_network`): Adam on the mean squared
+Both are trained the same way (one shared loop, :func:`~layersim.align.flows.train_networks`): Adam on the mean squared
 distance between ``g(x_s)`` and ``y_s`` over mini-batches of the standardised training rows
 (Ren eq. 10 with δ = mean squared error), with a learning-rate schedule (linear warm-up over the
 first 5% of steps, then cosine decay to 0 by default).
@@ -62,26 +62,20 @@ float64 inverse and the least-squares start under our control.
 
 from __future__ import annotations
 
-import copy
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import scipy.linalg
 import torch
 from torch import nn
 
+from layersim.align.flows import _GROUP_BYTES, SCHEDULES, CouplingFlow, mlp, train_networks
 from layersim.align.base import AlignmentMap, ArrayMemo, _non_negative_float, _positive_float, _positive_int
-from layersim.device import resolve_device
+from layersim.compute.device import resolve_device
 from layersim.errors import LayersimError, unknown_name
-from layersim.linalg import blas_on_calling_thread
-from layersim.training_steps import GradientSteps
+from layersim.compute.linalg import blas_on_calling_thread
 
-SCHEDULES = ("constant", "cosine", "linear")
 LINEAR_INITS = ("identity", "least_squares")
-
-# Fraction of the steps spent warming the learning rate up linearly from 0.
-_WARMUP_FRACTION = 0.05
 
 # Shrinkage (relative to unit feature variance) of the INN's input whitening, (C + r I)^(-1/2): see the docstring.
 _WHITENING_SHRINKAGE = 1e-2
@@ -90,245 +84,6 @@ _WHITENING_SHRINKAGE = 1e-2
 # keeps the start invertible when X is rank-deficient, and generalised better than 1e-3 or 1e-1
 # on held-out rows in the synthetic-recovery experiment.
 _INIT_RIDGE = 1e-2
-
-
-# --- the networks ---
-
-
-class AffineCoupling(nn.Module):
-    """One RealNVP affine coupling block (see the module docstring): it keeps (conditions on) ``split``
-    coordinates, the leading ones if ``keep_first`` else the trailing ones, and transforms the rest; the
-    output is in the input's coordinate order, so a block at initialisation is exactly the identity.
-    The halves are slices, not gathers: a permutation by index costs as much as the subnetwork here."""
-
-    def __init__(self, dim: int, hidden: int, clamp: float, keep_first: bool = True, split: int | None = None):
-        super().__init__()
-        self.split = dim // 2 if split is None else int(split)
-        if not 1 <= self.split < dim:
-            raise LayersimError(f"a coupling block of width {dim} must keep between 1 and {dim - 1} coordinates, "
-                                f"got {self.split}.")
-        self.dim, self.clamp, self.keep_first = dim, clamp, keep_first
-        self.subnet = nn.Sequential(nn.Linear(self.split, hidden), nn.GELU(), nn.Linear(hidden, 2 * (dim - self.split)))
-        nn.init.zeros_(self.subnet[-1].weight)
-        nn.init.zeros_(self.subnet[-1].bias)
-
-    @property
-    def permutation(self) -> torch.Tensor:
-        """The coordinates in the block's order: the kept ones (first ``split``), then the transformed."""
-        order = torch.arange(self.dim)
-        cut = self.split if self.keep_first else self.dim - self.split
-        return order if self.keep_first else torch.cat([order[cut:], order[:cut]])
-
-    def _halves(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.keep_first:
-            return x[..., : self.split], x[..., self.split :]
-        cut = self.dim - self.split
-        return x[..., cut:], x[..., :cut]
-
-    def _join(self, kept: torch.Tensor, transformed: torch.Tensor) -> torch.Tensor:
-        return torch.cat([kept, transformed] if self.keep_first else [transformed, kept], dim=-1)
-
-    def _scale_shift(self, u1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        s_raw, t = self.subnet(u1).chunk(2, dim=-1)
-        return self.clamp * torch.tanh(s_raw / self.clamp), t
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        u1, u2 = self._halves(x)
-        s, t = self._scale_shift(u1)
-        return self._join(u1, u2 * torch.exp(s) + t)
-
-    def inverse(self, y: torch.Tensor) -> torch.Tensor:
-        v1, v2 = self._halves(y)
-        s, t = self._scale_shift(v1)
-        return self._join(v1, (v2 - t) * torch.exp(-s))
-
-
-class CouplingFlow(nn.Module):
-    """``g(x) = C_depth ∘ … ∘ C_1(x Wᵀ + b)``: an optional dense linear layer then coupling blocks.
-
-    Parameters
-    ----------
-    dim : width of input and output (>= 2).
-    depth : number of coupling blocks.
-    hidden : width of each block's subnetwork.
-    clamp : bound on the log-scale, ``|s| <= clamp``.
-    linear : whether to start with the learnt dense layer (initialised to the identity).
-
-    Permutations and initial weights come from the global torch RNG; seed it first.
-    """
-
-    def __init__(self, dim: int, depth: int, hidden: int, clamp: float, linear: bool = True):
-        super().__init__()
-        if dim < 2:
-            raise LayersimError(f"an invertible network needs width >= 2 to split into halves, got width {dim}.")
-        self.linear = nn.Linear(dim, dim) if linear else None
-        if self.linear is not None:
-            with torch.no_grad():
-                self.linear.weight.copy_(torch.eye(dim))
-                self.linear.bias.zero_()
-        self.blocks = nn.ModuleList(
-            AffineCoupling(dim, hidden, clamp, keep_first=i % 2 == 0, split=alternating_split(dim, i))
-            for i in range(depth))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.linear is not None:
-            x = self.linear(x)
-        for block in self.blocks:
-            x = block(x)
-        return x
-
-    def inverse(self, y: torch.Tensor) -> torch.Tensor:
-        for block in reversed(self.blocks):
-            y = block.inverse(y)
-        if self.linear is not None:
-            y = torch.linalg.solve(self.linear.weight, (y - self.linear.bias).T).T
-        return y
-
-
-def alternating_split(dim: int, block: int) -> int:
-    """How many coordinates block ``block`` keeps: even blocks keep the leading ``⌊dim/2⌋`` coordinates and
-    transform the trailing ``⌈dim/2⌉``; odd blocks keep the trailing ``⌈dim/2⌉`` and transform the leading
-    ``⌊dim/2⌋``, so the half a block keeps is exactly the half the next block transforms (Ren et al. §3.4),
-    for odd ``dim`` too."""
-    return dim // 2 if block % 2 == 0 else dim - dim // 2
-
-
-def random_flow(dim: int, *, depth: int = 4, hidden: int = 256, clamp: float = 2.0, scale: float = 1.0,
-                seed: int = 0) -> CouplingFlow:
-    """An untrained float64 :class:`CouplingFlow`: a random smooth bijection of ℝ^dim, the ground
-    truth of :func:`~layersim.align.experiments.synthetic_recovery`.
-
-    Its linear layer is a random rotation (Haar, zero bias), so no coordinate split is privileged;
-    every coupling subnetwork layer gets weights ``N(0, scale² / fan_in)`` and zero biases, so
-    ``s`` and ``t`` are O(scale) for standardised input: ``scale`` sets how far from linear the
-    bijection is (0 gives the rotation alone).
-    """
-    dim = _positive_int("dim", dim)
-    scale = _non_negative_float("scale", scale)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        flow = CouplingFlow(dim, _positive_int("depth", depth), _positive_int("hidden", hidden),
-                            _positive_float("clamp", clamp), linear=True)
-        with torch.no_grad():
-            q, r = torch.linalg.qr(torch.randn(dim, dim, dtype=torch.float64))
-            flow.linear.weight.copy_(q * torch.sign(torch.diagonal(r)))
-            for block in flow.blocks:
-                for layer in block.subnet:
-                    if isinstance(layer, nn.Linear):
-                        layer.weight.normal_(0.0, scale / math.sqrt(layer.in_features))
-                        layer.bias.zero_()
-    return flow.double().eval()
-
-
-def mlp(dim_in: int, dim_out: int, depth: int, hidden: int) -> nn.Sequential:
-    """``depth`` hidden GELU layers of width ``hidden`` between ``dim_in`` and ``dim_out``."""
-    layers: list[nn.Module] = []
-    width = dim_in
-    for _ in range(depth):
-        layers += [nn.Linear(width, hidden), nn.GELU()]
-        width = hidden
-    layers.append(nn.Linear(width, dim_out))
-    return nn.Sequential(*layers)
-
-
-# --- the shared training loop ---
-
-
-def learning_rate_factor(schedule: str, step: int, steps: int) -> float:
-    """Multiplier of the base learning rate at ``step`` (0-based) of ``steps``: linear warm-up over the
-    first 5% of steps, then constant, cosine decay to 0, or linear decay to 0."""
-    warmup = max(1, int(_WARMUP_FRACTION * steps))
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    if schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-    if schedule == "linear":
-        return 1.0 - progress
-    return 1.0
-
-
-# Stacked parameters (with their gradients and two Adam moments) of one batched fit at most this many
-# bytes; larger groups are fitted in several batches.
-_GROUP_BYTES = 2 * 2**30
-
-
-def train_networks(modules: Sequence[nn.Module], xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], *, steps: int,
-                   batch_size: int, learning_rate: float, schedule: str, generator: torch.Generator,
-                   learning_rate_factors: Callable[[str], float] = lambda name: 1.0,
-                   device: torch.device = torch.device("cpu")) -> np.ndarray:
-    """Adam on ``mean((module_k(x_k) − y_k)²)`` for several networks of one architecture at once, each on its
-    own rows (equal row counts), over the same random mini-batches (each epoch a fresh permutation of the
-    rows, drawn from ``generator``). The networks' parameters are stacked and run as one batched network
-    (``torch.func.vmap``), so k fits cost about one step's overhead per step instead of k; each network's
-    gradient is that of its own loss, and Adam works element by element, so each trains as it would alone.
-    Float32 arithmetic on `device`; `modules` are trained in place (left on the CPU). A parameter's learning
-    rate is ``learning_rate × learning_rate_factors(name)``.
-
-    Returns each network's training loss at every step, float64 (len(modules), steps).
-    """
-    x = torch.stack([torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)) for a in xs]).to(device)
-    y = torch.stack([torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)) for a in ys]).to(device)
-    n = x.shape[1]
-    batch = min(batch_size, n)
-    stacked, _ = torch.func.stack_module_state([module.to(device) for module in modules])
-    buffers = dict(modules[0].named_buffers())  # the coupling permutations: the same in every network
-    template = copy.deepcopy(modules[0]).to("meta")
-
-    def one(params, rows):
-        return torch.func.functional_call(template, (params, buffers), (rows,))
-
-    forward = torch.vmap(one)
-    by_factor: dict[float, list[torch.Tensor]] = {}
-    for name, tensor in stacked.items():
-        by_factor.setdefault(learning_rate_factors(name), []).append(tensor)
-    # foreach: the update as a few multi-tensor kernels, ~30% faster than the for-loop Adam on the CPU and bitwise
-    # equal to it; fused=True is 3x faster but rounds a stacked network differently from the same network alone.
-    optimizer = torch.optim.Adam([{"params": group, "lr": learning_rate * factor}
-                                  for factor, group in by_factor.items()], lr=learning_rate, foreach=True)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: learning_rate_factor(schedule, s, steps))
-    losses = torch.empty((len(modules), steps), device=device)
-    gradient_steps = GradientSteps(optimizer, scheduler, total=steps, device=device)
-    order, position = torch.randperm(n, generator=generator), 0
-    for step in range(steps):
-        if position + batch > n:
-            order, position = torch.randperm(n, generator=generator), 0
-        rows = order[position : position + batch].to(device)
-        position += batch
-        per_network = torch.mean((forward(stacked, x[:, rows]) - y[:, rows]) ** 2, dim=(1, 2))
-        gradient_steps.take(per_network.sum(), step + 1)  # the sum: each network's own gradient
-        losses[:, step] = per_network.detach()
-    with torch.no_grad():
-        for k, module in enumerate(modules):
-            module.to("cpu")
-            for name, tensor in module.named_parameters():
-                tensor.copy_(stacked[name][k].cpu())
-            module.eval()
-    losses = losses.double().cpu().numpy()
-    for k, history in enumerate(losses):
-        which = f" (network {k + 1} of {len(modules)})" if len(modules) > 1 else ""
-        bad = np.flatnonzero(~np.isfinite(history))
-        if len(bad):
-            raise LayersimError(f"training diverged{which}: the loss became {history[bad[0]]} at step {bad[0] + 1} "
-                                f"of {steps}; lower align.learning_rate (or the coupling clamp).")
-        first, lowest, last = _loss_windows(history)
-        if last > _BLOWUP * lowest or last > 2.0 * first:
-            raise LayersimError(f"training blew up{which}: the loss ended at {last:.4g} after falling to {lowest:.4g} "
-                                f"(it started at {first:.4g}), so the map is worse than the network had been; lower "
-                                f"align.learning_rate (now {learning_rate:g}).")
-    return losses
-
-
-# Training "blew up" when its loss ends this many times above its lowest (both averaged over 5% of the steps):
-# at width 768 a learning rate of 3e-3 once jumped from 0.0009 to 0.5 and settled at 0.10, finite throughout.
-_BLOWUP = 10.0
-
-
-def _loss_windows(history: np.ndarray) -> tuple[float, float, float]:
-    """The mean training loss over the first 5% of the steps, its lowest such moving mean, and the last."""
-    window = max(1, len(history) // 20)
-    means = np.convolve(history, np.ones(window) / window, mode="valid")
-    return float(means[0]), float(means.min()), float(means[-1])
 
 
 class NeuralMap(AlignmentMap):
@@ -421,6 +176,14 @@ class NeuralMap(AlignmentMap):
 class INNMap(NeuralMap):
     """Ren et al.'s INN alignment: a RealNVP coupling flow trained to send X's rows onto Y's.
 
+    Attributes (after ``fit``, besides :class:`NeuralMap`'s): ``whitening_``, ``unwhitening_`` — the input's
+    whitening and its inverse (d x d; the identity with ``whiten=False``); ``linear_start_`` — the linear
+    layer's least-squares start (d x d, with ``linear_init="least_squares"``).
+
+    Requires ``d_x = d_y``. ``inverse`` is exact (see the module docstring); it raises if the linear
+    layer is singular (e.g. Y has a column that is constant on the training rows).
+    Defaults fit n = 1,200 training rows of width 384 in about 10 s on one CPU thread.
+
     Parameters
     ----------
     depth : int, default 4 — coupling blocks.
@@ -438,16 +201,8 @@ class INNMap(NeuralMap):
     schedule : "cosine" (default), "linear" or "constant" — after a 5% linear warm-up.
     batch_size : int, default 256 — rows per step (all rows if fewer).
     seed : int, default 0 — initial weights and batch order.
-    device : str, default "auto" — where it trains (auto, cpu, cuda, cuda:N; layersim.device); the fitted
+    device : str, default "auto" — where it trains (auto, cpu, cuda, cuda:N; layersim.compute.device); the fitted
         map is kept and applied on the CPU in float64.
-
-    Attributes (after ``fit``, besides :class:`NeuralMap`'s): ``whitening_``, ``unwhitening_`` — the input's
-    whitening and its inverse (d x d; the identity with ``whiten=False``); ``linear_start_`` — the linear
-    layer's least-squares start (d x d, with ``linear_init="least_squares"``).
-
-    Requires ``d_x = d_y``. ``inverse`` is exact (see the module docstring); it raises if the linear
-    layer is singular (e.g. Y has a column that is constant on the training rows).
-    Defaults fit n = 1,200 training rows of width 384 in about 10 s on one CPU thread.
     """
 
     name = "inn"
@@ -541,13 +296,13 @@ def shrunk_whitening(xs: np.ndarray, shrinkage: float = _WHITENING_SHRINKAGE) ->
 class MLPMap(NeuralMap):
     """Ren et al.'s non-bijective sanity check: a GELU MLP trained like :class:`INNMap`.
 
+    Any widths; no inverse.
+
     Parameters
     ----------
     depth : int, default 2 — hidden layers.
     hidden : int, default 512 — their width.
     steps, learning_rate, schedule, batch_size, seed, device : as for :class:`INNMap` (same defaults).
-
-    Any widths; no inverse.
     """
 
     name = "mlp"

@@ -19,7 +19,7 @@ before any download or training. By module:
   rules across keys: warm-up shorter than training, evaluation within it, the poolings that
   similarity and align use extracted, attention measures only with attention maps, compare.models
   not repeating `model`, finetune.max_length within the position embeddings of every offline model,
-  (:mod:`layersim.measure_sizes`, run by the check_params stage: measures that can run on the sizes params
+  (:mod:`layersim.params.measure_sizes`, run by the check_params stage: measures that can run on the sizes params
   fix).
 
 No parameter names a layer index, and none depends on a model's depth or number of heads.
@@ -28,28 +28,10 @@ Errors name the key, the bad value and what is allowed.
 
 from layersim.params.docs import describe
 from layersim.params.rules import MAX_SEED
-from layersim.params.schema import (
-    ALIGN_METHODS,
-    DEFAULT_MEASURES,
-    EXAMPLE_POOLINGS,
-    LOCALIZATIONS,
-    MIN_EXAMPLES,
-    MIN_MAX_LENGTH,
-    POOLINGS,
-    AlignParams,
-    CompareParams,
-    DownloadParams,
-    ExportParams,
-    ExtractParams,
-    FinetuneParams,
-    Params,
-    SimilarityParams,
-    SkipParams,
-    TruncateParams,
-    aligned_pairs,
-    pair_member,
-    paired_models,
-)
+from layersim.params.schema import (ALIGN_METHODS, DEFAULT_MEASURES, EXAMPLE_POOLINGS, LOCALIZATIONS, MIN_EXAMPLES,
+                                    MIN_MAX_LENGTH, POOLINGS, AlignParams, CompareParams, DownloadParams, ExportParams,
+                                    ExtractParams, FinetuneParams, Params, SimilarityParams, SkipParams, TruncateParams,
+                                    aligned_pairs, pair_member, paired_models)
 from layersim.params.validate import MODEL_HIDDEN_SIZE, MODEL_MAX_LENGTH, parse_params
 from layersim.params.yaml_file import load_params, parse_yaml
 

@@ -53,7 +53,7 @@ def describe() -> str:
         lines += [f"## {name}", "", *_table(cls)]
     from layersim.params.user_tasks import UserTaskParams
 
-    lines += ["## user_tasks.<name>", "",
+    lines += ["## user_tasks.`<name>`", "",
               "Tasks on your own files, each under a name of its own (1 to 64 of a-z, 0-9, _ and -) to list in "
               "`tasks`, e.g. `user_tasks: {reviews: {train: user_data/reviews.csv, validation_fraction: 0.2, "
               "text: [review], label: stars}}`. The files live in `user_data/`, a dependency of download_task.", ""]

@@ -7,9 +7,9 @@ import re
 from typing import Any
 
 from layersim.errors import LayersimError
-from layersim.models import MODELS, get_model
+from layersim.models.registry import MODELS, get_model
 from layersim.params.rules import fail, repeated, shown
-from layersim.tasks import get_task, known_tasks
+from layersim.data.tasks import get_task, known_tasks
 
 
 def known_name(key: str, value: Any, kind: str, lookup, valid, hint: str = "", entry: bool = False) -> Any:

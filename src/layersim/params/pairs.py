@@ -1,4 +1,4 @@
-"""align.pairs: which runs and models Ren et al.'s maps align (ORIG, FT<i>, registry models)."""
+"""align.pairs: which runs and models Ren et al.'s maps align (ORIG, ``FT<i>``, registry models)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ _FINETUNED_RUN = re.compile(r"FT([1-9][0-9]{0,3})")  # align.pairs: FT<i>, fine-
 
 
 def pair_member(name: str) -> tuple[str, int | str]:
-    """What a name of align.pairs stands for: ("orig", "ORIG"), ("finetuned", i) for FT<i> (1-based seed
+    """What a name of align.pairs stands for: ("orig", "ORIG"), ("finetuned", i) for ``FT<i>`` (1-based seed
     position), or ("model", name) for a registry model, pretrained."""
     if name == ORIG_RUN:
         return "orig", name
@@ -36,7 +36,7 @@ def paired_models(params: "Params") -> list[str]:
 
 
 def _align_pairs(key: str, value) -> tuple[tuple[str, str], ...] | None:
-    """align.pairs: null, or a list of [source, target] pairs of ORIG, FT<i> or registry model names."""
+    """align.pairs: null, or a list of [source, target] pairs of ORIG, ``FT<i>`` or registry model names."""
     from layersim.params.names import check_model
     from layersim.params.rules import fail
 

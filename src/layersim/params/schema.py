@@ -15,11 +15,11 @@ from layersim.params.rules import (FRACTION, NON_NEGATIVE, POSITIVE, SEED, TOLER
                                    check_names, knob)
 
 # First token, mean of tokens, last sub-word of the last word: one row per (example, choice); "tokens":
-# one row per word, its last sub-word (Wu et al.; layersim.words).
+# one row per word, its last sub-word (Wu et al.; layersim.data.words).
 
 POOLINGS = ("cls", "mean", "last", "tokens")
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # layersim.device (checked by a test)
-HEAD_KINDS = ("own", "fresh")  # layersim.heads.HEAD_KINDS (checked by a test)
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # layersim.compute.device (checked by a test)
+HEAD_KINDS = ("own", "fresh")  # layersim.training.heads.HEAD_KINDS (checked by a test)
 EXAMPLE_POOLINGS = ("cls", "mean", "last")  # one row per (example, choice): what align can map
 LOCALIZATIONS = ("raw", "zscore")  # Wu et al.'s raw difference of means, or each series z-scored first
 # The default align.methods: every map of layersim.align.MAPS (checked by a test; spelled out here so
@@ -91,7 +91,7 @@ def _task_revisions(key: str, value) -> dict[str, str]:
 
     from layersim.errors import LayersimError
     from layersim.params.rules import fail, shown
-    from layersim.tasks import PAPER_TASKS
+    from layersim.data.tasks import PAPER_TASKS
 
     if not isinstance(value, dict):
         raise fail(key, value, "a mapping of paper tasks to revisions of their dataset on the hub, e.g. "
@@ -145,7 +145,7 @@ class FinetuneParams:
     max_grad_norm: float = knob(0.0, "clip the gradients' total norm to this before each step (0: no clipping, "
                                      "the papers' setting)", NON_NEGATIVE)
     require_convergence: bool = knob(False, "a run that did not converge (final training loss near the trivial "
-                                            "predictor's, validation score near its score: layersim.convergence) "
+                                            "predictor's, validation score near its score: layersim.training.convergence) "
                                             "fails its stage instead of a warning and a flag on every figure "
                                             "that uses it")
 
@@ -259,10 +259,10 @@ class AlignParams:  # Ren et al. 2023; see layersim.align
     synthetic_learning_rate: float = knob(2e-3, "inn and mlp: peak learning rate when recovering the random INN",
                                           LEARNING_RATE)
     seed: int = knob(0, "seed of the maps' initialisation and batches", SEED)
-    attention: bool = knob(False, "also align the attention weights, per layer, of each pair of ORIG / FT<i> runs "
+    attention: bool = knob(False, "also align the attention weights, per layer, of each pair of ORIG / `FT<i>` runs "
                                   "(Ren Fig. 4 / 5b; points: the extract stage's attention maps, one feature per head)")
     pairs: tuple[tuple[str, str], ...] | None = knob(
-        None, "the [source, target] pairs aligned: ORIG (the pretrained model), FT<i> (fine-tuned with the i-th "
+        None, "the [source, target] pairs aligned: ORIG (the pretrained model), `FT<i>` (fine-tuned with the i-th "
               "seed) or a registry model, pretrained (e.g. multiberts-0 and multiberts-1: two pretraining seeds); "
               "null: [FT1, FT2] with two seeds or more, then [ORIG, FT1]", check=_align_pairs)
 

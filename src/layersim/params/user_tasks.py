@@ -22,10 +22,10 @@ from typing import Any
 from layersim.errors import LayersimError
 from layersim.params.rules import SEED, Bound, check_value, fail, knob, shown
 
-FORMATS = ("single", "pair", "multiple_choice")  # layersim.tasks.FORMATS (checked by a test)
-# layersim.evaluate.METRICS (checked by a test); what each kind of task can be scored by.
+FORMATS = ("single", "pair", "multiple_choice")  # layersim.data.tasks.FORMATS (checked by a test)
+# layersim.training.evaluate.METRICS (checked by a test); what each kind of task can be scored by.
 CLASSIFICATION_METRICS, REGRESSION_METRICS = ("accuracy", "f1", "mcc"), ("pearson", "spearman")
-USER_DATA = "user_data"  # layersim.tasks.user.USER_DATA
+USER_DATA = "user_data"  # layersim.data.tasks.user.USER_DATA
 # A task name: lower case (a folder name on every file system), no shell syntax, not an option.
 NAME = r"[a-z0-9][a-z0-9_-]{0,63}"
 _PATH = rf"{USER_DATA}/([A-Za-z0-9_][A-Za-z0-9_.-]*/)*[A-Za-z0-9_][A-Za-z0-9_.-]*\.(csv|tsv|jsonl|parquet)"
@@ -125,7 +125,7 @@ def check_user_tasks(key: str, value: Any, registry: Any) -> dict[str, Any]:
 
 
 def _spec(key: str, name: str, raw: Any):
-    from layersim.tasks import TEXT_COLUMNS, TaskSpec, UserSource
+    from layersim.data.tasks import TEXT_COLUMNS, TaskSpec, UserSource
 
     if not isinstance(raw, dict) or "train" not in raw:
         raise fail(key, raw, "a mapping with at least train: user_data/<file>, e.g. {train: user_data/r.csv, "

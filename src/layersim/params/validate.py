@@ -11,12 +11,12 @@ import re
 from typing import Any
 
 from layersim.errors import LayersimError
-from layersim.models import MULTIBERTS_SEEDS
+from layersim.models.registry import MULTIBERTS_SEEDS
 from layersim.params.names import check_model, check_task, weights
 from layersim.params.rules import MAX_SEED, check_value, fail, repeated, shown
 from layersim.params.schema import DEVICE, SECTIONS, TOP_LEVEL, Params, pair_member
 from layersim.params.user_tasks import check_user_tasks
-from layersim.tasks import TASKS, register_user_tasks
+from layersim.data.tasks import TASKS, register_user_tasks
 
 # Longest input (special tokens included) that the position embeddings of the registry models whose
 # config is known offline can encode: the tiny configs have 130 positions, and RoBERTa's start after

@@ -11,12 +11,9 @@ import numpy as np
 import scipy.linalg
 
 from layersim.errors import LayersimError, unknown_name
-from layersim.linalg import canonical_correlations_of, canonical_pairs, default_rtol, numerical_rank, variance_rank
-from layersim.similarity._common import (
-    centre_drop_constant,
-    check_rtol,
-    validated,
-)
+from layersim.compute.linalg import (canonical_correlations_of, canonical_pairs, default_rtol, numerical_rank,
+                                     variance_rank)
+from layersim.similarity._common import centre_drop_constant, check_rtol, validated
 
 METHODS = ("svd", "qr")
 

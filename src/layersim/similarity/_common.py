@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from layersim.errors import LayersimError
-from layersim.linalg import blas_on_calling_thread
+from layersim.compute.linalg import blas_on_calling_thread
 
 Named = list[tuple[str, np.ndarray]]
 

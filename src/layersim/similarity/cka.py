@@ -33,7 +33,7 @@ memory independent of the number of examples, for activation tables larger than 
 Edge behaviour: CKA is undefined when a representation is constant across examples (all zero after
 centring; HSIC(K, K) = 0). Rather than inventing a value (0? 1? NaN?) that would silently colour a
 heatmap, both functions raise :class:`~layersim.errors.LayersimError` naming the constant input
-(the accumulator can instead give such layers NaN rows and columns, as layersim.comparisons does).
+(the accumulator can instead give such layers NaN rows and columns, as layersim.similarity.comparisons does).
 """
 
 from __future__ import annotations
@@ -43,8 +43,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from layersim.errors import unknown_name
-from layersim.similarity._common import (centred_and_constant,
-                                         named_lists)
+from layersim.similarity._common import centred_and_constant, named_lists
 
 from layersim.similarity._cka_kernels import (  # noqa: F401  (used by other measures and the tests)
     BLOCK_ROWS, FLOAT32_MIN_WORK, GRAM_BYTES_LIMIT, METHODS, PANEL_COLUMNS, PRECISIONS, SCRATCH_BYTES, _cka, _costs,

@@ -185,7 +185,7 @@ class LinearCKAAccumulator:
 
         ``constant="raise"`` (default) raises a LayersimError for a layer that is constant across the
         examples, as :func:`cka_matrix` does; ``constant="nan"`` gives such layers NaN rows and
-        columns (diagonal included) instead, as layersim.comparisons draws them.
+        columns (diagonal included) instead, as layersim.similarity.comparisons draws them.
         """
         if constant not in ("raise", "nan"):
             raise unknown_name("constant", constant, ("raise", "nan"))

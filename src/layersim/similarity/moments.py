@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from layersim.errors import LayersimError, unknown_name
-from layersim.linalg import default_rtol, numerical_rank, variance_rank
+from layersim.compute.linalg import default_rtol, numerical_rank, variance_rank
 from layersim.similarity._common import CONSTANT_RTOL
 from layersim.similarity._cca_core import check_max_dims, dimension_cap
 from layersim.similarity.cka_streaming import SAMPLE_ROWS, LinearCKAAccumulator

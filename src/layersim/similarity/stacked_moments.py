@@ -1,8 +1,8 @@
-"""The stacked layer × layer matrices of layersim.comparisons from second moments streamed from row batches,
+"""The stacked layer × layer matrices of layersim.similarity.comparisons from second moments streamed from row batches,
 for activation tables larger than memory: linear CKA, debiased CKA and the measures of
 :data:`layersim.similarity.moments.MOMENT_MEASURES`, with the nulls the moments determine (linear CKA's exact
 permutation null, the others' rotation null). Layers of every model are stacked in order, as in
-:func:`layersim.comparisons.stacked_matrix`; a constant layer's row and column are NaN.
+:func:`layersim.similarity.comparisons.stacked_matrix`; a constant layer's row and column are NaN.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def stream_rows(widths: Sequence[int]) -> int:
 
 
 def streamed_linear_cka(batches: Iterable[Sequence[Sequence[np.ndarray]]]) -> np.ndarray:
-    """``layersim.comparisons.stacked_matrix("linear_cka", models)`` from row batches, in memory independent of
+    """``layersim.similarity.comparisons.stacked_matrix("linear_cka", models)`` from row batches, in memory independent of
     the number of examples (see :class:`layersim.similarity.LinearCKAAccumulator`).
 
     Each item of `batches` holds, for one block of rows, every model's list of (rows, d) layer arrays

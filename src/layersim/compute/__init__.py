@@ -1,0 +1,2 @@
+"""Numerical building blocks every layer may use: linear algebra, devices and precision, the
+optimiser step loop."""

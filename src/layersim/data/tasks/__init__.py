@@ -1,0 +1,288 @@
+"""The task registry: what "rte" or "synth-negation" means, and how to build its normalized table.
+
+A normalized task table (docs/architecture.md, "Data contracts") has `example_id` (int64, stable), the text
+columns of its format, and `label` (int64, or float64 for regression):
+
+==================  ==========================================
+format              text columns
+==================  ==========================================
+``single``          ``text``
+``pair``            ``text_a``, ``text_b``
+``multiple_choice`` ``context``, ``choices`` (list<string>)
+==================  ==========================================
+
+Paper tasks (Phang et al. 2021, §2) come from the Hugging Face hub; built-in ``synth-*`` tasks are
+generated offline (:mod:`layersim.data.tasks.generated`); user tasks, declared under ``user_tasks`` in
+params.yaml, are read from the user's files (:mod:`layersim.data.tasks.user`).
+
+Every paper task is read from the hub's Parquet export of the dataset (the ``refs/convert/parquet``
+revision the dataset viewer publishes: ``<config>/<split>/NNNN.parquet``), not from its main branch:
+hellaswag, cosmos_qa and super_glue were published with loading scripts, which ``datasets`` >= 4 no longer
+runs, and the export gives every dataset the same layout and the same loading code. ``download.revisions``
+pins a task to a commit of that export; the commit read is recorded in the task table's metadata. With
+``LAYERSIM_HUB_MIRROR`` set to a folder laid out as ``<owner>/<name>/<config>/<split>/*.parquet``, the
+same code reads that folder instead of the network (a cluster without internet, and the tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from layersim.errors import LayersimError, hub_unreachable, unknown_name
+from layersim.data.tasks import generated
+
+# The hub's Parquet conversion of every public dataset (see the module docstring).
+PARQUET_EXPORT = "refs/convert/parquet"
+# A local folder laid out like the hub's Parquet exports, read instead of the hub when set.
+HUB_MIRROR_ENV = "LAYERSIM_HUB_MIRROR"
+
+FORMATS = ("single", "pair", "multiple_choice")
+SPLITS = ("train", "validation")
+TEXT_COLUMNS = {"single": ("text",), "pair": ("text_a", "text_b"), "multiple_choice": ("context", "choices")}
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """Where a paper task lives on the hub and how its columns map to the normalized table.
+
+    `columns` maps each normalized column to a hub column, or to a tuple of hub columns that are
+    joined with a space (text) or gathered into a list (``choices``). `config` is the dataset's config,
+    which names its folder in the Parquet export ("default" for a dataset without configs).
+    """
+
+    path: str
+    config: str | None
+    columns: dict[str, str | tuple[str, ...]]
+    splits: dict[str, str] = field(default_factory=lambda: {"train": "train", "validation": "validation"})
+    revision: str = PARQUET_EXPORT
+
+    def data_files(self, split: str) -> str:
+        """The Parquet files of one normalized split, relative to the dataset's root at `revision`."""
+        return f"{self.config or 'default'}/{self.splits[split]}/*.parquet"
+
+
+@dataclass(frozen=True)
+class UserSource:
+    """Where a user task's rows are (params.yaml's user_tasks; read by :mod:`layersim.data.tasks.user`): its files,
+    paths inside the repository, or one file split by a seeded draw; and which columns hold the text (in the
+    format's order: text; text_a, text_b; context, choice 1 … choice k) and the label."""
+
+    train: str
+    validation: str | None
+    text: tuple[str, ...]
+    label: str
+    validation_fraction: float | None = None
+    split_seed: int = 0
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    format: str
+    metrics: tuple[str, ...]
+    label_names: tuple[str, ...] = ()
+    regression: bool = False
+    num_choices: int = 0
+    hub: HubSource | None = None
+    user: UserSource | None = None  # a task declared in params.yaml (user_tasks), read from the user's files
+
+    @property
+    def num_labels(self) -> int:
+        """Output units of the task head: 1 for regression and multiple choice (one score per choice)."""
+        if self.regression or self.format == "multiple_choice":
+            return 1
+        return len(self.label_names)
+
+    @property
+    def primary_metric(self) -> str:
+        return self.metrics[0]
+
+    @property
+    def text_columns(self) -> tuple[str, ...]:
+        return TEXT_COLUMNS[self.format]
+
+    @property
+    def label_type(self) -> pa.DataType:
+        return pa.float64() if self.regression else pa.int64()
+
+
+def _glue(config: str, columns: dict, **kw) -> HubSource:
+    return HubSource("nyu-mll/glue", config, columns, **kw)
+
+
+_PAPER_TASKS = [
+    TaskSpec("cola", "single", ("mcc",), ("unacceptable", "acceptable"),
+             hub=_glue("cola", {"text": "sentence", "label": "label"})),
+    TaskSpec("mnli", "pair", ("accuracy",), ("entailment", "neutral", "contradiction"),
+             hub=_glue("mnli", {"text_a": "premise", "text_b": "hypothesis", "label": "label"},
+                       splits={"train": "train", "validation": "validation_matched"})),
+    TaskSpec("mrpc", "pair", ("f1", "accuracy"), ("not_equivalent", "equivalent"),
+             hub=_glue("mrpc", {"text_a": "sentence1", "text_b": "sentence2", "label": "label"})),
+    TaskSpec("qnli", "pair", ("accuracy",), ("entailment", "not_entailment"),
+             hub=_glue("qnli", {"text_a": "question", "text_b": "sentence", "label": "label"})),
+    TaskSpec("qqp", "pair", ("f1", "accuracy"), ("not_duplicate", "duplicate"),
+             hub=_glue("qqp", {"text_a": "question1", "text_b": "question2", "label": "label"})),
+    TaskSpec("rte", "pair", ("accuracy",), ("entailment", "not_entailment"),
+             hub=_glue("rte", {"text_a": "sentence1", "text_b": "sentence2", "label": "label"})),
+    TaskSpec("sst2", "single", ("accuracy",), ("negative", "positive"),
+             hub=_glue("sst2", {"text": "sentence", "label": "label"})),
+    TaskSpec("stsb", "pair", ("pearson", "spearman"), regression=True,
+             hub=_glue("stsb", {"text_a": "sentence1", "text_b": "sentence2", "label": "label"})),
+    TaskSpec("boolq", "pair", ("accuracy",), ("false", "true"),
+             hub=HubSource("aps/super_glue", "boolq", {"text_a": "question", "text_b": "passage", "label": "label"})),
+    # Yelp Polarity has no validation split; like Phang et al. we evaluate on its test split.
+    TaskSpec("yelp_polarity", "single", ("accuracy",), ("negative", "positive"),
+             hub=HubSource("fancyzhx/yelp_polarity", "plain_text", {"text": "text", "label": "label"},
+                           splits={"train": "train", "validation": "test"})),
+    TaskSpec("hellaswag", "multiple_choice", ("accuracy",), num_choices=4,
+             hub=HubSource("Rowan/hellaswag", None, {"context": "ctx", "choices": "endings", "label": "label"})),
+    TaskSpec("cosmosqa", "multiple_choice", ("accuracy",), num_choices=4,
+             hub=HubSource("allenai/cosmos_qa", None,
+                           {"context": ("context", "question"),
+                            "choices": ("answer0", "answer1", "answer2", "answer3"), "label": "label"})),
+]
+
+_GENERATED_TASKS = [
+    TaskSpec("synth-negation", "single", ("accuracy",), ("negative", "positive")),
+    TaskSpec("synth-roles", "pair", ("accuracy", "f1"), ("different", "same")),
+    TaskSpec("synth-similarity", "pair", ("pearson", "spearman"), regression=True),
+    TaskSpec("synth-choice", "multiple_choice", ("accuracy",), num_choices=4),
+]
+
+TASKS: dict[str, TaskSpec] = {t.name: t for t in _PAPER_TASKS + _GENERATED_TASKS}
+PAPER_TASKS: tuple[str, ...] = tuple(t.name for t in _PAPER_TASKS)
+assert set(generated.GENERATED_TASKS) == {t.name for t in _GENERATED_TASKS}
+
+
+# The user tasks of the params.yaml last validated (layersim.params registers them), by name.
+_USER_TASKS: dict[str, TaskSpec] = {}
+# Where the download_task stage writes each task's tables (dvc.yaml): a user task's label names, when
+# params.yaml does not declare them, are read back from there (the task table's metadata).
+TASKS_DIR = Path("data/tasks")
+
+
+def register_user_tasks(specs: dict[str, TaskSpec]) -> None:
+    """Make `specs` (every user task of one params.yaml) the user tasks that get_task knows."""
+    clash = sorted(set(specs) & set(TASKS))
+    if clash:
+        raise LayersimError(f"user task {clash[0]!r} has the name of a registry task; give it another name.")
+    _USER_TASKS.clear()
+    _USER_TASKS.update(specs)
+
+
+def known_tasks() -> list[str]:
+    """Every task name get_task accepts: the registry's and the registered user tasks'."""
+    return [*TASKS, *_USER_TASKS]
+
+
+def get_task(name: object) -> TaskSpec:
+    """The spec of a registered task or user task; an unknown name is an error listing the valid ones."""
+    if isinstance(name, str) and name in TASKS:
+        return TASKS[name]
+    if not isinstance(name, str) or name not in _USER_TASKS:
+        raise unknown_name("task", name, known_tasks())
+    spec = _USER_TASKS[name]
+    if spec.label_names or spec.regression or spec.format == "multiple_choice":
+        return spec
+    from layersim.data.tasks.user import labels_from_table  # label names taken from the data: read back
+
+    return labels_from_table(spec, TASKS_DIR / name / "train.parquet")
+
+
+# --- building normalized tables ------------------------------------------------------------------
+
+def task_metadata(spec: TaskSpec, split: str, source: dict) -> dict:
+    return {"task": spec.name, "format": spec.format, "split": split, "label_names": list(spec.label_names),
+            "metrics": list(spec.metrics), "regression": spec.regression, "source": source}
+
+
+def _normalized(spec: TaskSpec, columns: dict[str, list], split: str, source: dict,
+                example_id: np.ndarray | None = None) -> pa.Table:
+    n = len(columns["label"])
+    arrays = {"example_id": pa.array(np.arange(n) if example_id is None else example_id, pa.int64())}
+    for name in spec.text_columns:
+        arrays[name] = pa.array(columns[name], pa.list_(pa.string()) if name == "choices" else pa.string())
+    arrays["label"] = pa.array(columns["label"], spec.label_type)
+    table = pa.table(arrays)
+    return table.replace_schema_metadata({b"layersim": json.dumps(task_metadata(spec, split, source), sort_keys=True)})
+
+
+def normalize_hub_table(spec: TaskSpec, hub_table: pa.Table, split: str, source: dict | None = None) -> pa.Table:
+    """Map a table with the hub's column names to the normalized task table of `spec`."""
+    if spec.hub is None:
+        raise LayersimError(f"task {spec.name!r} is generated offline and has no hub source.")
+    missing = sorted({c for v in spec.hub.columns.values() for c in ((v,) if isinstance(v, str) else v)}
+                     - set(hub_table.column_names))
+    if missing:
+        raise LayersimError(f"the hub table for task {spec.name!r} lacks columns {missing}; "
+                            f"it has {hub_table.column_names}.")
+    rows = hub_table.to_pydict()
+    columns: dict[str, list] = {}
+    for target, source_columns in spec.hub.columns.items():
+        if isinstance(source_columns, str):
+            values = rows[source_columns]
+        elif target == "choices":
+            values = [list(choice) for choice in zip(*(rows[c] for c in source_columns))]
+        else:
+            values = [" ".join(parts) for parts in zip(*(rows[c] for c in source_columns))]
+        columns[target] = values
+    columns["label"] = [float(v) if spec.regression else int(v) for v in columns["label"]]
+    if spec.format == "multiple_choice":
+        bad = [len(c) for c in columns["choices"] if len(c) != spec.num_choices]
+        if bad:
+            raise LayersimError(f"task {spec.name!r} expects {spec.num_choices} choices per example, found {bad[0]}.")
+    return _normalized(spec, columns, split, source or {"hub": spec.hub.path, "config": spec.hub.config})
+
+
+def generated_table(spec: TaskSpec, split: str, num_examples: int, seed: int) -> pa.Table:
+    """The normalized table of a built-in generated task."""
+    columns = generated.generate(spec.name, split, num_examples, seed)
+    return _normalized(spec, columns, split, {"generator": spec.name, "seed": seed, "num_examples": num_examples})
+
+
+def hub_table(spec: TaskSpec, split: str, revision: str | None = None) -> pa.Table:
+    """Read one split of a paper task from the hub's Parquet export (or the folder of
+    ``LAYERSIM_HUB_MIRROR``) at `revision` (default: the registry's) and normalize it."""
+    import datasets  # imported here: only the download stage needs it
+
+    hub = spec.hub
+    revision = revision or hub.revision
+    mirror = os.environ.get(HUB_MIRROR_ENV)
+    where = str(Path(mirror) / hub.path) if mirror else hub.path
+    pattern = hub.data_files(split)
+    try:
+        dataset = datasets.load_dataset(where, data_files={split: pattern}, split=split,
+                                        revision=None if mirror else revision)
+    except (ConnectionError, OSError, ValueError) as err:
+        place = (f"the hub mirror {where} ({HUB_MIRROR_ENV})" if mirror else
+                 f"the Hugging Face hub ({hub.path} at revision {revision!r})")
+        raise hub_unreachable("task", spec.name, err, generated.GENERATED_TASKS,
+                              f"{place}, files {pattern}") from err
+    source = {"hub": hub.path, "config": hub.config, "split": hub.splits[split], "files": pattern,
+              "revision": f"mirror {mirror}" if mirror else _commit(hub.path, revision)}
+    return normalize_hub_table(spec, dataset.data.table, split, source)
+
+
+def _commit(path: str, revision: str) -> str:
+    """The commit that `revision` of dataset `path` resolves to (recorded: a branch moves), or `revision`
+    itself when the hub cannot say."""
+    try:
+        from huggingface_hub import HfApi
+
+        return HfApi().dataset_info(path, revision=revision).sha or revision
+    except Exception:  # noqa: BLE001 - the data is read; the commit is a record, not a requirement
+        return revision
+
+
+def subsample(table: pa.Table, max_examples: int | None, seed: int) -> pa.Table:
+    """Keep at most `max_examples` rows, chosen by a seeded draw and kept in their original order."""
+    if max_examples is None or table.num_rows <= max_examples:
+        return table
+    keep = np.sort(np.random.default_rng(seed).choice(table.num_rows, size=max_examples, replace=False))
+    return table.take(pa.array(keep))

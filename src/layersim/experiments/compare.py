@@ -1,0 +1,130 @@
+"""The compare stage's work: every layer of several models on the same inputs, one stacked matrix per
+measure — the pretrained encoder, the random-init control of its architecture (RANDOM, with
+similarity.random_control: what an untrained network of the same shape scores), its fine-tuned models for
+each task (first seed; Wu et al. Figures 5–7) and the other pretrained encoders of `compare.models` (Phang
+et al. Figure 7, Wu et al. Figure 1).
+Returns figures, plot rows and metrics (as :class:`layersim.experiments.similarity.SimilarityOutputs`, folders
+"plots" and "localization"); the stage writes them."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from layersim.data.batching import encode_task
+from layersim.similarity.comparisons import RANDOM, attention_maps, attention_measure_label, number
+from layersim.experiments.extract import (Pooled, concatenate_pooled, extract_attention, models_for_pooling,
+                                          pooled_layers)
+from layersim.data.io import AttentionTable, read_task_table
+from layersim.models.registry import load_encoder, load_tokenizer
+from layersim.models.random_control import random_encoder
+from layersim.params import Params
+from layersim.similarity import MEASURES, check_computable
+from layersim.reporting.similarity import localization_report, sampled_null_measures, settings, stacked_report
+from layersim.experiments.similarity import SimilarityOutputs
+from layersim.data.tasks import get_task
+from layersim.compute.device import resolve_device
+
+
+def probe_representations(folder: Path, params: Params, task_dirs: dict[str, Path], device, encoder=None) -> Pooled:
+    """Per-layer arrays of each pooling of the model in `folder` (or of `encoder`, with the folder's tokenizer)
+    over the probe: the first compare.probe_examples validation examples of every task, each encoded as its own
+    task (words: the first extract.max_tokens of each task, keyed by task, example, choice, segment and word)."""
+    tokenizer, encoder = load_tokenizer(folder), load_encoder(folder) if encoder is None else encoder
+    poolings = params.similarity.poolings
+    per_task = []
+    for task, task_dir in task_dirs.items():
+        spec = get_task(task)
+        table = read_task_table(task_dir, spec, "validation", params.compare.probe_examples)
+        encoded = encode_task(table, spec, tokenizer, params.finetune.max_length, words="tokens" in poolings)
+        per_task.append(pooled_layers(encoder, tokenizer, encoded, poolings, params.extract.batch_size, device,
+                                      max_tokens=params.extract.max_tokens))
+    return concatenate_pooled(per_task)
+
+
+def probe_attention(folder: Path, params: Params, task_dirs: dict[str, Path], device, scratch: Path,
+                    encoder=None, name: str | None = None) -> list:
+    """Attention maps of the model in `folder` (or of `encoder`, with the folder's tokenizer; `name` names its
+    scratch file) over the first task's probe examples (same tokenizer only)."""
+    task, task_dir = next(iter(task_dirs.items()))
+    spec = get_task(task)
+    tokenizer = load_tokenizer(folder)
+    table = read_task_table(task_dir, spec, "validation", min(params.compare.probe_examples,
+                                                              params.extract.attention_examples))
+    path = scratch / f"{name or folder.name}.attention.parquet"
+    encoder = load_encoder(folder) if encoder is None else encoder
+    extract_attention(encoder, tokenizer, encode_task(table, spec, tokenizer, params.finetune.max_length),
+                      path, {"run": name or folder.name, "task": task}, params.extract.batch_size, device)
+    return attention_maps(AttentionTable(path))
+
+
+def compare_models(pretrained: Path, checkpoints: Path, compared: Path, tasks: Path, params: Params,
+                   log=lambda *args: None, warn=lambda *args: None) -> SimilarityOutputs:
+    device = resolve_device(params.device)
+    task_dirs = {task: tasks / task for task in params.tasks}
+    seed = params.seeds[0]
+    control = params.similarity.random_control
+    folders = ({"ORIG": pretrained} | ({RANDOM: pretrained} if control is not None else {})
+               | {f"FT:{task}": checkpoints / task / f"seed{seed}" for task in params.tasks})
+    same_tokenizer = set(folders)
+    folders |= {name: compared / name for name in params.compare.models}
+    # RANDOM: the pretrained folder's architecture and tokenizer, its weights drawn afresh (seed `control`).
+    encoders = {RANDOM: random_encoder(pretrained, control)} if control is not None else {}
+    representations = {label: probe_representations(folder, params, task_dirs, device, encoders.get(label))
+                       for label, folder in folders.items()}
+    log("encoded the probe (%d examples per task, %d tasks) with %d models", params.compare.probe_examples,
+        len(task_dirs), len(folders))
+    out = compare_representations(representations, params, warn)
+    rows, p = out.rows["plots", "matrices.json"], params.similarity
+    if p.attention_measures:
+        with tempfile.TemporaryDirectory() as scratch:
+            maps = {label: probe_attention(folders[label], params, task_dirs, device, Path(scratch),
+                                           encoders.get(label), label)
+                    for label in folders if label in same_tokenizer}
+        for measure in p.attention_measures:
+            report = stacked_report(maps, measure, f"{attention_measure_label(measure)} — {params.model} and its "
+                                    "fine-tuned models", first_layer=1, attention=True, pooling="attention")
+            out.figures["plots", f"attention.{measure}.png"] = report.figure
+            rows += report.rows
+            out.metrics.setdefault("attention", {})[measure] = report.summary
+    return out
+
+
+def compare_representations(representations: dict[str, Pooled], params: Params,
+                            warn=lambda *args: None) -> SimilarityOutputs:
+    """The measures of similarity.measures over each pooling's layers of the models in `representations` (label
+    → Pooled, ORIG first) stacked: one block heatmap per measure with every cell's null (corrected over the
+    heatmap), the summary against ORIG and the localization score; the plot rows under "matrices.json"."""
+    p = params.similarity
+    options, uncertainty = settings(p)
+    out, rows, localization_rows = SimilarityOutputs(), [], []
+    for pooling, measures in p.measures.items():
+        # Word rows ("tokens") are lined up on their keys: the words every model's truncation kept.
+        models = models_for_pooling(representations, pooling)
+        sizes = {label: len(layers) for label, layers in models.items()}
+        for measure in measures:  # before any work: e.g. mixedsim needs more examples than neurons
+            check_computable(measure, len(models["ORIG"][0]), {label: layers[0].shape[1] for label, layers in models.items()})
+        # Before any permutation: can the correction declare a cell of the heatmap with this many draws?
+        sampled = sampled_null_measures(measures, len(models["ORIG"][0]), options)
+        shortfall = uncertainty.check_reach(sum(sizes.values()) ** 2, sampled, f"compare ({pooling})")
+        if shortfall:
+            warn("%s", shortfall)
+        matrices = {}
+        for measure in measures:
+            report = stacked_report(models, measure, f"{MEASURES[measure].label}, {pooling.upper()} — {params.model} "
+                                    "and its fine-tuned models", options=options, uncertainty=uncertainty, pooling=pooling)
+            matrices[measure] = report.matrix
+            out.figures["plots", f"{pooling}.{measure}.png"] = report.figure
+            rows += report.rows
+            out.metrics.setdefault(pooling, {})[measure] = report.summary
+        found = localization_report(matrices, sizes, p.localization, f"{pooling.upper()} — base and fine-tuned",
+                                    pooling=pooling)
+        if found is not None:
+            out.metrics[pooling]["localization"] = {label: [number(v) for v in values]
+                                                    for label, values in found.scores.items()}
+            localization_rows += found.rows
+            out.figures["localization", f"{pooling}.png"] = found.figure
+    out.rows["plots", "matrices.json"] = rows
+    # Always written (empty without neuronsim and svcca): git cannot hold an empty output folder.
+    out.rows["localization", "localization.json"] = localization_rows
+    return out

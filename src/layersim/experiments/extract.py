@@ -1,0 +1,251 @@
+"""Extraction: every layer's representation of every validation example, pooled, into activation
+tables (docs/architecture.md, "Activation table")."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+from tqdm.auto import tqdm
+
+from layersim.data.batching import EncodedTask, sequential_batches
+from layersim.compute.device import to_device
+from layersim.errors import LayersimError
+from layersim.data.io import ActivationWriter, layer_column, with_metadata, write_parquet
+from layersim.params import POOLINGS
+from layersim.data.tasks import TaskSpec
+from layersim.data.words import align_rows
+
+
+def last_content_position(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          special_ids: list[int]) -> torch.Tensor:
+    """(rows,) index of the last token that is neither padding nor a special token ([SEP], </s>):
+    the last sub-word of the input's last word. Falls back to the last non-padding token."""
+    content = attention_mask.bool() & ~torch.isin(input_ids, torch.tensor(special_ids, device=input_ids.device))
+    content = torch.where(content.any(1, keepdim=True), content, attention_mask.bool())
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+    return (content * positions).argmax(1)
+
+
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str,
+         last_position: torch.Tensor | None = None, word_index: tuple | None = None) -> torch.Tensor:
+    """(rows, length, hidden) → (rows, hidden): the first token (CLS, or <s> for RoBERTa), the mean
+    over non-padding tokens, or the token at `last_position` (see :func:`last_content_position`);
+    for "tokens", (words, hidden): the tokens at `word_index` = (row, position) tensors.
+
+    Wu et al. (2020) represent a word by its last sub-word token; "last" applies that rule to the
+    input's final word, keeping one row per example so that tables of different runs line up;
+    "tokens" keeps one row per word (see layersim.data.words)."""
+    if pooling == "tokens":
+        if word_index is None:
+            raise LayersimError("pooling 'tokens' needs the (row, position) of each word's last sub-word.")
+        return hidden[word_index[0], word_index[1]]
+    if pooling == "cls":
+        return hidden[:, 0]
+    if pooling == "mean":
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
+    if pooling == "last":
+        if last_position is None:
+            raise LayersimError("pooling 'last' needs the position of each row's last content token.")
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last_position]
+    raise LayersimError(f"unknown pooling {pooling!r}; valid poolings are: {', '.join(POOLINGS)}.")
+
+
+def pool_layers(hidden_states, input_ids: torch.Tensor, attention_mask: torch.Tensor, poolings,
+                special_ids: list[int], word_index: tuple | None = None) -> dict[str, list[np.ndarray]]:
+    """Every layer's hidden states, pooled: pooling → [(rows, hidden) float32 array per layer 0 … L].
+
+    Each pooling's layers are stacked into one (layers, rows, hidden) tensor and copied to NumPy once;
+    the per-layer arrays are contiguous slices of that fresh block, so they never pin the hidden
+    states in memory (``hidden[:, 0]`` alone would be a view of the whole hidden-state tensor).
+    Stacking the pooled rows, not the hidden states, avoids copying every hidden state once more."""
+    last_position = last_content_position(input_ids, attention_mask, special_ids) if "last" in poolings else None
+    pooled: dict[str, list[np.ndarray]] = {}
+    for pooling in poolings:
+        values = torch.stack([pool(h, attention_mask, pooling, last_position, word_index) for h in hidden_states])
+        pooled[pooling] = list(values.float().cpu().numpy())
+    return pooled
+
+
+@dataclass
+class PooledBatch:
+    """One batch of extracted rows: one row per (example, choice), each pooling's per-layer arrays; with
+    the "tokens" pooling, its rows are the batch's words, keyed by `word_keys`."""
+    example_id: np.ndarray
+    choice: np.ndarray
+    labels: np.ndarray
+    layers: dict[str, list[np.ndarray]]  # pooling → [(rows, hidden) float32 per layer 0 … L]
+    word_keys: np.ndarray | None = None  # (words, 4) int64 example_id, choice, segment, word of layers["tokens"]
+    word_labels: np.ndarray | None = None  # each word's example label
+
+
+def _word_rows(encoded: EncodedTask, indices: np.ndarray, budget: int | None, attention_mask: torch.Tensor,
+               left_padded: bool):
+    """Keys, labels and (row, position) index of the batch's words, at most `budget` of them (in order)."""
+    keys, rows, positions, labels = [], [], [], []
+    for j, i in enumerate(indices):
+        for c, located in enumerate(encoded.words[i]):
+            if budget is not None:
+                located, budget = located[:budget], budget - min(budget, len(located))
+            n = len(located)
+            keys.append(np.column_stack([np.full(n, encoded.example_id[i]), np.full(n, c), located[:, :2]]))
+            rows.append(np.full(n, j * encoded.num_choices + c))
+            positions.append(located[:, 2])
+            labels.append(np.full(n, encoded.labels[i]))
+    rows, positions = np.concatenate(rows).astype(np.int64), np.concatenate(positions).astype(np.int64)
+    if left_padded:  # positions count from each row's first token
+        positions += (attention_mask.shape[1] - attention_mask.sum(1)).cpu().numpy()[rows]
+    index = (torch.from_numpy(rows).to(attention_mask.device), torch.from_numpy(positions).to(attention_mask.device))
+    return np.concatenate(keys).astype(np.int64), np.concatenate(labels), index, budget
+
+
+@torch.inference_mode()
+def pooled_batches(encoder, tokenizer, encoded: EncodedTask, poolings, batch_size: int, device: torch.device,
+                   desc: str = "extract", max_tokens: int | None = None) -> Iterator[PooledBatch]:
+    """Run `encoder` over `encoded` in order and pool every layer's hidden states of each batch.
+
+    Multiple-choice examples give one row per (example, choice). The "tokens" pooling (`encoded` made
+    with words=True) gives one row per word, example by example, the first `max_tokens` words in all."""
+    encoder.eval().to(device)
+    num_layers = encoder.config.num_hidden_layers
+    special_ids = tokenizer.all_special_ids
+    words = "tokens" in poolings
+    if words and encoded.words is None:
+        raise LayersimError("pooling 'tokens' needs word positions; encode the task with encode_task(..., words=True).")
+    budget = max_tokens
+    batches = sequential_batches(encoded, batch_size, tokenizer, with_labels=False)
+    for indices, batch in tqdm(batches, total=-(-len(encoded) // batch_size), desc=desc, mininterval=2):
+        choices = encoded.num_choices
+        # Flatten (batch, choices, length) so that every (example, choice) is one row.
+        batch = {k: v.reshape(-1, v.shape[-1]) for k, v in to_device(batch, device).items()}
+        hidden_states = encoder(**batch, output_hidden_states=True).hidden_states
+        if len(hidden_states) != num_layers + 1:
+            raise LayersimError(f"the encoder returned {len(hidden_states)} hidden states, expected {num_layers + 1}.")
+        word_keys = word_labels = word_index = None
+        if words:
+            word_keys, word_labels, word_index, budget = _word_rows(encoded, indices, budget, batch["attention_mask"],
+                                                                    tokenizer.padding_side == "left")
+        yield PooledBatch(
+            example_id=np.repeat(encoded.example_id[indices], choices),
+            choice=np.tile(np.arange(choices, dtype=np.int16), len(indices)),
+            labels=np.repeat(encoded.labels[indices], choices),
+            layers=pool_layers(hidden_states, batch["input_ids"], batch["attention_mask"], poolings, special_ids,
+                               word_index),
+            word_keys=word_keys, word_labels=word_labels)
+
+
+def extract_activations(encoder, tokenizer, spec: TaskSpec, encoded: EncodedTask, outputs: dict[str, Path],
+                        metadata: dict, batch_size: int, device: torch.device, max_tokens: int | None = None) -> None:
+    """Run `encoder` over `encoded` and write one activation table per pooling in `outputs` (for "tokens",
+    one row per word, at most `max_tokens`: see layersim.data.words), batch by batch."""
+    config = encoder.config
+    with contextlib.ExitStack() as stack:
+        # Every table appears under its final name only if the whole extraction succeeds.
+        writers = {pooling: stack.enter_context(ActivationWriter(
+            path, num_layers=config.num_hidden_layers, hidden_size=config.hidden_size, label_type=spec.label_type,
+            metadata={**metadata, "pooling": pooling})) for pooling, path in outputs.items()}
+        for batch in pooled_batches(encoder, tokenizer, encoded, list(outputs), batch_size, device,
+                                    desc=f"extract {metadata['run']}", max_tokens=max_tokens):
+            for pooling, writer in writers.items():
+                if pooling == "tokens":
+                    keys = batch.word_keys
+                    writer.write(keys[:, 0], keys[:, 1], batch.word_labels, batch.layers[pooling],
+                                 segment=keys[:, 2], word=keys[:, 3])
+                else:
+                    writer.write(batch.example_id, batch.choice, batch.labels, batch.layers[pooling])
+
+
+@dataclass
+class Pooled:
+    """Pooled layers in memory: pooling → per-layer (rows, hidden) float32 arrays, and the keys of the
+    "tokens" rows: (words, 4) example_id, choice, segment, word — or (words, 5) led by a part index
+    when several tasks are concatenated (:func:`concatenate_pooled`)."""
+    layers: dict[str, list[np.ndarray]]
+    word_keys: np.ndarray | None = None
+
+
+def pooled_layers(encoder, tokenizer, encoded: EncodedTask, poolings, batch_size: int,
+                  device: torch.device, max_tokens: int | None = None) -> Pooled:
+    """In memory: every pooling's per-layer arrays over all of `encoded` (words: the first `max_tokens`)."""
+    batches = list(pooled_batches(encoder, tokenizer, encoded, poolings, batch_size, device, max_tokens=max_tokens))
+    keys = np.concatenate([b.word_keys for b in batches]) if "tokens" in poolings else None
+    return Pooled(concatenate_layers([batch.layers for batch in batches]), keys)
+
+
+def concatenate_pooled(parts: list[Pooled]) -> Pooled:
+    """Row-wise concatenation of several Pooled (e.g. one per task); word keys get the part's index first,
+    since example ids repeat across tasks."""
+    keys = None
+    if parts[0].word_keys is not None:
+        keys = np.concatenate([np.column_stack([np.full(len(p.word_keys), i), p.word_keys])
+                               for i, p in enumerate(parts)]).astype(np.int64)
+    return Pooled(concatenate_layers([p.layers for p in parts]), keys)
+
+
+def models_for_pooling(representations: dict[str, Pooled], pooling: str) -> dict[str, list[np.ndarray]]:
+    """Label → per-layer arrays of one pooling, rows lined up across the models: per-example rows are
+    already; "tokens" rows are aligned on their word keys (:func:`layersim.data.words.align_rows`), so models
+    with different tokenizers compare the same words."""
+    if pooling != "tokens":
+        return {label: reps.layers[pooling] for label, reps in representations.items()}
+    _, aligned = align_rows({label: (reps.word_keys, reps.layers[pooling]) for label, reps in representations.items()})
+    return aligned
+
+
+def concatenate_layers(parts: list[dict[str, list[np.ndarray]]]) -> dict[str, list[np.ndarray]]:
+    """Row-wise concatenation of several pooling → per-layer arrays dicts (batches, or tasks)."""
+    return {pooling: [np.concatenate([part[pooling][k] for part in parts]) for k in range(len(layers))]
+            for pooling, layers in parts[0].items()}
+
+
+@torch.inference_mode()
+def extract_attention(encoder, tokenizer, encoded: EncodedTask, path: Path, metadata: dict, batch_size: int,
+                      device: torch.device) -> None:
+    """Write the attention maps of every layer and head for the examples in `encoded` to `path`.
+
+    One Parquet row per (example, choice, query token, key token) over non-padding tokens, in that
+    order; column `layer_k` (k = 1 … L) holds that pair's weight in each head of layer k, so each
+    attention row (one query's distribution over keys) is a contiguous run of rows summing to 1 per
+    head. Tokens, not words: Wu et al. sum sub-word attentions into words; we keep the model's tokens.
+    """
+    encoder.eval().to(device)
+    # Fused attention kernels (sdpa) never materialise the weights; the eager path returns them.
+    encoder.set_attn_implementation("eager")
+    config = encoder.config
+    num_layers, heads = config.num_hidden_layers, config.num_attention_heads
+    columns = {"example_id": [], "choice": [], "query": [], "key": []}
+    weights: list[list[np.ndarray]] = [[] for _ in range(num_layers)]
+    for indices, batch in tqdm(sequential_batches(encoded, batch_size, tokenizer), desc=f"attention {metadata['run']}",
+                               total=-(-len(encoded) // batch_size), mininterval=2):
+        batch.pop("labels")
+        choices = encoded.num_choices
+        batch = {k: v.reshape(-1, v.shape[-1]) for k, v in to_device(batch, device).items()}
+        attentions = encoder(**batch, output_attentions=True).attentions
+        if len(attentions) != num_layers:
+            raise LayersimError(f"the encoder returned {len(attentions)} attention maps, expected {num_layers}.")
+        example_ids = np.repeat(encoded.example_id[indices], choices)
+        for row, mask in enumerate(batch["attention_mask"].bool().cpu()):
+            tokens = mask.nonzero().squeeze(1)
+            length = len(tokens)
+            query, key = np.divmod(np.arange(length * length), length)
+            columns["example_id"].append(np.full(length * length, example_ids[row], np.int64))
+            columns["choice"].append(np.full(length * length, row % choices, np.int16))
+            columns["query"].append(query.astype(np.int16))
+            columns["key"].append(key.astype(np.int16))
+            for layer, attention in enumerate(attentions):
+                maps = attention[row][:, tokens][:, :, tokens]  # (heads, length, length)
+                weights[layer].append(maps.permute(1, 2, 0).reshape(-1, heads).float().cpu().numpy())
+    arrays = [pa.array(np.concatenate(columns[name])) for name in columns]
+    for layer_weights in weights:
+        flat = pa.array(np.concatenate(layer_weights).reshape(-1))
+        arrays.append(pa.FixedSizeListArray.from_arrays(flat, heads))
+    names = list(columns) + [layer_column(k) for k in range(1, num_layers + 1)]
+    table = pa.Table.from_arrays(arrays, names=names)
+    write_parquet(with_metadata(table, {**metadata, "num_layers": num_layers, "num_heads": heads,
+                                        "kind": "attention"}), path)

@@ -1,0 +1,50 @@
+"""Layer injection (Ren et al. 2023 §4.5): feed one model's mapped last-layer representation to
+another model's fine-tuned head and measure the task score.
+
+The representation is the first token's (CLS) last-layer state, which is all that every supported head
+reads (see :func:`layersim.models.encoders.inject_first_token`), so the target model's own head
+(:func:`layersim.models.task_heads.own_head`) applied to the vectors gives exactly the logits of the model run
+with its CLS state replaced, without running its encoder.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from layersim.data.batching import EncodedTask
+from layersim.errors import LayersimError
+from layersim.models.task_heads import own_head
+from layersim.data.tasks import TaskSpec
+from layersim.experiments.truncation import primary_score
+
+
+@torch.inference_mode()
+def injected_logits(model, vectors: np.ndarray, num_choices: int, batch_size: int, device: torch.device) -> np.ndarray:
+    """`model`'s logits with its last-layer CLS state replaced by `vectors` (one per (example, choice) row,
+    in table order): its own head on them, (examples, num_choices) for multiple choice."""
+    head = own_head(model).to(device).eval()
+    vectors = torch.as_tensor(np.asarray(vectors, dtype=np.float32))
+    hidden = model.config.hidden_size
+    if vectors.ndim != 2 or vectors.shape[1] != hidden or len(vectors) % num_choices:
+        raise LayersimError(f"injected vectors have shape {tuple(vectors.shape)}; valid shape is (rows, {hidden}) "
+                            f"with one row per (example, choice), {num_choices} choice(s) per example.")
+    logits = torch.cat([head(part.to(device)).float().cpu() for part in vectors.split(batch_size * num_choices)])
+    return (logits.view(-1, num_choices) if num_choices > 1 else logits).numpy()
+
+
+def injected_score(model, spec: TaskSpec, encoded: EncodedTask, vectors: np.ndarray, batch_size: int,
+                   device: torch.device) -> float:
+    """The task score of `model` with its last-layer CLS state replaced by `vectors` (one per
+    (example, choice) row of `encoded`, in order)."""
+    if len(vectors) != len(encoded) * encoded.num_choices:
+        raise LayersimError(f"{len(vectors)} vectors were given to inject for {len(encoded)} examples with "
+                            f"{encoded.num_choices} choice(s) each; give one vector per (example, choice) row.")
+    return primary_score(spec, injected_logits(model, vectors, encoded.num_choices, batch_size, device), encoded.labels)
+
+
+def random_like(train: np.ndarray, rows: int, seed: int) -> np.ndarray:
+    """Random representations with the per-dimension mean and spread of `train` (the baseline that
+    carries no information about the input)."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((rows, train.shape[1])) * train.std(axis=0) + train.mean(axis=0)).astype(np.float32)

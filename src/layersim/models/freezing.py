@@ -1,0 +1,83 @@
+"""Freezing the bottom or top k layers of an encoder during fine-tuning (Wu et al. 2020, Table 1), on the
+layer stacks of :mod:`layersim.models.encoders`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from torch import nn
+
+from layersim.errors import LayersimError
+from layersim.models.encoders import _as_int, _swapped_stack, describe_architecture
+
+FREEZE_SIDES = ("bottom", "top")
+
+
+def frozen_range(num: int, side: str, k: int) -> list[int]:
+    """0-based indices of the `k` bottom or top layers of a `num`-layer model."""
+    if side not in FREEZE_SIDES:
+        raise LayersimError(f"freeze side {side!r} is invalid; valid sides are: {', '.join(FREEZE_SIDES)}.")
+    k = _as_int(k, "number of frozen layers", f"0..{num}")
+    if not 0 <= k <= num:
+        raise LayersimError(f"cannot freeze {k} layers of this {num}-layer model; valid values are 0..{num}.")
+    return list(range(k)) if side == "bottom" else list(range(num - k, num))
+
+
+def embedding_modules(model: nn.Module) -> list[nn.Module]:
+    """What turns tokens into the first layer's input: the embeddings and, where the embedding size
+    differs from the hidden size, ELECTRA's and ALBERT's projection to it."""
+    stack = describe_architecture(model)
+    found = [stack.base_model.embeddings]
+    for owner, name in ((stack.base_model, "embeddings_project"), (stack.encoder, "embedding_hidden_mapping_in")):
+        if isinstance(getattr(owner, name, None), nn.Module):
+            found.append(getattr(owner, name))
+    return found
+
+
+class _FrozenApplication(nn.Module):
+    """One application of a shared layer group whose weights receive no gradient from it: the group runs
+    on detached copies of its parameters, so gradients flow through it to the layers below but do not
+    update it (used for ALBERT, whose layers share one group)."""
+
+    def __init__(self, group: nn.Module):
+        super().__init__()
+        self.__dict__["group"] = group  # not registered: the group's parameters stay where they are
+
+    def forward(self, *args, **kwargs):
+        import torch
+
+        detached = {name: value.detach() for name, value in self.group.named_parameters()}
+        return torch.func.functional_call(self.group, detached, args, kwargs)
+
+
+@contextlib.contextmanager
+def frozen_layers(model: nn.Module, side: str, k: int) -> Iterator[nn.Module]:
+    """Within the context, training leaves the bottom or top `k` transformer layers unchanged (Wu et al.
+    2020, Table 1); with the bottom ones, the embeddings (and any projection to the hidden size) too.
+    Gradients still flow through frozen top layers to the layers below.
+
+    BERT, RoBERTa, ELECTRA: the frozen modules get ``requires_grad = False`` (restored on exit). ALBERT has
+    one layer group applied at every depth, so a layer cannot be frozen by itself: here "freezing layer i"
+    means that its application of the shared group contributes no gradient to the group's weights, which
+    are updated only by the unfrozen applications (and stay unchanged when all are frozen)."""
+    stack = describe_architecture(model)
+    frozen = frozen_range(stack.num_layers, side, k)
+    modules = embedding_modules(model) if side == "bottom" and frozen else []
+    if not stack.shared:
+        modules += [stack.module_for(i) for i in frozen]
+    parameters = [p for module in modules for p in module.parameters()]
+    before = [p.requires_grad for p in parameters]
+    try:
+        for p in parameters:
+            p.requires_grad_(False)
+        if stack.shared and frozen:
+            entries = [_FrozenApplication(stack.module_for(i)) if i in frozen else stack.module_for(i)
+                       for i in range(stack.num_layers)]
+            with _swapped_stack(stack, entries):
+                yield model
+        else:
+            yield model
+    finally:
+        for p, flag in zip(parameters, before):
+            p.requires_grad_(flag)

@@ -1,0 +1,269 @@
+"""What goes into metrics files, and what goes into plot data.
+
+A stage computes its full results (per layer, per cell, per span, with nulls and intervals) as one nested
+dict. Its metrics file holds only the few scalars that answer the stage's question, so that experiments
+read side by side in ``dvc exp show`` (DVC makes one column of every number in a metrics file); the full
+dict goes, row by row, to a *details* plot data file, where ``dvc plots diff`` still compares it:
+
+    {"metric": "cls.linear_cka.ft_orig.diagonal", "layer": 3, "value": 0.91}
+
+``layer`` is the layer of a per-layer value (a ``layer_NN`` key, or a position in a per-layer list) and
+None otherwise. :func:`details_to_metrics` turns the rows back into the full dict, and each headline
+function here reads only that dict, so a metrics file can always be recomputed from its details file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from layersim.training.convergence import metrics_record, run_flags
+from layersim.errors import LayersimError
+from layersim.data.io import write_json
+
+_LAYER_KEY = re.compile(r"layer_(\d+)")
+
+
+def write_metrics(full: Mapping[str, Any], headline: Mapping[str, Any], metrics: Path, details: Path) -> None:
+    """Write a stage's `headline` scalars to its metrics file and every value of `full` to its details file."""
+    write_json(metrics_to_details(full), details)
+    write_json(headline, metrics)
+
+
+# --- the details: every value, one row each ---
+
+
+def metrics_to_details(full: Mapping[str, Any]) -> list[dict]:
+    """Every leaf of the nested dict `full` as a row ``{"metric", "layer", "value"}`` (see the module
+    docstring); dict keys are joined with ".", ``layer_NN`` keys and list positions become ``layer``."""
+    rows: list[dict] = []
+
+    def walk(value: Any, path: tuple[str, ...], layer: int | None) -> None:
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                match = _LAYER_KEY.fullmatch(str(key))
+                if match and layer is None:
+                    walk(item, path, int(match.group(1)))
+                else:
+                    walk(item, (*path, str(key)), layer)
+        elif isinstance(value, (list, tuple)) and layer is None:
+            for position, item in enumerate(value):
+                walk(item, path, position)
+        else:
+            rows.append({"metric": ".".join(path), "layer": layer, "value": value})
+
+    walk(full, (), None)
+    return rows
+
+
+def details_to_metrics(rows: Iterable[Mapping[str, Any]]) -> dict:
+    """The nested dict that :func:`metrics_to_details` came from (per-layer lists come back as
+    ``layer_NN`` dicts)."""
+    full: dict = {}
+    for row in rows:
+        *parents, leaf = row["metric"].split(".")
+        node = full
+        for key in parents:
+            node = node.setdefault(key, {})
+        if row["layer"] is None:
+            node[leaf] = row["value"]
+        else:
+            node.setdefault(leaf, {})[f"layer_{int(row['layer']):02d}"] = row["value"]
+    return full
+
+
+# --- the headline scalars of each stage ---
+
+
+def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
+    """Per pooling and measure: the FT–ORIG similarity of the top layer (``ft_orig_top``), the first
+    layer whose FT–ORIG similarity is not above chance (``ft_orig_chance_from``: permutation p-value, corrected
+    over the FT–ORIG heatmap's cells as ``ft_orig_chance_correction`` names, at least `significance`; None
+    when every layer is above chance; both absent without a null) and the
+    FT[1]–FT[2] similarity of the top layer (``ft1_ft2_top``, with two seeds or more). Attention measures
+    have no null and give ``ft_orig_top`` only.
+
+    Seeds as the unit (layersim.similarity.seeds): FT–ORIG's top layer over the seeds' models, ``ft_orig_top_seed_mean``
+    and with three seeds or more ``…_seed_sd`` and the t-interval ``…_seed_ci_low``/``…_seed_ci_high``, with two
+    ``…_seed_range``. With the random-init control: ``ft_orig_above_random_top``, FT–ORIG's top layer minus
+    FT–RANDOM's (what an untrained network of the same architecture scores)."""
+    headline: dict = {}
+    for pooling, measures in full.items():
+        if not isinstance(measures, Mapping):
+            continue
+        for measure, result in measures.items():
+            if not (isinstance(result, Mapping) and "ft_orig" in result):
+                continue
+            entry = {"ft_orig_top": result["ft_orig"].get("last_layer")}
+            for stat in ("seed_mean", "seed_sd", "seed_ci_low", "seed_ci_high", "seed_range"):
+                if result["ft_orig"].get(stat):  # per layer: the top layer's
+                    entry[f"ft_orig_top_{stat}"] = _top(result["ft_orig"][stat])
+            random_top = (result.get("ft_random") or {}).get("last_layer")
+            if random_top is not None and entry["ft_orig_top"] is not None:
+                entry["ft_orig_above_random_top"] = round(entry["ft_orig_top"] - random_top, 6)
+            if pooling != "attention":
+                if "p_value" in result["ft_orig"]:
+                    # Corrected over the FT–ORIG heatmap's cells, as its hatching, when the details carry it.
+                    corrected = result["ft_orig"].get("p_adjusted")
+                    entry["ft_orig_chance_from"] = first_layer_at_chance(
+                        result["ft_orig"]["p_value"] if corrected is None else corrected, significance)
+                    if corrected is not None:
+                        entry["ft_orig_chance_correction"] = result.get("correction")
+                if "ft1_ft2" in result:
+                    entry["ft1_ft2_top"] = result["ft1_ft2"].get("last_layer")
+            headline.setdefault(pooling, {})[measure] = entry
+    return headline
+
+
+def _top(per_layer: Mapping[str, float | None]) -> float | None:
+    """The value of the highest layer of a per-layer ``{"layer_NN": value}``."""
+    return per_layer[max(per_layer, key=_layer_number)]
+
+
+def first_layer_at_chance(p_values: Mapping[str, float | None], significance: float) -> int | None:
+    """The lowest layer whose p-value is at least `significance` (undefined layers skipped), or None."""
+    for key in sorted(p_values, key=_layer_number):
+        p = p_values[key]
+        if p is not None and not math.isnan(p) and p >= significance:
+            return _layer_number(key)
+    return None
+
+
+def truncate_headline(full: Mapping[str, Any]) -> dict:
+    """How many top layers can be dropped with the score within tolerance of the full model: Untuned
+    (the fine-tuned head as is) and Tuned (a fresh head on the exit layer)."""
+    return {"untuned_droppable_top_layers": full["droppable_top_layers_untuned"],
+            "tuned_droppable_top_layers": full["droppable_top_layers_tuned"]}
+
+
+def skip_headline(full: Mapping[str, Any]) -> dict:
+    """The length of the longest span of layers that can be skipped within tolerance (0: none)."""
+    span = full.get("largest_span_within_tolerance")
+    return {"longest_skippable_span": 0 if span is None else span["length"]}
+
+
+def export_headline(full: Mapping[str, Any]) -> dict:
+    """The exported model's depth against the full model's and both scores on validation (its measured speed-up is
+    wall-clock: it lives in timings/export/<task>.json, outside the outputs DVC hashes)."""
+    return {"layers": full["exported"]["layers"], "full_layers": full["full"]["layers"],
+            "validation_full": full["full"]["validation"], "validation_exported": full["exported"]["validation"]}
+
+
+def align_headline(full: Mapping[str, Any]) -> dict:
+    """For the first kind of pair of align.pairs (fine-tuning seeds by default): each method's held-out
+    alignment error averaged over layers and pairs (with its sd over pairs, ``<method>_sd``, when there
+    are several), and ``inn_advantage`` — the best other method's error minus the INN's (positive: the
+    invertible network aligns better than every other map)."""
+    kind, entry = next(iter(full["alignment_over_pairs"].items()))
+    several = entry["num_pairs"] > 1
+    headline = {}
+    for method, stats in entry.items():
+        if method in ("pairs", "num_pairs"):
+            continue
+        headline[method] = stats["layer_mean"]
+        if several:
+            headline[f"{method}_sd"] = stats["layer_mean_sd"]
+    others = [error for method, error in headline.items() if method != "inn" and not method.endswith("_sd")]
+    if "inn" in headline and others:
+        headline["inn_advantage"] = round(min(others) - headline["inn"], 6)
+    return {kind: headline}
+
+
+def compare_headline(full: Mapping[str, Any], pooling: str, measure: str) -> dict:
+    """Per compared model, its mean similarity to the base model (over layers k against k) in the primary
+    `pooling` and `measure`."""
+    per_model = full.get(pooling, {}).get(measure, {})
+    headline = {}
+    for model, result in per_model.items():
+        if isinstance(result, Mapping) and "diagonal" in result:
+            headline[model] = _mean(result["diagonal"].values())
+    return {pooling: {measure: headline}} if headline else {}
+
+
+BLOCK_KEYS = {"orig_orig": "ORIG–ORIG", "ft_ft": "FT–FT"}  # the self-comparisons whose blocks are summarised
+
+
+def last_block_starts(details: Mapping[str, Iterable[Mapping[str, Any]]], primary: tuple[str, str]
+                      ) -> tuple[dict[str, dict[str, int | None]], int]:
+    """Per task (`details`: each task's similarity details rows), the layer where the last block of layers
+    starts in ORIG–ORIG and FT–FT of the `primary` (pooling, measure), None where no blocks were found;
+    and the number of layers (embeddings included)."""
+    pooling, measure = primary
+    starts, num_layers = {}, 0
+    for task, rows in details.items():
+        prefix = f"{pooling}.{measure}.blocks."
+        found = {row["metric"][len(prefix):]: row for row in rows if row["metric"].startswith(prefix)}
+        starts[task] = {key: (found.get(f"{key}.last_block_start") or {}).get("value") for key in BLOCK_KEYS}
+        layers = [row["layer"] for name, row in found.items() if name.endswith(".block_of_layer")]
+        num_layers = max([num_layers, *(layer + 1 for layer in layers)])
+    return starts, num_layers
+
+
+def summary_headline(per_stage: Mapping[str, Mapping[str, Any]], task_metrics: Mapping[str, str],
+                     primary: tuple[str, str]) -> dict:
+    """One line across tasks, under ``mean``: the mean over tasks of each stage's main headline value.
+
+    ``score`` — the fine-tuned models' task score (each task's primary metric, `task_metrics`, averaged
+    over seeds); ``ft_orig_top`` — the FT–ORIG top-layer similarity in the `primary` (pooling, measure);
+    ``untuned_drop`` / ``tuned_drop`` — top layers droppable within tolerance; ``skip_span`` — the
+    longest skippable span; ``inn_advantage`` — as in :func:`align_headline`. Short names: they are the
+    columns ``dvc exp show`` compares experiments by. `per_stage` maps a stage name to ``{task: that
+    task's metrics file}`` (finetune: ``{task: [one per seed]}``). Beside ``mean``, ``finetune_runs``: how
+    many runs the means are over (``total``) and how many of them did not converge (``not_converged``:
+    their own check or far below their seeds, :func:`layersim.training.convergence.run_flags`), which every mean
+    that uses a fine-tuned model includes."""
+    pooling, measure = primary
+    wanted = {
+        "score": [_mean(run[task_metrics[task]] for run in runs) for task, runs in per_stage.get("finetune", {}).items()],
+        "ft_orig_top": [m.get(pooling, {}).get(measure, {}).get("ft_orig_top")
+                        for m in per_stage.get("similarity", {}).values()],
+        "untuned_drop": [m["untuned_droppable_top_layers"] for m in per_stage.get("truncate", {}).values()],
+        "tuned_drop": [m["tuned_droppable_top_layers"] for m in per_stage.get("truncate", {}).values()],
+        "skip_span": [m["longest_skippable_span"] for m in per_stage.get("skip", {}).values()],
+        "inn_advantage": [next(iter(m.values())).get("inn_advantage") for m in per_stage.get("align", {}).values()],
+    }
+    summary = {"mean": {key: _mean(values) for key, values in wanted.items() if values}}
+    finetuned = per_stage.get("finetune", {})
+    if finetuned:
+        summary["finetune_runs"] = {"total": sum(len(runs) for runs in finetuned.values()),
+                                    "not_converged": sum(len(finetune_flags(runs, task_metrics[task]))
+                                                         for task, runs in finetuned.items())}
+    return summary
+
+
+def finetune_flags(runs: Iterable[Mapping[str, Any]], metric: str) -> dict[int, str]:
+    """Position among `runs` (one task's finetune metrics files, in seed order) → why that run is flagged."""
+    return run_flags({k: metrics_record(run, metric) for k, run in enumerate(runs)})
+
+
+def read_metrics_file(path: Path) -> Any:
+    """A stage's metrics or details JSON; a missing or unreadable one is an error naming it."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise LayersimError(f"cannot read the metrics file {path} ({err}); re-run the stage that writes it.") from None
+
+
+def read_stage_metrics(metrics_dir: Path, tasks: Iterable[str], seeds: Iterable[int]) -> dict:
+    """The metrics files that :func:`summary_headline` reads, from `metrics_dir` as the stages write them."""
+    def read(*parts: str) -> dict:
+        return read_metrics_file(metrics_dir.joinpath(*parts))
+
+    tasks, seeds = list(tasks), list(seeds)
+    per_stage = {"finetune": {task: [read("finetune", task, f"seed{seed}.json") for seed in seeds] for task in tasks}}
+    per_stage |= {stage: {task: read(stage, f"{task}.json") for task in tasks}
+                  for stage in ("similarity", "truncate", "skip", "align")}
+    return per_stage
+
+
+def _layer_number(key: str) -> int:
+    return int(_LAYER_KEY.fullmatch(key).group(1))
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    defined = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    return round(sum(defined) / len(defined), 6) if defined else None

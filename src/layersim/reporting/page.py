@@ -1,0 +1,399 @@
+"""One page per experiment: per task, the similarity heatmaps with their blocks and chance marks, the truncation
+curve with the exit the export chose, the exported model's score and size, and every reported number with
+its null and interval. A single HTML file with the figures inside it (PNG data URIs): it renders offline, in
+any browser, and can be mailed or committed as it is.
+
+The page reads what the stages wrote (their details plot data, metrics and figures, see docs/outputs.md); it computes nothing new, so it cannot disagree with them.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from layersim.errors import LayersimError
+from layersim.training.convergence import NOT_CONVERGED, marked, title_note
+from layersim.reporting.headlines import details_to_metrics, finetune_flags
+
+COMPARISON_NAMES = {"orig_orig": "ORIG–ORIG", "ft_orig": "FT–ORIG", "ft_ft": "FT–FT", "ft1_ft2": "FT[1]–FT[2]",
+                    "ft_random": "FT–RANDOM", "orig_random": "ORIG–RANDOM"}
+# ORIG–ORIG and FT–FT diagonals compare a layer with itself: 1. FT–RANDOM beside FT–ORIG, to read it against.
+DIAGONAL_COMPARISONS = ("ft_orig", "ft_random", "orig_random", "ft1_ft2")
+
+
+@dataclass(frozen=True)
+class Figure:
+    caption: str
+    png: bytes
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    header: Sequence[str]
+    rows: Sequence[Sequence[object]]
+    note: str = ""
+
+
+@dataclass
+class Section:
+    title: str
+    facts: list[str] = field(default_factory=list)   # one sentence each
+    tables: list[Table] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the stages wrote their results (the pipeline's folders)."""
+
+    metrics: Path
+    details: Path
+    plots: Path
+
+    def details_of(self, name: str) -> dict | None:
+        """Every value a stage wrote for `name` (e.g. "truncate/rte"), nested again; None if absent."""
+        path = self.details / f"{name}.json"
+        if not path.is_file():
+            return None
+        try:
+            return details_to_metrics(json.loads(path.read_text(encoding="utf-8")))
+        except (json.JSONDecodeError, UnicodeDecodeError, TypeError, KeyError) as err:
+            raise LayersimError(f"details file {path} cannot be read ({type(err).__name__}); re-run the stage that "
+                                "wrote it.") from None
+
+    def figure(self, relative: str, caption: str) -> Figure | None:
+        path = self.plots / relative
+        return Figure(caption, path.read_bytes()) if path.is_file() else None
+
+
+def fmt(value: object, digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def block_spans(block_of_layer: Mapping[str, int | None]) -> str:
+    """Blocks as layer ranges, e.g. "1–4 | 5–12", from the block label of each layer (layer 0: none)."""
+    labels = [(int(key.split("_")[1]), label) for key, label in sorted(block_of_layer.items()) if label is not None]
+    spans: list[list[int]] = []
+    for layer, label in labels:
+        if spans and spans[-1][2] == label:
+            spans[-1][1] = layer
+        else:
+            spans.append([layer, layer, label])
+    return " | ".join(f"{a}" if a == b else f"{a}–{b}" for a, b, _ in spans)
+
+
+def _last(values: Mapping[str, object]) -> object:
+    return values[max(values)] if values else None
+
+
+def _over_seeds(entry: Mapping, pairs: Mapping | None = None) -> str:
+    """A comparison's top layer over the fine-tuning seeds (layersim.similarity.seeds), as the report states it."""
+    if entry.get("seed_ci_low"):
+        return (f"{fmt(_last(entry['seed_mean']))} ± {fmt(_last(entry['seed_sd']))} "
+                f"[{fmt(_last(entry['seed_ci_low']))}, {fmt(_last(entry['seed_ci_high']))}] "
+                f"({entry.get('seeds')} seeds)")
+    if entry.get("seed_range"):
+        values = ", ".join(fmt(_last(v)) for v in (entry.get("seed_values") or {}).values())
+        return f"{values} (range {fmt(_last(entry['seed_range']))}; an interval needs ≥ 3 seeds)"
+    if pairs:
+        return (f"{fmt(_last(pairs['mean']))} ± {fmt(_last(pairs['sd']))} over {pairs.get('pairs')} seed pairs "
+                "(no interval: the pairs share seeds)")
+    return "1 seed: no spread" if entry.get("seeds") == 1 else "–"
+
+
+def similarity_tables(details: Mapping, significance: float) -> list[Table]:
+    """Per pooling and measure: each comparison's top-layer value over the fine-tuning seeds (mean ± sd and a
+    t-interval, or the two seeds' values), then the first seed's value with its 95% interval over examples, the
+    null's mean and the p-value (the last layer, as the headline metrics); then the blocks of layers."""
+    tables = []
+    for pooling, measures in details.items():
+        if pooling == "attention" or not isinstance(measures, Mapping):
+            continue
+        rows = []
+        block_rows = []
+        for measure, result in measures.items():
+            if not isinstance(result, Mapping) or "ft_orig" not in result:
+                continue
+            for key in DIAGONAL_COMPARISONS:
+                if key not in result and key in ("ft_random", "orig_random"):
+                    continue  # no random-init control
+                entry = result.get(key) or {}
+                # Hatching's rule: the p-value corrected over the heatmap's cells (similarity.correction).
+                p = _last(entry.get("p_adjusted") or entry.get("p_value") or {})
+                rows.append([measure, COMPARISON_NAMES[key],
+                             _over_seeds(entry, result.get("ft_pairs") if key == "ft1_ft2" else None),
+                             fmt(entry.get("last_layer")),
+                             _interval(entry),
+                             fmt(_last(entry.get("null_mean") or {})), fmt(p), str(result.get("correction", "none")),
+                             "–" if p is None else ("yes" if p < significance else "no: chance")])
+            for key, blocks in (result.get("blocks") or {}).items():
+                if isinstance(blocks, Mapping) and "block_of_layer" in blocks:
+                    block_rows.append([measure, COMPARISON_NAMES.get(key, key), block_spans(blocks["block_of_layer"]),
+                                       fmt(blocks.get("last_block_start")), fmt(blocks.get("contrast")),
+                                       fmt(blocks.get("bootstrap_stability"))])
+            seed = (result.get("blocks") or {}).get("seed_stability")
+            if seed is not None:
+                block_rows.append([measure, "seed 1 vs seed 2 (FT–FT)", "", "", "", f"seed agreement {fmt(seed)}"])
+        if rows:
+            tables.append(Table(f"{pooling}: top layer against chance", ["measure", "comparison",
+                                "over seeds: mean ± sd [95% t-interval]", "FT[1]'s value",
+                                "FT[1]'s 95% interval over examples (bootstrap)", "null mean", "p-value",
+                                "corrected over cells by", f"above chance (p < {significance:g})"], rows,
+                                "Over seeds: each seed's fine-tuned model in FT's place, a t-interval over their "
+                                "values (n − 1 df) with 3 seeds or more; the bootstrap interval resamples the "
+                                "examples of FT[1] alone and says nothing of another fine-tuning run. RANDOM: the "
+                                "same architecture with random-init weights. The null shuffles the rows of one side: "
+                                "what unrelated representations of this size score. A value near its null mean says "
+                                "nothing about the layers. The p-value is corrected over the heatmap's cells "
+                                "(fdr_bh: Benjamini–Hochberg q; holm: Holm-adjusted p; none: per cell)."))
+        if block_rows:
+            tables.append(Table(f"{pooling}: blocks of layers", ["measure", "matrix", "blocks (layers)",
+                                "last block starts", "within − between", "stability (bootstrap)"], block_rows,
+                                "One block: no contrast above 0.05 between within- and between-block similarity."))
+    return tables
+
+
+def _interval(entry: Mapping) -> str:
+    """The top layer's interval over examples, with the bootstrap method and, when the interval excludes the
+    value itself (resamples all on one side of it), the bias-corrected value it is built around."""
+    low, high = _last(entry.get("ci_low") or {}), _last(entry.get("ci_high") or {})
+    if low is None or high is None:
+        return "–"
+    text = f"[{fmt(low)}, {fmt(high)}]" + (f" ({entry['ci_method']})" if entry.get("ci_method") else "")
+    value, centre = entry.get("last_layer"), _last(entry.get("ci_centre") or {})
+    if value is not None and centre is not None and not low <= value <= high:
+        text += f"; bias-corrected value {fmt(centre)}: the resamples lie on one side of {fmt(value)}"
+    return text
+
+
+def export_facts(export: Mapping | None) -> list[str]:
+    if not export:
+        return []
+    chosen, full = export["exported"], export["full"]
+    return [f"Exported model: {chosen['description']} — {chosen['layers']} of {full['layers']} layers, "
+            f"{export['metric']} {fmt(chosen['validation'])} on validation against {fmt(full['validation'])} for the "
+            f"full model (chosen on {export['selection_examples']} train examples within {export['tolerance']:g}: "
+            f"{fmt(chosen['train'])} against {fmt(full['train'])}).",
+            f"Parameters: {_share(chosen.get('parameters'), export.get('full_parameters'))} of the full model's; "
+            "measured speed-ups (wall clock, kept out of this page so that it hashes the same on a rerun): "
+            "timings/export/."]
+
+
+def _share(part, whole) -> str:
+    return f"{part / whole:.0%}" if isinstance(part, int) and isinstance(whole, int) and whole else "–"
+
+
+def overview_row(task: str, scores: Sequence[float], similarity: Mapping | None, truncate: Mapping | None,
+                 export: Mapping | None, measure: tuple[str, str], flagged: Sequence[int] = ()) -> list[str]:
+    """A task's overview row; `flagged`: the seeds whose run did not converge (named beside the mean score)."""
+    pooling, name = measure
+    result = ((similarity or {}).get(pooling) or {}).get(name) or {}
+    blocks = (result.get("blocks") or {}).get("ft_ft") or {}
+    top = result.get("ft_orig") or {}
+    chosen = (export or {}).get("exported") or {}
+    full = (export or {}).get("full") or {}
+    mean = sum(scores) / len(scores) if scores else None
+    note = (f" ({len(flagged)} of {len(scores)} runs {NOT_CONVERGED}: seed {', '.join(map(str, flagged))})"
+            if flagged else "")
+    return [task, fmt(mean) + note, block_spans(blocks.get("block_of_layer") or {}) or "–",
+            f"{fmt(top.get('last_layer'))} (null {fmt(_last(top.get('null_mean') or {}))})",
+            fmt((truncate or {}).get("droppable_top_layers_untuned")), fmt((truncate or {}).get("droppable_top_layers_tuned")),
+            f"{fmt(chosen.get('layers'))} / {fmt(full.get('layers'))}",
+            f"{fmt(full.get('validation'))} → {fmt(chosen.get('validation'))}",
+            _share(chosen.get("parameters"), (export or {}).get("full_parameters"))]
+
+
+OVERVIEW_HEADER = ["task", "fine-tuned score", "FT–FT blocks", "FT–ORIG top layer", "droppable top layers (Untuned)",
+                   "(Tuned)", "exported layers", "validation: full → exported", "exported parameters"]
+
+
+def png(fig) -> bytes:
+    """A matplotlib figure as PNG bytes (closed afterwards)."""
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; line-height: 1.4 }
+h1 { font-size: 1.6em } h2 { border-bottom: 1px solid #ccc; padding-top: 1em } h3 { font-size: 1.05em }
+table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.9em }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left } th { background: #f3f3f3 }
+figure { display: inline-block; margin: 0.5em 1em 1em 0; vertical-align: top; max-width: 100% }
+figure img { max-width: 100%; border: 1px solid #eee } figcaption { font-size: 0.85em; color: #555; max-width: 560px }
+.note { font-size: 0.85em; color: #555 } nav a { margin-right: 1em }
+"""
+
+
+def _table(table: Table) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in table.header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in table.rows)
+    note = f'<p class="note">{html.escape(table.note)}</p>' if table.note else ""
+    return f"<h3>{html.escape(table.title)}</h3><table><tr>{head}</tr>{body}</table>{note}"
+
+
+def _figure(figure: Figure) -> str:
+    data = base64.b64encode(figure.png).decode("ascii")
+    caption = html.escape(figure.caption)
+    return f'<figure><img src="data:image/png;base64,{data}" alt="{caption}"><figcaption>{caption}</figcaption></figure>'
+
+
+def _anchor(title: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in title.lower())
+
+
+def render(title: str, intro: Iterable[str], overview: Table, summary: Iterable[Figure],
+           sections: Sequence[Section]) -> str:
+    """The whole page as one HTML document."""
+    parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"]
+    parts += [f"<p>{html.escape(line)}</p>" for line in intro]
+    parts.append("<nav>" + "".join(f'<a href="#{_anchor(s.title)}">{html.escape(s.title)}</a>' for s in sections)
+                 + "</nav>")
+    parts.append(_table(overview))
+    parts += [_figure(f) for f in summary]
+    for section in sections:
+        parts.append(f'<h2 id="{_anchor(section.title)}">{html.escape(section.title)}</h2>')
+        parts += [f"<p>{html.escape(line)}</p>" for line in section.facts]
+        parts += [_table(t) for t in section.tables]
+        parts += [_figure(f) for f in section.figures]
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def _finetuned_runs(layout: Layout, task: str, metric: str, seeds: Sequence[int]) -> dict[int, dict]:
+    """Seed → its finetune metrics file, for the seeds whose file holds a score."""
+    runs = {}
+    for seed in seeds:
+        path = layout.metrics / "finetune" / task / f"seed{seed}.json"
+        if path.is_file():
+            metrics = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(metrics.get(metric), (int, float)):
+                runs[seed] = metrics
+    return runs
+
+
+def convergence_facts(flags: Mapping[int, str], seeds: Sequence[int]) -> list[str]:
+    """One sentence per flagged seed: why, and which results rest on the run."""
+    position = {seed: i for i, seed in enumerate(seeds, start=1)}
+    return [f"Seed {seed} (FT[{position[seed]}]) did not converge: {reason}. Every result that uses it (FT–ORIG, "
+            f"FT[1]–FT[2], truncation, skipping, alignment, freezing, the export of the first seed) describes the "
+            f"failed run rather than fine-tuning; its figures say \"{NOT_CONVERGED}\"."
+            for seed, reason in flags.items()]
+
+
+def truncation_figure(layout: Layout, task: str, truncate: Mapping, export: Mapping | None,
+                      flagged: Sequence[str] = ()) -> Figure | None:
+    """The truncation curve (Phang Fig. 3) redrawn from the truncate stage's rows with the export's exit marked;
+    the title names the `flagged` runs (e.g. "seed 1") that did not converge, which its band includes."""
+    from layersim.reporting.plots import truncation_curves
+
+    path = layout.plots / "truncate" / f"{task}.json"
+    if not path.is_file():
+        return None
+    rows = json.loads(path.read_text(encoding="utf-8"))
+    per_seed: dict[str, dict[int, dict[int, float]]] = {}
+    for row in rows:
+        per_seed.setdefault(row["variant"], {}).setdefault(row["seed"], {})[row["layer"]] = row["score"]
+    curves = {variant: [[by_layer[k] for k in sorted(by_layer)] for _, by_layer in sorted(seeds.items())]
+              for variant, seeds in per_seed.items()}
+    chosen = (export or {}).get("exported") or {}
+    exit_layer = chosen.get("exit_layer") if not chosen.get("skipped_first") else None
+    figure = truncation_curves(curves, [truncate["full"]], truncate["majority_baseline"], truncate["metric"],
+                               f"truncation — {task}{title_note(flagged)}", exported_exit=exit_layer)
+    caption = ("Score when the encoder exits after layer k (Phang et al. Fig. 3): mean over seeds, the band their "
+               "range; the dotted black line is the exit the export stage chose")
+    if chosen.get("skipped_first"):
+        caption += f" (here it skipped layers {chosen['skipped_first']}–{chosen['skipped_last']} instead)"
+    return Figure(caption + ".", png(figure))
+
+
+def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: float,
+                 first_measure: tuple[str, str]) -> tuple[Section, list[str]]:
+    """One task's section, and its row of the overview table."""
+    from layersim.data.tasks import get_task
+
+    spec = get_task(task)
+    similarity = layout.details_of(f"similarity/{task}")
+    truncate = layout.details_of(f"truncate/{task}")
+    skip = layout.details_of(f"skip/{task}")
+    export = layout.details_of(f"export/{task}")
+    runs = _finetuned_runs(layout, task, spec.primary_metric, seeds)
+    scores = [float(metrics[spec.primary_metric]) for metrics in runs.values()]
+    flags = {list(runs)[k]: reason for k, reason in finetune_flags(runs.values(), spec.primary_metric).items()}
+    section = Section(task)
+    if scores:
+        section.facts.append(f"Fine-tuned {spec.primary_metric}: " + ", ".join(
+            marked(f"seed {seed} {fmt(score)}", seed in flags) for seed, score in zip(runs, scores)) + ".")
+    section.facts += convergence_facts(flags, seeds)
+    if truncate:
+        section.facts.append(f"Top layers that can go within {truncate['tolerance']:g} of the full model "
+                             f"({fmt(truncate['full'])}): {truncate['droppable_top_layers_untuned']} with the "
+                             f"fine-tuned head as it is (Untuned), {truncate['droppable_top_layers_tuned']} with the head "
+                             f"trained further (Tuned); majority-class baseline {fmt(truncate['majority_baseline'])}.")
+    if skip and skip.get("largest_span_within_tolerance"):
+        span = skip["largest_span_within_tolerance"]
+        section.facts.append(f"Longest span of layers that can be skipped within {skip['tolerance']:g}: "
+                             f"{span.get('first')}–{span.get('last')} ({span['length']} layer{'s' if span['length'] != 1 else ''}).")
+    section.facts += export_facts(export)
+    if export:
+        loader = "AutoModelForMultipleChoice" if spec.format == "multiple_choice" else "AutoModelForSequenceClassification"
+        section.facts.append(f"Load it with transformers alone: {loader}.from_pretrained(\"data/export/<model>/{task}\").")
+    if similarity:
+        section.tables += similarity_tables(similarity, significance)
+    for relative, caption in ((f"similarity/{task}/cls.png", "Linear CKA (and each measure) between every pair of "
+                               "layers, CLS points, in Phang et al.'s layout; cyan outlines: blocks of layers; hatched "
+                               "cells: not above chance."),
+                              (f"diagonals/{task}/cls.png", "Layer k against layer k, with the permutation null's mean "
+                               "and 95% bootstrap intervals."),
+                              (f"similarity/{task}/tokens.png", "The same on word points (Wu et al.)."),):
+        figure = layout.figure(relative, caption)
+        if figure:
+            section.figures.append(figure)
+    if truncate:
+        figure = truncation_figure(layout, task, truncate, export, [f"seed {seed}" for seed in flags])
+        if figure:
+            section.figures.append(figure)
+    for relative, caption in ((f"export/{task}.png", "The exported model's choice: the score with n layers kept, on "
+                               "the train examples it was chosen on and on validation."),
+                              (f"skip/{task}.png", "The score with layers i..j skipped (Phang et al. §4.1)."),
+                              (f"align/{task}/errors.png", "Held-out alignment error per layer and map (Ren et al.)."),
+                              (f"freeze/{task}.png", "Fine-tuning with layers frozen (Wu et al. Table 1).")):
+        figure = layout.figure(relative, caption)
+        if figure:
+            section.figures.append(figure)
+    return section, overview_row(task, scores, similarity, truncate, export, first_measure, list(flags))
+
+
+def build_report(model: str, tasks: Sequence[str], seeds: Sequence[int], significance: float,
+                 first_measure: tuple[str, str], layout: Layout) -> str:
+    """The experiment's page: an overview row per task, the summary figure, then one section per task."""
+    sections, rows = [], []
+    for task in tasks:
+        section, row = task_section(task, layout, seeds, significance, first_measure)
+        sections.append(section)
+        rows.append(row)
+    pooling, measure = first_measure
+    overview = Table("Overview", OVERVIEW_HEADER, rows,
+                     f"Blocks and the FT–ORIG top layer in {measure} on {pooling} points; the exported model is the "
+                     "first seed's, chosen on train examples, scored on validation. The fine-tuned score is the mean "
+                     f"over seeds, runs {NOT_CONVERGED} included and named beside it.")
+    intro = [f"Model {model}; tasks {', '.join(tasks)}; seeds {', '.join(map(str, seeds))}. Every number below is "
+             "read from the pipeline's outputs (plots/details/, metrics/); each similarity comes with what chance "
+             f"gives (the permutation null) and a 95% bootstrap interval; p < {significance:g} counts as above chance."]
+    summary = [f for f in (layout.figure("summary/last_block.png", "Where the last block of layers starts, counted "
+                                         "over tasks (Phang et al.'s \"the top layers form a block\")."),) if f]
+    return render(f"layersim report — {model}", intro, overview, summary, sections)

@@ -1,0 +1,317 @@
+"""Layer × layer comparisons of several models with any similarity measure.
+
+All layers of all models are stacked into one list and compared all-pairs at once, so each layer's
+statistics are computed once (:func:`stacked_matrix`); for linear CKA over activation tables larger
+than memory, :func:`streamed_linear_cka` builds the same matrix from row batches. The blocks of that
+matrix are the papers' comparisons:
+
+- Phang et al. §3, Figure 1 (:func:`phang_comparisons`): ORIG–ORIG, FT–ORIG (fine-tuned layers on y,
+  pretrained on x), FT–FT and FT[1]–FT[2], where FT is the first seed's model and FT[2] the second's;
+- Wu et al. Figures 1 and 5: the whole stacked matrix, a block per pair of models (pretrained and
+  fine-tuned on different tasks, or different encoders);
+- Wu et al. §5.1 (:func:`localization`): each layer's mean neuronsim minus its mean SVCCA to all other
+  layers, read off the same matrices.
+
+Entry [i, j] is measure(layer i, layer j), so for an asymmetric measure the row layer is the side
+averaged over (its neurons for neuronsim, its PWCCA weights). A layer that is the same for every
+example (the CLS token's embedding-layer output always is) has no defined similarity: its row and
+column are NaN, drawn grey, and null in metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from layersim.similarity import (MEASURES, AttentionMaps, attention_similarity_matrix, cka_matrix, is_constant,
+                                 localization_scores, similarity_matrix)
+from layersim.similarity._common import blas_threads_for
+from layersim.similarity.bootstrap import bootstrap_pairs
+from layersim.similarity.null import NullMatrix, chance_adjusted, permutation_matrix
+# The streamed route (tables larger than memory), here for the stages and tests that import it from this module.
+from layersim.similarity.stacked_moments import (LINEAR_CKA_PRECISION, STREAMABLE, moments_stacked_matrix,  # noqa: F401
+                                                 moments_stacked_null, on_layers, stream_layers, stream_rows,
+                                                 streamed_linear_cka, streamed_moments)
+from layersim.similarity.seeds import seed_metrics
+
+RANDOM = "RANDOM"  # the label of the random-init control (layersim.models.random_control.random_encoder)
+
+# Head-level attention measures: figure label and range (matrix-norm similarity is 1 − a mean
+# Frobenius distance, so it has no lower bound).
+_HEAD_MEASURES = {"jensen_shannon": ("Jensen–Shannon attention", (0.0, 1.0)),
+                  "pearson": ("Pearson attention", (-1.0, 1.0)),
+                  "matrix_norm": ("matrix-norm attention", None)}
+
+
+def attention_measure_label(measure: str) -> str:
+    """Figure label of an attention measure: head-level by name, an array measure over heads as features."""
+    return _HEAD_MEASURES[measure][0] if measure in _HEAD_MEASURES else f"{MEASURES[measure].label} over heads"
+
+
+def attention_measure_bounds(measure: str) -> tuple[float, float] | None:
+    """The value range of an attention measure, or None when it has no fixed range."""
+    return _HEAD_MEASURES[measure][1] if measure in _HEAD_MEASURES else MEASURES[measure].bounded
+
+
+def measure_options(*, rbf_sigma_scale: float, svcca_variance: float, pwcca_variance: float | None = None,
+                    rbf_exact_max_rows: int | None = None, rbf_landmarks: int | None = None,
+                    seed: int = 0) -> dict[str, dict]:
+    """The options each measure takes from params.yaml's similarity section, by measure name."""
+    rbf = {"sigma_scale": rbf_sigma_scale}
+    if rbf_exact_max_rows is not None:
+        rbf |= {"exact_max_rows": rbf_exact_max_rows, "landmarks": rbf_landmarks, "landmark_seed": seed}
+    options = {"rbf_cka": rbf, "svcca": {"variance_threshold": svcca_variance}}
+    if pwcca_variance is not None:
+        options["pwcca"] = {"variance_threshold": pwcca_variance}
+    return options
+
+
+# Axis label of the localization curves, by similarity.localization.
+LOCALIZATION_LABELS = {"raw": "localization: mean neuronsim − mean svsim",
+                       "zscore": "localization: z-scored mean neuronsim − z-scored mean svsim"}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    key: str
+    title: str
+    matrix: np.ndarray  # [y_layer, x_layer]
+    y_label: str
+    x_label: str
+    null_mean: np.ndarray | None = None  # the permutation null's mean per cell, like matrix
+    p_value: np.ndarray | None = None    # one-sided permutation p-value per cell
+    p_adjusted: np.ndarray | None = None  # p_value corrected over this comparison's cells (similarity.correction)
+    interval: tuple[np.ndarray, np.ndarray] | None = None  # bootstrap interval of the diagonal (low, high)
+    interval_method: str | None = None   # how the interval was made (basic, percentile, bca)
+    interval_centre: np.ndarray | None = None  # the bias-corrected diagonal the interval contains
+    per_seed: dict[str, np.ndarray] | None = None  # the diagonal with each seed's model in FT's place, by label
+
+
+def stacked_matrix(measure: str, models: dict[str, Sequence], **options) -> np.ndarray:
+    """The measure between every pair of layers of every model, layers stacked in `models` order.
+
+    Layers are (n, d) arrays on the same examples, or :class:`AttentionMaps` (then `measure` is an
+    attention measure). Constant representation layers get NaN rows and columns. Linear CKA is
+    computed in float64 (:data:`LINEAR_CKA_PRECISION`).
+    """
+    layers = [layer for model_layers in models.values() for layer in model_layers]
+    attention = isinstance(layers[0], AttentionMaps)
+    defined = [i for i, layer in enumerate(layers) if attention or not is_constant(layer)]
+    out = np.full((len(layers), len(layers)), np.nan)
+    if defined:
+        chosen = [layers[i] for i in defined]
+        if attention:
+            values = attention_similarity_matrix(measure, chosen, **options)
+        elif measure == "linear_cka" and set(options) <= set(MEASURES[measure].options):
+            values = cka_matrix(chosen, precision=LINEAR_CKA_PRECISION, **options)
+        else:
+            values = similarity_matrix(measure, chosen, **options)
+        out[np.ix_(defined, defined)] = values
+    return out
+
+
+def block_slices(sizes: dict[str, int], row_model: str, column_model: str) -> tuple[slice, slice]:
+    """Rows and columns of a stacked matrix that compare `row_model`'s layers (rows) with `column_model`'s."""
+    starts = dict(zip(sizes, np.cumsum([0, *sizes.values()])))
+    return (slice(starts[row_model], starts[row_model] + sizes[row_model]),
+            slice(starts[column_model], starts[column_model] + sizes[column_model]))
+
+
+def block(matrix: np.ndarray, sizes: dict[str, int], row_model: str, column_model: str) -> np.ndarray:
+    """The block of a stacked matrix comparing `row_model`'s layers (rows) with `column_model`'s."""
+    return matrix[block_slices(sizes, row_model, column_model)]
+
+
+def phang_comparisons(matrix: np.ndarray, sizes: dict[str, int], orig: str, finetuned: Sequence[str],
+                      null: NullMatrix | None = None) -> list[Comparison]:
+    """Phang et al.'s comparisons as blocks of a stacked matrix of the models `sizes` names, with the blocks
+    of the stacked permutation null (:func:`stacked_null`) when given; FT–ORIG and FT–RANDOM with the diagonal
+    of every seed's model in FT's place. ORIG–RANDOM, FT–RANDOM: with the random-init control (:data:`RANDOM`)."""
+    def pick(key, title, row_model, column_model, y_label, x_label, seeds=False):
+        nulls = {} if null is None else {"null_mean": block(null.null_mean, sizes, row_model, column_model),
+                                         "p_value": block(null.p_value, sizes, row_model, column_model)}
+        per_seed = {label: np.diag(block(matrix, sizes, label, column_model)) for label in finetuned} if seeds else None
+        return Comparison(key, title, block(matrix, sizes, row_model, column_model), y_label, x_label, **nulls,
+                          per_seed=per_seed)
+
+    ft = finetuned[0]
+    comparisons = [pick("orig_orig", "ORIG–ORIG", orig, orig, "ORIG layer", "ORIG layer"),
+                   pick("ft_orig", "FT–ORIG", ft, orig, "FT layer", "ORIG layer", seeds=True),
+                   pick("ft_ft", "FT–FT", ft, ft, "FT layer", "FT layer")]
+    if len(finetuned) > 1:
+        comparisons.append(pick("ft1_ft2", "FT[1]–FT[2]", ft, finetuned[1], "FT[1] layer", "FT[2] layer"))
+    if RANDOM in sizes:
+        comparisons += [pick("orig_random", "ORIG–RANDOM", orig, RANDOM, "ORIG layer", "RANDOM layer"),
+                        pick("ft_random", "FT–RANDOM", ft, RANDOM, "FT layer", "RANDOM layer", seeds=True)]
+    return comparisons
+
+
+def phang_cells(sizes: dict[str, int], orig: str, finetuned: Sequence[str]) -> np.ndarray:
+    """Boolean mask of the stacked matrix's cells that :func:`phang_comparisons` reports (per_seed aside)."""
+    chosen = np.zeros((sum(sizes.values()),) * 2, dtype=bool)
+    pairs = [(orig, orig), (finetuned[0], orig), (finetuned[0], finetuned[0])] + (
+        [(finetuned[0], finetuned[1])] if len(finetuned) > 1 else []) + (
+        [(orig, RANDOM), (finetuned[0], RANDOM)] if RANDOM in sizes else [])
+    for row_model, column_model in pairs:
+        chosen[block_slices(sizes, row_model, column_model)] = True
+    return chosen
+
+
+def stacked_null(measure: str, models: dict[str, Sequence], *, permutations: int, seed: int,
+                 cells: np.ndarray | None = None, **options) -> NullMatrix:
+    """The permutation null of :func:`stacked_matrix`'s cells (rows of the column layer shuffled), NaN
+    for constant layers and for cells outside `cells`. Linear CKA uses the exact permutation moments."""
+    layers = [layer for model_layers in models.values() for layer in model_layers]
+    defined = [i for i, layer in enumerate(layers) if not is_constant(layer)]
+    null = None
+    if defined:
+        chosen = None if cells is None else cells[np.ix_(defined, defined)]
+        with blas_threads_for(len(layers[0]), max(layer.shape[1] for layer in layers)):
+            null = permutation_matrix(measure, [layers[i] for i in defined], permutations=permutations, seed=seed,
+                                      cells=chosen, **options)
+    return on_layers(null, defined, len(layers), permutations, "permutation")
+
+
+def diagonal_intervals(measure: str, models: dict[str, Sequence], comparisons: Sequence[Comparison], *,
+                       resamples: int, seed: int, groups: np.ndarray | None = None, whole: Sequence[str] = (),
+                       **options) -> tuple[list[Comparison], dict[str, np.ndarray]]:
+    """The comparisons with a bootstrap interval (over examples, or over `groups` of rows) of the diagonal of
+    FT–ORIG and FT[1]–FT[2]: the per-layer values that metrics report. Models are named as in the comparisons'
+    titles: ORIG and FT[1] (FT), FT[2]. Both diagonals come from the same resamples, each layer prepared once.
+
+    Also, for the self-comparisons named in `whole` (orig_orig, ft_ft), the whole matrix on every resample,
+    (resamples, layers, layers), from the same resamples (e.g. for the stability of blocks of layers)."""
+    pairs = {"ft_orig": ("FT[1]", "ORIG"), "ft1_ft2": ("FT[1]", "FT[2]")}
+    selves = {"orig_orig": "ORIG", "ft_ft": "FT[1]"}
+    wanted = [c.key for c in comparisons if c.key in pairs]
+    matrices = [key for key in whole if key in selves and selves[key] in models]
+    if not wanted and not matrices:
+        return list(comparisons), {}
+    xs = [layer for key in wanted for layer in models[pairs[key][0]]]
+    ys = [layer for key in wanted for layer in models[pairs[key][1]]]
+    for key in matrices:
+        layers = models[selves[key]]
+        xs += [a for a in layers for _ in layers]
+        ys += [b for _ in layers for b in layers]
+    result = bootstrap_pairs(measure, xs, ys, resamples=resamples, seed=seed, groups=groups, **options)
+    diagonal = sum(len(models[pairs[key][0]]) for key in wanted)
+    parts = len(wanted) or 1
+    bounds = dict(zip(wanted, zip(np.split(result.low[:diagonal], parts), np.split(result.high[:diagonal], parts))))
+    centres = dict(zip(wanted, np.split((result.estimate if result.centre is None else result.centre)[:diagonal],
+                                        parts)))
+    resampled, at = {}, diagonal
+    for key in matrices:
+        size = len(models[selves[key]])
+        resampled[key] = result.values[:, at:at + size * size].reshape(resamples, size, size)
+        at += size * size
+    return [dataclasses.replace(c, interval=bounds[c.key], interval_method=result.method,
+                                interval_centre=centres[c.key]) if c.key in bounds else c
+            for c in comparisons], resampled
+
+
+def seed_spread(matrix: np.ndarray, sizes: dict[str, int], finetuned: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer, mean and standard deviation (ddof 1) of the FT[i]–FT[j] diagonal over every pair of seeds."""
+    diagonals = np.array([np.diag(block(matrix, sizes, a, b)) for a, b in itertools.combinations(finetuned, 2)])
+    return diagonals.mean(axis=0), diagonals.std(axis=0, ddof=1)
+
+
+def localization(neuronsim: np.ndarray, svcca: np.ndarray, sizes: dict[str, int], *,
+                 standardize: bool = False) -> dict[str, np.ndarray]:
+    """Wu et al.'s localization score per layer of each model, from stacked neuronsim and SVCCA matrices.
+
+    Each layer's mean similarity to every other layer (row mean without the diagonal, undefined layers
+    left out), neuronsim minus SVCCA, the raw difference as Wu et al. §5.1 define it; NaN for an undefined
+    layer. With `standardize`, each mean is first z-scored across all defined layers of all models: only
+    the shape of each profile survives, relative to the models stacked together.
+    """
+    def row_means(matrix: np.ndarray) -> np.ndarray:
+        off = np.where(np.eye(len(matrix), dtype=bool), np.nan, matrix)
+        counts = np.isfinite(off).sum(axis=1)
+        return np.where(counts > 0, np.nansum(off, axis=1) / np.maximum(counts, 1), np.nan)
+
+    neuron, sv = row_means(neuronsim), row_means(svcca)
+    defined = np.isfinite(neuron) & np.isfinite(sv)
+    scores = np.full(len(neuron), np.nan)
+    scores[defined] = localization_scores(neuron[defined], sv[defined], standardize=standardize)
+    bounds = np.cumsum([0, *sizes.values()])
+    return {name: scores[bounds[k]:bounds[k + 1]] for k, name in enumerate(sizes)}
+
+
+def pair_summary(matrix: np.ndarray, sizes: dict[str, int], first: str, first_layer: int = 0,
+                 null: NullMatrix | None = None) -> dict:
+    """For each other model: per layer of it, its similarity to the same layer of `first` where the depths
+    match (the diagonal, with the null's mean and p-value per layer when `null` is given), and otherwise the
+    layer of `first` it is most similar to. Row/column 0 is layer `first_layer` (1 for attention maps)."""
+    summary = {}
+    for other in sizes:
+        if other == first:
+            continue
+        part = block(matrix, sizes, other, first)
+        if sizes[other] == sizes[first]:
+            summary[other] = {"diagonal": per_layer(np.diag(part), first_layer)}
+            if null is not None:
+                summary[other]["null_mean"] = per_layer(np.diag(block(null.null_mean, sizes, other, first)), first_layer)
+                summary[other]["p_value"] = per_layer(np.diag(block(null.p_value, sizes, other, first)), first_layer)
+            continue
+        best = {}
+        for k, row in enumerate(part):
+            j = int(np.nanargmax(row)) if np.isfinite(row).any() else None
+            best[f"layer_{k + first_layer:02d}"] = (None if j is None else
+                                                    {"layer": j + first_layer, "similarity": number(row[j])})
+        summary[other] = {"best_match": best}
+    return summary
+
+
+def number(value: float | None) -> float | None:
+    """A metrics-file number: rounded, or null when undefined."""
+    return None if value is None or not np.isfinite(value) else round(float(value), 6)
+
+
+def _nanmean(values: np.ndarray) -> float | None:
+    return number(np.nanmean(values)) if np.isfinite(values).any() else None
+
+
+def per_layer(values: np.ndarray, first_layer: int = 0) -> dict[str, float | None]:
+    """{"layer_00": value, …} for metrics files."""
+    return {f"layer_{k + first_layer:02d}": number(v) for k, v in enumerate(values)}
+
+
+def summarize(comparisons: Sequence[Comparison], first_layer: int = 0, *, adjusted: bool = False) -> dict:
+    """Headline numbers: the per-layer diagonal, its mean, the last layer's value, and for the
+    symmetric comparisons the mean off-diagonal similarity (how blocky the matrix is). Means skip
+    undefined entries; an undefined single value is null. With a null: the diagonal's null mean,
+    p-value and corrected p-value per layer (and the chance-adjusted diagonal when `adjusted`); with a bootstrap interval (examples),
+    its bounds per layer; with per-seed diagonals, their spread over seeds (layersim.similarity.seeds)."""
+    summary = {}
+    for c in comparisons:
+        diagonal = np.diag(c.matrix)
+        entry = {"diagonal": per_layer(diagonal, first_layer),
+                 "diagonal_mean": _nanmean(diagonal),
+                 "last_layer": number(diagonal[-1])}
+        if c.key in ("orig_orig", "ft_ft"):
+            entry["offdiagonal_mean"] = _nanmean(c.matrix[~np.eye(len(c.matrix), dtype=bool)])
+        if c.null_mean is not None:
+            entry["null_mean"] = per_layer(np.diag(c.null_mean), first_layer)
+            entry["p_value"] = per_layer(np.diag(c.p_value), first_layer)
+            if c.p_adjusted is not None:
+                entry["p_adjusted"] = per_layer(np.diag(c.p_adjusted), first_layer)
+            if adjusted:
+                entry["adjusted"] = per_layer(chance_adjusted(diagonal, np.diag(c.null_mean)), first_layer)
+        if c.interval is not None:
+            entry["ci_low"], entry["ci_high"] = (per_layer(bound, first_layer) for bound in c.interval)
+            if c.interval_method is not None:  # which bootstrap interval, and the bias-corrected value inside it
+                entry["ci_method"] = c.interval_method
+                entry["ci_centre"] = per_layer(c.interval_centre, first_layer)
+        if c.per_seed is not None:
+            entry |= seed_metrics(c.per_seed, lambda values: per_layer(values, first_layer))
+        summary[c.key] = entry
+    return summary
+
+
+def attention_maps(table) -> list[AttentionMaps]:
+    """Every layer's attention in an :class:`layersim.data.io.AttentionTable`, layers 1 … L."""
+    return [AttentionMaps(table.layer(k), table.row_starts, table.example_starts) for k in range(1, table.num_layers + 1)]

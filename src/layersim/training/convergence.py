@@ -1,0 +1,179 @@
+"""Did a fine-tuning run learn the task? A run that ends where the trivial predictor starts (the majority
+class, or the mean for regression) or far below its sibling seeds is no fine-tuned model: every comparison
+made with it (FT–ORIG, FT[1]–FT[2], truncation, freezing) measures the failed run, not fine-tuning.
+
+Per run (:func:`check_run`, recorded in the run's metrics file and checkpoint info):
+
+- **training loss**: the mean of the last 10 % of the logged training losses must fall below
+  ``LOSS_RATIO`` × the trivial predictor's loss on the train split — the entropy of the label
+  distribution (cross-entropy of always predicting the label frequencies), or the label variance for
+  regression (squared error of always predicting the mean). A run that predicts the mean sits at ratio ≈ 1.
+- **validation score**: the primary metric must clear the trivial predictor's validation score (majority
+  class of the train split; 0 for a correlation, whose value for a constant is undefined) by ``SCORE_MARGIN``
+  — 5 points on the metric's 0–1 scale, about 2 binomial standard errors of accuracy at RTE's 277
+  validation examples: less is not distinguishable from predicting the majority class.
+
+Across seeds (:func:`run_flags`, where the runs meet: the report, the summary, the freeze stage), a seed is
+flagged when its score is more than ``max(SEED_GAP, SEED_SPREADS × s)`` below the median of the *other*
+seeds, s their robust sd (1.4826 × MAD). Seed-to-seed sds of fine-tuned BERT-size models on GLUE are a few
+points (Dodge et al. 2020; Mosbach et al. 2021, whose failed runs sit at the majority class), so 0.1 is far
+outside seed noise; the spread term widens the gap where the other seeds themselves disagree; leaving the
+run out of its own median and spread keeps one failed run from hiding itself (3 seeds 0.80, 0.79, 0.35:
+0.35 is 0.445 below the others' median 0.795).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from layersim.errors import LayersimError
+from layersim.models.registry import model_info
+
+LOSS_SHARE = 0.1       # the tail of logged training losses averaged into the final loss
+LOSS_RATIO = 0.9       # final loss at or above this share of the trivial loss: nothing learned
+SCORE_MARGIN = 0.05    # validation score must clear the trivial predictor's by this much
+SEED_GAP = 0.1         # a seed this far (or SEED_SPREADS robust sds) below the others' median is flagged
+SEED_SPREADS = 3.0
+NOT_CONVERGED = "not converged"
+
+
+@dataclass(frozen=True)
+class Convergence:
+    """One run's check: ``converged`` and why not (``reason``, empty when converged), with its numbers."""
+
+    converged: bool
+    metric: str
+    score: float
+    baseline: float
+    final_train_loss: float | None
+    trivial_loss: float | None
+    reason: str = ""
+
+    def record(self) -> dict:
+        """What the run's metrics file and checkpoint info keep (numbers rounded to 6 places)."""
+        return {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()
+                if not (k == "reason" and not v)}
+
+
+def trivial_loss(train_labels: np.ndarray, regression: bool) -> float:
+    """The training loss of the best constant predictor: the label variance (squared error of the mean) for
+    regression, else the entropy in nats of the label frequencies (cross-entropy of predicting them; for
+    multiple choice the labels are answer positions)."""
+    labels = np.asarray(train_labels)
+    if labels.size == 0:
+        raise LayersimError("the convergence check needs training labels; the train split is empty.")
+    if regression:
+        return float(np.var(labels.astype(np.float64)))
+    counts = np.unique(labels, return_counts=True)[1] / labels.size
+    return float(-(counts * np.log(counts)).sum())
+
+
+def final_loss(losses: Sequence[float], share: float = LOSS_SHARE) -> float | None:
+    """Mean of the last `share` of the logged training losses (at least one); None if none were logged."""
+    if not losses:
+        return None
+    tail = max(1, math.ceil(share * len(losses)))
+    return float(np.mean(losses[-tail:]))
+
+
+def check_run(metric: str, score: float, baseline: float, final_train_loss: float | None,
+              trivial: float | None) -> Convergence:
+    """The per-run check (module docstring): flagged when the final training loss is at least LOSS_RATIO of
+    the trivial loss, or the validation score is less than SCORE_MARGIN above the trivial predictor's."""
+    reasons = []
+    if final_train_loss is not None and trivial and final_train_loss >= LOSS_RATIO * trivial:
+        reasons.append(f"its final training loss {final_train_loss:.4g} is {final_train_loss / trivial:.0%} of the "
+                       f"trivial predictor's {trivial:.4g} (must be below {LOSS_RATIO:.0%})")
+    if not score >= baseline + SCORE_MARGIN:  # NaN fails too
+        reasons.append(f"its validation {metric} {score:.3f} is not {SCORE_MARGIN:g} above the trivial predictor's "
+                       f"{baseline:.3f}")
+    return Convergence(not reasons, metric, float(score), float(baseline), final_train_loss, trivial,
+                       " and ".join(reasons))
+
+
+def advice(max_steps: int, learning_rate: float, warmup_steps: int) -> str:
+    """What to change in params.yaml, with the values now set."""
+    return (f"train longer (finetune.max_steps = {max_steps}, e.g. {2 * max_steps}) or try another "
+            f"finetune.learning_rate (now {learning_rate:g}; a loss stuck at the trivial predictor's often needs a "
+            f"lower rate, e.g. {learning_rate / 2:g}, with a longer warm-up than finetune.warmup_steps = "
+            f"{warmup_steps})")
+
+
+def seed_outliers(scores: Mapping[object, float]) -> dict[object, str]:
+    """Runs whose score is far below the other seeds' (module docstring), each with the reason."""
+    flagged = {}
+    for key, score in scores.items():
+        others = [v for k, v in scores.items() if k != key and v is not None and not math.isnan(v)]
+        if not others or score is None or math.isnan(score):
+            continue
+        median = statistics.median(others)
+        spread = 1.4826 * statistics.median(abs(v - median) for v in others)
+        gap = max(SEED_GAP, SEED_SPREADS * spread)
+        if score < median - gap:
+            flagged[key] = (f"its score {score:.3f} is {median - score:.3f} below the median {median:.3f} of the other "
+                            f"seeds (more than {gap:.3f})")
+    return flagged
+
+
+def run_flags(records: Mapping[object, Mapping | None]) -> dict[object, str]:
+    """Run key → why it is flagged, for the runs of one task and configuration: each run's own check
+    (a convergence record, :meth:`Convergence.record`) and the cross-seed check on their scores. A run
+    without a record (written before the check existed) gets only the cross-seed check, when it has a score."""
+    flags = {key: record.get("reason") or NOT_CONVERGED for key, record in records.items()
+             if record and record.get("converged") is False}
+    scores = {key: float(record["score"]) for key, record in records.items()
+              if record and isinstance(record.get("score"), (int, float))}
+    for key, reason in seed_outliers(scores).items():
+        flags[key] = f"{flags[key]}; {reason}" if key in flags else reason
+    return {key: flags[key] for key in records if key in flags}
+
+
+def metrics_record(metrics: Mapping | None, metric: str) -> dict | None:
+    """The convergence record of a finetune metrics file; for one written before the check, just its score."""
+    if not metrics:
+        return None
+    record = metrics.get("convergence")
+    if isinstance(record, Mapping):
+        return dict(record)
+    return {"score": metrics[metric]} if isinstance(metrics.get(metric), (int, float)) else None
+
+
+def marked(label: str, flagged: bool) -> str:
+    """A run's label in figures and tables, e.g. "FT[1] (not converged)"."""
+    return f"{label} ({NOT_CONVERGED})" if flagged else label
+
+
+def title_note(labels: Sequence[str]) -> str:
+    """A figure title's suffix naming its flagged runs ("" when none), e.g. " — FT[1] not converged"."""
+    return f" — {', '.join(labels)} {NOT_CONVERGED}" if labels else ""
+
+
+def checkpoint_flags(checkpoints, seeds: Sequence[int]) -> dict[str, str]:
+    """Figure label FT[i] (i-th seed) → reason, for the flagged runs among the checkpoints
+    ``checkpoints/seed<k>/`` (their info files; see :func:`run_flags`): for stages that draw fine-tuned runs."""
+    records = {f"FT[{i}]": model_info(Path(checkpoints) / f"seed{seed}").get("convergence")
+               for i, seed in enumerate(seeds, start=1)}
+    return run_flags(records)
+
+
+def checkpoint_note(checkpoints, seeds: Sequence[int]) -> str:
+    """The title suffix of a figure drawn from the checkpoints' runs: names those that did not converge."""
+    return title_note(list(checkpoint_flags(checkpoints, seeds)))
+
+
+def enforce(check: Convergence, what: str, finetune, log) -> None:
+    """Warn about a run that did not converge, naming it and what to change in params.yaml; with
+    ``finetune.require_convergence`` raise instead (before the stage writes anything)."""
+    if check.converged:
+        return
+    message = (f"{what} did not converge: {check.reason}; "
+               f"{advice(finetune.max_steps, finetune.learning_rate, finetune.warmup_steps)}")
+    if finetune.require_convergence:
+        raise LayersimError(f"{message}.")
+    log.warning("%s (finetune.require_convergence: true makes this an error)", message)

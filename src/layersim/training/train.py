@@ -1,0 +1,254 @@
+"""Fine-tuning: a plain PyTorch loop (AdamW, linear warm-up then linear decay, dynamic padding).
+
+A seed fixes the head's initialisation, the data order and dropout, so on CPU the same inputs give
+the same weights — also across a kill and resume (see :mod:`layersim.training.resume`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from layersim.data.batching import EncodedTask, collate, encode_task
+from layersim.training.convergence import Convergence, check_run, final_loss, trivial_loss
+from layersim.compute.device import autocast, default_device, grad_scaler, resolve_precision, to_device
+from layersim.models.freezing import frozen_layers
+from layersim.errors import LayersimError
+from layersim.compute.training_steps import GradientSteps
+from layersim.training.evaluate import METRICS, score
+from layersim.models.registry import (MODEL_INFO_FILE, file_digest, load_task_model, load_tokenizer, model_info,
+                                      verified_info, weights_digest)
+from layersim.params import FinetuneParams
+from layersim.training.resume import TrainingCheckpoint, TrainingState
+from layersim.data.tasks import TaskSpec
+
+cli_log = logging.getLogger("layersim")
+
+# Called as log(step, {"train/loss": ..., "train/lr": ..., "eval/accuracy": ...}).
+Logger = Callable[[int, dict[str, float]], None]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def make_optimizer(model: torch.nn.Module, params: FinetuneParams) -> torch.optim.Optimizer:
+    """AdamW; biases and LayerNorm weights get no weight decay. The fused kernel is ~10x faster
+    than the default on CPU for a 22M-parameter encoder (0.024 s vs 0.24 s per step, measured)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        (no_decay if param.ndim < 2 else decay).append(param)
+    groups = [{"params": decay, "weight_decay": params.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=params.learning_rate, fused=True)
+
+
+def linear_warmup_decay(optimizer: torch.optim.Optimizer, warmup_steps: int, max_steps: int):
+    """Learning rate rises linearly for `warmup_steps`, then falls linearly to 0 at `max_steps`."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        return max(0.0, (max_steps - step) / max(1, max_steps - warmup_steps))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class DataOrder:
+    """Example indices of every step: a fresh seeded shuffle per epoch, cut into batches of `batch_size`.
+
+    Generated lazily, an epoch at a time (the old epochs are dropped), so memory does not grow with the
+    number of steps; ``order[step]`` is the same as concatenating every epoch's permutation up front."""
+
+    def __init__(self, num_examples: int, batch_size: int, seed: int):
+        self.num_examples, self.batch_size = num_examples, batch_size
+        self._rng = np.random.default_rng(seed)
+        self._epochs: dict[int, np.ndarray] = {}
+        self._next_epoch = 0
+
+    def _epoch(self, k: int) -> np.ndarray:
+        while self._next_epoch <= k:
+            self._epochs[self._next_epoch] = self._rng.permutation(self.num_examples)
+            self._next_epoch += 1
+        return self._epochs[k]
+
+    def __getitem__(self, step: int) -> np.ndarray:
+        start = step * self.batch_size
+        first, last = start // self.num_examples, (start + self.batch_size - 1) // self.num_examples
+        flat = np.concatenate([self._epoch(k) for k in range(first, last + 1)])
+        for old in [k for k in self._epochs if k < first]:
+            del self._epochs[old]
+        offset = start - first * self.num_examples
+        return flat[offset:offset + self.batch_size]
+
+
+def data_order(num_examples: int, batch_size: int, max_steps: int, seed: int) -> np.ndarray:
+    """Every step's example indices at once, (max_steps, batch_size): for small runs and tests; training
+    uses :class:`DataOrder`, which gives the same rows lazily."""
+    order = DataOrder(num_examples, batch_size, seed)
+    return np.stack([order[step] for step in range(max_steps)])
+
+
+def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, validation: EncodedTask,
+             params: FinetuneParams, seed: int, *, log: Logger | None = None,
+             device: torch.device | None = None, resume: TrainingCheckpoint | None = None,
+             freeze: tuple[str, int] | None = None, timing: dict | None = None, checks: dict | None = None,
+             ) -> tuple[torch.nn.Module, dict[str, float]]:
+    """Fine-tune the encoder in `pretrained_dir` on `train`; return the model and final validation metrics.
+
+    With `freeze` = (side, k), the bottom or top k layers are frozen while training
+    (:func:`layersim.models.freezing.frozen_layers`). A `timing` dict receives ``train_seconds``: the wall time of
+    the training steps, evaluations and saved states left out (of this process only, when resumed). A `checks`
+    dict receives ``convergence``: the run's :class:`~layersim.training.convergence.Convergence` (:func:`convergence_of`).
+
+    With `resume`, the full training state is saved there every `params.checkpoint_every` steps, and a
+    run that finds a state saved by an identical earlier run (same fingerprint) continues from it: the
+    logged history is replayed into `log`, and the result is bit-identical to an uninterrupted run."""
+    device = device or default_device()
+    if params.batch_size > len(train):
+        raise LayersimError(f"finetune.batch_size = {params.batch_size} is larger than the {len(train)} training "
+                            f"examples of task {spec.name!r}; use at most {len(train)}, or more examples.")
+    seed_everything(seed)
+    tokenizer = load_tokenizer(pretrained_dir)
+    model = load_task_model(pretrained_dir, spec).to(device)
+    optimizer = make_optimizer(model, params)
+    scheduler = linear_warmup_decay(optimizer, params.warmup_steps, params.max_steps)
+    order = DataOrder(len(train), params.batch_size, seed)
+    sink = log or (lambda step, values: None)
+    what = f"fine-tuning {spec.name} seed {seed}"
+    hint = f"lower finetune.learning_rate (now {params.learning_rate:g}) or add warm-up steps"
+    history: list[tuple[int, dict[str, float]]] = []
+
+    def log(step: int, values: dict[str, float]) -> None:
+        history.append((step, values))
+        sink(step, values)
+
+    log_every = max(1, min(50, params.max_steps // 100))
+    start, running, count = 0, torch.zeros((), device=device), 0
+    state = resume.load(device) if resume else None
+    if state is not None:
+        try:
+            start, running, count = state.restore(model, optimizer, scheduler)
+        except (RuntimeError, KeyError, ValueError, TypeError) as err:  # saved by another model or version
+            cli_log.warning("discarded resume state at %s: it does not fit this model (%s); starting from step 0",
+                            resume.path, str(err).splitlines()[0][:200])
+            resume.clear()
+            return finetune(pretrained_dir, spec, train, validation, params, seed, log=sink, device=device,
+                            resume=resume, freeze=freeze, timing=timing, checks=checks)
+        for step, values in state.history:
+            log(step, values)
+    precision = resolve_precision(params.precision, device)
+    steps = GradientSteps(optimizer, scheduler, total=params.max_steps, device=device,
+                          max_grad_norm=params.max_grad_norm, scaler=grad_scaler(device, precision))
+
+    # Frozen layers (Wu et al. Table 1) stay frozen for the whole loop; the model is whole again after it.
+    with frozen_layers(model, *freeze) if freeze else contextlib.nullcontext():
+        model.train()
+        started, paused = time.perf_counter(), 0.0
+        progress = tqdm(range(start, params.max_steps), desc=f"finetune {spec.name} seed {seed}", mininterval=2,
+                        initial=start, total=params.max_steps)
+        for step in progress:
+            batch = to_device(collate(train, order[step], tokenizer), device)
+            with autocast(device, precision):
+                loss = model(**batch).loss
+            steps.take(loss, step + 1)
+            running += loss.detach()
+            count += 1
+            done = step + 1
+            if done % log_every == 0 or done == params.max_steps:
+                # One host sync per logging window, not per step.
+                steps.check(done, what, hint)
+                mean_loss = float(running) / count
+                progress.set_postfix(loss=f"{mean_loss:.4f}")
+                log(done, {"train/loss": mean_loss, "train/lr": scheduler.get_last_lr()[0]})
+                running, count = torch.zeros((), device=device), 0
+            pause = time.perf_counter()
+            if params.eval_every and done % params.eval_every == 0 and done != params.max_steps:
+                log(done, _prefixed(evaluate_model(model, spec, validation, tokenizer, params, device)))
+                model.train()
+            if resume and params.checkpoint_every and done % params.checkpoint_every == 0 and done != params.max_steps:
+                steps.check(done, what, hint)  # a diverged run leaves no state to resume
+                resume.save(TrainingState.capture(done, model, optimizer, scheduler, running, count, history))
+            paused += time.perf_counter() - pause
+        if timing is not None:
+            timing["train_seconds"] = round(time.perf_counter() - started - paused, 3)
+    final = evaluate_model(model, spec, validation, tokenizer, params, device)
+    log(params.max_steps, _prefixed(final))
+    if checks is not None:  # the history holds every logged loss, those replayed from a resumed state included
+        losses = [values["train/loss"] for _, values in history if "train/loss" in values]
+        checks["convergence"] = convergence_of(spec, train, validation, losses, final)
+    return model, final
+
+
+def trivial_score(spec: TaskSpec, train_labels: np.ndarray, validation_labels: np.ndarray) -> float:
+    """The primary metric of always predicting the train split's majority class (its mean for regression,
+    whose correlation with anything is 0; the most frequent answer position for multiple choice)."""
+    labels = np.asarray(train_labels)
+    constant = float(labels.mean()) if spec.regression else int(np.bincount(labels.astype(np.int64)).argmax())
+    return float(METRICS[spec.primary_metric](validation_labels, np.full(len(validation_labels), constant)))
+
+
+def convergence_of(spec: TaskSpec, train: EncodedTask, validation: EncodedTask, losses: list[float],
+                   metrics: dict[str, float]) -> Convergence:
+    """The run's convergence check (layersim.training.convergence.check_run) from its logged training losses and its
+    validation `metrics`, against the trivial predictor fitted on the train split."""
+    return check_run(spec.primary_metric, metrics[spec.primary_metric],
+                     trivial_score(spec, train.labels, validation.labels), final_loss(losses),
+                     trivial_loss(train.labels, spec.regression))
+
+
+def encoded_splits(task_dir: str | Path, spec: TaskSpec, tokenizer, max_length: int) -> tuple[EncodedTask, EncodedTask]:
+    """The train and validation tables of a task, tokenized for fine-tuning."""
+    from layersim.data.io import read_task_table
+
+    return tuple(encode_task(read_task_table(task_dir, spec, split), spec, tokenizer, max_length)
+                 for split in ("train", "validation"))
+
+
+def run_fingerprint(base_dir: str | Path, task_dir: str | Path, spec: TaskSpec, params: FinetuneParams,
+                    seed: int) -> dict:
+    """What determines a fine-tuning run's result; a saved training state resumes only a run with the
+    same fingerprint. How often states are saved, and whether an unconverged run fails its stage, do not change
+    the result, so they are left out."""
+    settings = {k: v for k, v in dataclasses.asdict(params).items()
+                if k not in ("checkpoint_every", "require_convergence")}
+    return {"task": spec.name, "seed": seed, "finetune": settings, "base_digest": model_info(base_dir)["digest"],
+            "data": {split: file_digest(Path(task_dir) / f"{split}.parquet") for split in ("train", "validation")}}
+
+
+def _prefixed(metrics: dict[str, float]) -> dict[str, float]:
+    return {f"eval/{k}": v for k, v in metrics.items()}
+
+
+def evaluate_model(model, spec: TaskSpec, validation: EncodedTask, tokenizer, params: FinetuneParams,
+                   device: torch.device) -> dict[str, float]:
+    return score(model, spec, validation, tokenizer, params.eval_batch_size, device,
+                 precision=resolve_precision(params.precision, device))
+
+
+def save_checkpoint(model, tokenizer, folder: Path, *, base_dir: str | Path, task: str, seed: int,
+                    task_digest: str | None = None, convergence: dict | None = None) -> None:
+    """Weights (safetensors), config and tokenizer, plus layersim's info file, into `folder`; `task_digest`:
+    of the task tables it was fine-tuned on (layersim.data.io.task_tables_digest), checked by later stages;
+    `convergence`: the run's convergence record, which later stages' figures mark the run by. Nothing
+    wall-clock or host-specific goes in: the folder is a DVC output that a rerun must reproduce byte for byte."""
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    base = verified_info(base_dir)
+    info = {"name": base["name"], "source": "finetune", "base_digest": base["digest"], "task": task,
+            "seed": seed, "task_digest": task_digest, "digest": weights_digest(folder)}
+    if convergence is not None:
+        info["convergence"] = convergence
+    (Path(folder) / MODEL_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
