@@ -17,7 +17,8 @@ from layersim.params.schema import SimilarityParams
 from layersim.similarity import NullMatrix
 from layersim.similarity.correction import (CORRECTIONS, adjusted_p_values, at_chance, cells_needed, declares,
                                             permutations_needed)
-from layersim.reporting.similarity import Uncertainty, phang_report
+from layersim.experiments.similarity import phang_report
+from layersim.similarity.results import Uncertainty
 
 NAN = math.nan
 # One heatmap's p-values (FT layer × ORIG layer); NaN: cells without a test (e.g. an undefined layer).

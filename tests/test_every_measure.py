@@ -1,5 +1,5 @@
 """Every measure of layersim.similarity.MEASURES through the similarity and compare stages' code, with the
-stages' own options (layersim.reporting.similarity.settings), nulls and intervals on: in memory, and streamed
+stages' own options (layersim.similarity.results.settings), nulls and intervals on: in memory, and streamed
 from the tables' moments where the measure streams (the switch, layersim.similarity.comparisons.stream_layers, forced).
 Tiny tables (3 models × 3 layers of width 4, 40 rows) keep it to seconds."""
 

@@ -17,8 +17,8 @@ from layersim.data.io import ActivationTable, ActivationWriter
 from layersim.models.registry import load_encoder
 from layersim.models.random_control import RANDOM_RUN, random_encoder, random_init_digest, random_run_metadata
 from layersim.params import parse_params
-from layersim.reporting.similarity import Uncertainty, phang_report
-from layersim.experiments.similarity import run_labels, task_similarity
+from layersim.experiments.similarity import phang_report, run_labels, task_similarity
+from layersim.similarity.results import Uncertainty
 
 N, D, LAYERS = 60, 5, 3
 

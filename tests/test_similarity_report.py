@@ -11,7 +11,10 @@ from matplotlib.patches import Rectangle
 from layersim.similarity.comparisons import diagonal_intervals, phang_comparisons, stacked_matrix
 from layersim.similarity import cka_matrix, permutation_test
 from layersim.similarity.bootstrap import resample_rows
-from layersim.reporting.similarity import Uncertainty, blocks_metrics, layer_blocks, phang_report, stacked_report
+from layersim.experiments.compare import stacked_report
+from layersim.experiments.similarity import phang_report
+from layersim.reporting.similarity import blocks_metrics
+from layersim.similarity.results import Uncertainty, layer_blocks
 
 N, D = 80, 6
 

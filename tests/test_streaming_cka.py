@@ -17,7 +17,8 @@ from layersim.similarity import _cka_kernels
 from layersim.similarity import LinearCKAAccumulator, cka_matrix, permutation_matrix, streamed_linear_cka_null
 from layersim.similarity._rv import row_traces
 from layersim.similarity.kernels import debiased_cka_matrix, streamed_debiased_cka
-from layersim.reporting.similarity import Uncertainty, phang_report
+from layersim.experiments.similarity import phang_report
+from layersim.similarity.results import Uncertainty
 
 ROOT = Path(__file__).resolve().parents[1]
 

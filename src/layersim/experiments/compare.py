@@ -3,28 +3,29 @@ measure — the pretrained encoder, the random-init control of its architecture 
 similarity.random_control: what an untrained network of the same shape scores), its fine-tuned models for
 each task (first seed; Wu et al. Figures 5–7) and the other pretrained encoders of `compare.models` (Phang
 et al. Figure 7, Wu et al. Figure 1).
-Returns figures, plot rows and metrics (as :class:`layersim.experiments.similarity.SimilarityOutputs`, folders
-"plots" and "localization"); the stage writes them."""
+The probe is encoded by every model (the extract stage's pooling, layersim.experiments.extract); every number is
+computed by layersim.similarity.results and summarised by layersim.reporting.similarity, as figures, plot rows and
+metrics (:class:`layersim.reporting.similarity.SimilarityOutputs`, folders "plots" and "localization"); the stage
+writes them."""
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
 
+from layersim.compute.device import resolve_device
 from layersim.data.batching import encode_task
-from layersim.similarity.comparisons import RANDOM, attention_maps, attention_measure_label, number
+from layersim.data.io import AttentionTable, read_task_table
+from layersim.data.tasks import get_task
 from layersim.experiments.extract import (Pooled, concatenate_pooled, extract_attention, models_for_pooling,
                                           pooled_layers)
-from layersim.data.io import AttentionTable, read_task_table
-from layersim.models.registry import load_encoder, load_tokenizer
 from layersim.models.random_control import random_encoder
+from layersim.models.registry import load_encoder, load_tokenizer
 from layersim.params import Params
-from layersim.similarity import MEASURES, check_computable
-from layersim.reporting.similarity import localization_report, sampled_null_measures, settings, stacked_report
-from layersim.experiments.similarity import SimilarityOutputs
-from layersim.data.tasks import get_task
-from layersim.compute.device import resolve_device
-
+from layersim.reporting.similarity import SimilarityOutputs, StackedReport, localization_summary, stacked_summary
+from layersim.similarity.comparisons import RANDOM, attention_maps, attention_measure_label, number
+from layersim.similarity.registry import MEASURES, check_computable
+from layersim.similarity.results import Uncertainty, localization_of, reach_warning, settings, stacked_result
 
 def probe_representations(folder: Path, params: Params, task_dirs: dict[str, Path], device, encoder=None) -> Pooled:
     """Per-layer arrays of each pooling of the model in `folder` (or of `encoder`, with the folder's tokenizer)
@@ -105,8 +106,8 @@ def compare_representations(representations: dict[str, Pooled], params: Params,
         for measure in measures:  # before any work: e.g. mixedsim needs more examples than neurons
             check_computable(measure, len(models["ORIG"][0]), {label: layers[0].shape[1] for label, layers in models.items()})
         # Before any permutation: can the correction declare a cell of the heatmap with this many draws?
-        sampled = sampled_null_measures(measures, len(models["ORIG"][0]), options)
-        shortfall = uncertainty.check_reach(sum(sizes.values()) ** 2, sampled, f"compare ({pooling})")
+        shortfall = reach_warning(uncertainty, measures, len(models["ORIG"][0]), options, sum(sizes.values()) ** 2,
+                                  f"compare ({pooling})")
         if shortfall:
             warn("%s", shortfall)
         matrices = {}
@@ -117,9 +118,10 @@ def compare_representations(representations: dict[str, Pooled], params: Params,
             out.figures["plots", f"{pooling}.{measure}.png"] = report.figure
             rows += report.rows
             out.metrics.setdefault(pooling, {})[measure] = report.summary
-        found = localization_report(matrices, sizes, p.localization, f"{pooling.upper()} — base and fine-tuned",
-                                    pooling=pooling)
-        if found is not None:
+        scores = localization_of(matrices, sizes, p.localization)
+        if scores is not None:
+            found = localization_summary(scores, p.localization, f"{pooling.upper()} — base and fine-tuned",
+                                         pooling=pooling)
             out.metrics[pooling]["localization"] = {label: [number(v) for v in values]
                                                     for label, values in found.scores.items()}
             localization_rows += found.rows
@@ -128,3 +130,16 @@ def compare_representations(representations: dict[str, Pooled], params: Params,
     # Always written (empty without neuronsim and svcca): git cannot hold an empty output folder.
     out.rows["localization", "localization.json"] = localization_rows
     return out
+
+
+def stacked_report(models: dict[str, list], measure: str, title: str, *, options: dict | None = None,
+                   uncertainty: Uncertainty | None = None, first_layer: int = 0, attention: bool = False,
+                   **fields) -> StackedReport:
+    """All layers of `models` stacked (Wu et al. Figures 1 and 5, Phang et al. Figure 7), the first model being
+    the reference of the summary: computed (layersim.similarity.results.stacked_result), with `uncertainty`
+    every cell's permutation null (not for attention maps), then reported with the cells not above it hatched
+    (layersim.reporting.similarity.stacked_summary). `fields` are added to every plot row (e.g. pooling)."""
+    result = stacked_result(models, measure, options=(options or {}).get(measure, {}), uncertainty=uncertainty,
+                            attention=attention)
+    return stacked_summary(result, title, uncertainty=uncertainty, first_layer=first_layer, attention=attention,
+                           **fields)

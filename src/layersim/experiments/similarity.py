@@ -1,8 +1,9 @@
-"""The similarity stage's work for one task: read the activation tables of the pretrained model and the
-fine-tuned seeds (checked against the checkpoints they came from) and report, per pooling, every
-measure's layer × layer matrices with their nulls and intervals (layersim.reporting.similarity), the
-localization score, and attention-level similarities. Returns figures, plot rows and metrics; the
-stage writes them.
+"""The similarity stage's work for one task, walking down the layers: read the activation tables of the
+pretrained model and the fine-tuned seeds (layersim.data.io, checked against the checkpoints they came from);
+compute, per pooling, every measure's layer × layer matrices with their nulls, corrected p-values, intervals
+and blocks (layersim.similarity.comparisons and .results), the localization score and attention-level
+similarities; summarise them as figures, plot rows and metrics (layersim.reporting.similarity). The stage
+writes what this returns.
 
 Memory: when every measure can be computed from second moments (linear CKA, the CCA family, neuronsim,
 mixedsim), the matrices come from one pass over the activation tables in row batches once that takes less
@@ -13,19 +14,25 @@ metrics say so."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 from tqdm.auto import tqdm
 
-from layersim.similarity.comparisons import (RANDOM, attention_maps, moments_stacked_matrix, moments_stacked_null,
-                                             per_layer, stacked_matrix, stream_layers, stream_rows, streamed_moments)
-from layersim.training.convergence import checkpoint_note
-from layersim.data.io import ActivationTable, AttentionTable, run_expectations, write_figure, write_json
+from layersim.data.io import ActivationTable, AttentionTable, run_expectations
 from layersim.models.random_control import RANDOM_RUN, random_run_metadata
 from layersim.params import Params
-from layersim.similarity import LayerMoments, check_computable
-from layersim.reporting.similarity import localization_report, phang_report, sampled_null_measures, settings
+from layersim.reporting.similarity import PoolingReport, SimilarityOutputs, localization_summary, phang_summary
+from layersim.similarity.comparisons import (RANDOM, attention_maps, moments_stacked_matrix, moments_stacked_null,
+                                             per_layer, phang_cells, stacked_matrix, stream_layers, stream_rows,
+                                             streamed_moments)
+from layersim.similarity.moments import LayerMoments
+from layersim.similarity.null import NullMatrix
+from layersim.similarity.registry import check_computable
+from layersim.similarity.results import (Uncertainty, finetuned_labels, localization_of, phang_result,
+                                         reach_warning, settings)
+from layersim.training.convergence import checkpoint_note
 
 
 def run_labels(seeds, random_control: int | None = None) -> dict[str, str]:
@@ -84,20 +91,36 @@ def layer_sources(tables: dict, labels: dict, measures, options, log=lambda *arg
     return (matrix_of, layers, None) if not streamed else (matrix_of, None, streamed_null)
 
 
-@dataclass
-class SimilarityOutputs:
-    """What the stage writes: figures and plot rows by (folder, file name), folders being "plots",
-    "diagonals" and "localization"; and the metrics."""
-    figures: dict[tuple[str, str], object] = field(default_factory=dict)
-    rows: dict[tuple[str, str], list] = field(default_factory=dict)
-    metrics: dict = field(default_factory=dict)
+def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], measures: Sequence[str],
+                 title: str, *, layers: Callable[[], dict[str, list]] | None = None,
+                 options: dict[str, dict] | None = None, uncertainty: Uncertainty | None = None,
+                 groups: np.ndarray | None = None, first_layer: int = 0, attention: bool = False,
+                 streamed_null: Callable[[str, np.ndarray, int, int], NullMatrix | None] | None = None
+                 ) -> PoolingReport:
+    """Stacked matrices per measure (`matrix_of(measure)`, layers per model in `sizes`: ORIG, then FT[1], FT[2], …)
+    as Phang et al.'s comparisons: each measure's numbers computed (layersim.similarity.results), then reported
+    (layersim.reporting.similarity.phang_summary).
 
-    def write(self, folders: dict[str, Path]) -> None:
-        """Every figure (PNG) and plot-row file (JSON) into its folder."""
-        for (where, name), figure in self.figures.items():
-            write_figure(figure, folders[where] / name)
-        for (where, name), rows in self.rows.items():
-            write_json(rows, folders[where] / name)
+    With `uncertainty` and `layers()` (the models' layer arrays, by the labels of `sizes`), each reported cell
+    gets its permutation null and the FT–ORIG and FT[1]–FT[2] diagonals a bootstrap interval over examples
+    (over `groups` of rows: the words of one example are resampled together); with more than two seeds,
+    the FT[i]–FT[j] diagonals' mean ± sd over all pairs. Attention maps get no null (a permutation of
+    examples has no meaning for per-token maps of different lengths). Without `layers` (tables streamed),
+    `streamed_null(measure, cells, permutations, seed)` gives the nulls it can from the streamed moments (None
+    otherwise), and there are no bootstrap intervals.
+    """
+    options, results = options or {}, []
+    tested = uncertainty is not None and not attention
+    for measure in measures:
+        matrix = matrix_of(measure)
+        models = layers() if tested and layers is not None else None
+        null = None
+        if tested and models is None and streamed_null is not None:
+            null = streamed_null(measure, phang_cells(sizes, "ORIG", finetuned_labels(sizes)),
+                                 uncertainty.permutations, uncertainty.seed)
+        results.append(phang_result(measure, matrix, sizes, models=models, null=null, uncertainty=uncertainty,
+                                    groups=groups, options=options.get(measure, {})))
+    return phang_summary(results, sizes, title, uncertainty=uncertainty, first_layer=first_layer, attention=attention)
 
 
 def task_similarity(activations: Path, checkpoints: Path, task: str, params: Params,
@@ -123,8 +146,8 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
         sizes = {labels[run]: table.num_layers + 1 for run, table in tables.items()}
         matrix_of, layers, streamed_null = layer_sources(tables, labels, measures, options, log)
         # Before any permutation: can the correction declare a cell of a heatmap with this many draws?
-        sampled = sampled_null_measures(measures, orig.num_rows, options, streamed=layers is None)
-        shortfall = uncertainty.check_reach(max(sizes.values()) ** 2, sampled, f"similarity ({pooling})")
+        shortfall = reach_warning(uncertainty, measures, orig.num_rows, options, max(sizes.values()) ** 2,
+                                  f"similarity ({pooling})", streamed=layers is None)
         if shortfall:
             warn("%s", shortfall)
         report = phang_report(sizes, matrix_of, measures, f"{pooling.upper()} representations — {model} on {task}{flagged}",
@@ -149,9 +172,10 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
         if report.diagonal_figure is not None:
             out.figures["diagonals", f"{pooling}.png"] = report.diagonal_figure
         out.rows["diagonals", f"{pooling}.json"] = report.diagonal_rows
-        found = localization_report(report.matrices, sizes, p.localization, f"{pooling.upper()} — {model} on {task}",
-                                    pooling=pooling)
-        if found is not None:
+        scores = localization_of(report.matrices, sizes, p.localization)
+        if scores is not None:
+            found = localization_summary(scores, p.localization, f"{pooling.upper()} — {model} on {task}",
+                                         pooling=pooling)
             metrics["localization"] = {label: per_layer(values) for label, values in found.scores.items()}
             localization_rows += found.rows
             out.figures["localization", f"{pooling}.png"] = found.figure

@@ -30,8 +30,8 @@ from layersim.params.docs import describe
 from layersim.params.rules import MAX_SEED
 from layersim.params.schema import (ALIGN_METHODS, DEFAULT_MEASURES, EXAMPLE_POOLINGS, LOCALIZATIONS, MIN_EXAMPLES,
                                     MIN_MAX_LENGTH, POOLINGS, AlignParams, CompareParams, DownloadParams, ExportParams,
-                                    ExtractParams, FinetuneParams, Params, SimilarityParams, SkipParams, TruncateParams,
-                                    aligned_pairs, pair_member, paired_models)
+                                    ExtractParams, FinetuneParams, Params, SimilarityParams, SkipParams, TruncateParams)
+from layersim.params.pairs import aligned_pairs, pair_member, paired_models
 from layersim.params.validate import MODEL_HIDDEN_SIZE, MODEL_MAX_LENGTH, parse_params
 from layersim.params.yaml_file import load_params, parse_yaml
 

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from layersim.params.schema import Params
+
+class _Runs(Protocol):
+    """What the functions here read of :class:`layersim.params.schema.Params` (not imported from there:
+    schema imports this module for align.pairs' check)."""
+
+    seeds: tuple[int, ...]
+    align: object  # AlignParams, whose `pairs` is read
 
 
 ORIG_RUN = "ORIG"             # align.pairs: the pretrained `model`
@@ -22,14 +27,14 @@ def pair_member(name: str) -> tuple[str, int | str]:
     return ("finetuned", int(match.group(1))) if match else ("model", name)
 
 
-def aligned_pairs(params: "Params") -> tuple[tuple[str, str], ...]:
+def aligned_pairs(params: _Runs) -> tuple[tuple[str, str], ...]:
     """align.pairs, or its default: [FT1, FT2] with two seeds or more, then [ORIG, FT1]."""
     if params.align.pairs is not None:
         return params.align.pairs
     return ((("FT1", "FT2"),) if len(params.seeds) > 1 else ()) + ((ORIG_RUN, "FT1"),)
 
 
-def paired_models(params: "Params") -> list[str]:
+def paired_models(params: _Runs) -> list[str]:
     """The registry models (pretrained) that align.pairs names, each once, in order."""
     names = [name for pair in aligned_pairs(params) for name in pair if pair_member(name)[0] == "model"]
     return list(dict.fromkeys(names))

@@ -7,10 +7,9 @@ these declarations (`python -m layersim.params`), and a test keeps it current.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
-from layersim.params.pairs import ORIG_RUN, _align_pairs, aligned_pairs, pair_member, paired_models  # noqa: F401
+from layersim.params.pairs import _align_pairs
 from layersim.params.rules import (FRACTION, NON_NEGATIVE, POSITIVE, SEED, TOLERANCE, Bound, at_least, at_most,
                                    check_names, knob)
 

@@ -14,7 +14,8 @@ from layersim.errors import LayersimError
 from layersim.models.registry import MULTIBERTS_SEEDS
 from layersim.params.names import check_model, check_task, weights
 from layersim.params.rules import MAX_SEED, check_value, fail, repeated, shown
-from layersim.params.schema import DEVICE, SECTIONS, TOP_LEVEL, Params, pair_member
+from layersim.params.pairs import pair_member
+from layersim.params.schema import DEVICE, SECTIONS, TOP_LEVEL, Params
 from layersim.params.user_tasks import check_user_tasks
 from layersim.data.tasks import TASKS, register_user_tasks
 

@@ -23,7 +23,10 @@ from collections.abc import Callable
 import numpy as np
 
 from layersim.errors import LayersimError, unknown_name
-from layersim.similarity import cca, cka, kernels, neurons
+import layersim.similarity.cca as cca
+import layersim.similarity.cka as cka
+import layersim.similarity.kernels as kernels
+import layersim.similarity.neurons as neurons
 from layersim.similarity._common import Named, centre, check_rtol, validated
 
 Reduce = Callable[[int, int, np.ndarray], float]

@@ -27,8 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from layersim.similarity import (MEASURES, AttentionMaps, attention_similarity_matrix, cka_matrix, is_constant,
-                                 localization_scores, similarity_matrix)
+from layersim.similarity.attention import AttentionMaps, attention_similarity_matrix
+from layersim.similarity.cka import cka_matrix, is_constant
+from layersim.similarity.localization import localization_scores
+from layersim.similarity.registry import MEASURES, similarity_matrix
 from layersim.similarity._common import blas_threads_for
 from layersim.similarity.bootstrap import bootstrap_pairs
 from layersim.similarity.null import NullMatrix, chance_adjusted, permutation_matrix
@@ -89,6 +91,7 @@ class Comparison:
     interval_method: str | None = None   # how the interval was made (basic, percentile, bca)
     interval_centre: np.ndarray | None = None  # the bias-corrected diagonal the interval contains
     per_seed: dict[str, np.ndarray] | None = None  # the diagonal with each seed's model in FT's place, by label
+    at_chance: np.ndarray | None = None  # cells whose corrected p-value is ≥ the significance level (hatched)
 
 
 def stacked_matrix(measure: str, models: dict[str, Sequence], **options) -> np.ndarray:

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from layersim.errors import LayersimError, unknown_name
-from layersim.similarity import cka
+import layersim.similarity.cka as cka
 from layersim.similarity._common import Named, centre, named_lists, validated
 
 # An unbiased self-HSIC this small relative to the biased one counts as zero (no usable variation).

@@ -38,7 +38,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from layersim.errors import LayersimError, unknown_name
-from layersim.similarity import _cka_kernels, _rv, cka
+import layersim.similarity._cka_kernels as _cka_kernels
+import layersim.similarity._rv as _rv
+import layersim.similarity.cka as cka
 from layersim.similarity._common import check_options, named_lists, validated
 from layersim.similarity._null_engines import ENGINES
 from layersim.similarity.registry import get_measure

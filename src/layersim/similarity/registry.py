@@ -20,7 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from layersim.errors import LayersimError, unknown_name
-from layersim.similarity import cca, cka, kernels, neurons
+import layersim.similarity.cca as cca
+import layersim.similarity.cka as cka
+import layersim.similarity.kernels as kernels
+import layersim.similarity.neurons as neurons
 from layersim.similarity._common import check_options
 from layersim.similarity.cka import cka_matrix
 

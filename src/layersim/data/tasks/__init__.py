@@ -26,9 +26,7 @@ same code reads that folder instead of the network (a cluster without internet, 
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -36,81 +34,11 @@ import pyarrow as pa
 
 from layersim.errors import LayersimError, hub_unreachable, unknown_name
 from layersim.data.tasks import generated
+from layersim.data.tasks.spec import (FORMATS, PARQUET_EXPORT, SPLITS, TEXT_COLUMNS, HubSource,  # noqa: F401
+                                      TaskSpec, UserSource, _normalized, task_metadata)
 
-# The hub's Parquet conversion of every public dataset (see the module docstring).
-PARQUET_EXPORT = "refs/convert/parquet"
 # A local folder laid out like the hub's Parquet exports, read instead of the hub when set.
 HUB_MIRROR_ENV = "LAYERSIM_HUB_MIRROR"
-
-FORMATS = ("single", "pair", "multiple_choice")
-SPLITS = ("train", "validation")
-TEXT_COLUMNS = {"single": ("text",), "pair": ("text_a", "text_b"), "multiple_choice": ("context", "choices")}
-
-
-@dataclass(frozen=True)
-class HubSource:
-    """Where a paper task lives on the hub and how its columns map to the normalized table.
-
-    `columns` maps each normalized column to a hub column, or to a tuple of hub columns that are
-    joined with a space (text) or gathered into a list (``choices``). `config` is the dataset's config,
-    which names its folder in the Parquet export ("default" for a dataset without configs).
-    """
-
-    path: str
-    config: str | None
-    columns: dict[str, str | tuple[str, ...]]
-    splits: dict[str, str] = field(default_factory=lambda: {"train": "train", "validation": "validation"})
-    revision: str = PARQUET_EXPORT
-
-    def data_files(self, split: str) -> str:
-        """The Parquet files of one normalized split, relative to the dataset's root at `revision`."""
-        return f"{self.config or 'default'}/{self.splits[split]}/*.parquet"
-
-
-@dataclass(frozen=True)
-class UserSource:
-    """Where a user task's rows are (params.yaml's user_tasks; read by :mod:`layersim.data.tasks.user`): its files,
-    paths inside the repository, or one file split by a seeded draw; and which columns hold the text (in the
-    format's order: text; text_a, text_b; context, choice 1 … choice k) and the label."""
-
-    train: str
-    validation: str | None
-    text: tuple[str, ...]
-    label: str
-    validation_fraction: float | None = None
-    split_seed: int = 0
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    name: str
-    format: str
-    metrics: tuple[str, ...]
-    label_names: tuple[str, ...] = ()
-    regression: bool = False
-    num_choices: int = 0
-    hub: HubSource | None = None
-    user: UserSource | None = None  # a task declared in params.yaml (user_tasks), read from the user's files
-
-    @property
-    def num_labels(self) -> int:
-        """Output units of the task head: 1 for regression and multiple choice (one score per choice)."""
-        if self.regression or self.format == "multiple_choice":
-            return 1
-        return len(self.label_names)
-
-    @property
-    def primary_metric(self) -> str:
-        return self.metrics[0]
-
-    @property
-    def text_columns(self) -> tuple[str, ...]:
-        return TEXT_COLUMNS[self.format]
-
-    @property
-    def label_type(self) -> pa.DataType:
-        return pa.float64() if self.regression else pa.int64()
-
 
 def _glue(config: str, columns: dict, **kw) -> HubSource:
     return HubSource("nyu-mll/glue", config, columns, **kw)
@@ -196,22 +124,6 @@ def get_task(name: object) -> TaskSpec:
 
 
 # --- building normalized tables ------------------------------------------------------------------
-
-def task_metadata(spec: TaskSpec, split: str, source: dict) -> dict:
-    return {"task": spec.name, "format": spec.format, "split": split, "label_names": list(spec.label_names),
-            "metrics": list(spec.metrics), "regression": spec.regression, "source": source}
-
-
-def _normalized(spec: TaskSpec, columns: dict[str, list], split: str, source: dict,
-                example_id: np.ndarray | None = None) -> pa.Table:
-    n = len(columns["label"])
-    arrays = {"example_id": pa.array(np.arange(n) if example_id is None else example_id, pa.int64())}
-    for name in spec.text_columns:
-        arrays[name] = pa.array(columns[name], pa.list_(pa.string()) if name == "choices" else pa.string())
-    arrays["label"] = pa.array(columns["label"], spec.label_type)
-    table = pa.table(arrays)
-    return table.replace_schema_metadata({b"layersim": json.dumps(task_metadata(spec, split, source), sort_keys=True)})
-
 
 def normalize_hub_table(spec: TaskSpec, hub_table: pa.Table, split: str, source: dict | None = None) -> pa.Table:
     """Map a table with the hub's column names to the normalized task table of `spec`."""

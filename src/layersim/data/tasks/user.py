@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from layersim.errors import LayersimError
-from layersim.data.tasks import SPLITS, TaskSpec, _normalized
+from layersim.data.tasks.spec import SPLITS, TaskSpec, _normalized
 from layersim.data.tasks.user_files import read_columns
 
 USER_DATA = "user_data"  # the folder that holds every user task's files: a dependency of download_task

@@ -1,0 +1,236 @@
+"""Every number the similarity and compare stages report, as plain result objects: each stacked matrix
+(layersim.similarity.comparisons) with its null, the p-values corrected over each heatmap and the cells they
+leave at chance, the bootstrap intervals of the reported diagonals, the blocks of layers and how stable they
+are, the spread over seed pairs and the dimensions a CCA measure kept. layersim.reporting.similarity turns
+these into metrics, plot rows and figures without computing any of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from layersim.errors import LayersimError
+from layersim.similarity.blocks import Blocks, find_blocks, stability
+from layersim.similarity.cca import CAPPED_MEASURES, kept_dimensions
+from layersim.similarity.cka import is_constant
+from layersim.similarity.comparisons import (RANDOM, Comparison, block, diagonal_intervals, localization,
+                                             measure_options, phang_cells, phang_comparisons, seed_spread,
+                                             stacked_matrix, stacked_null)
+from layersim.similarity.correction import adjusted_p_values, at_chance, cells_needed, declares, permutations_needed
+from layersim.similarity.kernels import RBF_EXACT_MAX_ROWS
+from layersim.similarity.moments import MOMENT_MEASURES
+from layersim.similarity.null import NullMatrix
+
+# The comparisons whose matrices are segmented into blocks of layers (Phang et al.'s block-diagonal
+# structure): one model's layers against themselves, and the two seeds' (symmetrised).
+BLOCK_COMPARISONS = ("orig_orig", "ft_ft", "ft1_ft2")
+
+
+@dataclass(frozen=True)
+class Uncertainty:
+    """How every reported value is qualified: its permutation null, and a bootstrap interval for diagonals."""
+
+    permutations: int = 100      # sampled permutations per cell (linear CKA uses exact moments instead)
+    bootstrap: int = 200         # resamples of the examples; 0 computes no interval
+    seed: int = 0
+    significance: float = 0.05   # cells with a corrected p ≥ this are drawn hatched: not above chance
+    adjusted: bool = False       # also report the chance-adjusted diagonal
+    correction: str = "fdr_bh"   # over each heatmap's cells (layersim.similarity.correction)
+
+    def corrected(self, p_values: np.ndarray) -> np.ndarray:
+        """`p_values` of one heatmap's cells, corrected over them."""
+        return adjusted_p_values(p_values, self.correction)
+
+    def at_chance(self, p_values: np.ndarray) -> np.ndarray:
+        """The cells of one heatmap not above chance (drawn hatched): corrected p ≥ significance."""
+        return at_chance(p_values, self.correction, self.significance)
+
+    def check_reach(self, cells: int, measures: Sequence[str], what: str) -> str | None:
+        """Before any permutation: refuse when the correction can declare no cell of a heatmap of `cells` cells
+        with this many draws (Holm, whose first step needs 1/(permutations + 1) < significance/cells), and
+        return a warning when only many cells at the smallest p-value together can be (BH); `measures`: those
+        with a sampled null (permutations or rotations; linear CKA's exact null gives continuous p-values)."""
+        draws, level, method = self.permutations, self.significance, self.correction
+        if not measures or declares(method, level, draws, cells):
+            return None
+        if not declares(method, level, draws, cells, cells):
+            raise LayersimError(
+                f"{what}: similarity.correction = {method} over the {cells} cells of a heatmap needs "
+                f"similarity.permutations ≥ {permutations_needed(method, level, cells, cells)} for any cell of "
+                f"{', '.join(measures)} to be above chance (their smallest p-value is 1/(permutations + 1)), but "
+                f"it is {draws}; raise it, or use fdr_bh.")
+        return (f"{what}: with {method} over the {cells} cells of a heatmap and {draws} permutations, a cell of "
+                f"{', '.join(measures)} is above chance only together with at least "
+                f"{cells_needed(method, level, draws, cells) - 1} others at the smallest p-value 1/{draws + 1}; a "
+                f"lone cell needs {permutations_needed(method, level, cells)} permutations")
+
+
+def settings(p) -> tuple[dict[str, dict], Uncertainty]:
+    """The measures' options and the Uncertainty from params.yaml's similarity section (SimilarityParams)."""
+    options = measure_options(rbf_sigma_scale=p.rbf_sigma_scale, svcca_variance=p.svcca_variance,
+                              pwcca_variance=p.pwcca_variance, rbf_exact_max_rows=p.rbf_exact_max_rows,
+                              rbf_landmarks=p.rbf_landmarks, seed=p.seed)
+    return options, Uncertainty(p.permutations, p.bootstrap, p.seed, p.significance, p.chance_adjusted, p.correction)
+
+
+def null_unavailable(measure: str, num_rows: int, options: dict) -> str | None:
+    """Why `measure` gets neither a null nor bootstrap intervals on `num_rows` examples, or None: above its
+    exact_max_rows RBF CKA is Nyström-approximated, and its null engine holds exact n x n kernels."""
+    limit = options.get("exact_max_rows", RBF_EXACT_MAX_ROWS)
+    if measure != "rbf_cka" or num_rows <= limit:
+        return None
+    return (f"RBF CKA on {num_rows} rows is Nyström-approximated (above similarity.rbf_exact_max_rows = {limit}); "
+            "a null or interval would need the exact n x n kernels or the approximation redone for every draw")
+
+
+def sampled_null_measures(measures: Sequence[str], num_rows: int, options: dict[str, dict],
+                          streamed: bool = False) -> list[str]:
+    """The measures whose null is sampled, so that their p-values are at least 1/(permutations + 1): not linear
+    CKA (exact moments), nor those without a null (debiased CKA streamed, RBF CKA above its exact_max_rows);
+    streamed, the rotation null of the measures computed from moments."""
+    if streamed:
+        return [m for m in measures if m in MOMENT_MEASURES]
+    return [m for m in measures if m != "linear_cka" and not null_unavailable(m, num_rows, options.get(m, {}))]
+
+
+def reach_warning(uncertainty: Uncertainty, measures: Sequence[str], num_rows: int, options: dict[str, dict],
+                  cells: int, what: str, streamed: bool = False) -> str | None:
+    """:meth:`Uncertainty.check_reach` for a heatmap of `cells` cells of `measures` on `num_rows` examples."""
+    return uncertainty.check_reach(cells, sampled_null_measures(measures, num_rows, options, streamed), what)
+
+
+def layer_blocks(matrix: np.ndarray) -> Blocks | None:
+    """The blocks of a layer × layer matrix (layersim.similarity.blocks) over its defined layers (a layer
+    that is constant for every example, e.g. CLS at the embeddings, has no similarity and joins no block),
+    in the matrix's layer numbering; None when fewer than two layers are defined."""
+    kept = np.flatnonzero(np.isfinite(np.diag(matrix)))
+    sub = matrix[np.ix_(kept, kept)]
+    if len(kept) < 2 or not np.isfinite(sub).all():
+        return None
+    found = find_blocks(sub)
+    return Blocks(tuple(int(kept[start]) for start in found.starts), int(kept[-1]) + 1, found.within, found.between)
+
+
+def kept_dimensions_per_layer(models: dict[str, list], measure: str, **options) -> dict[str, list[int | None]]:
+    """How many dimensions a CCA measure compared, per model and layer (None for a constant layer): after the
+    rank, variance and `max_dims` cuts, what each value is computed from."""
+    return {label: [None if is_constant(layer) else kept_dimensions(layer, measure, **options) for layer in layers]
+            for label, layers in models.items()}
+
+
+def finetuned_labels(sizes: dict[str, int]) -> list[str]:
+    """The fine-tuned models among the stacked ones (FT[1], FT[2], …): all but ORIG and the random-init control."""
+    return [label for label in sizes if label not in ("ORIG", RANDOM)]
+
+
+@dataclass
+class MeasureResult:
+    """One measure's Phang et al. comparisons, with what qualifies them."""
+
+    measure: str
+    matrix: np.ndarray                       # the stacked matrix, layers of the models of `sizes` in order
+    comparisons: list[Comparison]            # corrected p-values and cells at chance; diagonal intervals
+    null: NullMatrix | None = None           # the stacked null the comparisons' cells come from
+    unavailable: str | None = None           # why there is no null and no interval (layersim.similarity.results)
+    blocks: dict[str, Blocks | None] = field(default_factory=dict)  # by comparison key (BLOCK_COMPARISONS)
+    bootstrap_stability: dict[str, float] = field(default_factory=dict)  # Rand index of blocks over resamples
+    seed_stability: float | None = None      # do the other seeds' FT–FT matrices split the same way?
+    kept_dimensions: dict[str, list[int | None]] | None = None
+    seed_spread: tuple[np.ndarray, np.ndarray] | None = None  # FT[i]–FT[j] diagonals' mean and sd (> 2 seeds)
+
+
+def phang_result(measure: str, matrix: np.ndarray, sizes: dict[str, int], *, models: dict[str, list] | None = None,
+                 null: NullMatrix | None = None, uncertainty: Uncertainty | None = None,
+                 groups: np.ndarray | None = None, options: dict | None = None) -> MeasureResult:
+    """`matrix` (stacked, the models of `sizes`: ORIG, then FT[1], FT[2], …) as Phang et al.'s comparisons.
+
+    With `uncertainty` and the `models`' layers in memory, every reported cell's permutation null here and a
+    bootstrap interval of the FT–ORIG and FT[1]–FT[2] diagonals over examples (over `groups` of rows: the words
+    of one example are resampled together); otherwise the `null` given (e.g. from streamed moments), if any."""
+    options = options or {}
+    orig, finetuned = "ORIG", finetuned_labels(sizes)
+    unavailable = None
+    if models is not None and uncertainty is not None:
+        unavailable = null_unavailable(measure, len(next(iter(models.values()))[0]), options)
+        if not unavailable:
+            null = stacked_null(measure, models, permutations=uncertainty.permutations, seed=uncertainty.seed,
+                                cells=phang_cells(sizes, orig, finetuned), **options)
+    comparisons = [_corrected(c, uncertainty) for c in phang_comparisons(matrix, sizes, orig, finetuned, null)]
+    resampled = {}
+    if models is not None and uncertainty is not None and not unavailable and uncertainty.bootstrap:
+        comparisons, resampled = diagonal_intervals(
+            measure, models, comparisons, resamples=uncertainty.bootstrap, seed=uncertainty.seed, groups=groups,
+            whole=("orig_orig", "ft_ft"), **options)
+    result = MeasureResult(measure, matrix, comparisons, null, unavailable,
+                           {c.key: layer_blocks(c.matrix) for c in comparisons if c.key in BLOCK_COMPARISONS})
+    for key, per_resample in resampled.items():
+        if result.blocks.get(key) is not None:
+            # How far bootstrap resamples of the examples split the layers the same way (Rand index).
+            again = [layer_blocks(m) for m in per_resample]
+            again = [b for b in again if b is not None and b.num_layers == result.blocks[key].num_layers]
+            if again:
+                result.bootstrap_stability[key] = stability(result.blocks[key], again)
+    if len(finetuned) > 1 and result.blocks.get("ft_ft") is not None:
+        others = [layer_blocks(block(matrix, sizes, label, label)) for label in finetuned[1:]]
+        if all(other is not None for other in others):
+            result.seed_stability = stability(result.blocks["ft_ft"], others)
+    if null is not None and measure in CAPPED_MEASURES and models is not None:
+        result.kept_dimensions = kept_dimensions_per_layer(models, measure, **options)
+    if len(finetuned) > 2:
+        result.seed_spread = seed_spread(matrix, sizes, finetuned)
+    return result
+
+
+def _corrected(c: Comparison, uncertainty: Uncertainty | None) -> Comparison:
+    """The comparison with its p-values corrected over its cells: one heatmap, one family of tests."""
+    if c.p_value is None or uncertainty is None:
+        return c
+    return dataclasses.replace(c, p_adjusted=uncertainty.corrected(c.p_value),
+                               at_chance=uncertainty.at_chance(c.p_value))
+
+
+@dataclass
+class StackedResult:
+    """One measure over every layer of several models stacked, with every cell's null when there is one."""
+
+    measure: str
+    matrix: np.ndarray
+    sizes: dict[str, int]                    # layers per model, in stacking order (the first: the reference)
+    null: NullMatrix | None = None
+    p_adjusted: np.ndarray | None = None     # the null's p-values corrected over the heatmap
+    at_chance: np.ndarray | None = None      # cells not above chance (hatched)
+    unavailable: str | None = None
+    kept_dimensions: dict[str, list[int | None]] | None = None
+
+
+def stacked_result(models: dict[str, list], measure: str, *, options: dict | None = None,
+                   uncertainty: Uncertainty | None = None, attention: bool = False) -> StackedResult:
+    """All layers of `models` stacked (Wu et al. Figures 1 and 5, Phang et al. Figure 7); with `uncertainty`,
+    every cell's permutation null (not for attention maps: a permutation of examples has no meaning for
+    per-token maps of different lengths). `options`: the measure's own."""
+    options = options or {}
+    result = StackedResult(measure, stacked_matrix(measure, models, **options),
+                           {name: len(layers) for name, layers in models.items()})
+    if not attention:
+        result.unavailable = null_unavailable(measure, len(next(iter(models.values()))[0]), options)
+        if measure in CAPPED_MEASURES:
+            result.kept_dimensions = kept_dimensions_per_layer(models, measure, **options)
+    if uncertainty is not None and not attention and not result.unavailable:
+        result.null = stacked_null(measure, models, permutations=uncertainty.permutations, seed=uncertainty.seed,
+                                   **options)
+        result.p_adjusted = uncertainty.corrected(result.null.p_value)
+        result.at_chance = uncertainty.at_chance(result.null.p_value)  # one heatmap, one family
+    return result
+
+
+def localization_of(matrices: dict[str, np.ndarray], sizes: dict[str, int], style: str
+                    ) -> dict[str, np.ndarray] | None:
+    """Wu et al.'s localization score per model and layer (`style` "raw" or "zscore") from stacked neuronsim
+    and SVCCA matrices, or None when either measure was not computed."""
+    if not {"neuronsim", "svcca"} <= set(matrices):
+        return None
+    return localization(matrices["neuronsim"], matrices["svcca"], sizes, standardize=style == "zscore")
