@@ -49,3 +49,18 @@ def test_every_module_has_a_layer():
 def test_no_module_imports_a_higher_layer(module):
     higher = sorted(name for name in _imports(module) if LAYER_OF.get(name, 99) > LAYER_OF[module])
     assert higher == [], f"layersim.{module} (layer {LAYER_OF[module]}) imports higher layers: {higher}"
+
+
+def test_the_top_level_is_a_few_packages_named_by_role():
+    """At most twelve top-level modules: the pipeline's roles, not a flat list of files."""
+    assert len(_top_level_modules()) <= 12, _top_level_modules()
+
+
+@pytest.mark.parametrize("folder,limit", [("src/layersim", 400), ("src/layersim_launch", 400), ("stages", 80)])
+def test_every_file_is_short_enough_to_read(folder, limit):
+    """Library files stay at most 400 lines (split a module before it grows past that); stage scripts at most 80,
+    since they only parse arguments and wire library calls."""
+    root = PACKAGE.parents[1] / folder
+    long = {str(f.relative_to(root)): n for f in sorted(root.rglob("*.py"))
+            if (n := len(f.read_text(encoding="utf-8").splitlines())) > limit}
+    assert long == {}, f"{folder}: files over {limit} lines: {long}"
