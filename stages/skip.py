@@ -1,5 +1,6 @@
 """skip: task score of the fine-tuned model with every contiguous span of layers [i, j] skipped, with
-no further training (Phang et al. §4.1)."""
+no further training (Phang et al. §4.1), against the spans that layer similarity predicts droppable
+(ShortGPT's Block Influence, Gromov et al.'s angular distance) on the seeds' activation tables."""
 
 from pathlib import Path
 
@@ -8,26 +9,33 @@ import numpy as np
 from layersim import cli
 from layersim.compute.device import resolve_device, resolve_precision
 from layersim.reporting.headlines import skip_headline, write_metrics
-from layersim.data.io import read_task_table, run_expectations, write_figure, write_json
+from layersim.data.io import ActivationTable, read_task_table, run_expectations, write_figure, write_json
 from layersim.reporting.plots import span_heatmap
+from layersim.reporting.pruning_plots import prediction_scatter
 from layersim.data.tasks import get_task
-from layersim.experiments.truncation import load_for_validation, span_scores, span_summary
+from layersim.experiments.truncation import (load_for_validation, prediction_pooling, skip_predictions, span_scores,
+                                             span_summary, table_pruning_measures)
 
 
 def main(args, params):
     spec = get_task(args.task)
     table = read_task_table(args.task_dir, spec, "validation", params.extract.max_examples)
-    run_expectations(args.checkpoints, params.seeds, args.task_dir)  # checkpoints verified, on these tables
+    runs = run_expectations(args.checkpoints, params.seeds, args.task_dir)  # checkpoints verified, on these tables
+    pooling = prediction_pooling(params.extract.poolings)
+    tables = {seed: ActivationTable(args.activations / f"seed{seed}.{pooling}.parquet", expect={
+        "task": spec.name, "split": "validation", "run": f"seed{seed}", "pooling": pooling, **runs[f"seed{seed}"]})
+        for seed in params.seeds}  # opened (and checked) before any scoring
     batch_size = params.extract.batch_size
     device = resolve_device(params.device)
     precision = resolve_precision(params.finetune.precision, device)
-    full, per_seed = [], []
+    full, per_seed, measures = [], [], []
     for seed in params.seeds:
         folder = args.checkpoints / f"seed{seed}"
         model, tokenizer, encoded = load_for_validation(folder, spec, table, params.finetune.max_length, device)
         full_model, spans = span_scores(model, spec, encoded, tokenizer, batch_size, device, precision)
         full.append(full_model)
         per_seed.append(spans)
+        measures.append(table_pruning_measures(tables[seed], max(j for _, j in spans)))
         cli.log.info("seed %d: %d spans scored from %s", seed, len(per_seed[-1]), folder)
 
     spans = list(per_seed[0])
@@ -37,13 +45,18 @@ def main(args, params):
     for (i, j), value in mean.items():
         matrix[i - 1, j - 1] = value
     full_mean = float(np.mean(full))
+    prediction, predicted, predicted_mean = skip_predictions(measures, per_seed, pooling)
     metrics = {"metric": spec.primary_metric, "full": round(full_mean, 6), "tolerance": params.skip.tolerance,
                "spans": {f"{i}-{j}": round(v, 6) for (i, j), v in mean.items()},
-               **span_summary(mean, full_mean, params.skip.tolerance)}
-    rows = [{"seed": seed, "first": i, "last": j, "score": round(scores[(i, j)], 6)}
-            for seed, scores in zip(params.seeds, per_seed) for i, j in spans]
+               **span_summary(mean, full_mean, params.skip.tolerance), "prediction": prediction}
+    rows = [{"seed": seed, "first": i, "last": j, "score": round(scores[(i, j)], 6), **values[(i, j)]}
+            for seed, scores, values in zip(params.seeds, per_seed, predicted) for i, j in spans]
     title = f"skipped layers — {spec.name} (full model {full_mean:.3f})"
     write_figure(span_heatmap(matrix, full_mean, spec.primary_metric, title), args.plots / f"{spec.name}.png")
+    rho = {name: prediction[name]["spearman"] for name in predicted_mean}
+    write_figure(prediction_scatter(mean, predicted_mean, rho, full_mean, spec.primary_metric,
+                                    f"skip predicted from similarity ({pooling}) — {spec.name}"),
+                 args.plots / f"{spec.name}.prediction.png")
     write_json(rows, args.plots / f"{spec.name}.json")
     write_metrics(metrics, skip_headline(metrics), args.metrics, args.details)
     cli.log.info("wrote %s and %s", args.metrics, args.plots / f"{spec.name}.png")
@@ -53,6 +66,7 @@ if __name__ == "__main__":
     p = cli.parser(__doc__)
     p.add_argument("--task", required=True)
     p.add_argument("--checkpoints", type=Path, required=True, help="folder holding seed<k>/ checkpoints")
+    p.add_argument("--activations", type=Path, required=True, help="folder written by extract (the seeds' tables)")
     p.add_argument("--task-dir", type=Path, required=True, help="folder written by download_task")
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
     p.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.reporting.headlines)")

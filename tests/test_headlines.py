@@ -145,3 +145,11 @@ def test_last_block_starts_come_from_the_similarity_details():
     assert starts == {"a": {"orig_orig": 0, "ft_ft": 2}, "b": {"orig_orig": 0, "ft_ft": 3},
                       "c": {"orig_orig": None, "ft_ft": None}}
     assert num_layers == 4
+
+
+def test_skip_headline_reports_the_similarity_predictions():
+    prediction = {"pooling": "tokens", "angular_distance": {"spearman": 0.62, "p_value": 0.001, "spans": 78},
+                  "block_influence": {"spearman": None, "p_value": None, "spans": 2}}
+    headline = skip_headline({"largest_span_within_tolerance": None, "prediction": prediction})
+    assert headline == {"longest_skippable_span": 0, "skip_prediction_spearman_angular": 0.62,
+                        "skip_prediction_spearman_block_influence": None}

@@ -28,7 +28,8 @@ EXTRACT, SIMILARITY, TRUNCATE, SKIP, ALIGN = (f"{stage}@{TASK}" for stage in
                                               ("extract", "similarity", "truncate", "skip", "align"))
 COMPARE, SUMMARY, FREEZE, EXPORT, REPORT = "compare", "summary", f"freeze@{TASK}", f"export@{TASK}", "report"
 # The report page reads every per-task result and the summary (not compare's).
-AFTER_EXTRACT = {SIMILARITY, COMPARE, TRUNCATE, ALIGN, SUMMARY, REPORT}  # skip reads checkpoints, not activations
+# skip reads the seeds' activation tables too (Block Influence, angular distance)
+AFTER_EXTRACT = {SIMILARITY, COMPARE, TRUNCATE, SKIP, ALIGN, SUMMARY, REPORT}
 AFTER_FINETUNE = {EXTRACT, SKIP, FREEZE, EXPORT, *AFTER_EXTRACT}
 EXPENSIVE = DOWNLOAD | FINETUNE | {EXTRACT}
 

@@ -144,3 +144,79 @@ def test_truncation_summary_gives_a_t_interval_over_three_seeds() -> None:
     untuned = metrics["over_seeds"]["untuned"]
     assert untuned["seed_sd"]["layer_00"] == 0.0 and untuned["seed_ci_high"]["layer_01"] == pytest.approx(0.8 + half,
                                                                                                         abs=1e-6)
+
+
+# --- skip predicted from similarity (layersim.similarity.pruning) ---
+
+
+def _turned_layers(angles, rows=5):
+    """Layers 0 … L of `rows` points in the plane, each turned by angles[k − 1] at layer k: layer k's Block
+    Influence is 1 − cos(angles[k − 1]), span (i, j)'s angular distance the angles of i..j summed, over π."""
+    turned = np.concatenate([[0.0], np.cumsum(angles)])
+    radius = np.arange(1.0, rows + 1)[:, None]
+    return [(radius * np.array([[np.cos(t), np.sin(t)]])).astype(np.float32) for t in turned]
+
+
+def test_pruning_measures_stream_from_an_activation_table(tmp_path):
+    import pyarrow as pa
+
+    from layersim.data.io import ActivationTable, ActivationWriter
+    from layersim.errors import LayersimError
+    from layersim.experiments.truncation import prediction_pooling, table_pruning_measures
+    from layersim.similarity.pruning import pruning_measures
+
+    layers = _turned_layers([0.2, 0.7, 0.1], rows=7)
+    path = tmp_path / "seed1.mean.parquet"
+    with ActivationWriter(path, num_layers=3, hidden_size=2, label_type=pa.int64(),
+                          metadata={"pooling": "mean", "run": "seed1"}) as writer:
+        writer.write(np.arange(7), np.zeros(7), np.zeros(7), layers)
+    streamed = table_pruning_measures(ActivationTable(path), 3, rows=3)  # batches of 3, 3 and 1 rows
+    np.testing.assert_allclose(streamed.angular, pruning_measures(layers).angular, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(streamed.block_influence(), 1 - np.cos([0.2, 0.7, 0.1]), rtol=1e-6)
+    with pytest.raises(LayersimError, match="holds 3 layers but the skipped model has 4"):
+        table_pruning_measures(ActivationTable(path), 4)
+    assert prediction_pooling(("cls", "mean", "tokens")) == "tokens" and prediction_pooling(("cls", "mean")) == "mean"
+
+
+def test_skip_predictions_of_a_constructed_model():
+    import json
+
+    from layersim.experiments.truncation import skip_predictions
+    from layersim.reporting.headlines import details_to_metrics, metrics_to_details, skip_headline
+    from layersim.reporting.pruning_plots import prediction_scatter
+    from layersim.similarity.pruning import pruning_measures
+
+    angles = [0.3, 0.05, 0.6]  # layer 2 changes least: both rules pick it first
+    measures = [pruning_measures(_turned_layers(angles)), pruning_measures(_turned_layers(angles, rows=3))]
+    spans = all_spans(3)
+    # Seed 1's score falls with the summed angle (what Gromov predicts); seed 2 is seed 1 shifted down.
+    seed1 = {(i, j): 0.9 - sum(angles[i - 1:j]) / 2 for i, j in spans}
+    per_seed = [seed1, {span: score - 0.1 for span, score in seed1.items()}]
+    prediction, per_seed_values, mean_values = skip_predictions(measures, per_seed, "tokens")
+    assert prediction["pooling"] == "tokens"
+    angular = prediction["angular_distance"]
+    assert angular["spearman"] == 1.0 and angular["spans"] == 6
+    assert angular["by_length"]["length_1"] == {"spearman": 1.0, "p_value": 0.0, "spans": 3}
+    assert angular["by_length"]["length_2"]["spearman"] is None  # two spans: too few to rank
+    # Summed BI orders the single layers as the angles do, so it ranks them perfectly too.
+    assert prediction["block_influence"]["by_length"]["length_1"]["spearman"] == 1.0
+    picked = prediction["picked"]
+    assert picked["length_1"]["angular_distance"] == picked["length_1"]["best"] == {"span": "2-2", "score": 0.825}
+    assert picked["length_2"]["angular_distance"]["span"] == "1-2" == picked["length_2"]["best"]["span"]  # 0.35 < 0.65
+    assert picked["length_1"]["block_influence_layers"] == "2"
+    assert per_seed_values[0][(2, 3)]["angular_distance"] == pytest.approx(0.65 / np.pi, abs=1e-6)
+    assert per_seed_values[1][(1, 1)]["block_influence"] == pytest.approx(1 - np.cos(0.3), abs=1e-6)
+    assert mean_values["angular_distance"][(1, 3)] == pytest.approx(0.95 / np.pi, abs=1e-6)
+    # The metrics hold only finite JSON, and the headline comes back from the details rows.
+    full = {"largest_span_within_tolerance": None, "prediction": prediction}
+    details = json.loads(json.dumps(metrics_to_details(full), allow_nan=False))
+    headline = skip_headline(details_to_metrics(details))
+    assert headline == skip_headline(full) == {"longest_skippable_span": 0, "skip_prediction_spearman_angular": 1.0,
+                                               "skip_prediction_spearman_block_influence":
+                                               prediction["block_influence"]["spearman"]}
+    import matplotlib.pyplot as plt
+
+    figure = prediction_scatter({s: float(np.mean([p[s] for p in per_seed])) for s in spans}, mean_values,
+                                {"angular_distance": 1.0, "block_influence": None}, 0.85, "accuracy", "test")
+    assert len(figure.axes) == 3  # two panels and the colour bar
+    plt.close(figure)

@@ -6,7 +6,9 @@
   further on it (or a fresh head, ``truncate.head: fresh``).
 - TunedOrig: the pretrained encoder's layer-k CLS representation; the head fine-tuning starts from
   trained on it (or a fresh head).
-- Skip: run the fine-tuned model with a contiguous span of layers [i, j] left out.
+- Skip: run the fine-tuned model with a contiguous span of layers [i, j] left out, and set the measured scores
+  against the spans that layer similarity predicts droppable (layersim.similarity.pruning: ShortGPT's Block
+  Influence, Gromov et al.'s angular distance).
 Scores are the task's primary metric on validation examples.
 """
 
@@ -25,7 +27,10 @@ from layersim.models.encoders import all_spans, continue_from, num_layers
 from layersim.training.evaluate import compute_metrics, predict
 from layersim.training.heads import HeadParams, Rows, majority_baseline, train_head
 from layersim.data.io import ActivationTable
+from layersim.errors import LayersimError
 from layersim.models.registry import load_finetuned, load_task_model, load_tokenizer
+from layersim.similarity.pruning import (PruningAccumulator, PruningMeasures, predicted_spans,
+                                         prediction_rank_correlation, span_droppability)
 from layersim.similarity.seeds import seed_metrics
 from layersim.models.task_heads import own_head
 from layersim.data.tasks import TaskSpec
@@ -160,6 +165,68 @@ def span_summary(scores: dict[tuple[int, int], float], full: float, tolerance: f
         "largest_span_within_tolerance": None if largest is None else
         {"first": largest[2][0], "last": largest[2][1], "length": largest[0], "score": largest[1]},
     }
+
+
+PREDICTORS = ("angular_distance", "block_influence")  # Gromov et al. 2024; ShortGPT (Men et al. 2024)
+
+
+def prediction_pooling(poolings: Iterable[str]) -> str:
+    """The activation tables the skip predictions read: ``tokens`` (one row per word: the per-token states both
+    papers average over) when extract writes them, else ``mean`` (the angle of token-averaged states, a proxy)."""
+    return "tokens" if "tokens" in poolings else "mean"
+
+
+def table_pruning_measures(table: ActivationTable, num_layers: int, rows: int = 4096) -> PruningMeasures:
+    """Block Influence and angular distances of one run's activation table, streamed `rows` at a time."""
+    if table.num_layers != num_layers:
+        raise LayersimError(f"{table.path} holds {table.num_layers} layers but the skipped model has {num_layers}; "
+                            "re-run the extract stage on this checkpoint.")
+    accumulator = PruningAccumulator(num_layers)
+    for batch in table.iter_batches(rows):
+        accumulator.update(batch)
+    return accumulator.result()
+
+
+def skip_predictions(measures: list[PruningMeasures], per_seed: list[dict[tuple[int, int], float]], pooling: str
+                     ) -> tuple[dict, list[dict], dict]:
+    """How well similarity predicts the measured skip scores, from each seed's measures and span scores.
+
+    Returns the ``prediction`` part of the skip metrics — per predictor, Spearman's rho between the seed-mean
+    score of every span and its seed-mean predicted droppability (``all``, and ``by_length`` per span length n),
+    and per n the span each rule picks (on the seed-mean measures) with its measured score beside the best
+    span's; per seed and span the predicted values (angular distance, summed Block Influence) for the plot
+    rows; and per predictor and span the seed-mean value the correlation uses (for the figure). A zero-norm row
+    of a table is left out of the pairs of layers where it is zero (layersim.similarity.pruning)."""
+    mean = PruningMeasures(angular=np.mean([m.angular for m in measures], axis=0),
+                           cosine_distance=np.mean([m.cosine_distance for m in measures], axis=0),
+                           rows=np.min([m.rows for m in measures], axis=0))
+    scores = {span: float(np.mean([seed[span] for seed in per_seed])) for span in per_seed[0]}
+    droppable = span_droppability(mean)
+    prediction: dict = {"pooling": pooling}
+    for name in PREDICTORS:
+        rank = prediction_rank_correlation(scores, droppable[name])
+        prediction[name] = {**_finite(rank["all"]),
+                            "by_length": {f"length_{n}": _finite(r) for n, r in rank["by_length"].items()}}
+    picked = {}
+    for row in predicted_spans(mean):
+        n = row["length"]
+        best = max((s for s in scores if s[1] - s[0] + 1 == n), key=lambda s: (scores[s], -s[0]))
+        picked[f"length_{n}"] = {"best": _span_entry(best, scores),
+                                 "angular_distance": _span_entry(row["angular_distance"], scores),
+                                 "block_influence": _span_entry(row["block_influence_span"], scores),
+                                 "block_influence_layers": ",".join(map(str, row["block_influence_layers"] or ()))}
+    prediction["picked"] = picked
+    values = [{span: {name: _rounded(-seed[name][span]) for name in PREDICTORS} for span in scores}
+              for seed in [*map(span_droppability, measures), droppable]]
+    return prediction, values[:-1], {name: {span: row[name] for span, row in values[-1].items()} for name in PREDICTORS}
+
+
+def _span_entry(span: tuple[int, int] | None, scores: dict[tuple[int, int], float]) -> dict | None:
+    return None if span is None else {"span": f"{span[0]}-{span[1]}", "score": round(scores[span], 6)}
+
+
+def _finite(rank: dict) -> dict:
+    return {key: _rounded(value) if key != "spans" else value for key, value in rank.items()}
 
 
 def mean_over_seeds(per_seed: Iterable[list[float]]) -> list[float]:

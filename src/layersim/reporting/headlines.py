@@ -140,10 +140,21 @@ def truncate_headline(full: Mapping[str, Any]) -> dict:
             "tuned_droppable_top_layers": full["droppable_top_layers_tuned"]}
 
 
+SKIP_PREDICTORS = {"angular": "angular_distance", "block_influence": "block_influence"}  # headline suffix → key
+
+
 def skip_headline(full: Mapping[str, Any]) -> dict:
-    """The length of the longest span of layers that can be skipped within tolerance (0: none)."""
+    """The length of the longest span of layers that can be skipped within tolerance (0: none); with the
+    similarity predictions, ``skip_prediction_spearman_angular`` / ``…_block_influence``: Spearman's rho over
+    all spans between the measured score and the droppability Gromov et al.'s angular distance / ShortGPT's
+    Block Influence predict (None where undefined)."""
     span = full.get("largest_span_within_tolerance")
-    return {"longest_skippable_span": 0 if span is None else span["length"]}
+    headline = {"longest_skippable_span": 0 if span is None else span["length"]}
+    prediction = full.get("prediction")
+    if isinstance(prediction, Mapping):
+        for suffix, key in SKIP_PREDICTORS.items():
+            headline[f"skip_prediction_spearman_{suffix}"] = (prediction.get(key) or {}).get("spearman")
+    return headline
 
 
 def export_headline(full: Mapping[str, Any]) -> dict:

@@ -18,7 +18,10 @@ The bottom layer of the library: NumPy/SciPy only, no I/O, no models. The measur
 * :mod:`~layersim.similarity.rotation_null` — the same from streamed moments (``rotation_null``): the rows
   rotated at random instead of shuffled, for the measures of ``moments``;
 * :mod:`~layersim.similarity.bootstrap` — bootstrap intervals over examples;
-* :mod:`~layersim.similarity.blocks` — contiguous blocks of layers in a layer × layer matrix.
+* :mod:`~layersim.similarity.blocks` — contiguous blocks of layers in a layer × layer matrix;
+* :mod:`~layersim.similarity.pruning` — layer-pruning predictors: ShortGPT's Block Influence and Gromov et al.'s
+  angular distance between layers l and l+n, the spans they predict droppable, and their rank correlation with
+  measured skip scores.
 """
 
 from layersim.similarity.attention import (

@@ -1,0 +1,291 @@
+"""Layer-pruning measures: which layers a similarity measure predicts can be dropped.
+
+Two published rules, both Phang et al.'s skip experiment predicted from similarity alone:
+
+* **Block Influence** (ShortGPT; Men et al. 2024): ``BI_k = 1 − E[cos(x_{k−1}, x_k)]`` for layer ``k``
+  (1-based), where ``x_{k−1}`` is the layer's input (``layer_{k−1}``, embeddings for ``k = 1``) and ``x_k``
+  its output, averaged over rows (tokens or examples). ShortGPT drops the ``n`` layers with the lowest BI,
+  contiguous or not.
+* **Angular distance** (Gromov et al. 2024): ``d(l, n) = arccos(cos(x_l, x_{l+n})) / π`` averaged over rows,
+  for ``l = 0 … L − n``; they drop the ``n`` consecutive layers ``l+1 … l+n`` with the smallest ``d(l, n)``.
+
+Inputs are the layers ``[layer_0 (embeddings), layer_1, …, layer_L]`` of one model as ``(rows x hidden)``
+arrays with the same rows in the same order. Spans are 1-based and inclusive, ``(first, last)``, as in
+:func:`layersim.models.encoders.all_spans` and the skip stage: skipping span ``(i, j)`` feeds
+``layer_{i−1}`` into layer ``j + 1``, so its angular distance is ``d`` between ``layer_{i−1}`` and
+``layer_j`` and its Block Influence sum is ``BI_i + … + BI_j``.
+
+Rows without an angle: a row that is all zeros in either of two layers has no direction, so it is left out
+of that pair's means (the other pairs keep it); a pair left with no rows is NaN. Non-finite inputs are
+refused. Angles come from Kahan's ``2·atan2(|â − b̂|, |â + b̂|)`` on unit rows, exact at 0 and π where
+``arccos`` of a rounded cosine is not (``arccos(1 − 1e-16)`` is 1.5e-8, not 0), and
+``1 − cos = |â − b̂|² / 2``. Everything is accumulated in float64 over row chunks
+(:class:`PruningAccumulator`), so a word-point table larger than memory can be streamed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from layersim.errors import LayersimError
+from layersim.similarity._common import as_list
+
+CHUNK_ROWS = 2048  # rows normalised at a time: (L + 1) float64 copies of this many rows stay small
+MIN_SPANS_FOR_RANK = 3  # Spearman over 2 points is ±1 whatever the data: fewer than 3 spans give NaN
+
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class PruningMeasures:
+    """Row means between every pair of layers ``a, b`` in ``0 … num_layers`` (symmetric matrices).
+
+    ``angular``: mean ``arccos(cos)/π``; ``cosine_distance``: mean ``1 − cos``; ``rows``: how many rows
+    had an angle (neither vector zero). Diagonals are 0 (a layer against itself)."""
+
+    angular: np.ndarray
+    cosine_distance: np.ndarray
+    rows: np.ndarray
+
+    @property
+    def num_layers(self) -> int:
+        return self.angular.shape[0] - 1
+
+    def block_influence(self) -> np.ndarray:
+        """``BI`` of layers 1 … L: entry ``k − 1`` is layer ``k``'s (input layer_{k−1}, output layer_k)."""
+        return np.array([self.cosine_distance[k - 1, k] for k in range(1, self.num_layers + 1)])
+
+    def angular_distance(self, n: int) -> np.ndarray:
+        """``d(l, n)`` for ``l = 0 … L − n``: entry ``l`` belongs to the span of layers ``l + 1 … l + n``."""
+        n = check_length(n, self.num_layers)
+        return np.array([self.angular[l, l + n] for l in range(self.num_layers - n + 1)])
+
+
+class PruningAccumulator:
+    """Sums over row batches of :class:`PruningMeasures`: memory in the number of layers, not of rows."""
+
+    def __init__(self, num_layers: int):
+        if isinstance(num_layers, bool) or not isinstance(num_layers, (int, np.integer)) or num_layers < 1:
+            raise LayersimError(f"num_layers must be an integer of at least 1 (layers after the embeddings), "
+                                f"got {num_layers!r}.")
+        size = int(num_layers) + 1
+        self._angle = np.zeros((size, size))
+        self._cosine = np.zeros((size, size))
+        self._rows = np.zeros((size, size), dtype=np.int64)
+        self._nonzero = np.zeros(size, dtype=np.int64)
+        self._hidden: int | None = None
+
+    def update(self, layers: Sequence[np.ndarray]) -> None:
+        """Add a batch of rows: ``layers[k]`` holds those rows of ``layer_k``, ``k = 0 … num_layers``."""
+        arrays = _checked(layers, self._angle.shape[0], self._hidden)
+        self._hidden = arrays[0].shape[1]
+        for start in range(0, arrays[0].shape[0], CHUNK_ROWS):
+            units, nonzero = zip(*(_unit_rows(a[start:start + CHUNK_ROWS]) for a in arrays))
+            self._nonzero += [int(np.count_nonzero(mask)) for mask in nonzero]
+            for a in range(len(units)):
+                for b in range(a + 1, len(units)):
+                    both = nonzero[a] & nonzero[b]  # a zero row has no direction: weight 0 in this pair
+                    diff_sq = _row_sq_norms(units[a] - units[b])  # |â − b̂|² = 2 − 2cos, no cancellation
+                    plus = np.sqrt(_row_sq_norms(units[a] + units[b]))
+                    self._angle[a, b] += float(np.sum(2.0 * np.arctan2(np.sqrt(diff_sq), plus), where=both)) / np.pi
+                    self._cosine[a, b] += float(np.sum(diff_sq, where=both)) / 2.0
+                    self._rows[a, b] += int(np.count_nonzero(both))
+
+    def result(self) -> PruningMeasures:
+        if self._hidden is None:
+            raise LayersimError("the pruning accumulator has seen no rows; call update() with at least one batch.")
+        with np.errstate(invalid="ignore", divide="ignore"):  # pairs with no rows: 0/0 = NaN, as documented
+            angle, cosine = self._angle / self._rows, self._cosine / self._rows
+        rows = np.triu(self._rows, 1) + np.triu(self._rows, 1).T + np.diag(self._nonzero)
+        return PruningMeasures(_symmetric(angle), _symmetric(cosine), rows)
+
+
+def pruning_measures(layers: Sequence[np.ndarray]) -> PruningMeasures:
+    """The measures of ``layers = [layer_0, …, layer_L]`` (all rows at once)."""
+    arrays = _layer_list(layers)
+    accumulator = PruningAccumulator(len(arrays) - 1)
+    accumulator.update(arrays)
+    return accumulator.result()
+
+
+def block_influence(layers: Sequence[np.ndarray]) -> np.ndarray:
+    """ShortGPT's Block Influence of layers 1 … L (entry ``k − 1`` is layer ``k``'s), from
+    ``layers = [layer_0, …, layer_L]``: one minus the mean cosine between each layer's input and output."""
+    return pruning_measures(layers).block_influence()
+
+
+def angular_distance(layers: Sequence[np.ndarray], n: int) -> np.ndarray:
+    """Gromov et al.'s mean angular distance between ``layer_l`` and ``layer_{l+n}`` for ``l = 0 … L − n``."""
+    arrays = _layer_list(layers)
+    check_length(n, len(arrays) - 1)  # before any work
+    return pruning_measures(arrays).angular_distance(n)
+
+
+def check_length(n: int, num_layers: int) -> int:
+    """`n` as an int if it is a span length the model has (1 … `num_layers`); otherwise one sentence."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= num_layers:
+        raise LayersimError(f"span length n must be an integer from 1 to {num_layers} (the number of layers), "
+                            f"got {n!r}.")
+    return int(n)
+
+
+# --- predictions ---
+
+
+def gromov_span(measures: PruningMeasures, n: int) -> Span | None:
+    """The ``n`` consecutive layers ``(l + 1, l + n)`` with the smallest angular distance (the shallowest on
+    a tie); None when no start has a defined distance."""
+    distances = measures.angular_distance(n)
+    if np.isnan(distances).all():
+        return None
+    start = int(np.nanargmin(distances))
+    return start + 1, start + n
+
+
+def shortgpt_layers(measures: PruningMeasures, n: int) -> tuple[int, ...] | None:
+    """The ``n`` layers (1-based, ascending) with the lowest Block Influence, not necessarily contiguous (the
+    lower layer on a tie); None when fewer than ``n`` layers have a defined BI."""
+    n = check_length(n, measures.num_layers)
+    influence = measures.block_influence()
+    defined = np.flatnonzero(~np.isnan(influence))
+    if defined.size < n:
+        return None
+    order = defined[np.argsort(influence[defined], kind="stable")]
+    return tuple(sorted(int(k) + 1 for k in order[:n]))
+
+
+def shortgpt_span(measures: PruningMeasures, n: int) -> Span | None:
+    """The contiguous span of ``n`` layers with the lowest summed Block Influence (the shallowest on a tie):
+    ShortGPT's rule restricted to what the skip stage measures; None when no span's sum is defined."""
+    sums = np.array([np.sum(measures.block_influence()[l:l + n])
+                     for l in range(measures.num_layers - check_length(n, measures.num_layers) + 1)])
+    if np.isnan(sums).all():
+        return None
+    start = int(np.nanargmin(sums))
+    return start + 1, start + n
+
+
+def span_droppability(measures: PruningMeasures) -> dict[str, dict[Span, float]]:
+    """Per measure, every span ``(i, j)`` mapped to how droppable the measure predicts it (higher: more):
+    ``angular_distance``: ``−d(layer_{i−1}, layer_j)``; ``block_influence``: ``−(BI_i + … + BI_j)``."""
+    influence = measures.block_influence()
+    spans = [(i, j) for i in range(1, measures.num_layers + 1) for j in range(i, measures.num_layers + 1)]
+    return {"angular_distance": {(i, j): -float(measures.angular[i - 1, j]) for i, j in spans},
+            "block_influence": {(i, j): -float(np.sum(influence[i - 1:j])) for i, j in spans}}
+
+
+def predicted_spans(measures: PruningMeasures) -> list[dict]:
+    """For each span length ``n = 1 … L``: the span Gromov's rule picks (``angular_distance``), the contiguous
+    span and the possibly scattered layers ShortGPT's picks (``block_influence_span``,
+    ``block_influence_layers``); None where undefined."""
+    return [{"length": n, "angular_distance": gromov_span(measures, n),
+             "block_influence_span": shortgpt_span(measures, n),
+             "block_influence_layers": shortgpt_layers(measures, n)}
+            for n in range(1, measures.num_layers + 1)]
+
+
+def prediction_rank_correlation(measured: Mapping[Span, float], predicted: Mapping[Span, float]) -> dict:
+    """Spearman's rho between each span's measured score with it skipped and its predicted droppability
+    (same spans on both sides): over all spans (``all``) and per span length (``by_length``, keyed by n),
+    each ``{"spearman", "p_value", "spans"}``. Positive: spans predicted droppable keep more of the score.
+    Spans with a NaN on either side are left out; fewer than ``MIN_SPANS_FOR_RANK`` spans, or a side
+    that is constant, give NaN."""
+    spans = _checked_spans(measured, predicted)
+    by_length: dict[int, list[Span]] = {}
+    for i, j in spans:
+        by_length.setdefault(j - i + 1, []).append((i, j))
+    return {"all": _spearman(spans, measured, predicted),
+            "by_length": {n: _spearman(group, measured, predicted) for n, group in sorted(by_length.items())}}
+
+
+def _spearman(spans: list[Span], measured: Mapping[Span, float], predicted: Mapping[Span, float]) -> dict:
+    x = np.array([float(measured[s]) for s in spans])
+    y = np.array([float(predicted[s]) for s in spans])
+    keep = ~(np.isnan(x) | np.isnan(y))
+    x, y = x[keep], y[keep]
+    count = int(x.size)
+    if count < MIN_SPANS_FOR_RANK or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return {"spearman": float("nan"), "p_value": float("nan"), "spans": count}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scipy's small-sample notes; the count is reported beside rho
+        rho, p_value = stats.spearmanr(x, y)
+    return {"spearman": float(rho), "p_value": float(p_value), "spans": count}
+
+
+def _checked_spans(measured: Mapping[Span, float], predicted: Mapping[Span, float]) -> list[Span]:
+    if not measured:
+        raise LayersimError("measured holds no spans; pass the skip scores as {(first, last): score}.")
+    for span in measured:
+        if not (isinstance(span, tuple) and len(span) == 2 and all(isinstance(v, (int, np.integer)) for v in span)
+                and 1 <= span[0] <= span[1]):
+            raise LayersimError(f"span {span!r} is not a (first, last) pair of 1-based layers with first <= last.")
+    missing = sorted(set(measured) ^ set(predicted))
+    if missing:
+        side = "predicted" if missing[0] in measured else "measured"
+        raise LayersimError(f"span {missing[0]} is missing from {side}; measured and predicted must cover the "
+                            "same spans.")
+    return sorted(measured)
+
+
+# --- helpers ---
+
+
+def _layer_list(layers: Sequence[np.ndarray]) -> list[np.ndarray]:
+    arrays = as_list(layers, "layers")
+    if len(arrays) < 2:
+        raise LayersimError(f"layers holds {len(arrays)} array; pass layer_0 (the embeddings) and the output of "
+                            "every layer, at least 2 arrays.")
+    return arrays
+
+
+def _checked(layers: Sequence[np.ndarray], expected: int, hidden: int | None) -> list[np.ndarray]:
+    arrays = as_list(layers, "layers")
+    if len(arrays) != expected:
+        raise LayersimError(f"layers holds {len(arrays)} arrays but the accumulator was made for {expected} "
+                            f"(layer_0 … layer_{expected - 1}); pass the embeddings and every layer's output.")
+    shape = None
+    for k, a in enumerate(arrays):
+        a = np.asarray(a)
+        if a.dtype.kind not in "biuf" or a.ndim != 2:
+            raise LayersimError(f"layers[{k}] must be a 2-D (rows x hidden) array of real numbers, got "
+                                f"shape {a.shape} and dtype {a.dtype}.")
+        if shape is None:
+            shape = a.shape
+        if a.shape != shape or (hidden is not None and a.shape[1] != hidden):
+            raise LayersimError(f"layers[{k}] has shape {a.shape} but layers[0] has {shape}"
+                                f"{'' if hidden is None else f' and earlier batches {hidden} columns'}; a cosine "
+                                "needs the same rows and width in every layer.")
+        if not np.isfinite(a).all():
+            raise LayersimError(f"layers[{k}] contains NaN or inf; angles need finite activations.")
+        arrays[k] = a
+    if shape[0] == 0 or shape[1] == 0:
+        raise LayersimError(f"layers have shape {shape}; pass at least one row and one column.")
+    return arrays
+
+
+def _unit_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows scaled to unit length in float64, and which rows are not all zero. Each row is first divided by
+    its largest |value|, so squaring never underflows or overflows, whatever the scale."""
+    a = np.asarray(a, dtype=np.float64)
+    peak = np.max(np.abs(a), axis=1)
+    nonzero = peak > 0
+    scaled = a[nonzero] / peak[nonzero, None]
+    units = np.zeros_like(a)
+    units[nonzero] = scaled / np.linalg.norm(scaled, axis=1)[:, None]
+    return units, nonzero
+
+
+def _row_sq_norms(a: np.ndarray) -> np.ndarray:
+    return np.einsum("ij,ij->i", a, a)
+
+
+def _symmetric(upper: np.ndarray) -> np.ndarray:
+    out = np.triu(upper, 1)
+    out = out + out.T  # NaN pairs stay NaN on both sides: triu zeroes only the lower triangle
+    np.fill_diagonal(out, 0.0)
+    return out

@@ -1,0 +1,222 @@
+"""Layer-pruning measures (ShortGPT's Block Influence, Gromov et al.'s angular distance): hand-computed values,
+exact identities, the spans each rule picks, and the rank correlation with measured skip scores."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from layersim.errors import LayersimError
+from layersim.similarity import pruning
+from layersim.similarity.pruning import (PruningAccumulator, angular_distance, block_influence, gromov_span,
+                                         predicted_spans, prediction_rank_correlation, pruning_measures,
+                                         shortgpt_layers, shortgpt_span, span_droppability)
+
+# Two rows, two dimensions, layers 0 … 2. Row 1 turns by 90° then 90°; row 2 turns by 45° then stays.
+HAND = [np.array([[1.0, 0.0], [1.0, 0.0]]),
+        np.array([[0.0, 1.0], [1.0, 1.0]]),
+        np.array([[-1.0, 0.0], [1.0, 1.0]])]
+
+
+def test_block_influence_by_hand():
+    # Layer 1: cosines 0 and 1/√2 → BI = 1 − (0 + 1/√2)/2. Layer 2: cosines 0 and 1 → BI = 1/2.
+    np.testing.assert_allclose(block_influence(HAND), [1 - math.sqrt(2) / 4, 0.5], rtol=0, atol=1e-15)
+
+
+def test_angular_distance_by_hand():
+    # n = 1: (1/2 + 1/4)/2 and (1/2 + 0)/2; n = 2, layer 0 against 2: row 1 opposite (1), row 2 at 45° (1/4).
+    np.testing.assert_allclose(angular_distance(HAND, 1), [0.375, 0.25], rtol=0, atol=1e-15)
+    np.testing.assert_allclose(angular_distance(HAND, 2), [0.625], rtol=0, atol=1e-15)
+
+
+def test_identical_orthogonal_and_opposite_rows_are_exact():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(5, 7))
+    orthogonal = np.array([[1.0, 0.0], [0.0, 3.0]])
+    assert angular_distance([x, x.copy()], 1)[0] == 0.0  # no 1.5e-8 from arccos(1 − ε)
+    assert block_influence([x, x.copy()])[0] == 0.0
+    assert angular_distance([orthogonal, orthogonal[:, ::-1]], 1)[0] == 0.5
+    assert block_influence([orthogonal, orthogonal[:, ::-1]])[0] == 1.0
+    assert angular_distance([x, -2.5 * x], 1)[0] == 1.0
+    np.testing.assert_allclose(block_influence([x, -x]), [2.0], rtol=1e-15)
+
+
+def test_matches_the_papers_formulas_on_random_data():
+    rng = np.random.default_rng(1)
+    layers = [rng.normal(size=(40, 6)) for _ in range(4)]
+    unit = [a / np.linalg.norm(a, axis=1, keepdims=True) for a in layers]
+    cos = lambda a, b: np.sum(unit[a] * unit[b], axis=1)  # noqa: E731
+    np.testing.assert_allclose(block_influence(layers), [1 - cos(k - 1, k).mean() for k in (1, 2, 3)], rtol=1e-12)
+    for n in (1, 2, 3):
+        naive = [np.mean(np.arccos(np.clip(cos(l, l + n), -1, 1)) / np.pi) for l in range(4 - n)]
+        np.testing.assert_allclose(angular_distance(layers, n), naive, rtol=1e-12)
+
+
+def test_positive_row_scaling_changes_nothing():
+    rng = np.random.default_rng(2)
+    layers = [rng.normal(size=(30, 5)) for _ in range(4)]
+    # Each row of each layer by its own positive factor, down to scales whose squares would underflow.
+    scaled = [a * rng.choice([1e-200, 1e-3, 7.0, 1e150], size=(30, 1)) for a in layers]
+    base, other = pruning_measures(layers), pruning_measures(scaled)
+    np.testing.assert_allclose(other.angular, base.angular, rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(other.cosine_distance, base.cosine_distance, rtol=1e-13, atol=1e-15)
+
+
+def test_streamed_batches_equal_one_pass(monkeypatch):
+    rng = np.random.default_rng(3)
+    layers = [rng.normal(size=(25, 4)).astype(np.float32) for _ in range(3)]
+    whole = pruning_measures(layers)
+    monkeypatch.setattr(pruning, "CHUNK_ROWS", 4)
+    accumulator = PruningAccumulator(2)
+    for rows in (slice(0, 7), slice(7, 8), slice(8, 25)):
+        accumulator.update([a[rows] for a in layers])
+    streamed = accumulator.result()
+    np.testing.assert_allclose(streamed.angular, whole.angular, rtol=1e-13)
+    np.testing.assert_allclose(streamed.cosine_distance, whole.cosine_distance, rtol=1e-13)
+    np.testing.assert_array_equal(streamed.rows, np.full((3, 3), 25))
+
+
+def _turning(angles: list[float]) -> list[np.ndarray]:
+    """Layers 0 … L of two rows in the plane, turned by angles[k − 1] at layer k (one row each way, so
+    rotation direction plays no part): layer k's BI is 1 − cos(angles[k−1]), and with the angles summing to
+    less than π the distance between layers l and l + n is their sum over the span, divided by π."""
+    turned = np.concatenate([[0.0], np.cumsum(angles)])
+    return [np.array([[math.cos(t), math.sin(t)], [3 * math.cos(t), -3 * math.sin(t)]]) for t in turned]
+
+
+ANGLES = [0.1, 0.9, 0.2, 0.95]  # lowest two BIs: layers 1 and 3 — not contiguous
+
+
+def test_spans_each_rule_picks_on_a_constructed_model():
+    measures = pruning_measures(_turning(ANGLES))
+    np.testing.assert_allclose(measures.block_influence(), 1 - np.cos(ANGLES), rtol=1e-12)
+    np.testing.assert_allclose(measures.angular_distance(2), [1.0 / np.pi, 1.1 / np.pi, 1.15 / np.pi], rtol=1e-12)
+    assert gromov_span(measures, 1) == (1, 1)
+    assert gromov_span(measures, 2) == (1, 2)  # layers 1–2 turn 1.0 rad, 2–3 1.1, 3–4 1.15
+    assert gromov_span(measures, 3) == (1, 3)  # 1.2 against 2.05
+    assert gromov_span(measures, 4) == (1, 4)
+    assert shortgpt_layers(measures, 2) == (1, 3)
+    assert shortgpt_span(measures, 2) == (1, 2)  # BI sums .383, .398, .438
+    assert shortgpt_layers(measures, 3) == (1, 2, 3)
+    assert predicted_spans(measures)[1] == {"length": 2, "angular_distance": (1, 2),
+                                            "block_influence_span": (1, 2), "block_influence_layers": (1, 3)}
+
+
+def test_a_layer_that_changes_nothing_is_predicted_first():
+    # Layer 3 is the identity: the one-layer span Gromov picks and the lowest BI, both exactly 0.
+    measures = pruning_measures(_turning([0.3, 0.4, 0.0, 0.5]))
+    assert gromov_span(measures, 1) == (3, 3) and measures.angular_distance(1)[2] == 0.0
+    assert shortgpt_layers(measures, 1) == (3,) and shortgpt_span(measures, 1) == (3, 3)
+
+
+def test_span_droppability_indexes_spans_from_one():
+    measures = pruning_measures(_turning(ANGLES))
+    dropping = span_droppability(measures)
+    assert sorted(dropping["angular_distance"]) == [(i, j) for i in range(1, 5) for j in range(i, 5)]
+    # Span (2, 3) runs layer 1's output into layer 4: the distance between layer_1 and layer_3.
+    assert dropping["angular_distance"][(2, 3)] == pytest.approx(-(0.9 + 0.2) / np.pi, rel=1e-12)
+    assert dropping["block_influence"][(2, 3)] == pytest.approx(-(2 - np.cos(0.9) - np.cos(0.2)), rel=1e-12)
+    assert dropping["angular_distance"][(1, 4)] == pytest.approx(-sum(ANGLES) / np.pi, rel=1e-12)
+
+
+SPANS = [(1, 1), (2, 2), (3, 3), (1, 2), (2, 3), (1, 3)]
+
+
+def test_rank_correlation_by_hand():
+    measured = dict(zip(SPANS, [0.9, 0.8, 0.7, 0.6, 0.5, 0.4]))
+    predicted = dict(zip(SPANS, [6.0, 4.0, 5.0, 3.0, 2.0, 1.0]))  # spans (2,2) and (3,3) swapped
+    result = prediction_rank_correlation(measured, predicted)
+    # Spearman 1 − 6 Σd² / (m(m² − 1)): over 6 spans Σd² = 2 → 1 − 12/210; 3 single layers → 1 − 12/24.
+    assert result["all"]["spearman"] == pytest.approx(1 - 12 / 210, rel=1e-12)
+    assert result["all"]["spans"] == 6
+    assert result["by_length"][1]["spearman"] == pytest.approx(0.5, rel=1e-12)
+    # Two spans of length 2 and one of length 3: too few to rank, reported as NaN with the count.
+    assert math.isnan(result["by_length"][2]["spearman"]) and result["by_length"][2]["spans"] == 2
+    assert math.isnan(result["by_length"][3]["spearman"]) and result["by_length"][3]["spans"] == 1
+    reversed_ = prediction_rank_correlation(measured, {s: -v for s, v in predicted.items()})
+    assert reversed_["all"]["spearman"] == pytest.approx(-(1 - 12 / 210), rel=1e-12)
+
+
+def test_rank_correlation_leaves_out_nan_and_constant_sides():
+    measured = dict(zip(SPANS, [0.9, 0.8, 0.7, 0.6, 0.5, 0.4]))
+    predicted = dict(zip(SPANS, [6.0, 5.0, float("nan"), 3.0, 2.0, 1.0]))
+    result = prediction_rank_correlation(measured, predicted)
+    assert result["all"] == {"spearman": pytest.approx(1.0), "p_value": pytest.approx(0.0, abs=1e-9), "spans": 5}
+    assert math.isnan(result["by_length"][1]["spearman"]) and result["by_length"][1]["spans"] == 2
+    constant = prediction_rank_correlation(measured, dict.fromkeys(SPANS, 1.0))
+    assert math.isnan(constant["all"]["spearman"]) and constant["all"]["spans"] == 6
+
+
+def test_zero_rows_have_no_angle():
+    # Row 2 is zero in layer 1 only: left out of the pairs with layer 1, kept for layer 0 against layer 2.
+    layers = [np.array([[1.0, 0.0], [1.0, 0.0]]), np.array([[0.0, 2.0], [0.0, 0.0]]),
+              np.array([[0.0, 1.0], [-1.0, 0.0]])]
+    measures = pruning_measures(layers)
+    np.testing.assert_array_equal(measures.block_influence(), [1.0, 0.0])
+    np.testing.assert_array_equal(measures.angular_distance(1), [0.5, 0.0])
+    np.testing.assert_array_equal(measures.angular_distance(2), [0.75])  # (1/2 + 1)/2 over both rows
+    np.testing.assert_array_equal(measures.rows, [[2, 1, 2], [1, 1, 1], [2, 1, 2]])
+
+
+def test_an_all_zero_layer_gives_nan_and_is_never_picked():
+    layers = _turning([0.3, 0.4, 0.5])
+    layers[2] = np.zeros_like(layers[2])  # layers 2 and 3 have no defined BI, spans ending at 2 no distance
+    measures = pruning_measures(layers)
+    influence = measures.block_influence()
+    assert np.isnan(influence[1:]).all() and influence[0] == pytest.approx(1 - np.cos(0.3))
+    assert gromov_span(measures, 1) == (1, 1)
+    assert gromov_span(measures, 2) == (2, 3)  # layer_1 against layer_3: 0.9 rad; layer_0 vs layer_2 undefined
+    assert shortgpt_layers(measures, 1) == (1,) and shortgpt_layers(measures, 2) is None
+    assert shortgpt_span(measures, 2) is None
+    dropping = span_droppability(measures)["angular_distance"]
+    assert np.isnan(dropping[(1, 2)]) and dropping[(2, 3)] == pytest.approx(-0.9 / np.pi)
+
+
+@pytest.mark.parametrize("n", [0, 3, -1, 1.5, True, "2"])
+def test_bad_span_length_is_one_sentence(n):
+    with pytest.raises(LayersimError, match=r"span length n must be an integer from 1 to 2 .*got"):
+        angular_distance(HAND, n)
+    with pytest.raises(LayersimError, match="from 1 to 2"):
+        shortgpt_layers(pruning_measures(HAND), n)
+
+
+@pytest.mark.parametrize("layers,match", [
+    (np.zeros((3, 2)), "single array"),
+    ([np.zeros((3, 2))], "at least 2 arrays"),
+    ([np.ones((3, 2)), np.ones((4, 2))], r"layers\[1\] has shape \(4, 2\)"),
+    ([np.ones((3, 2)), np.ones((3, 3))], "same rows and width"),
+    ([np.ones((3, 2)), np.ones(3)], r"layers\[1\] must be a 2-D"),
+    ([np.ones((3, 2)), np.array([["a", "b"]] * 3)], "real numbers"),
+    ([np.ones((3, 2)), np.array([[1.0, np.nan]] * 3)], r"layers\[1\] contains NaN or inf"),
+    ([np.ones((0, 2)), np.ones((0, 2))], "at least one row"),
+])
+def test_bad_layers_are_refused(layers, match):
+    with pytest.raises(LayersimError, match=match):
+        block_influence(layers)
+
+
+def test_accumulator_refuses_misuse():
+    with pytest.raises(LayersimError, match="num_layers must be an integer of at least 1"):
+        PruningAccumulator(0)
+    accumulator = PruningAccumulator(2)
+    with pytest.raises(LayersimError, match="seen no rows"):
+        accumulator.result()
+    with pytest.raises(LayersimError, match="holds 2 arrays but the accumulator was made for 3"):
+        accumulator.update(HAND[:2])
+    accumulator.update(HAND)
+    with pytest.raises(LayersimError, match="earlier batches 2 columns"):
+        accumulator.update([np.ones((1, 3))] * 3)
+
+
+@pytest.mark.parametrize("measured,predicted,match", [
+    ({}, {}, "holds no spans"),
+    ({(2, 1): 0.5}, {(2, 1): 1.0}, r"span \(2, 1\) is not a \(first, last\) pair"),
+    ({(0, 1): 0.5}, {(0, 1): 1.0}, "1-based"),
+    ({(1, 1): 0.5, (1, 2): 0.4}, {(1, 1): 1.0}, r"span \(1, 2\) is missing from predicted"),
+    ({(1, 1): 0.5}, {(1, 1): 1.0, (2, 2): 0.0}, r"span \(2, 2\) is missing from measured"),
+])
+def test_rank_correlation_refuses_mismatched_spans(measured, predicted, match):
+    with pytest.raises(LayersimError, match=match):
+        prediction_rank_correlation(measured, predicted)
