@@ -19,6 +19,8 @@ def test_registry_holds_the_paper_encoders_and_offline_ones():
     assert MODELS["electra-base"].hub_id == "google/electra-base-discriminator"
     assert MODELS["bert-base-uncased"].source == "hub"
     assert set(OFFLINE_MODELS) == {"minilm-l6", "tiny-bert", "tiny-roberta", "tiny-albert", "tiny-electra",
+                                   "tiny-xlm-roberta", "tiny-distilbert", "tiny-deberta-v2", "tiny-modernbert",
+                                   "tiny-mpnet", "tiny-xlnet", "tiny-gpt2", "tiny-llama", "tiny-qwen2", "tiny-mistral",
                                    "tiny-bert-seed1", "tiny-bert-seed2"}
 
 

@@ -1,5 +1,5 @@
-"""Freezing the bottom or top k layers of an encoder during fine-tuning (Wu et al. 2020, Table 1), on the
-layer stacks of :mod:`layersim.models.encoders`."""
+"""Freezing the bottom or top k layers of an encoder or decoder during fine-tuning (Wu et al. 2020, Table 1),
+on the layer stacks of :mod:`layersim.models.layer_stacks`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from torch import nn
 
 from layersim.errors import LayersimError
-from layersim.models.encoders import _as_int, _swapped_stack, describe_architecture
+from layersim.models.encoders import _swapped_stack
+from layersim.models.layer_stacks import as_int, describe_architecture
 
 FREEZE_SIDES = ("bottom", "top")
 
@@ -18,20 +19,29 @@ def frozen_range(num: int, side: str, k: int) -> list[int]:
     """0-based indices of the `k` bottom or top layers of a `num`-layer model."""
     if side not in FREEZE_SIDES:
         raise LayersimError(f"freeze side {side!r} is invalid; valid sides are: {', '.join(FREEZE_SIDES)}.")
-    k = _as_int(k, "number of frozen layers", f"0..{num}")
+    k = as_int(k, "number of frozen layers", f"0..{num}")
     if not 0 <= k <= num:
         raise LayersimError(f"cannot freeze {k} layers of this {num}-layer model; valid values are 0..{num}.")
     return list(range(k)) if side == "bottom" else list(range(num - k, num))
 
 
 def embedding_modules(model: nn.Module) -> list[nn.Module]:
-    """What turns tokens into the first layer's input: the embeddings and, where the embedding size
-    differs from the hidden size, ELECTRA's and ALBERT's projection to it."""
+    """What turns tokens and positions into the first layer's input: the embeddings (GPT-2: token and
+    position tables), ELECTRA's and ALBERT's projection to the hidden size, and the relative-position tables
+    every layer reads (DeBERTa-v2's rel_embeddings and their norm, MPNet's attention bias); for a model found
+    by the generic rule, its input embeddings."""
     stack = describe_architecture(model)
-    found = [stack.base_model.embeddings]
-    for owner, name in ((stack.base_model, "embeddings_project"), (stack.encoder, "embedding_hidden_mapping_in")):
-        if isinstance(getattr(owner, name, None), nn.Module):
-            found.append(getattr(owner, name))
+    return stack.embedding_modules() + stack.shared_tables()
+
+
+def layer_modules(model: nn.Module, index: int) -> list[nn.Module]:
+    """The modules whose weights belong to 0-based layer `index`: the layer, and for layer 0 what the owner
+    applies to its output only (DeBERTa-v2's conv)."""
+    stack = describe_architecture(model)
+    extra = stack.family.after_first
+    found = [stack.module_for(index)]
+    if index == 0 and extra and isinstance(getattr(stack.owner, extra, None), nn.Module):
+        found.append(getattr(stack.owner, extra))
     return found
 
 
@@ -57,7 +67,7 @@ def frozen_layers(model: nn.Module, side: str, k: int) -> Iterator[nn.Module]:
     2020, Table 1); with the bottom ones, the embeddings (and any projection to the hidden size) too.
     Gradients still flow through frozen top layers to the layers below.
 
-    BERT, RoBERTa, ELECTRA: the frozen modules get ``requires_grad = False`` (restored on exit). ALBERT has
+    Every family but ALBERT: the frozen modules get ``requires_grad = False`` (restored on exit). ALBERT has
     one layer group applied at every depth, so a layer cannot be frozen by itself: here "freezing layer i"
     means that its application of the shared group contributes no gradient to the group's weights, which
     are updated only by the unfrozen applications (and stay unchanged when all are frozen)."""
@@ -65,16 +75,15 @@ def frozen_layers(model: nn.Module, side: str, k: int) -> Iterator[nn.Module]:
     frozen = frozen_range(stack.num_layers, side, k)
     modules = embedding_modules(model) if side == "bottom" and frozen else []
     if not stack.shared:
-        modules += [stack.module_for(i) for i in frozen]
+        modules += [m for i in frozen for m in layer_modules(model, i)]
     parameters = [p for module in modules for p in module.parameters()]
     before = [p.requires_grad for p in parameters]
     try:
         for p in parameters:
             p.requires_grad_(False)
         if stack.shared and frozen:
-            entries = [_FrozenApplication(stack.module_for(i)) if i in frozen else stack.module_for(i)
-                       for i in range(stack.num_layers)]
-            with _swapped_stack(stack, entries):
+            with _swapped_stack(stack, list(range(stack.num_layers)),
+                                wrap=lambda i, group: _FrozenApplication(group) if i in frozen else group):
                 yield model
         else:
             yield model

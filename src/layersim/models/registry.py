@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from layersim.errors import LayersimError, hub_unreachable, unknown_name
-
-ARCHITECTURES = ("bert", "roberta", "albert", "electra")
+from layersim.models.tiny_configs import ARCHITECTURES, tiny_config  # noqa: F401 (tiny_config: part of the API)
 MODEL_INFO_FILE = "layersim_model.json"
 WEIGHTS_FILE = "model.safetensors"
 
@@ -44,6 +43,18 @@ _REGISTERED = [
     ModelSpec("albert-large-v2", "hub", "albert/albert-large-v2", "albert"),
     ModelSpec("electra-base", "hub", "google/electra-base-discriminator", "electra"),
     ModelSpec("bert-base-uncased", "hub", "google-bert/bert-base-uncased", "bert"),
+    # Today's encoders and small decoder LMs (base sizes). No revision here: layersim.lock pins the commit
+    # that `python -m layersim.params.lockfile sync` resolves for each model params.yaml names.
+    ModelSpec("xlm-roberta-base", "hub", "FacebookAI/xlm-roberta-base", "xlm-roberta"),
+    ModelSpec("distilbert-base-uncased", "hub", "distilbert/distilbert-base-uncased", "distilbert"),
+    ModelSpec("deberta-v3-base", "hub", "microsoft/deberta-v3-base", "deberta-v2"),
+    ModelSpec("modernbert-base", "hub", "answerdotai/ModernBERT-base", "modernbert"),
+    ModelSpec("mpnet-base", "hub", "microsoft/mpnet-base", "mpnet"),
+    ModelSpec("xlnet-base-cased", "hub", "xlnet/xlnet-base-cased", "xlnet"),
+    ModelSpec("gpt2", "hub", "openai-community/gpt2", "gpt2"),
+    ModelSpec("qwen2.5-0.5b", "hub", "Qwen/Qwen2.5-0.5B", "qwen2"),
+    ModelSpec("tinyllama-1.1b", "hub", "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", "llama"),
+    ModelSpec("mistral-7b", "hub", "mistralai/Mistral-7B-v0.1", "mistral"),
     ModelSpec("minilm-l6", "package", "sentence-transformers/all-MiniLM-L6-v2", "bert"),
 ] + [ModelSpec(f"multiberts-{n}", "hub", f"google/multiberts-seed_{n}", "bert") for n in range(MULTIBERTS_SEEDS)] \
   + [ModelSpec(f"tiny-{arch}", "tiny", architecture=arch) for arch in ARCHITECTURES] \
@@ -150,24 +161,6 @@ def packaged_minilm_dir() -> Path:
 
 _MINILM_FILES = ("config.json", WEIGHTS_FILE, "tokenizer.json", "tokenizer_config.json",
                  "special_tokens_map.json", "vocab.txt")
-
-
-def tiny_config(architecture: str, vocab_size: int, pad_token_id: int):
-    """A small config of `architecture` (3 layers, hidden 32) that runs in milliseconds."""
-    from transformers import AlbertConfig, BertConfig, ElectraConfig, RobertaConfig
-
-    common = dict(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
-                  intermediate_size=64, max_position_embeddings=130, pad_token_id=pad_token_id)
-    if architecture == "bert":
-        return BertConfig(**common)
-    if architecture == "roberta":
-        return RobertaConfig(**common)
-    if architecture == "albert":
-        # ALBERT shares one layer group across depth: the same weights run num_hidden_layers times.
-        return AlbertConfig(**common, embedding_size=16, num_hidden_groups=1, inner_group_num=1)
-    if architecture == "electra":
-        return ElectraConfig(**common, embedding_size=16)
-    raise unknown_name("architecture", architecture, ARCHITECTURES)
 
 
 def snapshot_model(name: str, dest: str | Path, seed: int | None = None, revision: str | None = None) -> dict:
@@ -310,9 +303,18 @@ def load_tokenizer(folder: str | Path):
     handful of special tokens, turning every word into [UNK])."""
     from transformers import AutoTokenizer
 
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+
     verified_info(folder)
+    # The class the folder was saved with: transformers 5 replaces it by the model type's own class for some
+    # types (qwen2: a BPE class that cannot read tiny-qwen2's WordPiece files); layersim writes every folder's
+    # tokenizer with save_pretrained, which records the class it was loaded as.
+    config_file = Path(folder) / "tokenizer_config.json"
+    declared = read_json(config_file, "tokenizer config", "re-run the stage that wrote the folder").get(
+        "tokenizer_class") if config_file.is_file() else None
+    loader = (tokenizer_class_from_name(declared) if isinstance(declared, str) else None) or AutoTokenizer
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer = loader.from_pretrained(folder)
     except (OSError, ValueError, TypeError) as err:
         raise LayersimError(f"the tokenizer of {folder} cannot be loaded ({str(err).splitlines()[0][:200]}); "
                             "re-run the stage that wrote the folder.") from None
