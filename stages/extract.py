@@ -14,6 +14,7 @@ from layersim.data.io import atomic_path, read_task_table, run_expectations
 from layersim.models.registry import load_encoder, load_tokenizer, verified_info
 from layersim.models.random_control import RANDOM_RUN, random_encoder, random_run_metadata
 from layersim.data.tasks import get_task
+from layersim.params.validate import head_pooling
 
 
 def main(args, params):
@@ -43,10 +44,10 @@ def main(args, params):
             for split, (table, subfolder) in splits.items():
                 if run == RANDOM_RUN and split != "validation":
                     continue  # a control for similarity, which compares validation tables only
-                # Words ("tokens") are validation data points only; train tables feed truncate's heads (cls)
-                # and align's maps (align.pooling), so no other pooling is written for the train split.
-                poolings = p.poolings if split == "validation" else [q for q in p.poolings
-                                                                     if q in ("cls", params.align.pooling)]
+                # Words ("tokens") are validation data points only; train tables feed truncate's heads (the
+                # pooling the model's own head reads: cls, or last for decoders) and align's maps (align.pooling).
+                train = (head_pooling(args.pretrained), params.align.pooling)
+                poolings = p.poolings if split == "validation" else [q for q in p.poolings if q in train]
                 encoded = encode_task(table, spec, tokenizer, params.finetune.max_length, words="tokens" in poolings)
                 metadata = {"model": params.model, **identity, "run": run, "task": spec.name, "split": split,
                             "task_digest": task_digest}

@@ -15,6 +15,7 @@ from layersim.reporting.headlines import truncate_headline, write_metrics
 from layersim.data.io import ActivationTable, read_task_table, run_expectations, write_figure, write_json
 from layersim.reporting.plots import truncation_curves
 from layersim.data.tasks import get_task
+from layersim.params.validate import head_pooling
 from layersim.models.task_heads import own_head
 from layersim.experiments.truncation import (VARIANTS, head_scores, initial_head, load_for_validation, majority_score,
                                              truncation_summary, untuned_scores)
@@ -25,17 +26,16 @@ def main(args, params):
     p = params.truncate
     device = resolve_device(params.device)
     heads = HeadParams(epochs=p.head_epochs, learning_rate=p.head_learning_rate, batch_size=p.head_batch_size,
-                       weight_decay=p.head_weight_decay, holdout=p.head_holdout, patience=p.head_patience,
-                       device=device)
+                       weight_decay=p.head_weight_decay, holdout=p.head_holdout, patience=p.head_patience, device=device)
     own = p.head == "own"
     table = read_task_table(args.task_dir, spec, "validation", params.extract.max_examples)
     precision = resolve_precision(params.finetune.precision, device)
     runs = run_expectations(args.checkpoints, params.seeds, args.task_dir)
+    pooling = head_pooling(args.pretrained)  # what the model's own head reads: cls, or last for decoders
 
     def cls(run: str, split: str = "validation") -> ActivationTable:
-        expect = {"task": spec.name, "split": split, "run": run, "pooling": "cls", **runs[run]}
-        return ActivationTable(args.activations / ("train" if split == "train" else "") / f"{run}.cls.parquet",
-                               expect=expect)
+        return ActivationTable(args.activations / ("train" if split == "train" else "") / f"{run}.{pooling}.parquet",
+                               expect={"task": spec.name, "split": split, "run": run, "pooling": pooling, **runs[run]})
 
     per_seed = {variant: [] for variant in VARIANTS}
     full = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -565,3 +566,87 @@ def test_every_key_of_params_yaml_is_declared_with_a_doc() -> None:
         declared = {spec.name: spec for spec in dataclasses.fields(cls)}
         assert set(document[name]) == set(declared), name
         assert all(spec.metadata["doc"] for spec in declared.values())
+
+
+# --- decoders and XLNet: the token their own heads read ------------------------------------------------
+
+
+def test_last_token_heads_are_the_layer_stacks_families() -> None:
+    """validate spells out, torch-free, which families' heads read the last token; the layer-stack table knows."""
+    from layersim.models.layer_stacks import FAMILIES
+    from layersim.params.validate import DECODERS, LAST_TOKEN_HEADS
+
+    assert set(LAST_TOKEN_HEADS) == {name for name, family in FAMILIES.items() if family.head_token == "last"}
+    assert set(DECODERS) == set(LAST_TOKEN_HEADS) - {"xlnet"}
+
+
+def _decoder_doc(model: str = "tiny-gpt2", **extract) -> dict:
+    doc = _doc(model=model, tasks=["synth-negation"], truncate={"head": "fresh"})
+    doc["extract"] = {**doc["extract"], "poolings": ["last", "mean"], **extract}
+    doc["similarity"] = {"measures": {"last": ["linear_cka"]}, "attention_measures": []}
+    return doc
+
+
+@pytest.mark.parametrize("model", ["tiny-gpt2", "tiny-llama", "tiny-xlnet", "qwen2.5-0.5b"])
+def test_a_last_token_model_takes_last_and_refuses_cls(model: str) -> None:
+    assert parse_params(_decoder_doc(model)).extract.poolings == ("last", "mean")
+    with pytest.raises(LayersimError, match=rf"extract.poolings has 'cls', but model '{re.escape(model)}' is a "
+                                            r"\w+ model, whose head reads the last non-pad token"):
+        parse_params(_decoder_doc(model, poolings=["cls", "last", "mean"]))
+    with pytest.raises(LayersimError, match=r"extract.poolings = \['mean'\] must include 'last'; the truncate stage"):
+        parse_params(_decoder_doc(model, poolings=["mean"]) | {"similarity": {"measures": {"mean": ["linear_cka"]}}})
+
+
+def test_an_encoder_still_needs_cls() -> None:
+    with pytest.raises(LayersimError, match=r"extract.poolings = \['last', 'mean'\] must include 'cls'"):
+        parse_params(_decoder_doc("tiny-deberta-v2"))
+
+
+def test_a_compared_decoder_refuses_cls_measures() -> None:
+    doc = _section("compare", models=["tiny-gpt2"])
+    with pytest.raises(LayersimError, match="similarity.measures has 'cls', but 'tiny-gpt2' of compare.models is a "
+                                            "gpt2 model"):
+        parse_params(doc)
+    doc["extract"]["poolings"] = ["cls", "mean"]
+    doc["similarity"]["measures"] = {"mean": ["linear_cka"]}
+    assert parse_params(doc).compare.models == ("tiny-gpt2",)
+
+
+def test_a_decoder_refuses_multiple_choice() -> None:
+    doc = _decoder_doc("tiny-llama")
+    doc["tasks"] = ["synth-negation", "synth-choice"]
+    with pytest.raises(LayersimError, match="task 'synth-choice' is multiple choice, which model 'tiny-llama' "
+                                            r"\(a llama decoder\) cannot fine-tune"):
+        parse_params(doc)
+    parse_params(_decoder_doc("tiny-xlnet") | {"tasks": ["synth-choice"]})  # XLNet has a multiple-choice head
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODEL_HIDDEN_SIZE if n.startswith("tiny-")))
+def test_model_shape_reads_every_familys_names(name: str, tiny_model_dir) -> None:
+    """model_shape reads the config class's names: GPT-2's n_embd, DistilBERT's dim, XLNet's d_model are widths."""
+    from layersim.models.registry import model_shape
+
+    assert model_shape(tiny_model_dir(name)) == {"num_layers": 3, "hidden_size": MODEL_HIDDEN_SIZE[name]}
+
+
+def test_truncate_own_head_is_refused_where_it_cannot_be_copied(tiny_model_dir) -> None:
+    """OWN_HEAD_ARCHITECTURES are the families whose head own_head copies: the others are refused in params."""
+    from layersim.data.tasks import get_task
+    from layersim.models.registry import load_task_model
+    from layersim.models.task_heads import own_head
+    from layersim.models.tiny_configs import ARCHITECTURES
+    from layersim.params.validate import OWN_HEAD_ARCHITECTURES
+
+    copied = set()
+    for arch in ARCHITECTURES:
+        try:
+            own_head(load_task_model(tiny_model_dir(f"tiny-{arch}"), get_task("synth-negation")))
+            copied.add(arch)
+        except LayersimError:
+            pass
+    assert copied == set(OWN_HEAD_ARCHITECTURES)
+    doc = _decoder_doc("tiny-deberta-v2", poolings=["cls", "mean"]) | {"truncate": {"head": "own"}}
+    doc["similarity"] = {"measures": {"cls": ["linear_cka"]}, "attention_measures": []}
+    with pytest.raises(LayersimError, match=r"truncate.head = 'own', but the task head of model 'tiny-deberta-v2' "
+                                            r"\(a deberta-v2 model\) cannot be copied yet"):
+        parse_params(doc)

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from layersim.data.batching import encode_task
-from layersim.models.encoders import all_spans, exit_at, num_layers
+from layersim.models.encoders import all_spans, exit_at, num_layers, skip_span
 from layersim.training.evaluate import predict
 from layersim.training.heads import HeadParams, majority_baseline, train_head
 from layersim.models.registry import load_task_model, load_tokenizer
 from layersim.data.tasks import generated_table, get_task
-from layersim.experiments.truncation import (fewest_layers_within, primary_score, span_scores, span_summary,
-                                             untuned_scores)
+from layersim.experiments.truncation import (exit_logits, fewest_layers_within, primary_score, span_logits, span_scores,
+                                             span_summary, untuned_scores)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -50,6 +50,28 @@ def test_span_scores_cover_every_span(tiny_model_dir):
     assert full == primary_score(spec, predict(model, encoded, tokenizer, 8, CPU), encoded.labels)
     assert list(scores) == all_spans(3) and len(scores) == 6
     assert all(0.0 <= s <= 1.0 for s in scores.values())
+
+
+@pytest.mark.parametrize("arch", ["tiny-gpt2", "tiny-deberta-v2", "tiny-bert"])
+def test_every_exit_and_span_equals_running_the_model_so_truncated(tiny_model_dir, arch):
+    """One pass per batch (a copied first-token head, or for decoders and DeBERTa the model itself per exit) gives
+    what exit_at(k) and skip_span(i, j) give, for a head that reads the last token too."""
+    spec = get_task("synth-negation")
+    folder = tiny_model_dir(arch)
+    torch.manual_seed(0)
+    model = load_task_model(folder, spec).eval()
+    tokenizer = load_tokenizer(folder)
+    encoded = encode_task(generated_table(spec, "validation", 12, seed=0), spec, tokenizer, 32)
+    exits = exit_logits(model, encoded, tokenizer, 4, CPU)
+    full, spans = span_logits(model, encoded, tokenizer, 4, CPU)
+    np.testing.assert_array_equal(exits[-1], full)
+    for k in (0, 1, num_layers(model)):
+        with exit_at(model, k):
+            np.testing.assert_array_equal(exits[k], predict(model, encoded, tokenizer, 4, CPU))
+    for i, j in ((1, 1), (2, num_layers(model)), (1, num_layers(model))):
+        with skip_span(model, i, j):
+            np.testing.assert_array_equal(spans[i, j], predict(model, encoded, tokenizer, 4, CPU))
+    assert not np.allclose(exits[0], full)  # the exits differ: the test can tell them apart
 
 
 def test_fresh_head_learns_a_separable_classification():

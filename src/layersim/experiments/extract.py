@@ -1,5 +1,16 @@
 """Extraction: every layer's representation of every validation example, pooled, into activation
-tables (docs/architecture.md, "Activation table")."""
+tables (docs/architecture.md, "Activation table").
+
+Which token stands for a sequence depends on the architecture's own classification head
+(``head_token`` in :data:`layersim.models.layer_stacks.FAMILIES`, spelled out torch-free as
+:data:`layersim.params.validate.LAST_TOKEN_HEADS`): encoders read the first token ([CLS], <s>);
+decoders (GPT-2, Llama, Qwen2, Mistral) and XLNet read the last non-pad token, where a causal model has seen the
+whole input and XLNet's tokenizer puts its <cls>. For those, "cls" is refused (a decoder's first token has seen
+only itself; with XLNet's left padding it is padding) and "last" is the last non-pad token, as their heads read
+it; :func:`layersim.params.validate.head_pooling` names the pooling a model folder's head reads, on which
+truncate trains its fresh heads.
+The last hidden state of decoders and ModernBERT is after their final norm (transformers' convention:
+``hidden_states[-1]`` is ``last_hidden_state``), the others' are not normed."""
 
 from __future__ import annotations
 
@@ -18,16 +29,40 @@ from layersim.compute.device import to_device
 from layersim.errors import LayersimError
 from layersim.data.io import ActivationWriter, layer_column, with_metadata, write_parquet
 from layersim.params import POOLINGS
+from layersim.params.validate import LAST_TOKEN_HEADS, head_pooling  # noqa: F401 (head_pooling: part of the API)
 from layersim.data.tasks import TaskSpec
 from layersim.data.words import align_rows
 
 
+def reads_last_token(config) -> bool:
+    """Whether the model's own classification head reads each row's last non-pad token (decoders, XLNet)
+    rather than its first token."""
+    return getattr(config, "model_type", None) in LAST_TOKEN_HEADS
+
+
+def check_poolings(config, poolings) -> None:
+    """Refuse "cls" for a model whose head reads the last token: it has no sequence token first."""
+    if "cls" in poolings and reads_last_token(config):
+        valid = [q for q in POOLINGS if q != "cls"]
+        raise LayersimError(f"pooling 'cls' is not defined for a {config.model_type!r} model, whose classification "
+                            "head reads the last non-pad token (a decoder's first token has seen only itself); valid "
+                            f"poolings for it are: {', '.join(valid)}.")
+
+
 def last_content_position(input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                          special_ids: list[int]) -> torch.Tensor:
+                          special_ids: list[int], last_token_head: bool = False) -> torch.Tensor:
     """(rows,) index of the last token that is neither padding nor a special token ([SEP], </s>):
-    the last sub-word of the input's last word. Falls back to the last non-padding token."""
-    content = attention_mask.bool() & ~torch.isin(input_ids, torch.tensor(special_ids, device=input_ids.device))
-    content = torch.where(content.any(1, keepdim=True), content, attention_mask.bool())
+    the last sub-word of the input's last word. Falls back to the last non-padding token.
+
+    With `last_token_head` (decoders, XLNet): the last non-padding token, special or not, whichever side is
+    padded: the token their own heads read (transformers' ``*ForSequenceClassification`` takes the rightmost
+    token that is not padding)."""
+    attended = attention_mask.bool()
+    if last_token_head:
+        content = attended
+    else:
+        content = attended & ~torch.isin(input_ids, torch.tensor(special_ids, device=input_ids.device))
+        content = torch.where(content.any(1, keepdim=True), content, attended)
     positions = torch.arange(input_ids.shape[1], device=input_ids.device)
     return (content * positions).argmax(1)
 
@@ -36,6 +71,7 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str,
          last_position: torch.Tensor | None = None, word_index: tuple | None = None) -> torch.Tensor:
     """(rows, length, hidden) → (rows, hidden): the first token (CLS, or <s> for RoBERTa), the mean
     over non-padding tokens, or the token at `last_position` (see :func:`last_content_position`);
+    "cls" assumes the first token is the sequence's (see :func:`check_poolings`);
     for "tokens", (words, hidden): the tokens at `word_index` = (row, position) tensors.
 
     Wu et al. (2020) represent a word by its last sub-word token; "last" applies that rule to the
@@ -58,14 +94,16 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str,
 
 
 def pool_layers(hidden_states, input_ids: torch.Tensor, attention_mask: torch.Tensor, poolings,
-                special_ids: list[int], word_index: tuple | None = None) -> dict[str, list[np.ndarray]]:
+                special_ids: list[int], word_index: tuple | None = None,
+                last_token_head: bool = False) -> dict[str, list[np.ndarray]]:
     """Every layer's hidden states, pooled: pooling → [(rows, hidden) float32 array per layer 0 … L].
 
     Each pooling's layers are stacked into one (layers, rows, hidden) tensor and copied to NumPy once;
     the per-layer arrays are contiguous slices of that fresh block, so they never pin the hidden
     states in memory (``hidden[:, 0]`` alone would be a view of the whole hidden-state tensor).
     Stacking the pooled rows, not the hidden states, avoids copying every hidden state once more."""
-    last_position = last_content_position(input_ids, attention_mask, special_ids) if "last" in poolings else None
+    last_position = (last_content_position(input_ids, attention_mask, special_ids, last_token_head)
+                     if "last" in poolings else None)
     pooled: dict[str, list[np.ndarray]] = {}
     for pooling in poolings:
         values = torch.stack([pool(h, attention_mask, pooling, last_position, word_index) for h in hidden_states])
@@ -111,7 +149,10 @@ def pooled_batches(encoder, tokenizer, encoded: EncodedTask, poolings, batch_siz
     """Run `encoder` over `encoded` in order and pool every layer's hidden states of each batch.
 
     Multiple-choice examples give one row per (example, choice). The "tokens" pooling (`encoded` made
-    with words=True) gives one row per word, example by example, the first `max_tokens` words in all."""
+    with words=True) gives one row per word, example by example, the first `max_tokens` words in all.
+    "cls" is refused, before any batch runs, for a model whose head reads the last token (:func:`check_poolings`)."""
+    check_poolings(encoder.config, poolings)
+    last_token_head = reads_last_token(encoder.config)
     encoder.eval().to(device)
     num_layers = encoder.config.num_hidden_layers
     special_ids = tokenizer.all_special_ids
@@ -136,7 +177,7 @@ def pooled_batches(encoder, tokenizer, encoded: EncodedTask, poolings, batch_siz
             choice=np.tile(np.arange(choices, dtype=np.int16), len(indices)),
             labels=np.repeat(encoded.labels[indices], choices),
             layers=pool_layers(hidden_states, batch["input_ids"], batch["attention_mask"], poolings, special_ids,
-                               word_index),
+                               word_index, last_token_head),
             word_keys=word_keys, word_labels=word_labels)
 
 

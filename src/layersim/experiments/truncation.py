@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from layersim.data.batching import EncodedTask, encode_task, in_table_order, length_sorted_batches
 from layersim.compute.device import autocast, to_device
-from layersim.models.encoders import all_spans, continue_from, num_layers
+from layersim.models.encoders import all_spans, continue_from, exit_at, num_layers, skip_span
 from layersim.training.evaluate import compute_metrics, predict
 from layersim.training.heads import HeadParams, Rows, majority_baseline, train_head
 from layersim.data.io import ActivationTable
@@ -32,7 +32,7 @@ from layersim.models.registry import load_finetuned, load_task_model, load_token
 from layersim.similarity.pruning import (PruningAccumulator, PruningMeasures, predicted_spans,
                                          prediction_rank_correlation, span_droppability)
 from layersim.similarity.seeds import seed_metrics
-from layersim.models.task_heads import own_head
+from layersim.models.task_heads import has_own_head, own_head
 from layersim.data.tasks import TaskSpec
 
 VARIANTS = ("untuned", "tuned", "tuned_orig")
@@ -60,14 +60,21 @@ def exit_logits(model, encoded: EncodedTask, tokenizer, batch_size: int, device:
                 precision: str = "fp32") -> list[np.ndarray]:
     """The logits of the fine-tuned model exiting after each layer k = 0 (embeddings) … L, from one
     forward pass: its own head (layersim.models.task_heads) on each layer's first-token state, which equals
-    ``exit_at(model, k)`` exactly (nothing runs between the last layer and the head). The last entry
-    is the full model's logits."""
+    ``exit_at(model, k)`` exactly (nothing runs between the last layer and the head); for a family whose head
+    cannot be copied (layersim.models.task_heads.COPYABLE_HEADS), ``exit_at(model, k)`` itself, once per k. The last
+    entry is the full model's logits."""
     model.eval()
-    head = own_head(model).to(device).eval()
     per_layer: list[list] = [[] for _ in range(num_layers(model) + 1)]
+    head = own_head(model).to(device).eval() if has_own_head(model) else None
     for indices, batch in length_sorted_batches(encoded, batch_size, tokenizer, with_labels=False):
+        batch = to_device(batch, device)
         with autocast(device, precision):
-            out = model(**to_device(batch, device), output_hidden_states=True)
+            if head is None:  # a head that reads other tokens (decoders: the last) or cannot be copied
+                for k, parts in enumerate(per_layer):
+                    with exit_at(model, k):
+                        parts.append((indices, model(**batch).logits.float().cpu().numpy()))
+                continue
+            out = model(**batch, output_hidden_states=True)
             for k, state in enumerate(out.hidden_states):
                 logits = head(state[:, 0]).view(out.logits.shape)
                 per_layer[k].append((indices, logits.float().cpu().numpy()))
@@ -119,7 +126,7 @@ def span_logits(model, encoded: EncodedTask, tokenizer, batch_size: int, device:
     spans that end at L need no layer at all, only the head on that state."""
     model.eval()
     num = num_layers(model)
-    head = own_head(model).to(device).eval()
+    head = own_head(model).to(device).eval() if has_own_head(model) else None
     full: list = []
     spans: dict[tuple[int, int], list] = {span: [] for span in all_spans(num)}
     batches = length_sorted_batches(encoded, batch_size, tokenizer, with_labels=False)
@@ -130,7 +137,10 @@ def span_logits(model, encoded: EncodedTask, tokenizer, batch_size: int, device:
             full.append((indices, out.logits.float().cpu().numpy()))
             for (i, j), parts in spans.items():
                 before = out.hidden_states[i - 1]
-                if j == num:
+                if j == num and head is None:  # no layer left to continue from, and no head to copy
+                    with skip_span(model, i, j):
+                        logits = model(**batch).logits
+                elif j == num:
                     logits = head(before[:, 0]).view(out.logits.shape)
                 else:
                     with continue_from(model, j, before):

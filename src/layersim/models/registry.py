@@ -185,12 +185,13 @@ def snapshot_model(name: str, dest: str | Path, seed: int | None = None, revisio
         seed = spec.init_seed if seed is None else seed
         torch.manual_seed(seed)
         config = tiny_config(spec.architecture, len(tokenizer), tokenizer.pad_token_id)
-        AutoModel.from_config(config).save_pretrained(dest)
-        tokenizer.save_pretrained(dest)
+        if spec.architecture in LEFT_PADDED:
+            tokenizer.padding_side = "left"
+        _save(AutoModel.from_config(config), tokenizer, dest)
         revision = f"random-init seed {seed}"
     elif spec.source == "local":
-        AutoModel.from_pretrained(local).save_pretrained(dest)  # safetensors whatever the folder holds
-        AutoTokenizer.from_pretrained(local).save_pretrained(dest)
+        # safetensors whatever the folder holds
+        _save(AutoModel.from_pretrained(local), AutoTokenizer.from_pretrained(local), dest)
         revision = f"local folder {local}"
     else:
         try:
@@ -201,12 +202,35 @@ def snapshot_model(name: str, dest: str | Path, seed: int | None = None, revisio
                                   f"the Hugging Face hub ({spec.hub_id} at revision {revision or 'main'!r})") from err
         # transformers >= 5 no longer sets config._commit_hash: without a commit given, the branch is recorded.
         revision = getattr(model.config, "_commit_hash", None) or revision or "main"
-        model.save_pretrained(dest)
-        tokenizer.save_pretrained(dest)
+        _save(model, tokenizer, dest)
     info = {"name": spec.name, "source": spec.source, "hub_id": spec.hub_id, "revision": revision,
             "digest": weights_digest(dest)}
     (dest / MODEL_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     return info
+
+
+# Families whose classification head reads the last position (XLNet's sequence summary: hidden[:, -1]), so rows
+# must be padded on the left, as XLNet's own tokenizer does; the tiny model's WordPiece tokenizer pads right.
+LEFT_PADDED = ("xlnet",)
+
+
+def ensure_pad_token(model, tokenizer) -> None:
+    """Give a tokenizer without a pad token (GPT-2's, Llama's) its end-of-sequence token as one, and the model's
+    config that pad id when it has none: a decoder's classification head finds each row's last token by it
+    (without one it refuses batches of more rows than one). Done when the folder is written: every stage agrees."""
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise LayersimError("the model's tokenizer has neither a pad token nor an end-of-sequence token to pad "
+                                "with; add a pad token to it (tokenizer.add_special_tokens) and save it again.")
+        tokenizer.pad_token = tokenizer.eos_token
+    if getattr(model.config, "pad_token_id", None) is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+
+
+def _save(model, tokenizer, dest: Path) -> None:
+    ensure_pad_token(model, tokenizer)
+    model.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
 
 
 def _package_version(name: str) -> str:
@@ -292,9 +316,18 @@ def verified_info(folder: str | Path) -> dict:
 
 
 def model_shape(folder: str | Path) -> dict[str, int]:
-    """num_layers and hidden_size of a model folder's config, as activation tables record them."""
-    config = read_json(Path(folder) / "config.json", "model config", "re-run the stage that wrote the folder")
-    return {"num_layers": config.get("num_hidden_layers"), "hidden_size": config.get("hidden_size")}
+    """num_layers and hidden_size of a model folder's config, as activation tables record them: the config
+    class's own names (its attribute map), so GPT-2's n_layer / n_embd, DistilBERT's n_layers / dim and XLNet's
+    n_layer / d_model are read as what every family calls num_hidden_layers and hidden_size."""
+    from transformers import AutoConfig
+
+    read_json(Path(folder) / "config.json", "model config", "re-run the stage that wrote the folder")
+    try:
+        config = AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError, KeyError) as err:
+        raise LayersimError(f"the model config of {folder} cannot be read ({str(err).splitlines()[0][:200]}); "
+                            "re-run the stage that wrote the folder.") from None
+    return {"num_layers": getattr(config, "num_hidden_layers", None), "hidden_size": getattr(config, "hidden_size", None)}
 
 
 def load_tokenizer(folder: str | Path):

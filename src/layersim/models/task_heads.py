@@ -60,6 +60,15 @@ class _AlbertPooler(nn.Module):
         return self.activation(self.dense(first_token))
 
 
+# The families whose task head reads only the first token and can be copied (own_head); for the others each exit
+# or skipped span runs the model itself (layersim.models.encoders.exit_at / skip_span).
+COPYABLE_HEADS = ("albert", "bert", "electra", "roberta")
+
+
+def has_own_head(model: nn.Module) -> bool:
+    return getattr(getattr(model, "config", None), "model_type", None) in COPYABLE_HEADS
+
+
 def own_head(model: nn.Module) -> OwnHead:
     """A trainable copy of `model`'s task head (see the module docstring). The model is not changed."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
@@ -87,4 +96,4 @@ def own_head(model: nn.Module) -> OwnHead:
                                 "reads the first token alone.")
         return OwnHead(copy.deepcopy(summary), None, classifier, True)
     raise LayersimError(f"cannot copy the task head of architecture {model_type!r}; supported architectures "
-                        "are: albert, bert, electra, roberta.")
+                        f"are: {', '.join(COPYABLE_HEADS)}.")

@@ -8,30 +8,64 @@ import dataclasses
 import difflib
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 from layersim.errors import LayersimError
-from layersim.models.registry import MULTIBERTS_SEEDS
+from layersim.models.registry import MODELS, MULTIBERTS_SEEDS, read_json
 from layersim.params.names import check_model, check_task, weights
 from layersim.params.rules import MAX_SEED, check_value, fail, repeated, shown
 from layersim.params.pairs import pair_member
 from layersim.params.schema import DEVICE, SECTIONS, TOP_LEVEL, Params
 from layersim.params.user_tasks import check_user_tasks
-from layersim.data.tasks import TASKS, register_user_tasks
+from layersim.data.tasks import TASKS, get_task, register_user_tasks
 
 # Longest input (special tokens included) that the position embeddings of the registry models whose
-# config is known offline can encode: the tiny configs have 130 positions, and RoBERTa's start after
-# the padding index (0 with the MiniLM tokenizer the tiny models use); all-MiniLM-L6-v2 has 512.
-# tests/test_params.py checks these against the real models. Hub models are not known offline.
-MODEL_MAX_LENGTH = {"tiny-bert": 130, "tiny-albert": 130, "tiny-electra": 130, "tiny-roberta": 129,
+# config is known offline can encode: the tiny configs have 130 positions, RoBERTa's and XLM-R's start after
+# the padding index (0 with the MiniLM tokenizer the tiny models use), MPNet's after its fixed padding index 1;
+# all-MiniLM-L6-v2 has 512.
+# Models with only relative or rotary positions (DeBERTa-v2/v3, ModernBERT, XLNet, Llama, Qwen2, Mistral)
+# overflow nothing, so they have no entry. tests/test_params.py checks these against the real models; hub
+# models are not known offline.
+_TINY_ABSOLUTE = {"bert": 130, "albert": 130, "electra": 130, "distilbert": 130, "gpt2": 130, "roberta": 129,
+                  "xlm-roberta": 129, "mpnet": 128}
+MODEL_MAX_LENGTH = {**{f"tiny-{arch}": limit for arch, limit in _TINY_ABSOLUTE.items()},
                     "tiny-bert-seed1": 130, "tiny-bert-seed2": 130, "minilm-l6": 512}
 
 # Width of the registry models' layers (tests/test_params.py checks the offline ones against the real
 # models; the hub ones are their published configs), for checks of measures against the sizes.
-MODEL_HIDDEN_SIZE = {"tiny-bert": 32, "tiny-albert": 32, "tiny-electra": 32, "tiny-roberta": 32, "minilm-l6": 384,
-                     "tiny-bert-seed1": 32, "tiny-bert-seed2": 32,
+MODEL_HIDDEN_SIZE = {**{spec.name: 32 for spec in MODELS.values() if spec.source == "tiny"}, "minilm-l6": 384,
                      "roberta-base": 768, "electra-base": 768, "bert-base-uncased": 768, "albert-large-v2": 1024,
+                     "xlm-roberta-base": 768, "distilbert-base-uncased": 768, "deberta-v3-base": 768,
+                     "modernbert-base": 768, "mpnet-base": 768, "xlnet-base-cased": 768, "gpt2": 768,
+                     "qwen2.5-0.5b": 896, "tinyllama-1.1b": 2048, "mistral-7b": 4096,
                      **{f"multiberts-{n}": 768 for n in range(MULTIBERTS_SEEDS)}}
+
+# Families whose own classification head reads each row's last non-pad token, not the first: the decoders,
+# which have no multiple-choice head in transformers, and XLNet (its <cls> is last). The same as head_token
+# "last" in layersim.models.layer_stacks.FAMILIES (tests/test_params.py checks), spelled out here so that
+# reading params imports no torch. Such a model has no first-token ("cls") representation.
+DECODERS = ("gpt2", "llama", "mistral", "qwen2")
+LAST_TOKEN_HEADS = (*DECODERS, "xlnet")
+
+
+# Families whose fine-tuned head truncate.head "own" can copy (layersim.models.task_heads.own_head; checked by
+# tests/test_params.py): the others train a fresh head (truncate.head: fresh).
+OWN_HEAD_ARCHITECTURES = ("albert", "bert", "electra", "roberta")
+
+
+def head_pooling(folder) -> str:
+    """The pooling of the token the own classification head of the model in `folder` reads (its config.json,
+    read without loading the model), on which truncate trains its fresh heads: "last" (the last non-pad
+    token) for decoders and XLNet, "cls" otherwise."""
+    config = read_json(Path(folder) / "config.json", "model config", "re-run the stage that wrote the folder")
+    return "last" if config.get("model_type") in LAST_TOKEN_HEADS else "cls"
+
+
+def architecture(name: str) -> str | None:
+    """The family of a registry model; None for a hub id or a local folder (known only once downloaded)."""
+    spec = MODELS.get(name)
+    return spec.architecture if spec else None
 
 
 def _suggestion(section: str | None, key: Any) -> str:
@@ -161,9 +195,36 @@ def _check_across_sections(model: str, sections: dict[str, Any]) -> None:
             raise LayersimError(f"params.yaml: align.pairs has [{pair[0]}, {pair[1]}], of widths {widths[0]} and "
                                 f"{widths[1]}; a pair must have one width (the INN is a bijection), so pair models "
                                 "of the same width.")
-    if "cls" not in extract.poolings:
-        raise LayersimError(f"params.yaml: extract.poolings = {list(extract.poolings)} must include 'cls'; "
-                            "the truncate stage trains its fresh heads on CLS activations.")
+    _check_head_poolings(model, sections)
+
+
+def _check_head_poolings(model: str, sections: dict[str, Any]) -> None:
+    """The pooling each model's own head reads is extracted (truncate trains its fresh heads on it), a model
+    whose head reads the last token is asked for no "cls" pooling, and a decoder for no multiple choice."""
+    extract, compare = sections["extract"], sections["compare"]
+    family = architecture(model)
+    head = "last" if family in LAST_TOKEN_HEADS else "cls"
+    if head not in extract.poolings:
+        raise LayersimError(f"params.yaml: extract.poolings = {list(extract.poolings)} must include {head!r}; the "
+                            f"truncate stage trains its fresh heads on the token the model's own head reads ({head}).")
+    compared = [(other, "of compare.models", sections["similarity"].poolings) for other in compare.models]
+    for name, where, poolings in [(model, "model", extract.poolings), *compared]:
+        if architecture(name) in LAST_TOKEN_HEADS and "cls" in poolings:
+            setting = "extract.poolings" if where == "model" else "similarity.measures"
+            described = f"model {name!r}" if where == "model" else f"{name!r} {where}"
+            raise LayersimError(f"params.yaml: {setting} has 'cls', but {described} is a {architecture(name)} model, "
+                                "whose head reads the last non-pad token and whose first token is no sequence "
+                                "representation; use mean, last or tokens.")
+    if sections["truncate"].head == "own" and family is not None and family not in OWN_HEAD_ARCHITECTURES:
+        raise LayersimError(f"params.yaml: truncate.head = 'own', but the task head of model {model!r} (a {family} "
+                            f"model) cannot be copied yet (only {', '.join(OWN_HEAD_ARCHITECTURES)}); use "
+                            "truncate.head: fresh.")
+    if family in DECODERS:
+        for task in sections["tasks"]:
+            if get_task(task).format == "multiple_choice":
+                raise LayersimError(f"params.yaml: task {task!r} is multiple choice, which model {model!r} (a "
+                                    f"{family} decoder) cannot fine-tune: transformers has no multiple-choice head "
+                                    "for decoders; pick a classification or regression task.")
 
 
 def _check_permutations_reach(similarity) -> None:
