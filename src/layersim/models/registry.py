@@ -315,19 +315,16 @@ def verified_info(folder: str | Path) -> dict:
     return info
 
 
-def model_shape(folder: str | Path) -> dict[str, int]:
-    """num_layers and hidden_size of a model folder's config, as activation tables record them: the config
-    class's own names (its attribute map), so GPT-2's n_layer / n_embd, DistilBERT's n_layers / dim and XLNet's
-    n_layer / d_model are read as what every family calls num_hidden_layers and hidden_size."""
-    from transformers import AutoConfig
+# What each family's config.json calls the depth and the width (transformers' attribute maps: GPT-2 n_layer / n_embd,
+# DistilBERT n_layers / dim, XLNet n_layer / d_model), read without importing transformers.
+_SHAPE_KEYS = {"num_layers": ("num_hidden_layers", "n_layer", "n_layers"),
+               "hidden_size": ("hidden_size", "n_embd", "dim", "d_model")}
 
-    read_json(Path(folder) / "config.json", "model config", "re-run the stage that wrote the folder")
-    try:
-        config = AutoConfig.from_pretrained(folder)
-    except (OSError, ValueError, KeyError) as err:
-        raise LayersimError(f"the model config of {folder} cannot be read ({str(err).splitlines()[0][:200]}); "
-                            "re-run the stage that wrote the folder.") from None
-    return {"num_layers": getattr(config, "num_hidden_layers", None), "hidden_size": getattr(config, "hidden_size", None)}
+
+def model_shape(folder: str | Path) -> dict[str, int]:
+    """num_layers and hidden_size of a model folder's config, as activation tables record them (None if absent)."""
+    config = read_json(Path(folder) / "config.json", "model config", "re-run the stage that wrote the folder")
+    return {what: next((config[key] for key in keys if key in config), None) for what, keys in _SHAPE_KEYS.items()}
 
 
 def load_tokenizer(folder: str | Path):
