@@ -14,13 +14,42 @@ from pathlib import Path
 import pytest
 
 
+# The slowest test modules (measured), first. With `--dist loadfile` a module goes whole to one worker, in
+# collection order (pyproject.toml turns off xdist's reordering by test count, which put these last): started
+# first, they end close together, and the modules that copy a project another one builds (test_incremental,
+# test_sharing: dvc_project.built_project) come after its builder. The others keep pytest's order.
+SLOWEST_FIRST = ("test_pipeline.py", "test_dvc_workflows.py", "test_launch.py", "test_incremental.py",
+                 "test_resume.py", "test_sharing.py", "test_user_task_pipeline.py", "test_rotation_null.py",
+                 "test_calibration.py", "test_shell_safety.py", "test_hub_server.py", "test_rbf_approx.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+def _run_folder(tmp_path_factory) -> Path:
+    """A folder of this test run that every xdist worker shares (each worker's basetemp is inside it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def built_projects(tmp_path_factory) -> Path:
+    """Where dvc_project.built_project builds each tiny project once per test run, for every worker."""
+    folder = _run_folder(tmp_path_factory) / "built-projects"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="session", autouse=True)
 def shared_dvc_cache(tmp_path_factory):
-    """One DVC cache (and run-cache) for every tiny project the integration tests build: download and
-    fine-tuning stages that two projects share run once per test run."""
+    """One DVC cache (and run-cache) for every tiny project the integration tests build, on every worker:
+    download and fine-tuning stages that two projects share run once per test run."""
     from dvc_project import SHARED_CACHE
 
-    folder = tmp_path_factory.mktemp("dvc-cache")
+    folder = _run_folder(tmp_path_factory) / "dvc-cache"
+    folder.mkdir(exist_ok=True)
     previous = os.environ.get(SHARED_CACHE)
     os.environ[SHARED_CACHE] = str(folder)
     yield folder

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -99,14 +98,50 @@ def make_project(dest: Path, configure: Callable[[dict], object], *, share_cache
     return env
 
 
+def built_project(builds: Path, dest: Path, configure: Callable[[dict], object], name: str) -> tuple[dict, str]:
+    """Copy into ``dest`` the project ``make_project(..., configure)`` after its first ``dvc repro`` (not
+    committed); returns the copy's environment and that repro's output. The project is built once per test
+    run, as ``builds/name``, under a file lock that every xdist worker shares (tests/conftest.py), so test
+    modules that start from one configuration copy it instead of running its stages again. The build itself
+    is never handed out: a module that edits its copy cannot change what another one copies."""
+    from filelock import FileLock
+
+    source, log = builds / name, builds / f"{name}.repro.log"
+    with FileLock(str(builds / f"{name}.lock")):
+        if not log.exists():  # a build that failed left no log: the next module tries again, and fails alike
+            shutil.rmtree(source, ignore_errors=True)
+            source.mkdir(parents=True)
+            repro = run(dvc("repro"), source, make_project(source, configure))
+            log.write_text(repro.stdout + repro.stderr)
+    shutil.copytree(source, dest, symlinks=True, dirs_exist_ok=True)
+    return project_env(dest), log.read_text()
+
+
 def dry_run_stages(text: str) -> set[str]:
     """Names of the stages that ``dvc repro --dry`` (or ``dvc exp run --dry``) output says it would run."""
     return {line.split("'")[1] for line in text.splitlines() if line.startswith("Running stage")}
 
 
-def stale_stages(root: Path, env: dict) -> set[str]:
-    """Stages that ``dvc status --json`` reports as changed themselves (their params, deps or outs)."""
-    return set(json.loads(run(dvc("status", "--json"), root, env).stdout or "{}"))
+@contextmanager
+def _dvc_repo(root: Path):
+    """DVC's Python API (what `dvc status` and `dvc repro --dry` call) on the project at ``root``, in this
+    process: test_incremental asks ~40 times, and a `dvc` process costs about a second more each time. DVC
+    resolves stage paths against the working directory, so it is ``root`` for the duration."""
+    from dvc.repo import Repo
+
+    before = os.getcwd()
+    os.chdir(root)
+    try:
+        with Repo(".") as repo:
+            yield repo
+    finally:
+        os.chdir(before)
+
+
+def stale_stages(root: Path) -> set[str]:
+    """Stages that ``dvc status`` reports as changed themselves (their params, deps or outs)."""
+    with _dvc_repo(root) as repo:
+        return set(repo.status())
 
 
 # The stage every other depends on (dvc.yaml): it validates params.yaml and its output never changes, so it
@@ -114,17 +149,18 @@ def stale_stages(root: Path, env: dict) -> set[str]:
 GATE = "check_params"
 
 
-def stages_to_rerun(root: Path, env: dict) -> set[str]:
+def stages_to_rerun(root: Path) -> set[str]:
     """Stages that ``dvc repro`` would run: the changed ones and every stage downstream of them
     (``--dry --force-downstream``: a dry run cannot know that a rerun stage changes its outputs), but not
     downstream of the params gate, whose output is constant (tests/test_incremental.py checks that with a
     real repro)."""
-    stale = stale_stages(root, env)
+    stale = stale_stages(root)
     targets = sorted(stale - {GATE})
     if not targets:
         return stale
-    dry = run(dvc("repro", "--dry", "--force-downstream", "--downstream", *targets), root, env).stdout
-    return dry_run_stages(dry) | (stale & {GATE})
+    with _dvc_repo(root) as repo:
+        would_run = repo.reproduce(targets, dry=True, force_downstream=True, downstream=True)
+    return {stage.addressing for stage in would_run} | (stale & {GATE})
 
 
 @contextmanager

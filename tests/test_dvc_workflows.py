@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dvc_project import dry_run_stages, dvc, make_project, output, project_env, run, tiny_params
+from dvc_project import built_project, dry_run_stages, dvc, output, project_env, run, tiny_params
 
 pytestmark = pytest.mark.integration
 
@@ -38,12 +38,12 @@ def _configure(params: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory) -> tuple[Path, dict]:
-    """The tiny project after `dvc repro`, with dvc.lock and the git-tracked outputs (metrics, plots,
-    dvclive curves: `cache: false`) committed; data/ is in .gitignore and goes to DVC remotes."""
+def base(tmp_path_factory, built_projects) -> tuple[Path, dict]:
+    """The tiny project after `dvc repro` (built once per test run: tests/test_sharing.py starts from it too),
+    with dvc.lock and the git-tracked outputs (metrics, plots, dvclive curves: `cache: false`) committed;
+    data/ is in .gitignore and goes to DVC remotes."""
     root = tmp_path_factory.mktemp("base")
-    env = make_project(root, _configure)
-    run(dvc("repro"), root, env)
+    env, _ = built_project(built_projects, root, _configure, "workflows")
     run(["git", "add", "-A"], root, env)
     run(["git", "commit", "-qm", "repro"], root, env)
     return root, env

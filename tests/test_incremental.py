@@ -17,12 +17,12 @@ import json
 
 import pytest
 
-from dvc_project import GATE, dvc, edited_params, make_project, output, run, stale_stages, stages_to_rerun, tiny_params
+from dvc_project import GATE, built_project, dvc, edited_params, output, run, stale_stages, stages_to_rerun
+from test_pipeline import TASK, _configure  # the same tiny project, built once per test run
 
 pytestmark = pytest.mark.integration
 
-TASK = "synth-negation"
-DOWNLOAD = {"download_model", "download_compared", f"download_task@{TASK}"}
+DOWNLOAD = {"download_model", "download_compared", "download_paired", f"download_task@{TASK}"}
 FINETUNE = {f"finetune@{TASK}-1", f"finetune@{TASK}-2"}
 EXTRACT, SIMILARITY, TRUNCATE, SKIP, ALIGN = (f"{stage}@{TASK}" for stage in
                                               ("extract", "similarity", "truncate", "skip", "align"))
@@ -34,28 +34,15 @@ AFTER_FINETUNE = {EXTRACT, SKIP, FREEZE, EXPORT, *AFTER_EXTRACT}
 EXPENSIVE = DOWNLOAD | FINETUNE | {EXTRACT}
 
 
-def _configure(params: dict) -> None:
-    tiny_params(params, model="tiny-bert", tasks=[TASK], seeds=[1, 2])
-    params["download"].update(generated_train_examples=64, generated_validation_examples=32)
-    params["finetune"].update(max_steps=3, eval_every=0)
-    params["extract"].update(max_train_examples=32, attention_examples=8)
-    params["similarity"].update(measures={"cls": ["linear_cka", "svcca", "neuronsim"]})
-    params["compare"].update(models=[], probe_examples=10)
-    params["truncate"].update(head_epochs=1)
-    params["align"].update(methods=["linear", "inn"], steps=5, matrix_steps=2, inn_depth=1, inn_hidden=8,
-                           mlp_hidden=8)
-
-
 @pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    """The tiny project after one `dvc repro`, everything (dvc.lock, metrics, plots) committed to its
-    git repo, and nothing stale."""
+def project(tmp_path_factory, built_projects):
+    """The tiny project of tests/test_pipeline.py after one `dvc repro`, everything (dvc.lock, metrics,
+    plots) committed to its git repo, and nothing stale."""
     root = tmp_path_factory.mktemp("incremental")
-    env = make_project(root, _configure)
-    run(dvc("repro"), root, env)
+    env, _ = built_project(built_projects, root, _configure, "pipeline")
     run(["git", "add", "-A"], root, env)
     run(["git", "commit", "-qm", "repro"], root, env)
-    assert stale_stages(root, env) == set()
+    assert stale_stages(root) == set()
     return root, env
 
 
@@ -99,8 +86,8 @@ UPSTREAM = [
 def test_a_param_change_reruns_only_the_stages_that_read_it(project, key, value, stale, rerun) -> None:
     root, env = project
     with edited_params(root, **{key: value}):
-        assert stale_stages(root, env) == stale | {GATE}  # any params change: the gate checks them again
-        would_run = stages_to_rerun(root, env)
+        assert stale_stages(root) == stale | {GATE}  # any params change: the gate checks them again
+        would_run = stages_to_rerun(root)
     # Without an explicit list, what reruns is the stale stages, the summary after any per-task analysis and the
     # report after any result it shows.
     summarised = {SUMMARY} if stale & {SIMILARITY, TRUNCATE, SKIP, ALIGN} else set()
@@ -108,7 +95,7 @@ def test_a_param_change_reruns_only_the_stages_that_read_it(project, key, value,
     assert would_run == (rerun or stale | summarised | reported) | {GATE}
     if not rerun:  # an analysis param (or one that changes no result): nothing expensive reruns
         assert not would_run & EXPENSIVE
-    assert stale_stages(root, env) == set(), "params.yaml restored: nothing stale"
+    assert stale_stages(root) == set(), "params.yaml restored: nothing stale"
 
 
 def test_a_real_repro_after_an_analysis_change_runs_only_that_stage(project) -> None:

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from dvc_project import dry_run_stages, dvc, make_project, run, tiny_params
+from dvc_project import built_project, dry_run_stages, dvc, run, tiny_params
 from layersim.reporting import headlines
 from layersim.experiments.freeze import freeze_headline as headlines_of_freeze
 from layersim.data.io import ActivationTable, AttentionTable
@@ -38,13 +38,13 @@ def _configure(params: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory) -> tuple[Path, dict]:
+def project(tmp_path_factory, built_projects) -> tuple[Path, dict]:
     """A copy of this repository (its git-tracked and not-ignored files) as a fresh git repo, with
-    params.yaml set to a tiny model and a small built-in task."""
+    params.yaml set to a tiny model and a small built-in task, after `dvc repro` (built once per test run:
+    tests/test_incremental.py starts from the same project)."""
     dest = tmp_path_factory.mktemp("project")
-    env = make_project(dest, _configure)
-    repro = run(dvc("repro"), dest, env)
-    return dest, {"env": env, "first_repro": repro.stdout + repro.stderr}
+    env, first_repro = built_project(built_projects, dest, _configure, "pipeline")
+    return dest, {"env": env, "first_repro": first_repro}
 
 
 def test_repro_writes_every_declared_output(project):

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dvc_project import REPO, dvc, make_project, output, project_env, run
-from test_dvc_workflows import _configure  # the same tiny project: its stages come from the shared run-cache
+from dvc_project import REPO, built_project, dvc, output, project_env, run
+from test_dvc_workflows import _configure  # the same tiny project, built once per test run
 
 pytestmark = pytest.mark.integration
 
@@ -53,15 +53,13 @@ def _lock_outs(root: Path) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory) -> dict:
+def shared(tmp_path_factory, built_projects) -> dict:
     """The documented steps on the tiny pipeline: repro, then the owner's block, then the colleague's."""
     where = tmp_path_factory.mktemp("sharing")
     root = where / "project"
-    root.mkdir()
-    env = make_project(root, _configure)
+    env, _ = built_project(built_projects, root, _configure, "workflows")  # after its `dvc repro`
     # dvc on the PATH is this interpreter's, as after `pip install` in a virtual environment.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    run(dvc("repro"), root, env)
     origin = where / "origin.git"  # the git server the colleague clones from; `git push` goes there
     run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], where, env)
     run(["git", "remote", "add", "origin", str(origin)], root, env)

@@ -74,7 +74,7 @@ def test_the_pipeline_runs_on_user_files(project):
     for task in ("reviews", "pairs"):
         assert (root / f"metrics/similarity/{task}.json").is_file() and (root / f"metrics/export/{task}.json").is_file()
     assert "reviews" in (root / "report/index.html").read_text()
-    assert stale_stages(root, env) == set(), "up to date after the repro"
+    assert stale_stages(root) == set(), "up to date after the repro"
 
 
 def test_an_edited_label_makes_the_task_stage_stale(project):
@@ -83,6 +83,6 @@ def test_an_edited_label_makes_the_task_stage_stale(project):
     lines = path.read_text().splitlines()
     flipped = lines[1].replace("positive", "NEG").replace("negative", "positive").replace("NEG", "negative")
     path.write_text("\n".join([lines[0], flipped, *lines[2:]]) + "\n")
-    stale = stale_stages(root, env)
+    stale = stale_stages(root)
     assert "download_task@reviews" in stale, output(run(dvc("status"), root, env))
     assert not stale & {"finetune@reviews-1", "similarity@reviews"}, "only the task stage itself changed"
