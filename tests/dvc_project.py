@@ -68,8 +68,37 @@ def tiny_params(params: dict, *, model: str = "tiny-bert", tasks: list[str] = ("
     return params
 
 
+def _committed(name: str) -> str | None:
+    """The file as HEAD holds it, or None outside a git checkout or for a file HEAD lacks."""
+    found = subprocess.run(["git", "show", f"HEAD:{name}"], cwd=REPO, capture_output=True, text=True)
+    return found.stdout if found.returncode == 0 else None
+
+
+def _key_paths(doc, prefix: str = "") -> set[str]:
+    if not isinstance(doc, dict):
+        return set()
+    return {f"{prefix}{key}" for key in doc} | {path for key, value in doc.items()
+                                                for path in _key_paths(value, f"{prefix}{key}.")}
+
+
+def repository_params_text() -> str:
+    """params.yaml as committed. `bash quickstart.sh` is a DVC experiment: it leaves its own values (and its
+    dvc.lock) in the working tree, which the tests must not inherit. A working tree whose params.yaml declares
+    other keys than HEAD's (a key being added or removed) is read as it is."""
+    working = (REPO / "params.yaml").read_text()
+    committed = _committed("params.yaml")
+    if committed is None or _key_paths(yaml.safe_load(committed)) != _key_paths(yaml.safe_load(working)):
+        return working
+    return committed
+
+
+def repository_params() -> dict:
+    return yaml.safe_load(repository_params_text())
+
+
 def copy_repository(dest: Path) -> None:
-    """Copy this repository's git-tracked and not-ignored files into ``dest``."""
+    """Copy this repository's git-tracked and not-ignored files into ``dest``, with params.yaml as
+    :func:`repository_params` reads it and dvc.lock as committed (an experiment run here rewrites both)."""
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                            capture_output=True, text=True, check=True).stdout.split("\0")
     for name in filter(None, files):
@@ -77,6 +106,12 @@ def copy_repository(dest: Path) -> None:
         if src.is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
+    lock = _committed("dvc.lock")
+    if lock is not None:
+        (dest / "dvc.lock").write_text(lock)
+    elif (dest / "dvc.lock").exists():
+        (dest / "dvc.lock").unlink()
+    (dest / "params.yaml").write_text(repository_params_text())
 
 
 def make_project(dest: Path, configure: Callable[[dict], object], *, share_cache: bool = True) -> dict:
@@ -85,7 +120,7 @@ def make_project(dest: Path, configure: Callable[[dict], object], *, share_cache
     shared cache set up by tests/conftest.py) it uses the test run's one DVC cache and run-cache; a test
     that needs its stages to really run passes False."""
     copy_repository(dest)
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = repository_params()
     configure(params)
     (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = project_env(dest)

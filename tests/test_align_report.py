@@ -12,11 +12,9 @@ from layersim.params import AlignParams, Params, parse_params
 
 
 def _params(seeds, pairs=None):
-    import yaml
+    from dvc_project import repository_params
 
-    from dvc_project import REPO
-
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw = repository_params()
     raw.update(model="tiny-bert", tasks=["synth-negation"], seeds=list(seeds))
     raw["finetune"]["max_length"] = 64
     raw["align"]["pairs"] = pairs

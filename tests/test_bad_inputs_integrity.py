@@ -20,7 +20,7 @@ import yaml
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from dvc_project import REPO, tiny_params  # noqa: E402
+from dvc_project import repository_params, REPO, tiny_params  # noqa: E402
 from layersim.data import io  # noqa: E402
 from layersim.errors import LayersimError  # noqa: E402
 from layersim.models.registry import (MODEL_INFO_FILE, load_encoder, load_tokenizer, model_info,  # noqa: E402
@@ -161,7 +161,7 @@ def test_a_full_disk_while_writing_a_figure_is_one_line_and_leaves_nothing(tmp_p
 
 
 def test_a_full_disk_in_a_stage_is_one_error_line(tmp_path, monkeypatch, capsys) -> None:
-    params = tiny_params(yaml.safe_load((REPO / "params.yaml").read_text()), tasks=[TASK])
+    params = tiny_params(repository_params(), tasks=[TASK])
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(Path, "write_text", _disk_full)

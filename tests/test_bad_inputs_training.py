@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from dvc_project import REPO, tiny_params
+from dvc_project import repository_params, REPO, tiny_params
 from layersim.training import train
 from layersim.data.batching import encode_task
 from layersim.compute.training_steps import NonFiniteLoss
@@ -77,7 +77,7 @@ def test_a_diverging_fine_tuning_stops_with_the_step_and_saves_nothing(tiny_mode
 
 
 def test_the_finetune_stage_writes_nothing_for_a_diverging_run(tiny_model_dir, tmp_path, monkeypatch, capsys) -> None:
-    params = tiny_params(yaml.safe_load((REPO / "params.yaml").read_text()), tasks=[TASK])
+    params = tiny_params(repository_params(), tasks=[TASK])
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     # A diverging optimizer (params bound the learning rate, so divergence is simulated): NaN weights after
     # the second step make the third step's loss NaN.
@@ -147,7 +147,7 @@ def test_a_batch_larger_than_the_training_set_is_refused(tiny_model_dir) -> None
 def test_finetune_refuses_overlapping_out_and_resume(out, resume, tmp_path, monkeypatch, capsys) -> None:
     """`model: ../mymodel` by hand made --out and --resume one folder: clearing the resume state deleted the
     checkpoint just written. Now refused before any work, and nothing is touched."""
-    params = tiny_params(yaml.safe_load((REPO / "params.yaml").read_text()), tasks=[TASK])
+    params = tiny_params(repository_params(), tasks=[TASK])
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "keep.txt").write_text("precious")
@@ -228,7 +228,7 @@ def test_a_garbage_resume_state_is_discarded_and_the_run_completes(tiny_model_di
 def test_temporaries_of_a_killed_run_are_removed_when_the_stage_starts(tmp_path, monkeypatch, capsys) -> None:
     """A killed writer leaves `.<name>.<host>-<pid>-<random>.tmp`; the next run of the stage removes it at
     start, even when the run then fails before writing anything."""
-    params = tiny_params(yaml.safe_load((REPO / "params.yaml").read_text()), tasks=[TASK])
+    params = tiny_params(repository_params(), tasks=[TASK])
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     dead = 2**22 + 12345  # above the default pid_max: no such process
     leftover = tmp_path / f".ckpt.{socket.gethostname()}-{dead}-abc.tmp"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dvc_project import project_env, tiny_params
+from dvc_project import repository_params, project_env, tiny_params
 from layersim.params import load_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ COMMANDS = _stage_commands()
 
 def _base() -> dict:
     """The repository's params.yaml shrunk as the integration tests shrink it: a valid document."""
-    return tiny_params(yaml.safe_load((REPO / "params.yaml").read_text()), model=MODEL, tasks=[TASK], seeds=[1, 2])
+    return tiny_params(repository_params(), model=MODEL, tasks=[TASK], seeds=[1, 2])
 
 
 def _set(**changes) -> Callable[[dict], None]:

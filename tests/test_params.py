@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dvc_project import repository_params
 
 from layersim.errors import LayersimError
 from layersim.params import (MAX_SEED, MIN_MAX_LENGTH, MODEL_HIDDEN_SIZE, MODEL_MAX_LENGTH, DownloadParams,
@@ -63,8 +64,17 @@ def _write(tmp_path: Path, doc, name: str = "params.yaml") -> Path:
 # --- the repository's params.yaml ------------------------------------------------------------------
 
 
-def test_repository_params_hold_the_paper_configuration() -> None:
-    params = load_params(PARAMS_YAML)
+def _repository_params(tmp_path: Path) -> Params:
+    """The committed params.yaml (the quickstart, a DVC experiment, leaves its own values in the working tree)."""
+    from dvc_project import repository_params_text
+
+    path = tmp_path / "params.yaml"
+    path.write_text(repository_params_text())
+    return load_params(path)
+
+
+def test_repository_params_hold_the_paper_configuration(tmp_path: Path) -> None:
+    params = _repository_params(tmp_path)
     assert isinstance(params, Params)
     assert params.model == "roberta-base"
     assert params.tasks == PAPER_TASKS
@@ -82,9 +92,9 @@ def test_repository_params_hold_the_paper_configuration() -> None:
     assert params.download.max_validation_examples is None
 
 
-def test_repository_params_match_the_dataclass_defaults() -> None:
+def test_repository_params_match_the_dataclass_defaults(tmp_path: Path) -> None:
     """params.yaml and the code defaults tell the same story (the paper values)."""
-    params = load_params(PARAMS_YAML)
+    params = _repository_params(tmp_path)
     assert params.download == DownloadParams()
     assert params.finetune == FinetuneParams()
     assert params.extract == ExtractParams()
@@ -561,7 +571,7 @@ def test_every_key_of_params_yaml_is_declared_with_a_doc() -> None:
 
     from layersim.params.schema import SECTIONS
 
-    document = yaml.safe_load((REPO / "params.yaml").read_text())
+    document = repository_params()
     for name, cls in SECTIONS.items():
         declared = {spec.name: spec for spec in dataclasses.fields(cls)}
         assert set(document[name]) == set(declared), name

@@ -6,7 +6,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-import yaml
+from dvc_project import repository_params
 from ruamel.yaml import YAML
 
 from layersim.params import parse_params
@@ -25,7 +25,7 @@ def overrides(script: str) -> dict[str, object]:
 
 
 def applied(script: str) -> dict:
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = repository_params()
     for key, value in overrides(script).items():
         *parents, leaf = key.split(".")
         section = params

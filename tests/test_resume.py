@@ -23,7 +23,7 @@ import yaml
 
 from layersim.models.registry import weights_digest
 from layersim.training.resume import STATE_FILE, TrainingCheckpoint, TrainingState
-from dvc_project import REPO, output
+from dvc_project import repository_params, REPO, output
 
 MAX_STEPS, CHECKPOINT_EVERY = 24, 5
 
@@ -60,7 +60,7 @@ def project(tmp_path_factory, tiny_model_dir) -> Path:
     """A folder with params.yaml (tiny-bert, synth-negation, 24 steps, a state every 5), the task
     tables and the pretrained snapshot, as the download stages leave them."""
     root = tmp_path_factory.mktemp("resume")
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = repository_params()
     params.update(model="tiny-bert", tasks=["synth-negation"], seeds=[1, 2])
     params["download"].update(generated_train_examples=96, generated_validation_examples=32)
     params["finetune"].update(batch_size=4, learning_rate=1e-3, warmup_steps=3, max_steps=MAX_STEPS, eval_every=6,
