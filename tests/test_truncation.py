@@ -22,15 +22,20 @@ CPU = torch.device("cpu")
 
 
 
-@pytest.mark.parametrize("arch,task", [("tiny-bert", "synth-negation"), ("tiny-roberta", "synth-choice"),
-                                       ("tiny-albert", "synth-similarity"), ("tiny-electra", "synth-roles")])
-def test_untuned_exit_at_last_layer_is_the_full_model(tiny_model_dir, arch, task):
+def _task_model(tiny_model_dir, arch: str, task: str, examples: int):
+    """A tiny task model (its head seeded), its tokenizer and `examples` encoded validation examples."""
     spec = get_task(task)
     folder = tiny_model_dir(arch)
     torch.manual_seed(0)
     model = load_task_model(folder, spec).eval()
     tokenizer = load_tokenizer(folder)
-    encoded = encode_task(generated_table(spec, "validation", 24, seed=0), spec, tokenizer, 32)
+    return spec, model, tokenizer, encode_task(generated_table(spec, "validation", examples, seed=0), spec, tokenizer, 32)
+
+
+@pytest.mark.parametrize("arch,task", [("tiny-bert", "synth-negation"), ("tiny-roberta", "synth-choice"),
+                                       ("tiny-albert", "synth-similarity"), ("tiny-electra", "synth-roles")])
+def test_untuned_exit_at_last_layer_is_the_full_model(tiny_model_dir, arch, task):
+    spec, model, tokenizer, encoded = _task_model(tiny_model_dir, arch, task, 24)
     full = predict(model, encoded, tokenizer, 8, CPU)
     with exit_at(model, num_layers(model)):
         exited = predict(model, encoded, tokenizer, 8, CPU)
@@ -41,11 +46,7 @@ def test_untuned_exit_at_last_layer_is_the_full_model(tiny_model_dir, arch, task
 
 
 def test_span_scores_cover_every_span(tiny_model_dir):
-    spec = get_task("synth-negation")
-    folder = tiny_model_dir("tiny-bert")
-    model = load_task_model(folder, spec).eval()
-    tokenizer = load_tokenizer(folder)
-    encoded = encode_task(generated_table(spec, "validation", 16, seed=0), spec, tokenizer, 32)
+    spec, model, tokenizer, encoded = _task_model(tiny_model_dir, "tiny-bert", "synth-negation", 16)
     full, scores = span_scores(model, spec, encoded, tokenizer, 8, CPU)
     assert full == primary_score(spec, predict(model, encoded, tokenizer, 8, CPU), encoded.labels)
     assert list(scores) == all_spans(3) and len(scores) == 6
@@ -56,12 +57,7 @@ def test_span_scores_cover_every_span(tiny_model_dir):
 def test_every_exit_and_span_equals_running_the_model_so_truncated(tiny_model_dir, arch):
     """One pass per batch (a copied first-token head, or for decoders and DeBERTa the model itself per exit) gives
     what exit_at(k) and skip_span(i, j) give, for a head that reads the last token too."""
-    spec = get_task("synth-negation")
-    folder = tiny_model_dir(arch)
-    torch.manual_seed(0)
-    model = load_task_model(folder, spec).eval()
-    tokenizer = load_tokenizer(folder)
-    encoded = encode_task(generated_table(spec, "validation", 12, seed=0), spec, tokenizer, 32)
+    spec, model, tokenizer, encoded = _task_model(tiny_model_dir, arch, "synth-negation", 12)
     exits = exit_logits(model, encoded, tokenizer, 4, CPU)
     full, spans = span_logits(model, encoded, tokenizer, 4, CPU)
     np.testing.assert_array_equal(exits[-1], full)
