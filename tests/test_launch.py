@@ -68,8 +68,8 @@ def test_a_failed_node_stops_its_descendants_and_a_rerun_continues(tmp_path, ser
     (root / "fail-b").write_text("")
     result = _launch(root, env, "--gpus", "2")
     assert result.returncode == 1, output(result)
-    assert "finetune@b failed" in result.stderr and "finetune_at_b.log" in result.stderr
-    assert "told to fail" in (root / ".dvc/tmp/launch/finetune_at_b.log").read_text()
+    assert "finetune@b failed" in result.stderr and "finetune@b.log" in result.stderr
+    assert "told to fail" in (root / ".dvc/tmp/launch/finetune@b.log").read_text()
     for item in ("a", "c", "d"):  # the nodes that did not need it finished
         assert (root / "data" / "extract" / f"{item}.txt").exists()
     assert not (root / "data" / "extract" / "b.txt").exists() and not (root / "data" / "compare.txt").exists()
@@ -89,7 +89,7 @@ def test_a_killed_worker_is_retried(tmp_path, serial):
     result = _launch(root, env, "--gpus", "2")
     assert result.returncode == 0, output(result)
     assert (root / "killed-c").exists()  # the first attempt took its worker down
-    assert "killed its Ray worker" in (root / ".dvc/tmp/launch/finetune_at_c.log").read_text()
+    assert "killed its Ray worker" in (root / ".dvc/tmp/launch/finetune@c.log").read_text()
     assert _status_clean(root, env) and parsed_lock(root) == parsed_lock(serial)
 
 
@@ -185,7 +185,7 @@ def test_a_preempted_finetune_is_retried_and_resumes_to_the_same_model(tmp_path)
     result = _launch(root, env, node)
     assert result.returncode == 0, output(result)
     assert (root / "preempted").exists()
-    log = (root / ".dvc/tmp/launch/finetune_at_synth-negation-1.log").read_text()
+    log = (root / f".dvc/tmp/launch/{node}.log").read_text()
     assert log.count(f"--- {node}") == 2 and "at step 10" in log, log  # two attempts, the second resumed
     weights = Path("data/checkpoints/tiny-bert/synth-negation/seed1/model.safetensors")
     assert (root / weights).read_bytes() == (reference / weights).read_bytes()

@@ -3,11 +3,126 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import socket
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
-from layersim_launch.runner import WORKSPACES, NodeFailed, Resources, dvc_command, launch
+from layersim_launch.runner import WORKSPACES, NodeFailed, Resources, RestoreFailed, dvc_command, launch
+
+PROBE_SECONDS = 5.0   # a TCP connection to a live head opens in milliseconds
+INIT_SECONDS = 30.0   # ray.init retries an unreachable GCS for ever: together under 45 s, then one error line
+RAY_PORT = 6379       # Ray's default GCS port, for an address without one
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS
+
+
+def unreachable(address: str, timeout: float | None = None) -> str | None:
+    """Why no TCP connection opens to the Ray cluster at `address` (`host[:port]` or `ray://host:port`), or None
+    when one does; `auto` (this host's cluster, which Ray finds itself) is not probed."""
+    if address == "auto":
+        return None
+    timeout = PROBE_SECONDS if timeout is None else timeout
+    where = address.split("://", 1)[-1].rstrip("/")
+    host, colon, port = where.rpartition(":")
+    if not colon or "]" in port:  # no port given (an IPv6 literal's colons are inside brackets)
+        host, port = where, str(RAY_PORT)
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return f"{port!r} is not a port number"
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as connection:
+            # A Ray head (GCS or Ray Client server) speaks gRPC, i.e. HTTP/2: its first frame is SETTINGS (type 4).
+            # A proxy or firewall that accepts every connection, or another service, sends no such frame.
+            connection.sendall(HTTP2_PREFACE)
+            header = b""
+            while len(header) < 9:
+                chunk = connection.recv(9 - len(header))
+                if not chunk:
+                    return "the connection closed without an answer from a Ray head"
+                header += chunk
+            return None if header[3] == 4 else "what answers there is not a Ray head (no gRPC)"
+    except socket.timeout:
+        return f"no answer within {timeout:g} s"
+    except OSError as error:  # refused, unknown host, network unreachable
+        return error.strerror or str(error)
+
+
+def _within(seconds: float, message: str, call):
+    """`call()`, or `message` on stderr and exit status 2 once `seconds` pass: Ray's connection retries cannot
+    be interrupted from Python, so the whole process ends."""
+    stderr = os.dup(2)  # the terminal's, even while `call` sends file descriptor 2 elsewhere
+
+    def expire():
+        os.write(stderr, f"{message}\n".encode())
+        os._exit(2)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        return call()
+    finally:
+        timer.cancel()
+        os.close(stderr)
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 into a discarded file: Ray's C++ client logs its connection attempts there, which would
+    add lines around the one error line (Ray's exception, which the error names, says what failed)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _connect(args):
+    """Ray, connected to the cluster at --address or to a new local one; None after one error line."""
+    where = f"the Ray cluster at {args.address}" if args.address else "a local Ray cluster"
+    remedy = ("start it with `ray start --head` there, check the address (`ray status` on the head prints it), or "
+              "leave --address out to start a local cluster")
+    why = unreachable(args.address) if args.address else None
+    if why:
+        print(f"error: cannot reach {where} ({why}); {remedy}.", file=sys.stderr)
+        return None
+
+    def connect():
+        import ray
+
+        if args.address:
+            with _quiet_stderr():
+                ray.init(address=args.address, log_to_driver=False)
+        else:
+            ray.init(num_gpus=args.gpus, num_cpus=args.cpus, log_to_driver=False)
+        return ray
+
+    try:
+        if not args.address:
+            return connect()
+        return _within(INIT_SECONDS, f"error: {where} did not answer within {INIT_SECONDS:g} s (an open port that "
+                       f"is not a Ray head?); {remedy}.", connect)
+    except ImportError:
+        print("error: layersim launch needs Ray; install it with `pip install -e .[ray]`.", file=sys.stderr)
+    except Exception as error:  # noqa: BLE001 - Ray raises ConnectionError and others
+        if args.address and os.environ.get("RAY_AUTH_MODE") != "token":  # Ray's own message may not say so
+            remedy += ("; a cluster with token authentication (Ray's default where its head found a token) needs "
+                       "RAY_AUTH_MODE=token and the token here too (docs/scale-out.md, several machines)")
+        print(f"error: could not start or reach {where}: {str(error).strip()}{'; ' + remedy if args.address else ''}.",
+              file=sys.stderr)
+    return None
+
+
+def _shutdown(ray) -> None:
+    if ray is not None:
+        ray.shutdown()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,37 +159,34 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     resources = Resources(settings.gpu_stages, settings.num_gpus, settings.num_cpus, settings.retries)
+    # A cluster given by address is reached first (nothing runs without it): within PROBE_SECONDS + INIT_SECONDS,
+    # whatever the size of the pipeline that `dvc status` reads next.
+    ray = _connect(args) if args.address and not args.dry else None
+    if args.address and not args.dry and ray is None:
+        return 2
     try:
         graph = pipeline(root)
     except Exception as error:  # noqa: BLE001 - DVC's errors (not a DVC repository, a broken dvc.yaml)
+        _shutdown(ray)
         print(f"error: cannot read the DVC pipeline in {root}: {error}", file=sys.stderr)
         return 2
     try:
         nodes = stale(root, upstream_of(graph, args.targets) if args.targets else graph, dvc_command())
     except ValueError as error:
+        _shutdown(ray)
         print(f"error: {error}", file=sys.stderr)
         return 2
     if not nodes:
+        _shutdown(ray)
         print("layersim launch: every stage is up to date")
         return 0
     if args.dry:
         for node in nodes:
             print(f"{node.address}  {resources.of(node)}")
         return 0
-    try:
-        import ray
-    except ImportError:
-        print("error: layersim launch needs Ray; install it with `pip install -e .[ray]`.", file=sys.stderr)
-        return 2
     start = time.perf_counter()
-    try:
-        if args.address:
-            ray.init(address=args.address, log_to_driver=False)
-        else:
-            ray.init(num_gpus=args.gpus, num_cpus=args.cpus, log_to_driver=False)
-    except Exception as error:  # noqa: BLE001 - Ray raises ConnectionError and others
-        where = f"the Ray cluster at {args.address}" if args.address else "a local Ray cluster"
-        print(f"error: could not start or reach {where}: {error}", file=sys.stderr)
+    ray = ray or _connect(args)
+    if ray is None:
         return 2
     print(f"layersim launch: {len(nodes)} nodes on {ray.cluster_resources()} ({args.workspace} workspace)", flush=True)
     gpus = ray.cluster_resources().get("GPU", 0)
@@ -92,14 +204,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}. The nodes that did not need it finished; run `layersim launch` again to "
               "continue from there.", file=sys.stderr)
         return 1
+    except RestoreFailed as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     finally:
         ray.shutdown()
-    print(f"\n{'node':<40} {'seconds':>8}")
+    print(f"\n{'node':<40} {'seconds':>8}  Ray node")
     for result in sorted((r for r in results if r.status == "done"), key=lambda r: -r.seconds):
-        print(f"{result.address:<40} {result.seconds:>8.1f}")
+        print(f"{result.address:<40} {result.seconds:>8.1f}  {(result.node or '')[:12]}")
     print(f"{len(results)} nodes in {time.perf_counter() - start:.1f} s")
     return 0
 

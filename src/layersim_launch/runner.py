@@ -7,14 +7,19 @@ task) and retries of tasks whose worker died are Ray's. A task runs ``dvc --wait
 - ``shared`` workspace (one host): in the user's workspace. DVC releases its repo lock while a stage's
   command runs and holds per-path locks on deps and outs, so concurrent stages are safe on one host.
 - ``clone`` workspace (several hosts, where DVC's PID-based locks cannot see other hosts' processes):
-  in a clone of the committed HEAD per task, sharing the workspace's DVC cache (and run-cache) on a shared
-  filesystem; upstream results are restored there from the run-cache by ``dvc repro <node>``. The head then
-  runs a plain ``dvc repro`` in the workspace, which restores every stage from the run-cache and writes
-  dvc.lock in DAG order.
+  in a clone of the committed HEAD per task attempt, under the workspace's ``.dvc/tmp/launch/clones`` (on the
+  filesystem every host shares, so the head can remove what a dead host left) and sharing the workspace's DVC
+  cache and run-cache; upstream results are restored there from the run-cache by ``dvc repro <node>``. The
+  head then runs ``dvc repro <the finished nodes>`` in the workspace with ``$SHELL`` set to a script that
+  refuses: DVC runs a stage's command through ``$SHELL`` only when its run-cache has no result for the
+  stage's command, deps and params, so every node is restored ("Stage … is cached - skipping run, checking
+  out outputs") and dvc.lock written for the requested subgraph only, in DAG order, or the head stops
+  naming the node instead of computing it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -28,7 +33,13 @@ from pathlib import Path
 from layersim_launch.graph import Node
 
 WORKSPACES = ("shared", "clone")
-LOG_DIR = Path(".dvc") / "tmp" / "launch"  # DVC ignores .dvc/tmp; one log per node
+LOG_DIR = Path(".dvc") / "tmp" / "launch"  # DVC and git ignore .dvc/tmp; one log per node: <node>.log
+CLONES = LOG_DIR / "clones"                # clone workspace: <launch id>/<node>-<random>, one per task attempt
+# $SHELL of the head's restoring `dvc repro` (clone workspace): DVC calls it only to run a stage's command.
+REFUSE_SHELL = """#!/bin/sh
+echo "layersim launch: the run-cache holds no result for $DVC_STAGE, so the head would compute it; not running it" >&2
+exit 97
+"""
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,7 @@ class NodeResult:
     host: str
     log: str
     cause: str | None = None  # failed: the exit status; skipped: the upstream node that failed
+    node: str | None = None   # the Ray node (its id) that ran it
 
 
 class NodeFailed(RuntimeError):
@@ -61,35 +73,48 @@ class NodeFailed(RuntimeError):
         self.result = result
 
 
+class RestoreFailed(RuntimeError):
+    """The head could not restore a finished node from the run-cache (clone workspace)."""
+
+
+def log_path(root: str | Path, address: str) -> Path:
+    return Path(root) / LOG_DIR / f"{address}.log"
+
+
 def dvc_command() -> list[str]:
     """`dvc` as this interpreter's module, so a task finds the same DVC whatever PATH the worker has."""
     return [sys.executable, "-m", "dvc"]
 
 
-def run_node(address: str, root: str, workspace: str, commit: str | None, *upstream: NodeResult) -> NodeResult:
+def run_node(address: str, root: str, workspace: str, commit: str | None, clones: str | None,
+             *upstream: NodeResult) -> NodeResult:
     """The body of one Ray task (Ray passes the upstream results once they exist). A node whose upstream
-    did not finish is skipped: results, not exceptions, carry failures (they cross processes as plain data)."""
+    did not finish is skipped: results, not exceptions, carry failures (they cross processes as plain data).
+    Clone workspace: `commit` is what the clone checks out, `clones` the folder its clone goes in."""
     import socket
 
-    log = Path(root) / LOG_DIR / f"{address.replace('@', '_at_')}.log"
+    import ray
+
+    log, record = log_path(root, address), Path(root) / LOG_DIR / f"{address}.pgid"
     devices, host = os.environ.get("CUDA_VISIBLE_DEVICES"), socket.gethostname()
+    node = ray.get_runtime_context().get_node_id()
     blocked = next((up for up in upstream if up.status != "done"), None)
     if blocked is not None:
         origin = blocked.address if blocked.status == "failed" else blocked.cause
-        return NodeResult(address, "skipped", 0.0, devices, host, str(log), origin)
+        return NodeResult(address, "skipped", 0.0, devices, host, str(log), origin, node)
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with open(log, "a") as out:
-        out.write(f"--- {address} on {host}, CUDA_VISIBLE_DEVICES={devices}\n")
+        out.write(f"--- {address} on {host} (Ray node {node}), CUDA_VISIBLE_DEVICES={devices}\n")
         out.flush()
-        _stop_earlier_attempt(log.with_suffix(".pgid"), host)
+        _stop_earlier_attempt(record, host)
         if workspace == "shared":
             code = _run_group([*dvc_command(), "--wait-for-lock", "repro", "-s", address], Path(root), out,
-                              log.with_suffix(".pgid"), host)
+                              record, host)
         else:
-            code = _run_in_clone(address, Path(root), commit, out, log.with_suffix(".pgid"), host)
+            code = _run_in_clone(address, Path(root), commit, Path(clones), out, record, host)
     return NodeResult(address, "done" if code == 0 else "failed", time.perf_counter() - start, devices, host,
-                      str(log), None if code == 0 else f"exit status {code}")
+                      str(log), None if code == 0 else f"exit status {code}", node)
 
 
 def _run_group(argv: list[str], cwd: Path, out, record: Path, host: str) -> int:
@@ -127,15 +152,17 @@ def _stop_earlier_attempt(record: Path, host: str, timeout: float = 60.0) -> Non
         time.sleep(0.2)
 
 
-def _run_in_clone(address: str, root: Path, commit: str, out, record: Path, host: str) -> int:
+def _run_in_clone(address: str, root: Path, commit: str, clones: Path, out, record: Path, host: str) -> int:
     """`dvc repro <node>` in a throwaway clone of `commit` that uses the workspace's cache: upstream stages
     are restored from the shared run-cache, this node runs and its outputs and run-cache entry land in
-    the shared cache."""
+    the shared cache. The clone is removed however the attempt ends, except when its worker dies: then the
+    head removes it (:func:`launch`)."""
     cache = subprocess.run([*dvc_command(), "cache", "dir"], cwd=root, capture_output=True, text=True, check=True)
-    with tempfile.TemporaryDirectory(prefix="layersim-launch-") as scratch:
-        clone = Path(scratch) / "work"
+    clones.mkdir(parents=True, exist_ok=True)
+    clone = Path(tempfile.mkdtemp(prefix=f"{address}-", dir=clones))
+    try:
         steps = [
-            (["git", "clone", "--quiet", "--shared", "--no-checkout", str(root), str(clone)], Path(scratch)),
+            (["git", "clone", "--quiet", "--shared", "--no-checkout", str(root), str(clone)], clones),
             (["git", "checkout", "--quiet", commit], clone),
             ([*dvc_command(), "cache", "dir", "--local", cache.stdout.strip()], clone),
             ([*dvc_command(), "--wait-for-lock", "repro", address], clone),
@@ -145,8 +172,9 @@ def _run_in_clone(address: str, root: Path, commit: str, out, record: Path, host
             code = _run_group(argv, cwd, out, record, host)
             if code != 0:
                 return code
+        return 0
+    finally:
         shutil.rmtree(clone, ignore_errors=True)
-    return 0
 
 
 def launch(root: Path, nodes: list[Node], resources: Resources, *, workspace: str = "shared",
@@ -154,22 +182,47 @@ def launch(root: Path, nodes: list[Node], resources: Resources, *, workspace: st
     """Submit every node (upstream first) to the connected Ray cluster and wait for all of them.
 
     A failed node stops its descendants (they are skipped) while the others finish; then
-    :class:`NodeFailed` names the first failure and its log. Returns each node's result in the order they
-    finished; `report` gets one line per finished node.
+    :class:`NodeFailed` names the first failure and its log. Clone workspace: the finished nodes are then
+    restored into the workspace from the run-cache (:class:`RestoreFailed` where one cannot be) and the
+    clones removed. Returns each node's result in the order they finished; `report` gets one line per
+    finished node.
     """
     import ray
 
     if workspace not in WORKSPACES:
         raise ValueError(f"workspace must be one of {', '.join(WORKSPACES)}, got {workspace!r}")
-    commit = None
+    commit = clones = None
     if workspace == "clone":
         commit = _committed_head(root)
+        (root / CLONES).mkdir(parents=True, exist_ok=True)
+        clones = Path(tempfile.mkdtemp(prefix="", dir=root / CLONES))  # this launch's
+    try:
+        results = _run_all(ray, root, nodes, resources, workspace, commit, clones, report)
+    finally:
+        if clones is not None:  # what the attempts whose worker died left there
+            shutil.rmtree(clones, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                (root / CLONES).rmdir()  # unless another launch's clones are there
+    failed = [r for r in results if r.status == "failed"]
+    if workspace == "clone":
+        order = {node.address: i for i, node in enumerate(nodes)}  # upstream first, as `dvc repro` writes dvc.lock
+        done = sorted((r.address for r in results if r.status == "done"), key=order.__getitem__)
+        if done:
+            _restore_on_head(root, done, report)
+    if failed:
+        raise NodeFailed(failed[0])
+    return results
+
+
+def _run_all(ray, root: Path, nodes: list[Node], resources: Resources, workspace: str, commit: str | None,
+             clones: Path | None, report: Callable[[str], None]) -> list[NodeResult]:
     remote = ray.remote(run_node)
     refs, address_of = {}, {}
     for node in nodes:
         upstream = [refs[name] for name in node.upstream if name in refs]
         ref = remote.options(name=node.address, max_retries=resources.retries, retry_exceptions=False,
-                             **resources.of(node)).remote(node.address, str(root), workspace, commit, *upstream)
+                             **resources.of(node)).remote(node.address, str(root), workspace, commit,
+                                                          clones and str(clones), *upstream)
         refs[node.address], address_of[ref] = ref, node.address
     results, pending = [], list(refs.values())
     while pending:
@@ -178,8 +231,7 @@ def launch(root: Path, nodes: list[Node], resources: Resources, *, workspace: st
             result = ray.get(done[0])
         except ray.exceptions.RayError as error:  # its worker died more than `retries` times, or an upstream one's
             address = address_of[done[0]]
-            log = Path(root) / LOG_DIR / f"{address.replace('@', '_at_')}.log"
-            result = NodeResult(address, "failed", 0.0, None, "", str(log), type(error).__name__)
+            result = NodeResult(address, "failed", 0.0, None, "", str(log_path(root, address)), type(error).__name__)
         results.append(result)
         if result.status == "done":
             report(f"done    {result.address} in {result.seconds:.1f} s"
@@ -188,13 +240,29 @@ def launch(root: Path, nodes: list[Node], resources: Resources, *, workspace: st
             report(f"FAILED  {result.address} ({result.cause}): {result.log}")
         else:
             report(f"skipped {result.address}: upstream {result.cause} failed")
-    failed = [r for r in results if r.status == "failed"]
-    if failed:
-        raise NodeFailed(failed[0])
-    if workspace == "clone":
-        report("restoring every stage into the workspace from the run-cache (dvc repro)")
-        subprocess.run([*dvc_command(), "--wait-for-lock", "repro"], cwd=root, check=True)
     return results
+
+
+def _restore_on_head(root: Path, addresses: list[str], report: Callable[[str], None]) -> None:
+    """Check out the finished nodes' outputs into the workspace from the shared run-cache and write their
+    dvc.lock entries, computing nothing (see the module's docstring); their output goes to restore.log."""
+    shell, log = root / LOG_DIR / "refuse-shell.sh", root / LOG_DIR / "restore.log"
+    shell.parent.mkdir(parents=True, exist_ok=True)
+    shell.write_text(REFUSE_SHELL)
+    shell.chmod(0o755)
+    report(f"restoring {len(addresses)} finished nodes into the workspace from the run-cache (dvc repro)")
+    with open(log, "w") as out:
+        code = subprocess.run([*dvc_command(), "--wait-for-lock", "repro", *addresses], cwd=root,
+                              env={**os.environ, "SHELL": str(shell)}, stdout=out, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        text = log.read_text()
+        refused = [line.split("for ", 1)[1].split(",")[0] for line in text.splitlines()
+                   if line.startswith("layersim launch: the run-cache holds no result for ")]
+        why = (f"the run-cache holds no result for {refused[0]} (its outputs are not in the shared DVC cache)"
+               if refused else f"`dvc repro` exited with status {code}")
+        raise RestoreFailed(f"the head could not restore the finished nodes into the workspace: {why}; its log: "
+                            f"{log}. Nothing was computed on the head; check that every host uses the "
+                            "workspace's DVC cache (`dvc cache dir`), then run `layersim launch` again.")
 
 
 def _committed_head(root: Path) -> str:
