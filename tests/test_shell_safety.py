@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dvc_project import dvc, make_project, output, run, tiny_params
 from layersim.errors import LayersimError
@@ -40,6 +41,41 @@ def test_dvc_exp_run_with_a_hostile_value_runs_no_command(project, setting: str)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "PWNED" in errors[0] and ("not a valid" in errors[0] or "not a known" in errors[0])
     run(["git", "checkout", "--", "params.yaml"], root, env)
+
+
+@pytest.fixture(scope="module")
+def built(project) -> tuple[Path, dict]:
+    """The project after its gate and downloads ran, so that `repro -s` of a later stage finds its deps: the
+    state in which `-s` skips the gate (check_params) and, before placeholders, ran a hostile command."""
+    root, env = project
+    run(dvc("repro", "download_model", "download_task"), root, env)
+    return root, env
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("key, value, command", [
+    ("model", "a/b;touch PWNED;#", ["-s", "download_model"]),
+    ("model", "$(touch PWNED)/y", ["--single-item", "download_model"]),
+    ("tasks", ["synth-negation;touch PWNED"], ["--single-item", "download_task@synth-negation;touch PWNED"]),
+    ("seeds", ["1;touch PWNED"], ["-s", "finetune@synth-negation-1;touch PWNED"]),
+])
+def test_repro_single_item_skips_the_gate_yet_runs_no_params_value(built, key, value, command) -> None:
+    """`dvc repro -s` runs the stage's command without the gate; the command holds placeholders, not the value,
+    and the stage refuses the value before it reads or writes anything."""
+    root, env = built
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    (root / "params.yaml").write_text(yaml.safe_dump({**params, key: value}, sort_keys=False))
+    try:
+        result = run(dvc("repro", *command), root, env, check=False)
+    finally:
+        run(["git", "checkout", "--", "params.yaml"], root, env)
+    assert result.returncode != 0, output(result)
+    assert not list(root.rglob("PWNED")), "a params value ran as a command"
+    ran = [line for line in result.stdout.splitlines() if line.startswith("Running stage")]
+    assert len(ran) == 1 and "check_params" not in ran[0], output(result)  # the gate was skipped: the stage ran
+    assert "PWNED" not in "".join(line for line in result.stdout.splitlines() if line.startswith("> "))
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: params.yaml: ") and "PWNED" in errors[0], output(result)
 
 
 @pytest.mark.parametrize("name, fragment", [

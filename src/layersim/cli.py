@@ -16,8 +16,27 @@ from layersim.params import Params, load_params
 log = logging.getLogger("layersim")
 
 
+class _StageParser(argparse.ArgumentParser):
+    """Fills in dvc.yaml's placeholders (@model, @task, @seed) from the validated params before parsing, so
+    that no params value ever passes through a shell (layersim.params.stage_args)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        from layersim.params.stage_args import STAGE_ENV, fill_placeholders, has_placeholders
+
+        argv = sys.argv[1:] if args is None else list(args)
+        if has_placeholders(argv):
+            pre = argparse.ArgumentParser(add_help=False)
+            pre.add_argument("--params", type=Path, default=Path("params.yaml"))
+            try:
+                argv = fill_placeholders(argv, load_params(pre.parse_known_args(argv)[0].params),
+                                         os.environ.get(STAGE_ENV))
+            except LayersimError as err:
+                self.exit(1, f"error: {err}\n")
+        return super().parse_known_args(argv, namespace)
+
+
 def parser(description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
+    p = _StageParser(description=description)
     p.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)")
     return p
 

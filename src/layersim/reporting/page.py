@@ -11,14 +11,13 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from layersim.errors import LayersimError
 from layersim.training.convergence import NOT_CONVERGED, marked, title_note
-from layersim.reporting.headlines import details_to_metrics, finetune_flags
+from layersim.reporting.headlines import details_to_metrics, finetune_flags, read_metrics_file
 
 COMPARISON_NAMES = {"orig_orig": "ORIG–ORIG", "ft_orig": "FT–ORIG", "ft_ft": "FT–FT", "ft1_ft2": "FT[1]–FT[2]",
                     "ft_random": "FT–RANDOM", "orig_random": "ORIG–RANDOM"}
@@ -62,8 +61,8 @@ class Layout:
         if not path.is_file():
             return None
         try:
-            return details_to_metrics(json.loads(path.read_text(encoding="utf-8")))
-        except (json.JSONDecodeError, UnicodeDecodeError, TypeError, KeyError) as err:
+            return details_to_metrics(read_metrics_file(path))  # not JSON: one sentence naming the file
+        except (TypeError, KeyError) as err:
             raise LayersimError(f"details file {path} cannot be read ({type(err).__name__}); re-run the stage that "
                                 "wrote it.") from None
 
@@ -280,8 +279,8 @@ def _finetuned_runs(layout: Layout, task: str, metric: str, seeds: Sequence[int]
     for seed in seeds:
         path = layout.metrics / "finetune" / task / f"seed{seed}.json"
         if path.is_file():
-            metrics = json.loads(path.read_text(encoding="utf-8"))
-            if isinstance(metrics.get(metric), (int, float)):
+            metrics = read_metrics_file(path)
+            if isinstance(metrics, dict) and isinstance(metrics.get(metric), (int, float)):
                 runs[seed] = metrics
     return runs
 
@@ -304,7 +303,7 @@ def truncation_figure(layout: Layout, task: str, truncate: Mapping, export: Mapp
     path = layout.plots / "truncate" / f"{task}.json"
     if not path.is_file():
         return None
-    rows = json.loads(path.read_text(encoding="utf-8"))
+    rows = read_metrics_file(path)
     per_seed: dict[str, dict[int, dict[int, float]]] = {}
     for row in rows:
         per_seed.setdefault(row["variant"], {}).setdefault(row["seed"], {})[row["layer"]] = row["score"]

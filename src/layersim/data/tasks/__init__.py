@@ -64,7 +64,8 @@ _PAPER_TASKS = [
              hub=_glue("stsb", {"text_a": "sentence1", "text_b": "sentence2", "label": "label"})),
     TaskSpec("boolq", "pair", ("accuracy",), ("false", "true"),
              hub=HubSource("aps/super_glue", "boolq", {"text_a": "question", "text_b": "passage", "label": "label"})),
-    # Yelp Polarity has no validation split; like Phang et al. we evaluate on its test split.
+    # Yelp Polarity has no validation split, so its test split stands in for one. Phang et al. say only that they use
+    # each task's validation examples, not which rows that meant for Yelp.
     TaskSpec("yelp_polarity", "single", ("accuracy",), ("negative", "positive"),
              hub=HubSource("fancyzhx/yelp_polarity", "plain_text", {"text": "text", "label": "label"},
                            splits={"train": "train", "validation": "test"})),
@@ -144,12 +145,44 @@ def normalize_hub_table(spec: TaskSpec, hub_table: pa.Table, split: str, source:
         else:
             values = [" ".join(parts) for parts in zip(*(rows[c] for c in source_columns))]
         columns[target] = values
-    columns["label"] = [float(v) if spec.regression else int(v) for v in columns["label"]]
+    source = source or {"hub": spec.hub.path, "config": spec.hub.config}
+    mirror = str(source.get("revision", ""))
+    columns["label"] = hub_labels(spec, columns["label"], f"the {split} table of task {spec.name!r} ({source.get('hub')}"
+                                  f"{', read from the ' + mirror if mirror.startswith('mirror ') else ''})")
     if spec.format == "multiple_choice":
         bad = [len(c) for c in columns["choices"] if len(c) != spec.num_choices]
         if bad:
             raise LayersimError(f"task {spec.name!r} expects {spec.num_choices} choices per example, found {bad[0]}.")
-    return _normalized(spec, columns, split, source or {"hub": spec.hub.path, "config": spec.hub.config})
+    return _normalized(spec, columns, split, source)
+
+
+def hub_labels(spec: TaskSpec, values: list, where: str) -> list:
+    """The label column as class indices (or floats for regression). Exports differ: GLUE's Parquet holds
+    indices, some mirrors and CSV exports the label names (`not_entailment`) or digits as text (`"1"`); a
+    name of the task's labels becomes its index, anything else is one sentence naming the value."""
+    names, out = spec.label_names, []
+    for value in values:
+        label = value.strip() if isinstance(value, str) else value
+        if spec.regression and isinstance(label, (int, float, str)) and not isinstance(label, bool):
+            try:
+                out.append(float(label))
+                continue
+            except ValueError:
+                pass
+        elif isinstance(label, int) and not isinstance(label, bool):
+            out.append(label)
+            continue
+        elif isinstance(label, str) and label.lstrip("-").isdigit():
+            out.append(int(label))
+            continue
+        elif isinstance(label, str) and label in names:
+            out.append(names.index(label))
+            continue
+        allowed = ("a number" if spec.regression else
+                   "a class index" + (f" or one of its label names ({', '.join(names)})" if names else ""))
+        raise LayersimError(f"{where} has label {value!r}, which is not {allowed}; fix that file, or point "
+                            f"{HUB_MIRROR_ENV} at a copy of the dataset whose labels are those.")
+    return out
 
 
 def generated_table(spec: TaskSpec, split: str, num_examples: int, seed: int) -> pa.Table:

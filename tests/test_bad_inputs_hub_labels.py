@@ -1,0 +1,49 @@
+"""Hub tables whose labels are text (a mirror or CSV export): the task's label names become class indices, digits
+their numbers, anything else one sentence naming the value and the valid names (layersim.data.tasks.hub_labels)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from layersim.data.tasks import get_task, normalize_hub_table
+from layersim.errors import LayersimError
+
+SOURCE = {"hub": "nyu-mll/glue", "config": "rte", "revision": "mirror /srv/hub"}
+
+
+def _rte(labels: list) -> pa.Table:
+    n = len(labels)
+    return pa.table({"sentence1": [f"a{k}" for k in range(n)], "sentence2": [f"b{k}" for k in range(n)],
+                     "label": labels})
+
+
+def test_label_names_and_digits_become_class_indices() -> None:
+    table = normalize_hub_table(get_task("rte"), _rte(["not_entailment", "entailment", "1", " 0 ", "entailment"]),
+                                "train", SOURCE)
+    assert table.column("label").to_pylist() == [1, 0, 1, 0, 0]
+    assert table.schema.field("label").type == pa.int64()
+    assert normalize_hub_table(get_task("rte"), _rte([1, 0]), "train", SOURCE).column("label").to_pylist() == [1, 0]
+
+
+@pytest.mark.parametrize("labels, shown", [
+    (["entailment", "contradiction"], "'contradiction'"),
+    (["Entailment"], "'Entailment'"),  # label names are matched exactly, as the task declares them
+    ([None], "None"),
+])
+def test_another_label_is_one_sentence_with_the_valid_names(labels, shown: str) -> None:
+    with pytest.raises(LayersimError) as raised:
+        normalize_hub_table(get_task("rte"), _rte(labels), "validation", SOURCE)
+    assert str(raised.value) == (
+        f"the validation table of task 'rte' (nyu-mll/glue, read from the mirror /srv/hub) has label {shown}, which "
+        "is not a class index or one of its label names (entailment, not_entailment); fix that file, or point "
+        "LAYERSIM_HUB_MIRROR at a copy of the dataset whose labels are those.")
+
+
+def test_regression_labels_are_numbers_even_as_text() -> None:
+    spec = get_task("stsb")
+    table = pa.table({"sentence1": ["a", "b"], "sentence2": ["c", "d"], "label": ["3.5", "1"]})
+    assert normalize_hub_table(spec, table, "train", SOURCE).column("label").to_pylist() == [3.5, 1.0]
+    bad = pa.table({"sentence1": ["a"], "sentence2": ["c"], "label": ["similar"]})
+    with pytest.raises(LayersimError, match=r"has label 'similar', which is not a number; fix that file"):
+        normalize_hub_table(spec, bad, "train", SOURCE)
