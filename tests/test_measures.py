@@ -172,6 +172,12 @@ REFERENCES = {
     "mean_cca": lambda x, y: float(np.mean(_ref_cca(x, y)[0] ** 2)),
     "neuronsim": _ref_neuronsim,
     "mixedsim": _ref_mixedsim,
+    # The peers' measures: by hand, invariances and against their packages in test_peer_measures.py and
+    # test_peer_oracles.py.
+    "procrustes": None,
+    "shape_metric": None,
+    "rsa": None,
+    "knn_jaccard": None,
 }
 
 
@@ -305,6 +311,12 @@ INVARIANT = {
     "mean_cca": set(TRANSFORMS),
     "neuronsim": COMMON | {"neuron_scale"},
     "mixedsim": COMMON | {"neuron_scale", "orthogonal_y", "invertible_y"},
+    "procrustes": COMMON | {"orthogonal", "orthogonal_y"},
+    "shape_metric": COMMON | {"orthogonal", "orthogonal_y"},  # alpha = 1, procrustes
+    # rsatoolbox's correlation RDM centres each example's row across neurons: a rotation or a different shift
+    # per neuron moves those means.
+    "rsa": {"isotropic_scale", "permutation"},
+    "knn_jaccard": COMMON | {"orthogonal", "orthogonal_y"},
 }
 
 
@@ -312,6 +324,8 @@ INVARIANT = {
 @pytest.mark.parametrize("name", NAMES)
 def test_invariances(rng, name, transform):
     x, y = _pair(rng)
+    if name == "knn_jaccard":  # _pair's neighbourhoods barely overlap (0.03, chance level): a closer y
+        y = x @ rng.normal(size=(x.shape[1], 8)) + 0.5 * rng.normal(size=(len(x), 8)) - 1.0
     base = similarity(name, x, y)
     assert 0.05 < base < 0.99  # a value where a mistake could show
     changed = similarity(name, *TRANSFORMS[transform](rng, x, y))
@@ -465,6 +479,10 @@ OPTION_EXAMPLES = {
     "mean_cca": {"method": "qr", "rtol": 1e-8, "max_dims": 4},
     "neuronsim": {},
     "mixedsim": {"method": "qr", "rtol": 1e-8},
+    "procrustes": {},
+    "shape_metric": {"alpha": 0.3},
+    "rsa": {"rdm": "euclidean", "compare": "pearson"},
+    "knn_jaccard": {"k": 5, "metric": "euclidean"},
 }
 
 
@@ -607,7 +625,7 @@ def test_check_computable_from_sizes_alone(rng):
     _raises(check_computable, "mixedsim", 0, [4], message="num_rows must be a positive integer, got 0.")
     _raises(check_computable, "mixedsim", 100, {"bert/2": 0},
             message="the width of bert/2 must be a positive integer, got 0.")
-    assert {n for n, m in MEASURES.items() if m.check_sizes is not None} == {"mixedsim"}
+    assert {n for n, m in MEASURES.items() if m.check_sizes is not None} == {"mixedsim", "rsa"}
 
 
 def test_rbf_needs_a_positive_median_distance(rng):
@@ -631,8 +649,8 @@ def test_errors_for_bad_inputs(rng):
 
 
 def test_registry_names_and_metadata():
-    assert sorted(MEASURES) == ["debiased_cka", "linear_cka", "mean_cca", "mixedsim", "neuronsim",
-                                "pwcca", "rbf_cka", "svcca"]
+    assert sorted(MEASURES) == ["debiased_cka", "knn_jaccard", "linear_cka", "mean_cca", "mixedsim", "neuronsim",
+                                "procrustes", "pwcca", "rbf_cka", "rsa", "shape_metric", "svcca"]
     assert {n for n, m in MEASURES.items() if not m.symmetric} == {"pwcca", "neuronsim", "mixedsim"}
     assert MEASURES["debiased_cka"].bounded == (-1.0, 1.0)
     assert get_measure("svcca").name == "svcca"

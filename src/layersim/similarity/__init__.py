@@ -11,6 +11,10 @@ The bottom layer of the library: NumPy/SciPy only, no I/O, no models. The measur
 * :mod:`~layersim.similarity.moments` — the CCA family, neuronsim and mixedsim from streamed second moments
   (``LayerMoments``, ``moments_matrix``): memory in the widths, not the number of examples;
 * :mod:`~layersim.similarity.attention` — head-level and distributed attention similarities;
+* :mod:`~layersim.similarity.shape` — orthogonal Procrustes and Williams et al.'s shape metrics (netrep's
+  partial whitening ``alpha``), in memory and from streamed moments;
+* :mod:`~layersim.similarity.rsa` — RSA: rank correlation of dissimilarity matrices (rsatoolbox's conventions);
+* :mod:`~layersim.similarity.neighbours` — k-NN Jaccard neighbourhood overlap (Klabunde et al.'s survey);
 * :mod:`~layersim.similarity.registry` — ``MEASURES`` by name, ``similarity_matrix`` and
   ``check_computable`` (can a measure run on these sizes, before any work);
 * :mod:`~layersim.similarity.localization` — Wu et al.'s localization score;

@@ -23,8 +23,12 @@ from layersim.errors import LayersimError, unknown_name
 import layersim.similarity.cca as cca
 import layersim.similarity.cka as cka
 import layersim.similarity.kernels as kernels
+import layersim.similarity.neighbours as neighbours
 import layersim.similarity.neurons as neurons
+import layersim.similarity.rsa as rsa
+import layersim.similarity.shape as shape
 from layersim.similarity._common import check_options
+from layersim.similarity._null_engines import ENGINES
 from layersim.similarity.cka import cka_matrix
 
 
@@ -38,7 +42,13 @@ class Measure:
     measure the first argument is the side averaged over (its neurons, or its PWCCA weights).
     ``min_rows`` is the fewest examples the measure accepts; ``check_sizes(num_rows, width, name)``,
     where set, raises a LayersimError when a layer of that width cannot be compared on that many
-    examples (see :func:`check_computable`).
+    examples (see :func:`check_computable`). ``null_engine``, where set, builds the measure's permutation-null
+    engine (:mod:`layersim.similarity._null_engines`' contract), which also gives its bootstrap intervals; the
+    measures of Wu et al.'s study have theirs in that module's ``ENGINES``.
+
+    Every measure is a similarity (larger: more alike, 1 for a layer against itself), which the nulls' one-sided
+    p-values, the blocks and the plots assume; a distance is reported through a decreasing function of it
+    (``procrustes``, ``shape_metric``: :mod:`layersim.similarity.shape` names both distances).
     """
 
     name: str
@@ -51,6 +61,7 @@ class Measure:
     level: str = "representation"  # "neuron", "mixed" or "representation" (Wu et al.'s groups)
     min_rows: int = 2
     check_sizes: Callable[[int, int, str], None] | None = None
+    null_engine: Callable[..., object] | None = None
 
 
 def _linear_cka(x: np.ndarray, y: np.ndarray, *, method: str = "auto") -> float:
@@ -78,8 +89,19 @@ MEASURES: dict[str, Measure] = {
                 level="neuron"),
         Measure("mixedsim", "mixedsim", False, (0.0, 1.0), neurons.mixedsim, neurons.mixedsim_matrix,
                 ("method", "rtol"), level="mixed", check_sizes=neurons.check_mixedsim_sizes),
+        # The peers' measures (Williams et al.'s netrep, rsatoolbox, Klabunde et al.'s survey), as similarities.
+        Measure("procrustes", "Procrustes similarity", True, (0.0, 1.0), shape.procrustes, shape.procrustes_matrix,
+                null_engine=shape.procrustes_engine),
+        Measure("shape_metric", "shape metric (cos θ)", True, (0.0, 1.0), shape.shape_similarity,
+                shape.shape_matrix, ("alpha",), null_engine=shape.shape_engine),
+        Measure("rsa", "RSA", True, (-1.0, 1.0), rsa.rsa, rsa.rsa_matrix, ("compare", "rdm"), min_rows=3,
+                check_sizes=rsa.check_rsa_sizes, null_engine=rsa.rsa_engine),
+        Measure("knn_jaccard", "k-NN Jaccard", True, (0.0, 1.0), neighbours.knn_jaccard,
+                neighbours.knn_jaccard_matrix, ("k", "metric"), min_rows=3, null_engine=neighbours.knn_engine),
     ]
 }
+# Their null engines join the others', where null and bootstrap look them up by name.
+ENGINES.update({m.name: m.null_engine for m in MEASURES.values() if m.null_engine is not None})
 
 
 def get_measure(name: str) -> Measure:

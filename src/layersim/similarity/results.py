@@ -74,6 +74,8 @@ def settings(p) -> tuple[dict[str, dict], Uncertainty]:
     options = measure_options(rbf_sigma_scale=p.rbf_sigma_scale, svcca_variance=p.svcca_variance,
                               pwcca_variance=p.pwcca_variance, rbf_exact_max_rows=p.rbf_exact_max_rows,
                               rbf_landmarks=p.rbf_landmarks, seed=p.seed)
+    options |= {"shape_metric": {"alpha": p.shape_alpha}, "rsa": {"rdm": p.rsa_rdm, "compare": p.rsa_compare},
+                "knn_jaccard": {"k": p.knn_k, "metric": p.knn_metric}}
     return options, Uncertainty(p.permutations, p.bootstrap, p.seed, p.significance, p.chance_adjusted, p.correction)
 
 
@@ -209,7 +211,7 @@ class StackedResult:
 
 def stacked_result(models: dict[str, list], measure: str, *, options: dict | None = None,
                    uncertainty: Uncertainty | None = None, attention: bool = False) -> StackedResult:
-    """All layers of `models` stacked (Wu et al. Figures 1 and 5, Phang et al. Figure 7); with `uncertainty`,
+    """All layers of `models` stacked (Wu et al. Figures 1 and 5); with `uncertainty`,
     every cell's permutation null (not for attention maps: a permutation of examples has no meaning for
     per-token maps of different lengths). `options`: the measure's own."""
     options = options or {}

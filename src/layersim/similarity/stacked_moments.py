@@ -16,6 +16,7 @@ from layersim.similarity.kernels import streamed_debiased_cka
 from layersim.similarity.moments import MOMENT_MEASURES, LayerMoments, moments_matrix
 from layersim.similarity.null import NullMatrix, streamed_linear_cka_null
 from layersim.similarity.rotation_null import rotation_null
+from layersim.similarity.shape import shape_moments_matrix
 
 # Linear CKA in the stages is computed in float64, streamed or not: metrics are rounded to 6 decimals,
 # and float32 products (~1e-7, layersim.similarity.cka) would flip that last digit between machines.
@@ -61,6 +62,8 @@ def moments_stacked_matrix(measure: str, accumulator: LinearCKAAccumulator, *, m
     out = np.full((len(constant), len(constant)), np.nan)
     if defined and measure == "debiased_cka":  # its `method` picks how products are taken in memory: moot here
         out[np.ix_(defined, defined)] = streamed_debiased_cka(accumulator, defined)
+    elif defined and measure in SHAPE_MEASURES:  # its null needs the rows (no rotation null yet): none streamed
+        out[np.ix_(defined, defined)] = shape_moments_matrix(moments or LayerMoments(accumulator), defined, **options)
     elif defined:
         out[np.ix_(defined, defined)] = moments_matrix(measure, moments or LayerMoments(accumulator), defined,
                                                        **options)
@@ -101,7 +104,8 @@ def on_layers(null: NullMatrix | None, defined: list[int], size: int, permutatio
                       method=null.method if null else method)
 
 
-STREAMABLE = ("linear_cka", "debiased_cka", *MOMENT_MEASURES)
+SHAPE_MEASURES = ("procrustes", "shape_metric")  # layersim.similarity.shape, from the same moments
+STREAMABLE = ("linear_cka", "debiased_cka", *MOMENT_MEASURES, *SHAPE_MEASURES)
 
 
 def stream_layers(measures: Sequence[str], num_rows: int, widths: Sequence[int]) -> bool:
