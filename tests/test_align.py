@@ -65,7 +65,13 @@ def test_linear_maps_recover_exact_linear_relation(rng, name):
     x = rng.normal(size=(n, k)) @ np.linalg.qr(rng.normal(size=(d, d)))[0][:k] * 3 + rng.normal(size=d)
     y = x @ rng.normal(size=(d, 6)) + rng.normal(size=6) * 10
     fitted = make_map(name).fit(x[:80], y[:80])
-    assert relative_error(fitted.transform(x[80:]), y[80:]) < 1e-9
+    error = relative_error(fitted.transform(x[80:]), y[80:])
+    if name == "pwcca":
+        # Every ρ is 1, but PWCCA still shrinks the canonical variates few of x's neurons carry (by α_i / max α):
+        # the price of its weighting, paid where nothing is noise.
+        assert error > 0.05 and np.ptp(fitted.importance_) > 0.1
+    else:
+        assert error < 1e-9
 
 
 @pytest.mark.parametrize("name", LINEAR_NAMES)
@@ -73,7 +79,9 @@ def test_full_rank_linear_maps_invert(rng, name):
     x = _correlated(rng, 100, 6)
     y = x @ rng.normal(size=(6, 6)) - 3.0
     fitted = make_map(name, **({"variance_threshold": 1.0} if name == "svcca" else {})).fit(x[:70], y[:70])
-    assert relative_error(fitted.inverse(y[70:]), x[70:]) < 1e-9
+    # PWCCA's map does not send x onto y here (see above), but it is a bijection: its inverse undoes it.
+    target = fitted.transform(x[70:]) if name == "pwcca" else y[70:]
+    assert relative_error(fitted.inverse(target), x[70:]) < 1e-9
 
 
 def test_cca_map_is_rens_formula_and_scaled_cca_is_least_squares(rng):
@@ -118,8 +126,8 @@ def test_scaled_cca_with_all_components_is_least_squares(rng, dx, dy, rank_x):
     train, test = slice(0, 150), slice(150, None)
     least_squares = LinearRegressionMap().fit(x[train], y[train])
     expected = least_squares.transform(x[test])
+    # (PWCCA also scales each variate by its importance, so it is least squares only when all are equal.)
     for fitted in (CCAMap(scale_by_correlation=True).fit(x[train], y[train]),
-                   PWCCAMap(scale_by_correlation=True).fit(x[train], y[train]),
                    SVCCAMap(1.0, scale_by_correlation=True).fit(x[train], y[train])):
         predicted = fitted.transform(x[test])
         assert mse(predicted, y[test]) == pytest.approx(mse(expected, y[test]), rel=1e-9)
@@ -158,15 +166,15 @@ def test_cca_num_components_keeps_top_pairs(rng):
         CCAMap(num_components=2).fit(x[:, :4], y).inverse(y)
 
 
-def test_pwcca_maps_like_cca_and_weights_by_projection(rng):
+def test_pwcca_weights_by_projection_on_centred_neurons(rng):
+    # The map itself (importance-weighted CCA) is tested in test_align_pwcca_inn.py.
     x = _correlated(rng, 150, 4)
     y = x @ rng.normal(size=(4, 4)) + 2.0 * rng.normal(size=(150, 4))
-    pw, cca = PWCCAMap().fit(x, y), CCAMap().fit(x, y)
-    np.testing.assert_allclose(pw.transform(x), cca.transform(x), atol=1e-12)
+    pw = PWCCAMap().fit(x, y)
     xs, ys = _standardise(x), _standardise(y)
     w_x, _, rho = _reference_cca(xs, ys)
     p = xs @ w_x  # unit-norm canonical variates p_i (Ren eq. 9)
-    alpha = np.abs(p.T @ xs).sum(axis=1)  # eq. 8: α_i = Σ_j |⟨p_i, x_j⟩|
+    alpha = np.abs(p.T @ (x - x.mean(0))).sum(axis=1)  # eq. 8: α_i = Σ_j |⟨p_i, x_j⟩|, x_j the centred neurons
     np.testing.assert_allclose(pw.projection_weights_, alpha / alpha.sum(), atol=1e-10)
     np.testing.assert_allclose(pw.similarity_, alpha @ rho / alpha.sum(), atol=1e-10)  # eq. 7
 
@@ -210,9 +218,11 @@ def test_ridge_shrinks_towards_the_mean(rng):
 
 
 def test_inn_recovers_a_random_inn_far_better_than_linear(rng):
+    # From the least-squares start; from the identity: test_align_pwcca_inn.py.
     x = _correlated(rng, 600, 8)
     result = synthetic_recovery(x, ["linear", "cca", "inn"], seed=0, depth=2, hidden=32, scale=1.0,
-                                inn={"depth": 2, "hidden": 64, "steps": 400, "batch_size": 128, "learning_rate": 3e-3})
+                                inn={"depth": 2, "hidden": 64, "steps": 400, "batch_size": 128, "learning_rate": 3e-3,
+                                     "linear_init": "least_squares"})
     errors = {row["method"]: row["relative_error"] for row in result["rows"]}
     assert errors["linear"] > 0.2  # f is clearly non-linear
     assert errors["inn"] < 0.5 * errors["linear"]  # ≈ 0.19 vs 0.59 on this data
@@ -328,9 +338,9 @@ def test_inn_map_fits_and_inverts_an_odd_width(rng):
 def test_inn_starts_from_least_squares_and_trains_coupling_blocks(rng):
     x = _correlated(rng, 200, 6)
     y = x @ rng.normal(size=(6, 6))
-    frozen_linear = INNMap(**{**FAST_INN, "steps": 1, "learning_rate": 1e-12}).fit(x, y)
+    frozen_linear = INNMap(**{**FAST_INN, "steps": 1, "learning_rate": 1e-12, "linear_init": "least_squares"}).fit(x, y)
     assert relative_error(frozen_linear.transform(x), y) < 0.05  # ridge 1e-2 start ≈ least squares
-    trained = INNMap(**FAST_INN).fit(x, y)
+    trained = INNMap(**FAST_INN, linear_init="least_squares").fit(x, y)
     assert trained.loss_history_[-20:].mean() < trained.loss_history_[:20].mean()
 
 

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from layersim.data.tasks import get_task
 from layersim.reporting.headlines import (align_headline, compare_headline, details_to_metrics, first_layer_at_chance,
                                           last_block_starts, metrics_to_details, similarity_headline, skip_headline,
                                           summary_headline, truncate_headline)
@@ -111,25 +112,40 @@ def test_summary_is_the_mean_over_tasks():
         "align": {"a": {"finetuning_seeds": {"inn_advantage": -0.1}}, "b": {"finetuning_seeds": {"inn_advantage": 0.3}}},
     }
     summary = summary_headline(per_stage, {"a": "accuracy", "b": "pearson"}, ("cls", "linear_cka"))
-    assert summary["mean"] == pytest.approx({"score": 0.6, "ft_orig_top": 0.4, "untuned_drop": 1.5,
+    # One mean per primary metric: a's accuracy (0.7) is never averaged with b's Pearson (0.5).
+    assert summary["mean"] == pytest.approx({"accuracy": 0.7, "pearson": 0.5, "ft_orig_top": 0.4, "untuned_drop": 1.5,
                                              "tuned_drop": 3.5, "skip_span": 1.5, "inn_advantage": 0.1})
     assert summary["finetune_runs"] == {"total": 4, "not_converged": 1}  # a's 0.6 is 0.2 below its sibling
     assert summary_headline({"finetune": per_stage["finetune"]}, {"a": "accuracy", "b": "pearson"},
-                            ("cls", "linear_cka")) == {"mean": {"score": 0.6},
+                            ("cls", "linear_cka")) == {"mean": {"accuracy": 0.7, "pearson": 0.5},
                                                        "finetune_runs": {"total": 4, "not_converged": 1}}
     assert "finetune_runs" not in summary_headline({"skip": per_stage["skip"]}, {}, ("cls", "linear_cka"))
 
 
 def test_summary_counts_the_runs_that_did_not_converge():
     """A run flagged by its own check and a seed far below its siblings (0.35 against 0.80, 0.79) count;
-    the mean score still includes them, and says so beside it."""
+    the mean scores still include them, and say so beside them."""
     stuck = {"pearson": 0.369, "convergence": {"converged": False, "score": 0.369, "reason": "loss at 3.1"}}
     fine = {"pearson": 0.768, "convergence": {"converged": True, "score": 0.768}}
     per_stage = {"finetune": {"sim": [stuck, fine], "neg": [{"accuracy": 0.80}, {"accuracy": 0.79},
                                                              {"accuracy": 0.35}]}}
     summary = summary_headline(per_stage, {"sim": "pearson", "neg": "accuracy"}, ("cls", "linear_cka"))
     assert summary["finetune_runs"] == {"total": 5, "not_converged": 2}
-    assert summary["mean"]["score"] == pytest.approx((0.5685 + 0.6467) / 2, abs=1e-4)
+    assert summary["mean"] == pytest.approx({"pearson": (0.369 + 0.768) / 2, "accuracy": (0.80 + 0.79 + 0.35) / 3},
+                                            abs=1e-6)
+
+
+def test_summary_means_each_metric_over_its_own_tasks():
+    # MRPC and QQP by F1, STS-B by Pearson, CoLA by MCC, the rest by accuracy (layersim.data.tasks).
+    tasks = ("mrpc", "qqp", "stsb", "cola", "rte", "sst2")
+    metrics = {task: get_task(task).primary_metric for task in tasks}
+    assert metrics == {"mrpc": "f1", "qqp": "f1", "stsb": "pearson", "cola": "mcc", "rte": "accuracy",
+                       "sst2": "accuracy"}
+    values = {"mrpc": 0.9, "qqp": 0.8, "stsb": 0.6, "cola": 0.4, "rte": 0.7, "sst2": 0.9}
+    per_stage = {"finetune": {task: [{metrics[task]: values[task]}] for task in tasks}}
+    mean = summary_headline(per_stage, metrics, ("cls", "linear_cka"))["mean"]
+    assert list(mean) == ["accuracy", "f1", "mcc", "pearson"]  # sorted: stable dvc exp show columns
+    assert mean == pytest.approx({"accuracy": 0.8, "f1": 0.85, "mcc": 0.4, "pearson": 0.6})
 
 
 def test_last_block_starts_come_from_the_similarity_details():

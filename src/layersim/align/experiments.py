@@ -189,6 +189,30 @@ def map_representations(x_train: np.ndarray, y_train: np.ndarray, x_apply: np.nd
     return fitted.transform(x_apply), fitted
 
 
+def mean_sd_over_pairs(per_pair: Sequence[Mapping[str, Sequence[float]]]) -> dict[str, dict[str, object]]:
+    """Per method, over pairs of models (each a mapping method → error per layer, every pair the same methods and
+    layers): the mean and sd (ddof 1; 0 for one pair) at each layer, and of the errors averaged over layers
+    (``layer_mean``, ``layer_mean_sd``; Ren Table 4's "mean ± sd")."""
+    if not per_pair:
+        raise LayersimError("no pairs were given to average over; give one or more.")
+    out = {}
+    ddof = 1 if len(per_pair) > 1 else 0
+    for method in per_pair[0]:
+        curves = np.array([pair[method] for pair in per_pair], dtype=float)  # pairs × layers
+        out[method] = {"mean": curves.mean(axis=0).tolist(), "sd": curves.std(axis=0, ddof=ddof).tolist(),
+                       "layer_mean": float(curves.mean()), "layer_mean_sd": float(curves.mean(axis=1).std(ddof=ddof))}
+    return out
+
+
+def example_split(example_ids: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices (train, test) of points keyed by `example_ids`, split by example (a seeded
+    ``train_test_split_rows`` of the distinct ids), so that no example has points on both sides."""
+    example_ids = np.asarray(example_ids)
+    distinct = np.unique(example_ids)
+    train, test = train_test_split_rows(len(distinct), test_fraction, seed)
+    return tuple(np.flatnonzero(np.isin(example_ids, distinct[chosen])) for chosen in (train, test))
+
+
 # --- helpers ---
 
 

@@ -18,13 +18,24 @@ first 5% of steps, then cosine decay to 0 by default).
   held-out error fell from 0.020 to 0.008 (5,000 steps at 3e-3). The shrinkage keeps a direction of
   (near-)zero training variance from being amplified more than ``1/√r`` = 10×.
 * ``x Wᵀ + b`` — a learnt dense linear layer (in the role of Glow's invertible 1x1 convolution,
-  Kingma & Dhariwal 2018). By default it starts at the ridge-regularised least-squares map from
-  standardised X to standardised Y (ridge 1e-2 relative to unit variance), so the flow starts as
-  (almost) linear regression and the couplings learn the non-linear remainder; it trains at
-  ``linear_learning_rate_factor`` (0.1) times the learning rate, as full-rate Adam steps on its
-  d² entries undo the least-squares start within a few dozen steps. Without such a layer the
-  couplings would have to build a general rotation out of shears. ``W`` is invertible unless
-  training drives it singular, which the squared loss does not favour; ``inverse`` checks.
+  Kingma & Dhariwal 2018); without it the couplings would have to build a general rotation out of
+  shears. Its start (``linear_init``) decides what "the INN beats linear" can mean:
+
+  - ``identity`` (default): ``W`` undoes the whitening and ``b = 0``, so before training the whole
+    flow maps standardised X to itself (``g(x_s) = x_s``; every coupling block outputs its input).
+    The INN learns everything from the data, as Ren et al.'s INN, trained from scratch, did; it beats
+    least squares only if training finds a better map. ``W`` trains at the full learning rate
+    (``linear_learning_rate_factor`` 1.0): nothing fitted is there to keep.
+  - ``least_squares``: ``W`` starts at the ridge-regularised least-squares map from the (whitened)
+    standardised X to standardised Y (ridge 1e-2 relative to unit variance), so the flow starts as
+    (almost) linear regression and the couplings learn the non-linear remainder: its training error
+    starts at least squares', so "the INN beats linear" is nearly built in. ``W`` trains at 0.1 times
+    the learning rate, as full-rate Adam steps on its d² entries undo the start within a few dozen steps.
+    Recovering a random INN (width 8, 480 training rows, 400 steps): held-out relative error 0.19 from
+    the least-squares start, 0.31 from the identity, 0.59 for least squares itself.
+
+  ``W`` is invertible unless training drives it singular, which the squared loss does not favour;
+  ``inverse`` checks.
 * ``C_i`` — an affine coupling block (Ren eqs. 11–12). The coordinates are split into two halves,
   the first ``k = ⌊d/2⌋`` and the last ``d − k = ⌈d/2⌉``, and the blocks alternate roles: even
   blocks keep (condition on) the first half and transform the last, odd blocks keep the last half
@@ -57,7 +68,7 @@ state is saved and restored around ``fit``), so equal seeds give equal maps on t
 and thread count.
 
 Hand-written rather than FrEIA: the flow is ~60 lines, needs no extra dependency, and keeps the
-float64 inverse and the least-squares start under our control.
+float64 inverse and the start (identity or least squares) under our control.
 """
 
 from __future__ import annotations
@@ -178,7 +189,8 @@ class INNMap(NeuralMap):
 
     Attributes (after ``fit``, besides :class:`NeuralMap`'s): ``whitening_``, ``unwhitening_`` — the input's
     whitening and its inverse (d x d; the identity with ``whiten=False``); ``linear_start_`` — the linear
-    layer's least-squares start (d x d, with ``linear_init="least_squares"``).
+    layer's least-squares start (d x d, with ``linear_init="least_squares"``). ``loss_history_[0]`` is the
+    training error of the start (on the first batch).
 
     Requires ``d_x = d_y``. ``inverse`` is exact (see the module docstring); it raises if the linear
     layer is singular (e.g. Y has a column that is constant on the training rows).
@@ -189,11 +201,13 @@ class INNMap(NeuralMap):
     depth : int, default 4 — coupling blocks.
     hidden : int, default 256 — width of each block's subnetwork.
     clamp : float, default 2.0 — bound on each log-scale, ``s = clamp · tanh(s_raw / clamp)``.
-    linear_init : "least_squares" (default) or "identity" — start of the dense linear layer: the
-        ridge-regularised (1e-2) least-squares map between the standardised training rows, or the
-        identity.
-    linear_learning_rate_factor : float >= 0, default 0.1 — the linear layer's learning rate as a
-        fraction of ``learning_rate`` (0 freezes it at its start).
+    linear_init : "identity" (default) or "least_squares" — start of the dense linear layer: the flow
+        starts as the identity of standardised X (Ren et al.'s INN trains from scratch), or as the
+        ridge-regularised (1e-2) least-squares map between the standardised training rows (see the
+        module docstring for what each means for "INN vs linear").
+    linear_learning_rate_factor : float >= 0 or None, default None — the linear layer's learning rate as
+        a fraction of ``learning_rate`` (0 freezes it at its start); None: 1.0 from the identity, 0.1 from
+        least squares.
     whiten : bool, default True — train on the standardised X whitened with its shrunk training
         correlation (see the module docstring); False trains on the standardised X itself.
     steps : int, default 600 — Adam steps (mini-batches), not epochs.
@@ -207,16 +221,16 @@ class INNMap(NeuralMap):
 
     name = "inn"
 
-    def __init__(self, depth: int = 4, hidden: int = 256, clamp: float = 2.0, linear_init: str = "least_squares",
-                 linear_learning_rate_factor: float = 0.1, whiten: bool = True,
+    def __init__(self, depth: int = 4, hidden: int = 256, clamp: float = 2.0, linear_init: str = "identity",
+                 linear_learning_rate_factor: float | None = None, whiten: bool = True,
                  steps: int = 600, learning_rate: float = 1e-3, schedule: str = "cosine", batch_size: int = 256,
                  seed: int = 0, device: str = "auto"):
         super().__init__(depth, hidden, steps, learning_rate, schedule, batch_size, seed, device)
         if not isinstance(whiten, (bool, np.bool_)):
             raise LayersimError(f"whiten must be true or false, got {whiten!r}.")
         self.whiten = bool(whiten)
-        self.linear_learning_rate_factor = _non_negative_float("linear_learning_rate_factor",
-                                                               linear_learning_rate_factor)
+        self.linear_learning_rate_factor = (None if linear_learning_rate_factor is None else _non_negative_float(
+            "linear_learning_rate_factor", linear_learning_rate_factor))
         self.clamp = _positive_float("clamp", clamp)
         if linear_init not in LINEAR_INITS:
             raise unknown_name("linear_init", linear_init, LINEAR_INITS)
@@ -231,13 +245,18 @@ class INNMap(NeuralMap):
 
     def _build(self, xs: np.ndarray, ys: np.ndarray) -> nn.Module:
         flow = CouplingFlow(xs.shape[1], self.depth, self.hidden, self.clamp, linear=True)
-        if self.linear_init == "least_squares":  # linear_start_ comes from _network_inputs
-            with torch.no_grad():
-                flow.linear.weight.copy_(torch.from_numpy(self.linear_start_.T))
+        # xs here are the whitened rows (_network_inputs), so the identity start undoes the whitening.
+        start = self.linear_start_ if self.linear_init == "least_squares" else self.unwhitening_
+        with torch.no_grad():
+            flow.linear.weight.copy_(torch.from_numpy(start.T))
         return flow
 
     def _learning_rate_factor(self, name: str) -> float:
-        return self.linear_learning_rate_factor if name.startswith("linear.") else 1.0
+        if not name.startswith("linear."):
+            return 1.0
+        if self.linear_learning_rate_factor is not None:
+            return self.linear_learning_rate_factor
+        return 0.1 if self.linear_init == "least_squares" else 1.0
 
     @classmethod
     def _network_inputs(cls, maps: Sequence[NeuralMap], data: Sequence[tuple[np.ndarray, np.ndarray]]

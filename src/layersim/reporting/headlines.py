@@ -218,8 +218,9 @@ def summary_headline(per_stage: Mapping[str, Mapping[str, Any]], task_metrics: M
                      primary: tuple[str, str]) -> dict:
     """One line across tasks, under ``mean``: the mean over tasks of each stage's main headline value.
 
-    ``score`` — the fine-tuned models' task score (each task's primary metric, `task_metrics`, averaged
-    over seeds); ``ft_orig_top`` — the FT–ORIG top-layer similarity in the `primary` (pooling, measure);
+    ``accuracy``, ``f1``, ``pearson``, ``mcc``, … — the fine-tuned models' task score (each task's primary
+    metric, `task_metrics`, averaged over seeds), averaged over the tasks of that primary metric only, one key
+    per metric: accuracy is never averaged with a correlation; ``ft_orig_top`` — the FT–ORIG top-layer similarity in the `primary` (pooling, measure);
     ``untuned_drop`` / ``tuned_drop`` — top layers droppable within tolerance; ``skip_span`` — the
     longest skippable span; ``inn_advantage`` — as in :func:`align_headline`. Short names: they are the
     columns ``dvc exp show`` compares experiments by. `per_stage` maps a stage name to ``{task: that
@@ -228,8 +229,11 @@ def summary_headline(per_stage: Mapping[str, Mapping[str, Any]], task_metrics: M
     their own check or far below their seeds, :func:`layersim.training.convergence.run_flags`), which every mean
     that uses a fine-tuned model includes."""
     pooling, measure = primary
+    scores: dict[str, list] = {}
+    for task, runs in per_stage.get("finetune", {}).items():
+        scores.setdefault(task_metrics[task], []).append(_mean(run[task_metrics[task]] for run in runs))
     wanted = {
-        "score": [_mean(run[task_metrics[task]] for run in runs) for task, runs in per_stage.get("finetune", {}).items()],
+        **dict(sorted(scores.items())),
         "ft_orig_top": [m.get(pooling, {}).get(measure, {}).get("ft_orig_top")
                         for m in per_stage.get("similarity", {}).values()],
         "untuned_drop": [m["untuned_droppable_top_layers"] for m in per_stage.get("truncate", {}).values()],

@@ -234,7 +234,7 @@ def block_heatmap(matrix: np.ndarray, blocks: list[tuple[str, int]], title: str,
                   bounds: tuple[float, float] | None = (0.0, 1.0), *, first_layer: int = 0,
                   chance: np.ndarray | None = None, note: str | None = None):
     """All layers of several models in one matrix, a block per pair of models, separated by white
-    lines and labelled by model (Wu et al. Figures 1, 5 and 6; Phang et al. Figure 7).
+    lines and labelled by model (Wu et al. Figures 1, 5 and 6).
 
     `blocks` lists (model label, number of layers) in the order the layers are stacked; cells where
     `chance` is True are greyed and hatched, and `note` explains them.
@@ -344,7 +344,7 @@ def alignment_error_curves(errors: dict[str, dict[str, list[float] | tuple[list[
     for ax in axes.flat[len(errors):]:
         ax.set_visible(False)
     for ax, (pair, per_method) in zip(axes.flat, errors.items()):
-        # Distinct line styles and markers keep coinciding methods visible (pwcca maps exactly as cca).
+        # Distinct line styles and markers keep coinciding methods visible (pwcca coincides with cca when its weights are equal).
         for n, (method, values) in enumerate(per_method.items()):
             values, sd = values if isinstance(values, tuple) else (values, None)
             line, = ax.plot(range(len(values)), values, marker="os^vDx"[n % 6], ms=4, ls=("-", "--", ":", "-.")[n % 4],

@@ -102,9 +102,16 @@ def _pw_both(bx: Basis, by: Basis) -> tuple[float, float]:
     return _pw_weighted(u.T @ bx.coords, rho), _pw_weighted(vt @ by.coords, rho)
 
 
+def projection_alphas(variates_dot_neurons: np.ndarray) -> np.ndarray:
+    """PWCCA's unnormalised weights ``α_i = Σ_j |h_iᵀ xc_j|`` (Morcos et al. 2018; Ren et al. 2023 eq. 8), one per
+    row of the argument, whose rows are ``h_iᵀ Xc``: unit-norm canonical variates against the centred neurons.
+    Shared by the pwcca measure and the pwcca alignment map (layersim.align)."""
+    return np.abs(variates_dot_neurons).sum(axis=1)
+
+
 def _pw_weighted(variates_dot_neurons: np.ndarray, rho: np.ndarray) -> float:
     """Σ α_i ρ_i with α_i ∝ Σ_j |h_iᵀ xc_j| (rows of the argument are h_iᵀ Xc)."""
-    alpha = np.abs(variates_dot_neurons).sum(axis=1)
+    alpha = projection_alphas(variates_dot_neurons)
     # Every h_i is a unit vector inside the column space of Xc, so some xc_j has h_iᵀ xc_j != 0:
     # the weights never sum to zero.
     return float(np.clip(alpha @ rho / alpha.sum(), 0.0, 1.0))
