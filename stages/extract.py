@@ -57,11 +57,11 @@ def main(args, params):
             if p.attention_examples:
                 # Attention maps of a few validation examples, for Wu et al.'s attention-level measures.
                 table = read_task_table(args.task_dir, spec, "validation", p.attention_examples)
-                encoded = encode_task(table, spec, tokenizer, params.finetune.max_length)
+                encoded = encode_task(table, spec, tokenizer, params.finetune.max_length, p.attention_unit == "words")
                 metadata = {"model": params.model, **identity, "run": run, "task": spec.name,
                             "split": "validation", "task_digest": task_digest}
                 extract_attention(encoder, tokenizer, encoded, Path(tmp) / "attention" / f"{run}.parquet", metadata,
-                                  p.batch_size, device)
+                                  p.batch_size, device, p.attention_unit)
             cli.log.info("read %s, wrote %s.{%s}.parquet", folder, run, ",".join(p.poolings))
     cli.log.info("wrote %s (%s)", args.out,
                  ", ".join(f"{split}: {table.num_rows} examples" for split, (table, _) in splits.items()))

@@ -1,12 +1,11 @@
-"""Tests for the "tokens" pooling (layersim.data.words): one row per whitespace word, its last sub-word, keyed
-by (example_id, choice, segment, word) so that models with different tokenizers line up.
+"""Tests for the "tokens" pooling (layersim.data.words): one row per Penn-Treebank-like word, its last sub-word,
+keyed by (example_id, choice, segment, word) so that models with different tokenizers line up.
 
-Two tokenizers: MiniLM's BERT WordPiece (the tiny models') and a RoBERTa-style byte-level BPE trained
-here on the generated tasks' sentences (offline, a small vocabulary, so words split differently)."""
+Tokenizers of the three kinds, all offline: MiniLM's WordPiece (tiny-bert), the GPT-2-style byte-level BPE of
+tiny-gpt2 and the SentencePiece-style Unigram of tiny-deberta-v2 and tiny-xlnet (layersim.models.tiny_tokenizers),
+and a RoBERTa-style byte-level BPE (<s> … </s></s> … </s>) trained here on the generated tasks' sentences."""
 
 from __future__ import annotations
-
-import re
 
 import numpy as np
 import pyarrow as pa
@@ -16,21 +15,28 @@ import torch
 
 from layersim.data.batching import encode_task
 from layersim.errors import LayersimError
-from layersim.experiments.extract import concatenate_pooled, extract_activations, models_for_pooling, pooled_layers
+from layersim.experiments.extract import (concatenate_pooled, extract_activations, extract_attention,
+                                          models_for_pooling, pooled_layers)
 from layersim.data.io import ActivationTable, ActivationWriter, with_metadata, write_parquet
 from layersim.models.registry import load_encoder, load_tokenizer
 from layersim.data.tasks import generated_table, get_task
-from layersim.data.words import align_rows, row_words
+from layersim.data.words import align_rows, encode_words, ptb_words, word_attention, word_spans, words_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 CPU = torch.device("cpu")
 TASKS = ("synth-negation", "synth-roles", "synth-choice")
+KINDS = {"wordpiece": "tiny-bert", "byte_bpe": "tiny-gpt2", "unigram": "tiny-deberta-v2", "unigram_xlnet": "tiny-xlnet"}
 
 
 @pytest.fixture(scope="module")
-def bert(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir("tiny-bert"))
+def tokenizers(tiny_model_dir):
+    return {kind: load_tokenizer(tiny_model_dir(name)) for kind, name in KINDS.items()}
+
+
+@pytest.fixture(scope="module")
+def bert(tokenizers):
+    return tokenizers["wordpiece"]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +69,7 @@ def _table(task: str, n: int = 6):
 
 
 def _segments(spec, row: dict) -> list[tuple[str, ...]]:
-    """Each choice's (segment 0, segment 1) texts of one task-table row, as the documentation says."""
+    """Each choice's (segment 0, segment 1) texts of one task-table row."""
     if spec.format == "single":
         return [(row["text"],)]
     if spec.format == "pair":
@@ -76,89 +82,161 @@ def _keys(encoded) -> list[tuple]:
             for c, located in enumerate(per_choice) for s, w, _ in located]
 
 
+def _tokens(tokenizer, row) -> list[str]:
+    return tokenizer.convert_ids_to_tokens(row["input_ids"])
+
+
+@pytest.mark.parametrize("text,words", [
+    ("great, honestly.", ["great", ",", "honestly", "."]),
+    ("I don't know what they're doing.", ["I", "do", "n't", "know", "what", "they", "'re", "doing", "."]),
+    ("\"It's great,\" she said.", ['"', "It", "'s", "great", ",", '"', "she", "said", "."]),
+    ("The U.S. economy grew 3.5% -- a $1,000 rise at 10:30 a.m.; we cannot.",
+     ["The", "U.S.", "economy", "grew", "3.5", "%", "--", "a", "$", "1,000", "rise", "at", "10:30", "a.m.", ";",
+      "we", "can", "not", "."]),
+    ("they'd've gone... (maybe) to the dogs' park!",
+     ["they", "'d", "'ve", "gone", "...", "(", "maybe", ")", "to", "the", "dogs", "'", "park", "!"]),
+    ("won’t", ["wo", "n’t"]),
+    ("last night the hotel was nice .", ["last", "night", "the", "hotel", "was", "nice", "."]),
+    ("  ", []),
+])
+def test_words_are_penn_treebank_like(text, words):
+    assert ptb_words(text) == words
+    starts, ends = word_spans(text)
+    assert [text[a:b] for a, b in zip(starts, ends)] == words
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_punctuation_is_its_own_point_with_every_tokenizer(tokenizers, kind):
+    """"great," gives the point of "great" and one of ",": each the last sub-word of its own tokens."""
+    tokenizer = words_tokenizer(tokenizers[kind])
+    features, located, units = encode_words(tokenizer, [[ptb_words("It was great, honestly.")]], 64, True)
+    tokens = _tokens(tokenizer, features[0])
+    assert located[0][:, :2].tolist() == [[0, w] for w in range(6)]
+    word_of = {int(p): int(w) for _, w, p in located[0]}
+    great, comma = (tokens[p] for p, w in word_of.items() if w in (2, 3))
+    assert great.endswith("at") and comma.endswith(",") and comma.lstrip("Ġ▁") == ","
+    # Hand-checked positions (the tokens are printed on failure): each word's last sub-word.
+    want = {"wordpiece": [1, 2, 3, 4, 5, 6], "byte_bpe": [1, 2, 5, 6, 10, 11], "unigram": [2, 3, 6, 7, 11, 12],
+            "unigram_xlnet": [1, 2, 5, 6, 10, 11]}[kind]
+    assert located[0][:, 2].tolist() == want, tokens
+    # A word's sub-words share an attention unit; each special token is a unit of its own.
+    assert len(units[0]) == len(tokens) and units[0].max() + 1 == 6 + sum(t.startswith(("[", "<")) for t in tokens)
+
+
+def test_byte_level_bpe_reads_each_pre_split_word_with_its_space(tokenizers):
+    gpt2 = tokenizers["byte_bpe"]
+    words = words_tokenizer(gpt2)
+    assert words is not gpt2 and words_tokenizer(tokenizers["wordpiece"]) is tokenizers["wordpiece"]
+    pre_split = _tokens(words, words(["great", ","], is_split_into_words=True))
+    assert pre_split[0].startswith("Ġ") and pre_split[-1] == "Ġ,"
+    assert _tokens(gpt2, gpt2("great,"))[0] == "g"  # the model's own tokenizer is left as it was
+
+
 @pytest.mark.parametrize("task", TASKS)
-def test_positions_are_each_words_last_sub_word(bert, task):
-    """Against the tokenizer's own word_ids() on the pre-split words (same tokens for WordPiece)."""
-    spec = get_task(task)
-    texts = ["Antidisestablishmentarianism, the quick-fox jumped!", "Tokenization of  unbelievably long words ."]
-    table = _table(task)
-    encoded = encode_task(table, spec, bert, max_length=128, words=True)
-    rows = [(texts[0], texts[1]) if spec.format != "single" else (texts[0],)]
-    rows += [segments for row in table.to_pylist() for segments in _segments(spec, row)]
-    located = [row_words(*_offsets(bert, segments), segments) for segments in rows]
-    assert [w.tolist() for per in encoded.words for w in per] == [w.tolist() for w in located[1:]]
-    for segments, words in zip(rows, located):
-        split = bert(*(s.split() for s in segments), is_split_into_words=True)
-        assert split["input_ids"] == bert(*segments)["input_ids"]
-        want = {}
-        for position, (segment, word) in enumerate(zip(split.sequence_ids(), split.word_ids())):
-            if word is not None:
-                want[(segment, word)] = position  # the last position of each word wins
-        assert {(s, w): p for s, w, p in words.tolist()} == want
-        assert len(words) == sum(len(s.split()) for s in segments)
-    # Multi-piece words: the last piece is chosen ("," of the first word), not the first.
-    assert located[0][:2, 2].tolist() != [1, 2] and located[0][0, 2] > 2
-
-
-def _offsets(tokenizer, segments):
-    encoding = tokenizer(*segments, return_offsets_mapping=True)
-    return encoding["offset_mapping"], encoding.sequence_ids()
-
-
-@pytest.mark.parametrize("task", TASKS)
-def test_same_words_line_up_across_tokenizers(bert, byte_bpe, task):
+def test_same_words_line_up_across_tokenizers(tokenizers, byte_bpe, task):
+    """The same words in the same order, at different positions, whatever the tokenizer."""
     spec = get_task(task)
     table = _table(task)
-    a = encode_task(table, spec, bert, max_length=128, words=True)
-    b = encode_task(table, spec, byte_bpe, max_length=128, words=True)
-    assert _keys(a) == _keys(b)  # same words, same order
-    assert len(_keys(a)) == sum(len(s.split()) for row in table.to_pylist() for seg in _segments(spec, row) for s in seg)
-    # ... at different positions: the tokenizers really differ.
-    pos_a = np.concatenate([w[:, 2] for per in a.words for w in per])
-    pos_b = np.concatenate([w[:, 2] for per in b.words for w in per])
-    assert not np.array_equal(pos_a, pos_b)
-    # The last sub-word of the BPE tokenizer ends where the word ends.
-    row = table.to_pylist()[0]
-    segments = _segments(spec, row)[0]
-    offsets, _ = _offsets(byte_bpe, segments)
-    for segment, word, position in b.words[0][0].tolist():
-        assert offsets[position][1] == [m.end() for m in re.finditer(r"\S+", segments[segment])][word]
+    encoded = {kind: encode_task(table, spec, tok, max_length=128, words=True)
+               for kind, tok in {**tokenizers, "roberta_bpe": byte_bpe}.items()}
+    keys = {kind: _keys(e) for kind, e in encoded.items()}
+    assert all(k == keys["wordpiece"] for k in keys.values())
+    assert [sum(len(w) for w in per) for per in encoded["byte_bpe"].words] == \
+        [sum(len(w) for w in per) for per in encoded["unigram"].words]
+    positions = {kind: np.concatenate([w[:, 2] for per in e.words for w in per]) for kind, e in encoded.items()}
+    assert not np.array_equal(positions["wordpiece"], positions["byte_bpe"])
+    assert not np.array_equal(positions["byte_bpe"], positions["unigram"])
+    # WordPiece splits on punctuation anyway: on these texts (no clitics) its word input is the text's own.
+    bert = encoded["wordpiece"]
+    assert [f["input_ids"] for per in bert.word_features for f in per] == \
+        [f["input_ids"] for per in bert.features for f in per]
 
 
-def test_truncation_drops_only_cut_words(bert, byte_bpe):
-    text = "an unbelievably long sentence, with antidisestablishmentarianism inside it ."
-    words = text.split()
-    for tokenizer in (bert, byte_bpe):
-        full = tokenizer(words, is_split_into_words=True) if tokenizer is bert else None
-        length = len(tokenizer(text)["input_ids"])
-        for max_length in range(3, length + 1):
-            encoding = tokenizer(text, truncation=True, max_length=max_length, return_offsets_mapping=True)
-            got = row_words(encoding["offset_mapping"], encoding.sequence_ids(), (text,))
-            kept = max_length - 2  # content tokens kept after [CLS] / <s>
-            if full is not None:  # WordPiece: a word survives iff all of its pieces do
-                ids = full.word_ids()[1:-1]
-                want = [w for w in range(len(words)) if max(i for i, x in enumerate(ids) if x == w) < kept]
-            else:  # byte-level: a word survives iff the kept tokens reach its last character
-                ends = [end for start, end in encoding["offset_mapping"] if end > start]
-                stops = np.cumsum([len(w) + 1 for w in words]) - 1
-                want = [w for w in range(len(words)) if stops[w] <= max(ends, default=0)]
-            assert got[:, 1].tolist() == want, (tokenizer.__class__.__name__, max_length)
-            if want:
-                assert got[-1, 2] <= kept
-        assert len(got) == len(words)  # untruncated at full length
+def test_truncation_drops_only_cut_words(tokenizers, byte_bpe):
+    text = "an unbelievably long sentence, with antidisestablishmentarianism inside it."
+    words = ptb_words(text)
+    for kind, tokenizer in {**tokenizers, "roberta_bpe": byte_bpe}.items():
+        tokenizer = words_tokenizer(tokenizer)
+        pieces = np.bincount([w for w in tokenizer(words, is_split_into_words=True).word_ids() if w is not None])
+        specials = len(tokenizer(words, is_split_into_words=True)["input_ids"]) - pieces.sum()
+        for max_length in range(specials + 1, specials + pieces.sum() + 1):
+            _, located, _ = encode_words(tokenizer, [[words]], max_length, True)
+            room = max_length - specials  # sub-words kept
+            want = [w for w in range(len(words)) if np.cumsum(pieces)[w] <= room]
+            assert located[0][:, 1].tolist() == want, (kind, max_length)
+        assert located[0][:, 1].tolist() == list(range(len(words)))  # untruncated at full length
 
 
 @pytest.mark.parametrize("task", ["synth-roles", "synth-choice"])
 def test_pair_and_multiple_choice_rows(bert, task):
-    """Pairs: segment 0 is text_a, 1 text_b; multiple choice: every choice, segment 0 the context, 1 its ending."""
+    """Pairs: segment 0 is text_a, 1 text_b. Multiple choice: the context's words once (choice 0), then each
+    choice's ending (segment 1)."""
     spec = get_task(task)
     table = _table(task)
     encoded = encode_task(table, spec, bert, max_length=128, words=True)
     want = [(row["example_id"], choice, segment, word) for row in table.to_pylist()
             for choice, segments in enumerate(_segments(spec, row))
-            for segment, text in enumerate(segments) for word in range(len(text.split()))]
+            for segment, text in enumerate(segments) for word in range(len(ptb_words(text)))
+            if segment == 1 or choice == 0]
     assert _keys(encoded) == want
-    assert {k[2] for k in want} == {0, 1} and ({k[1] for k in want} == ({0, 1, 2, 3} if spec.num_choices else {0}))
+    assert {k[2] for k in want} == {0, 1}
+    context = [k for k in want if k[2] == 0]
+    assert {k[1] for k in context} == {0} and len(context) == len(set(context))
+    if spec.num_choices:  # each ending under its own choice
+        assert {k[1] for k in want if k[2] == 1} == {0, 1, 2, 3}
+        first = table.to_pylist()[0]
+        assert sum(k[0] == first["example_id"] for k in want) == \
+            len(ptb_words(first["context"])) + sum(len(ptb_words(e)) for e in first["choices"])
+
+
+def test_word_attention_sums_to_and_averages_from_sub_words():
+    """Tokens [CLS] a b# c (b# and c one word): to a word, the sum over its tokens; from it, the mean."""
+    maps = np.array([[[0.4, 0.3, 0.2, 0.1],
+                      [0.1, 0.2, 0.3, 0.4],
+                      [0.5, 0.0, 0.25, 0.25],
+                      [0.0, 1.0, 0.0, 0.0]]])
+    got = word_attention(maps, np.array([0, 1, 2, 2]))
+    want = np.array([[[0.4, 0.3, 0.3],
+                      [0.1, 0.2, 0.7],
+                      [0.25, 0.5, 0.25]]])
+    np.testing.assert_allclose(got, want)
+    np.testing.assert_allclose(word_attention(torch.from_numpy(maps), [0, 1, 2, 2]).numpy(), want)
+    np.testing.assert_allclose(word_attention(maps, np.arange(4)), maps)  # one token per word: unchanged
+    with pytest.raises(LayersimError, match="one unit per token"):
+        word_attention(maps, [0, 1, 2])
+    with pytest.raises(LayersimError, match=r"each used; got \[0, 2, 2, 2\]"):
+        word_attention(maps, [0, 2, 2, 2])
+
+
+def test_attention_between_words_is_written_per_unit(tokenizers, tiny_model_dir, tmp_path):
+    folder = tiny_model_dir("tiny-gpt2")
+    tokenizer, model = tokenizers["byte_bpe"], load_encoder(folder)
+    spec = get_task("synth-roles")
+    encoded = encode_task(_table("synth-roles", 3), spec, tokenizer, max_length=64, words=True)
+    extract_attention(model, tokenizer, encoded, tmp_path / "w.parquet", {"run": "orig"}, 2, CPU, unit="words")
+    extract_attention(model, tokenizer, encoded, tmp_path / "t.parquet", {"run": "orig"}, 2, CPU, unit="tokens")
+    words, tokens = pq.read_table(tmp_path / "w.parquet"), pq.read_table(tmp_path / "t.parquet")
+    units = [int(u[0].max()) + 1 for u in encoded.word_units]  # GPT-2 adds no special tokens: units are words
+    assert units == [sum(len(ptb_words(t)) for t in segments) for r in _table("synth-roles", 3).to_pylist()
+                     for segments in _segments(spec, r)]
+    assert words.num_rows == sum(u * u for u in units)
+    assert tokens.num_rows == sum(len(f[0]["input_ids"]) ** 2 for f in encoded.features) > words.num_rows
+    assert words.schema.metadata[b"layersim"].count(b'"attention_unit": "words"') == 1
+    # Example 0, layer 2: the word map is word_attention of the model's token map of the word input.
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        ids = torch.tensor([encoded.word_features[0][0]["input_ids"]])
+        token_map = model(input_ids=ids, output_attentions=True).attentions[1][0].numpy()
+    n = units[0]
+    stored = np.stack(words.column("layer_02").to_pylist()[:n * n]).reshape(n, n, -1).transpose(2, 0, 1)
+    np.testing.assert_allclose(stored, word_attention(token_map, encoded.word_units[0][0]), atol=1e-6)
+    np.testing.assert_allclose(stored.sum(-1), 1.0, atol=1e-5)
+    with pytest.raises(LayersimError, match=r"unknown attention unit 'subwords'; valid attention units are: "
+                                            r"tokens, words"):
+        extract_attention(model, tokenizer, encoded, tmp_path / "x.parquet", {"run": "orig"}, 2, CPU, unit="subwords")
+    with pytest.raises(LayersimError, match=r"encode_task\(\.\.\., words=True\)"):
+        extract_attention(model, tokenizer, encode_task(_table("synth-roles", 3), spec, tokenizer, 64),
+                          tmp_path / "x.parquet", {"run": "orig"}, 2, CPU, unit="words")
 
 
 def test_max_tokens_caps_rows_deterministically(bert, encoder):
@@ -189,12 +267,13 @@ def test_extraction_writes_one_row_per_word(bert, encoder, tmp_path, monkeypatch
     assert [tuple(k) for k in tokens.keys().tolist()] == _keys(encoded)
     labels = dict(zip(table.column("example_id").to_pylist(), table.column("label").to_pylist()))
     np.testing.assert_array_equal(tokens.labels(), [labels[i] for i in tokens.example_id])
-    # Each row is the hidden state of its word's last sub-word, run alone and unpadded.
+    # Each row is the hidden state of its word's last sub-word in its word input, run alone and unpadded.
     with torch.no_grad():
         row = 0
         for i, row_texts in enumerate(_segments(spec, r) for r in table.to_pylist()):
             for c, segments in enumerate(row_texts):
-                hidden = encoder(**bert(*segments, return_tensors="pt"), output_hidden_states=True).hidden_states
+                inputs = {k: torch.tensor([v]) for k, v in encoded.word_features[i][c].items()}
+                hidden = encoder(**inputs, output_hidden_states=True).hidden_states
                 positions = encoded.words[i][c][:, 2]
                 for k in (0, 3):
                     np.testing.assert_allclose(tokens.layer(k)[row:row + len(positions)], hidden[k][0, positions],

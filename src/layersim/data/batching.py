@@ -12,7 +12,7 @@ import pyarrow as pa
 import torch
 
 from layersim.data.tasks import TaskSpec
-from layersim.data.words import check_fast, encode_words
+from layersim.data.words import encode_words, ptb_words, words_tokenizer
 
 
 @dataclass
@@ -24,34 +24,36 @@ class EncodedTask:
     labels: np.ndarray
     example_id: np.ndarray
     num_choices: int
-    # With encode_task(words=True): per example, per choice, (words, 3) [segment, word, last sub-word
-    # position] (layersim.data.words.row_words), for the "tokens" pooling.
+    # With encode_task(words=True), per example and choice, the second encoding the "tokens" pooling and word
+    # attention read (the PTB words, pre-split: layersim.data.words.encode_words): its token ids, its words
+    # ((words, 3) [segment, word, last sub-word position]; a multiple-choice context's only in choice 0) and
+    # each token's attention unit (word or special token).
     words: list[list[np.ndarray]] | None = None
+    word_features: list[list[dict[str, list[int]]]] | None = None
+    word_units: list[list[np.ndarray]] | None = None
 
     def __len__(self) -> int:
         return len(self.features)
 
     def head(self, count: int) -> "EncodedTask":
         """The first `count` examples (all when there are fewer)."""
+        words = [None if part is None else part[:count] for part in (self.words, self.word_features, self.word_units)]
         return EncodedTask(self.features[:count], self.labels[:count], self.example_id[:count], self.num_choices,
-                           None if self.words is None else self.words[:count])
+                           *words)
 
 
 def encode_task(table: pa.Table, spec: TaskSpec, tokenizer, max_length: int, words: bool = False) -> EncodedTask:
-    """Tokenize every (example, choice); `words` also locates each word's last sub-word (a fast tokenizer's
-    character offsets) for the "tokens" pooling, without changing the tokens."""
+    """Tokenize every (example, choice); `words` also encodes the examples' PTB words pre-split (a fast
+    tokenizer's word ids) for the "tokens" pooling and word attention (layersim.data.words)."""
     columns = table.to_pydict()
-    extra = {}
-    if words:
-        check_fast(tokenizer)
-        extra["return_offsets_mapping"] = True
+    tokenizer_words = words_tokenizer(tokenizer) if words else None  # refuses a slow tokenizer before any work
     if spec.format == "single":
         texts = [(t,) for t in columns["text"]]
-        encoded = tokenizer(columns["text"], truncation=True, max_length=max_length, **extra)
+        encoded = tokenizer(columns["text"], truncation=True, max_length=max_length)
         groups, num_choices = 1, 1
     elif spec.format == "pair":
         texts = list(zip(columns["text_a"], columns["text_b"]))
-        encoded = tokenizer(columns["text_a"], columns["text_b"], truncation=True, max_length=max_length, **extra)
+        encoded = tokenizer(columns["text_a"], columns["text_b"], truncation=True, max_length=max_length)
         groups, num_choices = 1, 1
     else:
         num_choices = spec.num_choices
@@ -59,17 +61,23 @@ def encode_task(table: pa.Table, spec: TaskSpec, tokenizer, max_length: int, wor
         endings = [e for choices in columns["choices"] for e in choices]
         texts = list(zip(contexts, endings))
         # Long contexts are cut from the context side so that every choice survives intact.
-        encoded = tokenizer(contexts, endings, truncation="only_first", max_length=max_length, **extra)
+        encoded = tokenizer(contexts, endings, truncation="only_first", max_length=max_length)
         groups = num_choices
     keys = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in encoded]
     rows = [{k: encoded[k][i] for k in keys} for i in range(len(encoded["input_ids"]))]
     features = [rows[i:i + groups] for i in range(0, len(rows), groups)]
     labels = np.asarray(columns["label"], dtype=np.float64 if spec.regression else np.int64)
-    located = None
+    located = word_features = units = None
     if words:
-        per_row = encode_words(encoded, texts)
-        located = [per_row[i:i + groups] for i in range(0, len(per_row), groups)]
-    return EncodedTask(features, labels, np.asarray(columns["example_id"], dtype=np.int64), num_choices, located)
+        segments = [[ptb_words(row[s]) for row in texts] for s in range(len(texts[0]) if texts else 0)]
+        truncation = "only_first" if spec.format == "multiple_choice" else True
+        word_rows, located, units = encode_words(tokenizer_words, segments, max_length, truncation) if texts else [[]] * 3
+        if groups > 1:  # a multiple-choice context's words once: from the first choice's input
+            located = [w if i % groups == 0 else w[w[:, 0] == 1] for i, w in enumerate(located)]
+        located, word_features, units = ([part[i:i + groups] for i in range(0, len(part), groups)]
+                                         for part in (located, word_rows, units))
+    example_id = np.asarray(columns["example_id"], dtype=np.int64)
+    return EncodedTask(features, labels, example_id, num_choices, located, word_features, units)
 
 
 _PAD_KEYS = {"input_ids", "token_type_ids", "attention_mask"}
@@ -111,6 +119,12 @@ def collate(encoded: EncodedTask, indices: Sequence[int], tokenizer, with_labels
         # Regression heads compute in float32; the tables keep the exact float64 labels.
         batch["labels"] = torch.from_numpy(labels.astype(np.float32) if labels.dtype == np.float64 else labels)
     return batch
+
+
+def collate_words(encoded: EncodedTask, indices: Sequence[int], tokenizer) -> dict[str, torch.Tensor]:
+    """The chosen examples' word encodings (encode_task(words=True)) padded into one (rows, length) batch, one
+    row per (example, choice)."""
+    return pad_rows([row for i in indices for row in encoded.word_features[i]], tokenizer)
 
 
 def sequential_batches(encoded: EncodedTask, batch_size: int, tokenizer, with_labels: bool = True

@@ -24,14 +24,14 @@ import pyarrow as pa
 import torch
 from tqdm.auto import tqdm
 
-from layersim.data.batching import EncodedTask, sequential_batches
+from layersim.data.batching import EncodedTask, collate, collate_words
 from layersim.compute.device import to_device
-from layersim.errors import LayersimError
+from layersim.errors import LayersimError, unknown_name
 from layersim.data.io import ActivationWriter, layer_column, with_metadata, write_parquet
 from layersim.params import POOLINGS
 from layersim.params.validate import LAST_TOKEN_HEADS, head_pooling  # noqa: F401 (head_pooling: part of the API)
 from layersim.data.tasks import TaskSpec
-from layersim.data.words import align_rows
+from layersim.data.words import align_rows, word_attention
 
 
 def reads_last_token(config) -> bool:
@@ -143,13 +143,26 @@ def _word_rows(encoded: EncodedTask, indices: np.ndarray, budget: int | None, at
     return np.concatenate(keys).astype(np.int64), np.concatenate(labels), index, budget
 
 
+def _hidden_states(encoder, batch: dict, device: torch.device, num_layers: int, **outputs):
+    """Run `encoder` on `batch` flattened to (rows, length): every (example, choice) is one row."""
+    batch = {k: v.reshape(-1, v.shape[-1]) for k, v in to_device(batch, device).items()}
+    out = encoder(**batch, **outputs)
+    states = out.attentions if outputs.get("output_attentions") else out.hidden_states
+    want = num_layers if outputs.get("output_attentions") else num_layers + 1
+    if len(states) != want:
+        raise LayersimError(f"the encoder returned {len(states)} {'attention maps' if want == num_layers else 'hidden states'}"
+                            f", expected {want}.")
+    return batch, states
+
+
 @torch.inference_mode()
 def pooled_batches(encoder, tokenizer, encoded: EncodedTask, poolings, batch_size: int, device: torch.device,
                    desc: str = "extract", max_tokens: int | None = None) -> Iterator[PooledBatch]:
     """Run `encoder` over `encoded` in order and pool every layer's hidden states of each batch.
 
     Multiple-choice examples give one row per (example, choice). The "tokens" pooling (`encoded` made
-    with words=True) gives one row per word, example by example, the first `max_tokens` words in all.
+    with words=True) gives one row per word, example by example, the first `max_tokens` words in all, from a
+    second pass over the examples' pre-split words (layersim.data.words), run only while words are wanted.
     "cls" is refused, before any batch runs, for a model whose head reads the last token (:func:`check_poolings`)."""
     check_poolings(encoder.config, poolings)
     last_token_head = reads_last_token(encoder.config)
@@ -157,28 +170,37 @@ def pooled_batches(encoder, tokenizer, encoded: EncodedTask, poolings, batch_siz
     num_layers = encoder.config.num_hidden_layers
     special_ids = tokenizer.all_special_ids
     words = "tokens" in poolings
-    if words and encoded.words is None:
+    per_example = [q for q in poolings if q != "tokens"]
+    if words and encoded.word_features is None:
         raise LayersimError("pooling 'tokens' needs word positions; encode the task with encode_task(..., words=True).")
     budget = max_tokens
-    batches = sequential_batches(encoded, batch_size, tokenizer, with_labels=False)
-    for indices, batch in tqdm(batches, total=-(-len(encoded) // batch_size), desc=desc, mininterval=2):
-        choices = encoded.num_choices
-        # Flatten (batch, choices, length) so that every (example, choice) is one row.
-        batch = {k: v.reshape(-1, v.shape[-1]) for k, v in to_device(batch, device).items()}
-        hidden_states = encoder(**batch, output_hidden_states=True).hidden_states
-        if len(hidden_states) != num_layers + 1:
-            raise LayersimError(f"the encoder returned {len(hidden_states)} hidden states, expected {num_layers + 1}.")
-        word_keys = word_labels = word_index = None
-        if words:
+    choices = encoded.num_choices
+    for start in tqdm(range(0, len(encoded), batch_size), desc=desc, mininterval=2):
+        indices = np.arange(start, min(start + batch_size, len(encoded)))
+        layers: dict[str, list[np.ndarray]] = {}
+        if per_example:
+            batch, hidden_states = _hidden_states(encoder, collate(encoded, indices, tokenizer, with_labels=False),
+                                                  device, num_layers, output_hidden_states=True)
+            layers = pool_layers(hidden_states, batch["input_ids"], batch["attention_mask"], per_example, special_ids,
+                                 None, last_token_head)
+        word_keys = word_labels = None
+        if words and budget != 0:
+            batch, hidden_states = _hidden_states(encoder, collate_words(encoded, indices, tokenizer), device,
+                                                  num_layers, output_hidden_states=True)
             word_keys, word_labels, word_index, budget = _word_rows(encoded, indices, budget, batch["attention_mask"],
                                                                     tokenizer.padding_side == "left")
+            layers |= pool_layers(hidden_states, batch["input_ids"], batch["attention_mask"], ["tokens"], special_ids,
+                                  word_index)
+        elif words:  # the budget is spent: no rows, and no pass
+            word_keys, word_labels = np.zeros((0, 4), np.int64), encoded.labels[:0]
+            layers["tokens"] = [np.zeros((0, encoder.config.hidden_size), np.float32)] * (num_layers + 1)
         yield PooledBatch(
             example_id=np.repeat(encoded.example_id[indices], choices),
             choice=np.tile(np.arange(choices, dtype=np.int16), len(indices)),
             labels=np.repeat(encoded.labels[indices], choices),
-            layers=pool_layers(hidden_states, batch["input_ids"], batch["attention_mask"], poolings, special_ids,
-                               word_index, last_token_head),
-            word_keys=word_keys, word_labels=word_labels)
+            layers=layers, word_keys=word_keys, word_labels=word_labels)
+        if words and budget == 0 and not per_example:
+            return  # nothing more to extract
 
 
 def extract_activations(encoder, tokenizer, spec: TaskSpec, encoded: EncodedTask, outputs: dict[str, Path],
@@ -245,43 +267,53 @@ def concatenate_layers(parts: list[dict[str, list[np.ndarray]]]) -> dict[str, li
             for pooling, layers in parts[0].items()}
 
 
+ATTENTION_UNITS = ("words", "tokens")
+
+
 @torch.inference_mode()
 def extract_attention(encoder, tokenizer, encoded: EncodedTask, path: Path, metadata: dict, batch_size: int,
-                      device: torch.device) -> None:
+                      device: torch.device, unit: str = "tokens") -> None:
     """Write the attention maps of every layer and head for the examples in `encoded` to `path`.
 
-    One Parquet row per (example, choice, query token, key token) over non-padding tokens, in that
-    order; column `layer_k` (k = 1 … L) holds that pair's weight in each head of layer k, so each
-    attention row (one query's distribution over keys) is a contiguous run of rows summing to 1 per
-    head. Tokens, not words: Wu et al. sum sub-word attentions into words; we keep the model's tokens.
+    One Parquet row per (example, choice, query, key) over non-padding units, in that order; column `layer_k`
+    (k = 1 … L) holds that pair's weight in each head of layer k, so each attention row (one query's
+    distribution over keys) is a contiguous run of rows summing to 1 per head. `unit` "tokens": the model's
+    tokens of the encoding every pooling but "tokens" reads; "words" (`encoded` made with words=True): Wu et
+    al.'s words, from the pre-split encoding, attention to a word summed over its sub-words and from a word
+    averaged over them (layersim.data.words.word_attention), each special token a unit of its own. The
+    metadata records the unit (``attention_unit``).
     """
+    if unit not in ATTENTION_UNITS:
+        raise unknown_name("attention unit", unit, ATTENTION_UNITS)
+    if unit == "words" and encoded.word_units is None:
+        raise LayersimError("attention between words needs the word encoding; encode the task with "
+                            "encode_task(..., words=True).")
     encoder.eval().to(device)
     # Fused attention kernels (sdpa) never materialise the weights; the eager path returns them.
     encoder.set_attn_implementation("eager")
     config = encoder.config
-    num_layers, heads = config.num_hidden_layers, config.num_attention_heads
+    num_layers, heads, choices = config.num_hidden_layers, config.num_attention_heads, encoded.num_choices
     columns = {"example_id": [], "choice": [], "query": [], "key": []}
     weights: list[list[np.ndarray]] = [[] for _ in range(num_layers)]
-    for indices, batch in tqdm(sequential_batches(encoded, batch_size, tokenizer), desc=f"attention {metadata['run']}",
-                               total=-(-len(encoded) // batch_size), mininterval=2):
-        batch.pop("labels")
-        choices = encoded.num_choices
-        batch = {k: v.reshape(-1, v.shape[-1]) for k, v in to_device(batch, device).items()}
-        attentions = encoder(**batch, output_attentions=True).attentions
-        if len(attentions) != num_layers:
-            raise LayersimError(f"the encoder returned {len(attentions)} attention maps, expected {num_layers}.")
-        example_ids = np.repeat(encoded.example_id[indices], choices)
+    for start in tqdm(range(0, len(encoded), batch_size), desc=f"attention {metadata['run']}", mininterval=2):
+        indices = np.arange(start, min(start + batch_size, len(encoded)))
+        inputs = (collate_words(encoded, indices, tokenizer) if unit == "words"
+                  else collate(encoded, indices, tokenizer, with_labels=False))
+        batch, attentions = _hidden_states(encoder, inputs, device, num_layers, output_attentions=True)
+        units = [u for i in indices for u in encoded.word_units[i]] if unit == "words" else None
         for row, mask in enumerate(batch["attention_mask"].bool().cpu()):
             tokens = mask.nonzero().squeeze(1)
-            length = len(tokens)
+            maps = [attention[row][:, tokens][:, :, tokens].float().cpu().numpy() for attention in attentions]
+            if units is not None:
+                maps = [word_attention(m, units[row]) for m in maps]
+            length = maps[0].shape[-1]
             query, key = np.divmod(np.arange(length * length), length)
-            columns["example_id"].append(np.full(length * length, example_ids[row], np.int64))
+            columns["example_id"].append(np.full(length * length, encoded.example_id[indices[row // choices]], np.int64))
             columns["choice"].append(np.full(length * length, row % choices, np.int16))
             columns["query"].append(query.astype(np.int16))
             columns["key"].append(key.astype(np.int16))
-            for layer, attention in enumerate(attentions):
-                maps = attention[row][:, tokens][:, :, tokens]  # (heads, length, length)
-                weights[layer].append(maps.permute(1, 2, 0).reshape(-1, heads).float().cpu().numpy())
+            for layer, m in enumerate(maps):  # (heads, length, length) → (query, key) rows of heads
+                weights[layer].append(m.transpose(1, 2, 0).reshape(-1, heads))
     arrays = [pa.array(np.concatenate(columns[name])) for name in columns]
     for layer_weights in weights:
         flat = pa.array(np.concatenate(layer_weights).reshape(-1))
@@ -289,4 +321,4 @@ def extract_attention(encoder, tokenizer, encoded: EncodedTask, path: Path, meta
     names = list(columns) + [layer_column(k) for k in range(1, num_layers + 1)]
     table = pa.Table.from_arrays(arrays, names=names)
     write_parquet(with_metadata(table, {**metadata, "num_layers": num_layers, "num_heads": heads,
-                                        "kind": "attention"}), path)
+                                        "kind": "attention", "attention_unit": unit}), path)

@@ -1,7 +1,10 @@
 """Attention-level similarities (Wu et al. 2020, §3.4–3.5 and Appendix A.4).
 
 One layer's attention over a corpus is an :class:`AttentionMaps`: for every example and every query
-token a distribution over the example's key tokens, per head. They are stored flat:
+unit a distribution over the example's key units, per head. Units are words, as Wu et al. compare them
+(the extract stage's default, ``extract.attention_unit: words``: attention to a word summed over its
+sub-words, attention from a word averaged over them, following Clark et al. 2019; each special token a unit
+of its own; :func:`layersim.data.words.word_attention`), or the model's tokens. They are stored flat:
 
 * ``weights`` — float array ``(num_pairs, heads)``, one row per (example, query, key) pair;
 * ``row_starts`` — int64 ``(num_rows,)``, the index into ``weights`` where each *attention row*
