@@ -1,6 +1,8 @@
-"""finetune: fine-tune the pretrained encoder on one task with one seed (Phang et al. §2)."""
+"""finetune: fine-tune the pretrained encoder on one task with one seed (Phang et al. §2); or, with
+--pretraining-models, each model of align.pretraining_models with the first of seeds, one subfolder each (Ren et al.)."""
 
 import json
+from contextlib import nullcontext
 from pathlib import Path
 
 from dvclive import Live
@@ -15,57 +17,64 @@ from layersim.training.resume import TrainingCheckpoint
 from layersim.training.train import encoded_splits, finetune, run_fingerprint, save_checkpoint
 
 
-def main(args, params):
-    cli.check_separate(args, "out", "metrics", "live", "resume", "timings")
-    spec = get_task(args.task)
-    tokenizer = load_tokenizer(args.pretrained)
-    max_length = params.finetune.max_length
-    train, validation = encoded_splits(args.task_dir, spec, tokenizer, max_length)
+def run(args, params, spec, pretrained: Path, seed: int, out: Path, live_dir: Path | None, resume_dir: Path | None):
+    """Fine-tune `pretrained` with `seed` into `out`; returns its validation metrics and convergence check."""
+    tokenizer = load_tokenizer(pretrained)
+    train, validation = encoded_splits(args.task_dir, spec, tokenizer, params.finetune.max_length)
     cli.log.info("read %s: %d train / %d validation examples", args.task_dir, len(train), len(validation))
-
-    resume = None
-    if args.resume:
-        fingerprint = run_fingerprint(args.pretrained, args.task_dir, spec, params.finetune, args.seed)
-        resume = TrainingCheckpoint(args.resume, fingerprint)
-
+    resume = resume_dir and TrainingCheckpoint(resume_dir, run_fingerprint(pretrained, args.task_dir, spec,
+                                                                           params.finetune, seed))
     # The matrix declares these curves in dvc.yaml itself, so dvclive must not write a dvc.yaml. A resumed
     # run starts the curves afresh: finetune replays the steps logged before the interruption.
-    with Live(str(args.live), dvcyaml=False, save_dvc_exp=False) as live:
+    with (Live(str(live_dir), dvcyaml=False, save_dvc_exp=False) if live_dir else nullcontext()) as live:
         def log(step, values):
-            live.step = step
-            for name, value in values.items():
+            for name, value in (values.items() if live else ()):
+                live.step = step
                 live.log_metric(name, value)
 
         timing, checks = {}, {}
-        model, metrics = finetune(args.pretrained, spec, train, validation, params.finetune, args.seed, log=log,
+        model, metrics = finetune(pretrained, spec, train, validation, params.finetune, seed, log=log,
                                   resume=resume, timing=timing, checks=checks, device=resolve_device(params.device))
     # Before any output: with finetune.require_convergence an unconverged run leaves no checkpoint or metrics.
     convergence = checks["convergence"].record()
-    enforce(checks["convergence"], f"fine-tuning {spec.name} seed {args.seed}", params.finetune, cli.log)
-
-    with atomic_path(args.out, is_dir=True) as tmp:
-        save_checkpoint(model, tokenizer, tmp, base_dir=args.pretrained, task=spec.name, seed=args.seed,
+    enforce(checks["convergence"], f"fine-tuning {spec.name} seed {seed} from {pretrained}", params.finetune, cli.log)
+    with atomic_path(out, is_dir=True) as tmp:
+        save_checkpoint(model, tokenizer, tmp, base_dir=pretrained, task=spec.name, seed=seed,
                         task_digest=task_tables_digest(args.task_dir), convergence=convergence)
-    # the task's metrics and the convergence check: task and seed are in the path, steps in params
-    write_json(metrics | {"convergence": convergence}, args.metrics)
     if args.timings:  # wall clock: kept out of every output DVC hashes
         write_json({"train_seconds": timing["train_seconds"]}, args.timings)
     if resume:
         resume.clear()  # the run is finished: later stages need only the checkpoint
-    cli.log.info("wrote %s and %s: %s", args.out, args.metrics, json.dumps(metrics))
+    cli.log.info("wrote %s: %s", out, json.dumps(metrics))
+    return metrics | {"convergence": convergence}  # task and seed are in the path, steps in params
+
+
+def main(args, params):
+    cli.check_separate(args, "out", "metrics", "live", "resume", "timings")
+    spec = get_task(args.task)
+    if args.pretraining_models is None:
+        return write_json(run(args, params, spec, args.pretrained, args.seed, args.out, args.live, args.resume),
+                          args.metrics)
+    with atomic_path(args.out, is_dir=True) as out:  # one folder per model; empty without align.pretraining_models
+        write_json({name: run(args, params, spec, args.pretraining_models / name, params.seeds[0], Path(out) / name,
+                              None, args.resume and args.resume / name)
+                    for name in params.align.pretraining_models}, args.metrics)
 
 
 if __name__ == "__main__":
     p = cli.parser(__doc__)
     p.add_argument("--task", required=True)
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--pretrained", type=Path, required=True, help="folder written by download_model")
+    p.add_argument("--seed", type=int, help="the fine-tuning seed (required without --pretraining-models)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--pretrained", type=Path, help="folder written by download_model")
+    source.add_argument("--pretraining-models", type=Path, help="download_paired's folder (align.pretraining_models)")
     p.add_argument("--task-dir", type=Path, required=True, help="folder written by download_task")
-    p.add_argument("--out", type=Path, required=True, help="checkpoint folder to write")
-    p.add_argument("--metrics", type=Path, required=True, help="validation metrics JSON to write")
-    p.add_argument("--live", type=Path, required=True, help="dvclive folder for the training curves")
-    p.add_argument("--timings", type=Path, help="JSON of the training time (wall clock), which no DVC-hashed "
-                                                "output holds")
-    p.add_argument("--resume", type=Path, help="folder for the resumable training state (kept outside DVC's "
-                                              "outputs; a killed run started again continues from it)")
-    cli.run_stage(main, p.parse_args())
+    p.add_argument("--out", type=Path, required=True, help="checkpoint folder to write (one subfolder per model)")
+    p.add_argument("--metrics", type=Path, required=True, help="validation metrics JSON to write (per model)")
+    p.add_argument("--live", type=Path, help="dvclive folder for the training curves")
+    p.add_argument("--timings", type=Path, help="JSON of the training time (wall clock; no DVC-hashed output holds it)")
+    p.add_argument("--resume", type=Path, help="folder for the resumable training state (outside DVC's outputs)")
+    args = p.parse_args()
+    if args.pretrained and (args.seed is None or args.live is None):
+        p.error("--pretrained needs --seed and --live")
+    cli.run_stage(main, args)

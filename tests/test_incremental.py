@@ -23,7 +23,8 @@ from test_pipeline import TASK, _configure  # the same tiny project, built once 
 pytestmark = pytest.mark.integration
 
 DOWNLOAD = {"download_model", "download_compared", "download_paired", f"download_task@{TASK}"}
-FINETUNE = {f"finetune@{TASK}-1", f"finetune@{TASK}-2"}
+# finetune_pretrained: the pretraining-seed models (align.pretraining_models) fine-tuned on the task
+FINETUNE = {f"finetune@{TASK}-1", f"finetune@{TASK}-2", f"finetune_pretrained@{TASK}"}
 EXTRACT, SIMILARITY, TRUNCATE, SKIP, ALIGN = (f"{stage}@{TASK}" for stage in
                                               ("extract", "similarity", "truncate", "skip", "align"))
 COMPARE, SUMMARY, FREEZE, EXPORT, REPORT = "compare", "summary", f"freeze@{TASK}", f"export@{TASK}", "report"

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from layersim.align.experiments import mean_sd_over_pairs
 from layersim.align import (alignment_errors, layer_alignment_matrix, map_representations, synthetic_recovery,
                             train_test_split_rows)
 from layersim.experiments.injection import injected_score, random_like
@@ -37,7 +38,7 @@ def method_options(params: Params) -> dict[str, dict]:
     network = {"steps": p.steps, "learning_rate": p.learning_rate, "batch_size": p.batch_size, "seed": p.seed,
                "device": params.device}
     return {"linear": {"ridge": p.ridge}, "svcca": {"variance_threshold": p.svcca_variance},
-            "inn": {"depth": p.inn_depth, "hidden": p.inn_hidden, **network},
+            "inn": {"depth": p.inn_depth, "hidden": p.inn_hidden, "linear_init": p.inn_init, **network},
             "mlp": {"depth": p.mlp_depth, "hidden": p.mlp_hidden, **network}}
 
 
@@ -95,13 +96,7 @@ def over_pairs(errors: dict[str, dict[str, list[float]]], pairs: list[Pair]) -> 
         labels = [pair.label for pair in pairs if pair.kind == kind]
         if not labels:
             continue
-        entry: dict = {"pairs": labels}
-        for method in errors[labels[0]]:
-            curves = np.array([errors[label][method] for label in labels])  # pairs × layers
-            ddof = 1 if len(labels) > 1 else 0
-            entry[method] = {"mean": curves.mean(axis=0).tolist(), "sd": curves.std(axis=0, ddof=ddof).tolist(),
-                             "layer_mean": float(curves.mean()), "layer_mean_sd": float(curves.mean(axis=1).std(ddof=ddof))}
-        grouped[kind] = entry
+        grouped[kind] = {"pairs": labels, **mean_sd_over_pairs([errors[label] for label in labels])}
     return grouped
 
 

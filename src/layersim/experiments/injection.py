@@ -23,9 +23,15 @@ from layersim.experiments.truncation import primary_score
 def injected_logits(model, vectors: np.ndarray, num_choices: int, batch_size: int, device: torch.device) -> np.ndarray:
     """`model`'s logits with its last-layer CLS state replaced by `vectors` (one per (example, choice) row,
     in table order): its own head on them, (examples, num_choices) for multiple choice."""
-    head = own_head(model).to(device).eval()
+    return head_logits(own_head(model), vectors, num_choices, model.config.hidden_size, batch_size, device)
+
+
+@torch.inference_mode()
+def head_logits(head: torch.nn.Module, vectors: np.ndarray, num_choices: int, hidden: int, batch_size: int,
+                device: torch.device) -> np.ndarray:
+    """`head` (a task head reading the first token's state, e.g. :func:`own_head`) applied to `vectors`."""
+    head = head.to(device).eval()
     vectors = torch.as_tensor(np.asarray(vectors, dtype=np.float32))
-    hidden = model.config.hidden_size
     if vectors.ndim != 2 or vectors.shape[1] != hidden or len(vectors) % num_choices:
         raise LayersimError(f"injected vectors have shape {tuple(vectors.shape)}; valid shape is (rows, {hidden}) "
                             f"with one row per (example, choice), {num_choices} choice(s) per example.")
@@ -41,6 +47,15 @@ def injected_score(model, spec: TaskSpec, encoded: EncodedTask, vectors: np.ndar
         raise LayersimError(f"{len(vectors)} vectors were given to inject for {len(encoded)} examples with "
                             f"{encoded.num_choices} choice(s) each; give one vector per (example, choice) row.")
     return primary_score(spec, injected_logits(model, vectors, encoded.num_choices, batch_size, device), encoded.labels)
+
+
+def head_score(head: torch.nn.Module, spec: TaskSpec, encoded: EncodedTask, vectors: np.ndarray, batch_size: int,
+               device: torch.device) -> float:
+    """The task score of `head` on `vectors` (one per (example, choice) row of `encoded`): e.g. Ren's "Random
+    Embe." baseline, a pretrained model's state through a randomly initialised head."""
+    hidden = np.asarray(vectors).shape[-1]
+    return primary_score(spec, head_logits(head, vectors, encoded.num_choices, hidden, batch_size, device),
+                         encoded.labels)
 
 
 def random_like(train: np.ndarray, rows: int, seed: int) -> np.ndarray:

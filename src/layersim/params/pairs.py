@@ -1,9 +1,13 @@
-"""align.pairs: which runs and models Ren et al.'s maps align (ORIG, ``FT<i>``, registry models)."""
+"""align.pairs: which runs and models Ren et al.'s maps align (ORIG, ``FT<i>``, registry models); and
+align.pretraining_models: models that differ in their pretraining seed, and the seeded sample of their pairs."""
 
 from __future__ import annotations
 
 import re
+from itertools import combinations
 from typing import Protocol
+
+import numpy as np
 
 
 class _Runs(Protocol):
@@ -35,9 +39,9 @@ def aligned_pairs(params: _Runs) -> tuple[tuple[str, str], ...]:
 
 
 def paired_models(params: _Runs) -> list[str]:
-    """The registry models (pretrained) that align.pairs names, each once, in order."""
+    """The registry models (pretrained) that align.pairs or align.pretraining_models name, each once, in order."""
     names = [name for pair in aligned_pairs(params) for name in pair if pair_member(name)[0] == "model"]
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(names + list(params.align.pretraining_models)))
 
 
 def _align_pairs(key: str, value) -> tuple[tuple[str, str], ...] | None:
@@ -62,3 +66,37 @@ def _align_pairs(key: str, value) -> tuple[tuple[str, str], ...] | None:
     if len(set(pairs)) != len(pairs):
         raise fail(key, value, "a list without repeated pairs")
     return pairs
+
+
+def pretraining_pairs(params: _Runs) -> tuple[tuple[str, str], ...]:
+    """The pairs of align.pretraining_models compared (Ren et al. §4.1: "we randomly select 8 model pairs" of
+    the C(25, 2) = 300): all C(k, 2) pairs in list order when align.num_pairs is null, else a draw of that
+    many without repeats, seeded by align.pair_seed and kept in list order, so that a larger draw from the
+    same seed is not a superset of a smaller one but any draw is reproducible."""
+    from layersim.errors import LayersimError
+
+    models = params.align.pretraining_models
+    every = list(combinations(models, 2))
+    wanted = params.align.num_pairs
+    if wanted is None:
+        return tuple(every)
+    if wanted > len(every):
+        raise LayersimError(f"align.num_pairs is {wanted}, but the {len(models)} models of align.pretraining_models "
+                            f"make only {len(every)} pairs; set it to at most {len(every)} or null (every pair).")
+    chosen = np.sort(np.random.default_rng(params.align.pair_seed).choice(len(every), size=wanted, replace=False))
+    return tuple(every[k] for k in chosen)
+
+
+def _pretraining_models(key: str, value) -> tuple[str, ...]:
+    """align.pretraining_models: [] or a list of at least two distinct registry model names."""
+    from layersim.params.names import check_model
+    from layersim.params.rules import fail
+
+    allowed = ("[] or a list of at least two distinct registry models that differ only in their pretraining seed, "
+               "e.g. [multiberts-0, multiberts-1, multiberts-2]")
+    if not (isinstance(value, list) and all(isinstance(name, str) for name in value)
+            and len(set(value)) == len(value) and len(value) != 1):
+        raise fail(key, value, allowed)
+    for name in value:
+        check_model(key, name, entry=True)
+    return tuple(value)
