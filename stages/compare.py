@@ -1,6 +1,7 @@
 """compare: every layer of several models on the same inputs, one stacked matrix per measure — the
-pretrained encoder, its fine-tuned models for each task (first seed; Wu et al. Figures 5–7) and the
-other pretrained encoders of `compare.models` (Phang et al. Figure 7, Wu et al. Figure 1)
+pretrained model, its fine-tuned models for each task (first seed; Wu et al. Figures 5–7) and the
+other pretrained models of `compare.models`, of any width and depth (Wu et al. Figure 1),
+each with a random-init control of its architecture (similarity.random_control; Wu et al. Figures 8–9)
 (layersim.experiments.compare)."""
 
 from pathlib import Path

@@ -1,8 +1,10 @@
 """similarity: for one task, layer × layer matrices of every chosen measure (Wu et al. 2020) between the
 pretrained model and the fine-tuned seeds — Phang et al.'s ORIG–ORIG, FT–ORIG, FT–FT and FT[1]–FT[2] —
 per pooling, each cell with its permutation null and each reported diagonal with a bootstrap interval;
-the localization score per layer; attention-level similarities (layersim.experiments.similarity)."""
+the localization score per layer; attention-level similarities; each run's Block Influence per layer and
+angular distance between layers l and l + n (ShortGPT; Gromov et al.) (layersim.experiments.similarity)."""
 
+from contextlib import nullcontext
 from pathlib import Path
 
 from layersim import cli
@@ -12,11 +14,14 @@ from layersim.experiments.similarity import task_similarity
 
 
 def main(args, params):
-    out = task_similarity(args.activations, args.checkpoints, args.task, params, cli.log.info, cli.log.warning)
+    out = task_similarity(args.activations, args.checkpoints, args.task, params, cli.log.info, cli.log.warning,
+                          pruning=args.pruning is not None)
     # Each output folder appears complete or not at all.
     with (atomic_path(args.plots, is_dir=True) as plots, atomic_path(args.localization, is_dir=True) as localization,
-          atomic_path(args.diagonals, is_dir=True) as diagonals):
-        out.write({"plots": Path(plots), "localization": Path(localization), "diagonals": Path(diagonals)})
+          atomic_path(args.diagonals, is_dir=True) as diagonals,
+          atomic_path(args.pruning, is_dir=True) if args.pruning else nullcontext() as pruning):
+        out.write({"plots": Path(plots), "localization": Path(localization), "diagonals": Path(diagonals)}
+                  | ({"pruning": Path(pruning)} if pruning else {}))
     write_metrics(out.metrics, similarity_headline(out.metrics, params.similarity.significance), args.metrics,
                   args.details)
     cli.log.info("wrote %s, %s, %s and %s", args.plots, args.localization, args.diagonals, args.metrics)
@@ -33,4 +38,6 @@ if __name__ == "__main__":
     parser.add_argument("--localization", type=Path, required=True, help="folder for localization curves")
     parser.add_argument("--diagonals", type=Path, required=True,
                         help="folder for the per-layer diagonals with their null and intervals")
+    parser.add_argument("--pruning", type=Path, help="folder for each run's Block Influence and angular distances "
+                        "(layersim.similarity.pruning); not computed when left out")
     cli.run_stage(main, parser.parse_args(), quiet_transformers=False)  # loads no model

@@ -1,6 +1,7 @@
 """Integration: `dvc repro` of extract → similarity → truncate → skip → export on a tiny decoder (GPT-2) and a
 tiny DeBERTa-v2 (issue 37): a decoder pools its last non-pad token where an encoder pools CLS, and the exported
-checkpoint reloads in plain transformers with the truncated model's logits, bit for bit in fp32."""
+checkpoint reloads in plain transformers with the truncated model's logits, bit for bit in fp32. The GPT-2 project
+also runs compare with a Llama of another width and depth (Wu et al. Figures 1, 8 and 9)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ SEEDS = [1]  # one seed: FT–FT is the seed against itself; the families, not t
 STAGES = ("extract", "similarity", "truncate", "skip", "export")
 # Model → the pooling its own head reads (truncate trains its fresh heads on it): a decoder has no CLS token.
 HEAD_POOLING = {"tiny-gpt2": "last", "tiny-deberta-v2": "cls"}
+# Model → compare.models: another family, width (48, not 32) and depth (2 layers, not 3), in one project only.
+COMPARED = {"tiny-gpt2": "tiny-llama-h48-l2"}
 
 pytestmark = pytest.mark.integration
 
@@ -32,6 +35,8 @@ def _configure(model: str):
         params["extract"].update(poolings=[head, "mean"], attention_examples=0)
         params["similarity"].update(measures={head: ["linear_cka"], "mean": ["linear_cka"]}, attention_measures=[])
         params["truncate"].update(head="fresh")  # own_head copies only BERT-family heads (OWN_HEAD_ARCHITECTURES)
+        if model in COMPARED:
+            params["compare"].update(models=[COMPARED[model]], probe_examples=20)
     return configure
 
 
@@ -41,7 +46,7 @@ def project(request, tmp_path_factory) -> tuple[Path, str]:
     model = request.param
     root = tmp_path_factory.mktemp(model)
     env = make_project(root, _configure(model))
-    run(dvc("repro", *STAGES), root, env)
+    run(dvc("repro", *STAGES, *(["compare"] if model in COMPARED else [])), root, env)
     return root, model
 
 
@@ -70,6 +75,39 @@ def test_similarity_is_finite_where_defined(project):
     for pooling in (HEAD_POOLING[model], "mean"):
         diagonal = summary[pooling]["linear_cka"]["ft_ft"]["diagonal"]
         assert diagonal["layer_03"] == pytest.approx(1.0)  # a seed's last layer against itself
+
+
+def test_similarity_writes_each_runs_block_influence_and_angular_distances(project):
+    root, model = project
+    folder = root / f"plots/pruning/{TASK}"
+    influence = json.loads((folder / "block_influence.json").read_text())
+    angular = json.loads((folder / "angular_distance.json").read_text())
+    runs = ["ORIG", *(f"FT[{k}]" for k in range(1, len(SEEDS) + 1)), "RANDOM"]
+    assert [(row["model"], row["layer"]) for row in influence] == [(run, k) for run in runs for k in (1, 2, 3)]
+    assert {row["pooling"] for row in influence + angular} == {"mean"}  # no word points here: mean, as skip reads
+    assert len(angular) == len(runs) * 6  # (l, n) with l + n ≤ 3
+    assert all(0 <= row["angular_distance"] <= 1 for row in angular)
+    assert (folder / "pruning.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_compare_stacks_another_width_and_depth_with_random_init_controls(project):
+    root, model = project
+    if model not in COMPARED:
+        pytest.skip("compare runs in the GPT-2 project only")
+    other = COMPARED[model]
+    layers = {"ORIG": 4, "RANDOM": 4, f"FT:{TASK}": 4, other: 3, f"{other} (random init)": 3}  # embeddings included
+    rows = [row for row in json.loads((root / "plots/compare/matrices.json").read_text()) if row["pooling"] == "mean"]
+    cells = {(row["comparison"], row["y_layer"], row["x_layer"]): row["similarity"] for row in rows}
+    assert len(cells) == sum(layers.values()) ** 2  # one 18 x 18 matrix, every cell defined
+    for a in layers:
+        for b in layers:
+            assert {(y, x) for (pair, y, x) in cells if pair == f"{a} vs {b}"} == {
+                (y, x) for y in range(layers[a]) for x in range(layers[b])}
+        assert all(cells[f"{a} vs {a}", k, k] == pytest.approx(1.0, abs=1e-5) for k in range(layers[a]))
+    compare = _details(root, "compare")["mean"]["linear_cka"]
+    # Another depth: each of its layers' best-matching ORIG layer (details rows give per-layer dicts back by field).
+    assert set(compare[other]["best_match"]["layer"]) == {"layer_00", "layer_01", "layer_02"}
+    assert (root / "plots/compare/mean.linear_cka.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_truncate_and_skip_score_every_exit_and_span(project):

@@ -21,7 +21,7 @@ def test_registry_holds_the_paper_encoders_and_offline_ones():
     assert set(OFFLINE_MODELS) == {"minilm-l6", "tiny-bert", "tiny-roberta", "tiny-albert", "tiny-electra",
                                    "tiny-xlm-roberta", "tiny-distilbert", "tiny-deberta-v2", "tiny-modernbert",
                                    "tiny-mpnet", "tiny-xlnet", "tiny-gpt2", "tiny-llama", "tiny-qwen2", "tiny-mistral",
-                                   "tiny-bert-seed1", "tiny-bert-seed2"}
+                                   "tiny-bert-seed1", "tiny-bert-seed2", "tiny-llama-h48-l2"}
 
 
 def test_any_hub_id_is_accepted_as_given():

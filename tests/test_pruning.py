@@ -12,7 +12,8 @@ from layersim.errors import LayersimError
 from layersim.similarity import pruning
 from layersim.similarity.pruning import (PruningAccumulator, angular_distance, block_influence, gromov_span,
                                          predicted_spans, prediction_rank_correlation, pruning_measures,
-                                         shortgpt_layers, shortgpt_span, span_droppability)
+                                         shortgpt_layers, shortgpt_span, span_droppability,
+                                         streamed_pruning_measures)
 
 # Two rows, two dimensions, layers 0 … 2. Row 1 turns by 90° then 90°; row 2 turns by 45° then stays.
 HAND = [np.array([[1.0, 0.0], [1.0, 0.0]]),
@@ -76,6 +77,9 @@ def test_streamed_batches_equal_one_pass(monkeypatch):
     np.testing.assert_allclose(streamed.angular, whole.angular, rtol=1e-13)
     np.testing.assert_allclose(streamed.cosine_distance, whole.cosine_distance, rtol=1e-13)
     np.testing.assert_array_equal(streamed.rows, np.full((3, 3), 25))
+    # The same from an iterable of batches (an activation table's iter_batches), as the similarity stage reads.
+    batches = ([a[rows] for a in layers] for rows in (slice(0, 7), slice(7, 8), slice(8, 25)))
+    np.testing.assert_array_equal(streamed_pruning_measures(batches, 2).angular, streamed.angular)
 
 
 def _turning(angles: list[float]) -> list[np.ndarray]:

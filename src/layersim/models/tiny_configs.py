@@ -1,10 +1,12 @@
-"""Small random-init configs of every architecture layersim runs (hidden 32, 3 layers, 2 heads), for tests and
-offline runs: each runs in milliseconds with the MiniLM WordPiece tokenizer's vocabulary. Importing this
-module imports no torch or transformers (the registry and params read the names)."""
+"""Small random-init configs of every architecture layersim runs (hidden 32, 3 layers, 2 heads by default; another
+width and depth on request, e.g. to stack models of different shapes in the compare stage), for tests and offline
+runs: each runs in milliseconds with its family's kind of tokenizer (layersim.models.tiny_tokenizers: byte-level
+BPE, SentencePiece-style Unigram, or MiniLM's WordPiece). Importing this module imports no
+torch or transformers (the registry and params read the names)."""
 
 from __future__ import annotations
 
-from layersim.errors import unknown_name
+from layersim.errors import LayersimError, unknown_name
 
 # Each family's own names for the shared sizes: hidden, layers, heads, feed-forward width, positions.
 _BERT_NAMES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_position_embeddings")
@@ -13,7 +15,7 @@ _SIZE_NAMES = {
     "gpt2": ("n_embd", "n_layer", "n_head", "n_inner", "n_positions"),
     "xlnet": ("d_model", "n_layer", "n_head", "d_inner", None),  # relative positions only
 }
-_SIZES = (32, 3, 2, 64, 130)
+HIDDEN, LAYERS = 32, 3  # the default shape; the feed-forward width is twice the hidden size, 2 heads always
 # MiniLM's special tokens ([CLS] 101, [SEP] 102), for configs whose defaults point past its vocabulary.
 _SPECIALS = {"bos_token_id": 101, "eos_token_id": 102}
 _DECODER = dict(num_key_value_heads=1, **_SPECIALS)  # one KV head: grouped-query attention is exercised too
@@ -45,14 +47,22 @@ TINY_EXTRAS: dict[str, dict] = {
 ARCHITECTURES = tuple(TINY_EXTRAS)
 
 
-def tiny_config(architecture: str, vocab_size: int, pad_token_id: int):
-    """A small config of `architecture` (3 layers, hidden 32, 2 heads) that runs in milliseconds. Decoders get
-    `pad_token_id` too: their classification heads find each row's last non-pad token by it."""
+def tiny_config(architecture: str, vocab_size: int, pad_token_id: int, hidden: int = HIDDEN, layers: int = LAYERS,
+                **special_ids: int):
+    """A small config of `architecture` (`layers` layers of width `hidden`, 2 heads) that runs in milliseconds.
+    Decoders get `pad_token_id` too: their classification heads find each row's last non-pad token by it;
+    `special_ids` (e.g. bos_token_id, eos_token_id of the model's own tokenizer) replace MiniLM's."""
     from transformers import AutoConfig
 
     if architecture not in TINY_EXTRAS:
         raise unknown_name("architecture", architecture, ARCHITECTURES)
+    # 2 heads of an even width each (rotary embeddings rotate pairs of dimensions).
+    if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 4 or hidden % 4:
+        raise LayersimError(f"a tiny model's hidden size must be a positive multiple of 4 (2 heads of an even "
+                            f"width), got {hidden!r}.")
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise LayersimError(f"a tiny model's number of layers must be a positive integer, got {layers!r}.")
     names = _SIZE_NAMES.get(architecture, _BERT_NAMES)
-    sizes = {name: value for name, value in zip(names, _SIZES) if name is not None}
+    sizes = {name: value for name, value in zip(names, (hidden, layers, 2, 2 * hidden, 130)) if name is not None}
     return AutoConfig.for_model(architecture, vocab_size=vocab_size, pad_token_id=pad_token_id, **sizes,
-                                **TINY_EXTRAS[architecture])
+                                **(TINY_EXTRAS[architecture] | special_ids))

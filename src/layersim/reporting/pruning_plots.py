@@ -1,4 +1,6 @@
-"""The skip stage's prediction figure: each span's measured score against what a similarity rule predicts."""
+"""The layer-pruning measures as figures and plot rows: the similarity stage's Block Influence per layer and
+angular distance per (start layer, span length) (ShortGPT; Gromov et al. Figures 1–2), and the skip stage's
+prediction figure (each span's measured score against what a similarity rule predicts)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-import layersim.reporting.plots  # noqa: F401  (selects the headless backend before any figure)
+# Importing layersim.reporting.plots selects the headless backend before any figure.
+from layersim.reporting.plots import _rounded, layer_tick_labels
+from layersim.similarity.pruning import PruningMeasures
 
 AXIS_LABELS = {"angular_distance": "angular distance d(layer i−1, layer j)  [Gromov et al.]",
                "block_influence": "summed Block Influence of layers i..j  [ShortGPT]"}
@@ -38,5 +42,57 @@ def prediction_scatter(scores: Mapping[Span, float], predicted: Mapping[str, Map
     bar = fig.colorbar(points, ax=axes.ravel().tolist(), shrink=0.8, label="span length")
     bar.locator = MaxNLocator(integer=True)  # lengths are whole layers
     bar.update_ticks()
+    fig.suptitle(title)
+    return fig
+
+
+def angular_grid(measures: PruningMeasures) -> np.ndarray:
+    """Gromov et al.'s angular distance d(l, n) as an (n, l) grid: row n − 1 for span length n = 1 … L, column l
+    for start layer l = 0 … L − 1 (the span of layers l + 1 … l + n); NaN where l + n > L."""
+    size = measures.num_layers
+    grid = np.full((size, size), np.nan)
+    for n in range(1, size + 1):
+        grid[n - 1, :size - n + 1] = measures.angular_distance(n)
+    return grid
+
+
+def pruning_rows(measures: Mapping[str, PruningMeasures], **fields) -> tuple[list[dict], list[dict]]:
+    """Plot rows of each model's (label → measures) Block Influence, one per layer k = 1 … L, and angular distance,
+    one per start layer l and span length n (``layer`` = l, the span's input); None where undefined. `fields` are
+    added to every row (e.g. pooling)."""
+    influence = [{**fields, "model": label, "layer": k, "block_influence": _rounded(value)}
+                 for label, m in measures.items() for k, value in enumerate(m.block_influence(), start=1)]
+    angular = [{**fields, "model": label, "layer": l, "length": n, "angular_distance": _rounded(grid[n - 1, l])}
+               for label, m in measures.items() for grid in [angular_grid(m)]
+               for n in range(1, m.num_layers + 1) for l in range(m.num_layers - n + 1)]
+    return influence, angular
+
+
+def pruning_profile(measures: Mapping[str, PruningMeasures], title: str):
+    """Left, ShortGPT's Block Influence per layer, a curve per model (label → measures); then, per model, Gromov
+    et al.'s angular distance between layer l (x) and layer l + n (y: span length n) as a heatmap, on one colour
+    scale (their Figures 1–2: a dark cell is a span whose output points where its input did, predicted droppable)."""
+    fig, axes = plt.subplots(1, 1 + len(measures), figsize=(4.4 + 3.4 * len(measures), 3.8), squeeze=False,
+                             constrained_layout=True)
+    curve_ax, heat_axes = axes[0, 0], axes[0, 1:]
+    grids = {label: angular_grid(m) for label, m in measures.items()}
+    finite = np.concatenate([g[np.isfinite(g)] for g in grids.values()])
+    top = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    cmap = plt.get_cmap("viridis").with_extremes(bad="white")
+    image = None
+    for (label, m), ax in zip(measures.items(), heat_axes):
+        curve_ax.plot(np.arange(1, m.num_layers + 1), m.block_influence(), marker="o", ms=3, label=label)
+        image = ax.imshow(grids[label], origin="lower", cmap=cmap, vmin=0.0, vmax=top, aspect="auto",
+                          extent=(-0.5, m.num_layers - 0.5, 0.5, m.num_layers + 0.5))
+        ax.set_title(label, fontsize=9)
+        ax.set_xticks(range(m.num_layers), layer_tick_labels(m.num_layers), fontsize=7)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("start layer l (the span's input)", fontsize=8)
+        ax.set_ylabel("span length n", fontsize=8)
+    curve_ax.set_xlabel("layer k", fontsize=8)
+    curve_ax.set_ylabel("Block Influence 1 − mean cos(layer k−1, layer k)", fontsize=8)
+    curve_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    curve_ax.legend(fontsize=7)
+    fig.colorbar(image, ax=heat_axes.tolist(), shrink=0.85, label="angular distance arccos(cos)/π")
     fig.suptitle(title)
     return fig

@@ -26,7 +26,7 @@ refused. Angles come from Kahan's ``2·atan2(|â − b̂|, |â + b̂|)`` on unit
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,6 +110,15 @@ def pruning_measures(layers: Sequence[np.ndarray]) -> PruningMeasures:
     arrays = _layer_list(layers)
     accumulator = PruningAccumulator(len(arrays) - 1)
     accumulator.update(arrays)
+    return accumulator.result()
+
+
+def streamed_pruning_measures(batches: Iterable[Sequence[np.ndarray]], num_layers: int) -> PruningMeasures:
+    """The measures over row batches, each ``[layer_0, …, layer_{num_layers}]`` of the same rows (e.g. an
+    activation table's ``iter_batches``): memory in the number of layers and one batch, not the rows."""
+    accumulator = PruningAccumulator(num_layers)
+    for batch in batches:
+        accumulator.update(batch)
     return accumulator.result()
 
 
