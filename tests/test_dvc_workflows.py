@@ -188,7 +188,7 @@ def test_summary_columns_of_two_experiments_fit_a_terminal(experiments):
     lines = [line.rstrip() for line in shown.stdout.splitlines() if line.strip()]
     assert all(len(line) <= 160 for line in lines) and "…" not in shown.stdout, shown.stdout
     header = next(line for line in lines if "Experiment" in line).split()
-    assert header == ["Experiment", "mean.ft_orig_top", "mean.inn_advantage", "mean.score", "mean.skip_span",
+    assert header == ["Experiment", "mean.accuracy", "mean.ft_orig_top", "mean.inn_advantage", "mean.skip_span",
                       "mean.tuned_drop", "mean.untuned_drop", "model"], shown.stdout
     for name, model in (("bert", "tiny-bert"), ("electra", "tiny-electra")):
         row = next(line for line in lines if f"[{name}]" in line).split()

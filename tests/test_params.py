@@ -355,7 +355,7 @@ def test_default_align_methods_are_every_registered_map() -> None:
 
 
 def test_measure_names_are_the_registries() -> None:
-    from layersim.params.schema import HEAD_MEASURE_NAMES, MEASURE_NAMES
+    from layersim.params.vocabulary import HEAD_MEASURE_NAMES, MEASURE_NAMES
     from layersim.similarity import HEAD_MEASURES, MEASURES
 
     assert (MEASURE_NAMES, HEAD_MEASURE_NAMES) == (tuple(MEASURES), tuple(HEAD_MEASURES))
@@ -636,7 +636,10 @@ def test_model_shape_reads_every_familys_names(name: str, tiny_model_dir) -> Non
     """model_shape reads the config class's names: GPT-2's n_embd, DistilBERT's dim, XLNet's d_model are widths."""
     from layersim.models.registry import model_shape
 
-    assert model_shape(tiny_model_dir(name)) == {"num_layers": 3, "hidden_size": MODEL_HIDDEN_SIZE[name]}
+    from layersim.models.registry import MODELS
+
+    layers = (MODELS[name].shape or (32, 3))[1]
+    assert model_shape(tiny_model_dir(name)) == {"num_layers": layers, "hidden_size": MODEL_HIDDEN_SIZE[name]}
 
 
 def test_truncate_own_head_is_refused_where_it_cannot_be_copied(tiny_model_dir) -> None:

@@ -155,7 +155,7 @@ def test_small_chunks_visit_every_example_once_per_epoch_in_a_seeded_order(tmp_p
 
 
 def test_head_kinds_match_the_params_names() -> None:
-    from layersim.params.schema import HEAD_KINDS as DECLARED
+    from layersim.params.vocabulary import HEAD_KINDS as DECLARED
 
     assert DECLARED == HEAD_KINDS
 

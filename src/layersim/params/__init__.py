@@ -28,14 +28,16 @@ Errors name the key, the bad value and what is allowed.
 
 from layersim.params.docs import describe
 from layersim.params.rules import MAX_SEED
-from layersim.params.schema import (ALIGN_METHODS, DEFAULT_MEASURES, EXAMPLE_POOLINGS, LOCALIZATIONS, MIN_EXAMPLES,
-                                    MIN_MAX_LENGTH, POOLINGS, AlignParams, CompareParams, DownloadParams, ExportParams,
+from layersim.params.vocabulary import (ALIGN_METHODS, DEFAULT_MEASURES, EXAMPLE_POOLINGS, LOCALIZATIONS,
+                                        MIN_EXAMPLES, MIN_MAX_LENGTH, POOLINGS)
+from layersim.params.schema import (AlignParams, CompareParams, DownloadParams, ExportParams,
                                     ExtractParams, FinetuneParams, Params, SimilarityParams, SkipParams, TruncateParams)
-from layersim.params.pairs import aligned_pairs, pair_member, paired_models
+from layersim.params.pairs import aligned_pairs, pair_member, paired_models, pretraining_pairs
 from layersim.params.validate import MODEL_HIDDEN_SIZE, MODEL_MAX_LENGTH, parse_params
 from layersim.params.yaml_file import load_params, parse_yaml
 
 __all__ = ["ALIGN_METHODS", "DEFAULT_MEASURES", "EXAMPLE_POOLINGS", "LOCALIZATIONS", "MAX_SEED", "MIN_EXAMPLES",
            "MIN_MAX_LENGTH", "MODEL_HIDDEN_SIZE", "MODEL_MAX_LENGTH", "POOLINGS", "AlignParams", "CompareParams",
            "DownloadParams", "ExportParams", "ExtractParams", "FinetuneParams", "Params", "SimilarityParams", "SkipParams",
-           "TruncateParams", "aligned_pairs", "describe", "load_params", "pair_member", "paired_models", "parse_params", "parse_yaml"]
+           "TruncateParams", "aligned_pairs", "describe", "load_params", "pair_member", "paired_models", "parse_params", "parse_yaml",
+           "pretraining_pairs"]

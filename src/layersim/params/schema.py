@@ -9,75 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from layersim.params.pairs import _align_pairs
+from layersim.params.pairs import _align_pairs, _pretraining_models
 from layersim.params.rules import (FRACTION, NON_NEGATIVE, POSITIVE, SEED, TOLERANCE, Bound, at_least, at_most,
-                                   check_names, knob)
+                                   knob)
 
-# First token, mean of tokens, last sub-word of the last word: one row per (example, choice); "tokens":
-# one row per word, its last sub-word (Wu et al.; layersim.data.words).
-
-POOLINGS = ("cls", "mean", "last", "tokens")
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # layersim.compute.device (checked by a test)
-HEAD_KINDS = ("own", "fresh")  # layersim.training.heads.HEAD_KINDS (checked by a test)
-EXAMPLE_POOLINGS = ("cls", "mean", "last")  # one row per (example, choice): what align can map
-LOCALIZATIONS = ("raw", "zscore")  # Wu et al.'s raw difference of means, or each series z-scored first
-# The default align.methods: every map of layersim.align.MAPS (checked by a test; spelled out here so
-# that reading params does not import torch).
-ALIGN_METHODS = ("linear", "cca", "svcca", "pwcca", "inn", "mlp")
-# Which measures run on which points, by pooling. Phang et al. compare the CLS vectors of the validation
-# examples with linear CKA; Wu et al.'s measures use one point per word (pooling "tokens").
-DEFAULT_MEASURES = {"cls": ("linear_cka",), "tokens": ("linear_cka", "svcca", "pwcca", "neuronsim")}
-
-MIN_MAX_LENGTH = 8     # room for the special tokens of a sentence pair and some text; below it tokenizers
-                       # silently stop truncating
-# With fewer examples there is nothing to estimate: a metric over one example, a similarity of two
-# points, a null from a handful of permutations of them.
-MIN_EXAMPLES = 10
-_STEPS, _EXAMPLES, _BATCH, _WIDTH = 10**8, 10**8, 2**16, 2**16
-ENOUGH = at_least(MIN_EXAMPLES, "fewer examples leave nothing to compare or score")
-ROOM = Bound(lambda v: v >= MIN_MAX_LENGTH, f"an integer of at least {MIN_MAX_LENGTH} (the special tokens need room)")
-EXAMPLES = at_most(_EXAMPLES, "examples of a task")
-STEPS = at_most(_STEPS, "training steps")
-BATCH = at_most(_BATCH, "examples per batch")
-# Adam steps of this size only diverge (and above 3e38 the rate is not even a float32)
-LEARNING_RATE = (POSITIVE, at_most(10, "a larger step only diverges"))
-
-
-# The measure names of layersim.similarity's registries (checked by a test; spelled out here so that
-# reading params imports no measure code: every stage validates params, and must not depend on it).
-MEASURE_NAMES = ("linear_cka", "rbf_cka", "debiased_cka", "svcca", "pwcca", "mean_cca", "neuronsim", "mixedsim")
-HEAD_MEASURE_NAMES = ("jensen_shannon", "matrix_norm", "pearson")
-
-
-def _measure_names() -> tuple[tuple[str, ...], bool]:
-    return MEASURE_NAMES, False
-
-
-def _attention_measure_names() -> tuple[tuple[str, ...], bool]:
-    return HEAD_MEASURE_NAMES + MEASURE_NAMES, True
-
-
-def _models(key: str, value):
-    from layersim.params.names import check_models
-    return check_models(key, value)
-
-
-def _measures_by_pooling(key: str, value) -> dict[str, tuple[str, ...]]:
-    """similarity.measures: a mapping of pooling → non-empty list of measure names."""
-    from layersim.errors import LayersimError
-    from layersim.params.rules import fail, shown
-
-    if not isinstance(value, dict) or not value:
-        raise fail(key, value, f"a mapping of poolings ({', '.join(POOLINGS)}) to lists of measures, e.g. "
-                               "{cls: [linear_cka], tokens: [linear_cka, svcca]}")
-    measures = {}
-    for pooling, names in value.items():
-        if pooling not in POOLINGS:
-            raise LayersimError(f"params.yaml: {key} has the pooling {shown(pooling)}, which is invalid; each key "
-                                f"must be one of {', '.join(POOLINGS)}.")
-        measures[pooling] = check_names(f"{key}.{pooling}", names, *_measure_names())
-    return measures
-
+# Names and ranges shared by several sections: layersim.params.vocabulary.
+from layersim.params.vocabulary import (POOLINGS, PRECISIONS, HEAD_KINDS, EXAMPLE_POOLINGS, LOCALIZATIONS,
+                                       ALIGN_METHODS, DEFAULT_MEASURES, _STEPS, _EXAMPLES, _BATCH, _WIDTH,
+                                       MAX_PERMUTATIONS, ENOUGH, ROOM, EXAMPLES, STEPS, BATCH, LEARNING_RATE,
+                                       _attention_measure_names, _models, _measures_by_pooling)
 
 # A revision of a hub repository: a commit, tag or branch (refs/convert/parquet included); nothing that
 # could climb out of a path or hold shell syntax.
@@ -159,6 +99,8 @@ class ExtractParams:
                                                 "align's maps (null: all)", POSITIVE, EXAMPLES, ENOUGH)
     attention_examples: int = knob(100, "validation examples whose attention maps are kept (0: none)", NON_NEGATIVE,
                                    at_most(10**5, "attention maps are stored per example, layer and head"))
+    attention_unit: str = knob("words", "attention between words (Wu et al.: to a word summed over its sub-words, from "
+                                        "a word averaged) or the model's tokens", names=("words", "tokens"))
     max_tokens: int = knob(20000, "tokens pooling: word rows per task (validation), the first words in order",
                            POSITIVE, at_most(10**7, "word rows per task"), ENOUGH)
 
@@ -172,12 +114,14 @@ class SimilarityParams:
                                                names=_attention_measure_names)
     permutations: int = knob(100, "permutation null per cell (linear CKA: exact moments instead; random rotations "
                                   "when the tables are streamed)", POSITIVE,
-                             at_most(10**5, "permutations per cell; 10,000 resolve p = 0.0001"))
+                             at_most(MAX_PERMUTATIONS, "permutations per cell, which resolve p = 0.0001; "
+                                     "more would take hours per task"))
     significance: float = knob(0.05, "cells whose null p-value is at least this are hatched", FRACTION)
     correction: str = knob("fdr_bh", "multiple comparisons over each heatmap's cells: fdr_bh (Benjamini–Hochberg), "
                                      "holm, none", names=("fdr_bh", "holm", "none"))
     bootstrap: int = knob(200, "resamples of the examples for the diagonals' 95% intervals (0: none)",
-                          NON_NEGATIVE, at_most(10**5, "resamples; 10,000 give stable 95% intervals"))
+                          NON_NEGATIVE, at_most(10**4, "resamples, which give stable 95% intervals; more would "
+                                                "take hours per task"))
     chance_adjusted: bool = knob(False, "also report (value − null mean) / (1 − null mean)")
     seed: int = knob(0, "seed of the permutations and bootstrap resamples", SEED)
     random_control: int | None = knob(0, "init seed of the RANDOM control: the pretrained config with fresh weights "
@@ -193,6 +137,12 @@ class SimilarityParams:
     svcca_variance: float = knob(0.99, "SVCCA keeps the directions explaining this share of variance", FRACTION)
     pwcca_variance: float | None = knob(0.99, "the same cut for PWCCA, Wu et al.'s pwsim (null: every direction)",
                                         FRACTION)
+    shape_alpha: float = knob(1.0, "shape_metric's whitening (netrep's alpha): 1 none (= procrustes), 0 full (CCA-like)",
+                              Bound(lambda v: 0 <= v <= 1, "a number in [0, 1]"))
+    rsa_rdm: str = knob("correlation", "rsa's RDM (rsatoolbox calc_rdm)", names=("correlation", "euclidean"))
+    rsa_compare: str = knob("spearman", "rsa's RDM comparison", names=("spearman", "pearson", "cosine"))
+    knn_k: int = knob(10, "knn_jaccard's neighbours per example", POSITIVE, at_most(10**4, "neighbours per example"))
+    knn_metric: str = knob("cosine", "knn_jaccard's distance between examples", names=("cosine", "euclidean"))
 
     @property
     def poolings(self) -> tuple[str, ...]:
@@ -239,6 +189,10 @@ class AlignParams:  # Ren et al. 2023; see layersim.align
     inn_depth: int = knob(4, "inn: affine coupling blocks", POSITIVE, at_most(256, "coupling blocks"))
     inn_hidden: int = knob(256, "inn: width of each block's scale/translation network", POSITIVE,
                            at_most(_WIDTH, "units per layer"))
+    inn_init: str = knob("identity", "inn: its start — identity (the flow maps standardised X to itself, Ren's INN "
+                                     "trained from scratch) or least_squares (the linear layer starts at the "
+                                     "least-squares fit, so \"INN beats linear\" is nearly built in)",
+                         names=("identity", "least_squares"))
     mlp_depth: int = knob(2, "mlp: hidden layers", POSITIVE, at_most(256, "hidden layers"))
     mlp_hidden: int = knob(512, "mlp: units per hidden layer", POSITIVE, at_most(_WIDTH, "units per layer"))
     steps: int = knob(600, "inn and mlp: Adam steps (5% warm-up, cosine decay)", POSITIVE,
@@ -264,6 +218,20 @@ class AlignParams:  # Ren et al. 2023; see layersim.align
         None, "the [source, target] pairs aligned: ORIG (the pretrained model), `FT<i>` (fine-tuned with the i-th "
               "seed) or a registry model, pretrained (e.g. multiberts-0 and multiberts-1: two pretraining seeds); "
               "null: [FT1, FT2] with two seeds or more, then [ORIG, FT1]", check=_align_pairs)
+    pretraining_models: tuple[str, ...] = knob(
+        (), "registry models that differ only in their pretraining seed (Ren: the 25 MultiBERTs, multiberts-0 … "
+            "multiberts-24), each fine-tuned on every task with the first of seeds (stage finetune_pretrained); "
+            "their pairs' alignment errors before and after fine-tuning, attention alignment and injection, mean ± sd "
+            "over the pairs ([]: none)", check=_pretraining_models)
+    num_pairs: int | None = knob(None, "pairs of align.pretraining_models compared, a seeded draw from all C(k, 2) "
+                                       "(Ren: 8 of the 300); null: every pair", POSITIVE, at_most(10**5, "pairs"))
+    pair_seed: int = knob(0, "seed of the draw of align.num_pairs pairs", SEED)
+    train_rows: int | None = knob(None, "train examples the maps are fitted on, a seeded draw (align.seed) from the "
+                                        "extracted ones (Ren: 1,600); null: every one", ENOUGH,
+                                  at_most(_EXAMPLES, "examples"))
+    test_rows: int | None = knob(None, "validation examples the maps are scored on, a seeded draw (align.seed) from the "
+                                       "extracted ones (Ren: 1,600); null: every one", ENOUGH,
+                                 at_most(_EXAMPLES, "examples"))
 
 
 WU_DEPTH = 12  # freeze.layers count layers out of Wu et al.'s 12 and are scaled to the model's depth
@@ -299,6 +267,14 @@ class FreezeParams:  # Wu et al. 2020, Table 1
                                            "scaled to the model's depth, round(k × L / 12)", check=_freeze_layers)
     seeds: tuple[int, ...] | None = knob(None, "seeds of the frozen fine-tuning runs (null: every seed of seeds)",
                                          check=_freeze_seeds)
+    recipe: str = knob("wu", "wu: Hugging Face's defaults as Wu ran them (batch 8, lr 5e-5, Adam eps 1e-8, no warm-up, "
+                             "linear decay, 3 epochs = 3 × ⌈train examples / 8⌉ steps), the unfrozen runs trained in the "
+                             "freeze stage too; finetune: the finetune section's recipe, the unfrozen runs the finetune "
+                             "stage's (layersim.training.recipes)", names=("wu", "finetune"))
+    timing_steps: int = knob(5, "training steps per timed block; unfrozen and frozen blocks alternate on the same "
+                                "batches in one process", POSITIVE, at_most(10**4, "steps per timed block"))
+    timing_rounds: int = knob(5, "timed rounds (one block per configuration each, after one warm-up round); the "
+                                 "median ratio over rounds is reported", POSITIVE, at_most(10**4, "timed rounds"))
 
 
 @dataclass(frozen=True)
@@ -314,12 +290,13 @@ class ExportParams:  # a smaller model that keeps the score (the export stage)
 
 # The pipeline's stages (dvc.yaml's names; tests/test_launch.py keeps the two in step), for launch.gpu_stages.
 STAGES = ("check_params", "download_model", "download_compared", "download_paired", "download_task", "finetune",
-          "extract", "similarity", "compare", "truncate", "skip", "align", "freeze", "export", "summary", "report")
+          "finetune_pretrained", "extract", "similarity", "compare", "truncate", "skip", "align", "freeze", "export", "summary", "report")
 
 
 @dataclass(frozen=True)
 class LaunchParams:  # `layersim launch`: the pipeline's nodes as Ray tasks (not read by any stage)
-    gpu_stages: tuple[str, ...] = knob(("finetune", "extract", "truncate", "skip", "align", "freeze", "export"),
+    gpu_stages: tuple[str, ...] = knob(("finetune", "finetune_pretrained", "extract", "truncate", "skip", "align", "freeze",
+                                               "export"),
                                        "stages whose tasks ask Ray for num_gpus (the others for num_cpus)",
                                        names=lambda: (STAGES, True))
     num_gpus: float = knob(1.0, "GPUs per task of a GPU stage (a fraction shares a GPU between tasks)", POSITIVE,

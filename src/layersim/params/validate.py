@@ -16,7 +16,7 @@ from layersim.models.registry import MODELS, MULTIBERTS_SEEDS, read_json
 from layersim.params.names import check_model, check_task, weights
 from layersim.params.rules import MAX_SEED, check_value, fail, repeated, shown
 from layersim.params.pairs import pair_member
-from layersim.params.schema import DEVICE, SECTIONS, TOP_LEVEL, Params
+from layersim.params.schema import DEVICE, MAX_PERMUTATIONS, SECTIONS, TOP_LEVEL, Params
 from layersim.params.user_tasks import check_user_tasks
 from layersim.data.tasks import TASKS, get_task, register_user_tasks
 
@@ -34,7 +34,7 @@ MODEL_MAX_LENGTH = {**{f"tiny-{arch}": limit for arch, limit in _TINY_ABSOLUTE.i
 
 # Width of the registry models' layers (tests/test_params.py checks the offline ones against the real
 # models; the hub ones are their published configs), for checks of measures against the sizes.
-MODEL_HIDDEN_SIZE = {**{spec.name: 32 for spec in MODELS.values() if spec.source == "tiny"}, "minilm-l6": 384,
+MODEL_HIDDEN_SIZE = {**{spec.name: (spec.shape or (32,))[0] for spec in MODELS.values() if spec.source == "tiny"}, "minilm-l6": 384,
                      "roberta-base": 768, "electra-base": 768, "bert-base-uncased": 768, "albert-large-v2": 1024,
                      "xlm-roberta-base": 768, "distilbert-base-uncased": 768, "deberta-v3-base": 768,
                      "modernbert-base": 768, "mpnet-base": 768, "xlnet-base-cased": 768, "gpt2": 768,
@@ -238,6 +238,11 @@ def _check_permutations_reach(similarity) -> None:
     needed = max(1, math.floor(1.0 / level) - 2)
     while not 1.0 / (needed + 1) < level:  # the same comparison as the hatching's (p < significance)
         needed += 1
+    if needed > MAX_PERMUTATIONS:
+        raise LayersimError(f"params.yaml: similarity.significance = {level:g} is out of reach of "
+                            f"{', '.join(sampled)}: it needs at least {needed} permutations, more than the "
+                            f"{MAX_PERMUTATIONS:,} similarity.permutations allows; raise it above "
+                            f"1/{MAX_PERMUTATIONS + 1} or measure only with linear_cka (exact null).")
     raise LayersimError(f"params.yaml: similarity.permutations = {draws} cannot reach similarity.significance = "
                         f"{level:g}: the smallest p-value of {draws} permutations is 1/{draws + 1}, so no cell of "
                         f"{', '.join(sampled)} could ever be above chance; use at least {needed} permutations.")
