@@ -32,7 +32,11 @@ def _imported_modules(path: Path, package: str) -> set[str]:
     """Every `package…` module that the file at `path` imports: `import a.b`, `from a.b import c` (a.b,
     and a.b.c when c is a submodule), each with its parent packages."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    # `if TYPE_CHECKING:` blocks never run (layersim/__init__.py names its lazy exports there for type checkers).
+    for block in [n for n in ast.walk(tree) if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]:
+        block.body = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
