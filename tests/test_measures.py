@@ -658,8 +658,9 @@ def test_registry_names_and_metadata():
 
 def test_unknown_measure_and_option_errors_list_the_choices(rng):
     text = _raises(get_measure, "cosine", message="unknown similarity measure 'cosine'")
-    assert "debiased_cka, linear_cka, mean_cca, mixedsim, neuronsim, pwcca, rbf_cka, svcca" in text
-    _raises(similarity_matrix, "procrustes", [rng.normal(size=(5, 2))], message="valid similarity measures are:")
+    assert ("debiased_cka, knn_jaccard, linear_cka, mean_cca, mixedsim, neuronsim, procrustes, pwcca, rbf_cka, rsa, "
+            "shape_metric, svcca") in text
+    _raises(similarity_matrix, "wasserstein", [rng.normal(size=(5, 2))], message="valid similarity measures are:")
     xs = [rng.normal(size=(20, 3))]
     _raises(similarity_matrix, "svcca", xs, sigma=1.0,
             message="unknown option 'sigma' for similarity measure 'svcca'; "
