@@ -94,6 +94,13 @@ def test_truncate_skip_align_compare_headlines():
     several = {"alignment_over_pairs": {"pretrained_models": kind(["a→b", "c→d"], linear=0.4, inn=0.2)}}
     assert align_headline(several) == {"pretrained_models": {"linear": 0.4, "linear_sd": 0.01, "inn": 0.2,
                                                              "inn_sd": 0.01, "inn_advantage": 0.2}}
+    seeds = {"alignment": {"pretrained": {"linear": {"layer_mean": 0.5}}, "finetuned": {"linear": {"layer_mean": 0.7}}},
+             "injection": {"methods": {"linear": {"mean": 0.6, "sd": 0.1}},
+                           "references": {"random label": {"mean": 0.5, "sd": 0.0}}}}
+    assert align_headline(one | {"pretraining_seeds": seeds}) == {
+        "finetuning": {"linear": 0.4},
+        "pretraining_seeds": {"linear_before": 0.5, "linear_after": 0.7, "injected_linear": 0.6,
+                              "injected_random_label": 0.5}}
     compare = {"cls": {"linear_cka": {"FT:a": {"diagonal": _layers(None, 0.8, 0.6)},
                                       "other-model": {"best_match": {}}}},
                "tokens": {"svcca": {"FT:a": {"diagonal": _layers(0.1)}}}}

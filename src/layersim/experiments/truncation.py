@@ -29,7 +29,7 @@ from layersim.training.heads import HeadParams, Rows, majority_baseline, train_h
 from layersim.data.io import ActivationTable
 from layersim.errors import LayersimError
 from layersim.models.registry import load_finetuned, load_task_model, load_tokenizer
-from layersim.similarity.pruning import (PruningAccumulator, PruningMeasures, predicted_spans,
+from layersim.similarity.pruning import (PruningMeasures, predicted_spans, streamed_pruning_measures,
                                          prediction_rank_correlation, span_droppability)
 from layersim.similarity.seeds import seed_metrics
 from layersim.models.task_heads import has_own_head, own_head
@@ -191,10 +191,7 @@ def table_pruning_measures(table: ActivationTable, num_layers: int, rows: int = 
     if table.num_layers != num_layers:
         raise LayersimError(f"{table.path} holds {table.num_layers} layers but the skipped model has {num_layers}; "
                             "re-run the extract stage on this checkpoint.")
-    accumulator = PruningAccumulator(num_layers)
-    for batch in table.iter_batches(rows):
-        accumulator.update(batch)
-    return accumulator.result()
+    return streamed_pruning_measures(table.iter_batches(rows), num_layers)
 
 
 def skip_predictions(measures: list[PruningMeasures], per_seed: list[dict[tuple[int, int], float]], pooling: str

@@ -168,7 +168,9 @@ def align_headline(full: Mapping[str, Any]) -> dict:
     """For the first kind of pair of align.pairs (fine-tuning seeds by default): each method's held-out
     alignment error averaged over layers and pairs (with its sd over pairs, ``<method>_sd``, when there
     are several), and ``inn_advantage`` — the best other method's error minus the INN's (positive: the
-    invertible network aligns better than every other map)."""
+    invertible network aligns better than every other map). With align.pretraining_models, also
+    ``pretraining_seeds``: per method the mean over pairs of the error before and after fine-tuning (Ren Fig. 5)
+    and the injected score (Table 5), beside the references' scores."""
     kind, entry = next(iter(full["alignment_over_pairs"].items()))
     several = entry["num_pairs"] > 1
     headline = {}
@@ -181,7 +183,17 @@ def align_headline(full: Mapping[str, Any]) -> dict:
     others = [error for method, error in headline.items() if method != "inn" and not method.endswith("_sd")]
     if "inn" in headline and others:
         headline["inn_advantage"] = round(min(others) - headline["inn"], 6)
-    return {kind: headline}
+    seeds = full.get("pretraining_seeds")
+    if not seeds:
+        return {kind: headline}
+    pretraining = {f"{method}_{state}": stats["layer_mean"]
+                   for state, per_method in (("before", seeds["alignment"]["pretrained"]),
+                                             ("after", seeds["alignment"]["finetuned"]))
+                   for method, stats in per_method.items()}
+    injection = seeds["injection"]
+    pretraining |= {f"injected_{name}": value["mean"]
+                    for name, value in {**injection["methods"], **injection["references"]}.items()}
+    return {kind: headline, "pretraining_seeds": {key.replace(" ", "_"): value for key, value in pretraining.items()}}
 
 
 def compare_headline(full: Mapping[str, Any], pooling: str, measure: str) -> dict:
