@@ -113,6 +113,12 @@ def free_ports(count: int) -> list[int]:
             one.close()
 
 
+def ray_command() -> str:
+    """Ray's command line next to this interpreter (a venv's own), else the one on PATH."""
+    beside = Path(sys.executable).parent / "ray"
+    return str(beside) if beside.exists() else (shutil.which("ray") or "ray")
+
+
 class RayNodes:
     """A Ray cluster of several nodes on this host, as docs/scale-out.md starts one on several machines: a head
     and workers, each `ray start --block` in its own process session with its own CPUs, fake GPUs, ports and
@@ -133,7 +139,7 @@ class RayNodes:
     def start(self, name: str, *, cpus: int = 1, gpus: int = 1) -> None:
         """A node: the first one started is the head."""
         ports = free_ports(6)
-        argv = [str(Path(sys.executable).parent / "ray"), "start", "--block", "--node-ip-address=127.0.0.1",
+        argv = [ray_command(), "start", "--block", "--node-ip-address=127.0.0.1",
                 f"--num-cpus={cpus}", f"--num-gpus={gpus}", f"--temp-dir={self.base / name}",
                 f"--node-manager-port={ports[0]}", f"--object-manager-port={ports[1]}",
                 f"--dashboard-agent-listen-port={ports[2]}", f"--dashboard-agent-grpc-port={ports[3]}",

@@ -3,6 +3,7 @@ serial `dvc repro` of the same project (tests/launch_project.py: nodes that wait
 
 from __future__ import annotations
 
+import ast
 import csv
 import io
 import json
@@ -166,8 +167,9 @@ def _finetune_project(root: Path) -> dict:
         params["launch"]["gpu_stages"] = []
     env = make_project(root, configure, share_cache=False)
     script = root / "stages" / "finetune.py"
-    docstring, rest = script.read_text().split("\n", 1)
-    script.write_text(docstring + "\n" + PREEMPT + rest)
+    lines = script.read_text().splitlines(keepends=True)
+    after_docstring = ast.parse("".join(lines)).body[0].end_lineno  # the code goes in after the whole docstring
+    script.write_text("".join(lines[:after_docstring]) + PREEMPT + "".join(lines[after_docstring:]))
     run(["git", "commit", "-qam", "preemptible finetune"], root, env)
     return env
 

@@ -146,7 +146,8 @@ def test_compare_stacks_base_fine_tuned_and_other_encoders(project):
     assert set(linear[f"FT:{TASK}"]["diagonal"]) == {"layer_00", "layer_01", "layer_02", "layer_03"}
     # Every diagonal value carries the null's mean and p-value.
     assert set(linear["tiny-roberta"]["p_value"]) == {"layer_00", "layer_01", "layer_02", "layer_03"}
-    assert set(compare["tokens"]["localization"]) == {"ORIG", "RANDOM", f"FT:{TASK}", "tiny-roberta"}
+    assert set(compare["tokens"]["localization"]) == {"ORIG", "RANDOM", f"FT:{TASK}", "tiny-roberta",
+                                                      "tiny-roberta (random init)"}
     # Attention is compared only between models that share the base model's tokenizer.
     assert set(compare["attention"]["jensen_shannon"]) == {"RANDOM", f"FT:{TASK}"}
     assert sorted(compare["attention"]["jensen_shannon"][f"FT:{TASK}"]["diagonal"]) == ["layer_01", "layer_02", "layer_03"]
