@@ -49,9 +49,11 @@ def test_bad_pretraining_params_are_refused_in_one_sentence(align, message):
         _params(**align)
 
 
-def test_more_pairs_than_the_models_make_is_refused():
-    with pytest.raises(LayersimError, match="make only 3 pairs"):
-        pretraining_pairs(_params(pretraining_models=["tiny-bert", "tiny-bert-seed1", "tiny-bert-seed2"], num_pairs=4))
+def test_more_pairs_than_the_models_make_is_refused_with_params_yaml():
+    three = ["tiny-bert", "tiny-bert-seed1", "tiny-bert-seed2"]
+    with pytest.raises(LayersimError, match=r"params.yaml: align.num_pairs = 4, but the 3 models .* make only 3 pairs"):
+        _params(pretraining_models=three, num_pairs=4)  # validation, before any fine-tuning
+    assert len(pretraining_pairs(_params(pretraining_models=three, num_pairs=3))) == 3
 
 
 def test_mean_and_sd_over_pairs_by_hand():

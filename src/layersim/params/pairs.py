@@ -73,18 +73,26 @@ def pretraining_pairs(params: _Runs) -> tuple[tuple[str, str], ...]:
     the C(25, 2) = 300): all C(k, 2) pairs in list order when align.num_pairs is null, else a draw of that
     many without repeats, seeded by align.pair_seed and kept in list order, so that a larger draw from the
     same seed is not a superset of a smaller one but any draw is reproducible."""
-    from layersim.errors import LayersimError
-
     models = params.align.pretraining_models
     every = list(combinations(models, 2))
     wanted = params.align.num_pairs
     if wanted is None:
         return tuple(every)
-    if wanted > len(every):
-        raise LayersimError(f"align.num_pairs is {wanted}, but the {len(models)} models of align.pretraining_models "
-                            f"make only {len(every)} pairs; set it to at most {len(every)} or null (every pair).")
+    check_pair_count(models, wanted)
     chosen = np.sort(np.random.default_rng(params.align.pair_seed).choice(len(every), size=wanted, replace=False))
     return tuple(every[k] for k in chosen)
+
+
+def check_pair_count(models, wanted: int | None) -> None:
+    """Refuse an align.num_pairs larger than the C(k, 2) pairs of the k align.pretraining_models (checked with
+    params.yaml, before any fine-tuning)."""
+    from layersim.errors import LayersimError
+
+    count = len(models) * (len(models) - 1) // 2
+    if models and wanted is not None and wanted > count:
+        raise LayersimError(f"params.yaml: align.num_pairs = {wanted}, but the {len(models)} models of "
+                            f"align.pretraining_models make only {count} pairs; set it to at most {count} or null "
+                            "(every pair).")
 
 
 def _pretraining_models(key: str, value) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ from layersim.errors import LayersimError
 from layersim.models.registry import MODELS, MULTIBERTS_SEEDS, read_json
 from layersim.params.names import check_model, check_task, weights
 from layersim.params.rules import MAX_SEED, check_value, fail, repeated, shown
-from layersim.params.pairs import pair_member
+from layersim.params.pairs import check_pair_count, pair_member
 from layersim.params.schema import DEVICE, MAX_PERMUTATIONS, SECTIONS, TOP_LEVEL, Params
 from layersim.params.user_tasks import check_user_tasks
 from layersim.data.tasks import TASKS, get_task, register_user_tasks
@@ -172,6 +172,7 @@ def _check_across_sections(model: str, sections: dict[str, Any]) -> None:
         raise LayersimError(f"params.yaml: similarity.attention_measures = {list(similarity.attention_measures)} needs "
                             "attention maps, but extract.attention_examples = 0; set it above 0 or use [].")
     _check_permutations_reach(similarity)
+    check_pair_count(align.pretraining_models, align.num_pairs)
     if align.pooling not in extract.poolings:
         raise LayersimError(f"params.yaml: align.pooling = {align.pooling!r} is not among "
                             f"extract.poolings = {list(extract.poolings)}; extract it or pick one of those.")
