@@ -637,8 +637,9 @@ def test_model_shape_reads_every_familys_names(name: str, tiny_model_dir) -> Non
     from layersim.models.registry import model_shape
 
     from layersim.models.registry import MODELS
+    from layersim.models.tiny_configs import HIDDEN, LAYERS
 
-    layers = (MODELS[name].shape or (32, 3))[1]
+    layers = (MODELS[name].shape or (HIDDEN, LAYERS))[1]
     assert model_shape(tiny_model_dir(name)) == {"num_layers": layers, "hidden_size": MODEL_HIDDEN_SIZE[name]}
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from layersim.errors import LayersimError
 from layersim.models.registry import MODELS, MULTIBERTS_SEEDS, read_json
+from layersim.models.tiny_configs import HIDDEN as TINY_HIDDEN, LAYERS as TINY_LAYERS
 from layersim.params.names import check_model, check_task, weights
 from layersim.params.rules import MAX_SEED, check_value, fail, repeated, shown
 from layersim.params.pairs import check_pair_count, pair_member
@@ -34,7 +35,8 @@ MODEL_MAX_LENGTH = {**{f"tiny-{arch}": limit for arch, limit in _TINY_ABSOLUTE.i
 
 # Width of the registry models' layers (tests/test_params.py checks the offline ones against the real
 # models; the hub ones are their published configs), for checks of measures against the sizes.
-MODEL_HIDDEN_SIZE = {**{spec.name: (spec.shape or (32,))[0] for spec in MODELS.values() if spec.source == "tiny"}, "minilm-l6": 384,
+MODEL_HIDDEN_SIZE = {**{spec.name: (spec.shape or (TINY_HIDDEN, TINY_LAYERS))[0]
+                        for spec in MODELS.values() if spec.source == "tiny"}, "minilm-l6": 384,
                      "roberta-base": 768, "electra-base": 768, "bert-base-uncased": 768, "albert-large-v2": 1024,
                      "xlm-roberta-base": 768, "distilbert-base-uncased": 768, "deberta-v3-base": 768,
                      "modernbert-base": 768, "mpnet-base": 768, "xlnet-base-cased": 768, "gpt2": 768,
