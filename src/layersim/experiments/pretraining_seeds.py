@@ -66,10 +66,12 @@ class PretrainingSeeds:
                              "layer_mean": round(s["layer_mean"], 6), "layer_mean_sd": round(s["layer_mean_sd"], 6)}
                     for method, s in stats.items()}
 
-        injection = {part: {name: {"mean": round(float(np.mean(v)), 6), "sd": round(float(np.std(v, ddof=1)), 6)
-                                   if len(v) > 1 else 0.0}
-                            for name, v in _columns([pair[part] for pair in self.injection]).items()}
-                     for part in ("methods", "references")}
+        def scores(part):  # one score per pair: mean ± sd over pairs as for the error curves (one "layer")
+            stats = mean_sd_over_pairs([{name: [v] for name, v in pair[part].items()} for pair in self.injection])
+            return {name: {"mean": round(s["layer_mean"], 6), "sd": round(s["layer_mean_sd"], 6)}
+                    for name, s in stats.items()}
+
+        injection = {part: scores(part) for part in ("methods", "references")}
         return {"pairs": "; ".join(f"{a}→{b}" for a, b in self.pairs), "num_pairs": len(self.pairs), **self.rows,
                 "alignment": {state: grouped(self.errors[state], 0) for state in STATES},
                 **({"attention": {state: grouped(self.attention[state], 1) for state in STATES}}
@@ -100,10 +102,6 @@ class PretrainingSeeds:
                                  f"injection between pretraining seeds, mean over {len(self.pairs)} pairs ({task})",
                                  metric, {r: s["mean"] for r, s in injection["references"].items()}),
                      plots / "pretraining_seeds_injection.png")
-
-
-def _columns(dicts: list[dict[str, float]]) -> dict[str, list[float]]:
-    return {key: [d[key] for d in dicts] for key in dicts[0]}
 
 
 @dataclass(frozen=True)
