@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import fork_server
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,13 +44,14 @@ def output(result: subprocess.CompletedProcess) -> str:
 
 
 def project_env(root: Path) -> dict:
-    """Environment for commands in a project copy: offline, no analytics, a git identity, and the
-    copy's own ``src`` first on the path."""
+    """Environment for commands in a project copy: offline, no analytics, a git identity, the copy's own
+    ``src`` first on the path, and its stages' ``python`` run by the test process's fork server
+    (tests/fork_server.py)."""
     env = {**os.environ, "PYTHONPATH": str(root / "src"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "DVC_NO_ANALYTICS": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
     env.pop("DVC_ROOT", None)
-    return env
+    return fork_server.environment(env)
 
 
 def tiny_params(params: dict, *, model: str = "tiny-bert", tasks: list[str] = ("synth-negation",),

@@ -1,0 +1,265 @@
+"""A fork server for the integration tests: stage processes without the import bill.
+
+Every DVC stage is its own `python stages/<stage>.py` process, and a tiny stage spends most of its CPU
+importing torch, transformers and scipy (seconds each time; the integration tier starts ~170 of them). Here
+one server process per test worker imports that third-party stack once and forks a child per stage command:
+the child takes the command's stdin/stdout/stderr, working directory, environment and arguments, and runs
+the script as `python` would. `dvc repro` stays real: DVC runs each stage's `python ...` through the shell,
+and a `python` shim first on PATH (dvc_project.project_env) hands the command to the server.
+
+What the child differs in from a fresh interpreter, and why that is safe for the stages:
+- the third-party modules are imported already (never `layersim`: each project copy has its own on
+  PYTHONPATH, which the child puts on sys.path as a fresh interpreter would);
+- variables read at import time (HF_*, TRANSFORMERS_*, TORCH*, OMP_*, ...) are the server's: the shim only
+  uses the server when the command's values equal the server's, and runs the real interpreter otherwise
+  (a test with a hub endpoint of its own, say), as it does for any command that is not `python <script>`
+  or `python -m <module>`, and while the server is still starting.
+Killing the shim kills its child (the child watches the shim's socket), so a test that kills a stage or a
+whole `dvc repro` sees the stage die. Set LAYERSIM_TEST_FORK_SERVER=0 to run every stage in a fresh process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# Environment variables that libraries read when imported: a command whose values differ from the server's
+# runs in a fresh interpreter.
+IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "TORCH", "PYTORCH_", "CUDA_",
+                        "OMP_", "MKL_", "OPENBLAS_", "NUMEXPR_", "MPLBACKEND", "PYTHONHASHSEED", "DATASETS_")
+# What a stage imports besides layersim (measured with `python -X importtime` on the stage scripts).
+PRELOAD = ("torch", "transformers", "scipy.stats", "scipy.linalg", "sklearn.linear_model", "pandas", "pyarrow",
+           "pyarrow.parquet", "matplotlib", "matplotlib.pyplot", "safetensors.torch", "datasets", "dvclive",
+           "yaml", "tqdm", "filelock", "numpy")
+
+
+def import_time_env(environ) -> dict:
+    return {key: value for key, value in environ.items() if key.startswith(IMPORT_TIME_PREFIXES)}
+
+
+SHIM = '''#!{python} -S
+# `python` for the integration tests' stage commands: runs them in a fork of tests/fork_server.py's server.
+import json, os, signal, socket, struct, sys
+REAL, SOCKET, PREFIXES = {python!r}, {socket!r}, {prefixes!r}
+args = sys.argv[1:]
+
+def fresh():
+    os.execv(REAL, [REAL] + args)
+
+plain = bool(args) and (args[0] == "-m" and len(args) > 1 or not args[0].startswith("-"))
+if not plain or os.environ.get("LAYERSIM_TEST_FORK_SERVER") == "0":
+    fresh()
+try:
+    with open(SOCKET + ".env") as file:
+        server_env = json.load(file)
+except OSError:
+    fresh()  # the server is still importing
+if {{k: v for k, v in os.environ.items() if k.startswith(PREFIXES)}} != server_env:
+    fresh()
+connection = socket.socket(socket.AF_UNIX)
+try:
+    connection.connect(SOCKET)
+except OSError:
+    fresh()
+request = json.dumps({{"argv": args, "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
+socket.send_fds(connection, [struct.pack("!Q", len(request))], [0, 1, 2])
+connection.sendall(request)
+reader = connection.makefile("r")
+child = int(reader.readline() or 0)
+if child:
+    def forward(signum, frame):
+        try:
+            os.kill(child, signum)
+        except ProcessLookupError:
+            pass
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, forward)
+status = reader.readline()
+if not status:
+    sys.exit(1)  # the child died without a word (a signal)
+code = int(status)
+if code < 0:
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)
+'''
+
+
+def _serve_forever(listener: socket.socket) -> None:
+    import signal
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reap themselves
+    while True:
+        connection, _ = listener.accept()
+        if os.fork() == 0:
+            listener.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the stage's own subprocess calls wait for theirs
+            _run_child(connection)  # never returns
+        connection.close()
+
+
+def _run_child(connection: socket.socket) -> None:
+    import atexit
+    import io
+    import runpy
+    import signal
+    import struct
+    import threading
+    import traceback
+
+    try:
+        header, fds, _, _ = socket.recv_fds(connection, 8, 3)
+        size, = struct.unpack("!Q", header)
+        payload = b""
+        while len(payload) < size:
+            chunk = connection.recv(size - len(payload))
+            if not chunk:
+                raise EOFError("the shim went away")
+            payload += chunk
+        request = json.loads(payload)
+        for target, fd in zip((0, 1, 2), fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
+                                      line_buffering=os.isatty(1), write_through=unbuffered)
+        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                                      errors="backslashreplace", line_buffering=True)
+        os.setsid()  # a group of its own: the watcher below takes down what the stage started, too
+        connection.sendall(f"{os.getpid()}\n".encode())
+    except BaseException:
+        os._exit(70)
+
+    def watch_the_shim() -> None:  # the shim is gone (killed): so is this stage and what it started
+        try:
+            while connection.recv(1):
+                pass
+        except OSError:
+            pass
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch_the_shim, daemon=True).start()
+
+    argv = request["argv"]
+    pythonpath = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    code = 0
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[:] = [os.getcwd(), *pythonpath, *BASE_PATH]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path[:] = [os.path.dirname(os.path.abspath(argv[0])), *pythonpath, *BASE_PATH]
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as exit_:
+        if exit_.code is None:
+            code = 0
+        elif isinstance(exit_.code, int):
+            code = exit_.code
+        else:
+            print(exit_.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = 130
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    try:
+        threading._shutdown()  # as the interpreter does at exit: wait for non-daemon threads
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            if not stream.closed:  # a script may close its stdout (json.tool does)
+                stream.flush()
+    except BaseException:
+        traceback.print_exc()
+        code = code or 1
+    try:
+        connection.sendall(f"{code}\n".encode())
+    finally:
+        os._exit(code & 0xFF)
+
+
+BASE_PATH: list[str] = []
+
+
+def serve(socket_path: str) -> None:
+    """The server's main: import the stack, then listen at `socket_path` and fork a child per request."""
+    import importlib
+    import warnings
+
+    BASE_PATH[:] = [entry for entry in sys.path[1:] if entry not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    before_imports = import_time_env(os.environ)  # an import may set variables of its own
+    filters = list(warnings.filters)
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # an optional dependency missing: its stages import it themselves
+            pass
+    warnings.filters[:] = filters
+    assert "layersim" not in sys.modules, "the server must not import layersim: each project has its own"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(socket_path)
+    listener.listen(64)
+    marker = socket_path + ".env"
+    with open(marker + ".tmp", "w") as file:
+        json.dump(before_imports, file)
+    os.replace(marker + ".tmp", marker)  # the shims use the server from now on
+    _serve_forever(listener)
+
+
+class ForkServer:
+    """One server per test process (xdist worker), started on first use and stopped at exit."""
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="layersim-fork-"))
+        self.socket = str(self.folder / "server.sock")
+        self.process: subprocess.Popen | None = None
+
+    def shim_folder(self, environ: dict) -> str:
+        """Start the server (in the background: until it is ready the shim runs real processes) with the
+        import-time variables of `environ`, and return the folder of the `python` shim."""
+        if self.process is None:
+            env = {key: value for key, value in environ.items() if key != "PYTHONPATH"}
+            self.process = subprocess.Popen([sys.executable, __file__, self.socket], env=env,
+                                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL, start_new_session=True)
+            shim = self.folder / "bin" / "python"
+            shim.parent.mkdir()
+            shim.write_text(SHIM.format(python=sys.executable, socket=self.socket, prefixes=IMPORT_TIME_PREFIXES))
+            shim.chmod(0o755)
+            import atexit
+            atexit.register(self.stop)
+        return str(self.folder / "bin")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+        import shutil
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+SERVER = ForkServer()
+
+
+def environment(environ: dict) -> dict:
+    """`environ` with the fork server's `python` first on PATH (unless LAYERSIM_TEST_FORK_SERVER=0)."""
+    if environ.get("LAYERSIM_TEST_FORK_SERVER") == "0":
+        return environ
+    folder = SERVER.shim_folder(environ)
+    return {**environ, "PATH": folder + os.pathsep + environ.get("PATH", "")}
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])

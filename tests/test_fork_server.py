@@ -1,0 +1,104 @@
+"""The integration tests' fork server (tests/fork_server.py) runs a stage command as `python` would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import fork_server
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = """
+import os, subprocess, sys
+import reported  # from PYTHONPATH
+print("argv", sys.argv[1:], "cwd", os.path.basename(os.getcwd()), "var", os.environ.get("STAGE_VAR"), reported.VALUE)
+print("stdin", sys.stdin.read().strip())
+print("to stderr", file=sys.stderr)
+print("child", subprocess.run(["echo", "ok"], capture_output=True, text=True).stdout.strip())
+print("forked", "torch" in sys.modules)  # imported before this script asked for it: the server's child
+if len(sys.argv) > 2:
+    raise ValueError("a failing stage")
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture(scope="module")
+def shim_env(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("fork")
+    (folder / "lib").mkdir()
+    (folder / "lib" / "reported.py").write_text("VALUE = 42\n")
+    (folder / "stage.py").write_text(SCRIPT)
+    env = fork_server.environment({**os.environ, "HF_HUB_OFFLINE": "1"})
+    ready = Path(fork_server.SERVER.socket + ".env")
+    deadline = time.monotonic() + 240
+    while not ready.exists():
+        assert time.monotonic() < deadline, "the fork server did not start"
+        assert fork_server.SERVER.process.poll() is None, "the fork server died"
+        time.sleep(0.2)
+    return {**env, "PYTHONPATH": str(folder / "lib"), "STAGE_VAR": "set", "CWD": str(folder)}
+
+
+def shell(command: str, env: dict, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(command, shell=True, cwd=env["CWD"], env=env, capture_output=True, text=True, **kwargs)
+
+
+def test_a_script_sees_its_arguments_folder_environment_and_streams(shim_env):
+    result = shell("python stage.py 3", shim_env, input="hello\n")
+    assert result.returncode == 3, result.stderr
+    assert result.stdout.splitlines() == ["argv ['3'] cwd " + Path(shim_env["CWD"]).name + " var set 42",
+                                          "stdin hello", "child ok", "forked True"]
+    assert result.stderr == "to stderr\n"
+
+
+def test_an_uncaught_exception_prints_its_traceback_and_exits_1(shim_env):
+    result = shell("python stage.py 0 fail", shim_env, input="")
+    assert result.returncode == 1
+    assert "ValueError: a failing stage" in result.stderr and "Traceback" in result.stderr
+
+
+def test_a_different_import_time_variable_gets_a_fresh_interpreter(shim_env):
+    result = shell("python stage.py 0", {**shim_env, "HF_HUB_OFFLINE": "0"}, input="")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "forked False"
+
+
+def test_other_command_lines_get_the_real_interpreter(shim_env):
+    result = shell("python -c 'import sys; print(sys.argv[1:], \"torch\" in sys.modules)' a", shim_env)
+    assert result.stdout == "['a'] False\n"
+
+
+def test_a_module_runs_as_with_python_m(shim_env):
+    result = shell("python -m json.tool", shim_env, input='{"a": 1}')
+    assert result.returncode == 0 and result.stdout.split() == ["{", '"a":', "1", "}"]
+
+
+def test_killing_the_command_kills_the_forked_stage(shim_env, tmp_path):
+    (tmp_path / "sleeper.py").write_text("import os, time\nopen('pid', 'w').write(str(os.getpid()))\ntime.sleep(300)\n")
+    shim = subprocess.Popen(["python", "sleeper.py"], cwd=tmp_path, env=shim_env)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    stage = int((tmp_path / "pid").read_text())
+    assert stage != shim.pid  # a forked child, not the shim itself
+    shim.send_signal(signal.SIGKILL)
+    shim.wait()
+    deadline = time.monotonic() + 30
+    while _alive(stage):
+        assert time.monotonic() < deadline, "the forked stage outlived its command"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return file.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
