@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,8 +33,8 @@ def run(cmd: list[str], cwd: Path, env: dict, check: bool = True) -> subprocess.
 
 
 def dvc(*args: str) -> list[str]:
-    """The command line of ``dvc <args>`` with this interpreter's DVC."""
-    return [sys.executable, "-m", "dvc", *map(str, args)]
+    """The command line of ``dvc <args>`` with this interpreter's DVC (through the fork server, once started)."""
+    return [fork_server.python(), "-m", "dvc", *map(str, args)]
 
 
 def output(result: subprocess.CompletedProcess) -> str:

@@ -5,7 +5,8 @@ importing torch, transformers and scipy (seconds each time; the integration tier
 one server process per test worker imports that third-party stack once and forks a child per stage command:
 the child takes the command's stdin/stdout/stderr, working directory, environment and arguments, and runs
 the script as `python` would. `dvc repro` stays real: DVC runs each stage's `python ...` through the shell,
-and a `python` shim first on PATH (dvc_project.project_env) hands the command to the server.
+and a `python` shim first on PATH (dvc_project.project_env) hands the command to the server; the tests'
+own `python -m dvc` commands (dvc_project.dvc) go through the shim too.
 
 What the child differs in from a fresh interpreter, and why that is safe for the stages:
 - the third-party modules are imported already (never `layersim`: each project copy has its own on
@@ -29,13 +30,18 @@ import tempfile
 from pathlib import Path
 
 # Environment variables that libraries read when imported: a command whose values differ from the server's
-# runs in a fresh interpreter.
-IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "TORCH", "PYTORCH_", "CUDA_",
+# runs in a fresh interpreter. (Not TOKENIZERS_PARALLELISM: read when first used, and layersim.cli sets it in
+# whichever test process runs a stage in-process.)
+IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA_",
                         "OMP_", "MKL_", "OPENBLAS_", "NUMEXPR_", "MPLBACKEND", "PYTHONHASHSEED", "DATASETS_")
 # What a stage imports besides layersim (measured with `python -X importtime` on the stage scripts).
 PRELOAD = ("torch", "transformers", "scipy.stats", "scipy.linalg", "sklearn.linear_model", "pandas", "pyarrow",
            "pyarrow.parquet", "matplotlib", "matplotlib.pyplot", "safetensors.torch", "datasets", "dvclive",
-           "yaml", "tqdm", "filelock", "numpy")
+           "yaml", "tqdm", "filelock", "numpy",
+           # and what `python -m dvc` imports (dvc_project.dvc runs DVC through the server too)
+           "dvc.cli", "dvc.cli.parser", "dvc.repo", "dvc.repo.reproduce", "dvc.repo.fetch", "dvc.repo.plots",
+           "dvc.stage", "dvc.stage.cache", "dvc.fs", "dvc.scm", "dvc_http", "dvc_data.index", "scmrepo.git",
+           "networkx", "dvc_render")
 
 
 def import_time_env(environ) -> dict:
@@ -59,7 +65,11 @@ try:
         server_env = json.load(file)
 except OSError:
     fresh()  # the server is still importing
-if {{k: v for k, v in os.environ.items() if k.startswith(PREFIXES)}} != server_env:
+here = {{k: v for k, v in os.environ.items() if k.startswith(PREFIXES)}}
+if here != server_env:
+    with open(os.environ.get("LAYERSIM_TEST_FORK_LOG") or SOCKET + ".fresh.log", "a") as log:  # why a run is slow
+        log.write(json.dumps({{"argv": args, "differ": sorted(k for k in here.keys() | server_env.keys()
+                                                            if here.get(k) != server_env.get(k))}}) + "\\n")
     fresh()
 connection = socket.socket(socket.AF_UNIX)
 try:
@@ -242,6 +252,23 @@ class ForkServer:
             atexit.register(self.stop)
         return str(self.folder / "bin")
 
+    def environment(self, environ: dict) -> dict:
+        """`environ` with this server's `python` first on PATH (unless LAYERSIM_TEST_FORK_SERVER=0)."""
+        if environ.get("LAYERSIM_TEST_FORK_SERVER") == "0":
+            return environ
+        return {**environ, "PATH": self.shim_folder(environ) + os.pathsep + environ.get("PATH", "")}
+
+    def wait_ready(self, timeout: float) -> None:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(self.socket + ".env"):
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the fork server exited ({self.process.returncode})")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the fork server was not ready in {timeout} s")
+            time.sleep(0.2)
+
     def stop(self) -> None:
         if self.process is not None:
             self.process.kill()
@@ -253,12 +280,17 @@ class ForkServer:
 SERVER = ForkServer()
 
 
+def python() -> str:
+    """The interpreter for a command run with dvc_project.project_env's environment: the shim once the test
+    process's server is started (it runs the real interpreter itself when it must), else this one."""
+    if SERVER.process is None or os.environ.get("LAYERSIM_TEST_FORK_SERVER") == "0":
+        return sys.executable
+    return str(SERVER.folder / "bin" / "python")
+
+
 def environment(environ: dict) -> dict:
-    """`environ` with the fork server's `python` first on PATH (unless LAYERSIM_TEST_FORK_SERVER=0)."""
-    if environ.get("LAYERSIM_TEST_FORK_SERVER") == "0":
-        return environ
-    folder = SERVER.shim_folder(environ)
-    return {**environ, "PATH": folder + os.pathsep + environ.get("PATH", "")}
+    """`environ` with the test process's fork server's `python` first on PATH."""
+    return SERVER.environment(environ)
 
 
 if __name__ == "__main__":

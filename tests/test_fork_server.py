@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,19 +30,16 @@ sys.exit(int(sys.argv[1]))
 
 
 @pytest.fixture(scope="module")
-def shim_env(tmp_path_factory) -> dict:
+def shim_env(tmp_path_factory) -> Iterator[dict]:
     folder = tmp_path_factory.mktemp("fork")
     (folder / "lib").mkdir()
     (folder / "lib" / "reported.py").write_text("VALUE = 42\n")
     (folder / "stage.py").write_text(SCRIPT)
-    env = fork_server.environment({**os.environ, "HF_HUB_OFFLINE": "1"})
-    ready = Path(fork_server.SERVER.socket + ".env")
-    deadline = time.monotonic() + 240
-    while not ready.exists():
-        assert time.monotonic() < deadline, "the fork server did not start"
-        assert fork_server.SERVER.process.poll() is None, "the fork server died"
-        time.sleep(0.2)
-    return {**env, "PYTHONPATH": str(folder / "lib"), "STAGE_VAR": "set", "CWD": str(folder)}
+    server = fork_server.ForkServer()  # its own: the test process's one has the environment of its first user
+    env = server.environment({**os.environ, "HF_HUB_OFFLINE": "1", "LAYERSIM_TEST_FORK_SERVER": "1"})
+    server.wait_ready(240)
+    yield {**env, "PYTHONPATH": str(folder / "lib"), "STAGE_VAR": "set", "CWD": str(folder)}
+    server.stop()
 
 
 def shell(command: str, env: dict, **kwargs) -> subprocess.CompletedProcess:

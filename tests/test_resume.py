@@ -178,7 +178,7 @@ def test_dvc_repro_resumes_after_the_whole_pipeline_is_killed(tmp_path):
 
     def configure(params):
         tiny_params(params, seeds=[1])
-        params["finetune"].update(max_steps=400, checkpoint_every=20, eval_every=0)
+        params["finetune"].update(max_steps=160, checkpoint_every=10, eval_every=0)
 
     stage = "finetune@synth-negation-1"
     weights = Path("data/checkpoints/tiny-bert/synth-negation/seed1/model.safetensors")
