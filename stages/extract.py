@@ -8,7 +8,7 @@ from pathlib import Path
 from layersim import cli
 from layersim.compute.device import resolve_device
 from layersim.data.batching import encode_task
-from layersim.experiments.extract import extract_activations, extract_attention
+from layersim.experiments.extract import extract_activations, extract_task_attention
 from layersim.errors import LayersimError
 from layersim.data.io import atomic_path, read_task_table, run_expectations
 from layersim.models.registry import load_encoder, load_tokenizer, verified_info
@@ -57,11 +57,10 @@ def main(args, params):
             if p.attention_examples:
                 # Attention maps of a few validation examples, for Wu et al.'s attention-level measures.
                 table = read_task_table(args.task_dir, spec, "validation", p.attention_examples)
-                encoded = encode_task(table, spec, tokenizer, params.finetune.max_length, p.attention_unit == "words")
                 metadata = {"model": params.model, **identity, "run": run, "task": spec.name,
                             "split": "validation", "task_digest": task_digest}
-                extract_attention(encoder, tokenizer, encoded, Path(tmp) / "attention" / f"{run}.parquet", metadata,
-                                  p.batch_size, device, p.attention_unit)
+                extract_task_attention(encoder, tokenizer, table, spec, params,
+                                       Path(tmp) / "attention" / f"{run}.parquet", metadata, device)
             cli.log.info("read %s, wrote %s.{%s}.parquet", folder, run, ",".join(p.poolings))
     cli.log.info("wrote %s (%s)", args.out,
                  ", ".join(f"{split}: {table.num_rows} examples" for split, (table, _) in splits.items()))

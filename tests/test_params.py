@@ -345,6 +345,10 @@ def test_attention_measures_need_attention_maps() -> None:
         parse_params(doc)
     doc["similarity"]["attention_measures"] = []
     assert parse_params(doc).similarity.attention_measures == ()
+    doc["align"] = {**doc.get("align", {}), "attention": True}
+    with pytest.raises(LayersimError, match=r"align.attention = true needs attention maps, but "
+                                            r"extract.attention_examples = 0"):
+        parse_params(doc)
 
 
 def test_default_align_methods_are_every_registered_map() -> None:

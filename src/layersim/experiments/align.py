@@ -20,7 +20,7 @@ from layersim.align import (alignment_errors, layer_alignment_matrix, map_repres
 from layersim.experiments.injection import injected_score, random_like
 from layersim.data.batching import encode_task
 from layersim.errors import LayersimError
-from layersim.experiments.extract import extract_activations
+from layersim.experiments.extract import extract_activations, extract_task_attention
 from layersim.data.io import (ActivationTable, AttentionTable, read_task_table, run_expectations, write_figure,
                               write_json)
 from layersim.models.registry import load_encoder, load_tokenizer, model_shape, verified_info
@@ -124,8 +124,9 @@ class AlignInputs:
         return read_task_table(self.task_dir, self.spec, "validation", self.params.extract.max_examples)
 
     def extract_models(self, names: list[str], out: Path, task_digest: str) -> dict[str, dict[str, Any]]:
-        """Write train and validation tables (align.pooling) of each pretrained registry model `names` into `out`,
-        from the same task tables and example caps as the extract stage; return each run's expectations."""
+        """Write train and validation tables (align.pooling) of each pretrained registry model `names` into `out`
+        (and with align.attention its attention maps, into out/attention), from the same task tables and example
+        caps as the extract stage; return each run's expectations."""
         p, spec = self.params, self.spec
         splits = {"validation": read_task_table(self.task_dir, spec, "validation", p.extract.max_examples),
                   "train": read_task_table(self.task_dir, spec, "train", p.extract.max_train_examples)}
@@ -141,6 +142,10 @@ class AlignInputs:
                 path = out / ("train" if split == "train" else "") / f"{model_run(name)}.{p.align.pooling}.parquet"
                 extract_activations(encoder, tokenizer, spec, encoded, {p.align.pooling: path}, metadata,
                                     p.extract.batch_size, resolve_device(p.device))
+            if p.align.attention:  # as the extract stage keeps the runs' maps
+                extract_task_attention(encoder, tokenizer, splits["validation"].slice(0, p.extract.attention_examples),
+                                       spec, p, out / "attention" / f"{model_run(name)}.parquet",
+                                       {**metadata, "split": "validation"}, resolve_device(p.device))
             expect[name] = {"task": spec.name, "model_digest": info["digest"], "task_digest": task_digest,
                             **model_shape(folder)}
         return expect
@@ -200,25 +205,23 @@ def inject(inputs: AlignInputs, pair: tuple[str, str], options: dict, expect: di
     return {"pair": f"{pair[0]}→{pair[1]}", "metric": spec.primary_metric, "methods": methods, "references": references}
 
 
-def attention_errors(inputs: AlignInputs, pairs: list[Pair], expect: dict, options: dict,
-                     log=lambda *args: None) -> dict[str, dict[str, list[float]]]:
+def attention_errors(inputs: AlignInputs, pairs: list[Pair], sources: dict[str, tuple[str, Path, dict]],
+                     options: dict, log=lambda *args: None) -> dict[str, dict[str, list[float]]]:
     """Ren et al. Fig. 4 / 5b: per layer 1 … L, the held-out error of maps from the source model's attention
-    weights to the target's, for each pair of runs that have attention tables (ORIG, FT[i]). A point is one
-    (example, query token, key token) with one feature per head; maps are fitted on the points of a seeded
-    80 % of the examples and scored on the rest, so no example is on both sides."""
-    runs = run_labels(inputs.params.seeds)
+    weights to the target's, for each pair (runs ORIG, FT[i] and registry models alike: `sources` gives each
+    label's run name, table folder and expectations). A point is one (example, query, key) with one feature
+    per head; maps are fitted on the points of a seeded 80 % of the examples and scored on the rest, so no
+    example is on both sides."""
     p = inputs.params.align
     tables, layers = {}, {}  # each run's table and per-layer weights, read once however many pairs it is in
     errors: dict[str, dict[str, list[float]]] = {}
     for pair in pairs:
-        if pair.source not in runs or pair.target not in runs:
-            continue
         for label in (pair.source, pair.target):
             if label not in tables:
-                run = runs[label]
-                tables[label] = AttentionTable(inputs.activations / "attention" / f"{run}.parquet",
+                run, folder, expect = sources[label]
+                tables[label] = AttentionTable(folder / "attention" / f"{run}.parquet",
                                                expect={"task": inputs.spec.name, "split": "validation", "run": run,
-                                                       "model_digest": expect[run]["model_digest"]})
+                                                       "model_digest": expect["model_digest"]})
                 layers[label] = [tables[label].layer(k) for k in range(1, tables[label].num_layers + 1)]
         source, target = tables[pair.source], tables[pair.target]
         source.check_comparable(target)
@@ -344,6 +347,9 @@ def align_report(inputs: AlignInputs, log=lambda *args: None) -> AlignReport:
         sources = {label: (runs[label], inputs.activations, expect[runs[label]]) if label in runs else
                    (model_run(label), Path(tmp), model_expect[label]) for label in dict.fromkeys(used)}
         layers, num_train = read_layers(inputs, sources)
+        # 4 (read here, while the registry models' maps exist). Attention weights (Ren Fig. 4 / 5b), behind
+        # align.attention: they are far more alike than representations.
+        attention = attention_errors(inputs, pairs, sources, options, log) if p.attention else {}
     num_rows = len(layers["ORIG"][0])
     train_idx, test_idx = np.arange(num_train), np.arange(num_train, num_rows)
     log("read %s representations of %d runs: %d train and %d validation rows", p.pooling, len(layers),
@@ -372,9 +378,6 @@ def align_report(inputs: AlignInputs, log=lambda *args: None) -> AlignReport:
     first = pairs[0]
     matrix = layer_alignment_matrix(layers[first.source], layers[first.target], "inn", train_idx=train_idx,
                                     test_idx=test_idx, **{**all_options["inn"], "steps": p.matrix_steps})
-
-    # 4. Attention weights (Ren Fig. 4 / 5b), behind align.attention: they are far more alike than representations.
-    attention = attention_errors(inputs, pairs, expect, options, log) if p.attention else {}
 
     # 5. Layer injection (Ren §4.5, Table 5): a last-layer CLS state mapped into a fine-tuned model's head.
     injected = injection_pair(pairs, seeds)

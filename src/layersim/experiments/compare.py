@@ -20,7 +20,7 @@ from layersim.compute.device import resolve_device
 from layersim.data.batching import encode_task
 from layersim.data.io import AttentionTable, read_task_table
 from layersim.data.tasks import get_task
-from layersim.experiments.extract import (Pooled, concatenate_pooled, extract_attention, models_for_pooling,
+from layersim.experiments.extract import (Pooled, concatenate_pooled, extract_task_attention, models_for_pooling,
                                           pooled_layers)
 from layersim.models.random_control import random_encoder
 from layersim.models.registry import load_encoder, load_tokenizer
@@ -57,10 +57,8 @@ def probe_attention(folder: Path, params: Params, task_dirs: dict[str, Path], de
                                                               params.extract.attention_examples))
     path = scratch / f"{name or folder.name}.attention.parquet"
     encoder = load_encoder(folder) if encoder is None else encoder
-    unit = params.extract.attention_unit  # words (Wu et al.) or tokens, as the extract stage keeps them
-    extract_attention(encoder, tokenizer, encode_task(table, spec, tokenizer, params.finetune.max_length,
-                                                      words=unit == "words"),
-                      path, {"run": name or folder.name, "task": task}, params.extract.batch_size, device, unit)
+    extract_task_attention(encoder, tokenizer, table, spec, params, path, {"run": name or folder.name, "task": task},
+                           device)
     return attention_maps(AttentionTable(path))
 
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 import torch
 from tqdm.auto import tqdm
 
-from layersim.data.batching import EncodedTask, collate, collate_words
+from layersim.data.batching import EncodedTask, collate, collate_words, encode_task
 from layersim.compute.device import to_device
 from layersim.errors import LayersimError, unknown_name
 from layersim.data.io import ActivationWriter, layer_column, with_metadata, write_parquet
@@ -322,3 +322,12 @@ def extract_attention(encoder, tokenizer, encoded: EncodedTask, path: Path, meta
     table = pa.Table.from_arrays(arrays, names=names)
     write_parquet(with_metadata(table, {**metadata, "num_layers": num_layers, "num_heads": heads,
                                         "kind": "attention", "attention_unit": unit}), path)
+
+
+def extract_task_attention(encoder, tokenizer, table: pa.Table, spec: TaskSpec, params, path: Path, metadata: dict,
+                           device: torch.device) -> None:
+    """The attention maps of `table`'s examples as the extract stage keeps them: in extract.attention_unit
+    (words, as Wu et al., or tokens), encoded as fine-tuning encodes them."""
+    unit = params.extract.attention_unit
+    encoded = encode_task(table, spec, tokenizer, params.finetune.max_length, words=unit == "words")
+    extract_attention(encoder, tokenizer, encoded, path, metadata, params.extract.batch_size, device, unit)

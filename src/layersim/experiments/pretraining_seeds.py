@@ -29,7 +29,7 @@ from layersim.data.batching import encode_task
 from layersim.data.io import ActivationTable, AttentionTable, read_task_table, task_tables_digest, write_figure
 from layersim.data.tasks import TaskSpec, subsample
 from layersim.errors import LayersimError
-from layersim.experiments.extract import extract_activations, extract_attention
+from layersim.experiments.extract import extract_activations, extract_task_attention
 from layersim.experiments.injection import head_score, injected_score
 from layersim.experiments.truncation import full_score, initial_head, load_for_validation, primary_score
 from layersim.models.registry import load_encoder, load_tokenizer, model_shape, verified_info
@@ -189,11 +189,10 @@ def _encode(inputs: SeedInputs, names, tables, out: Path, digest: str, device) -
                                     params.extract.batch_size, device)
                 paths.update({(name, state, q, split): path for q, path in outputs.items()})
             if params.align.attention:
-                encoded = encode_task(tables["validation"].slice(0, params.extract.attention_examples or 10), spec,
-                                      tokenizer, params.finetune.max_length)
                 paths[name, state, "attention"] = out / f"{run}.attention.parquet"
-                extract_attention(encoder, tokenizer, encoded, paths[name, state, "attention"],
-                                  {**metadata, "split": "validation"}, params.extract.batch_size, device)
+                extract_task_attention(encoder, tokenizer, tables["validation"].slice(0, params.extract.attention_examples),
+                                       spec, params, paths[name, state, "attention"],
+                                       {**metadata, "split": "validation"}, device)
     return paths
 
 

@@ -212,8 +212,9 @@ class AlignParams:  # Ren et al. 2023; see layersim.align
     synthetic_learning_rate: float = knob(2e-3, "inn and mlp: peak learning rate when recovering the random INN",
                                           LEARNING_RATE)
     seed: int = knob(0, "seed of the maps' initialisation and batches", SEED)
-    attention: bool = knob(False, "also align the attention weights, per layer, of each pair of ORIG / `FT<i>` runs "
-                                  "(Ren Fig. 4 / 5b; points: the extract stage's attention maps, one feature per head)")
+    attention: bool = knob(False, "also align the attention weights, per layer, of each pair (Ren Fig. 4 / 5b; points: "
+                                  "attention maps of extract.attention_examples examples as the extract stage keeps "
+                                  "them, one feature per head)")
     pairs: tuple[tuple[str, str], ...] | None = knob(
         None, "the [source, target] pairs aligned: ORIG (the pretrained model), `FT<i>` (fine-tuned with the i-th "
               "seed) or a registry model, pretrained (e.g. multiberts-0 and multiberts-1: two pretraining seeds); "

@@ -173,6 +173,9 @@ def _check_across_sections(model: str, sections: dict[str, Any]) -> None:
     if similarity.attention_measures and not extract.attention_examples:
         raise LayersimError(f"params.yaml: similarity.attention_measures = {list(similarity.attention_measures)} needs "
                             "attention maps, but extract.attention_examples = 0; set it above 0 or use [].")
+    if align.attention and not extract.attention_examples:
+        raise LayersimError("params.yaml: align.attention = true needs attention maps, but extract.attention_examples "
+                            "= 0; set it above 0 or align.attention to false.")
     _check_permutations_reach(similarity)
     check_pair_count(align.pretraining_models, align.num_pairs)
     if align.pooling not in extract.poolings:
