@@ -34,14 +34,25 @@ from pathlib import Path
 # whichever test process runs a stage in-process.)
 IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA_",
                         "OMP_", "MKL_", "OPENBLAS_", "NUMEXPR_", "MPLBACKEND", "PYTHONHASHSEED", "DATASETS_")
-# What a stage imports besides layersim (measured with `python -X importtime` on the stage scripts).
-PRELOAD = ("torch", "transformers", "scipy.stats", "scipy.linalg", "sklearn.linear_model", "pandas", "pyarrow",
-           "pyarrow.parquet", "matplotlib", "matplotlib.pyplot", "safetensors.torch", "datasets", "dvclive",
-           "yaml", "tqdm", "filelock", "numpy",
-           # and what `python -m dvc` imports (dvc_project.dvc runs DVC through the server too)
+# The families of the tiny models the tests build (layersim.models.tiny_configs): transformers imports a
+# family's modules when a model of it is first loaded.
+FAMILIES = ("albert", "bert", "deberta_v2", "distilbert", "electra", "gpt2", "llama", "mistral", "modernbert",
+            "qwen2", "roberta", "xlm_roberta", "xlnet")
+# What the stages and DVC import besides layersim: the modules a stage's child imported that the server had
+# not (LAYERSIM_TEST_FORK_MODULES=<file> lists them), grouped by package.
+PRELOAD = ("torch", "torch._dynamo", "torch.utils.flop_counter", "transformers", "transformers.modeling_utils",
+           "transformers.models.auto.modeling_auto", "transformers.models.auto.tokenization_auto",
+           *(f"transformers.models.{family}.modeling_{family}" for family in FAMILIES), "tokenizers",
+           "scipy.stats", "scipy.linalg", "sklearn.linear_model", "pandas", "pyarrow", "pyarrow.parquet",
+           "matplotlib", "matplotlib.pyplot", "matplotlib.backends.backend_agg", "PIL.Image", "safetensors.torch",
+           "huggingface_hub.serialization", "datasets", "dvclive", "yaml", "tqdm", "tqdm.contrib.logging",
+           "filelock", "numpy", "cProfile",
+           # `python -m dvc` (dvc_project.dvc runs DVC through the server too)
            "dvc.cli", "dvc.cli.parser", "dvc.repo", "dvc.repo.reproduce", "dvc.repo.fetch", "dvc.repo.plots",
-           "dvc.stage", "dvc.stage.cache", "dvc.fs", "dvc.scm", "dvc_http", "dvc_data.index", "scmrepo.git",
-           "networkx", "dvc_render")
+           "dvc.repo.index", "dvc.repo.experiments", "dvc.repo.metrics.show", "dvc.repo.params.show", "dvc.lock",
+           "dvc.render.converter.vega", "dvc.stage", "dvc.stage.cache", "dvc.fs", "dvc.scm", "dvc_http",
+           "dvc_data.index", "dvc_data.fs", "scmrepo.git", "scmrepo.git.backend.pygit2", "pygit2", "dulwich.worktree",
+           "flufl.lock", "zc.lockfile", "networkx", "dvc_render")
 
 
 def import_time_env(environ) -> dict:
@@ -62,10 +73,10 @@ if not plain or os.environ.get("LAYERSIM_TEST_FORK_SERVER") == "0":
     fresh()
 try:
     with open(SOCKET + ".env") as file:
-        server_env = json.load(file)
+        server_env, set_by_imports = json.load(file)
 except OSError:
     fresh()  # the server is still importing
-here = {{k: v for k, v in os.environ.items() if k.startswith(PREFIXES)}}
+here = {{k: v for k, v in os.environ.items() if k.startswith(PREFIXES) and k not in set_by_imports}}
 if here != server_env:
     with open(os.environ.get("LAYERSIM_TEST_FORK_LOG") or SOCKET + ".fresh.log", "a") as log:  # why a run is slow
         log.write(json.dumps({{"argv": args, "differ": sorted(k for k in here.keys() | server_env.keys()
@@ -91,10 +102,11 @@ if child:
         signal.signal(signum, forward)
 status = reader.readline()
 if not status:
-    sys.exit(1)  # the child died without a word (a signal)
+    sys.exit(1)  # the server went away
 code = int(status)
-if code < 0:
-    signal.signal(-code, signal.SIG_DFL)
+if code < 0:  # die as the child did
+    if -code not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(-code, signal.SIG_DFL)
     os.kill(os.getpid(), -code)
 sys.exit(code)
 '''
@@ -103,14 +115,39 @@ sys.exit(code)
 def _serve_forever(listener: socket.socket) -> None:
     import signal
 
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reap themselves
+    shims: dict[int, socket.socket] = {}  # child → its shim's connection, kept to report a death by a signal
+
+    def reap(signum, frame) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            connection = shims.pop(pid, None)
+            if connection is not None:
+                if os.WIFSIGNALED(status):  # the child could not say so itself
+                    try:
+                        connection.sendall(f"{-os.WTERMSIG(status)}\n".encode())
+                    except OSError:
+                        pass
+                connection.close()
+
+    signal.signal(signal.SIGCHLD, reap)
     while True:
         connection, _ = listener.accept()
-        if os.fork() == 0:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # reap only children already in `shims`
+        pid = os.fork()
+        if pid == 0:
             listener.close()
+            for other in shims.values():
+                other.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the stage's own subprocess calls wait for theirs
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
             _run_child(connection)  # never returns
-        connection.close()
+        shims[pid] = connection
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
 
 
 def _run_child(connection: socket.socket) -> None:
@@ -185,6 +222,10 @@ def _run_child(connection: socket.socket) -> None:
     except BaseException:
         traceback.print_exc()
         code = 1
+    if os.environ.get("LAYERSIM_TEST_FORK_MODULES"):  # what a stage imported that the server had not: PRELOAD's list
+        with open(os.environ["LAYERSIM_TEST_FORK_MODULES"], "a") as file:
+            file.writelines(f"{name}\n" for name in sorted(set(sys.modules) - PRELOADED)
+                            if not name.startswith(("layersim", "__main__")))
     try:
         threading._shutdown()  # as the interpreter does at exit: wait for non-daemon threads
         atexit._run_exitfuncs()
@@ -201,6 +242,7 @@ def _run_child(connection: socket.socket) -> None:
 
 
 BASE_PATH: list[str] = []
+PRELOADED: set[str] = set()
 
 
 def serve(socket_path: str) -> None:
@@ -209,7 +251,7 @@ def serve(socket_path: str) -> None:
     import warnings
 
     BASE_PATH[:] = [entry for entry in sys.path[1:] if entry not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
-    before_imports = import_time_env(os.environ)  # an import may set variables of its own
+    before_imports = dict(os.environ)  # an import may set variables of its own
     filters = list(warnings.filters)
     for name in PRELOAD:
         try:
@@ -217,13 +259,17 @@ def serve(socket_path: str) -> None:
         except Exception:  # an optional dependency missing: its stages import it themselves
             pass
     warnings.filters[:] = filters
+    PRELOADED.update(sys.modules)
     assert "layersim" not in sys.modules, "the server must not import layersim: each project has its own"
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(socket_path)
     listener.listen(64)
     marker = socket_path + ".env"
     with open(marker + ".tmp", "w") as file:
-        json.dump(before_imports, file)
+        # and the variables the imports set themselves (torch: TORCHINDUCTOR_CACHE_DIR): a test process that has
+        # made the same imports has them too, and a fresh stage would set them alike
+        json.dump([import_time_env(before_imports), sorted(key for key in os.environ if key not in before_imports)],
+                  file)
     os.replace(marker + ".tmp", marker)  # the shims use the server from now on
     _serve_forever(listener)
 

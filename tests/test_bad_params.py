@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import fork_server
 import pytest
 import yaml
 
@@ -353,7 +354,8 @@ def test_the_same_command_with_valid_params_writes(tmp_path, monkeypatch, capsys
     assert (tmp_path / f"data/tasks/{TASK}/train.parquet").is_file()
 
 
-# A few cases through the real command line, each in a fresh interpreter (seconds each: torch imports).
+# A few cases through the real command line, each its own process (a fork of the test process's server:
+# tests/fork_server.py).
 SUBPROCESS_CASES = ["bool-for-int", "repeated-yaml-key", "task-misspelt"]  # download_task, truncate, align
 
 
@@ -361,7 +363,7 @@ SUBPROCESS_CASES = ["bool-for-int", "repeated-yaml-key", "task-misspelt"]  # dow
 def test_command_line_exits_nonzero_with_one_error_line(case_id: str, tmp_path: Path) -> None:
     _, stage, change, fragments = next(case for case in CASES if case[0] == case_id)
     bad = _write_bad(tmp_path, change)
-    result = subprocess.run([sys.executable, *_argv(stage, bad)], cwd=tmp_path, env=project_env(REPO),
+    result = subprocess.run([fork_server.python(), *_argv(stage, bad)], cwd=tmp_path, env=project_env(REPO),
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stderr
     _assert_one_error_line(result.stderr, fragments)

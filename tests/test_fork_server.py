@@ -76,6 +76,12 @@ def test_a_module_runs_as_with_python_m(shim_env):
     assert result.returncode == 0 and result.stdout.split() == ["{", '"a":', "1", "}"]
 
 
+def test_a_stage_killed_by_a_signal_reads_as_killed_by_it(shim_env, tmp_path):
+    (tmp_path / "suicide.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    result = subprocess.run(["python", "suicide.py"], cwd=tmp_path, env=shim_env, capture_output=True)
+    assert result.returncode == -signal.SIGKILL
+
+
 def test_killing_the_command_kills_the_forked_stage(shim_env, tmp_path):
     (tmp_path / "sleeper.py").write_text("import os, time\nopen('pid', 'w').write(str(os.getpid()))\ntime.sleep(300)\n")
     shim = subprocess.Popen(["python", "sleeper.py"], cwd=tmp_path, env=shim_env)

@@ -5,16 +5,17 @@ first non-finite activation."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import fork_server
 import pytest
 
 from layersim.data import io
@@ -473,11 +474,11 @@ def test_similarity_stage_refuses_a_swapped_seed(extracted, tmp_path):
     shutil.copy(extracted / "seed1.cls.parquet", extracted / "seed2.cls.parquet")
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "stages" / "similarity.py"), "--params", str(params), "--task", TASK,
+        [fork_server.python(), str(ROOT / "stages" / "similarity.py"), "--params", str(params), "--task", TASK,
          "--activations", str(extracted), "--checkpoints", str(tmp_path / "checkpoints"),
          "--metrics", str(out / "m.json"), "--details", str(out / "d.json"), "--plots", str(out / "plots"),
          "--localization", str(out / "localization"), "--diagonals", str(out / "diagonals")], capture_output=True,
-        text=True, cwd=tmp_path, timeout=300)
+        text=True, cwd=tmp_path, timeout=300, env=fork_server.environment(dict(os.environ)))
     assert result.returncode == 1, result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: activation table {extracted / 'seed2.cls.parquet'} has run 'seed1', expected 'seed2'; it was "

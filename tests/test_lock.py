@@ -5,11 +5,12 @@ code against a served hub, new commits included."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import fork_server
 import pytest
 import yaml
 
@@ -180,8 +181,9 @@ def test_download_stages_depend_on_the_lock():
 def test_the_stage_refuses_an_unlocked_hub_model_before_writing(tmp_path):
     (tmp_path / "params.yaml").write_text("model: roberta-base\ntasks: [synth-negation]\nseeds: [1]\n")
     (tmp_path / "layersim.lock").write_text(json.dumps(lockfile.empty_lock()))
-    result = subprocess.run([sys.executable, str(ROOT / "stages" / "download_model.py"), "out"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=300)
+    env = fork_server.environment(dict(os.environ))
+    result = subprocess.run([fork_server.python(), str(ROOT / "stages" / "download_model.py"), "out"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 1
     assert result.stderr.strip() == ("error: model 'roberta-base' has no commit in layersim.lock; run `python -m "
                                      "layersim.params.lockfile sync` to record the commit it resolves to now (or `refresh "

@@ -13,7 +13,6 @@ import csv
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import yaml
 
 from layersim.models.registry import weights_digest
 from layersim.training.resume import STATE_FILE, TrainingCheckpoint, TrainingState
+import fork_server
 from dvc_project import repository_params, REPO, output
 
 MAX_STEPS, CHECKPOINT_EVERY = 24, 5
@@ -73,8 +73,10 @@ def project(tmp_path_factory, tiny_model_dir) -> Path:
 
 
 def _run(root: Path, argv: list, **kill) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **{k: str(v) for k, v in kill.items()}}
-    return subprocess.run([sys.executable, root / "driver.py", *map(str, argv)], cwd=root, env=env,
+    """The driver in a fork of the test process's server (tests/fork_server.py: a SIGKILL reads as one)."""
+    env = fork_server.environment({**os.environ, "PYTHONPATH": str(REPO / "src"),
+                                   **{k: str(v) for k, v in kill.items()}})
+    return subprocess.run([fork_server.python(), root / "driver.py", *map(str, argv)], cwd=root, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
