@@ -23,9 +23,17 @@ SLOWEST_FIRST = ("test_pipeline.py", "test_dvc_workflows.py", "test_launch.py", 
                  "test_calibration.py", "test_shell_safety.py", "test_hub_server.py", "test_rbf_approx.py")
 
 
+# Modules whose tests run stage scripts (or DVC) through tests/fork_server.py, besides the integration tests.
+FORK_SERVER_USERS = ("test_resume.py", "test_launch.py", "test_bad_params.py", "test_integrity.py", "test_lock.py")
+
+
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+    if any(item.path.name in FORK_SERVER_USERS or item.get_closest_marker("integration") for item in items):
+        import fork_server  # start importing now, beside the first tests, so that it is ready when needed
+
+        fork_server.SERVER.shim_folder(dict(os.environ))
 
 
 def _run_folder(tmp_path_factory) -> Path:

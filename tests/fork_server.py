@@ -135,8 +135,15 @@ def _serve_forever(listener: socket.socket) -> None:
                 connection.close()
 
     signal.signal(signal.SIGCHLD, reap)
+    starter = os.getppid()
+    listener.settimeout(2.0)
     while True:
-        connection, _ = listener.accept()
+        try:
+            connection, _ = listener.accept()
+        except TimeoutError:
+            if os.getppid() != starter:  # the test process is gone (killed, say): so is its server
+                os._exit(0)
+            continue
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # reap only children already in `shims`
         pid = os.fork()
         if pid == 0:
@@ -278,14 +285,18 @@ class ForkServer:
     """One server per test process (xdist worker), started on first use and stopped at exit."""
 
     def __init__(self) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="layersim-fork-"))
-        self.socket = str(self.folder / "server.sock")
+        self.folder: Path | None = None  # made when the server starts
         self.process: subprocess.Popen | None = None
+
+    @property
+    def socket(self) -> str:
+        return str(self.folder / "server.sock")
 
     def shim_folder(self, environ: dict) -> str:
         """Start the server (in the background: until it is ready the shim runs real processes) with the
         import-time variables of `environ`, and return the folder of the `python` shim."""
         if self.process is None:
+            self.folder = Path(tempfile.mkdtemp(prefix="layersim-fork-"))
             env = {key: value for key, value in environ.items() if key != "PYTHONPATH"}
             self.process = subprocess.Popen([sys.executable, __file__, self.socket], env=env,
                                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -319,8 +330,9 @@ class ForkServer:
         if self.process is not None:
             self.process.kill()
             self.process.wait()
-        import shutil
-        shutil.rmtree(self.folder, ignore_errors=True)
+            import shutil
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.process = None
 
 
 SERVER = ForkServer()

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import fork_server
 import pytest
 import yaml
 
@@ -23,8 +24,8 @@ ITEMS = ["a", "b", "c", "d"]
 SECONDS = 1.5  # each fine-tune's wait: long enough that two run at once on two fake GPUs
 
 
-def _launch(root: Path, env: dict, *args: str):
-    return run([sys.executable, "-m", "layersim_launch.cli", "launch", "--cpus", "2", *args], root, env, check=False)
+def _launch(root: Path, env: dict, *args: str, python: str = sys.executable):
+    return run([python, "-m", "layersim_launch.cli", "launch", "--cpus", "2", *args], root, env, check=False)
 
 
 def _status_clean(root: Path, env: dict) -> bool:
@@ -115,23 +116,29 @@ def test_bad_flags_and_params_fail_before_ray_starts(tmp_path):
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["launch"]["gpu_stages"] = ["finetun"]
     (root / "params.yaml").write_text(yaml.safe_dump(params))
-    result = _launch(root, env)
+    # No launch below starts Ray: each is a fork of the test process's server (tests/fork_server.py).
+    env = fork_server.environment(env)
+
+    def launch(*args):
+        return _launch(root, env, *args, python=fork_server.python())
+
+    result = launch()
     assert result.returncode == 2 and "launch.gpu_stages" in result.stderr and "finetune" in result.stderr
     shutil.copy2(REPO / "params.yaml", root / "params.yaml")
-    dry = _launch(root, env, "--dry")
+    dry = launch("--dry")
     assert dry.returncode == 0 and "finetune@a  {'num_gpus': 1.0, 'num_cpus': 0}" in dry.stdout, output(dry)
     assert "compare  {'num_cpus': 1.0}" in dry.stdout
-    no_gpus = _launch(root, env, "--gpus", "0")
+    no_gpus = launch("--gpus", "0")
     assert no_gpus.returncode == 2 and "ask for 1 GPU per task, but the Ray cluster has 0" in no_gpus.stderr
     assert not (root / "data").exists()  # nothing ran
-    unknown = _launch(root, env, "finetune@zzz")
+    unknown = launch("finetune@zzz")
     assert unknown.returncode == 2 and "unknown node 'finetune@zzz'; the pipeline's nodes are: " in unknown.stderr
-    only = _launch(root, env, "--dry", "extract@b")
+    only = launch("--dry", "extract@b")
     assert only.stdout.split("\n")[:3] == ["download  {'num_cpus': 1.0}", "finetune@b  {'num_gpus': 1.0, 'num_cpus': 0}",
                                              "extract@b  {'num_gpus': 1.0, 'num_cpus': 0}"], output(only)
-    negative = _launch(root, env, "--gpus", "-1")
+    negative = launch("--gpus", "-1")
     assert negative.returncode == 2 and "--gpus must be a non-negative number, got -1.0" in negative.stderr
-    elsewhere = _launch(root, env, "--root", str(tmp_path), "--params", str(root / "params.yaml"))
+    elsewhere = launch("--root", str(tmp_path), "--params", str(root / "params.yaml"))
     assert elsewhere.returncode == 2 and "cannot read the DVC pipeline in" in elsewhere.stderr, output(elsewhere)
 
 
