@@ -28,9 +28,12 @@ FORK_SERVER_USERS = ("test_resume.py", "test_launch.py", "test_bad_params.py", "
 
 
 def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    integration = any(item.get_closest_marker("integration") for item in items)
+    # Without integration tests (the fast tier) the fork server's users wait for it: its imports take the first
+    # ten seconds or so, and a stage run before it is ready starts a fresh interpreter.
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST) if integration or name not in FORK_SERVER_USERS}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
-    if any(item.path.name in FORK_SERVER_USERS or item.get_closest_marker("integration") for item in items):
+    if integration or any(item.path.name in FORK_SERVER_USERS for item in items):
         import fork_server  # start importing now, beside the first tests, so that it is ready when needed
 
         fork_server.SERVER.shim_folder(dict(os.environ))
