@@ -180,9 +180,11 @@ def test_align_reports_every_method_layer_and_reference(project):
         assert grouped["finetuning"][method]["sd"] == {f"layer_{k:02d}": 0.0 for k in range(4)}
     assert json.loads((root / "data/align/models/models.json").read_text()) == ["tiny-bert-seed1", "tiny-bert-seed2",
                                                                                "tiny-bert"]
-    # Attention weights (Ren Fig. 4 / 5b) for every pair, registry models (MultiBERTs' stand-ins) included, layers 1…L.
+    # Attention weights (Ren Fig. 4 / 5b) for every pair, registry models (MultiBERTs' stand-ins) included,
+    # layers 1…L.
     attention = align["attention_alignment"]
-    assert list(attention) == ["FT[1]→FT[2]", "ORIG→FT[1]", "tiny-bert-seed1→tiny-bert-seed2", "tiny-bert-seed2→ORIG"]
+    assert list(attention) == ["FT[1]→FT[2]", "ORIG→FT[1]", "tiny-bert-seed1→tiny-bert-seed2",
+                               "tiny-bert-seed2→ORIG"]
     assert min(attention["tiny-bert-seed1→tiny-bert-seed2"]["linear"].values()) > 0  # models of other init seeds
     for per_method in attention.values():
         assert set(per_method) == methods

@@ -190,8 +190,8 @@ def _encode(inputs: SeedInputs, names, tables, out: Path, digest: str, device) -
                 paths.update({(name, state, q, split): path for q, path in outputs.items()})
             if params.align.attention:
                 paths[name, state, "attention"] = out / f"{run}.attention.parquet"
-                extract_task_attention(encoder, tokenizer, tables["validation"].slice(0, params.extract.attention_examples),
-                                       spec, params, paths[name, state, "attention"],
+                examples = tables["validation"].slice(0, params.extract.attention_examples)
+                extract_task_attention(encoder, tokenizer, examples, spec, params, paths[name, state, "attention"],
                                        {**metadata, "split": "validation"}, device)
     return paths
 
