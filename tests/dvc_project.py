@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,6 +52,12 @@ def project_env(root: Path) -> dict:
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
     env.pop("DVC_ROOT", None)
     return fork_server.environment(env)
+
+
+def with_venv_commands(env: dict) -> dict:
+    """`env` with this interpreter's commands (dvc, ray) on PATH, as after `pip install` in a virtual
+    environment, and the fork server's `python` still before them (else every stage imports torch anew)."""
+    return fork_server.environment({**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"})
 
 
 def tiny_params(params: dict, *, model: str = "tiny-bert", tasks: list[str] = ("synth-negation",),

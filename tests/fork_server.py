@@ -14,7 +14,8 @@ What the child differs in from a fresh interpreter, and why that is safe for the
 - variables read at import time (HF_*, TRANSFORMERS_*, TORCH*, OMP_*, ...) are the server's: the shim only
   uses the server when the command's values equal the server's, and runs the real interpreter otherwise
   (a test with a hub endpoint of its own, say), as it does for any command that is not `python <script>`
-  or `python -m <module>`, and while the server is still starting.
+  or `python -m <module>`, and while the server is still starting. Two kinds a child honours itself: torch's
+  thread count from OMP_NUM_THREADS / MKL_NUM_THREADS (Ray sets it for each task), and CUDA_VISIBLE_DEVICES.
 Killing the shim kills its child (the child watches the shim's socket), so a test that kills a stage or a
 whole `dvc repro` sees the stage die. Set LAYERSIM_TEST_FORK_SERVER=0 to run every stage in a fresh process.
 """
@@ -34,6 +35,10 @@ from pathlib import Path
 # whichever test process runs a stage in-process.)
 IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA_",
                         "OMP_", "MKL_", "OPENBLAS_", "NUMEXPR_", "MPLBACKEND", "PYTHONHASHSEED", "DATASETS_")
+# Exceptions a child can honour itself: torch's thread count (what Ray sets for each task: a child calls
+# torch.set_num_threads, as torch does at start from these), and the GPUs a process may see (read when CUDA
+# starts, which the server never does).
+CHILD_SETS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 # The families of the tiny models the tests build (layersim.models.tiny_configs): transformers imports a
 # family's modules when a model of it is first loaded.
 FAMILIES = ("albert", "bert", "deberta_v2", "distilbert", "electra", "gpt2", "llama", "mistral", "modernbert",
@@ -56,13 +61,14 @@ PRELOAD = ("torch", "torch._dynamo", "torch.utils.flop_counter", "transformers",
 
 
 def import_time_env(environ) -> dict:
-    return {key: value for key, value in environ.items() if key.startswith(IMPORT_TIME_PREFIXES)}
+    return {key: value for key, value in environ.items()
+            if key.startswith(IMPORT_TIME_PREFIXES) and key not in CHILD_SETS}
 
 
 SHIM = '''#!{python} -S
 # `python` for the integration tests' stage commands: runs them in a fork of tests/fork_server.py's server.
 import json, os, signal, socket, struct, sys
-REAL, SOCKET, PREFIXES = {python!r}, {socket!r}, {prefixes!r}
+REAL, SOCKET, PREFIXES, CHILD_SETS = {python!r}, {socket!r}, {prefixes!r}, {child_sets!r}
 args = sys.argv[1:]
 
 def fresh():
@@ -76,7 +82,8 @@ try:
         server_env, set_by_imports = json.load(file)
 except OSError:
     fresh()  # the server is still importing
-here = {{k: v for k, v in os.environ.items() if k.startswith(PREFIXES) and k not in set_by_imports}}
+here = {{k: v for k, v in os.environ.items()
+        if k.startswith(PREFIXES) and k not in set_by_imports and k not in CHILD_SETS}}
 if here != server_env:
     with open(os.environ.get("LAYERSIM_TEST_FORK_LOG") or SOCKET + ".fresh.log", "a") as log:  # why a run is slow
         log.write(json.dumps({{"argv": args, "differ": sorted(k for k in here.keys() | server_env.keys()
@@ -157,6 +164,21 @@ def _serve_forever(listener: socket.socket) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
 
 
+def _set_threads(environ) -> None:
+    """The thread pools (torch's, OpenMP's, the BLAS libraries numpy and scipy load) as a fresh interpreter
+    would start them under `environ`; the server itself started without OMP_NUM_THREADS / MKL_NUM_THREADS,
+    so one thread per core is already every pool's default."""
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        value = environ.get(key, "")
+        if value.isdigit() and int(value) > 0:
+            import torch
+            from threadpoolctl import threadpool_limits
+
+            torch.set_num_threads(int(value))
+            threadpool_limits(limits=int(value))
+            return
+
+
 def _run_child(connection: socket.socket) -> None:
     import atexit
     import io
@@ -182,6 +204,7 @@ def _run_child(connection: socket.socket) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        _set_threads(os.environ)
         unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
         sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
@@ -258,6 +281,8 @@ def serve(socket_path: str) -> None:
     import warnings
 
     BASE_PATH[:] = [entry for entry in sys.path[1:] if entry not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    for key in CHILD_SETS:  # the children set these themselves (_set_threads)
+        os.environ.pop(key, None)
     before_imports = dict(os.environ)  # an import may set variables of its own
     filters = list(warnings.filters)
     for name in PRELOAD:
@@ -303,7 +328,8 @@ class ForkServer:
                                             stderr=subprocess.DEVNULL, start_new_session=True)
             shim = self.folder / "bin" / "python"
             shim.parent.mkdir()
-            shim.write_text(SHIM.format(python=sys.executable, socket=self.socket, prefixes=IMPORT_TIME_PREFIXES))
+            shim.write_text(SHIM.format(python=sys.executable, socket=self.socket, prefixes=IMPORT_TIME_PREFIXES,
+                                       child_sets=CHILD_SETS))
             shim.chmod(0o755)
             import atexit
             atexit.register(self.stop)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,6 +65,30 @@ def test_a_different_import_time_variable_gets_a_fresh_interpreter(shim_env):
     result = shell("python stage.py 0", {**shim_env, "HF_HUB_OFFLINE": "0"}, input="")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "forked False"
+
+
+THREADS = """
+import sys
+forked = "torch" in sys.modules
+import numpy, scipy.linalg, torch
+from threadpoolctl import threadpool_info
+print(forked, torch.get_num_threads(), sorted({pool["num_threads"] for pool in threadpool_info()}))
+"""
+
+
+@pytest.mark.parametrize("threads", ["1", None])
+def test_a_thread_count_is_set_in_the_child_as_a_fresh_interpreter_would(shim_env, threads):
+    """Ray gives each task OMP_NUM_THREADS=1: the child still runs forked, with torch's and every BLAS/OpenMP
+    pool at that count; without the variable, at the default a fresh interpreter starts with."""
+    (Path(shim_env["CWD"]) / "threads.py").write_text(THREADS)
+    env = {key: value for key, value in shim_env.items() if key not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    if threads:
+        env["OMP_NUM_THREADS"] = threads
+    fresh = subprocess.run([sys.executable, "threads.py"], cwd=env["CWD"], env=env, capture_output=True, text=True)
+    forked = shell("python threads.py", env)
+    assert forked.returncode == 0, forked.stderr
+    assert fresh.stdout.startswith("False ") and forked.stdout.startswith("True "), (fresh.stdout, forked.stdout)
+    assert forked.stdout.split(" ", 1)[1] == fresh.stdout.split(" ", 1)[1]
 
 
 def test_other_command_lines_get_the_real_interpreter(shim_env):

@@ -16,7 +16,7 @@ import fork_server
 import pytest
 import yaml
 
-from dvc_project import REPO, dvc, make_project, output, project_env, run, tiny_params
+from dvc_project import REPO, dvc, make_project, output, project_env, run, tiny_params, with_venv_commands
 from launch_project import make_launch_project, parsed_lock
 from layersim.params.schema import STAGES
 
@@ -212,8 +212,7 @@ PROBE = ("import json, os, time; start = time.time(); time.sleep(10); json.dump(
 def test_queued_experiments_run_one_worker_per_gpu(tmp_path):
     root = tmp_path / "sweep"
     root.mkdir()
-    env = project_env(root)
-    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # the workers are spawned as `dvc` from PATH
+    env = with_venv_commands(project_env(root))  # the workers are spawned as `dvc` from PATH
     (root / "params.yaml").write_text("name: base\n")
     (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"probe": {
         "cmd": f'{sys.executable} -c "{PROBE}"', "params": ["name"], "metrics": [{"probe.json": {"cache": False}}]}}}))

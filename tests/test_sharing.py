@@ -10,15 +10,13 @@ holds a wall-clock or host-specific value.
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from dvc_project import REPO, built_project, dvc, output, project_env, run
+from dvc_project import REPO, built_project, dvc, output, project_env, run, with_venv_commands
 from test_dvc_workflows import _configure  # the same tiny project, built once per test run
 
 pytestmark = pytest.mark.integration
@@ -58,8 +56,7 @@ def shared(tmp_path_factory, built_projects) -> dict:
     where = tmp_path_factory.mktemp("sharing")
     root = where / "project"
     env, _ = built_project(built_projects, root, _configure, "workflows")  # after its `dvc repro`
-    # dvc on the PATH is this interpreter's, as after `pip install` in a virtual environment.
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env = with_venv_commands(env)
     origin = where / "origin.git"  # the git server the colleague clones from; `git push` goes there
     run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], where, env)
     run(["git", "remote", "add", "origin", str(origin)], root, env)
