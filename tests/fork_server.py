@@ -39,6 +39,7 @@ IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORC
 # torch.set_num_threads, as torch does at start from these), and the GPUs a process may see (read when CUDA
 # starts, which the server never does).
 CHILD_SETS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+FORKED = "LAYERSIM_TEST_FORKED"  # "<child pid>:<shim pid>" in a forked child's environment (see ancestors())
 # The families of the tiny models the tests build (layersim.models.tiny_configs): transformers imports a
 # family's modules when a model of it is first loaded.
 FAMILIES = ("albert", "bert", "deberta_v2", "distilbert", "electra", "gpt2", "llama", "mistral", "modernbert",
@@ -205,6 +206,11 @@ def _run_child(connection: socket.socket) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         _set_threads(os.environ)
+        # The shim stands where this process would in a real process tree (its parents are the stage's): a
+        # test that looks up the stage's ancestors (the Ray worker running it) starts from there.
+        shim, _, _ = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                               struct.calcsize("3i")))
+        os.environ[FORKED] = f"{os.getpid()}:{shim}"
         unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
         sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
@@ -362,6 +368,16 @@ class ForkServer:
 
 
 SERVER = ForkServer()
+
+
+# The process-tree lookup for a script run as a stage: pasted into such scripts (they cannot import tests/).
+ANCESTORS = '''
+def ancestors():
+    """This process's parents, as in a fresh interpreter: a child of tests/fork_server.py starts from its shim."""
+    import os, psutil
+    child, _, shim = os.environ.get("LAYERSIM_TEST_FORKED", "").partition(":")
+    return psutil.Process(int(shim) if child == str(os.getpid()) else None).parents()
+'''
 
 
 def python() -> str:

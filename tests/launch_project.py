@@ -21,11 +21,13 @@ from pathlib import Path
 
 import yaml
 
+import fork_server
 from dvc_project import REPO, dvc, project_env, run
 
 WORK = '''"""Stage commands of the launch test project."""
 import json, os, sys, time
 from pathlib import Path
+''' + fork_server.ANCESTORS + '''
 
 step, item = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "")
 
@@ -46,9 +48,8 @@ elif step == "train":
     if Path(f"fail-{item}").exists():
         sys.exit(f"train {item}: told to fail")
     if Path(f"kill-{item}").exists() and not Path(f"killed-{item}").exists():
-        import psutil  # the Ray worker running this node: the ancestor whose command line names Ray's worker
         Path(f"killed-{item}").write_text("")
-        for parent in psutil.Process().parents():
+        for parent in ancestors():  # the Ray worker running this node: the one whose command line names it
             if "default_worker" in " ".join(parent.cmdline()) or parent.name().startswith("ray::"):
                 parent.kill()
                 sys.exit(f"train {item}: killed its Ray worker")

@@ -91,6 +91,19 @@ def test_a_thread_count_is_set_in_the_child_as_a_fresh_interpreter_would(shim_en
     assert forked.stdout.split(" ", 1)[1] == fresh.stdout.split(" ", 1)[1]
 
 
+def test_a_forked_stage_finds_its_ancestors_from_the_shim(shim_env):
+    """A script that looks for the process running it (launch tests kill the Ray worker above a stage) sees
+    the same parents as in a fresh interpreter: the shim's, not the server's."""
+    (Path(shim_env["CWD"]) / "parents.py").write_text(fork_server.ANCESTORS + "\nimport os, sys\n"
+                                                     "print('torch' in sys.modules, ancestors()[0].pid, os.getppid())")
+    for server, forked in (("1", "True"), ("0", "False")):
+        result = subprocess.run(["python", "parents.py"], cwd=shim_env["CWD"], capture_output=True, text=True,
+                                env={**shim_env, "LAYERSIM_TEST_FORK_SERVER": server})
+        was_forked, parent, direct_parent = result.stdout.split()
+        assert was_forked == forked and int(parent) == os.getpid(), result.stdout + result.stderr
+        assert (int(direct_parent) == os.getpid()) == (server == "0")  # a forked child's own parent is the server
+
+
 def test_other_command_lines_get_the_real_interpreter(shim_env):
     result = shell("python -c 'import sys; print(sys.argv[1:], \"torch\" in sys.modules)' a", shim_env)
     assert result.stdout == "['a'] False\n"

@@ -144,10 +144,9 @@ def test_bad_flags_and_params_fail_before_ray_starts(tmp_path):
 
 # Put into a project copy's stages/finetune.py: with KILL_RAY_WORKER_AT_STEP=k, the first attempt kills the
 # Ray worker running it (a preempted node) and then itself right after optimizer step k.
-PREEMPT = '''
+PREEMPT = fork_server.ANCESTORS + '''
 import os as _os
 if _os.environ.get("KILL_RAY_WORKER_AT_STEP") and not _os.path.exists("preempted"):
-    import psutil as _psutil
     import torch as _torch
     _step, _calls = _torch.optim.AdamW.step, [0]
 
@@ -156,7 +155,7 @@ if _os.environ.get("KILL_RAY_WORKER_AT_STEP") and not _os.path.exists("preempted
         _calls[0] += 1
         if _calls[0] == int(_os.environ["KILL_RAY_WORKER_AT_STEP"]):
             open("preempted", "w").close()
-            for parent in _psutil.Process().parents():
+            for parent in ancestors():
                 if "default_worker" in " ".join(parent.cmdline()) or parent.name().startswith("ray::"):
                     parent.kill()  # the nearest one: the raylet further up names default_worker.py too
                     break
