@@ -24,9 +24,10 @@ import pytest
 # collection order (pyproject.toml turns off xdist's reordering by test count, which put these last): started
 # first, they end close together, and the modules that copy a project another one builds (test_incremental,
 # test_sharing: dvc_project.built_project) come after its builder. The others keep pytest's order.
-SLOWEST_FIRST = ("test_pipeline.py", "test_dvc_workflows.py", "test_launch.py", "test_incremental.py",
-                 "test_resume.py", "test_sharing.py", "test_user_task_pipeline.py", "test_rotation_null.py",
-                 "test_calibration.py", "test_shell_safety.py", "test_hub_server.py", "test_rbf_approx.py")
+SLOWEST_FIRST = ("test_dvc_workflows.py", "test_pipeline.py", "test_launch.py", "test_incremental.py",
+                 "test_launch_cluster.py", "test_user_task_pipeline.py", "test_sharing.py",
+                 "test_architecture_pipeline.py", "test_hub_server.py", "test_resume.py", "test_shell_safety.py",
+                 "test_align.py", "test_fork_server.py", "test_rotation_null.py", "test_calibration.py")
 
 
 # Modules whose tests run stage scripts (or DVC) through tests/fork_server.py, besides the integration tests.

@@ -192,18 +192,18 @@ def stale_stages(root: Path) -> set[str]:
 GATE = "check_params"
 
 
-def stages_to_rerun(root: Path) -> set[str]:
-    """Stages that ``dvc repro`` would run: the changed ones and every stage downstream of them
-    (``--dry --force-downstream``: a dry run cannot know that a rerun stage changes its outputs), but not
-    downstream of the params gate, whose output is constant (tests/test_incremental.py checks that with a
-    real repro)."""
-    stale = stale_stages(root)
-    targets = sorted(stale - {GATE})
-    if not targets:
-        return stale
+def stages_to_rerun(root: Path) -> tuple[set[str], set[str]]:
+    """The stages ``dvc status`` reports as changed, and those ``dvc repro`` would run: the changed ones and
+    every stage downstream of them (``--dry --force-downstream``: a dry run cannot know that a rerun stage
+    changes its outputs), but not downstream of the params gate, whose output is constant
+    (tests/test_incremental.py checks that with a real repro). One DVC repo for both: its index is built once."""
     with _dvc_repo(root) as repo:
+        stale = set(repo.status())
+        targets = sorted(stale - {GATE})
+        if not targets:
+            return stale, stale
         would_run = repo.reproduce(targets, dry=True, force_downstream=True, downstream=True)
-    return {stage.addressing for stage in would_run} | (stale & {GATE})
+    return stale, {stage.addressing for stage in would_run} | (stale & {GATE})
 
 
 @contextmanager

@@ -24,8 +24,10 @@ ITEMS = ["a", "b", "c", "d"]
 SECONDS = 1.5  # each fine-tune's wait: long enough that two run at once on two fake GPUs
 
 
-def _launch(root: Path, env: dict, *args: str, python: str = sys.executable):
-    return run([python, "-m", "layersim_launch.cli", "launch", "--cpus", "2", *args], root, env, check=False)
+def _launch(root: Path, env: dict, *args: str):
+    """`layersim launch` in `root`; the driver too is a fork of the test process's server (tests/fork_server.py)."""
+    return run([fork_server.python(), "-m", "layersim_launch.cli", "launch", "--cpus", "2", *args], root, env,
+               check=False)
 
 
 def _status_clean(root: Path, env: dict) -> bool:
@@ -116,11 +118,9 @@ def test_bad_flags_and_params_fail_before_ray_starts(tmp_path):
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["launch"]["gpu_stages"] = ["finetun"]
     (root / "params.yaml").write_text(yaml.safe_dump(params))
-    # No launch below starts Ray: each is a fork of the test process's server (tests/fork_server.py).
-    env = fork_server.environment(env)
 
-    def launch(*args):
-        return _launch(root, env, *args, python=fork_server.python())
+    def launch(*args):  # none of these starts Ray
+        return _launch(root, env, *args)
 
     result = launch()
     assert result.returncode == 2 and "launch.gpu_stages" in result.stderr and "finetune" in result.stderr
