@@ -271,7 +271,9 @@ CASES = [
     ("report-significance-above-one", "report", _set(similarity__significance=1.5),
      ["similarity.significance = 1.5"]),
     ("not-yaml", "extract", _edit_text(lambda text: text + "finetune:\n\t- batch_size 8\n"),
-     [f"{BAD} is not valid YAML", "found character '\\t'", "line "]),
+     # the scanner's own words ("found character '\\t' that cannot start any token"; libyaml's, with
+     # ruamel.yaml.clib: "found character that cannot start any token") and where
+     [f"{BAD} is not valid YAML", "found character", "that cannot start any token at line "]),
 ]
 
 
