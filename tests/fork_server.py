@@ -371,11 +371,11 @@ SERVER = ForkServer()
 
 
 # The process-tree lookup for a script run as a stage: pasted into such scripts (they cannot import tests/).
-ANCESTORS = '''
+ANCESTORS = f'''
 def ancestors():
     """This process's parents, as in a fresh interpreter: a child of tests/fork_server.py starts from its shim."""
     import os, psutil
-    child, _, shim = os.environ.get("LAYERSIM_TEST_FORKED", "").partition(":")
+    child, _, shim = os.environ.get({FORKED!r}, "").partition(":")
     return psutil.Process(int(shim) if child == str(os.getpid()) else None).parents()
 '''
 
