@@ -18,11 +18,17 @@ order, the same for every cell, so ``permutation_matrix(...)`` cell [i, j] equal
 (1 + permutations)`` (Phipson & Smyth 2010: never 0). Each layer's statistics are computed once and
 a permutation only row-permutes the y-side statistics (see :mod:`layersim.similarity._null_engines`).
 
+Rows of one example (the words of a sentence, the choices of a question) are not exchangeable: with
+``groups`` (each row's example) and ``strata``, a draw permutes whole examples among examples of the same
+stratum and size instead (:mod:`layersim.similarity.exchangeability`, method "block permutation"); with one row
+per example and one stratum it is the row permutation above, the same draws for a seed.
+
 Exact linear CKA: linear CKA is the RV coefficient of the centred data, whose permutation
 distribution has exact moments computable from per-layer traces (Kazi-Aoual et al. 1995, "Refined
 approximations to permutation tests for multivariate inference", Comput. Stat. Data Anal.; Josse,
 Pagès & Husson 2008, "Testing the significance of the RV coefficient"; FactoMineR's ``coeffRV``):
-see :mod:`layersim.similarity._rv`. With ``exact=None`` linear_cka uses them (no permutations): a Pearson type III
+see :mod:`layersim.similarity._rv`. With ``exact=None`` linear_cka uses them (no permutations) while rows are
+exchangeable (sampled block permutations otherwise: the moments are those of the row permutation): a Pearson type III
 with the exact mean, variance and skewness (false-positive rate at α = 0.01 on t(3) data 0.009–0.013 over
 4,000 draws where the former gamma-shaped skew gave 0.021–0.035). The mean and variance come from traces, sums
 over rows, so :func:`streamed_linear_cka_null` gives them from one streamed pass
@@ -32,6 +38,7 @@ accumulator's row sample (exact while the table fits the sample, else an estimat
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,6 +50,7 @@ import layersim.similarity._rv as _rv
 import layersim.similarity.cka as cka
 from layersim.similarity._common import check_options, named_lists, validated
 from layersim.similarity._null_engines import ENGINES
+from layersim.similarity.exchangeability import block_permutations
 from layersim.similarity.registry import get_measure
 
 
@@ -67,7 +75,7 @@ class NullResult:
     null_p95: float  # 95th percentile of the null distribution
     p_value: float  # one-sided, P(null >= observed)
     permutations: int  # number of sampled permutations; 0 when exact moments were used
-    method: str  # "exact" (linear CKA moments) or "permutation"
+    method: str  # "exact" (linear CKA moments), "permutation" (rows) or "block permutation" (whole examples)
 
     @property
     def adjusted(self) -> float:
@@ -98,7 +106,8 @@ class NullMatrix:
 
 
 def permutation_test(name: str, x: np.ndarray, y: np.ndarray, *, permutations: int = 1000, seed: int = 0,
-                     exact: bool | None = None, **options) -> NullResult:
+                     exact: bool | None = None, groups: np.ndarray | None = None, strata: np.ndarray | None = None,
+                     **options) -> NullResult:
     """The permutation null of ``measure(x, y[π])`` for one pair of ``(num_examples x hidden)`` arrays.
 
     Parameters
@@ -107,8 +116,11 @@ def permutation_test(name: str, x: np.ndarray, y: np.ndarray, *, permutations: i
     x, y : rows aligned; the rows of ``y`` are shuffled, ``x`` stays fixed.
     permutations : number of sampled permutations (>= 1), drawn as described in the module docstring.
     seed : seed of ``np.random.default_rng``.
-    exact : None = exact moments where available (linear_cka), permutations otherwise; False =
-        always permutations; True = exact moments (linear_cka only, else an error).
+    exact : None = exact moments where available (linear_cka, rows exchangeable), permutations otherwise;
+        False = always permutations; True = exact moments (linear_cka without blocks only, else an error).
+    groups, strata : the example (and stratum) of each row, or None: whole examples are permuted among
+        examples of the same stratum and size (:mod:`layersim.similarity.exchangeability`); with one row per
+        example and one stratum, the same row permutations (and exact moments) as without.
     **options : the measure's own options, as for :func:`layersim.similarity.similarity`.
 
     Returns
@@ -121,12 +133,13 @@ def permutation_test(name: str, x: np.ndarray, y: np.ndarray, *, permutations: i
         For an unknown measure or option, ``permutations < 1``, ``exact=True`` for a measure other
         than linear_cka, and the measure's own input errors (constant layers included).
     """
-    return _null(name, [("x", x)], [("y", y)], None, permutations, seed, exact, options)[0, 0]
+    return _null(name, [("x", x)], [("y", y)], None, permutations, seed, exact, options, groups, strata)[0, 0]
 
 
 def permutation_matrix(name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray] | None = None, *,
                        permutations: int = 100, seed: int = 0, exact: bool | None = None,
-                       cells: np.ndarray | None = None, **options) -> NullMatrix:
+                       cells: np.ndarray | None = None, groups: np.ndarray | None = None,
+                       strata: np.ndarray | None = None, **options) -> NullMatrix:
     """Permutation nulls of all comparisons: cell [i, j] is the null of ``measure(xs[i], ys[j][π])``.
 
     Each layer's statistics are computed once; a permutation row-permutes the y-side statistics and
@@ -135,7 +148,7 @@ def permutation_matrix(name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndar
 
     Parameters
     ----------
-    name, permutations, seed, exact, **options : as for :func:`permutation_test`; the same seed gives
+    name, permutations, seed, exact, groups, strata, **options : as for :func:`permutation_test`; the same seed gives
         the same permutations for every cell, so cell [i, j] equals ``permutation_test(name, xs[i],
         ys[j])`` with that seed (to float rounding).
     xs, ys : sequences of ``(num_examples x hidden_i)`` arrays; ``ys=None`` takes ``ys = xs`` (cell
@@ -146,9 +159,9 @@ def permutation_matrix(name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndar
 
     Returns
     -------
-    :class:`NullMatrix` with ``method`` "exact" or "permutation".
+    :class:`NullMatrix` with ``method`` "exact", "permutation" or "block permutation" (whole examples).
     """
-    return _null(name, *named_lists(xs, ys), cells, permutations, seed, exact, options)
+    return _null(name, *named_lists(xs, ys), cells, permutations, seed, exact, options, groups, strata)
 
 
 def streamed_linear_cka_null(accumulator, cells: np.ndarray | None = None) -> NullMatrix:
@@ -186,7 +199,8 @@ def streamed_linear_cka_null(accumulator, cells: np.ndarray | None = None) -> Nu
     return NullMatrix(*out, 0, "exact")
 
 
-def _null(name: str, x_named, y_named, cells, permutations, seed, exact, options) -> NullMatrix:
+def _null(name: str, x_named, y_named, cells, permutations, seed, exact, options, groups=None,
+          strata=None) -> NullMatrix:
     measure = get_measure(name)
     check_options(name, options, measure.options)
     if exact is not None and not isinstance(exact, bool):
@@ -201,20 +215,26 @@ def _null(name: str, x_named, y_named, cells, permutations, seed, exact, options
     shape = (len(x_named), len(x_named if y_named is None else y_named))
     cells = _check_cells(cells, shape)
     num_rows = np.asarray(x_named[0][1]).shape[0] if np.ndim(x_named[0][1]) == 2 else 0
+    blocks = block_permutations(num_rows, groups, strata)
+    blocks.check()
+    if exact and not blocks.plain:
+        raise LayersimError("exact=True needs exchangeable rows (one row per example, one stratum): linear CKA's "
+                            "exact moments are those of the row permutation; use exact=None for block permutations.")
     # Below 4 examples the moments are undefined: exact=None falls back to sampling, exact=True raises.
-    use_exact = name == "linear_cka" and (exact is True or (exact is None and num_rows >= 4))
+    use_exact = name == "linear_cka" and (exact is True or (exact is None and num_rows >= 4 and blocks.plain))
     if use_exact:
         return _exact_linear_cka(x_named, y_named, cells, **options)
     engine = ENGINES[name](x_named, y_named, cells, **options)
     observed = engine.values(None)
+    method = "permutation" if blocks.plain else "block permutation"
     if not cells.any():
         nan = np.full(shape, np.nan)
-        return NullMatrix(observed, nan, nan.copy(), nan.copy(), int(permutations), "permutation")
+        return NullMatrix(observed, nan, nan.copy(), nan.copy(), int(permutations), method)
     rng = np.random.default_rng(seed)
     null = np.empty((int(permutations), int(cells.sum())))
     for p in range(int(permutations)):
-        null[p] = engine.values(rng.permutation(num_rows))[cells]
-    return _summary(observed, null, cells, int(permutations))
+        null[p] = engine.values(blocks.draw(rng))[cells]
+    return dataclasses.replace(_summary(observed, null, cells, int(permutations)), method=method)
 
 
 def _check_cells(cells, shape: tuple[int, int]) -> np.ndarray:

@@ -1,0 +1,129 @@
+"""Exchangeability blocks: which rows a permutation null may move, and how (Winkler et al. 2015).
+
+A permutation null is exact when, under H0, the joint law of the data is unchanged by every permutation it
+draws. Shuffling single rows needs the rows to be exchangeable: independent draws, one per example. That holds
+for ``cls``/``mean``/``last`` on single-input tasks (one row per example). It fails when one example gives
+several rows: the words of a sentence (``tokens`` pooling) share the sentence, and the 4 choice rows of a
+multiple-choice example share its context, in every layer of every model. Two representations that share
+nothing but that grouping then look related to a row null (50 sentences × 10 words, d = 20, sentence sd 1:
+p < 0.05 in 100 % of draws under H0), whose spread scales with the rows where it should scale with the examples.
+
+The rule here (Winkler, Webster, Vidaurre, Nichols & Smith 2015, "Multi-level block permutation", NeuroImage,
+whole-block exchangeability): every row carries its example (``groups``) and a stratum (``strata``, e.g. the
+task; one stratum by default). Examples of one stratum with the same number of rows form a *class*; a draw
+permutes the examples of each class uniformly at random (``σ``), **position by position**: row t of example e
+(rows in table order) takes the place of row t of example σ(e). An example's rows move together and keep their
+order, and examples never leave their stratum. The null is exact when the examples of a class are exchangeable
+under H0 (independent examples drawn alike given stratum and size), whatever the dependence within an example.
+
+Unequal sizes: an example whose size no other example of its stratum shares has no partner and **stays in
+place**. The permutations drawn are then a subgroup of the whole-block ones, and a test over a subgroup is still
+exact; it loses power (a fixed example is paired with itself in every draw, which also raises the null mean).
+:attr:`BlockPermutations.movable` is the share of rows that can move and :meth:`BlockPermutations.note` says
+when too few can for a p-value to reach a significance level. When no row can move, the null is a point mass at
+the observed value: :meth:`BlockPermutations.check` refuses it.
+
+When every example has one row and there is one stratum, a draw is ``rng.permutation(n)``: today's row
+permutation, the same draws for a seed, and linear CKA keeps its exact moments (layersim.similarity._rv, which
+are moments of the row-permutation distribution; with blocks it falls back to sampled block permutations).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from layersim.errors import LayersimError
+
+
+@dataclass(frozen=True)
+class BlockPermutations:
+    """The permutation group of a null: whole examples exchanged within classes of equal stratum and size."""
+
+    num_rows: int
+    classes: tuple[np.ndarray, ...]  # per class of >= 2 interchangeable examples: (examples, size) row indices
+    plain: bool                      # one row per example, one stratum: every row exchangeable
+
+    def draw(self, rng: np.random.Generator) -> np.ndarray:
+        """One permutation of the rows (``y[perm]`` is the permuted table), drawn from `rng`."""
+        if self.plain:
+            return rng.permutation(self.num_rows)
+        perm = np.arange(self.num_rows)
+        for rows in self.classes:
+            perm[rows] = rows[rng.permutation(len(rows))]  # row t of example e <- row t of example σ(e)
+        return perm
+
+    @property
+    def movable(self) -> float:
+        """Share of rows that a draw can move (those of examples with a partner of equal size and stratum)."""
+        return 1.0 if self.plain else sum(rows.size for rows in self.classes) / max(self.num_rows, 1)
+
+    @property
+    def log10_arrangements(self) -> float:
+        """log10 of the number of distinct draws: Π over classes of (examples in the class)!."""
+        sizes = [self.num_rows] if self.plain else [len(rows) for rows in self.classes]
+        return sum(math.lgamma(k + 1) for k in sizes) / math.log(10)
+
+    def check(self) -> None:
+        """Refuse a null in which no row can move (a point mass at the observed value: every p-value 1)."""
+        if self.movable == 0:
+            raise LayersimError(f"no two examples of one stratum have the same number of rows ({self.num_rows} rows), "
+                                "so a permutation of whole examples can move none of them; use more examples or "
+                                "fewer strata.")
+
+    def note(self, significance: float) -> str | None:
+        """Why a p-value may not reach `significance`, or None: fewer distinct draws than ``1/significance``, or
+        fewer than half the rows movable (examples whose size is unique in their stratum stay in place)."""
+        if self.plain:
+            return None
+        share = f"{self.movable:.0%} of the rows can move (examples whose size is unique in their stratum stay put)"
+        if self.log10_arrangements < math.log10(1.0 / significance):
+            return (f"the block null has only {10 ** self.log10_arrangements:.0f} distinct permutations of whole "
+                    f"examples, so no p-value can be below {significance}; {share}")
+        return None if self.movable >= 0.5 else f"the block null has little power: only {share}"
+
+
+def block_permutations(num_rows: int, groups: np.ndarray | None = None,
+                       strata: np.ndarray | None = None) -> BlockPermutations:
+    """The exchangeability blocks of `num_rows` rows (module docstring): `groups` the example of each row (rows
+    of one example move together), `strata` the stratum of each row (examples move only within it); None: one
+    example per row, one stratum.
+
+    Raises LayersimError when either is not one value per row or when an example spans two strata."""
+    group_codes = _codes(groups, num_rows, "groups")
+    strata_codes = _codes(strata, num_rows, "strata")
+    if group_codes is None:
+        group_codes = np.arange(num_rows)
+    if strata_codes is None:
+        strata_codes = np.zeros(num_rows, dtype=np.int64)
+    order = np.argsort(group_codes, kind="stable")  # rows of each example together, in table order
+    sizes = np.bincount(group_codes)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    stratum = strata_codes[order]
+    if num_rows and (np.minimum.reduceat(stratum, starts) != np.maximum.reduceat(stratum, starts)).any():
+        bad = int(np.flatnonzero(np.minimum.reduceat(stratum, starts) != np.maximum.reduceat(stratum, starts))[0])
+        raise LayersimError(f"example {np.unique(groups)[bad]!r} has rows in more than one stratum; an example's "
+                            "rows must share one stratum (strata label examples, e.g. by task).")
+    if (sizes == 1).all() and (strata_codes == strata_codes[:1]).all():
+        return BlockPermutations(num_rows, (), True)
+    example_stratum = stratum[starts]
+    classes = []
+    keys = np.stack([example_stratum, sizes], axis=1)
+    unique, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
+    for k in np.flatnonzero(counts >= 2):
+        size = int(unique[k, 1])
+        members = starts[np.flatnonzero(inverse.ravel() == k)]
+        classes.append(order[members[:, None] + np.arange(size)[None, :]])
+    return BlockPermutations(num_rows, tuple(classes), False)
+
+
+def _codes(labels, num_rows: int, what: str) -> np.ndarray | None:
+    """0-based integer codes of one label per row, or None."""
+    if labels is None:
+        return None
+    labels = np.asarray(labels)
+    if labels.shape != (num_rows,):
+        raise LayersimError(f"{what} must hold one label per row, shape ({num_rows},); got shape {labels.shape}.")
+    return np.unique(labels, return_inverse=True)[1].ravel().astype(np.int64)
