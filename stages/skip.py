@@ -53,8 +53,7 @@ def main(args, params):
             for seed, scores, values in zip(params.seeds, per_seed, predicted) for i, j in spans]
     title = f"skipped layers — {spec.name} (full model {full_mean:.3f})"
     write_figure(span_heatmap(matrix, full_mean, spec.primary_metric, title), args.plots / f"{spec.name}.png")
-    rho = {name: prediction[name]["spearman"] for name in predicted_mean}
-    write_figure(prediction_scatter(mean, predicted_mean, rho, full_mean, spec.primary_metric,
+    write_figure(prediction_scatter(mean, predicted_mean, prediction, full_mean, spec.primary_metric,
                                     f"skip predicted from similarity ({pooling}) — {spec.name}"),
                  args.plots / f"{spec.name}.prediction.png")
     write_json(rows, args.plots / f"{spec.name}.json")

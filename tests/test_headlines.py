@@ -171,8 +171,10 @@ def test_last_block_starts_come_from_the_similarity_details():
 
 
 def test_skip_headline_reports_the_similarity_predictions():
-    prediction = {"pooling": "tokens", "angular_distance": {"spearman": 0.62, "p_value": 0.001, "spans": 78},
-                  "block_influence": {"spearman": None, "p_value": None, "spans": 2}}
+    prediction = {"pooling": "tokens", "angular_distance": {"within_length": 0.62, "all_spans": 0.9, "spans": 78},
+                  "block_influence": {"within_length": None, "all_spans": None, "spans": 2},
+                  "baselines": {"random_layer": {"within_length": 0.01, "within_length_high": 0.2}}}
     headline = skip_headline({"largest_span_within_tolerance": None, "prediction": prediction})
-    assert headline == {"longest_skippable_span": 0, "skip_prediction_spearman_angular": 0.62,
-                        "skip_prediction_spearman_block_influence": None}
+    assert headline == {"longest_skippable_span": 0, "skip_prediction_angular": 0.62,
+                        "skip_prediction_block_influence": None, "skip_prediction_random_layer": 0.01,
+                        "skip_prediction_random_layer_high": 0.2}

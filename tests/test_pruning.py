@@ -11,9 +11,9 @@ import pytest
 from layersim.errors import LayersimError
 from layersim.similarity import pruning
 from layersim.similarity.pruning import (PruningAccumulator, angular_distance, block_influence, gromov_span,
-                                         predicted_spans, prediction_rank_correlation, pruning_measures,
-                                         shortgpt_layers, shortgpt_span, span_droppability,
-                                         streamed_pruning_measures)
+                                         length_only_baseline, predicted_spans, prediction_rank_correlation,
+                                         pruning_measures, random_layer_baseline, shortgpt_layers, shortgpt_span,
+                                         span_droppability, streamed_pruning_measures, within_length)
 
 # Two rows, two dimensions, layers 0 … 2. Row 1 turns by 90° then 90°; row 2 turns by 45° then stays.
 HAND = [np.array([[1.0, 0.0], [1.0, 0.0]]),
@@ -139,6 +139,7 @@ def test_rank_correlation_by_hand():
     # Two spans of length 2 and one of length 3: too few to rank, reported as NaN with the count.
     assert math.isnan(result["by_length"][2]["spearman"]) and result["by_length"][2]["spans"] == 2
     assert math.isnan(result["by_length"][3]["spearman"]) and result["by_length"][3]["spans"] == 1
+    assert result["within_length"] == pytest.approx(0.5, rel=1e-12)  # the one length with a rho
     reversed_ = prediction_rank_correlation(measured, {s: -v for s, v in predicted.items()})
     assert reversed_["all"]["spearman"] == pytest.approx(-(1 - 12 / 210), rel=1e-12)
 
@@ -147,10 +148,70 @@ def test_rank_correlation_leaves_out_nan_and_constant_sides():
     measured = dict(zip(SPANS, [0.9, 0.8, 0.7, 0.6, 0.5, 0.4]))
     predicted = dict(zip(SPANS, [6.0, 5.0, float("nan"), 3.0, 2.0, 1.0]))
     result = prediction_rank_correlation(measured, predicted)
-    assert result["all"] == {"spearman": pytest.approx(1.0), "p_value": pytest.approx(0.0, abs=1e-9), "spans": 5}
+    assert result["all"] == {"spearman": pytest.approx(1.0), "spans": 5}  # no p-value: spans share layers
     assert math.isnan(result["by_length"][1]["spearman"]) and result["by_length"][1]["spans"] == 2
     constant = prediction_rank_correlation(measured, dict.fromkeys(SPANS, 1.0))
     assert math.isnan(constant["all"]["spearman"]) and constant["all"]["spans"] == 6
+    assert math.isnan(constant["within_length"])  # no length has a rho
+
+
+def test_within_length_weights_each_length_by_spans_minus_one():
+    by_length = {1: {"spearman": 0.5, "spans": 5}, 2: {"spearman": -1.0, "spans": 3},
+                 3: {"spearman": float("nan"), "spans": 2}}
+    assert within_length(by_length) == pytest.approx((0.5 * 4 - 1.0 * 2) / 6, rel=1e-12)
+    assert math.isnan(within_length({3: {"spearman": float("nan"), "spans": 2}}))
+
+
+# The review's 12-layer case: the measured score falls with span length only (plus noise), as skipping more
+# layers costs more in any model; a predictor summed over the span grows with length whatever it knows.
+L12 = [(i, j) for i in range(1, 13) for j in range(i, 13)]
+
+
+def _length_only_scores(rng) -> dict:
+    return {(i, j): 0.9 - 0.04 * (j - i + 1) + rng.normal(0, 0.03) for i, j in L12}
+
+
+def test_random_per_layer_predictor_scores_zero_within_length():
+    """Random U(0, 1) per-layer scores summed over each span: over all spans rho is high (the length effect),
+    within length it is 0 ± 1/sqrt(sum(spans − 1)) per draw — the headline is the latter."""
+    rng = np.random.default_rng(47)
+    headline, pooled, covered = [], [], []
+    for _ in range(200):
+        measured, layer = _length_only_scores(rng), rng.uniform(size=12)
+        result = prediction_rank_correlation(measured, {(i, j): -layer[i - 1:j].sum() for i, j in L12})
+        headline.append(result["within_length"])
+        pooled.append(result["all"]["spearman"])
+        baseline = random_layer_baseline(measured)
+        assert abs(baseline["within_length"]) < 0.15 and baseline["all_spans"] > 0.85
+        covered.append(baseline["within_length_low"] <= headline[-1] <= baseline["within_length_high"])
+    assert abs(np.mean(headline)) < 0.15 and abs(np.mean(headline)) < 3 * 0.125 / np.sqrt(200)
+    assert np.mean(pooled) > 0.85  # what the old headline reported for the same predictor
+    # Per draw: Spearman over m spans has null variance 1/(m − 1), and sum(m − 1) over lengths 1 … 10 is 65.
+    assert np.std(headline) == pytest.approx(1 / np.sqrt(65), rel=0.2)
+    assert np.mean(covered) == pytest.approx(0.95, abs=0.04)  # the baseline's 95 % range: the spread chance gives
+    assert length_only_baseline(measured) > 0.9
+
+
+def test_informative_predictor_scores_high_within_length():
+    """A predictor that knows which spans of each length hurt less (the measured score's within-length part,
+    plus noise), and knows nothing of length, scores high within length — above the random-layer range."""
+    rng = np.random.default_rng(3)
+    quality = {s: rng.normal(0, 0.03) for s in L12}
+    measured = {(i, j): 0.9 - 0.04 * (j - i + 1) + quality[(i, j)] for i, j in L12}
+    predicted = {s: quality[s] + rng.normal(0, 0.01) for s in L12}
+    result = prediction_rank_correlation(measured, predicted)
+    assert result["within_length"] > 0.8
+    assert result["within_length"] > random_layer_baseline(measured)["within_length_high"]
+    assert abs(result["all"]["spearman"]) < 0.5  # over all spans length swamps it
+
+
+def test_random_layer_baseline_is_seeded_and_checked():
+    measured = _length_only_scores(np.random.default_rng(0))
+    assert random_layer_baseline(measured, draws=50) == random_layer_baseline(measured, draws=50)
+    assert random_layer_baseline(measured, draws=50, seed=1) != random_layer_baseline(measured, draws=50)
+    with pytest.raises(LayersimError, match="draws must be a positive integer"):
+        random_layer_baseline(measured, draws=0)
+    assert math.isnan(random_layer_baseline({(1, 1): float("nan")})["within_length"])
 
 
 def test_zero_rows_have_no_angle():

@@ -213,9 +213,13 @@ def test_skip_predictions_of_a_constructed_model():
     prediction, per_seed_values, mean_values = skip_predictions(measures, per_seed, "tokens")
     assert prediction["pooling"] == "tokens"
     angular = prediction["angular_distance"]
-    assert angular["spearman"] == 1.0 and angular["spans"] == 6
-    assert angular["by_length"]["length_1"] == {"spearman": 1.0, "p_value": 0.0, "spans": 3}
+    assert angular["all_spans"] == 1.0 and angular["spans"] == 6
+    assert angular["by_length"]["length_1"] == {"spearman": 1.0, "spans": 3}  # no p-value: spans share layers
     assert angular["by_length"]["length_2"]["spearman"] is None  # two spans: too few to rank
+    assert angular["within_length"] == 1.0  # the one length with a rho
+    baselines = prediction["baselines"]
+    assert baselines["length_only"]["all_spans"] > 0.5  # longer spans score worse here, as in any model
+    assert {"within_length", "within_length_low", "within_length_high", "all_spans"} == set(baselines["random_layer"])
     # Summed BI orders the single layers as the angles do, so it ranks them perfectly too.
     assert prediction["block_influence"]["by_length"]["length_1"]["spearman"] == 1.0
     picked = prediction["picked"]
@@ -229,12 +233,15 @@ def test_skip_predictions_of_a_constructed_model():
     full = {"largest_span_within_tolerance": None, "prediction": prediction}
     details = json.loads(json.dumps(metrics_to_details(full), allow_nan=False))
     headline = skip_headline(details_to_metrics(details))
-    assert headline == skip_headline(full) == {"longest_skippable_span": 0, "skip_prediction_spearman_angular": 1.0,
-                                               "skip_prediction_spearman_block_influence":
-                                               prediction["block_influence"]["spearman"]}
+    assert headline == skip_headline(full) == {
+        "longest_skippable_span": 0, "skip_prediction_angular": 1.0,
+        "skip_prediction_block_influence": prediction["block_influence"]["within_length"],
+        "skip_prediction_random_layer": baselines["random_layer"]["within_length"],
+        "skip_prediction_random_layer_high": baselines["random_layer"]["within_length_high"]}
     import matplotlib.pyplot as plt
 
     figure = prediction_scatter({s: float(np.mean([p[s] for p in per_seed])) for s in spans}, mean_values,
-                                {"angular_distance": 1.0, "block_influence": None}, 0.85, "accuracy", "test")
+                                prediction, 0.85, "accuracy", "test")
     assert len(figure.axes) == 3  # two panels and the colour bar
+    assert figure.axes[0].get_title().startswith("within-length ρ = 1.00 (random layers 95 %: ")
     plt.close(figure)

@@ -29,8 +29,9 @@ from layersim.training.heads import HeadParams, Rows, majority_baseline, train_h
 from layersim.data.io import ActivationTable
 from layersim.errors import LayersimError
 from layersim.models.registry import load_finetuned, load_task_model, load_tokenizer
-from layersim.similarity.pruning import (PruningMeasures, predicted_spans, streamed_pruning_measures,
-                                         prediction_rank_correlation, span_droppability)
+from layersim.similarity.pruning import (PruningMeasures, length_only_baseline, predicted_spans,
+                                         prediction_rank_correlation, random_layer_baseline, span_droppability,
+                                         streamed_pruning_measures)
 from layersim.similarity.seeds import seed_metrics
 from layersim.models.task_heads import has_own_head, own_head
 from layersim.data.tasks import TaskSpec
@@ -198,12 +199,16 @@ def skip_predictions(measures: list[PruningMeasures], per_seed: list[dict[tuple[
                      ) -> tuple[dict, list[dict], dict]:
     """How well similarity predicts the measured skip scores, from each seed's measures and span scores.
 
-    Returns the ``prediction`` part of the skip metrics — per predictor, Spearman's rho between the seed-mean
-    score of every span and its seed-mean predicted droppability (``all``, and ``by_length`` per span length n),
-    and per n the span each rule picks (on the seed-mean measures) with its measured score beside the best
-    span's; per seed and span the predicted values (angular distance, summed Block Influence) for the plot
-    rows; and per predictor and span the seed-mean value the correlation uses (for the figure). A zero-norm row
-    of a table is left out of the pairs of layers where it is zero (layersim.similarity.pruning)."""
+    Returns the ``prediction`` part of the skip metrics — per predictor, between the seed-mean score of every
+    span and its seed-mean predicted droppability: ``within_length``, the headline (the mean of the per-length
+    Spearman rho, weighted by spans − 1: does the rule pick the right n layers among spans of n?),
+    ``all_spans`` (rho over all spans, mostly span length) and ``by_length``; ``baselines``: ``length_only``
+    (the all-spans rho of span length alone) and ``random_layer`` (random per-layer scores summed over the span,
+    :data:`~layersim.similarity.pruning.RANDOM_LAYER_DRAWS` seeded draws: the within-length mean and 95 % range
+    chance gives, and the all-spans mean); and per n the span each rule picks (on the seed-mean measures) with
+    its measured score beside the best span's — then per seed and span the predicted values (angular distance,
+    summed Block Influence) for the plot rows, and per predictor and span the seed-mean value the correlation
+    uses (for the figure). No p-value: spans share layers, so they are not independent."""
     mean = PruningMeasures(angular=np.mean([m.angular for m in measures], axis=0),
                            cosine_distance=np.mean([m.cosine_distance for m in measures], axis=0),
                            rows=np.min([m.rows for m in measures], axis=0))
@@ -212,8 +217,11 @@ def skip_predictions(measures: list[PruningMeasures], per_seed: list[dict[tuple[
     prediction: dict = {"pooling": pooling}
     for name in PREDICTORS:
         rank = prediction_rank_correlation(scores, droppable[name])
-        prediction[name] = {**_finite(rank["all"]),
+        prediction[name] = {"within_length": _rounded(rank["within_length"]),
+                            "all_spans": _rounded(rank["all"]["spearman"]), "spans": rank["all"]["spans"],
                             "by_length": {f"length_{n}": _finite(r) for n, r in rank["by_length"].items()}}
+    prediction["baselines"] = {"length_only": {"all_spans": _rounded(length_only_baseline(scores))},
+                               "random_layer": {key: _rounded(value) for key, value in random_layer_baseline(scores).items()}}
     picked = {}
     for row in predicted_spans(mean):
         n = row["length"]

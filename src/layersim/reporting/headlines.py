@@ -145,15 +145,20 @@ SKIP_PREDICTORS = {"angular": "angular_distance", "block_influence": "block_infl
 
 def skip_headline(full: Mapping[str, Any]) -> dict:
     """The length of the longest span of layers that can be skipped within tolerance (0: none); with the
-    similarity predictions, ``skip_prediction_spearman_angular`` / ``…_block_influence``: Spearman's rho over
-    all spans between the measured score and the droppability Gromov et al.'s angular distance / ShortGPT's
-    Block Influence predict (None where undefined)."""
+    similarity predictions, ``skip_prediction_angular`` / ``…_block_influence``: the within-length Spearman rho
+    (layersim.similarity.pruning.within_length) between the measured score and the droppability Gromov et al.'s
+    angular distance / ShortGPT's Block Influence predict, beside its null, ``skip_prediction_random_layer``
+    and ``…_random_layer_high`` (the mean and 97.5 % quantile of random per-layer scores' within-length rho);
+    None where undefined."""
     span = full.get("largest_span_within_tolerance")
     headline = {"longest_skippable_span": 0 if span is None else span["length"]}
     prediction = full.get("prediction")
     if isinstance(prediction, Mapping):
         for suffix, key in SKIP_PREDICTORS.items():
-            headline[f"skip_prediction_spearman_{suffix}"] = (prediction.get(key) or {}).get("spearman")
+            headline[f"skip_prediction_{suffix}"] = (prediction.get(key) or {}).get("within_length")
+        random_layer = (prediction.get("baselines") or {}).get("random_layer") or {}
+        headline["skip_prediction_random_layer"] = random_layer.get("within_length")
+        headline["skip_prediction_random_layer_high"] = random_layer.get("within_length_high")
     return headline
 
 

@@ -5,6 +5,7 @@ prediction figure (each span's measured score against what a similarity rule pre
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -22,12 +23,15 @@ Span = tuple[int, int]
 
 
 def prediction_scatter(scores: Mapping[Span, float], predicted: Mapping[str, Mapping[Span, float | None]],
-                       spearman: Mapping[str, float | None], full: float, metric: str, title: str):
+                       prediction: Mapping[str, Any], full: float, metric: str, title: str):
     """One panel per predictor: every skipped span (i, j) at its predicted value (x; lower = predicted more
-    droppable) and measured score (y), coloured by its length j − i + 1; the full model's score as a red line."""
+    droppable) and measured score (y), coloured by its length j − i + 1; the full model's score as a red line.
+    Each panel's title gives the headline, the within-length rho, beside the range random per-layer scores get,
+    and the all-spans rho beside what span length alone gets (`prediction`: the skip stage's, from
+    :func:`layersim.experiments.truncation.skip_predictions`)."""
     spans = sorted(scores)
     lengths = np.array([j - i + 1 for i, j in spans])
-    fig, axes = plt.subplots(1, len(predicted), figsize=(4.6 * len(predicted), 4.0), squeeze=False,
+    fig, axes = plt.subplots(1, len(predicted), figsize=(4.6 * len(predicted), 4.3), squeeze=False,
                              constrained_layout=True)
     points = None
     for ax, (name, values) in zip(axes.flat, predicted.items()):
@@ -35,8 +39,7 @@ def prediction_scatter(scores: Mapping[Span, float], predicted: Mapping[str, Map
         points = ax.scatter(x, [scores[s] for s in spans], c=lengths, cmap="viridis", s=22,
                             vmin=1, vmax=max(int(lengths.max()), 2))
         ax.axhline(full, color="red", lw=1.2)
-        rho = spearman.get(name)
-        ax.set_title(f"Spearman ρ = {rho:.2f}" if rho is not None else "Spearman ρ undefined", fontsize=9)
+        ax.set_title(rank_caption(prediction, name), fontsize=8)
         ax.set_xlabel(AXIS_LABELS.get(name, name), fontsize=8)
         ax.set_ylabel(f"{metric} with span skipped")
     bar = fig.colorbar(points, ax=axes.ravel().tolist(), shrink=0.8, label="span length")
@@ -44,6 +47,22 @@ def prediction_scatter(scores: Mapping[Span, float], predicted: Mapping[str, Map
     bar.update_ticks()
     fig.suptitle(title)
     return fig
+
+
+def rank_caption(prediction: Mapping[str, Any], name: str) -> str:
+    """Two lines: predictor `name`'s within-length rho with the random-layer 95 % range, and its all-spans rho
+    with the length-only rho ("undefined" where a value is None)."""
+    baselines = prediction.get("baselines") or {}
+    chance = baselines.get("random_layer") or {}
+    own = prediction.get(name) or {}
+
+    def fmt(value) -> str:
+        return "undefined" if value is None else f"{value:.2f}"
+
+    return (f"within-length ρ = {fmt(own.get('within_length'))} (random layers 95 %: "
+            f"{fmt(chance.get('within_length_low'))} to {fmt(chance.get('within_length_high'))})\n"
+            f"all spans ρ = {fmt(own.get('all_spans'))} (length alone: "
+            f"{fmt((baselines.get('length_only') or {}).get('all_spans'))})")
 
 
 def angular_grid(measures: PruningMeasures) -> np.ndarray:

@@ -25,7 +25,6 @@ refused. Angles come from Kahan's ``2·atan2(|â − b̂|, |â + b̂|)`` on unit
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -37,6 +36,7 @@ from layersim.similarity._common import as_list
 
 CHUNK_ROWS = 2048  # rows normalised at a time: (L + 1) float64 copies of this many rows stay small
 MIN_SPANS_FOR_RANK = 3  # Spearman over 2 points is ±1 whatever the data: fewer than 3 spans give NaN
+RANDOM_LAYER_DRAWS = 1000  # draws of the random-layer baseline: its mean to about ±0.005, its 95 % range to ±0.02
 
 Span = tuple[int, int]
 
@@ -199,31 +199,90 @@ def predicted_spans(measures: PruningMeasures) -> list[dict]:
 
 
 def prediction_rank_correlation(measured: Mapping[Span, float], predicted: Mapping[Span, float]) -> dict:
-    """Spearman's rho between each span's measured score with it skipped and its predicted droppability
-    (same spans on both sides): over all spans (``all``) and per span length (``by_length``, keyed by n),
-    each ``{"spearman", "p_value", "spans"}``. Positive: spans predicted droppable keep more of the score.
-    Spans with a NaN on either side are left out; fewer than ``MIN_SPANS_FOR_RANK`` spans, or a side
-    that is constant, give NaN."""
+    """How well `predicted` droppability ranks the `measured` skip scores (same spans on both sides).
+
+    ``by_length`` (keyed by n): Spearman's rho among the spans of length n, each ``{"spearman", "spans"}``;
+    ``within_length``: their mean weighted by ``spans − 1`` (the headline, :func:`within_length`); ``all``:
+    rho over all spans at once, which mostly measures span length (longer spans score worse and are farther
+    apart for any model: compare :func:`length_only_baseline`). Positive: spans predicted droppable keep more
+    of the score. Spans with a NaN on either side are left out; fewer than ``MIN_SPANS_FOR_RANK`` spans, or a
+    side that is constant, give NaN. No p-value: overlapping spans share layers, so they are not independent
+    draws (:func:`random_layer_baseline` gives what a predictor without information gets instead)."""
     spans = _checked_spans(measured, predicted)
-    by_length: dict[int, list[Span]] = {}
+    by_length = {n: _spearman(group, measured, predicted) for n, group in _by_length(spans).items()}
+    return {"within_length": within_length(by_length), "all": _spearman(spans, measured, predicted),
+            "by_length": by_length}
+
+
+def within_length(by_length: Mapping[int, Mapping[str, float]]) -> float:
+    """The mean of the per-length rho, each weighted by its ``spans − 1`` (lengths with rho undefined left out;
+    NaN when none is defined). Spearman's rho over m pairs without association has variance 1/(m − 1), so
+    these are the inverse-variance weights: the least noisy mean, in which a length of 3 spans (rho can only
+    be ±1 or ±0.5) counts a sixth as much as one of 13."""
+    pairs = [(r["spearman"], r["spans"] - 1) for r in by_length.values() if np.isfinite(r["spearman"])]
+    if not pairs:
+        return float("nan")
+    rho, weight = np.array(pairs, dtype=float).T
+    return float(np.sum(rho * weight) / np.sum(weight))
+
+
+def length_only_baseline(measured: Mapping[Span, float]) -> float:
+    """Rho over all spans of a predictor that knows only the length (shorter: more droppable): what ``all``
+    gets with no knowledge of the layers. Its within-length rho is undefined (a constant in each length)."""
+    return prediction_rank_correlation(measured, {(i, j): float(i - j) for i, j in measured})["all"]["spearman"]
+
+
+def random_layer_baseline(measured: Mapping[Span, float], draws: int = RANDOM_LAYER_DRAWS, seed: int = 0) -> dict:
+    """What a predictor without information gets: per draw, a score for each layer from U(0, 1), summed over
+    each span (as Block Influence is) and negated as droppability, ranked against `measured`. Returns the mean
+    over `draws` seeded draws of ``within_length`` (≈ 0 whatever the length effect) with its 2.5 % and 97.5 %
+    quantiles (``within_length_low`` / ``_high``: the range chance gives), and the mean rho over all spans
+    (``all_spans``: the length effect alone, high when longer spans score worse)."""
+    if isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or draws < 1:
+        raise LayersimError(f"draws must be a positive integer, got {draws!r}.")
+    spans = [s for s in _checked_spans(measured, measured) if np.isfinite(measured[s])]
+    if not spans:
+        return {"within_length": float("nan"), "within_length_low": float("nan"),
+                "within_length_high": float("nan"), "all_spans": float("nan")}
+    layers = np.random.default_rng(seed).uniform(size=(draws, max(j for _, j in spans)))
+    cumulative = np.concatenate([np.zeros((draws, 1)), np.cumsum(layers, axis=1)], axis=1)
+
+    def rho(group: list[Span]) -> np.ndarray:
+        first, last = np.array(group).T
+        return _spearman_rows(np.array([measured[s] for s in group]), cumulative[:, first - 1] - cumulative[:, last])
+
+    groups = _by_length(spans)
+    weighted = [(r, len(group) - 1) for group in groups.values() for r in [rho(group)] if np.isfinite(r).all()]
+    per_draw = (sum(r * w for r, w in weighted) / sum(w for _, w in weighted) if weighted
+                else np.full(draws, np.nan))
+    low, high = np.quantile(per_draw, [0.025, 0.975])
+    return {"within_length": float(np.mean(per_draw)), "within_length_low": float(low),
+            "within_length_high": float(high), "all_spans": float(np.mean(rho(spans)))}
+
+
+def _by_length(spans: list[Span]) -> dict[int, list[Span]]:
+    groups: dict[int, list[Span]] = {}
     for i, j in spans:
-        by_length.setdefault(j - i + 1, []).append((i, j))
-    return {"all": _spearman(spans, measured, predicted),
-            "by_length": {n: _spearman(group, measured, predicted) for n, group in sorted(by_length.items())}}
+        groups.setdefault(j - i + 1, []).append((i, j))
+    return dict(sorted(groups.items()))
 
 
 def _spearman(spans: list[Span], measured: Mapping[Span, float], predicted: Mapping[Span, float]) -> dict:
     x = np.array([float(measured[s]) for s in spans])
     y = np.array([float(predicted[s]) for s in spans])
     keep = ~(np.isnan(x) | np.isnan(y))
-    x, y = x[keep], y[keep]
-    count = int(x.size)
-    if count < MIN_SPANS_FOR_RANK or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return {"spearman": float("nan"), "p_value": float("nan"), "spans": count}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # scipy's small-sample notes; the count is reported beside rho
-        rho, p_value = stats.spearmanr(x, y)
-    return {"spearman": float(rho), "p_value": float(p_value), "spans": count}
+    return {"spearman": float(_spearman_rows(x[keep], y[keep][None])[0]), "spans": int(np.count_nonzero(keep))}
+
+
+def _spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Spearman's rho of `x` (m,) with each row of `y` (draws, m): Pearson's r of the ranks (ties: mean
+    ranks). NaN with fewer than ``MIN_SPANS_FOR_RANK`` pairs or a constant side."""
+    if x.size < MIN_SPANS_FOR_RANK or np.ptp(x) == 0:
+        return np.full(y.shape[0], np.nan)
+    rx = stats.rankdata(x) - (x.size + 1) / 2
+    ry = stats.rankdata(y, axis=1) - (x.size + 1) / 2
+    with np.errstate(invalid="ignore", divide="ignore"):  # a constant row: 0/0 = NaN
+        return (ry @ rx) / np.sqrt(np.sum(ry ** 2, axis=1) * np.sum(rx ** 2))
 
 
 def _checked_spans(measured: Mapping[Span, float], predicted: Mapping[Span, float]) -> list[Span]:
