@@ -15,8 +15,9 @@ from layersim.errors import LayersimError
 from layersim.reporting.headlines import similarity_headline
 from layersim.params.schema import SimilarityParams
 from layersim.similarity import NullMatrix
-from layersim.similarity.correction import (CORRECTIONS, adjusted_p_values, at_chance, cells_needed, declares,
-                                            permutations_needed)
+from layersim.similarity.correction import (CORRECTIONS, adjusted_p_values, at_chance, between_model_cells,
+                                            cells_needed, declares, family_size, permutations_needed,
+                                            self_comparison_cells)
 from layersim.experiments.similarity import phang_report
 from layersim.similarity.results import Uncertainty
 
@@ -157,3 +158,89 @@ def test_params_refuse_permutations_that_no_cell_can_pass():
     assert parsed(20, ["svcca"]).similarity.permutations == 20  # 1/21 < 0.05
     assert parsed(10, ["linear_cka"]).similarity.permutations == 10  # its exact null needs no permutations
     assert permutations_needed("none", 0.05, 1) == 20  # the library's bound agrees
+
+
+def test_trivial_cells_are_left_out_of_the_family():
+    # The review's case: 150 trivially related cells at p = 1e-9, one cell at 0.04, 18 at 0.5.
+    p = np.array([1e-9] * 150 + [0.04] + [0.5] * 18)
+    trivial = np.arange(p.size) < 150
+    # All 169 as one family: 0.04 · 169/151 = 0.0448 (the 0.5 cells' q is 0.5 · 169/169 and above).
+    assert adjusted_p_values(p, "fdr_bh")[150] == pytest.approx(0.04 * 169 / 151)
+    # Among the 19 tested cells: 0.04 · 19/1 = 0.76, then the running minimum takes the 0.5 cells' 0.5 · 19/19.
+    q = adjusted_p_values(p, "fdr_bh", tested=~trivial)
+    assert q[150] == pytest.approx(0.5) and np.isnan(q[trivial]).all()
+    assert not at_chance(p, "fdr_bh", 0.05, tested=~trivial)[trivial].any()  # not tested: never hatched
+    assert at_chance(p, "fdr_bh", 0.05, tested=~trivial)[150]
+
+
+def test_a_symmetric_pair_is_one_test_and_the_diagonal_none():
+    # A self-comparison of 3 layers: the diagonal is a layer with itself; [i, j] and [j, i] are one test.
+    p = np.array([[1e-12, 0.01, 0.02],
+                  [0.011, 1e-12, 0.03],
+                  [0.021, 0.031, 1e-12]])
+    tested = self_comparison_cells(3)
+    # Holm over the m = 3 pairs (upper triangle): .01·3, .02·2, .03·1 = .03, .04, .03; running max .03, .04, .04.
+    expected = np.array([[NAN, 0.03, 0.04], [0.03, NAN, 0.04], [0.04, 0.04, NAN]])
+    np.testing.assert_allclose(adjusted_p_values(p, "holm", tested, symmetric=True), expected, rtol=1e-12)
+    # Asymmetric: the six off-diagonal cells are six tests (the smallest, .01, is multiplied by 6).
+    assert adjusted_p_values(p, "holm", tested)[0, 1] == pytest.approx(0.06)
+    assert family_size(tested, symmetric=True) == 3 and family_size(tested) == 6
+    with pytest.raises(LayersimError, match="tested has shape"):
+        adjusted_p_values(p, "holm", tested[:2])
+
+
+def test_between_model_cells_leave_each_models_own_block_out():
+    cells = between_model_cells([2, 3])
+    assert not cells[:2, :2].any() and not cells[2:, 2:].any() and cells[:2, 2:].all() and cells[2:, :2].all()
+
+
+def test_the_heatmaps_families_in_the_phang_and_stacked_results():
+    from layersim.similarity.results import phang_result, stacked_result
+
+    rng = np.random.default_rng(5)
+    base = rng.normal(size=(40, 6))
+    models = {label: [base @ rng.normal(size=(6, 6)) + noise * rng.normal(size=(40, 6)) for noise in (0.5, 3.0)]
+              for label in ("ORIG", "FT[1]")}
+    uncertainty = Uncertainty(permutations=20, bootstrap=0, correction="holm")  # linear CKA: exact moments
+    stacked = stacked_result(models, "linear_cka", uncertainty=uncertainty)
+    p, q = stacked.null.p_value, stacked.p_adjusted
+    # Within one model: not tested (NaN, never hatched); between them, the 2 × 2 pairs once, as their own family.
+    assert np.isnan(q[:2, :2]).all() and np.isnan(q[2:, 2:]).all() and not stacked.at_chance[:2, :2].any()
+    np.testing.assert_allclose(q[:2, 2:], adjusted_p_values(p[:2, 2:], "holm"), rtol=1e-12)
+    np.testing.assert_allclose(q[2:, :2], q[:2, 2:].T, rtol=1e-12)  # linear CKA is symmetric: a pair once
+    result = phang_result("linear_cka", stacked.matrix, {"ORIG": 2, "FT[1]": 2}, models=models,
+                          uncertainty=uncertainty)
+    by_key = {c.key: c for c in result.comparisons}
+    for key in ("orig_orig", "ft_ft"):  # a layer against itself is no test; the two off-diagonal cells are one
+        c = by_key[key]
+        assert np.isnan(np.diag(c.p_adjusted)).all() and c.p_adjusted[0, 1] == c.p_adjusted[1, 0] == c.p_value[0, 1]
+    ft_orig = by_key["ft_orig"]  # FT layer k against ORIG layer k is a question: every cell is tested
+    np.testing.assert_allclose(ft_orig.p_adjusted, adjusted_p_values(ft_orig.p_value, "holm"), rtol=1e-12)
+
+
+def _details(p_values_by_measure, correction="fdr_bh"):
+    return {"cls": {measure: {"correction": correction,
+                              "ft_orig": {"last_layer": 0.5,
+                                          "p_value": {f"layer_{k:02d}": p for k, p in enumerate(ps)}},
+                              "ft_random": {"last_layer": 0.1, "p_value": {"layer_00": 0.9, "layer_01": 0.3}}}
+                    for measure, ps in p_values_by_measure.items()}}
+
+
+def test_the_headline_claims_are_one_family_across_measures_and_poolings():
+    full = _details({"linear_cka": [0.001, 0.02], "svcca": [0.004, 0.03]})
+    full["tokens"] = _details({"linear_cka": [0.01, 0.5]}, "fdr_bh")["cls"]
+    headline = similarity_headline(full, 0.05)
+    # The family: the FT–ORIG diagonals (6 cells) and FT–RANDOM's top layer (3 cells), m = 9. BH by hand on
+    # .001 .004 .01 .02 .03 .3 .3 .3 .5: p·9/rank = .009 .018 .03 .045 .054 .45 .3857 .3375 .5, running minimum
+    # from the top: .009 .018 .03 .045 .054 .3375 .3375 .3375 .5.
+    assert headline["family"] == {"correction": "fdr_bh", "tests": 9}
+    assert headline["cls"]["linear_cka"]["ft_orig_top_p_adjusted"] == pytest.approx(0.045)
+    assert headline["cls"]["svcca"]["ft_orig_top_p_adjusted"] == pytest.approx(0.054)
+    assert headline["tokens"]["linear_cka"]["ft_orig_top_p_adjusted"] == pytest.approx(0.5)
+    assert headline["cls"]["svcca"]["ft_random_top_p_adjusted"] == pytest.approx(0.3375)
+    # svcca's layer 1 (p = .03, below 0.05 alone) is at chance in the headline family (q = .054).
+    assert headline["cls"]["svcca"]["ft_orig_chance_from"] == 1
+    assert headline["cls"]["linear_cka"]["ft_orig_chance_from"] is None
+    assert headline["cls"]["svcca"]["ft_orig_chance_correction"] == "fdr_bh"
+    with pytest.raises(LayersimError, match="several corrections"):
+        similarity_headline(full | {"mean": _details({"svcca": [0.1]}, "holm")["cls"]}, 0.05)

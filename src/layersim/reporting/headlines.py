@@ -21,6 +21,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from layersim.similarity.correction import adjusted_p_values
 from layersim.training.convergence import metrics_record, run_flags
 from layersim.errors import LayersimError
 from layersim.data.io import write_json
@@ -82,22 +85,30 @@ def details_to_metrics(rows: Iterable[Mapping[str, Any]]) -> dict:
 def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
     """Per pooling and measure: the FT–ORIG similarity of the top layer (``ft_orig_top``), the first
     layer whose FT–ORIG similarity is not above chance (``ft_orig_chance_from``: permutation p-value, corrected
-    over the FT–ORIG heatmap's cells as ``ft_orig_chance_correction`` names, at least `significance`; None
-    when every layer is above chance; both absent without a null) and the
-    FT[1]–FT[2] similarity of the top layer (``ft1_ft2_top``, with two seeds or more). Attention measures
-    have no null and give ``ft_orig_top`` only.
+    as ``ft_orig_chance_correction`` names, at least `significance`; None when every layer is above chance; both
+    absent without a null) and the FT[1]–FT[2] similarity of the top layer (``ft1_ft2_top``, with two seeds or
+    more). Attention measures have no null and give ``ft_orig_top`` only.
+
+    The headline family: the claims these metrics state are corrected together, across every measure and
+    pooling of the stage (:func:`headline_family`), not within one heatmap: ``ft_orig_chance_from`` reads the
+    FT–ORIG diagonal's p-values adjusted in that family, and ``<comparison>_top_p_adjusted`` gives the top
+    layer's adjusted p-value of FT–ORIG, FT[1]–FT[2], ORIG–RANDOM and FT–RANDOM (the page's above-chance
+    marks); ``family`` says which correction and how many tests. Details without a named correction (older
+    stages) keep the raw p-values.
 
     Seeds as the unit (layersim.similarity.seeds): FT–ORIG's top layer over the seeds' models, ``ft_orig_top_seed_mean``
     and with three seeds or more ``…_seed_sd`` and the t-interval ``…_seed_ci_low``/``…_seed_ci_high``, with two
     ``…_seed_range``. With the random-init control: ``ft_orig_above_random_top``, FT–ORIG's top layer minus
     FT–RANDOM's (what an untrained network of the same architecture scores)."""
     headline: dict = {}
+    family = headline_family(full)
     for pooling, measures in full.items():
         if not isinstance(measures, Mapping):
             continue
         for measure, result in measures.items():
             if not (isinstance(result, Mapping) and "ft_orig" in result):
                 continue
+            adjusted = family["adjusted"].get((pooling, measure), {}) if family else {}
             entry = {"ft_orig_top": result["ft_orig"].get("last_layer")}
             for stat in ("seed_mean", "seed_sd", "seed_ci_low", "seed_ci_high", "seed_range"):
                 if result["ft_orig"].get(stat):  # per layer: the top layer's
@@ -107,16 +118,58 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
                 entry["ft_orig_above_random_top"] = round(entry["ft_orig_top"] - random_top, 6)
             if pooling != "attention":
                 if "p_value" in result["ft_orig"]:
-                    # Corrected over the FT–ORIG heatmap's cells, as its hatching, when the details carry it.
-                    corrected = result["ft_orig"].get("p_adjusted")
+                    # Corrected in the headline family when the details name a correction.
+                    corrected = adjusted.get("ft_orig")
                     entry["ft_orig_chance_from"] = first_layer_at_chance(
                         result["ft_orig"]["p_value"] if corrected is None else corrected, significance)
                     if corrected is not None:
-                        entry["ft_orig_chance_correction"] = result.get("correction")
+                        entry["ft_orig_chance_correction"] = family["correction"]
                 if "ft1_ft2" in result:
                     entry["ft1_ft2_top"] = result["ft1_ft2"].get("last_layer")
+                for key, values in adjusted.items():
+                    entry[f"{key}_top_p_adjusted"] = _top(values)
             headline.setdefault(pooling, {})[measure] = entry
+    if family:
+        headline["family"] = {"correction": family["correction"], "tests": family["tests"]}
     return headline
+
+
+# The comparisons whose top layer the report marks above chance or not; FT–ORIG's whole diagonal is read too.
+HEADLINE_COMPARISONS = ("ft_orig", "ft1_ft2", "orig_random", "ft_random")
+
+
+def headline_family(full: Mapping[str, Any]) -> dict | None:
+    """The similarity stage's headline claims as one family of tests (layersim.similarity.correction): every
+    FT–ORIG diagonal layer (``ft_orig_top``, ``ft_orig_chance_from``) and the top layer of FT[1]–FT[2],
+    ORIG–RANDOM and FT–RANDOM, of every measure with a null and every pooling, corrected together with the
+    correction the details name. Returns {"correction", "tests", "adjusted": {(pooling, measure): {comparison:
+    {"layer_NN": adjusted p}}}}, or None when no measure has both a null and a named correction."""
+    cells, corrections = [], set()
+    for pooling, measures in full.items():
+        if pooling == "attention" or not isinstance(measures, Mapping):
+            continue
+        for measure, result in measures.items():
+            if not (isinstance(result, Mapping) and result.get("correction") and "ft_orig" in result):
+                continue
+            corrections.add(result["correction"])
+            for key in HEADLINE_COMPARISONS:
+                p_values = (result.get(key) or {}).get("p_value") or {}
+                layers = sorted(p_values, key=_layer_number)
+                for layer in layers if key == "ft_orig" else layers[-1:]:
+                    if p_values[layer] is not None:
+                        cells.append((pooling, measure, key, layer, float(p_values[layer])))
+    if not cells:
+        return None
+    if len(corrections) > 1:
+        raise LayersimError(f"the similarity details name several corrections ({', '.join(sorted(corrections))}); "
+                            "one stage uses one similarity.correction.")
+    correction = corrections.pop()
+    adjusted_values = adjusted_p_values(np.array([cell[-1] for cell in cells]), correction)
+    adjusted: dict = {}
+    for (pooling, measure, key, layer, _), value in zip(cells, adjusted_values):
+        adjusted.setdefault((pooling, measure), {}).setdefault(key, {})[layer] = (
+            None if math.isnan(value) else round(float(value), 6))
+    return {"correction": correction, "tests": int(np.isfinite(adjusted_values).sum()), "adjusted": adjusted}
 
 
 def _top(per_layer: Mapping[str, float | None]) -> float | None:

@@ -22,9 +22,13 @@ from layersim.similarity.comparisons import (LOCALIZATION_LABELS, Comparison, at
 from layersim.similarity.registry import MEASURES
 from layersim.similarity.results import MeasureResult, StackedResult, Uncertainty, finetuned_labels
 
-# What the hatching tests, by similarity.correction (the figures' note says it).
-TESTED = {"none": "p (uncorrected)", "fdr_bh": "Benjamini–Hochberg q over each heatmap's cells",
-          "holm": "Holm-adjusted p over each heatmap's cells"}
+# What the hatching tests, by similarity.correction (the figures' note says it), and over which family: each
+# heatmap's cells but a layer with itself and a model's own block in a stacked heatmap (not tested, never
+# hatched), a symmetric pair once; the metrics' headline claims are corrected as a second family.
+_FAMILY = ("over each heatmap's cells (a layer with itself and, stacked, a model with itself not tested; "
+           "metrics' headline claims: a second family)")
+TESTED = {"none": "p (uncorrected)", "fdr_bh": f"Benjamini–Hochberg q {_FAMILY}",
+          "holm": f"Holm-adjusted p {_FAMILY}"}
 
 
 @dataclass

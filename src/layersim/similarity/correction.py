@@ -11,11 +11,23 @@ first step compares the smallest p with α/m, so it declares nothing unless m/(B
 the signal. Benjamini–Hochberg declares the k cells at that floor together when m/(k·(B + 1)) < α: every
 cell at the floor needs only 1/(B + 1) < α (as uncorrected), a lone cell among chance ones m/(B + 1) < α
 (as Holm). :func:`permutations_needed` gives the fewest draws for each case.
+
+Which cells make a family. BH is adaptive: many trivially non-null cells among the tests raise its step-up
+threshold towards α for the cells in doubt (150 cells at p = 1e-9 beside one at 0.04 and 18 at 0.5 give the
+0.04 cell q = 0.045; among the 19 others alone, q = 0.50). So a heatmap's family holds only its *tested* cells
+(`tested`): a layer compared with itself (the diagonal of ORIG–ORIG and FT–FT, :func:`self_comparison_cells`)
+and, in a stacked matrix, the layers of one model among themselves (:func:`between_model_cells`) are no
+question anyone asks; they keep their p-values and get no adjusted one (NaN: not tested). For a symmetric
+measure cells [i, j] and [j, i] of a self-comparison are one test, counted once (the upper triangle, the
+lower cell given its mirror's adjusted value), which leaves BH unchanged but halves Holm's m. The claims a
+stage states in its metrics are a second family, corrected together across measures and poolings
+(layersim.reporting.headlines).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -30,36 +42,70 @@ def _check(method: str) -> None:
         raise unknown_name("correction", method, CORRECTIONS)
 
 
-def adjusted_p_values(p_values: np.ndarray, method: str) -> np.ndarray:
+def adjusted_p_values(p_values: np.ndarray, method: str, tested: np.ndarray | None = None,
+                      symmetric: bool = False) -> np.ndarray:
     """The adjusted p-values of the finite entries of `p_values` (any shape) as one family, NaN elsewhere:
     BH's q-values (``p_(i)·m/i``, made monotone from the largest down), Holm's step-down adjusted p-values
-    (``p_(i)·(m − i + 1)``, made monotone from the smallest up), or the p-values themselves; at most 1."""
+    (``p_(i)·(m − i + 1)``, made monotone from the smallest up), or the p-values themselves; at most 1.
+    `tested`: boolean mask of the cells in the family (default all), NaN outside it; `symmetric`: a square
+    matrix whose [i, j] and [j, i] are one test, counted once (see the module docstring)."""
     _check(method)
     p = np.asarray(p_values, dtype=float)
+    family = np.ones(p.shape, dtype=bool) if tested is None else np.asarray(tested, dtype=bool)
+    if family.shape != p.shape:
+        raise LayersimError(f"tested has shape {family.shape}, but the p-values have shape {p.shape}.")
+    mirrored = np.zeros(p.shape, dtype=bool)
+    if symmetric:
+        if p.ndim != 2 or p.shape[0] != p.shape[1]:
+            raise LayersimError(f"symmetric needs a square matrix of p-values, got shape {p.shape}.")
+        mirrored = np.tril(family & family.T, k=-1)  # the lower cell of a pair tested both ways
+        family = family & ~mirrored
     out = np.full(p.shape, np.nan)
-    finite = np.isfinite(p)
+    finite = np.isfinite(p) & family
     values = p[finite]
     m = values.size
     if m == 0 or method == "none":
         out[finite] = values
-        return out
-    order = np.argsort(values, kind="stable")
-    ranked = values[order]
-    rank = np.arange(1, m + 1)
-    if method == "fdr_bh":
-        ranked = np.minimum.accumulate((ranked * m / rank)[::-1])[::-1]
     else:
-        ranked = np.maximum.accumulate(ranked * (m - rank + 1))
-    adjusted = np.empty(m)
-    adjusted[order] = np.minimum(ranked, 1.0)
-    out[finite] = adjusted
+        order = np.argsort(values, kind="stable")
+        ranked = values[order]
+        rank = np.arange(1, m + 1)
+        if method == "fdr_bh":
+            ranked = np.minimum.accumulate((ranked * m / rank)[::-1])[::-1]
+        else:
+            ranked = np.maximum.accumulate(ranked * (m - rank + 1))
+        adjusted = np.empty(m)
+        adjusted[order] = np.minimum(ranked, 1.0)
+        out[finite] = adjusted
+    if symmetric:
+        out[mirrored] = out.T[mirrored]
     return out
 
 
-def at_chance(p_values: np.ndarray, method: str, significance: float) -> np.ndarray:
+def self_comparison_cells(size: int) -> np.ndarray:
+    """The tested cells of a model's layers against themselves (size × size): all but the diagonal."""
+    return ~np.eye(size, dtype=bool)
+
+
+def between_model_cells(sizes: Sequence[int]) -> np.ndarray:
+    """The tested cells of a stacked matrix of models with `sizes` layers each: those comparing layers of two
+    different models (the within-model blocks, a model's layers among themselves, are not tested)."""
+    owner = np.repeat(np.arange(len(sizes)), list(sizes))
+    return owner[:, None] != owner[None, :]
+
+
+def family_size(tested: np.ndarray, symmetric: bool = False) -> int:
+    """How many tests a family of the `tested` cells holds (a symmetric pair counted once)."""
+    tested = np.asarray(tested, dtype=bool)
+    return int(tested.sum() - (np.tril(tested & tested.T, k=-1).sum() if symmetric else 0))
+
+
+def at_chance(p_values: np.ndarray, method: str, significance: float, tested: np.ndarray | None = None,
+              symmetric: bool = False) -> np.ndarray:
     """Boolean mask of the cells not above chance (the hatched ones): adjusted p-value ≥ `significance`;
-    False where the p-value is NaN (no test)."""
-    adjusted = adjusted_p_values(p_values, method)
+    False where the p-value is NaN or the cell is not tested (`tested`, `symmetric`: as
+    :func:`adjusted_p_values`)."""
+    adjusted = adjusted_p_values(p_values, method, tested, symmetric)
     with np.errstate(invalid="ignore"):
         return np.isfinite(adjusted) & (adjusted >= significance)
 

@@ -20,9 +20,11 @@ from layersim.similarity.cka import is_constant
 from layersim.similarity.comparisons import (RANDOM, Comparison, block, diagonal_intervals, localization,
                                              measure_options, phang_cells, phang_comparisons, seed_spread,
                                              stacked_matrix, stacked_null)
-from layersim.similarity.correction import adjusted_p_values, at_chance, cells_needed, declares, permutations_needed
+from layersim.similarity.correction import (adjusted_p_values, at_chance, between_model_cells, cells_needed, declares,
+                                            permutations_needed, self_comparison_cells)
 from layersim.similarity.kernels import RBF_EXACT_MAX_ROWS
 from layersim.similarity.moments import MOMENT_MEASURES
+from layersim.similarity.registry import MEASURES
 from layersim.similarity.null import NullMatrix
 
 # The comparisons whose matrices are segmented into blocks of layers (Phang et al.'s block-diagonal
@@ -39,15 +41,18 @@ class Uncertainty:
     seed: int = 0
     significance: float = 0.05   # cells with a corrected p ≥ this are drawn hatched: not above chance
     adjusted: bool = False       # also report the chance-adjusted diagonal
-    correction: str = "fdr_bh"   # over each heatmap's cells (layersim.similarity.correction)
+    correction: str = "fdr_bh"   # over each heatmap's tested cells (layersim.similarity.correction)
 
-    def corrected(self, p_values: np.ndarray) -> np.ndarray:
-        """`p_values` of one heatmap's cells, corrected over them."""
-        return adjusted_p_values(p_values, self.correction)
+    def corrected(self, p_values: np.ndarray, tested: np.ndarray | None = None,
+                  symmetric: bool = False) -> np.ndarray:
+        """`p_values` of one heatmap's cells, corrected over its `tested` ones (default all; NaN for the others,
+        a symmetric pair counted once: layersim.similarity.correction.adjusted_p_values)."""
+        return adjusted_p_values(p_values, self.correction, tested, symmetric)
 
-    def at_chance(self, p_values: np.ndarray) -> np.ndarray:
-        """The cells of one heatmap not above chance (drawn hatched): corrected p ≥ significance."""
-        return at_chance(p_values, self.correction, self.significance)
+    def at_chance(self, p_values: np.ndarray, tested: np.ndarray | None = None,
+                  symmetric: bool = False) -> np.ndarray:
+        """The tested cells of one heatmap not above chance (drawn hatched): corrected p ≥ significance."""
+        return at_chance(p_values, self.correction, self.significance, tested, symmetric)
 
     def check_reach(self, cells: int, measures: Sequence[str], what: str) -> str | None:
         """Before any permutation: refuse when the correction can declare no cell of a heatmap of `cells` cells
@@ -161,7 +166,9 @@ def phang_result(measure: str, matrix: np.ndarray, sizes: dict[str, int], *, mod
         if not unavailable:
             null = stacked_null(measure, models, permutations=uncertainty.permutations, seed=uncertainty.seed,
                                 cells=phang_cells(sizes, orig, finetuned), **options)
-    comparisons = [_corrected(c, uncertainty) for c in phang_comparisons(matrix, sizes, orig, finetuned, null)]
+    symmetric = measure in MEASURES and MEASURES[measure].symmetric
+    comparisons = [_corrected(c, uncertainty, symmetric)
+                   for c in phang_comparisons(matrix, sizes, orig, finetuned, null)]
     resampled = {}
     if models is not None and uncertainty is not None and not unavailable and uncertainty.bootstrap:
         comparisons, resampled = diagonal_intervals(
@@ -187,12 +194,20 @@ def phang_result(measure: str, matrix: np.ndarray, sizes: dict[str, int], *, mod
     return result
 
 
-def _corrected(c: Comparison, uncertainty: Uncertainty | None) -> Comparison:
-    """The comparison with its p-values corrected over its cells: one heatmap, one family of tests."""
+# The comparisons of a model's layers with themselves: a layer against itself is no test (correction module).
+SELF_COMPARISONS = ("orig_orig", "ft_ft")
+
+
+def _corrected(c: Comparison, uncertainty: Uncertainty | None, symmetric: bool = False) -> Comparison:
+    """The comparison with its p-values corrected over its tested cells: one heatmap, one family of tests, without
+    a layer against itself (the self-comparisons' diagonal) and, for a `symmetric` measure, each pair of layers of a
+    self-comparison once."""
     if c.p_value is None or uncertainty is None:
         return c
-    return dataclasses.replace(c, p_adjusted=uncertainty.corrected(c.p_value),
-                               at_chance=uncertainty.at_chance(c.p_value))
+    selves = c.key in SELF_COMPARISONS
+    family = {"tested": self_comparison_cells(len(c.p_value)), "symmetric": symmetric} if selves else {}
+    return dataclasses.replace(c, p_adjusted=uncertainty.corrected(c.p_value, **family),
+                               at_chance=uncertainty.at_chance(c.p_value, **family))
 
 
 @dataclass
@@ -224,8 +239,11 @@ def stacked_result(models: dict[str, list], measure: str, *, options: dict | Non
     if uncertainty is not None and not attention and not result.unavailable:
         result.null = stacked_null(measure, models, permutations=uncertainty.permutations, seed=uncertainty.seed,
                                    **options)
-        result.p_adjusted = uncertainty.corrected(result.null.p_value)
-        result.at_chance = uncertainty.at_chance(result.null.p_value)  # one heatmap, one family
+        # One heatmap, one family: the cells between two models (a model's own block is not tested), a pair once.
+        family = {"tested": between_model_cells(list(result.sizes.values())),
+                  "symmetric": MEASURES[measure].symmetric}
+        result.p_adjusted = uncertainty.corrected(result.null.p_value, **family)
+        result.at_chance = uncertainty.at_chance(result.null.p_value, **family)
     return result
 
 
