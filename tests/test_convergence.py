@@ -10,8 +10,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from layersim.data.tasks import get_task
+from layersim.training import train
 from layersim.training.convergence import (Convergence, check_run, enforce, final_loss, marked, metrics_record,
-                                           run_flags, seed_outliers, title_note, trivial_loss)
+                                           run_flags, score_p_value, seed_outliers, title_note, trivial_loss)
+from layersim.training.evaluate import METRICS
 from layersim.errors import LayersimError
 
 FINETUNE = SimpleNamespace(max_steps=120, learning_rate=1e-4, warmup_steps=20, require_convergence=False)
@@ -59,18 +62,81 @@ def test_the_quickstart_runs_stuck_seed_flagged_the_converged_ones_not():
 
 
 def test_a_score_at_the_majority_class_is_flagged():
-    check = check_run("accuracy", 0.53, 0.527, final_train_loss=0.2, trivial=0.69)
-    assert not check.converged and check.reason.startswith("its validation accuracy 0.530 is not 0.05 above")
-    assert check_run("accuracy", 0.66, 0.527, final_train_loss=0.2, trivial=0.69).converged
-    assert not check_run("accuracy", float("nan"), 0.5, final_train_loss=0.2, trivial=0.69).converged
+    # RTE: 277 validation examples, majority 0.527; the binomial test asks for 161 correct (0.581)
+    check = check_run("accuracy", 0.53, 0.527, final_train_loss=0.2, trivial=0.69, n=277)
+    assert not check.converged and check.reason.startswith("its validation accuracy 0.530 is not significantly above")
+    assert not check_run("accuracy", 160 / 277, 0.527, 0.2, 0.69, n=277).converged
+    assert check_run("accuracy", 161 / 277, 0.527, 0.2, 0.69, n=277).converged
+    assert check_run("accuracy", 0.66, 0.527, final_train_loss=0.2, trivial=0.69, n=277).converged
+    assert not check_run("accuracy", float("nan"), 0.5, final_train_loss=0.2, trivial=0.69, n=277).converged
+    # without n only "above the baseline" is asked; at the baseline a run is flagged either way
+    assert check_run("accuracy", 0.53, 0.527, 0.2, 0.69).converged
+    assert not check_run("accuracy", 0.527, 0.527, 0.2, 0.69).converged
     # no logged loss (or labels all alike): only the score decides
-    assert check_run("mcc", 0.4, 0.0, final_train_loss=None, trivial=None).converged
+    assert check_run("mcc", 0.4, 0.0, final_train_loss=None, trivial=None, n=1043).converged
+
+
+def test_an_always_positive_run_on_a_qqp_like_f1_task_is_flagged():
+    """Review §5a: 37 % duplicates; predicting "duplicate" everywhere scores F1 0.538, the best constant's
+    score, while the majority constant scores 0. The run's training loss looks learned; the score gives it away."""
+    train_labels = np.array([0] * 63 + [1] * 37)
+    validation = np.array([0] * 630 + [1] * 370)
+    baseline = train.trivial_score(get_task("qqp"), train_labels, validation)
+    always_positive = METRICS["f1"](validation, np.ones_like(validation))
+    assert baseline == always_positive == pytest.approx(2 * 0.37 / 1.37)
+    check = check_run("f1", always_positive, baseline, final_train_loss=0.3, trivial=trivial_loss(train_labels, False),
+                      n=len(validation))
+    assert not check.converged and "not above the best constant predictor's 0.540" in check.reason
+    assert "training loss" not in check.reason
+    # a run that does learn clears it: F1 0.75 is far above 0.54 at n = 1,000
+    assert check_run("f1", 0.75, baseline, 0.3, 0.66, n=len(validation)).converged
+
+
+def test_accuracy_just_above_a_96_percent_majority_passes_when_the_run_learned():
+    """Review §5b: the additive 0.05 margin asked for 1.01. A run at 0.97 whose training loss is 30 % of the
+    trivial loss passes at 2,000 validation examples (binomial P(X ≥ 1,940 | 2,000, 0.96) = 0.011); at 1,000
+    (p = 0.058) a point above the majority is within chance and stays flagged."""
+    trivial = trivial_loss(np.array([0] * 96 + [1] * 4), regression=False)
+    assert trivial == pytest.approx(0.168, abs=5e-4)
+    check = check_run("accuracy", 0.97, 0.96, 0.05, trivial, n=2000)
+    assert check.converged and check.p_value == pytest.approx(0.0106, abs=5e-4)
+    small = check_run("accuracy", 0.97, 0.96, 0.05, trivial, n=1000)
+    assert not small.converged and "p = 0.058" in small.reason
+
+
+def test_the_score_test_holds_its_level_for_a_predictor_without_skill():
+    """Calibration: a predictor without skill passes the test in about α of validation samples. Accuracy and
+    F1: the population's best constant (always the 96 % majority; always positive at 37 % positives) scored on
+    fresh samples of n; the binomial is discrete, hence conservative (≤ α). MCC and Pearson: predictions
+    independent of the labels."""
+    rng = np.random.default_rng(0)
+    n, draws = 400, 2000
+    majority = rng.random((draws, n)) < 0.96
+    positives = (rng.random((draws, n)) < 0.37).astype(int)
+    guesses = (rng.random((draws, n)) < 0.2).astype(int)
+    rates = {
+        "accuracy": np.mean([score_p_value("accuracy", rate, 0.96, n) <= 0.05 for rate in majority.mean(axis=1)]),
+        "f1": np.mean([score_p_value("f1", METRICS["f1"](y, np.ones(n)), 2 * 0.37 / 1.37, n) <= 0.05
+                       for y in positives]),
+        "mcc": np.mean([score_p_value("mcc", METRICS["mcc"](y, g), 0.0, n) <= 0.05 for y, g in zip(positives, guesses)]),
+        "pearson": np.mean([score_p_value("pearson", METRICS["pearson"](rng.normal(size=n), rng.normal(size=n)),
+                                          0.0, n) <= 0.05 for _ in range(draws)]),
+    }
+    assert 0.02 <= rates["accuracy"] <= 0.06, rates
+    assert all(0.03 <= rates[metric] <= 0.07 for metric in ("f1", "mcc", "pearson")), rates
+
+
+def test_a_multiple_choice_runs_trivial_loss_is_that_of_tied_answers():
+    # a content-blind scorer ties every answer whatever the positions' frequencies (review §5e)
+    assert trivial_loss(np.array([0, 0, 0, 1]), regression=False, choices=4) == pytest.approx(math.log(4))
 
 
 def test_the_record_keeps_the_numbers_and_the_reason_only_when_flagged():
     good = check_run("accuracy", 0.8, 0.5, 0.1234567891, 0.69).record()
     assert good == {"converged": True, "metric": "accuracy", "score": 0.8, "baseline": 0.5,
                     "final_train_loss": 0.123457, "trivial_loss": 0.69}
+    tested = check_run("accuracy", 0.8, 0.5, 0.1, 0.69, n=10).record()
+    assert tested["n"] == 10 and tested["p_value"] == pytest.approx(56 / 1024, abs=1e-6)  # P(Bin(10, ½) ≥ 8)
     bad = check_run("accuracy", 0.5, 0.5, 0.69, 0.69).record()
     assert bad["converged"] is False and bad["reason"]
 

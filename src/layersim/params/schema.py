@@ -84,7 +84,8 @@ class FinetuneParams:
     max_grad_norm: float = knob(0.0, "clip the gradients' total norm to this before each step (0: no clipping, "
                                      "the papers' setting)", NON_NEGATIVE)
     require_convergence: bool = knob(False, "a run that did not converge (final training loss near the trivial "
-                                            "predictor's, validation score near its score: layersim.training.convergence) "
+                                            "predictor's, validation score not significantly above the best "
+                                            "constant's: layersim.training.convergence) "
                                             "fails its stage instead of a warning and a flag on every figure "
                                             "that uses it")
 

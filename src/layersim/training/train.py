@@ -193,11 +193,16 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
 
 
 def trivial_score(spec: TaskSpec, train_labels: np.ndarray, validation_labels: np.ndarray) -> float:
-    """The primary metric of always predicting the train split's majority class (its mean for regression,
-    whose correlation with anything is 0; the most frequent answer position for multiple choice)."""
-    labels = np.asarray(train_labels)
-    constant = float(labels.mean()) if spec.regression else int(np.bincount(labels.astype(np.int64)).argmax())
-    return float(METRICS[spec.primary_metric](validation_labels, np.full(len(validation_labels), constant)))
+    """The primary metric of the best constant predictor on the validation labels: the highest over every
+    constant class (answer position for multiple choice) — the majority rate for accuracy, always the positive
+    class for F1 (QQP: 0.538, where the majority "not duplicate" scores 0) — and for MCC and regression's
+    correlations the 0 that METRICS gives a constant (undefined; the train split's mean stands in)."""
+    labels = np.asarray(validation_labels)
+    if spec.regression:
+        constants = [float(np.mean(train_labels))]
+    else:
+        constants = np.unique(np.concatenate([np.asarray(train_labels), labels]).astype(np.int64)).tolist()
+    return max(float(METRICS[spec.primary_metric](labels, np.full(len(labels), constant))) for constant in constants)
 
 
 def convergence_of(spec: TaskSpec, train: EncodedTask, validation: EncodedTask, losses: list[float],
@@ -206,7 +211,9 @@ def convergence_of(spec: TaskSpec, train: EncodedTask, validation: EncodedTask, 
     validation `metrics`, against the trivial predictor fitted on the train split."""
     return check_run(spec.primary_metric, metrics[spec.primary_metric],
                      trivial_score(spec, train.labels, validation.labels), final_loss(losses),
-                     trivial_loss(train.labels, spec.regression))
+                     trivial_loss(train.labels, spec.regression,
+                                  spec.num_choices if spec.format == "multiple_choice" else None),
+                     n=len(validation.labels))
 
 
 def encoded_splits(task_dir: str | Path, spec: TaskSpec, tokenizer, max_length: int) -> tuple[EncodedTask, EncodedTask]:
