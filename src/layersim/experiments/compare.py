@@ -144,7 +144,8 @@ def compare_representations(representations: dict[str, Pooled], params: Params,
             out.figures["plots", f"{pooling}.{measure}.png"] = report.figure
             rows += report.rows
             out.metrics.setdefault(pooling, {})[measure] = report.summary
-        scores = localization_of(matrices, sizes, p.localization)
+        controls = {RANDOM, *map(random_init_label, params.compare.models)}  # Wu et al.: trained models only
+        scores = localization_of(matrices, sizes, p.localization, [label for label in sizes if label not in controls])
         if scores is not None:
             found = localization_summary(scores, p.localization, f"{pooling.upper()} — {stacked}", pooling=pooling)
             out.metrics[pooling]["localization"] = {label: [number(v) for v in values]

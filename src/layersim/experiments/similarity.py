@@ -33,7 +33,7 @@ from layersim.similarity.null import NullMatrix
 from layersim.similarity.pruning import streamed_pruning_measures
 from layersim.similarity.registry import check_computable
 from layersim.similarity.results import (Uncertainty, finetuned_labels, localization_of, phang_result,
-                                         reach_warning, settings)
+                                         reach_warning, settings, trained_labels)
 from layersim.training.convergence import checkpoint_note
 
 
@@ -182,7 +182,7 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
         if report.diagonal_figure is not None:
             out.figures["diagonals", f"{pooling}.png"] = report.diagonal_figure
         out.rows["diagonals", f"{pooling}.json"] = report.diagonal_rows
-        scores = localization_of(report.matrices, sizes, p.localization)
+        scores = localization_of(report.matrices, sizes, p.localization, trained_labels(sizes))  # RANDOM left out
         if scores is not None:
             found = localization_summary(scores, p.localization, f"{pooling.upper()} — {model} on {task}",
                                          pooling=pooling)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from layersim.errors import LayersimError
 from layersim.similarity.attention import AttentionMaps, attention_similarity_matrix
 from layersim.similarity.cka import cka_matrix, is_constant
 from layersim.similarity.localization import localization_scores
@@ -223,14 +224,26 @@ def seed_spread(matrix: np.ndarray, sizes: dict[str, int], finetuned: Sequence[s
 
 
 def localization(neuronsim: np.ndarray, svcca: np.ndarray, sizes: dict[str, int], *,
-                 standardize: bool = False) -> dict[str, np.ndarray]:
-    """Wu et al.'s localization score per layer of each model, from stacked neuronsim and SVCCA matrices.
+                 standardize: bool = False, trained: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    """Wu et al.'s localization score per layer of each model in `trained`, from stacked neuronsim and SVCCA
+    matrices of the models of `sizes`.
 
-    Each layer's mean similarity to every other layer (row mean without the diagonal, undefined layers
-    left out), neuronsim minus SVCCA, the raw difference as Wu et al. §5.1 define it; NaN for an undefined
-    layer. With `standardize`, each mean is first z-scored across all defined layers of all models: only
-    the shape of each profile survives, relative to the models stacked together.
+    Each layer's mean similarity to every other layer of the `trained` models (row mean without the diagonal,
+    undefined layers left out), neuronsim minus SVCCA, the raw difference as Wu et al. §5.1 define it; NaN for an
+    undefined layer. Wu et al. average over the trained models only (their Figures 3 and 7), so the random-init
+    controls stay out of every mean and get no score: name the trained models in `trained` (default: all).
+    With `standardize`, each mean is first z-scored across all defined layers of those models: only the shape
+    of each profile survives, relative to the models compared.
     """
+    chosen = list(sizes) if trained is None else list(trained)
+    unknown = [label for label in chosen if label not in sizes]
+    if unknown or not chosen:
+        raise LayersimError(f"localization over the models {chosen}: {unknown or 'none'} not among the stacked "
+                            f"models {list(sizes)}.")
+    bounds = dict(zip(sizes, np.cumsum([0, *sizes.values()])))
+    kept = np.concatenate([np.arange(bounds[label], bounds[label] + sizes[label]) for label in chosen])
+    neuronsim, svcca = neuronsim[np.ix_(kept, kept)], svcca[np.ix_(kept, kept)]
+    sizes = {label: sizes[label] for label in chosen}
     def row_means(matrix: np.ndarray) -> np.ndarray:
         off = np.where(np.eye(len(matrix), dtype=bool), np.nan, matrix)
         counts = np.isfinite(off).sum(axis=1)

@@ -247,10 +247,17 @@ def stacked_result(models: dict[str, list], measure: str, *, options: dict | Non
     return result
 
 
-def localization_of(matrices: dict[str, np.ndarray], sizes: dict[str, int], style: str
-                    ) -> dict[str, np.ndarray] | None:
-    """Wu et al.'s localization score per model and layer (`style` "raw" or "zscore") from stacked neuronsim
-    and SVCCA matrices, or None when either measure was not computed."""
+def localization_of(matrices: dict[str, np.ndarray], sizes: dict[str, int], style: str,
+                    trained: Sequence[str] | None = None) -> dict[str, np.ndarray] | None:
+    """Wu et al.'s localization score per trained model and layer (`style` "raw" or "zscore") from stacked
+    neuronsim and SVCCA matrices, or None when either measure was not computed. `trained`: the models averaged
+    over and scored (default all), the random-init controls left out as Wu et al. do."""
     if not {"neuronsim", "svcca"} <= set(matrices):
         return None
-    return localization(matrices["neuronsim"], matrices["svcca"], sizes, standardize=style == "zscore")
+    return localization(matrices["neuronsim"], matrices["svcca"], sizes, standardize=style == "zscore",
+                        trained=trained)
+
+
+def trained_labels(sizes: dict[str, int]) -> list[str]:
+    """The trained models among those of the similarity stage: all but the random-init control."""
+    return [label for label in sizes if label != RANDOM]
