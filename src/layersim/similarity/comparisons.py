@@ -35,6 +35,7 @@ from layersim.similarity.registry import MEASURES, similarity_matrix
 from layersim.similarity._common import blas_threads_for
 from layersim.similarity.bootstrap import bootstrap_pairs
 from layersim.similarity.null import NullMatrix, chance_adjusted, permutation_matrix
+from layersim.similarity.exchangeability import LINEAR_CKA_BLOCK_PERMUTATIONS, block_permutations
 # The streamed route (tables larger than memory), here for the stages and tests that import it from this module.
 from layersim.similarity.stacked_moments import (LINEAR_CKA_PRECISION, STREAMABLE, moments_stacked_matrix,  # noqa: F401
                                                  moments_stacked_null, on_layers, stream_layers, stream_rows,
@@ -166,17 +167,22 @@ def phang_cells(sizes: dict[str, int], orig: str, finetuned: Sequence[str]) -> n
 
 
 def stacked_null(measure: str, models: dict[str, Sequence], *, permutations: int, seed: int,
-                 cells: np.ndarray | None = None, **options) -> NullMatrix:
-    """The permutation null of :func:`stacked_matrix`'s cells (rows of the column layer shuffled), NaN
-    for constant layers and for cells outside `cells`. Linear CKA uses the exact permutation moments."""
+                 cells: np.ndarray | None = None, groups: np.ndarray | None = None, strata: np.ndarray | None = None,
+                 **options) -> NullMatrix:
+    """The permutation null of :func:`stacked_matrix`'s cells (rows of the column layer shuffled; with `groups`
+    and `strata`, whole examples within their stratum: layersim.similarity.exchangeability), NaN for constant
+    layers and for cells outside `cells`. Linear CKA uses the exact permutation moments while rows are
+    exchangeable, else at least :data:`LINEAR_CKA_BLOCK_PERMUTATIONS` sampled block permutations."""
     layers = [layer for model_layers in models.values() for layer in model_layers]
     defined = [i for i, layer in enumerate(layers) if not is_constant(layer)]
+    if measure == "linear_cka" and not block_permutations(len(layers[0]), groups, strata).plain:
+        permutations = max(permutations, LINEAR_CKA_BLOCK_PERMUTATIONS)
     null = None
     if defined:
         chosen = None if cells is None else cells[np.ix_(defined, defined)]
         with blas_threads_for(len(layers[0]), max(layer.shape[1] for layer in layers)):
             null = permutation_matrix(measure, [layers[i] for i in defined], permutations=permutations, seed=seed,
-                                      cells=chosen, **options)
+                                      cells=chosen, groups=groups, strata=strata, **options)
     return on_layers(null, defined, len(layers), permutations, "permutation")
 
 

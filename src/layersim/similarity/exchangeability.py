@@ -38,6 +38,12 @@ import numpy as np
 from layersim.errors import LayersimError
 
 
+# Linear CKA's block null is sampled (its exact moments are the row permutation's) but cheap from the Grams, so
+# the stages draw at least this many block permutations for it: the smallest p-value 1/200 instead of the
+# 1/(permutations + 1) of e.g. the quickstart's 20 (measured cost: benchmarks/calibration.py --cost).
+LINEAR_CKA_BLOCK_PERMUTATIONS = 199
+
+
 @dataclass(frozen=True)
 class BlockPermutations:
     """The permutation group of a null: whole examples exchanged within classes of equal stratum and size."""
@@ -117,6 +123,15 @@ def block_permutations(num_rows: int, groups: np.ndarray | None = None,
         members = starts[np.flatnonzero(inverse.ravel() == k)]
         classes.append(order[members[:, None] + np.arange(size)[None, :]])
     return BlockPermutations(num_rows, tuple(classes), False)
+
+
+def unmovable(num_rows: int, groups: np.ndarray | None = None, strata: np.ndarray | None = None) -> str | None:
+    """Why these blocks give no null (no row can move), or None; for stages, which report it instead of failing."""
+    try:
+        block_permutations(num_rows, groups, strata).check()
+    except LayersimError as error:
+        return str(error).rstrip(".")
+    return None
 
 
 def _codes(labels, num_rows: int, what: str) -> np.ndarray | None:

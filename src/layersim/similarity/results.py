@@ -22,6 +22,7 @@ from layersim.similarity.comparisons import (RANDOM, Comparison, block, diagonal
                                              stacked_matrix, stacked_null)
 from layersim.similarity.correction import (adjusted_p_values, at_chance, between_model_cells, cells_needed, declares,
                                             permutations_needed, self_comparison_cells)
+from layersim.similarity.exchangeability import unmovable
 from layersim.similarity.kernels import RBF_EXACT_MAX_ROWS
 from layersim.similarity.moments import MOMENT_MEASURES
 from layersim.similarity.registry import MEASURES
@@ -152,20 +153,23 @@ class MeasureResult:
 
 def phang_result(measure: str, matrix: np.ndarray, sizes: dict[str, int], *, models: dict[str, list] | None = None,
                  null: NullMatrix | None = None, uncertainty: Uncertainty | None = None,
-                 groups: np.ndarray | None = None, options: dict | None = None) -> MeasureResult:
+                 groups: np.ndarray | None = None, strata: np.ndarray | None = None,
+                 options: dict | None = None) -> MeasureResult:
     """`matrix` (stacked, the models of `sizes`: ORIG, then FT[1], FT[2], …) as Phang et al.'s comparisons.
 
     With `uncertainty` and the `models`' layers in memory, every reported cell's permutation null here and a
     bootstrap interval of the FT–ORIG and FT[1]–FT[2] diagonals over examples (over `groups` of rows: the words
-    of one example are resampled together); otherwise the `null` given (e.g. from streamed moments), if any."""
+    of one example are resampled together, and permuted together within their `strata`:
+    layersim.similarity.exchangeability); otherwise the `null` given (e.g. from streamed moments), if any."""
     options = options or {}
     orig, finetuned = "ORIG", finetuned_labels(sizes)
     unavailable = None
     if models is not None and uncertainty is not None:
-        unavailable = null_unavailable(measure, len(next(iter(models.values()))[0]), options)
+        num_rows = len(next(iter(models.values()))[0])
+        unavailable = null_unavailable(measure, num_rows, options) or unmovable(num_rows, groups, strata)
         if not unavailable:
             null = stacked_null(measure, models, permutations=uncertainty.permutations, seed=uncertainty.seed,
-                                cells=phang_cells(sizes, orig, finetuned), **options)
+                                cells=phang_cells(sizes, orig, finetuned), groups=groups, strata=strata, **options)
     symmetric = measure in MEASURES and MEASURES[measure].symmetric
     comparisons = [_corrected(c, uncertainty, symmetric)
                    for c in phang_comparisons(matrix, sizes, orig, finetuned, null)]
@@ -225,20 +229,23 @@ class StackedResult:
 
 
 def stacked_result(models: dict[str, list], measure: str, *, options: dict | None = None,
-                   uncertainty: Uncertainty | None = None, attention: bool = False) -> StackedResult:
+                   uncertainty: Uncertainty | None = None, attention: bool = False, groups: np.ndarray | None = None,
+                   strata: np.ndarray | None = None) -> StackedResult:
     """All layers of `models` stacked (Wu et al. Figures 1 and 5); with `uncertainty`,
     every cell's permutation null (not for attention maps: a permutation of examples has no meaning for
-    per-token maps of different lengths). `options`: the measure's own."""
+    per-token maps of different lengths), whole examples (`groups`) permuted within their `strata`
+    (layersim.similarity.exchangeability). `options`: the measure's own."""
     options = options or {}
     result = StackedResult(measure, stacked_matrix(measure, models, **options),
                            {name: len(layers) for name, layers in models.items()})
     if not attention:
-        result.unavailable = null_unavailable(measure, len(next(iter(models.values()))[0]), options)
+        num_rows = len(next(iter(models.values()))[0])
+        result.unavailable = null_unavailable(measure, num_rows, options) or unmovable(num_rows, groups, strata)
         if measure in CAPPED_MEASURES:
             result.kept_dimensions = kept_dimensions_per_layer(models, measure, **options)
     if uncertainty is not None and not attention and not result.unavailable:
         result.null = stacked_null(measure, models, permutations=uncertainty.permutations, seed=uncertainty.seed,
-                                   **options)
+                                   groups=groups, strata=strata, **options)
         # One heatmap, one family: the cells between two models (a model's own block is not tested), a pair once.
         family = {"tested": between_model_cells(list(result.sizes.values())),
                   "symmetric": MEASURES[measure].symmetric}
