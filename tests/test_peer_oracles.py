@@ -163,20 +163,25 @@ def _netrep_angle(x: np.ndarray, y: np.ndarray, alpha: float) -> float:
     return float(np.arccos(np.clip(np.sum(ax * ay) / (np.linalg.norm(ax) * np.linalg.norm(ay)), -1, 1)))
 
 
-@pytest.mark.parametrize("alpha", [1.0, 0.5, 0.0])
-def test_the_shape_metric_is_netreps_angle_on_unit_norm_data(pair, alpha):
+@pytest.mark.parametrize("alpha", [1.0, 0.5, 0.25, 0.0])
+@pytest.mark.parametrize("scales", [(1.0, 1.0), (10.0, 1.0), (0.01, 300.0)])
+def test_the_shape_metric_is_netreps_angle_on_the_data_as_given(pair, alpha, scales):
+    """netrep whitens at the data's own scale; so does layersim: equal for every alpha and any scale of either side
+    (at 0 < alpha < 1 the scale moves both alike)."""
     from layersim.similarity.shape import angular_shape_distance
 
-    x, y = pair
-    x, y = (a / np.linalg.norm(a - a.mean(0)) for a in (x, y))
+    x, y = pair[0] * scales[0], pair[1] * scales[1]
     assert angular_shape_distance(x, y, alpha=alpha) == pytest.approx(_netrep_angle(x, y, alpha), abs=1e-9)
 
 
-def test_netrep_on_raw_data_differs_only_between_the_ends(pair):
-    """netrep whitens at the data's own scale: at alpha 0 and 1 that cancels, in between it does not."""
+def test_alpha_below_one_is_refused_when_whitening_saturates():
+    """With n − 1 ≤ d a fully whitened layer spans every centred direction: independent layers would score 1."""
+    from layersim.errors import LayersimError
     from layersim.similarity.shape import angular_shape_distance
 
-    x, y = pair[0] * 10, pair[1]
-    for alpha in (0.0, 1.0):
-        assert angular_shape_distance(x, y, alpha=alpha) == pytest.approx(_netrep_angle(x, y, alpha), abs=1e-9)
-    assert abs(angular_shape_distance(x, y, alpha=0.5) - _netrep_angle(x, y, 0.5)) > 1e-4
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(50, 100)), rng.normal(size=(50, 100))
+    assert _netrep_angle(x, y, 0.0) == pytest.approx(0.0, abs=1e-6)  # netrep's own saturation
+    with pytest.raises(LayersimError, match=r"alpha = 0.5 < 1 needs more examples .* 50 rows and 100 neurons"):
+        angular_shape_distance(x, y, alpha=0.5)
+    assert 0 < angular_shape_distance(x, y, alpha=1.0) < np.pi / 2  # Procrustes needs no whitening

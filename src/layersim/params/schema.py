@@ -138,7 +138,8 @@ class SimilarityParams:
     svcca_variance: float = knob(0.99, "SVCCA keeps the directions explaining this share of variance", FRACTION)
     pwcca_variance: float | None = knob(0.99, "the same cut for PWCCA, Wu et al.'s pwsim (null: every direction)",
                                         FRACTION)
-    shape_alpha: float = knob(1.0, "shape_metric's whitening (netrep's alpha): 1 none (= procrustes), 0 full (CCA-like)",
+    shape_alpha: float = knob(1.0, "shape_metric's whitening, netrep's alpha on the data as given (not linear in how "
+                                   "much; < 1 needs rows > width + 1): 1 none (= procrustes), 0 full (CCA-like)",
                               Bound(lambda v: 0 <= v <= 1, "a number in [0, 1]"))
     rsa_rdm: str = knob("correlation", "rsa's RDM (rsatoolbox calc_rdm)", names=("correlation", "euclidean"))
     rsa_compare: str = knob("spearman", "rsa's RDM comparison", names=("spearman", "pearson", "cosine"))

@@ -1,15 +1,17 @@
 """Orthogonal Procrustes and Williams et al.'s (2021) shape metrics, as similarities.
 
 Williams, Kunz, Kornblith & Linderman 2021, "Generalized shape metrics on neural representations" (netrep's
-``LinearMetric``): each layer is centred, scaled to unit Frobenius norm and partially whitened,
+``LinearMetric``): each layer is centred and partially whitened at its own scale, as netrep does,
 ``X̃ = Xc Z_α`` with ``Z_α = V diag(α + (1 − α) λ^(−1/2)) Vᵀ`` from ``Xcᵀ Xc = V diag(λ) Vᵀ`` (netrep's
-``whiten``: eigenvalues clipped below at :data:`EIGVAL_TOL`, ``α = 1`` no whitening, ``α = 0`` full, CCA-like
-whitening). The best rotation aligning the two (the orthogonal Procrustes problem) leaves the cosine
+``whiten``: eigenvalues of the raw sum of squares clipped below at :data:`EIGVAL_TOL`, ``α = 1`` no whitening,
+``α = 0`` full, CCA-like whitening). The best rotation aligning the two (the orthogonal Procrustes problem)
+leaves the cosine
 
     s_α = ‖X̃ᵀ Ỹ‖_* / (‖X̃‖_F ‖Ỹ‖_F)      (nuclear norm: the sum of singular values)
 
 which is what the registry reports (``procrustes``: α = 1; ``shape_metric``: any α), a similarity in [0, 1]
-that is 1 for a layer against itself and unchanged by rotations and isotropic scaling of either side. The
+that is 1 for a layer against itself and unchanged by rotations of either side (and by isotropic scaling at
+α = 0 and α = 1; see below). The
 distances are functions of it: netrep's angular shape metric ``θ = arccos s_α`` (``score_method="angular"``,
 :func:`angular_shape_distance`) and the Procrustes distance between the normalised representations
 ``sqrt(2 − 2 s_α)`` (:func:`procrustes_distance`; Ding et al. 2021's "Procrustes" at α = 1). Both decrease in
@@ -17,10 +19,12 @@ distances are functions of it: netrep's angular shape metric ``θ = arccos s_α`
 percentile interval maps through them end for end.
 
 Conventions against netrep: widths may differ (netrep zero-pads the narrower side, which changes neither the
-nuclear norm nor the norms, so nothing is padded here). netrep whitens ``Xc`` at its own scale, so for
-``0 < α < 1`` its mix of whitened and raw directions depends on the data's scale and the row count; here
-``Xc`` is first scaled to unit Frobenius norm, so ``s_α`` = netrep's ``cos(LinearMetric(alpha).fit_score(
-X / ‖Xc‖_F, Y / ‖Yc‖_F))`` for every α, and equals netrep on the raw data at α = 0 and α = 1.
+nuclear norm nor the norms, so nothing is padded here); ``s_α`` = ``cos`` of netrep's
+``LinearMetric(alpha, center_columns=True).fit_score(X, Y)`` on the data as given, for every α. Whitening at
+the data's own scale means that for ``0 < α < 1`` the mix of whitened and raw directions depends on the
+layer's scale and its row count (λ is a sum over rows): α is not linear in "how much whitening", and
+multiplying a layer by a constant changes ``s_α`` there, in netrep as here. With ``n − 1 ≤ d`` rows a fully
+whitened layer spans every centred direction, so at α = 0 every pair scores 1: α < 1 is refused there.
 
 Everything is a function of the centred second moments ``Xcᵀ Xc``, ``Xcᵀ Yc``, ``Ycᵀ Yc``, so the streamed route
 (:func:`shape_moments_matrix`, from :class:`~layersim.similarity.moments.LayerMoments`) needs memory in the
@@ -38,7 +42,7 @@ from layersim.similarity._common import Named, centre, named_lists, validated
 from layersim.similarity._null_engines import ProductEngine
 from layersim.similarity._pairs import fill_matrix
 
-EIGVAL_TOL = 1e-7  # netrep's whiten(eigval_tol=1e-7), applied to the unit-norm data's eigenvalues
+EIGVAL_TOL = 1e-7  # netrep's whiten(eigval_tol=1e-7), applied to the eigenvalues of the raw Xcᵀ Xc
 
 
 def check_alpha(alpha) -> float:
@@ -59,14 +63,22 @@ def whitening(cov: np.ndarray, alpha: float) -> np.ndarray:
     return (v * d) @ v.T
 
 
+def check_rows(name: str, rows: int, width: int, alpha: float) -> None:
+    """Refuse partial whitening (α < 1) of a layer with rows − 1 ≤ neurons (the module docstring says why)."""
+    if alpha <= 1 - EIGVAL_TOL and rows - 1 <= width:
+        raise LayersimError(f"shape_metric with alpha = {alpha:g} < 1 needs more examples than neurons + 1, but "
+                            f"{name} has {rows} rows and {width} neurons (whitened, every pair would score 1 at "
+                            f"alpha 0); use alpha = 1 (procrustes) or at least {width + 2} examples.")
+
+
 def _compressed(name: str, a: np.ndarray, alpha: float) -> np.ndarray:
     """``X̃ / ‖X̃‖_F`` in at most min(n, d) columns: its left singular vectors times singular values, which
     keep every inner product ``X̃ᵀ Ỹ`` up to an orthogonal map, so the nuclear norms are the same."""
     centred = centre(name, a, "shape metric")
-    centred /= np.linalg.norm(centred)
-    if alpha <= 1 - EIGVAL_TOL:
+    if alpha <= 1 - EIGVAL_TOL:  # whitened at the layer's own scale, as netrep's whiten
+        check_rows(name, *centred.shape, alpha)
         centred = centred @ whitening(centred.T @ centred, alpha)
-        centred /= np.linalg.norm(centred)
+    centred = centred / np.linalg.norm(centred)
     if centred.shape[1] <= centred.shape[0]:
         return centred
     u, s, _ = np.linalg.svd(centred, full_matrices=False)
@@ -137,8 +149,8 @@ def shape_moments_matrix(moments, xs: Sequence[int], ys: Sequence[int] | None = 
                          alpha: float = 1.0) -> np.ndarray:
     """The streamed route: [a, b] = ``s_α`` of stacked layers xs[a], ys[b] of a
     :class:`~layersim.similarity.moments.LayerMoments`, from its centred cross-products alone
-    (``X̃ᵀ Ỹ = Z_x Σ_xy Z_y / sqrt(tr Σ_xx tr Σ_yy)``); equal to :func:`shape_matrix` on the rows (to
-    rounding)."""
+    (``X̃ᵀ Ỹ = Z_x Σ_xy Z_y``, each ``Z`` the raw-scale whitening scaled so that ``‖Xc Z‖_F = 1``); equal to
+    :func:`shape_matrix` on the rows (to rounding)."""
     alpha = check_alpha(alpha)
     same = ys is None
     ys = list(xs) if same else list(ys)
@@ -151,7 +163,8 @@ def shape_moments_matrix(moments, xs: Sequence[int], ys: Sequence[int] | None = 
             if not total > 0:
                 raise LayersimError(f"layers[{k}] is constant across examples, so its shape metric is undefined; "
                                     "drop that layer or check how it was extracted.")
-            z = whitening(cov / total, alpha) / np.sqrt(total)
+            check_rows(f"layers[{k}]", moments.num_rows, cov.shape[0], alpha)
+            z = whitening(cov, alpha) / np.sqrt(total)  # at the layer's own scale, as netrep
             transforms[k] = z / np.sqrt(max(float(np.einsum("ij,ij->", z, cov @ z)), np.finfo(float).tiny))
         return transforms[k]
 
