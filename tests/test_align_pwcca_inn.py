@@ -63,8 +63,11 @@ def test_pwcca_map_weights_each_canonical_variate_by_its_projection_weight():
     p = cca.x_scaler_.transform(x) @ cca.x_directions_  # unit-norm canonical variates p_i (Ren eq. 9)
     alpha = np.abs(p.T @ centred).sum(axis=1)  # eq. 8 over x's centred neurons x_j
     np.testing.assert_allclose(pw.projection_weights_, alpha / alpha.sum(), rtol=1e-10)
-    np.testing.assert_allclose(pw.importance_, alpha / alpha.max(), rtol=1e-10)
-    np.testing.assert_allclose(pw.matrix_, (cca.x_directions_ * alpha / alpha.max()) @ cca.y_loadings_, atol=1e-10)
+    # The map's weights: eq. 8 over the standardised neurons it acts on.
+    standardised = np.abs(p.T @ (centred / x.std(axis=0))).sum(axis=1)
+    np.testing.assert_allclose(pw.importance_, standardised / standardised.max(), rtol=1e-10)
+    np.testing.assert_allclose(pw.matrix_, (cca.x_directions_ * standardised / standardised.max()) @ cca.y_loadings_,
+                               atol=1e-10)
     assert pw.similarity_ == pytest.approx(alpha @ cca.correlations_ / alpha.sum(), rel=1e-12)  # eq. 7
     # The weights are the pwcca similarity measure's (the same code): its value, uncapped, is the map's.
     assert pw.similarity_ == pytest.approx(pwcca(x, y, max_dims=None), rel=1e-12)
@@ -86,6 +89,20 @@ def test_pwcca_beats_cca_held_out_where_the_important_directions_are_the_correla
     assert pw_error == pytest.approx(0.298, abs=0.01) and cca_error == pytest.approx(0.530, abs=0.01)
     least_squares = mse(LinearRegressionMap().fit(x[train], y[train]).transform(x[test]), y[test])
     assert pw_error < 1.05 * least_squares
+
+
+def test_rescaling_one_neuron_of_x_changes_no_linear_maps_predictions():
+    """The maps act on standardised X: a neuron 100× larger (BERT's outlier dimensions) changes nothing, PWCCA's
+    weights included (in X's own units that neuron alone would set them)."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(300, 8)) @ rng.normal(size=(8, 8))
+    y = np.tanh(x @ rng.normal(size=(8, 5)) / 3) + 0.5 * rng.normal(size=(300, 5))
+    louder = x.copy()
+    louder[:, 0] *= 100.0
+    for make in (PWCCAMap, CCAMap, LinearRegressionMap, lambda: CCAMap(scale_by_correlation=True)):
+        before, after = make().fit(x[:200], y[:200]), make().fit(louder[:200], y[:200])
+        np.testing.assert_allclose(after.transform(louder[200:]), before.transform(x[200:]), atol=1e-9)
+    assert np.ptp(PWCCAMap().fit(x, y).importance_) > 0.05  # unequal weights: the check is not CCA's again
 
 
 FAST_INN = {"depth": 2, "hidden": 16, "steps": 3, "batch_size": 512}

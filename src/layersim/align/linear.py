@@ -54,12 +54,14 @@ standardised training rows (``n x d``):
   Ren et al. score SVCCA in the reduced space; this map returns full Y rows (the projection
   ``P_Yᵀ`` back is exact for the kept directions and zero on the dropped ones, which count as error).
 
-* **pwcca** — projection-weighted CCA (Morcos et al. 2018; Ren eqs. 7–9) as a map: the CCA map with
-  each canonical direction weighted by its importance to X. PWCCA's weights
-  ``α_i = Σ_j |⟨p_i, x_j⟩|`` (``p_i = Xs w_X^i``, unit norm; ``x_j`` X's *centred* training columns, as
-  Morcos et al. and the ``pwcca`` similarity measure, whose code computes them) say how much of X's
-  neurons the i-th canonical variate accounts for; the map scales each variate by its weight relative
-  to the largest one::
+* **pwcca** — *layersim's* importance-weighted CCA map, not Ren's (Ren et al. define no PWCCA map: "a
+  weighted average over the coefficients"): the CCA map with each canonical direction weighted by its
+  importance to X, PWCCA's weights (Morcos et al. 2018; Ren eqs. 7–9) ``α_i = Σ_j |⟨p_i, x_j⟩|``
+  (``p_i = Xs w_X^i``, unit norm; ``x_j`` X's centred training columns) — taken here in the standardised
+  coordinates the map acts on, so that rescaling one neuron of X changes the map no more than CCA's or
+  least squares' (in X's own units, as the ``pwcca`` measure takes them, an outlier neuron 100× larger
+  than the rest would set the weights alone). They say how much of X's neurons the i-th canonical variate
+  accounts for; the map scales each variate by its weight relative to the largest one::
 
       M = W_X · diag(ω ⊙ α / max α) · Λ_Y
 
@@ -68,12 +70,12 @@ standardised training rows (``n x d``):
   scale. Normalising by ``max α`` (rather than by ``mean α``, which also gives CCA for equal weights)
   never amplifies a variate beyond CCA's ω: on a one-factor example (10 neurons, 200 training rows)
   the mean-normalised map had held-out MSE 15 against CCA's 0.53, the max-normalised one 0.30.
-  Ren et al. do not spell out their PWCCA map ("a weighted average over the coefficients" of the CCA
-  mapping); their Table 4 has PWCCA's error well below CCA's, as this map gives where the strongly
-  correlated directions are also the important ones (the weak, poorly correlated directions are the ones
-  CCA's ω = 1 transfers as error). The fit also records ``projection_weights_`` (α / Σ α) and the
-  PWCCA similarity ``Σ α_i ρ_i / Σ α_i`` (eq. 7), equal to :func:`layersim.similarity.pwcca` with
-  ``max_dims=None``.
+  Its error below CCA's (as in Ren's Table 4) is built in, not a finding: for a unit-variance variate of
+  correlation ρ any shrinkage ω ∈ (2ρ − 1, 1) gives ``E(v − ωu)² = 1 − 2ωρ + ω²`` below CCA's ``2 − 2ρ``,
+  and the least-squares optimum ω = ρ is ``cca`` with ``scale_by_correlation=True`` (equal to ``linear``
+  with every component), the map to read it beside. The fit also records ``projection_weights_``
+  (α / Σ α in X's own units) and the PWCCA similarity ``Σ α_i ρ_i / Σ α_i`` (eq. 7) from them, equal to
+  :func:`layersim.similarity.pwcca` with ``max_dims=None``.
 
 Inverse: every linear map has one when ``M`` is square and numerically full rank
 (``x_s = ŷ_s M⁻¹``); otherwise ``inverse`` raises. For ``cca`` with ω = 1 that is ``W_Y W_X⁻¹``.
@@ -194,15 +196,16 @@ class CCAMap(MatrixMap):
 
 
 class PWCCAMap(CCAMap):
-    """Projection-weighted CCA as a map: CCA's map (Ren eq. 6) with each canonical direction weighted
-    by its importance to X, ``M = W_X diag(ω ⊙ α / max α) Λ_Y`` (see the module docstring); equal to
-    :class:`CCAMap`'s with the same options when all ``α_i`` are equal.
+    """layersim's importance-weighted CCA map (not Ren's, who define none): CCA's map (Ren eq. 6) with each
+    canonical direction weighted by its importance to X, ``M = W_X diag(ω ⊙ α / max α) Λ_Y`` (see the module
+    docstring); equal to :class:`CCAMap`'s with the same options when all ``α_i`` are equal.
 
     Parameters: as for :class:`CCAMap`. Extra attributes after ``fit``:
 
-    importance_ : (c,) — ``α_i / max α`` in (0, 1], the factor each canonical variate is scaled by.
-    projection_weights_ : (c,) — ``α_i / Σ α`` with ``α_i = Σ_j |⟨p_i, x_j⟩|`` (Ren eq. 8), ``x_j`` X's
-        centred training columns.
+    importance_ : (c,) — ``α_i / max α`` in (0, 1], the factor each canonical variate is scaled by, with
+        ``α_i = Σ_j |⟨p_i, x_j⟩|`` over X's standardised training columns (unchanged by rescaling a neuron).
+    projection_weights_ : (c,) — ``α_i / Σ α`` (Ren eq. 8) with ``x_j`` X's centred training columns in
+        their own units, as the ``pwcca`` measure.
     similarity_ : float — ``Σ_i α_i ρ_i / Σ_i α_i`` (Ren eq. 7), in [0, 1].
     """
 
@@ -210,11 +213,13 @@ class PWCCAMap(CCAMap):
 
     def _importance(self, xs: np.ndarray) -> np.ndarray:
         variates = xs @ self.x_directions_  # orthonormal columns p_i
-        # X's centred neurons in their own units (Morcos et al.; the pwcca measure), not the standardised ones.
-        alpha = projection_alphas(variates.T @ (xs * self.x_scaler_.scale_))
-        self.projection_weights_ = alpha / alpha.sum()
-        self.importance_ = alpha / alpha.max()
+        # The similarity: X's centred neurons in their own units (Morcos et al.; the pwcca measure).
+        measure = projection_alphas(variates.T @ (xs * self.x_scaler_.scale_))
+        self.projection_weights_ = measure / measure.sum()
         self.similarity_ = float(self.projection_weights_ @ self.correlations_)
+        # The map: in the standardised coordinates it acts on, so that one rescaled neuron changes nothing.
+        alpha = projection_alphas(variates.T @ xs)
+        self.importance_ = alpha / alpha.max()
         return self.importance_
 
 
