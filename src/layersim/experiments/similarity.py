@@ -28,6 +28,8 @@ from layersim.reporting.similarity import PoolingReport, SimilarityOutputs, loca
 from layersim.similarity.comparisons import (RANDOM, attention_maps, moments_stacked_matrix, moments_stacked_null,
                                              per_layer, phang_cells, stacked_matrix, stream_layers, stream_rows,
                                              streamed_moments)
+from layersim.similarity.comparisons import stacked_null
+from layersim.similarity.exchangeability import STREAMED_SAMPLE_ROWS, block_permutations, example_sample, unmovable
 from layersim.similarity.moments import LayerMoments
 from layersim.similarity.null import NullMatrix
 from layersim.similarity.pruning import streamed_pruning_measures
@@ -85,12 +87,39 @@ def layer_sources(tables: dict, labels: dict, measures, options, log=lambda *arg
             matrices[measure] = moments_stacked_matrix(measure, sums, moments=bases, **options.get(measure, {}))
         return matrices[measure]
 
+    groups = next(iter(tables.values())).example_id
+    sample = {}
+
+    def examples(seed):
+        """A random sample of whole examples in memory: a block null needs the rows (exchangeability module)."""
+        if not sample:
+            rows = example_sample(groups, STREAMED_SAMPLE_ROWS, seed)
+            log("block nulls from a sample of %d rows of whole examples", len(rows))
+            sample.update(rows=rows, models={labels[run]: _rows_of(table, rows) for run, table in tables.items()})
+        return sample["rows"], sample["models"]
+
     def streamed_null(measure, cells, permutations, seed):
+        if not block_permutations(num_rows, groups).plain:  # rows of one example: whole examples, from a sample
+            rows, models = examples(seed)
+            if unmovable(len(rows), groups[rows]):
+                return None
+            return stacked_null(measure, models, permutations=permutations, seed=seed, cells=cells,
+                                groups=groups[rows], **options.get(measure, {}))
         sums, bases = accumulated()
         return moments_stacked_null(measure, sums, cells, permutations=permutations, seed=seed,
                                     observed=matrix_of(measure), moments=bases, **options.get(measure, {}))
 
     return (matrix_of, layers, None) if not streamed else (matrix_of, None, streamed_null)
+
+
+def _rows_of(table: ActivationTable, rows: np.ndarray) -> list[np.ndarray]:
+    """Every layer of the table at the given (sorted) rows, read one batch at a time."""
+    parts, start = [], 0
+    for batch in table.iter_batches():
+        chosen = rows[(rows >= start) & (rows < start + len(batch[0]))] - start
+        parts.append([layer[chosen] for layer in batch])
+        start += len(batch[0])
+    return [np.concatenate(layer) for layer in zip(*parts)]
 
 
 def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], measures: Sequence[str],
@@ -160,6 +189,9 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
                                   f"similarity ({pooling})", streamed=layers is None)
         if shortfall:
             warn("%s", shortfall)
+        blocks = block_permutations(orig.num_rows, orig.example_id)  # rows of one example move together
+        if not unmovable(orig.num_rows, orig.example_id) and blocks.note(uncertainty.significance):
+            warn("similarity (%s): %s", pooling, blocks.note(uncertainty.significance))
         report = phang_report(sizes, matrix_of, measures, f"{pooling.upper()} representations — {model} on {task}{flagged}",
                               layers=layers, options=options, uncertainty=uncertainty, groups=orig.example_id,
                               streamed_null=streamed_null)
@@ -170,9 +202,13 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
         if layers is None:
             without = [m for m in measures if "null" not in metrics[m]]
             rotated = [m for m in measures if metrics[m].get("null", {}).get("method") == "rotation"]
+            blocked = [m for m in measures if metrics[m].get("null", {}).get("method") == "block permutation"]
             metrics["null"] = ("tables streamed (larger than memory): no bootstrap intervals"
                                + (f"; a rotation null (rows rotated, not shuffled) for {', '.join(rotated)}"
                                   if rotated else "")
+                               + (f"; block nulls (whole examples permuted) from a random sample of whole examples "
+                                  f"of at most {STREAMED_SAMPLE_ROWS} rows, their observed values computed on it, for "
+                                  f"{', '.join(blocked)}" if blocked else "")
                                + (f"; no permutation null for {', '.join(without)}" if without else ""))
             warn("%s: tables streamed, so no bootstrap interval%s", pooling,
                  f" and no permutation null for {', '.join(without)}" if without else "")

@@ -23,6 +23,14 @@ exact; it loses power (a fixed example is paired with itself in every draw, whic
 when too few can for a p-value to reach a significance level. When no row can move, the null is a point mass at
 the observed value: :meth:`BlockPermutations.check` refuses it.
 
+Streamed tables (larger than memory): a block permutation needs the rows, which the streamed moments no longer
+hold, and the rotation null of the moments treats rows as exchangeable too. So with blocks, a streamed table's
+null comes from a random sample of whole examples held in memory (:func:`example_sample`, at most
+:data:`STREAMED_SAMPLE_ROWS` rows): its block null *and the observed value its p-value is compared with* are both
+computed on the sample, so the p-value is exact for the sample (a test of the same H0 on fewer examples, less
+power); the value reported stays the whole table's, and the null mean is the sample's (at fewer rows, so a
+measure's upward bias is larger there: the chance-adjusted value is conservative).
+
 When every example has one row and there is one stratum, a draw is ``rng.permutation(n)``: today's row
 permutation, the same draws for a seed, and linear CKA keeps its exact moments (layersim.similarity._rv, which
 are moments of the row-permutation distribution; with blocks it falls back to sampled block permutations).
@@ -42,6 +50,9 @@ from layersim.errors import LayersimError
 # the stages draw at least this many block permutations for it: the smallest p-value 1/200 instead of the
 # 1/(permutations + 1) of e.g. the quickstart's 20 (measured cost: benchmarks/calibration.py --cost).
 LINEAR_CKA_BLOCK_PERMUTATIONS = 199
+# A streamed table (too large for memory) gets its block null from a random sample of whole examples of at most
+# this many rows, held in memory (:func:`example_sample`).
+STREAMED_SAMPLE_ROWS = 2048
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,16 @@ def block_permutations(num_rows: int, groups: np.ndarray | None = None,
         members = starts[np.flatnonzero(inverse.ravel() == k)]
         classes.append(order[members[:, None] + np.arange(size)[None, :]])
     return BlockPermutations(num_rows, tuple(classes), False)
+
+
+def example_sample(groups: np.ndarray, max_rows: int, seed: int) -> np.ndarray:
+    """Rows (in table order) of whole examples drawn uniformly at random without replacement
+    (``np.random.default_rng(seed)``) while their rows add up to at most `max_rows`: the in-memory sample a
+    streamed table's block null is computed on (its observed values too, so its p-values are exact)."""
+    codes = _codes(groups, len(groups), "groups")
+    sizes = np.bincount(codes)
+    order = np.random.default_rng(seed).permutation(len(sizes))
+    return np.flatnonzero(np.isin(codes, order[np.cumsum(sizes[order]) <= max_rows]))
 
 
 def unmovable(num_rows: int, groups: np.ndarray | None = None, strata: np.ndarray | None = None) -> str | None:
