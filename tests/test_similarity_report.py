@@ -51,8 +51,9 @@ def test_every_reported_cell_carries_its_null_and_chance_cells_are_hatched():
         assert ft_orig["p_value"]["layer_03"] > 0.05
         assert ft_orig["null_mean"]["layer_03"] == pytest.approx(ft_orig["diagonal"]["layer_03"], abs=0.1)
         assert ft_orig["ci_low"]["layer_00"] <= ft_orig["diagonal"]["layer_00"] + 1e-9
-    assert report.metrics["linear_cka"]["null"] == {"method": "exact", "permutations": 0}
-    assert report.metrics["neuronsim"]["null"] == {"method": "permutation", "permutations": 40}
+    # Rows come in pairs of one example (groups): whole examples are permuted, linear CKA's at least 199 times.
+    assert report.metrics["linear_cka"]["null"] == {"method": "block permutation", "permutations": 199}
+    assert report.metrics["neuronsim"]["null"] == {"method": "block permutation", "permutations": 40}
     # The figure hatches exactly the cells whose p-value, corrected over its heatmap (BH by default), is at
     # least the significance level; every row with a p-value carries its corrected value.
     tested = [row for row in report.rows if row["p_value"] is not None]
@@ -68,7 +69,8 @@ def test_a_cell_null_is_the_per_pair_permutation_test():
     models = _models()
     report = _report(models, measures=("svcca",), bootstrap=0)
     row = next(r for r in report.rows if r["comparison"] == "FT–ORIG" and r["y_layer"] == 2 and r["x_layer"] == 3)
-    single = permutation_test("svcca", models["FT[1]"][2], models["ORIG"][3], permutations=40, seed=0)
+    single = permutation_test("svcca", models["FT[1]"][2], models["ORIG"][3], permutations=40, seed=0,
+                              groups=np.arange(N) // 2)
     assert row["p_value"] == pytest.approx(single.p_value, abs=1e-6)
     assert row["null_mean"] == pytest.approx(single.null_mean, abs=1e-6)
     assert "ci_low" not in report.metrics["svcca"]["ft_orig"]  # bootstrap: 0 computes no interval
