@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from layersim import cli
-from layersim.training.convergence import checkpoint_note
+from layersim.training.convergence import checkpoint_note, flagged_seeds
 from layersim.compute.device import resolve_device, resolve_precision
 from layersim.training.heads import HeadParams
 from layersim.reporting.headlines import truncate_headline, write_metrics
@@ -55,10 +55,10 @@ def main(args, params):
                                                   initial_head(args.pretrained, spec, seed) if own else None))
         cli.log.info("seed %d: full %s %.4f, untuned by exit layer %s", seed, spec.primary_metric, full[-1],
                      np.round(per_seed["untuned"][-1], 3).tolist())
-
     orig = cls("orig")
     baseline = majority_score(spec, cls("orig", "train"), orig)
-    metrics, rows = truncation_summary(per_seed, full, baseline, params.seeds, p.tolerance, spec.primary_metric)
+    metrics, rows = truncation_summary(per_seed, full, baseline, params.seeds, p.tolerance, spec.primary_metric,
+                                       flagged_seeds(args.checkpoints, params.seeds))  # the converged-only means
     title = f"truncation — {orig.metadata['model']} on {spec.name}" + checkpoint_note(args.checkpoints, params.seeds)
     write_figure(truncation_curves(per_seed, full, baseline, spec.primary_metric, title), args.plots / f"{spec.name}.png")
     write_json(rows, args.plots / f"{spec.name}.json")

@@ -138,7 +138,7 @@ def test_freeze_report_scores_each_run_beside_its_unfrozen_run():
             FreezeRun(top, 1, 0.85), FreezeRun(top, 2, 0.85)]
     flops = {"bottom2": {"backward_flops_saved": 0.5, "training_flops_saved": 0.25}}
     full, rows, figure = _report(spec, runs, flops)
-    assert full["unfrozen"] == {"score": 0.85, "not_converged": 0,
+    assert full["unfrozen"] == {"score": 0.85, "score_converged": 0.85, "not_converged": 0,
                                 "baseline": "the finetune stage's run of the same recipe and seed"}
     assert full["recipe"] == {"name": "finetune", "batch_size": 4}
     assert full["bottom2"]["score"] == pytest.approx(0.8) and full["bottom2"]["score_change"] == pytest.approx(-0.05)
@@ -179,6 +179,10 @@ def test_freeze_report_flags_runs_that_did_not_converge():
     assert freeze_headline(full)["not_converged"] == 2
     assert full["unfrozen"]["not_converged"] == 1 and full["bottom2"]["not_converged"] == 0
     assert full["bottom2"]["unfrozen_not_converged"] == 1
+    # the converged-only means leave the flagged runs out; the all-runs means keep them
+    assert full["unfrozen"]["score"] == pytest.approx(0.5685) and full["unfrozen"]["score_converged"] == 0.768
+    assert full["top2"]["score"] == pytest.approx(0.525) and full["top2"]["score_converged"] == 0.75
+    assert full["bottom2"]["score_converged"] == pytest.approx(0.7685)
     labels = [tick.get_text().split("\n")[0] for tick in figure.axes[0].get_xticklabels()]
     assert labels == ["bottom 2", "top 2 (not converged: 1 of 2)"]
     assert figure.axes[0].get_legend().get_texts()[0].get_text().startswith("unfrozen (not converged: 1 of 2)")

@@ -115,3 +115,24 @@ def test_two_pretraining_seeds_fine_tuned_and_compared_over_pairs(project):
     assert injection["references"]["target itself"]["mean"] == pytest.approx(target, abs=1e-6)
     for name in ("pretraining_seeds.png", "pretraining_seeds_injection.png"):
         assert (root / f"plots/align/{TASK}/{name}").read_bytes()[:4] == b"\x89PNG", name
+
+
+def test_injection_means_over_converged_pairs_leave_out_pairs_with_a_flagged_model(tmp_path, monkeypatch):
+    """Review §5c: a fine-tuned pretraining model that did not converge is named in the metrics and the figure
+    titles, and the injection means are given over the pairs of converged models beside the all-pairs means."""
+    from layersim.experiments.pretraining_seeds import PretrainingSeeds
+
+    pairs = [("a", "b"), ("a", "c"), ("b", "c")]
+    injection = [{"methods": {"linear": v}, "references": {"target": 0.9}} for v in (0.8, 0.2, 0.6)]
+    errors = {state: [{"linear": [0.1, 0.2]}] * 3 for state in ("pretrained", "finetuned")}
+    seeds = PretrainingSeeds(pairs, errors, {}, injection, {"train_rows": 4, "test_rows": 4},
+                             {"c": "its validation accuracy 0.500 is not above the best constant predictor's 0.500"})
+    metrics = seeds.metrics()
+    assert metrics["injection"]["methods"]["linear"]["mean"] == pytest.approx(1.6 / 3, abs=1e-6)
+    assert metrics["injection_converged"] == {"methods": {"linear": 0.8}, "references": {"target": 0.9}}
+    assert metrics["converged_pairs"] == 1 and list(metrics["not_converged"]) == ["c"]
+    titles = []
+    monkeypatch.setattr("layersim.experiments.pretraining_seeds.write_figure", lambda figure, path: titles.append(
+        figure._suptitle.get_text() if figure._suptitle else figure.axes[0].get_title()))
+    seeds.write_figures(tmp_path, "rte", "accuracy")
+    assert titles and all(title.endswith("c not converged") for title in titles), titles

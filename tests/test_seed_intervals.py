@@ -12,7 +12,7 @@ import pytest
 from layersim.similarity.comparisons import phang_comparisons, stacked_matrix, summarize
 from layersim.reporting.headlines import similarity_headline
 from layersim.reporting.page import similarity_tables
-from layersim.similarity.seeds import over_seeds
+from layersim.similarity.seeds import converged_mean, over_seeds, seed_metrics
 
 # t(0.975, 2 df) in closed form: with 2 df the CDF is 1/2 + t / (2·sqrt(2 + t²)), so t / sqrt(2 + t²) = 0.95.
 T_975_2 = math.sqrt(2 * 0.95**2 / (1 - 0.95**2))
@@ -29,7 +29,7 @@ def test_three_seeds_give_the_hand_computed_t_interval():
         assert spread.mean[layer] == pytest.approx(mean)
         assert spread.sd[layer] == pytest.approx(sd)
         assert (spread.low[layer], spread.high[layer]) == pytest.approx((mean - half, mean + half))
-    assert spread.seeds == 3 and "t-interval over 3 seeds" in spread.note and "2 df" in spread.note
+    assert spread.seeds == 3 and "n = 3 (2 df) on every layer" in spread.note
 
 
 def test_two_seeds_give_values_and_range_and_say_why_there_is_no_interval():
@@ -49,6 +49,34 @@ def test_identical_seeds_collapse_the_interval_and_undefined_layers_stay_undefin
     # A wider confidence gives a wider interval around the same mean.
     wide = over_seeds(values, confidence=0.99)
     assert wide.low[2] < spread.low[2] < spread.mean[2] < spread.high[2] < wide.high[2]
+
+
+def test_the_interval_is_clipped_to_the_measures_range():
+    """Review §11c: CKA 0.97, 0.99, 0.999 give mean 0.98633, sd 0.014844, upper bound 0.98633 + 4.3027·0.014844/√3
+    = 1.0232 unclipped; CKA's range [0, 1] caps it at 1 and leaves the lower bound alone."""
+    values = np.array([[0.97], [0.99], [0.999]])
+    assert over_seeds(values).high[0] == pytest.approx(1.0232, abs=1e-4)
+    clipped = over_seeds(values, bounds=(0.0, 1.0))
+    assert clipped.high[0] == 1.0 and clipped.low[0] == pytest.approx(over_seeds(values).low[0])
+    assert "clipped to the measure's range [0, 1]" in clipped.note
+
+
+def test_the_note_counts_the_seeds_defined_on_each_layer():
+    values = np.array([[0.5, 0.6, 0.1], [0.7, np.nan, 0.2], [0.9, 0.8, np.nan]])  # layers 1, 2: two seeds each
+    spread = over_seeds(values)
+    assert "n = 3 (2 df) on 1 of 3 layers; 2 with n = 2" in spread.note
+    assert np.isnan(spread.low[1:]).all() and np.isfinite(spread.low[0])
+
+
+def test_the_converged_only_mean_leaves_the_flagged_runs_out():
+    runs = {"FT[1]": np.array([0.8, 0.6]), "FT[2]": np.array([0.2, np.nan]), "FT[3]": np.array([0.6, 0.4])}
+    assert converged_mean(runs, {"FT[2]"}) == pytest.approx([0.7, 0.5])
+    assert converged_mean(runs) == pytest.approx([1.6 / 3, 0.5])  # all runs, NaN left out
+    assert np.isnan(converged_mean(runs, set(runs))).all()
+    assert converged_mean({1: 0.9, 2: 0.5}, {2}) == pytest.approx(0.9)   # scalars: freeze's scores per seed
+    entry = seed_metrics(runs, list, flagged={"FT[2]"})
+    assert entry["seed_mean_converged"] == pytest.approx([0.7, 0.5]) and entry["seeds_converged"] == 2
+    assert entry["seed_mean"] == pytest.approx([1.6 / 3, 0.5])
 
 
 def _models(seeds: int, rng: np.random.Generator, n: int = 60, width: int = 4) -> dict[str, list[np.ndarray]]:

@@ -142,7 +142,8 @@ def test_truncation_summary_of_a_small_exact_case() -> None:
     assert metrics["full"] == 0.9 and metrics["majority_baseline"] == 0.5
     assert metrics["untuned"] == {"layer_00": 0.5, "layer_01": 0.8, "layer_02": 0.9}
     assert metrics["fewest_layers_untuned_within_tolerance"] == 2 and metrics["droppable_top_layers_untuned"] == 0
-    assert len(rows) == 2 * 2 * 3 and rows[0] == {"variant": "untuned", "seed": 1, "layer": 0, "score": 0.5}
+    assert len(rows) == 2 * 2 * 3 and rows[0] == {"variant": "untuned", "seed": 1, "layer": 0, "score": 0.5,
+                                                  "converged": True}
     # Two seeds: their range, and no interval over seeds.
     assert metrics["over_seeds"]["untuned"]["seed_range"] == {"layer_00": 0.0, "layer_01": 0.2, "layer_02": 0.0}
     assert "seed_ci_low" not in metrics["over_seeds"]["untuned"]
@@ -162,6 +163,19 @@ def test_truncation_summary_gives_a_t_interval_over_three_seeds() -> None:
     untuned = metrics["over_seeds"]["untuned"]
     assert untuned["seed_sd"]["layer_00"] == 0.0 and untuned["seed_ci_high"]["layer_01"] == pytest.approx(0.8 + half,
                                                                                                         abs=1e-6)
+
+
+def test_truncation_summary_leaves_a_flagged_seed_out_of_the_converged_only_mean() -> None:
+    from layersim.experiments.truncation import truncation_summary
+
+    per_seed = {"untuned": [[0.5, 0.8], [0.5, 0.9], [0.3, 0.3]], "tuned": [[0.6, 0.8], [0.6, 0.9], [0.2, 0.4]]}
+    metrics, rows = truncation_summary(per_seed, [0.8, 0.9, 0.3], 0.5, [1, 2, 3], 0.05, "accuracy", flagged=[3])
+    assert metrics["full"] == pytest.approx(2.0 / 3)  # the headline stays the all-runs mean
+    full, untuned = metrics["over_seeds"]["full"], metrics["over_seeds"]["untuned"]
+    assert full["seed_mean_converged"] == pytest.approx(0.85) and full["seeds_converged"] == 2
+    assert untuned["seed_mean_converged"] == pytest.approx({"layer_00": 0.5, "layer_01": 0.85})
+    assert untuned["seed_mean"]["layer_01"] == pytest.approx(2.0 / 3, abs=1e-6)
+    assert {row["seed"] for row in rows if not row["converged"]} == {3}
 
 
 # --- skip predicted from similarity (layersim.similarity.pruning) ---

@@ -29,6 +29,7 @@ from layersim.models.freezing import FREEZE_SIDES, LayerShape, flops_saved
 from layersim.models.registry import read_json
 from layersim.params.schema import WU_DEPTH
 from layersim.reporting.freeze_plots import change_label, freeze_bars
+from layersim.similarity.seeds import converged_mean
 from layersim.training.convergence import NOT_CONVERGED, enforce, metrics_record, run_flags
 
 
@@ -95,7 +96,7 @@ def freeze_report(spec: TaskSpec, num_layers: int, runs: Sequence[FreezeRun], re
     """The full results, the plot rows and the bar chart.
 
     Full: the recipe; the unfrozen runs (mean score, how many did not converge, where they come from); per
-    configuration its mean score, the change against the unfrozen runs of the same seeds, the unfrozen mean
+    configuration its mean score (``score_converged``: over converged runs only, as for the unfrozen), the change against the unfrozen runs of the same seeds, the unfrozen mean
     and unconverged count beside it, per seed, runs not converged, and `flops` (label → the shares of backward
     and training FLOPs saved). Rows: one per run, frozen ones with their seed's unfrozen score and verdict
     beside them. The chart: score per configuration with its backward FLOPs saved, the unfrozen score as a
@@ -108,13 +109,14 @@ def freeze_report(spec: TaskSpec, num_layers: int, runs: Sequence[FreezeRun], re
             {run.seed: run.convergence or {"score": run.score} for run in runs if run.config == config}).items()}
     full = {"metric": spec.primary_metric, "num_layers": num_layers, "recipe": recipe,
             "unfrozen": {"score": _mean(run.score for run in unfrozen.values()),
+                         "score_converged": _converged_mean(unfrozen.values(), flags),
                          "not_converged": sum(config is None for config, _ in flags),
                          "baseline": BASELINES[recipe["name"]]}}
     bars = {}
     for config in configs:
         mine = [run for run in runs if run.config == config]
         entry = {"side": config.side, "layers": config.layers, "of_twelve": config.of_twelve,
-                 "score": _mean(run.score for run in mine),
+                 "score": _mean(run.score for run in mine), "score_converged": _converged_mean(mine, flags),
                  "score_change": _mean(run.score - unfrozen[run.seed].score for run in mine),
                  "unfrozen_score": _mean(unfrozen[run.seed].score for run in mine),
                  "unfrozen_not_converged": sum((None, run.seed) in flags for run in mine),
@@ -167,6 +169,12 @@ def freeze_headline(full: dict) -> dict:
                 for label, entry in full.items() if isinstance(entry, dict) and "score_change" in entry}
     return headline | {"not_converged": sum(entry.get("not_converged", 0) for entry in full.values()
                                             if isinstance(entry, dict))}
+
+
+def _converged_mean(runs: Iterable[FreezeRun], flags: Mapping) -> float | None:
+    """The mean score of the runs not flagged (layersim.similarity.seeds.converged_mean), beside the all-runs mean."""
+    value = converged_mean({(run.config, run.seed): run.score for run in runs}, flags)
+    return round(float(value), 6) if np.isfinite(value) else None
 
 
 def _mean(values: Iterable[float | None]) -> float | None:

@@ -32,9 +32,11 @@ from layersim.errors import LayersimError
 from layersim.experiments.extract import extract_activations, extract_task_attention
 from layersim.experiments.injection import head_score, injected_score
 from layersim.experiments.truncation import full_score, initial_head, load_for_validation, primary_score
-from layersim.models.registry import load_encoder, load_tokenizer, model_shape, verified_info
+from layersim.models.registry import load_encoder, load_tokenizer, model_info, model_shape, verified_info
 from layersim.params import Params, pretraining_pairs
 from layersim.reporting.plots import alignment_error_curves, method_bars
+from layersim.similarity.seeds import converged_mean
+from layersim.training.convergence import run_flags, title_note
 
 STATES = ("pretrained", "finetuned")  # before and after fine-tuning (Ren Fig. 2/4 against Fig. 5)
 
@@ -54,6 +56,7 @@ class PretrainingSeeds:
     attention: dict[str, list[dict[str, list[float]]]]    # state → per pair: method → error per layer (1 … L)
     injection: list[dict[str, dict[str, float]]]          # per pair: {"methods": …, "references": …}
     rows: dict[str, int] = field(default_factory=dict)    # train and test examples
+    flagged: dict[str, str] = field(default_factory=dict)  # fine-tuned models that did not converge → why
 
     def metrics(self) -> dict:
         """Mean ± sd over the pairs (layers as layer_XX keys, the details file's form)."""
@@ -72,7 +75,14 @@ class PretrainingSeeds:
                     for name, s in stats.items()}
 
         injection = {part: scores(part) for part in ("methods", "references")}
+        # Beside the all-pairs means: over the pairs whose two fine-tuned models both converged.
+        dropped = {k for k, pair in enumerate(self.pairs) if set(pair) & set(self.flagged)}
+        converged = {part: {name: _number(converged_mean({k: p[part][name] for k, p in enumerate(self.injection)},
+                                                         dropped)) for name in self.injection[0][part]}
+                     for part in ("methods", "references")} if self.injection else {}
         return {"pairs": "; ".join(f"{a}→{b}" for a, b in self.pairs), "num_pairs": len(self.pairs), **self.rows,
+                "not_converged": dict(self.flagged), "converged_pairs": len(self.pairs) - len(dropped),
+                "injection_converged": converged,
                 "alignment": {state: grouped(self.errors[state], 0) for state in STATES},
                 **({"attention": {state: grouped(self.attention[state], 1) for state in STATES}}
                    if self.attention else {}),
@@ -94,12 +104,14 @@ class PretrainingSeeds:
 
     def write_figures(self, plots: Path, task: str, metric: str) -> None:
         """pretraining_seeds.png (Ren Fig. 2, 4, 5) and pretraining_seeds_injection.png (Table 5: mean over pairs)."""
+        flagged = title_note(list(self.flagged))  # marks the fine-tuned models that did not converge
         write_figure(alignment_error_curves(self.panels(), f"alignment error per layer between pretraining seeds, "
-                                                           f"before and after fine-tuning on {task}"),
+                                                           f"before and after fine-tuning on {task}{flagged}"),
                      plots / "pretraining_seeds.png")
         injection = self.metrics()["injection"]
         write_figure(method_bars({m: s["mean"] for m, s in injection["methods"].items()},
-                                 f"injection between pretraining seeds, mean over {len(self.pairs)} pairs ({task})",
+                                 f"injection between pretraining seeds, mean over {len(self.pairs)} pairs ({task})"
+                                 f"{flagged}",
                                  metric, {r: s["mean"] for r, s in injection["references"].items()}),
                      plots / "pretraining_seeds_injection.png")
 
@@ -149,8 +161,14 @@ def pretraining_seeds(inputs: SeedInputs, options: dict, log=lambda *args: None)
                                                        paths[target, state, "attention"], a, options))
             injection.append(_inject(inputs, source, target, paths, tables["validation"], options, a.seed + k, device))
             log("aligned %s→%s before and after fine-tuning, and injected it", source, target)
+    flagged = run_flags({name: model_info(inputs.folder(name, "finetuned")).get("convergence") for name in names})
     return PretrainingSeeds(pairs, errors, attention, injection,
-                            {"train_rows": tables["train"].num_rows, "test_rows": tables["validation"].num_rows})
+                            {"train_rows": tables["train"].num_rows, "test_rows": tables["validation"].num_rows},
+                            flagged)
+
+
+def _number(value) -> float | None:
+    return round(float(value), 6) if np.isfinite(value) else None
 
 
 def _check_before_work(inputs: SeedInputs, names: list[str]) -> None:

@@ -14,7 +14,7 @@ metrics say so."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +36,7 @@ from layersim.similarity.pruning import streamed_pruning_measures
 from layersim.similarity.registry import check_computable
 from layersim.similarity.results import (Uncertainty, finetuned_labels, localization_of, phang_result,
                                          reach_warning, settings, trained_labels)
-from layersim.training.convergence import checkpoint_note
+from layersim.training.convergence import checkpoint_flags, title_note
 
 
 def run_labels(seeds, random_control: int | None = None) -> dict[str, str]:
@@ -126,8 +126,8 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
                  title: str, *, layers: Callable[[], dict[str, list]] | None = None,
                  options: dict[str, dict] | None = None, uncertainty: Uncertainty | None = None,
                  groups: np.ndarray | None = None, first_layer: int = 0, attention: bool = False,
-                 streamed_null: Callable[[str, np.ndarray, int, int], NullMatrix | None] | None = None
-                 ) -> PoolingReport:
+                 streamed_null: Callable[[str, np.ndarray, int, int], NullMatrix | None] | None = None,
+                 flagged: Collection[str] = ()) -> PoolingReport:
     """Stacked matrices per measure (`matrix_of(measure)`, layers per model in `sizes`: ORIG, then FT[1], FT[2], …)
     as Phang et al.'s comparisons: each measure's numbers computed (layersim.similarity.results), then reported
     (layersim.reporting.similarity.phang_summary).
@@ -151,7 +151,8 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
                                  uncertainty.permutations, uncertainty.seed)
         results.append(phang_result(measure, matrix, sizes, models=models, null=null, uncertainty=uncertainty,
                                     groups=groups, options=options.get(measure, {})))
-    return phang_summary(results, sizes, title, uncertainty=uncertainty, first_layer=first_layer, attention=attention)
+    return phang_summary(results, sizes, title, uncertainty=uncertainty, first_layer=first_layer, attention=attention,
+                         flagged=flagged)
 
 
 def pruning_pooling(poolings: Sequence[str]) -> str:
@@ -169,7 +170,8 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
     options, uncertainty = settings(p)
     out, localization_rows = SimilarityOutputs(), []
     known = run_metadata(checkpoints, params.seeds, p.random_control)
-    flagged = checkpoint_note(checkpoints, params.seeds)  # runs that did not converge
+    flags = checkpoint_flags(checkpoints, params.seeds)  # runs that did not converge, by label
+    flagged = title_note(list(flags))
     model = params.model
     for pooling, measures in p.measures.items():
         tables = {run: ActivationTable(activations / f"{run}.{pooling}.parquet", expect={
@@ -194,7 +196,7 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
             warn("similarity (%s): %s", pooling, blocks.note(uncertainty.significance))
         report = phang_report(sizes, matrix_of, measures, f"{pooling.upper()} representations — {model} on {task}{flagged}",
                               layers=layers, options=options, uncertainty=uncertainty, groups=orig.example_id,
-                              streamed_null=streamed_null)
+                              streamed_null=streamed_null, flagged=set(flags))
         metrics = out.metrics[pooling] = report.metrics
         for measure in measures:
             if metrics[measure].get("no_null"):

@@ -15,7 +15,7 @@ Scores are the task's primary metric on validation examples.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 import numpy as np
 import torch
@@ -249,10 +249,12 @@ def mean_over_seeds(per_seed: Iterable[list[float]]) -> list[float]:
 
 
 def truncation_summary(per_seed: dict[str, list], full: list[float], baseline: float, seeds, tolerance: float,
-                       metric: str) -> tuple[dict, list[dict]]:
+                       metric: str, flagged: Collection[int] = ()) -> tuple[dict, list[dict]]:
     """The truncate stage's metrics (seed means per variant and exit layer, the full model, the majority
-    baseline, how many top layers the untuned and tuned models can drop within `tolerance`) and its plot
-    rows (one per variant, seed and exit layer)."""
+    baseline, how many top layers the untuned and tuned models can drop within `tolerance`; under
+    ``over_seeds`` also the mean without the `flagged` seeds' runs) and its plot rows (one per variant, seed
+    and exit layer, with whether the seed's run converged)."""
+    unconverged = {f"seed{s}" for s in flagged}
     mean = {variant: np.mean(runs, axis=0) for variant, runs in per_seed.items()}
     fewest = fewest_layers_within(mean["untuned"].tolist(), float(np.mean(full)), tolerance)
     fewest_tuned = fewest_layers_within(mean["tuned"].tolist(), float(np.mean(full)), tolerance)
@@ -269,11 +271,13 @@ def truncation_summary(per_seed: dict[str, list], full: list[float], baseline: f
            for variant, values in mean.items()},
         # Seeds as the unit: each seed's curve is one observation (mean ± sd, a t-interval with >= 3 seeds).
         "over_seeds": {"full": seed_metrics({f"seed{s}": np.array([v]) for s, v in zip(seeds, full)},
-                                            lambda values: _rounded(values[0])),
+                                            lambda values: _rounded(values[0]), flagged=unconverged),
                        **{variant: seed_metrics({f"seed{s}": np.asarray(run) for s, run in zip(seeds, runs)},
-                                                _per_layer) for variant, runs in per_seed.items()}},
+                                                _per_layer, flagged=unconverged)
+                          for variant, runs in per_seed.items()}},
     }
-    rows = [{"variant": variant, "seed": seed, "layer": k, "score": round(float(v), 6)}
+    rows = [{"variant": variant, "seed": seed, "layer": k, "score": round(float(v), 6),
+             "converged": seed not in flagged}
             for variant, runs in per_seed.items() for seed, run in zip(seeds, runs) for k, v in enumerate(run)]
     return metrics, rows
 

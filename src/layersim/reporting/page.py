@@ -96,14 +96,16 @@ def _last(values: Mapping[str, object]) -> object:
 
 
 def _over_seeds(entry: Mapping, pairs: Mapping | None = None) -> str:
-    """A comparison's top layer over the fine-tuning seeds (layersim.similarity.seeds), as the report states it."""
+    """A comparison's top layer over the seeds (layersim.similarity.seeds), and over converged runs if any is not."""
+    beside = (f"; converged runs only ({entry['seeds_converged']}): {fmt(_last(entry['seed_mean_converged']))}"
+              if entry.get("seeds_converged", 99) < entry.get("seeds", 0) else "")
     if entry.get("seed_ci_low"):
         return (f"{fmt(_last(entry['seed_mean']))} ± {fmt(_last(entry['seed_sd']))} "
                 f"[{fmt(_last(entry['seed_ci_low']))}, {fmt(_last(entry['seed_ci_high']))}] "
-                f"({entry.get('seeds')} seeds)")
+                f"({entry.get('seeds')} seeds){beside}")
     if entry.get("seed_range"):
         values = ", ".join(fmt(_last(v)) for v in (entry.get("seed_values") or {}).values())
-        return f"{values} (range {fmt(_last(entry['seed_range']))}; an interval needs ≥ 3 seeds)"
+        return f"{values} (range {fmt(_last(entry['seed_range']))}; an interval needs ≥ 3 seeds){beside}"
     if pairs:
         return (f"{fmt(_last(pairs['mean']))} ± {fmt(_last(pairs['sd']))} over {pairs.get('pairs')} seed pairs "
                 "(no interval: the pairs share seeds)")
@@ -148,11 +150,11 @@ def similarity_tables(details: Mapping, significance: float) -> list[Table]:
                                 "over seeds: mean ± sd [95% t-interval]", "FT[1]'s value",
                                 "FT[1]'s 95% interval over examples (bootstrap)", "null mean", "p-value",
                                 "corrected over cells by", f"above chance (p < {significance:g})"], rows,
-                                "Over seeds: each seed's fine-tuned model in FT's place, a t-interval over their "
-                                "values (n − 1 df) with 3 seeds or more; the bootstrap interval resamples the "
-                                "examples of FT[1] alone and says nothing of another fine-tuning run. RANDOM: the "
-                                "same architecture with random-init weights. The null shuffles the rows of one side: "
-                                "what unrelated representations of this size score. A value near its null mean says "
+                                "Over seeds: each seed's model in FT's place; a t-interval (n − 1 df, ≥ 3 seeds, "
+                                "clipped to the range) conditional on the examples, ORIG and RANDOM's one draw; then "
+                                "the mean over converged runs only if a run is flagged. The bootstrap resamples FT[1]'s"
+                                " examples alone. RANDOM: random-init weights. The null shuffles the rows of one side: "
+                                "what unrelated representations of this size score; a value near its null mean says "
                                 "nothing about the layers. The p-value is corrected over the heatmap's cells "
                                 "(fdr_bh: Benjamini–Hochberg q; holm: Holm-adjusted p; none: per cell)."))
         if block_rows:

@@ -7,7 +7,7 @@ computes a similarity, a null or an interval; the stage writes what this returns
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,11 +73,12 @@ class PoolingReport:
 
 def phang_summary(results: Sequence[MeasureResult], sizes: dict[str, int], title: str, *,
                   uncertainty: Uncertainty | None = None, first_layer: int = 0,
-                  attention: bool = False) -> PoolingReport:
+                  attention: bool = False, flagged: Collection[str] = ()) -> PoolingReport:
     """Each measure's Phang et al. comparisons (layers per model in `sizes`: ORIG, then FT[1], FT[2], …) as one
     row of heatmaps (cells not above chance hatched, blocks of layers outlined), plot rows and metrics; the
     per-layer diagonals with their null, interval and spread over seed pairs as curves, for measures with a null.
-    Row/column 0 is layer `first_layer` (1 for attention maps)."""
+    Row/column 0 is layer `first_layer` (1 for attention maps); `flagged`: labels of runs that did not converge,
+    left out of the seed means' converged-only column."""
     finetuned = finetuned_labels(sizes)
     grid, rows, metrics, curves, curve_bounds, notes = {}, [], {}, {}, {}, {}
     for result in results:
@@ -90,7 +91,7 @@ def phang_summary(results: Sequence[MeasureResult], sizes: dict[str, int], title
         rows += [row for c in comparisons for row in matrix_rows(
             c.matrix, "similarity", comparison=c.title, measure=label, first_layer=first_layer, cells=_cells(c),
             **({} if c.p_adjusted is None else {"correction": uncertainty.correction}))]
-        entry = metrics[measure] = summarize(comparisons, first_layer,
+        entry = metrics[measure] = summarize(comparisons, first_layer, bounds=bounds, flagged=flagged,
                                              adjusted=bool(uncertainty and uncertainty.adjusted))
         if result.unavailable:
             entry["no_null"] = result.unavailable

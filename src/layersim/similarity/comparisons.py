@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -302,12 +302,14 @@ def per_layer(values: np.ndarray, first_layer: int = 0) -> dict[str, float | Non
     return {f"layer_{k + first_layer:02d}": number(v) for k, v in enumerate(values)}
 
 
-def summarize(comparisons: Sequence[Comparison], first_layer: int = 0, *, adjusted: bool = False) -> dict:
+def summarize(comparisons: Sequence[Comparison], first_layer: int = 0, *, adjusted: bool = False,
+              bounds: tuple[float, float] | None = None, flagged: Collection[str] = ()) -> dict:
     """Headline numbers: the per-layer diagonal, its mean, the last layer's value, and for the
     symmetric comparisons the mean off-diagonal similarity (how blocky the matrix is). Means skip
     undefined entries; an undefined single value is null. With a null: the diagonal's null mean,
     p-value and corrected p-value per layer (and the chance-adjusted diagonal when `adjusted`); with a bootstrap interval (examples),
-    its bounds per layer; with per-seed diagonals, their spread over seeds (layersim.similarity.seeds)."""
+    its bounds per layer; with per-seed diagonals, their spread over seeds (layersim.similarity.seeds: the
+    t-interval clipped to the measure's range `bounds`, the mean over the runs not `flagged` by label beside)."""
     summary = {}
     for c in comparisons:
         diagonal = np.diag(c.matrix)
@@ -329,7 +331,8 @@ def summarize(comparisons: Sequence[Comparison], first_layer: int = 0, *, adjust
                 entry["ci_method"] = c.interval_method
                 entry["ci_centre"] = per_layer(c.interval_centre, first_layer)
         if c.per_seed is not None:
-            entry |= seed_metrics(c.per_seed, lambda values: per_layer(values, first_layer))
+            entry |= seed_metrics(c.per_seed, lambda values: per_layer(values, first_layer), flagged=flagged,
+                                  bounds=bounds)
         summary[c.key] = entry
     return summary
 

@@ -6,11 +6,21 @@ and with two seeds the seed-to-seed spread can exceed every effect reported. Her
 observation: their mean, their sample standard deviation (ddof 1) and a two-sided Student t-interval for
 the mean over seeds, mean ± t(1 − α/2, n − 1)·sd/√n, which treats the n per-seed values as independent
 draws from a normal distribution. The interval is given for n ≥ 3 seeds only: with 2, t(0.975, 1) = 12.7
-and the sd rests on one difference, so the two values and their range are reported instead.
+and the sd rests on one difference, so the two values and their range are reported instead. n counts the
+seeds whose value is defined on each layer (a layer where only 2 are defined gets no interval). A measure with
+a range (CKA in [0, 1]) has its interval clipped to it: CKA values 0.97, 0.99, 0.999 give mean + t·sd/√3 = 1.023.
+
+The interval is conditional on the evaluation examples, on ORIG and on the one RANDOM draw (the bootstrap over
+examples is the other half); with 2 df the sd's relative error is about 50 % (1/√(2·df)), so one narrow interval
+over 3 seeds says little.
+
+Runs flagged by the convergence check (layersim.training.convergence) stay in every mean; :func:`converged_mean`,
+the mean over the others, is reported beside it (``seed_mean_converged``) by every stage that averages runs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,17 +41,32 @@ class SeedSpread:
     note: str                      # what the interval is, or why there is none
 
 
-def over_seeds(values: np.ndarray, confidence: float = 0.95) -> SeedSpread:
+def converged_mean(values: Mapping, flagged: Collection = ()) -> np.ndarray:
+    """The mean over the runs (key → value or per-layer values) not in `flagged`, NaNs left out per entry:
+    the converged-runs-only mean beside the all-runs one. NaN where no unflagged run has a value."""
+    kept = np.array([np.asarray(v, dtype=float) for key, v in values.items() if key not in flagged], dtype=float)
+    if kept.size == 0:
+        shape = np.shape(next(iter(values.values()))) if values else ()
+        return np.full(shape, np.nan)
+    finite = np.isfinite(kept)
+    count = finite.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, np.where(finite, kept, 0.0).sum(axis=0) / count, np.nan)
+
+
+def over_seeds(values: np.ndarray, confidence: float = 0.95,
+               bounds: tuple[float, float] | None = None) -> SeedSpread:
     """Mean, sd, `confidence` t-interval and range over the rows of `values` (seeds, layers): one row per
-    fine-tuning seed. Undefined (NaN) values are left out per layer."""
+    fine-tuning seed. Undefined (NaN) values are left out per layer; the interval is clipped to `bounds`,
+    the measure's range, when it has one."""
     from scipy.stats import t as student_t
 
     values = np.atleast_2d(np.asarray(values, dtype=float))
     seeds = len(values)
     finite = np.isfinite(values)
     count = finite.sum(axis=0)
+    mean = converged_mean(dict(enumerate(values)))
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(count > 0, np.where(finite, values, 0.0).sum(axis=0) / count, np.nan)
         spread = np.where(count > 0, np.nanmax(np.where(finite, values, np.nan), axis=0, initial=-np.inf)
                           - np.nanmin(np.where(finite, values, np.nan), axis=0, initial=np.inf), np.nan)
     if seeds < MIN_SEEDS_FOR_INTERVAL:
@@ -54,22 +79,40 @@ def over_seeds(values: np.ndarray, confidence: float = 0.95) -> SeedSpread:
         sd = np.where(count >= 2, np.sqrt(squares / (count - 1)), np.nan)
         quantile = np.where(count >= 2, student_t.ppf(0.5 + confidence / 2, np.maximum(count - 1, 1)), np.nan)
         half = np.where(count >= MIN_SEEDS_FOR_INTERVAL, quantile * sd / np.sqrt(count), np.nan)
-    note = (f"{confidence:.0%} t-interval over {seeds} seeds: mean ± t({0.5 + confidence / 2:g}, {seeds - 1} df)"
-            f"·sd/√{seeds}, the seeds' values taken as independent normal draws")
-    return SeedSpread(seeds, mean, sd, mean - half, mean + half, spread, note)
+    low, high = mean - half, mean + half
+    if bounds is not None:
+        low, high = np.clip(low, *bounds), np.clip(high, *bounds)
+    note = (f"{confidence:.0%} t-interval over the seeds: mean ± t({0.5 + confidence / 2:g}, n − 1 df)·sd/√n, "
+            f"the seeds' values taken as independent normal draws, {_counted(count, seeds)}"
+            + (f"; clipped to the measure's range [{bounds[0]:g}, {bounds[1]:g}]" if bounds is not None else ""))
+    return SeedSpread(seeds, mean, sd, low, high, spread, note)
 
 
-def seed_metrics(per_seed: dict[str, np.ndarray], layer_values) -> dict:
+def _counted(count: np.ndarray, seeds: int) -> str:
+    """Which n each layer's interval rests on: the seeds defined there."""
+    full = int((count == seeds).sum())
+    if full == len(count):
+        return f"n = {seeds} ({seeds - 1} df) on every layer"
+    fewer = ", ".join(f"{int((count == k).sum())} with n = {k}" for k in range(seeds - 1, -1, -1) if (count == k).any())
+    return (f"n = {seeds} ({seeds - 1} df) on {full} of {len(count)} layers; {fewer} "
+            f"(no interval below n = {MIN_SEEDS_FOR_INTERVAL})")
+
+
+def seed_metrics(per_seed: dict[str, np.ndarray], layer_values, *, flagged: Collection = (),
+                 bounds: tuple[float, float] | None = None) -> dict:
     """The metrics entries of one comparison's per-seed diagonals (seed label → per-layer values): ``seeds``,
     ``seed_interval`` (what the interval is, or why there is none), ``seed_values`` by label, ``seed_mean``,
-    and ``seed_sd``, ``seed_ci_low``, ``seed_ci_high`` (≥ 3 seeds) or ``seed_range`` (2 seeds); with one seed
-    only the first two. `layer_values` turns a per-layer array into its metrics form."""
-    spread = over_seeds(np.array(list(per_seed.values())))
+    ``seed_mean_converged`` (over the labels not in `flagged`, :func:`converged_mean`) with ``seeds_converged``,
+    and ``seed_sd``, ``seed_ci_low``, ``seed_ci_high`` (≥ 3 seeds; clipped to `bounds`) or ``seed_range``
+    (2 seeds); with one seed only the first two. `layer_values` turns a per-layer array into its metrics form."""
+    spread = over_seeds(np.array(list(per_seed.values())), bounds=bounds)
     entry = {"seeds": spread.seeds, "seed_interval": spread.note}
     if spread.seeds < 2:
         return entry
     entry |= {"seed_values": {label: layer_values(values) for label, values in per_seed.items()},
-              "seed_mean": layer_values(spread.mean)}
+              "seed_mean": layer_values(spread.mean),
+              "seed_mean_converged": layer_values(converged_mean(per_seed, flagged)),
+              "seeds_converged": sum(label not in flagged for label in per_seed)}
     if spread.low is None:
         return entry | {"seed_range": layer_values(spread.range)}
     return entry | {"seed_sd": layer_values(spread.sd), "seed_ci_low": layer_values(spread.low),

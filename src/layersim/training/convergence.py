@@ -200,6 +200,12 @@ def checkpoint_flags(checkpoints, seeds: Sequence[int]) -> dict[str, str]:
     return run_flags(records)
 
 
+def flagged_seeds(checkpoints, seeds: Sequence[int]) -> list[int]:
+    """The seeds whose checkpoint run is flagged (:func:`checkpoint_flags`, by seed rather than figure label)."""
+    flags = checkpoint_flags(checkpoints, seeds)
+    return [seed for i, seed in enumerate(seeds, start=1) if f"FT[{i}]" in flags]
+
+
 def checkpoint_note(checkpoints, seeds: Sequence[int]) -> str:
     """The title suffix of a figure drawn from the checkpoints' runs: names those that did not converge."""
     return title_note(list(checkpoint_flags(checkpoints, seeds)))
