@@ -179,11 +179,13 @@ def test_a_symmetric_pair_is_one_test_and_the_diagonal_none():
                   [0.011, 1e-12, 0.03],
                   [0.021, 0.031, 1e-12]])
     tested = self_comparison_cells(3)
-    # Holm over the m = 3 pairs (upper triangle): .01·3, .02·2, .03·1 = .03, .04, .03; running max .03, .04, .04.
-    expected = np.array([[NAN, 0.03, 0.04], [0.03, NAN, 0.04], [0.04, 0.04, NAN]])
+    # A pair's p is the larger of its two cells': .011, .021, .031. Holm over the m = 3 pairs: .011·3, .021·2,
+    # .031·1 = .033, .042, .031; running max .033, .042, .042.
+    expected = np.array([[NAN, 0.033, 0.042], [0.033, NAN, 0.042], [0.042, 0.042, NAN]])
     np.testing.assert_allclose(adjusted_p_values(p, "holm", tested, symmetric=True), expected, rtol=1e-12)
     # Asymmetric: the six off-diagonal cells are six tests (the smallest, .01, is multiplied by 6).
     assert adjusted_p_values(p, "holm", tested)[0, 1] == pytest.approx(0.06)
+    assert (adjusted_p_values(p, "fdr_bh", tested, symmetric=True)[tested] >= p[tested]).all()
     assert family_size(tested, symmetric=True) == 3 and family_size(tested) == 6
     with pytest.raises(LayersimError, match="tested has shape"):
         adjusted_p_values(p, "holm", tested[:2])
@@ -206,14 +208,15 @@ def test_the_heatmaps_families_in_the_phang_and_stacked_results():
     p, q = stacked.null.p_value, stacked.p_adjusted
     # Within one model: not tested (NaN, never hatched); between them, the 2 × 2 pairs once, as their own family.
     assert np.isnan(q[:2, :2]).all() and np.isnan(q[2:, 2:]).all() and not stacked.at_chance[:2, :2].any()
-    np.testing.assert_allclose(q[:2, 2:], adjusted_p_values(p[:2, 2:], "holm"), rtol=1e-12)
+    np.testing.assert_allclose(q[:2, 2:], adjusted_p_values(np.fmax(p[:2, 2:], p[2:, :2].T), "holm"), rtol=1e-12)
     np.testing.assert_allclose(q[2:, :2], q[:2, 2:].T, rtol=1e-12)  # linear CKA is symmetric: a pair once
     result = phang_result("linear_cka", stacked.matrix, {"ORIG": 2, "FT[1]": 2}, models=models,
                           uncertainty=uncertainty)
     by_key = {c.key: c for c in result.comparisons}
     for key in ("orig_orig", "ft_ft"):  # a layer against itself is no test; the two off-diagonal cells are one
         c = by_key[key]
-        assert np.isnan(np.diag(c.p_adjusted)).all() and c.p_adjusted[0, 1] == c.p_adjusted[1, 0] == c.p_value[0, 1]
+        pair = max(c.p_value[0, 1], c.p_value[1, 0])
+        assert np.isnan(np.diag(c.p_adjusted)).all() and c.p_adjusted[0, 1] == c.p_adjusted[1, 0] == pair
     ft_orig = by_key["ft_orig"]  # FT layer k against ORIG layer k is a question: every cell is tested
     np.testing.assert_allclose(ft_orig.p_adjusted, adjusted_p_values(ft_orig.p_value, "holm"), rtol=1e-12)
 

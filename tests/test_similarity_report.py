@@ -55,8 +55,12 @@ def test_every_reported_cell_carries_its_null_and_chance_cells_are_hatched():
     assert report.metrics["linear_cka"]["null"] == {"method": "block permutation", "permutations": 199}
     assert report.metrics["neuronsim"]["null"] == {"method": "block permutation", "permutations": 40}
     # The figure hatches exactly the cells whose p-value, corrected over its heatmap (BH by default), is at
-    # least the significance level; every row with a p-value carries its corrected value.
-    tested = [row for row in report.rows if row["p_value"] is not None]
+    # least the significance level; every row with a p-value carries its corrected value but a layer against
+    # itself (the ORIG–ORIG and FT–FT diagonals), which is no test.
+    with_p = [row for row in report.rows if row["p_value"] is not None]
+    itself = [row for row in with_p if row["comparison"] in ("ORIG–ORIG", "FT–FT") and row["y_layer"] == row["x_layer"]]
+    assert itself and all(row["p_adjusted"] is None for row in itself)
+    tested = [row for row in with_p if row not in itself]
     assert all(row["correction"] == "fdr_bh" and row["p_value"] <= row["p_adjusted"] <= 1 for row in tested)
     chance = sum(row["p_adjusted"] >= 0.05 for row in tested)
     assert chance > sum(row["p_value"] >= 0.05 for row in tested) and _hatched(report.figure) == chance
@@ -114,9 +118,12 @@ def test_stacked_report_qualifies_every_cell():
     assert all(row["pooling"] == "cls" and 0.0 <= row["p_value"] <= 1.0 for row in report.rows)
     assert set(report.summary["FT[1]"]) == {"diagonal", "null_mean", "p_value"}
     assert report.summary["FT[1]"]["p_value"]["layer_03"] > 0.05 > report.summary["FT[1]"]["p_value"]["layer_00"]
-    # One heatmap, one family: BH over all its cells.
+    # One heatmap, one family: BH over its cells between two models; a model's own block is not tested.
     assert report.summary["correction"] == "fdr_bh"
-    assert _hatched(report.figure) == sum(row["p_adjusted"] >= 0.05 for row in report.rows)
+    within = [row for row in report.rows if row["comparison"].split(" vs ")[0] == row["comparison"].split(" vs ")[1]]
+    assert within and all(row["p_adjusted"] is None for row in within)
+    assert _hatched(report.figure) == sum(row["p_adjusted"] is not None and row["p_adjusted"] >= 0.05
+                                          for row in report.rows)
     plt.close("all")
 
 

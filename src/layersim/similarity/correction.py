@@ -18,8 +18,9 @@ threshold towards α for the cells in doubt (150 cells at p = 1e-9 beside one at
 (`tested`): a layer compared with itself (the diagonal of ORIG–ORIG and FT–FT, :func:`self_comparison_cells`)
 and, in a stacked matrix, the layers of one model among themselves (:func:`between_model_cells`) are no
 question anyone asks; they keep their p-values and get no adjusted one (NaN: not tested). For a symmetric
-measure cells [i, j] and [j, i] of a self-comparison are one test, counted once (the upper triangle, the
-lower cell given its mirror's adjusted value), which leaves BH unchanged but halves Holm's m. The claims a
+measure cells [i, j] and [j, i] of a self-comparison are one test, counted once (the upper triangle, with the
+larger of the two p-values, which a sampled null draws separately; the lower cell given its mirror's adjusted
+value), which leaves BH nearly unchanged but halves Holm's m. The claims a
 stage states in its metrics are a second family, corrected together across measures and poolings
 (layersim.reporting.headlines).
 """
@@ -60,6 +61,9 @@ def adjusted_p_values(p_values: np.ndarray, method: str, tested: np.ndarray | No
             raise LayersimError(f"symmetric needs a square matrix of p-values, got shape {p.shape}.")
         mirrored = np.tril(family & family.T, k=-1)  # the lower cell of a pair tested both ways
         family = family & ~mirrored
+        # The pair's p-value: the larger of its cells' (equal for an exact null; two draws of a sampled one).
+        p = p.copy()
+        p[mirrored.T] = np.fmax(p[mirrored.T], p.T[mirrored.T])
     out = np.full(p.shape, np.nan)
     finite = np.isfinite(p) & family
     values = p[finite]
