@@ -46,14 +46,85 @@ def _streamed(name: str, x, y, draws: int, seed: int, sample_rows: int) -> float
     return float(null.p_value[0, 0])
 
 
+STRUCTURED_MEASURES = ["linear_cka", "debiased_cka", "rbf_cka", "svcca", "pwcca", "mean_cca", "neuronsim", "mixedsim",
+                       "procrustes", "shape_metric", "rsa", "knn_jaccard"]
+
+
+def _structured_designs(rng: np.random.Generator) -> dict:
+    """Independent x and y (H0 true) that share how their rows are grouped, d = 20: (x, y, groups) makers."""
+    def words(sd, lengths):
+        g = np.repeat(np.arange(len(lengths)), lengths)
+        return lambda: tuple(sd * rng.normal(size=(len(lengths), 20))[g] + rng.normal(size=(len(g), 20))
+                             for _ in range(2)) + (g,)
+
+    unequal = np.random.default_rng(5).integers(5, 16, size=50)  # 50 sentences of 5–15 words (fixed)
+    return {"words sd 0": words(0.0, [10] * 50), "words sd 0.3": words(0.3, [10] * 50),
+            "words sd 1": words(1.0, [10] * 50), "4-choice sd 1": words(1.0, [4] * 100),
+            "unequal words sd 1": words(1.0, unequal)}
+
+
+def structured(draws: int, permutations: int, measures, streamed: bool) -> None:
+    """Structured data (issue 47): the words of sentences (50 × 10, sentence effect sd 0, 0.3, 1), 4-choice
+    examples (100 × 4, example sd 1) and sentences of unequal length (50 of 5–15 words, sd 1), x and y independent
+    with unit row noise, d = 20. False-positive rate at α = 0.05 (target 0.05 ± 0.03; binomial SE 0.015 at 200
+    draws) through the similarity stage's own function (``stacked_null``, as ``phang_result`` calls it): before,
+    rows permuted (no groups; linear CKA's exact moments); after, whole examples (``groups``). With
+    ``--streamed``, the streamed route too: before, the moments' null (linear CKA's exact moments, the rotation
+    null with the row sample cut to half the rows; none for the other measures); after, the block null of a
+    random sample of whole examples (``example_sample``, 60 % of the rows here) with its own observed values.
+    ``python benchmarks/calibration.py --structured [--streamed] [--draws 200]``"""
+    from layersim.similarity.comparisons import stacked_null
+    from layersim.similarity.exchangeability import example_sample
+    from layersim.similarity.stacked_moments import moments_stacked_null
+
+    options = {"svcca": {"variance_threshold": 0.99}, "rbf_cka": {"sigma_scale": 1.0}}
+    print(f"structured data: {draws} draws, {permutations} permutations (linear CKA's block null: at least 199)")
+    head = "| design | measure | memory rows | memory blocks |" + (" streamed before | streamed blocks |" if streamed
+                                                                   else "") + " s |"
+    print(head + "\n|" + "---|" * (head.count("|") - 1))
+    for design in _structured_designs(np.random.default_rng(0)):
+        for name in measures:
+            start, rng = time.perf_counter(), np.random.default_rng(47)
+            make = _structured_designs(rng)[design]
+            rates = {key: [] for key in ("rows", "blocks", "streamed rows", "streamed blocks")}
+            for k in range(draws):
+                x, y, g = make()
+                models, cell = {"x": [x], "y": [y]}, np.array([[False, True], [False, False]])
+                o = options.get(name, {})
+                rates["rows"].append(stacked_null(name, models, permutations=permutations, seed=k, cells=cell,
+                                                  **o).p_value[0, 1])
+                rates["blocks"].append(stacked_null(name, models, permutations=permutations, seed=k, cells=cell,
+                                                    groups=g, **o).p_value[0, 1])
+                if streamed:
+                    acc = LinearCKAAccumulator(precision="float64", sample_rows=len(x) // 2, seed=k)
+                    acc.update([x, y])  # a table larger than its row sample: rotations, estimated skewness
+                    null = moments_stacked_null(name, acc, cell, permutations=permutations, seed=k, **o)
+                    rates["streamed rows"].append(np.nan if null is None else null.p_value[0, 1])
+                    rows = example_sample(g, int(0.6 * len(g)), k)
+                    rates["streamed blocks"].append(stacked_null(
+                        name, {"x": [x[rows]], "y": [y[rows]]}, permutations=permutations, seed=k, cells=cell,
+                        groups=g[rows], **o).p_value[0, 1])
+            shown = ["rows", "blocks"] + (["streamed rows", "streamed blocks"] if streamed else [])
+            cells = ["—" if np.isnan(rates[key]).all() else f"{np.mean(np.array(rates[key]) <= 0.05):.3f}"
+                     for key in shown]
+            print(f"| {design} | {name} | " + " | ".join(cells) + f" | {time.perf_counter() - start:.0f} |",
+                  flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--draws", type=int, default=None)
     parser.add_argument("--permutations", type=int, default=None)
     parser.add_argument("--sample-share", type=float, default=0.5)
-    parser.add_argument("--measures", nargs="+", default=MEASURES, choices=MEASURES)
+    parser.add_argument("--structured", action="store_true", help="only grouped rows: words, choices (issue 47)")
+    parser.add_argument("--streamed", action="store_true", help="with --structured: the streamed route too")
+    parser.add_argument("--measures", nargs="+", default=MEASURES, choices=sorted(set(MEASURES) | {
+        "debiased_cka", "rbf_cka", "procrustes", "shape_metric", "rsa", "knn_jaccard"}))
     args = parser.parse_args()
+    if args.structured:
+        chosen = args.measures if args.measures != MEASURES else STRUCTURED_MEASURES
+        return structured(args.draws or 200, args.permutations or 99, chosen, args.streamed)
     draws = args.draws or (100 if args.quick else 400)
     permutations = args.permutations or 99
     print(f"{draws} draws per cell, {permutations} permutations / rotations; "
