@@ -52,8 +52,10 @@ def main(args, params):
                 metadata = {"model": params.model, **identity, "run": run, "task": spec.name, "split": split,
                             "task_digest": task_digest}
                 outputs = {q: Path(tmp) / subfolder / f"{run}.{q}.parquet" for q in poolings}
+                # Beside the validation tables: Block Influence over every token, angles on the head's token.
+                pruning = Path(tmp) / f"{run}.pruning.json" if split == "validation" else None
                 extract_activations(encoder, tokenizer, spec, encoded, outputs, metadata, p.batch_size, device,
-                                    max_tokens=p.max_tokens)
+                                    max_tokens=p.max_tokens, pruning_path=pruning)
             if p.attention_examples:
                 # Attention maps of a few validation examples, for Wu et al.'s attention-level measures.
                 table = read_task_table(args.task_dir, spec, "validation", p.attention_examples)

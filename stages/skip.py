@@ -1,6 +1,7 @@
 """skip: task score of the fine-tuned model with every contiguous span of layers [i, j] skipped, with
 no further training (Phang et al. §4.1), against the spans that layer similarity predicts droppable
-(ShortGPT's Block Influence, Gromov et al.'s angular distance) on the seeds' activation tables."""
+(ShortGPT's Block Influence over every token, Gromov et al.'s angular distance on the head's token), which the
+extract stage wrote beside the seeds' activation tables (<run>.pruning.json)."""
 
 from pathlib import Path
 
@@ -9,22 +10,22 @@ import numpy as np
 from layersim import cli
 from layersim.compute.device import resolve_device, resolve_precision
 from layersim.reporting.headlines import skip_headline, write_metrics
-from layersim.data.io import ActivationTable, read_task_table, run_expectations, write_figure, write_json
+from layersim.data.io import read_task_table, run_expectations, write_figure, write_json
 from layersim.reporting.plots import span_heatmap
 from layersim.reporting.pruning_plots import prediction_scatter
 from layersim.data.tasks import get_task
-from layersim.experiments.truncation import (load_for_validation, prediction_pooling, skip_predictions, span_scores,
-                                             span_summary, table_pruning_measures)
+from layersim.experiments.pruning_states import measured_rows, read_pruning_record
+from layersim.similarity.pruning import measures_from_record
+from layersim.experiments.truncation import load_for_validation, skip_predictions, span_scores, span_summary
 
 
 def main(args, params):
     spec = get_task(args.task)
     table = read_task_table(args.task_dir, spec, "validation", params.extract.max_examples)
     runs = run_expectations(args.checkpoints, params.seeds, args.task_dir)  # checkpoints verified, on these tables
-    pooling = prediction_pooling(params.extract.poolings)
-    tables = {seed: ActivationTable(args.activations / f"seed{seed}.{pooling}.parquet", expect={
-        "task": spec.name, "split": "validation", "run": f"seed{seed}", "pooling": pooling, **runs[f"seed{seed}"]})
-        for seed in params.seeds}  # opened (and checked) before any scoring
+    records = {seed: read_pruning_record(args.activations / f"seed{seed}.pruning.json", {  # before any scoring
+        "task": spec.name, "split": "validation", "run": f"seed{seed}", **runs[f"seed{seed}"]})
+        for seed in params.seeds}
     batch_size = params.extract.batch_size
     device = resolve_device(params.device)
     precision = resolve_precision(params.finetune.precision, device)
@@ -35,7 +36,7 @@ def main(args, params):
         full_model, spans = span_scores(model, spec, encoded, tokenizer, batch_size, device, precision)
         full.append(full_model)
         per_seed.append(spans)
-        measures.append(table_pruning_measures(tables[seed], max(j for _, j in spans)))
+        measures.append(measures_from_record(records[seed], max(j for _, j in spans)))
         cli.log.info("seed %d: %d spans scored from %s", seed, len(per_seed[-1]), folder)
 
     spans = list(per_seed[0])
@@ -45,7 +46,8 @@ def main(args, params):
     for (i, j), value in mean.items():
         matrix[i - 1, j - 1] = value
     full_mean = float(np.mean(full))
-    prediction, predicted, predicted_mean = skip_predictions(measures, per_seed, pooling)
+    rows = measured_rows(records[params.seeds[0]])  # what each measure averages over
+    prediction, predicted, predicted_mean = skip_predictions(measures, per_seed, rows)
     metrics = {"metric": spec.primary_metric, "full": round(full_mean, 6), "tolerance": params.skip.tolerance,
                "spans": {f"{i}-{j}": round(v, 6) for (i, j), v in mean.items()},
                **span_summary(mean, full_mean, params.skip.tolerance), "prediction": prediction}
@@ -54,7 +56,7 @@ def main(args, params):
     title = f"skipped layers — {spec.name} (full model {full_mean:.3f})"
     write_figure(span_heatmap(matrix, full_mean, spec.primary_metric, title), args.plots / f"{spec.name}.png")
     write_figure(prediction_scatter(mean, predicted_mean, prediction, full_mean, spec.primary_metric,
-                                    f"skip predicted from similarity ({pooling}) — {spec.name}"),
+                                    f"skip predicted from similarity — {spec.name}"),
                  args.plots / f"{spec.name}.prediction.png")
     write_json(rows, args.plots / f"{spec.name}.json")
     write_metrics(metrics, skip_headline(metrics), args.metrics, args.details)

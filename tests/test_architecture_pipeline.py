@@ -15,6 +15,7 @@ import torch
 
 from dvc_project import dvc, make_project, run, tiny_params
 from layersim.data.io import ActivationTable, read_task_table
+from layersim.experiments.pruning_states import ANGULAR_ROWS, BLOCK_INFLUENCE_ROWS
 from layersim.reporting import headlines
 
 TASK = "synth-negation"
@@ -84,7 +85,8 @@ def test_similarity_writes_each_runs_block_influence_and_angular_distances(proje
     angular = json.loads((folder / "angular_distance.json").read_text())
     runs = ["ORIG", *(f"FT[{k}]" for k in range(1, len(SEEDS) + 1)), "RANDOM"]
     assert [(row["model"], row["layer"]) for row in influence] == [(run, k) for run in runs for k in (1, 2, 3)]
-    assert {row["pooling"] for row in influence + angular} == {"mean"}  # no word points here: mean, as skip reads
+    assert {row["rows"] for row in influence} == {BLOCK_INFLUENCE_ROWS}  # every token, as extract wrote them
+    assert {row["rows"] for row in angular} == {ANGULAR_ROWS["last" if HEAD_POOLING[model] == "last" else "first"]}
     assert len(angular) == len(runs) * 6  # (l, n) with l + n ≤ 3
     assert all(0 <= row["angular_distance"] <= 1 for row in angular)
     assert (folder / "pruning.png").read_bytes()[:4] == b"\x89PNG"

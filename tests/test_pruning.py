@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from layersim.errors import LayersimError
-from layersim.similarity import pruning
+from layersim.compute import angles
 from layersim.similarity.pruning import (PruningAccumulator, angular_distance, block_influence, gromov_span,
                                          length_only_baseline, predicted_spans, prediction_rank_correlation,
                                          pruning_measures, random_layer_baseline, shortgpt_layers, shortgpt_span,
@@ -69,7 +69,7 @@ def test_streamed_batches_equal_one_pass(monkeypatch):
     rng = np.random.default_rng(3)
     layers = [rng.normal(size=(25, 4)).astype(np.float32) for _ in range(3)]
     whole = pruning_measures(layers)
-    monkeypatch.setattr(pruning, "CHUNK_ROWS", 4)
+    monkeypatch.setattr(angles, "CHUNK_ROWS", 4)
     accumulator = PruningAccumulator(2)
     for rows in (slice(0, 7), slice(7, 8), slice(8, 25)):
         accumulator.update([a[rows] for a in layers])

@@ -1,6 +1,7 @@
 """The similarity stage's layer-pruning outputs: each run's Block Influence per layer (ShortGPT) and angular
-distance between layers l and l + n (Gromov et al.), computed by layersim.similarity.pruning from the tables the
-stage reads, as plot rows and one figure (tables of tests/test_every_measure.py: ORIG and two seeds, 2 layers)."""
+distance between layers l and l + n (Gromov et al.), read from the records extract writes beside the tables
+(layersim.experiments.pruning_states), as plot rows and one figure (tables of tests/test_every_measure.py: ORIG
+and two seeds, 2 layers; here each row stands for a one-token sequence, so both measures average over it)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from layersim.data.io import ActivationTable
-from layersim.experiments.similarity import pruning_pooling, task_similarity
+import torch
+
+from layersim.data.io import ActivationTable, write_json
+from layersim.experiments.pruning_states import ANGULAR_ROWS, BLOCK_INFLUENCE_ROWS, PruningStates
+from layersim.experiments.similarity import run_metadata, task_similarity
 from layersim.reporting.pruning_plots import angular_grid
 from layersim.similarity.pruning import pruning_measures
 
@@ -21,10 +25,25 @@ __all__ = ["extracted"]  # the tables fixture, shared with tests/test_every_meas
 RUNS = {"orig": "ORIG", "seed1": "FT[1]", "seed2": "FT[2]"}
 
 
-def test_each_run_gets_the_library_measures_of_its_table(extracted):
-    out = task_similarity(extracted / "activations", extracted / "checkpoints", TASK, _params("linear_cka"))
+def _write_records(extracted) -> None:
+    """Each run's pruning record, as extract writes it, from its table's rows as one-token sequences."""
+    known = run_metadata(extracted / "checkpoints", (1, 2))
+    for run in RUNS:
+        layers = ActivationTable(extracted / "activations" / f"{run}.cls.parquet").layers()
+        states = PruningStates(len(layers) - 1, "first")
+        states.update([torch.tensor(a)[:, None] for a in layers], torch.ones(len(layers[0]), 1),
+                      torch.zeros(len(layers[0]), dtype=torch.long))
+        write_json({"task": TASK, "split": "validation", "run": run, **known[run], **states.record()},
+                   extracted / "activations" / f"{run}.pruning.json")
+
+
+def test_each_run_gets_the_measures_extract_wrote(extracted):
+    _write_records(extracted)
+    out = task_similarity(extracted / "activations", extracted / "checkpoints", TASK, _params("linear_cka"),
+                          pruning=True)
     influence, angular = out.rows["pruning", "block_influence.json"], out.rows["pruning", "angular_distance.json"]
-    assert {row["pooling"] for row in influence + angular} == {"cls"}  # the only pooling the stage reads here
+    assert {row["rows"] for row in influence} == {BLOCK_INFLUENCE_ROWS}  # what each measure averages over
+    assert {row["rows"] for row in angular} == {ANGULAR_ROWS["first"]}
     assert [row["model"] for row in influence][::2] == list(RUNS.values())
     for run, label in RUNS.items():
         expected = pruning_measures(ActivationTable(extracted / "activations" / f"{run}.cls.parquet").layers())
@@ -47,10 +66,15 @@ def test_left_out_when_not_asked_for(extracted):
     plt.close("all")
 
 
-def test_the_tables_read_are_tokens_then_mean_then_the_first_listed():
-    assert pruning_pooling(["cls", "mean", "tokens"]) == "tokens"
-    assert pruning_pooling(["cls", "mean"]) == "mean"
-    assert pruning_pooling(["last", "cls"]) == "last"
+def test_a_missing_record_is_named(extracted, tmp_path):
+    import shutil
+
+    from layersim.errors import LayersimError
+
+    shutil.copytree(extracted / "activations", tmp_path / "activations", ignore=shutil.ignore_patterns("*.json"))
+    with pytest.raises(LayersimError, match=r"orig.pruning.json does not exist; re-run the extract stage"):
+        task_similarity(tmp_path / "activations", extracted / "checkpoints", TASK, _params("linear_cka"), pruning=True)
+    plt.close("all")
 
 
 def test_the_angular_grid_is_span_length_by_start_layer():

@@ -189,25 +189,28 @@ def _turned_layers(angles, rows=5):
     return [(radius * np.array([[np.cos(t), np.sin(t)]])).astype(np.float32) for t in turned]
 
 
-def test_pruning_measures_stream_from_an_activation_table(tmp_path):
-    import pyarrow as pa
-
-    from layersim.data.io import ActivationTable, ActivationWriter
+def test_pruning_records_are_checked_before_use(tmp_path):
+    from layersim.data.io import write_json
     from layersim.errors import LayersimError
-    from layersim.experiments.truncation import prediction_pooling, table_pruning_measures
-    from layersim.similarity.pruning import pruning_measures
+    from layersim.experiments.pruning_states import PruningStates, measured_rows, read_pruning_record
+    from layersim.similarity.pruning import measures_from_record, pruning_measures
 
     layers = _turned_layers([0.2, 0.7, 0.1], rows=7)
-    path = tmp_path / "seed1.mean.parquet"
-    with ActivationWriter(path, num_layers=3, hidden_size=2, label_type=pa.int64(),
-                          metadata={"pooling": "mean", "run": "seed1"}) as writer:
-        writer.write(np.arange(7), np.zeros(7), np.zeros(7), layers)
-    streamed = table_pruning_measures(ActivationTable(path), 3, rows=3)  # batches of 3, 3 and 1 rows
-    np.testing.assert_allclose(streamed.angular, pruning_measures(layers).angular, rtol=1e-12, atol=1e-15)
-    np.testing.assert_allclose(streamed.block_influence(), 1 - np.cos([0.2, 0.7, 0.1]), rtol=1e-6)
-    with pytest.raises(LayersimError, match="holds 3 layers but the skipped model has 4"):
-        table_pruning_measures(ActivationTable(path), 4)
-    assert prediction_pooling(("cls", "mean", "tokens")) == "tokens" and prediction_pooling(("cls", "mean")) == "mean"
+    states = PruningStates(3, "first")  # each row a one-token sequence: both measures average over the rows
+    states.update([torch.tensor(a)[:, None] for a in layers], torch.ones(7, 1), torch.zeros(7, dtype=torch.long))
+    path = tmp_path / "seed1.pruning.json"
+    write_json({"run": "seed1", "task": "t", **states.record()}, path)
+    record = read_pruning_record(path, {"run": "seed1", "task": "t"})
+    measures = measures_from_record(record, 3)
+    np.testing.assert_allclose(measures.angular, pruning_measures(layers).angular, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(measures.block_influence(), 1 - np.cos([0.2, 0.7, 0.1]), rtol=1e-5)
+    assert set(measured_rows(record)) == {"block_influence", "angular_distance"}
+    with pytest.raises(LayersimError, match="holds 3 layers but the model has 4"):
+        measures_from_record(record, 4)
+    with pytest.raises(LayersimError, match="has run = 'seed1', expected 'seed2'"):
+        read_pruning_record(path, {"run": "seed2"})
+    with pytest.raises(LayersimError, match="seed2.pruning.json does not exist"):
+        read_pruning_record(tmp_path / "seed2.pruning.json", {})
 
 
 def test_skip_predictions_of_a_constructed_model():
@@ -224,8 +227,8 @@ def test_skip_predictions_of_a_constructed_model():
     # Seed 1's score falls with the summed angle (what Gromov predicts); seed 2 is seed 1 shifted down.
     seed1 = {(i, j): 0.9 - sum(angles[i - 1:j]) / 2 for i, j in spans}
     per_seed = [seed1, {span: score - 0.1 for span, score in seed1.items()}]
-    prediction, per_seed_values, mean_values = skip_predictions(measures, per_seed, "tokens")
-    assert prediction["pooling"] == "tokens"
+    prediction, per_seed_values, mean_values = skip_predictions(measures, per_seed, {"block_influence": "rows"})
+    assert prediction["rows"] == {"block_influence": "rows"}
     angular = prediction["angular_distance"]
     assert angular["all_spans"] == 1.0 and angular["spans"] == 6
     assert angular["by_length"]["length_1"] == {"spearman": 1.0, "spans": 3}  # no p-value: spans share layers

@@ -10,7 +10,8 @@ only itself; with XLNet's left padding it is padding) and "last" is the last non
 it; :func:`layersim.params.validate.head_pooling` names the pooling a model folder's head reads, on which
 truncate trains its fresh heads.
 The last hidden state of decoders and ModernBERT is after their final norm (transformers' convention:
-``hidden_states[-1]`` is ``last_hidden_state``), the others' are not normed."""
+``hidden_states[-1]`` is ``last_hidden_state``), the others' are not normed; the layer-pruning measures written
+beside the tables take layer L before the norm (layersim.experiments.pruning_states)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ from tqdm.auto import tqdm
 from layersim.data.batching import EncodedTask, collate, collate_words, encode_task
 from layersim.compute.device import to_device
 from layersim.errors import LayersimError, unknown_name
-from layersim.data.io import ActivationWriter, layer_column, with_metadata, write_parquet
+from layersim.data.io import ActivationWriter, layer_column, with_metadata, write_json, write_parquet
+from layersim.experiments.pruning_states import PruningStates
+from layersim.models.encoders import last_block_output
 from layersim.params import POOLINGS
 from layersim.params.validate import LAST_TOKEN_HEADS, head_pooling  # noqa: F401 (head_pooling: part of the API)
 from layersim.data.tasks import TaskSpec
@@ -157,13 +160,16 @@ def _hidden_states(encoder, batch: dict, device: torch.device, num_layers: int, 
 
 @torch.inference_mode()
 def pooled_batches(encoder, tokenizer, encoded: EncodedTask, poolings, batch_size: int, device: torch.device,
-                   desc: str = "extract", max_tokens: int | None = None) -> Iterator[PooledBatch]:
+                   desc: str = "extract", max_tokens: int | None = None,
+                   pruning: PruningStates | None = None) -> Iterator[PooledBatch]:
     """Run `encoder` over `encoded` in order and pool every layer's hidden states of each batch.
 
     Multiple-choice examples give one row per (example, choice). The "tokens" pooling (`encoded` made
     with words=True) gives one row per word, example by example, the first `max_tokens` words in all, from a
     second pass over the examples' pre-split words (layersim.data.words), run only while words are wanted.
-    "cls" is refused, before any batch runs, for a model whose head reads the last token (:func:`check_poolings`)."""
+    "cls" is refused, before any batch runs, for a model whose head reads the last token (:func:`check_poolings`).
+    With `pruning`, the per-example pass (run for it alone if no per-example pooling is asked for) also adds
+    every sequence's states to it (layersim.experiments.pruning_states)."""
     check_poolings(encoder.config, poolings)
     last_token_head = reads_last_token(encoder.config)
     encoder.eval().to(device)
@@ -178,11 +184,14 @@ def pooled_batches(encoder, tokenizer, encoded: EncodedTask, poolings, batch_siz
     for start in tqdm(range(0, len(encoded), batch_size), desc=desc, mininterval=2):
         indices = np.arange(start, min(start + batch_size, len(encoded)))
         layers: dict[str, list[np.ndarray]] = {}
-        if per_example:
-            batch, hidden_states = _hidden_states(encoder, collate(encoded, indices, tokenizer, with_labels=False),
-                                                  device, num_layers, output_hidden_states=True)
+        if per_example or pruning is not None:
+            with last_block_output(encoder) as last_block:
+                batch, hidden_states = _hidden_states(encoder, collate(encoded, indices, tokenizer, with_labels=False),
+                                                      device, num_layers, output_hidden_states=True)
             layers = pool_layers(hidden_states, batch["input_ids"], batch["attention_mask"], per_example, special_ids,
                                  None, last_token_head)
+            if pruning is not None:
+                _add_pruning_states(pruning, hidden_states, last_block[-1], batch, special_ids, last_token_head)
         word_keys = word_labels = None
         if words and budget != 0:
             batch, hidden_states = _hidden_states(encoder, collate_words(encoded, indices, tokenizer), device,
@@ -199,22 +208,39 @@ def pooled_batches(encoder, tokenizer, encoded: EncodedTask, poolings, batch_siz
             choice=np.tile(np.arange(choices, dtype=np.int16), len(indices)),
             labels=np.repeat(encoded.labels[indices], choices),
             layers=layers, word_keys=word_keys, word_labels=word_labels)
-        if words and budget == 0 and not per_example:
+        if words and budget == 0 and not per_example and pruning is None:
             return  # nothing more to extract
 
 
+def _add_pruning_states(pruning: PruningStates, hidden_states, last_block: torch.Tensor, batch: dict,
+                        special_ids: list[int], last_token_head: bool) -> None:
+    """Every layer's block output (layer L's from the hook: before any final norm) into `pruning`."""
+    if last_block.shape != hidden_states[-1].shape:
+        raise LayersimError(f"the last layer's output has shape {tuple(last_block.shape)} but the hidden states "
+                            f"{tuple(hidden_states[-1].shape)}; this architecture's block outputs are not batch-first "
+                            "states, so the pruning measures cannot read them.")
+    mask = batch["attention_mask"]
+    head = (last_content_position(batch["input_ids"], mask, special_ids, True) if last_token_head
+            else torch.zeros(mask.shape[0], dtype=torch.long, device=mask.device))
+    pruning.update([*hidden_states[:-1], last_block], mask, head)
+
+
 def extract_activations(encoder, tokenizer, spec: TaskSpec, encoded: EncodedTask, outputs: dict[str, Path],
-                        metadata: dict, batch_size: int, device: torch.device, max_tokens: int | None = None) -> None:
+                        metadata: dict, batch_size: int, device: torch.device, max_tokens: int | None = None,
+                        pruning_path: Path | None = None) -> None:
     """Run `encoder` over `encoded` and write one activation table per pooling in `outputs` (for "tokens",
-    one row per word, at most `max_tokens`: see layersim.data.words), batch by batch."""
+    one row per word, at most `max_tokens`: see layersim.data.words), batch by batch; with `pruning_path`,
+    the layer-pruning measures as its papers define their rows (layersim.experiments.pruning_states) as JSON."""
     config = encoder.config
+    pruning = (PruningStates(config.num_hidden_layers, "last" if reads_last_token(config) else "first")
+               if pruning_path is not None else None)
     with contextlib.ExitStack() as stack:
         # Every table appears under its final name only if the whole extraction succeeds.
         writers = {pooling: stack.enter_context(ActivationWriter(
             path, num_layers=config.num_hidden_layers, hidden_size=config.hidden_size, label_type=spec.label_type,
             metadata={**metadata, "pooling": pooling})) for pooling, path in outputs.items()}
         for batch in pooled_batches(encoder, tokenizer, encoded, list(outputs), batch_size, device,
-                                    desc=f"extract {metadata['run']}", max_tokens=max_tokens):
+                                    desc=f"extract {metadata['run']}", max_tokens=max_tokens, pruning=pruning):
             for pooling, writer in writers.items():
                 if pooling == "tokens":
                     keys = batch.word_keys
@@ -222,6 +248,8 @@ def extract_activations(encoder, tokenizer, spec: TaskSpec, encoded: EncodedTask
                                  segment=keys[:, 2], word=keys[:, 3])
                 else:
                     writer.write(batch.example_id, batch.choice, batch.labels, batch.layers[pooling])
+        if pruning is not None:
+            write_json({**metadata, **pruning.record()}, pruning_path)
 
 
 @dataclass

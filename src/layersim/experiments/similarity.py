@@ -2,8 +2,9 @@
 pretrained model and the fine-tuned seeds (layersim.data.io, checked against the checkpoints they came from);
 compute, per pooling, every measure's layer × layer matrices with their nulls, corrected p-values, intervals
 and blocks (layersim.similarity.comparisons and .results), the localization score, attention-level
-similarities and each run's layer-pruning measures (layersim.similarity.pruning); summarise them as figures, plot rows and metrics (layersim.reporting.similarity). The stage
-writes what this returns.
+similarities and each run's layer-pruning measures (read from extract's records,
+layersim.experiments.pruning_states); summarise them as figures, plot rows and metrics
+(layersim.reporting.similarity). The stage writes what this returns.
 
 Memory: when every measure can be computed from second moments (linear CKA, the CCA family, neuronsim,
 mixedsim), the matrices come from one pass over the activation tables in row batches once that takes less
@@ -32,7 +33,8 @@ from layersim.similarity.comparisons import stacked_null
 from layersim.similarity.exchangeability import STREAMED_SAMPLE_ROWS, block_permutations, example_sample, unmovable
 from layersim.similarity.moments import LayerMoments
 from layersim.similarity.null import NullMatrix
-from layersim.similarity.pruning import streamed_pruning_measures
+from layersim.experiments.pruning_states import measured_rows, read_pruning_record
+from layersim.similarity.pruning import measures_from_record
 from layersim.similarity.registry import check_computable
 from layersim.similarity.results import (Uncertainty, finetuned_labels, localization_of, phang_result,
                                          reach_warning, settings, trained_labels)
@@ -155,21 +157,19 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
                          flagged=flagged)
 
 
-def pruning_pooling(poolings: Sequence[str]) -> str:
-    """The tables the layer-pruning measures read, of those the stage reads: ``tokens`` (the per-token states both
-    papers average over), else ``mean`` (as the skip stage), else the first pooling listed."""
-    return next((pooling for pooling in ("tokens", "mean") if pooling in poolings), poolings[0])
-
-
 def task_similarity(activations: Path, checkpoints: Path, task: str, params: Params,
-                    log=lambda *args: None, warn=lambda *args: None, pruning: bool = True) -> SimilarityOutputs:
+                    log=lambda *args: None, warn=lambda *args: None, pruning: bool = False) -> SimilarityOutputs:
     """Everything the stage writes (figures and rows by folder: "plots", "diagonals", "localization" and, with
-    `pruning`, "pruning": Block Influence and angular distances per run, layersim.similarity.pruning)."""
+    `pruning`, "pruning": Block Influence and angular distances per run, as extract wrote them beside the tables:
+    layersim.experiments.pruning_states)."""
     p = params.similarity
     labels = run_labels(params.seeds, p.random_control)
     options, uncertainty = settings(p)
     out, localization_rows = SimilarityOutputs(), []
     known = run_metadata(checkpoints, params.seeds, p.random_control)
+    if pruning:  # ShortGPT's BI over every token, Gromov et al.'s angles on the head's token: read before any work
+        pruned = {labels[run]: read_pruning_record(activations / f"{run}.pruning.json", {
+            "task": task, "split": "validation", "run": run, **known[run]}) for run in labels}
     flags = checkpoint_flags(checkpoints, params.seeds)  # runs that did not converge, by label
     flagged = title_note(list(flags))
     model = params.model
@@ -227,14 +227,13 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
             metrics["localization"] = {label: per_layer(values) for label, values in found.scores.items()}
             localization_rows += found.rows
             out.figures["localization", f"{pooling}.png"] = found.figure
-        if pruning and pooling == pruning_pooling(list(p.measures)):
-            # ShortGPT's Block Influence, Gromov et al.'s angular distance: per run, streamed from its table.
-            measures = {labels[run]: streamed_pruning_measures(table.iter_batches(), table.num_layers)
-                        for run, table in tables.items()}
-            out.rows["pruning", "block_influence.json"], out.rows["pruning", "angular_distance.json"] = pruning_rows(
-                measures, pooling=pooling)
-            out.figures["pruning", "pruning.png"] = pruning_profile(
-                measures, f"Block Influence and angular distance, {pooling.upper()} — {model} on {task}{flagged}")
+    if pruning:
+        measures = {label: measures_from_record(record) for label, record in pruned.items()}
+        out.rows["pruning", "block_influence.json"], out.rows["pruning", "angular_distance.json"] = pruning_rows(
+            measures, rows=measured_rows(pruned["ORIG"]))  # what each measure averages over: the same for every run
+        out.figures["pruning", "pruning.png"] = pruning_profile(
+            measures,
+            f"Block Influence (every token), angular distance (the head's token) — {model} on {task}{flagged}")
     # Always written (empty without neuronsim and svcca): git cannot hold an empty output folder.
     out.rows["localization", "localization.json"] = localization_rows
     if p.attention_measures:

@@ -15,7 +15,7 @@ Scores are the task's primary metric on validation examples.
 from __future__ import annotations
 
 import copy
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -27,11 +27,10 @@ from layersim.models.encoders import all_spans, continue_from, exit_at, num_laye
 from layersim.training.evaluate import compute_metrics, predict
 from layersim.training.heads import HeadParams, Rows, majority_baseline, train_head
 from layersim.data.io import ActivationTable
-from layersim.errors import LayersimError
 from layersim.models.registry import load_finetuned, load_task_model, load_tokenizer
-from layersim.similarity.pruning import (PruningMeasures, length_only_baseline, predicted_spans,
-                                         prediction_rank_correlation, random_layer_baseline, span_droppability,
-                                         streamed_pruning_measures)
+from layersim.similarity.pruning import (PruningMeasures, length_only_baseline, mean_measures,
+                                         predicted_spans, prediction_rank_correlation,
+                                         random_layer_baseline, span_droppability)
 from layersim.similarity.seeds import seed_metrics
 from layersim.models.task_heads import has_own_head, own_head
 from layersim.data.tasks import TaskSpec
@@ -181,25 +180,12 @@ def span_summary(scores: dict[tuple[int, int], float], full: float, tolerance: f
 PREDICTORS = ("angular_distance", "block_influence")  # Gromov et al. 2024; ShortGPT (Men et al. 2024)
 
 
-def prediction_pooling(poolings: Iterable[str]) -> str:
-    """The activation tables the skip predictions read: ``tokens`` (one row per word: the per-token states both
-    papers average over) when extract writes them, else ``mean`` (the angle of token-averaged states, a proxy)."""
-    return "tokens" if "tokens" in poolings else "mean"
-
-
-def table_pruning_measures(table: ActivationTable, num_layers: int, rows: int = 4096) -> PruningMeasures:
-    """Block Influence and angular distances of one run's activation table, streamed `rows` at a time."""
-    if table.num_layers != num_layers:
-        raise LayersimError(f"{table.path} holds {table.num_layers} layers but the skipped model has {num_layers}; "
-                            "re-run the extract stage on this checkpoint.")
-    return streamed_pruning_measures(table.iter_batches(rows), num_layers)
-
-
-def skip_predictions(measures: list[PruningMeasures], per_seed: list[dict[tuple[int, int], float]], pooling: str
-                     ) -> tuple[dict, list[dict], dict]:
+def skip_predictions(measures: list[PruningMeasures], per_seed: list[dict[tuple[int, int], float]],
+                     rows: Mapping[str, str]) -> tuple[dict, list[dict], dict]:
     """How well similarity predicts the measured skip scores, from each seed's measures and span scores.
 
-    Returns the ``prediction`` part of the skip metrics — per predictor, between the seed-mean score of every
+    Returns the ``prediction`` part of the skip metrics — ``rows``: what each measure averages over; per
+    predictor, between the seed-mean score of every
     span and its seed-mean predicted droppability: ``within_length``, the headline (the mean of the per-length
     Spearman rho, weighted by spans − 1: does the rule pick the right n layers among spans of n?),
     ``all_spans`` (rho over all spans, mostly span length) and ``by_length``; ``baselines``: ``length_only``
@@ -209,19 +195,18 @@ def skip_predictions(measures: list[PruningMeasures], per_seed: list[dict[tuple[
     its measured score beside the best span's — then per seed and span the predicted values (angular distance,
     summed Block Influence) for the plot rows, and per predictor and span the seed-mean value the correlation
     uses (for the figure). No p-value: spans share layers, so they are not independent."""
-    mean = PruningMeasures(angular=np.mean([m.angular for m in measures], axis=0),
-                           cosine_distance=np.mean([m.cosine_distance for m in measures], axis=0),
-                           rows=np.min([m.rows for m in measures], axis=0))
+    mean = mean_measures(measures)
     scores = {span: float(np.mean([seed[span] for seed in per_seed])) for span in per_seed[0]}
     droppable = span_droppability(mean)
-    prediction: dict = {"pooling": pooling}
+    prediction: dict = {"rows": dict(rows)}
     for name in PREDICTORS:
         rank = prediction_rank_correlation(scores, droppable[name])
         prediction[name] = {"within_length": _rounded(rank["within_length"]),
                             "all_spans": _rounded(rank["all"]["spearman"]), "spans": rank["all"]["spans"],
                             "by_length": {f"length_{n}": _finite(r) for n, r in rank["by_length"].items()}}
     prediction["baselines"] = {"length_only": {"all_spans": _rounded(length_only_baseline(scores))},
-                               "random_layer": {key: _rounded(value) for key, value in random_layer_baseline(scores).items()}}
+                               "random_layer": {key: _rounded(value)
+                                                for key, value in random_layer_baseline(scores).items()}}
     picked = {}
     for row in predicted_spans(mean):
         n = row["length"]

@@ -43,7 +43,8 @@ from layersim.models.layer_stacks import (FAMILIES, GENERIC, PER_LAYER_FIELDS, S
                                           num_layers, renumber)
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "LayerStack", "all_spans", "continue_from", "describe_architecture",
-           "exit_at", "inject_first_token", "num_layers", "run_layers", "skip_span", "smaller_copy"]
+           "exit_at", "inject_first_token", "last_block_output", "num_layers", "run_layers", "skip_span",
+           "smaller_copy"]
 _NEST = ("layer selections do not nest; valid use is one run_layers, exit_at, skip_span or frozen_layers context "
          "at a time per model.")
 
@@ -331,3 +332,23 @@ def inject_first_token(model: nn.Module, vectors) -> Iterator[nn.Module]:
     if offset != len(vectors):
         raise LayersimError(f"{len(vectors)} vectors were given to inject but the model ran {offset} rows; "
                             "give one vector per (example, choice) row.")
+
+
+@contextlib.contextmanager
+def last_block_output(model: nn.Module) -> Iterator[list]:
+    """Within the context, the output of the model's last layer, before any final norm, batch-first, is appended
+    to the yielded list each time that layer runs (ALBERT's shared group runs once per layer: the last entry
+    after a forward pass is layer L's). Transformers' ``hidden_states[-1]`` is after the final norm for decoders
+    and ModernBERT (layersim.models.layer_stacks); this is the state at the same point as every other layer's."""
+    stack = describe_architecture(model)
+    captured: list = []
+
+    def hook(module, args, output):
+        state = _state(output)
+        captured.append(state.transpose(0, 1) if stack.family.sequence_first else state)
+
+    handle = stack.module_for(stack.num_layers - 1).register_forward_hook(hook)
+    try:
+        yield captured
+    finally:
+        handle.remove()

@@ -75,16 +75,24 @@ def angular_grid(measures: PruningMeasures) -> np.ndarray:
     return grid
 
 
-def pruning_rows(measures: Mapping[str, PruningMeasures], **fields) -> tuple[list[dict], list[dict]]:
+def pruning_rows(measures: Mapping[str, PruningMeasures], rows: Mapping[str, str] | None = None,
+                 **fields) -> tuple[list[dict], list[dict]]:
     """Plot rows of each model's (label → measures) Block Influence, one per layer k = 1 … L, and angular distance,
     one per start layer l and span length n (``layer`` = l, the span's input); None where undefined. `fields` are
-    added to every row (e.g. pooling)."""
-    influence = [{**fields, "model": label, "layer": k, "block_influence": _rounded(value)}
+    added to every row; ``rows`` (measure → the rows it averages over, in words) to that measure's rows."""
+    rows = rows or {}
+    influence = [{**fields, **_described(rows, "block_influence"), "model": label, "layer": k,
+                  "block_influence": _rounded(value)}
                  for label, m in measures.items() for k, value in enumerate(m.block_influence(), start=1)]
-    angular = [{**fields, "model": label, "layer": l, "length": n, "angular_distance": _rounded(grid[n - 1, l])}
+    angular = [{**fields, **_described(rows, "angular_distance"), "model": label, "layer": l, "length": n,
+                "angular_distance": _rounded(grid[n - 1, l])}
                for label, m in measures.items() for grid in [angular_grid(m)]
                for n in range(1, m.num_layers + 1) for l in range(m.num_layers - n + 1)]
     return influence, angular
+
+
+def _described(rows: Mapping[str, str], name: str) -> dict:
+    return {"rows": rows[name]} if name in rows else {}
 
 
 def pruning_profile(measures: Mapping[str, PruningMeasures], title: str):

@@ -15,6 +15,11 @@ arrays with the same rows in the same order. Spans are 1-based and inclusive, ``
 ``layer_{i−1}`` into layer ``j + 1``, so its angular distance is ``d`` between ``layer_{i−1}`` and
 ``layer_j`` and its Block Influence sum is ``BI_i + … + BI_j``.
 
+Which rows: whatever rows are passed. The stages read what the extract stage wrote as the papers define them
+(:func:`measures_from_record`; layersim.experiments.pruning_states): Block Influence over every non-pad token,
+special tokens included, and angles on the one token per sequence the head reads, each layer at its block's
+output; ``influence`` then holds BI beside the per-sequence pairs.
+
 Rows without an angle: a row that is all zeros in either of two layers has no direction, so it is left out
 of that pair's means (the other pairs keep it); a pair left with no rows is NaN. Non-finite inputs are
 refused. Angles come from Kahan's ``2·atan2(|â − b̂|, |â + b̂|)`` on unit rows, exact at 0 and π where
@@ -31,10 +36,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from layersim.compute.angles import LayerAngleSums
 from layersim.errors import LayersimError
 from layersim.similarity._common import as_list
 
-CHUNK_ROWS = 2048  # rows normalised at a time: (L + 1) float64 copies of this many rows stay small
 MIN_SPANS_FOR_RANK = 3  # Spearman over 2 points is ±1 whatever the data: fewer than 3 spans give NaN
 RANDOM_LAYER_DRAWS = 1000  # draws of the random-layer baseline: its mean to about ±0.005, its 95 % range to ±0.02
 
@@ -46,11 +51,14 @@ class PruningMeasures:
     """Row means between every pair of layers ``a, b`` in ``0 … num_layers`` (symmetric matrices).
 
     ``angular``: mean ``arccos(cos)/π``; ``cosine_distance``: mean ``1 − cos``; ``rows``: how many rows
-    had an angle (neither vector zero). Diagonals are 0 (a layer against itself)."""
+    had an angle (neither vector zero). Diagonals are 0 (a layer against itself). ``influence``: Block
+    Influence of layers 1 … L averaged over other rows than the pairs' (the extract stage's: every token, where
+    the pairs have one row per sequence, :func:`measures_from_record`); None: from ``cosine_distance``."""
 
     angular: np.ndarray
     cosine_distance: np.ndarray
     rows: np.ndarray
+    influence: np.ndarray | None = None
 
     @property
     def num_layers(self) -> int:
@@ -58,6 +66,8 @@ class PruningMeasures:
 
     def block_influence(self) -> np.ndarray:
         """``BI`` of layers 1 … L: entry ``k − 1`` is layer ``k``'s (input layer_{k−1}, output layer_k)."""
+        if self.influence is not None:
+            return np.asarray(self.influence, dtype=float)
         return np.array([self.cosine_distance[k - 1, k] for k in range(1, self.num_layers + 1)])
 
     def angular_distance(self, n: int) -> np.ndarray:
@@ -66,43 +76,14 @@ class PruningMeasures:
         return np.array([self.angular[l, l + n] for l in range(self.num_layers - n + 1)])
 
 
-class PruningAccumulator:
-    """Sums over row batches of :class:`PruningMeasures`: memory in the number of layers, not of rows."""
-
-    def __init__(self, num_layers: int):
-        if isinstance(num_layers, bool) or not isinstance(num_layers, (int, np.integer)) or num_layers < 1:
-            raise LayersimError(f"num_layers must be an integer of at least 1 (layers after the embeddings), "
-                                f"got {num_layers!r}.")
-        size = int(num_layers) + 1
-        self._angle = np.zeros((size, size))
-        self._cosine = np.zeros((size, size))
-        self._rows = np.zeros((size, size), dtype=np.int64)
-        self._nonzero = np.zeros(size, dtype=np.int64)
-        self._hidden: int | None = None
-
-    def update(self, layers: Sequence[np.ndarray]) -> None:
-        """Add a batch of rows: ``layers[k]`` holds those rows of ``layer_k``, ``k = 0 … num_layers``."""
-        arrays = _checked(layers, self._angle.shape[0], self._hidden)
-        self._hidden = arrays[0].shape[1]
-        for start in range(0, arrays[0].shape[0], CHUNK_ROWS):
-            units, nonzero = zip(*(_unit_rows(a[start:start + CHUNK_ROWS]) for a in arrays))
-            self._nonzero += [int(np.count_nonzero(mask)) for mask in nonzero]
-            for a in range(len(units)):
-                for b in range(a + 1, len(units)):
-                    both = nonzero[a] & nonzero[b]  # a zero row has no direction: weight 0 in this pair
-                    diff_sq = _row_sq_norms(units[a] - units[b])  # |â − b̂|² = 2 − 2cos, no cancellation
-                    plus = np.sqrt(_row_sq_norms(units[a] + units[b]))
-                    self._angle[a, b] += float(np.sum(2.0 * np.arctan2(np.sqrt(diff_sq), plus), where=both)) / np.pi
-                    self._cosine[a, b] += float(np.sum(diff_sq, where=both)) / 2.0
-                    self._rows[a, b] += int(np.count_nonzero(both))
+class PruningAccumulator(LayerAngleSums):
+    """Sums over row batches of :class:`PruningMeasures`: memory in the number of layers, not of rows
+    (the arithmetic: :class:`layersim.compute.angles.LayerAngleSums`)."""
 
     def result(self) -> PruningMeasures:
-        if self._hidden is None:
+        if not self.seen:
             raise LayersimError("the pruning accumulator has seen no rows; call update() with at least one batch.")
-        with np.errstate(invalid="ignore", divide="ignore"):  # pairs with no rows: 0/0 = NaN, as documented
-            angle, cosine = self._angle / self._rows, self._cosine / self._rows
-        rows = np.triu(self._rows, 1) + np.triu(self._rows, 1).T + np.diag(self._nonzero)
-        return PruningMeasures(_symmetric(angle), _symmetric(cosine), rows)
+        return PruningMeasures(*self.means())
 
 
 def pruning_measures(layers: Sequence[np.ndarray]) -> PruningMeasures:
@@ -133,6 +114,33 @@ def angular_distance(layers: Sequence[np.ndarray], n: int) -> np.ndarray:
     arrays = _layer_list(layers)
     check_length(n, len(arrays) - 1)  # before any work
     return pruning_measures(arrays).angular_distance(n)
+
+
+def mean_measures(measures: Sequence[PruningMeasures]) -> PruningMeasures:
+    """The element-wise mean of several runs' measures (e.g. seeds); ``rows``: the fewest any run had."""
+    influence = [m.influence for m in measures]
+    return PruningMeasures(angular=np.mean([m.angular for m in measures], axis=0),
+                           cosine_distance=np.mean([m.cosine_distance for m in measures], axis=0),
+                           rows=np.min([m.rows for m in measures], axis=0),
+                           influence=None if any(i is None for i in influence) else np.mean(influence, axis=0))
+
+
+def measures_from_record(record: Mapping, num_layers: int | None = None) -> PruningMeasures:
+    """The measures the extract stage wrote (``<run>.pruning.json``, layersim.experiments.pruning_states):
+    angular and cosine distances between every pair of layers over ``angular_distance``'s rows, Block Influence
+    over ``block_influence``'s rows; a None entry (no rows) is NaN. With `num_layers`, a record of another
+    depth is refused."""
+    try:
+        pairs, influence = record["angular_distance"], record["block_influence"]
+        measures = PruningMeasures(angular=_floats(pairs["angular"]), cosine_distance=_floats(pairs["cosine_distance"]),
+                                   rows=np.asarray(pairs["rows_per_pair"], dtype=np.int64),
+                                   influence=_floats(influence["values"]))
+    except (KeyError, TypeError) as error:
+        raise LayersimError(f"a pruning record lacks {error}; re-run the extract stage to write it.") from None
+    if num_layers is not None and measures.num_layers != num_layers:
+        raise LayersimError(f"the pruning record holds {measures.num_layers} layers but the model has {num_layers}; "
+                            "re-run the extract stage on this checkpoint.")
+    return measures
 
 
 def check_length(n: int, num_layers: int) -> int:
@@ -311,49 +319,5 @@ def _layer_list(layers: Sequence[np.ndarray]) -> list[np.ndarray]:
     return arrays
 
 
-def _checked(layers: Sequence[np.ndarray], expected: int, hidden: int | None) -> list[np.ndarray]:
-    arrays = as_list(layers, "layers")
-    if len(arrays) != expected:
-        raise LayersimError(f"layers holds {len(arrays)} arrays but the accumulator was made for {expected} "
-                            f"(layer_0 … layer_{expected - 1}); pass the embeddings and every layer's output.")
-    shape = None
-    for k, a in enumerate(arrays):
-        a = np.asarray(a)
-        if a.dtype.kind not in "biuf" or a.ndim != 2:
-            raise LayersimError(f"layers[{k}] must be a 2-D (rows x hidden) array of real numbers, got "
-                                f"shape {a.shape} and dtype {a.dtype}.")
-        if shape is None:
-            shape = a.shape
-        if a.shape != shape or (hidden is not None and a.shape[1] != hidden):
-            raise LayersimError(f"layers[{k}] has shape {a.shape} but layers[0] has {shape}"
-                                f"{'' if hidden is None else f' and earlier batches {hidden} columns'}; a cosine "
-                                "needs the same rows and width in every layer.")
-        if not np.isfinite(a).all():
-            raise LayersimError(f"layers[{k}] contains NaN or inf; angles need finite activations.")
-        arrays[k] = a
-    if shape[0] == 0 or shape[1] == 0:
-        raise LayersimError(f"layers have shape {shape}; pass at least one row and one column.")
-    return arrays
-
-
-def _unit_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows scaled to unit length in float64, and which rows are not all zero. Each row is first divided by
-    its largest |value|, so squaring never underflows or overflows, whatever the scale."""
-    a = np.asarray(a, dtype=np.float64)
-    peak = np.max(np.abs(a), axis=1)
-    nonzero = peak > 0
-    scaled = a[nonzero] / peak[nonzero, None]
-    units = np.zeros_like(a)
-    units[nonzero] = scaled / np.linalg.norm(scaled, axis=1)[:, None]
-    return units, nonzero
-
-
-def _row_sq_norms(a: np.ndarray) -> np.ndarray:
-    return np.einsum("ij,ij->i", a, a)
-
-
-def _symmetric(upper: np.ndarray) -> np.ndarray:
-    out = np.triu(upper, 1)
-    out = out + out.T  # NaN pairs stay NaN on both sides: triu zeroes only the lower triangle
-    np.fill_diagonal(out, 0.0)
-    return out
+def _floats(values) -> np.ndarray:
+    return np.array(values, dtype=object).astype(float)  # None → NaN
