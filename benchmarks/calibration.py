@@ -22,6 +22,7 @@ mixedsim needs more examples than neurons and is skipped where n ≤ d. ``--quic
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import numpy as np
@@ -44,6 +45,40 @@ def _streamed(name: str, x, y, draws: int, seed: int, sample_rows: int) -> float
         return float(streamed_linear_cka_null(acc).p_value[0, 1])
     null = rotation_null(name, LayerMoments(acc), [0], [1], draws=draws, seed=seed, **_options(name))
     return float(null.p_value[0, 0])
+
+
+def compare_probe(draws: int = 400, permutations: int = 99, measures=("linear_cka", "neuronsim", "svcca")) -> None:
+    """The compare stage's 12-task probe (layersim.experiments.compare.probe_result, the stage's own code): two
+    representations that share only the tasks (x = a_task + 0.5·e, y = b_task + 0.5·f, a, b, e, f independent;
+    12 tasks × 100 rows, d = 64) and, in 3 of the tasks, the 25 four-choice examples' own component (sd 1, one per
+    example and representation). False-positive rate at α = 0.05 of the stage's route (centred within task, examples
+    permuted within task) and of the mixed probe it replaced (rows as they come, rows permuted); target 0.05 ± 0.03.
+    ``python benchmarks/calibration.py --compare-probe``"""
+    from layersim.experiments.compare import probe_result
+    from layersim.similarity.results import Uncertainty
+
+    task = np.repeat(np.arange(12), 100)
+    example = np.concatenate([np.arange(100) // (4 if t >= 9 else 1) + 1000 * t for t in range(12)])
+    groups = np.unique(example, return_inverse=True)[1]
+    uncertainty = Uncertainty(permutations=permutations, bootstrap=0)
+    print(f"compare probe: 12 tasks × 100 rows (3 tasks of 4-choice examples), d = 64; {draws} draws, "
+          f"{permutations} permutations")
+    print("| measure | stage (within task) α=.05 | mixed probe α=.05 | s |\n|---|---|---|---|")
+    for name in measures:
+        start, rng = time.perf_counter(), np.random.default_rng(47)
+        within, mixed = [], []
+        def draw():
+            own = rng.normal(size=(groups.max() + 1, 64))[groups] * (task >= 9)[:, None]  # a 4-choice example's
+            return rng.normal(size=(12, 64))[task] + own + 0.5 * rng.normal(size=(1200, 64))
+
+        for k in range(draws):
+            x, y = draw(), draw()
+            for out, keywords in ((within, {"strata": task, "groups": groups}), (mixed, {})):
+                result = probe_result({"x": [x], "y": [y]}, name, options=_options(name),
+                                      uncertainty=dataclasses.replace(uncertainty, seed=k), **keywords)
+                out.append(result.null.p_value[0, 1])
+        rates = [f"{np.mean(np.array(p) <= 0.05):.3f}" for p in (within, mixed)]
+        print(f"| {name} | {rates[0]} | {rates[1]} | {time.perf_counter() - start:.0f} |", flush=True)
 
 
 STRUCTURED_MEASURES = ["linear_cka", "debiased_cka", "rbf_cka", "svcca", "pwcca", "mean_cca", "neuronsim", "mixedsim",
@@ -121,7 +156,10 @@ def main() -> None:
     parser.add_argument("--streamed", action="store_true", help="with --structured: the streamed route too")
     parser.add_argument("--measures", nargs="+", default=MEASURES, choices=sorted(set(MEASURES) | {
         "debiased_cka", "rbf_cka", "procrustes", "shape_metric", "rsa", "knn_jaccard"}))
+    parser.add_argument("--compare-probe", action="store_true", help="only the compare stage's 12-task probe")
     args = parser.parse_args()
+    if args.compare_probe:
+        return compare_probe(args.draws or (200 if args.quick else 400), args.permutations or 99)
     if args.structured:
         chosen = args.measures if args.measures != MEASURES else STRUCTURED_MEASURES
         return structured(args.draws or 200, args.permutations or 99, chosen, args.streamed)

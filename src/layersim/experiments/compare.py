@@ -3,47 +3,81 @@ measure — the pretrained encoder, the random-init control of its architecture 
 similarity.random_control: what an untrained network of the same shape scores), its fine-tuned models for
 each task (first seed; Wu et al. Figures 5–7) and the other pretrained models of `compare.models`, of any
 family, width and depth, each followed by its own random-init control ("<name> (random init)"; Wu et al.
-Figures 1, 8 and 9; pretrained, so not Phang et al.'s cross-model figure of fine-tuned models). Every measure compares layers of different widths (each is a function
-of the two layers' example × example structure or of their canonical correlations, never of neuron identity
-across models), so one matrix holds them all.
+Figures 1, 8 and 9; pretrained, so not Phang et al.'s cross-model figure of fine-tuned models). Every measure
+compares layers of different widths (each is a function of the two layers' example × example structure or of their
+canonical correlations, never of neuron identity across models), so one matrix holds them all.
 The probe is encoded by every model (the extract stage's pooling, layersim.experiments.extract); every number is
 computed by layersim.similarity.results and summarised by layersim.reporting.similarity, as figures, plot rows and
 metrics (:class:`layersim.reporting.similarity.SimilarityOutputs`, folders "plots" and "localization"); the stage
-writes them."""
+writes them.
+
+One corpus at a time (:func:`probe_result`). The probe holds the first compare.probe_examples validation examples
+of every task. Mixed as they are, the tasks' differences (length, genre, one sentence, a pair or four choices) are
+a large, low-rank component that every model shows, random-init ones included, and that alone makes two unrelated
+models look alike: two representations that share only a 12-group structure, x = a_g + e and y = b_g + f with a, b
+independent (12 x 100 rows, d = 64, noise sd 0.5), have linear CKA 0.78 against a row-permutation null mean of
+0.011. So with more than one task, every layer's rows are first centred within their task, x_i - mean(x over the
+rows of i's task), before any measure, and the null permutes whole examples only within their task (the
+permutation null's `strata` = task, `groups` = example: the words or the choices of one example move together).
+For linear CKA the centred value is the CKA of the pooled within-task cross-covariance, ||sum_t X_t' Y_t||_F^2 /
+(||sum_t X_t' X_t||_F ||sum_t Y_t' Y_t||_F), each task's centred rows X_t: what the models share *within* a corpus,
+pooled over corpora (Wu et al. compute their cross-model figures on one corpus). The test is exact: a permutation
+within a task leaves the task's means, so the centring, unchanged, and under "no relation within any task" the
+pairings it draws are equally likely. One matrix over all rows (rather than one per task, averaged) keeps the
+null's bias at the probe's n (12 x 100 rows: linear CKA's null mean ~0.05 at d = 64, against ~0.39 at 100 rows)
+and every measure, null and correction as they are. With one task nothing is centred and the null is as before."""
 
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from layersim.compute.device import resolve_device
 from layersim.data.batching import encode_task
 from layersim.data.io import AttentionTable, read_task_table
 from layersim.data.tasks import get_task
-from layersim.experiments.extract import (Pooled, concatenate_pooled, extract_task_attention, models_for_pooling,
-                                          pooled_layers)
+from layersim.data.words import align_rows
+from layersim.experiments.extract import Pooled, concatenate_pooled, extract_task_attention, pooled_layers
 from layersim.models.random_control import random_encoder
 from layersim.models.registry import load_encoder, load_tokenizer
 from layersim.params import Params
 from layersim.reporting.similarity import SimilarityOutputs, StackedReport, localization_summary, stacked_summary
+from layersim.similarity.cka import is_constant
 from layersim.similarity.comparisons import RANDOM, attention_maps, attention_measure_label, number
+from layersim.similarity.exchangeability import block_permutations, unmovable
 from layersim.similarity.registry import MEASURES, check_computable
-from layersim.similarity.results import Uncertainty, localization_of, reach_warning, settings, stacked_result
+from layersim.similarity.results import (StackedResult, Uncertainty, localization_of, reach_warning, settings,
+                                         stacked_result)
 
-def probe_representations(folder: Path, params: Params, task_dirs: dict[str, Path], device, encoder=None) -> Pooled:
+
+@dataclass
+class Probe(Pooled):
+    """One model's layers over the probe (:class:`Pooled`, word keys led by the task's index) and where each
+    per-example row (cls, mean, last: one per example and choice) comes from: (rows, 2) task index, example id."""
+    example_keys: np.ndarray | None = None
+
+
+def probe_representations(folder: Path, params: Params, task_dirs: dict[str, Path], device, encoder=None) -> Probe:
     """Per-layer arrays of each pooling of the model in `folder` (or of `encoder`, with the folder's tokenizer)
     over the probe: the first compare.probe_examples validation examples of every task, each encoded as its own
-    task (words: the first extract.max_tokens of each task, keyed by task, example, choice, segment and word)."""
+    task (words: the first extract.max_tokens of each task, keyed by task, example, choice, segment and word), with
+    the task and example of every per-example row."""
     tokenizer, encoder = load_tokenizer(folder), load_encoder(folder) if encoder is None else encoder
     poolings = params.similarity.poolings
-    per_task = []
-    for task, task_dir in task_dirs.items():
+    per_task, keys = [], []
+    for k, (task, task_dir) in enumerate(task_dirs.items()):
         spec = get_task(task)
         table = read_task_table(task_dir, spec, "validation", params.compare.probe_examples)
         encoded = encode_task(table, spec, tokenizer, params.finetune.max_length, words="tokens" in poolings)
         per_task.append(pooled_layers(encoder, tokenizer, encoded, poolings, params.extract.batch_size, device,
                                       max_tokens=params.extract.max_tokens))
-    return concatenate_pooled(per_task)
+        example = np.repeat(encoded.example_id, encoded.num_choices)  # pooled_batches' row order
+        keys.append(np.column_stack([np.full(len(example), k), example]))
+    pooled = concatenate_pooled(per_task)
+    return Probe(pooled.layers, pooled.word_keys, np.concatenate(keys).astype(np.int64))
 
 
 def probe_attention(folder: Path, params: Params, task_dirs: dict[str, Path], device, scratch: Path,
@@ -124,22 +158,28 @@ def compare_representations(representations: dict[str, Pooled], params: Params,
     p = params.similarity
     options, uncertainty = settings(p)
     out, rows, localization_rows = SimilarityOutputs(), [], []
-    stacked = stacked_title(params)
     for pooling, measures in p.measures.items():
         # Word rows ("tokens") are lined up on their keys: the words every model's truncation kept.
-        models = models_for_pooling(representations, pooling)
+        models, strata, groups = probe_rows(representations, pooling)
         sizes = {label: len(layers) for label, layers in models.items()}
+        stacked = stacked_title(params, strata)
         for measure in measures:  # before any work: e.g. mixedsim needs more examples than neurons
-            check_computable(measure, len(models["ORIG"][0]), {label: layers[0].shape[1] for label, layers in models.items()})
+            check_computable(measure, len(models["ORIG"][0]),
+                             {label: layers[0].shape[1] for label, layers in models.items()})
         # Before any permutation: can the correction declare a cell of the heatmap with this many draws?
         shortfall = reach_warning(uncertainty, measures, len(models["ORIG"][0]), options, sum(sizes.values()) ** 2,
                                   f"compare ({pooling})")
         if shortfall:
             warn("%s", shortfall)
+        num_rows = len(models["ORIG"][0])  # whole examples move within their task: can a p-value reach α?
+        blocks = None if unmovable(num_rows, groups, strata) else block_permutations(num_rows, groups, strata)
+        if blocks is not None and blocks.note(uncertainty.significance):
+            warn("compare (%s): %s", pooling, blocks.note(uncertainty.significance))
         matrices = {}
         for measure in measures:
             report = stacked_report(models, measure, f"{MEASURES[measure].label}, {pooling.upper()} — {stacked}",
-                                    options=options, uncertainty=uncertainty, pooling=pooling)
+                                    options=options, uncertainty=uncertainty, strata=strata, groups=groups,
+                                    pooling=pooling)
             matrices[measure] = report.matrix
             out.figures["plots", f"{pooling}.{measure}.png"] = report.figure
             rows += report.rows
@@ -158,22 +198,80 @@ def compare_representations(representations: dict[str, Pooled], params: Params,
     return out
 
 
-def stacked_title(params: Params) -> str:
-    """Which models a stacked figure holds, for its title: the base model as ORIG, its random init as RANDOM."""
+def stacked_title(params: Params, strata: np.ndarray | None = None) -> str:
+    """Which models a stacked figure holds, for its title: the base model as ORIG, its random init as RANDOM; with
+    several tasks in the probe (`strata`), a second line saying how they are kept apart (:func:`probe_result`)."""
     control = params.similarity.random_control is not None
     others = ", ".join(params.compare.models)
-    return (f"{params.model} (ORIG){', its random init (RANDOM)' if control else ''}, its fine-tuned models"
-            + (f"; {others}{' and their random inits' if control else ''}" if others else ""))
+    title = (f"{params.model} (ORIG){', its random init (RANDOM)' if control else ''}, its fine-tuned models"
+             + (f"; {others}{' and their random inits' if control else ''}" if others else ""))
+    if strata is None:
+        return title
+    return (f"{title}\n{len(np.unique(strata))} tasks' probes: rows centred within each task, the null permutes "
+            "examples only within their task")
+
+
+def probe_rows(representations: dict[str, Probe | Pooled], pooling: str
+               ) -> tuple[dict[str, list[np.ndarray]], np.ndarray | None, np.ndarray | None]:
+    """Label → per-layer arrays of one pooling, rows lined up across the models (word rows on their keys,
+    :func:`layersim.data.words.align_rows`: the words every model's truncation kept), each row's task (None for a
+    probe of one task) and each row's example (None when every row is an example of its own, as before)."""
+    first = next(iter(representations.values()))
+    if pooling == "tokens":
+        keys, models = align_rows({label: (reps.word_keys, reps.layers[pooling])
+                                   for label, reps in representations.items()})
+        # Keys: (task, example, choice, segment, word) from the probe; (example, …) from one task's table.
+        keys = keys[:, :2] if keys.shape[1] == 5 else np.column_stack([np.zeros(len(keys), np.int64), keys[:, 0]])
+    else:
+        models = {label: reps.layers[pooling] for label, reps in representations.items()}
+        keys = getattr(first, "example_keys", None)
+    if keys is None:
+        return models, None, None
+    strata = keys[:, 0] if len(np.unique(keys[:, 0])) > 1 else None
+    groups = np.unique(keys, axis=0, return_inverse=True)[1].reshape(-1)
+    return models, strata, None if len(np.unique(groups)) == len(groups) else groups
+
+
+def centred_within(layers: list[np.ndarray], strata: np.ndarray) -> list[np.ndarray]:
+    """Each layer's rows minus the mean of the rows of their stratum (feature by feature, in float64, returned in
+    the layer's dtype). A layer that is constant within every stratum becomes exactly zero, so that it stays
+    undefined (is_constant) rather than keep the rounding residue of its stratum means."""
+    _, index = np.unique(strata, return_inverse=True)
+    index = index.reshape(-1)
+    members = np.zeros((len(index), index.max() + 1))
+    members[np.arange(len(index)), index] = 1.0
+    counts = members.sum(axis=0)
+    out = []
+    for layer in layers:
+        if all(is_constant(layer[index == s]) for s in range(len(counts))):
+            out.append(np.zeros_like(layer))
+            continue
+        means = (members.T @ layer.astype(np.float64)) / counts[:, None]
+        out.append(np.subtract(layer, means[index], dtype=np.float64).astype(layer.dtype))
+    return out
+
+
+def probe_result(models: dict[str, list], measure: str, *, options: dict | None = None,
+                 uncertainty: Uncertainty | None = None, strata: np.ndarray | None = None,
+                 groups: np.ndarray | None = None, attention: bool = False) -> StackedResult:
+    """The compare stage's numbers for one measure over one pooling of the probe (the module docstring): with
+    `strata` (row → task), every layer's rows centred within their task and every cell's null permuting examples
+    only within their task; with `groups` (row → example), the rows of one example moved together. Without
+    either, :func:`layersim.similarity.results.stacked_result` as it is."""
+    keywords = {key: value for key, value in (("strata", strata), ("groups", groups)) if value is not None}
+    if strata is not None and not attention:
+        models = {label: centred_within(layers, strata) for label, layers in models.items()}
+    return stacked_result(models, measure, options=options, uncertainty=uncertainty, attention=attention, **keywords)
 
 
 def stacked_report(models: dict[str, list], measure: str, title: str, *, options: dict | None = None,
                    uncertainty: Uncertainty | None = None, first_layer: int = 0, attention: bool = False,
-                   **fields) -> StackedReport:
+                   strata: np.ndarray | None = None, groups: np.ndarray | None = None, **fields) -> StackedReport:
     """All layers of `models` stacked (Wu et al. Figures 1 and 5), the first model being
-    the reference of the summary: computed (layersim.similarity.results.stacked_result), with `uncertainty`
+    the reference of the summary: computed (:func:`probe_result`: within task with `strata`), with `uncertainty`
     every cell's permutation null (not for attention maps), then reported with the cells not above it hatched
     (layersim.reporting.similarity.stacked_summary). `fields` are added to every plot row (e.g. pooling)."""
-    result = stacked_result(models, measure, options=(options or {}).get(measure, {}), uncertainty=uncertainty,
-                            attention=attention)
+    result = probe_result(models, measure, options=(options or {}).get(measure, {}), uncertainty=uncertainty,
+                          strata=strata, groups=groups, attention=attention)
     return stacked_summary(result, title, uncertainty=uncertainty, first_layer=first_layer, attention=attention,
                            **fields)
