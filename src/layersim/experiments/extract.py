@@ -249,7 +249,8 @@ def extract_activations(encoder, tokenizer, spec: TaskSpec, encoded: EncodedTask
                 else:
                     writer.write(batch.example_id, batch.choice, batch.labels, batch.layers[pooling])
         if pruning is not None:
-            write_json({**metadata, **pruning.record()}, pruning_path)
+            shape = {"num_layers": config.num_hidden_layers, "hidden_size": config.hidden_size}  # as the tables'
+            write_json({**metadata, **shape, **pruning.record()}, pruning_path)
 
 
 @dataclass
