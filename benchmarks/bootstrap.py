@@ -29,52 +29,85 @@ from null import make_layers  # benchmarks/null.py: run as `python benchmarks/bo
 from layersim.similarity import similarity, similarity_matrix
 from layersim.similarity.bootstrap import bootstrap_pairs, finish
 from layersim.similarity.bootstrap_matrix import bootstrap_matrix
-from layersim.similarity._cca_core import dimension_cap
+from layersim.similarity._cca_core import CAPPED_MEASURES, dimension_cap
 
 WIDTH = 64
+# Where the measure on the whole population is out of reach, the population is a subsample of this many rows:
+# RBF CKA's exact kernels (Nyström above 10,000 rows), RSA's RDMs (n² pairs), k-NN's n² distances.
+POPULATION_ROWS = {"rbf_cka": 5_000, "rsa": 3_000, "knn_jaccard": 20_000}
 
 
-def population(rows: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def population(rows: int, seed: int = 0, design: str = "review") -> tuple[np.ndarray, np.ndarray]:
+    """``review``: X 64 wide with a 1/k variance spectrum, Y = X·A + 0.3·noise (the statistics review's);
+    ``knn``: X 20 wide, Y = X + 1.5·noise (the 2026-11-27 review's §3 k-NN check); ``independent``: X and Y
+    30 wide, independent (§3's RSA check, population value 0 for every centred measure)."""
     rng = np.random.default_rng(seed)
+    if design == "knn":
+        x = rng.normal(size=(rows, 20))
+        return x, x + 1.5 * rng.normal(size=(rows, 20))
+    if design == "independent":
+        return rng.normal(size=(rows, 30)), rng.normal(size=(rows, 30))
     x = rng.normal(size=(rows, WIDTH)) / np.sqrt(np.arange(1, WIDTH + 1))
     mixing = rng.normal(size=(WIDTH, WIDTH)) / np.sqrt(WIDTH)
     return x, x @ mixing + 0.3 * rng.normal(size=(rows, WIDTH))
 
 
+# (label, design, n, repeats): every measure at its default options on the review's population, linear CKA
+# with 1,000 repeats (§13), k-NN Jaccard and RSA also on §3's designs; small n where a resample is costly.
+CASES = [("linear_cka", "review", 300, 1000), ("rbf_cka", "review", 300, 200), ("debiased_cka", "review", 300, 200),
+         ("svcca", "review", 300, 200), ("pwcca", "review", 300, 200), ("mean_cca", "review", 300, 200),
+         ("neuronsim", "review", 300, 200), ("mixedsim", "review", 300, 200), ("procrustes", "review", 300, 200),
+         ("shape_metric", "review", 300, 200), ("rsa", "review", 150, 200), ("rsa", "independent", 150, 200),
+         ("knn_jaccard", "knn", 200, 200), ("knn_jaccard", "review", 200, 200)]
+
+
 def measure_options(label: str, n: int) -> tuple[str, dict]:
-    if label == "svcca@20":
-        return "svcca", {"max_dims": 20}
-    if label == "svcca@auto":
-        return "svcca", {"max_dims": dimension_cap(n)}  # what "auto" is on n rows (the bootstrap pins it)
-    return label, {}
+    """The measure and the options its population value takes: a CCA measure's cap pinned at ⌊(n − 1)/10⌋
+    (what "auto" is on n rows, and what the bootstrap pins), unless fixed by the label (``svcca@20``)."""
+    name, _, cap = label.partition("@")
+    if cap:
+        return name, {"max_dims": int(cap)}
+    return name, ({"max_dims": dimension_cap(n)} if name in CAPPED_MEASURES else {})
+
+
+def population_value(name: str, options: dict, px: np.ndarray, py: np.ndarray, n: int) -> float:
+    """The measure on the population (or :data:`POPULATION_ROWS` of it). k-NN Jaccard with k = 10 is a
+    neighbourhood of 10/(n − 1) of the other examples; on N rows the same share is k·(N − 1)/(n − 1)."""
+    rows = POPULATION_ROWS.get(name, len(px))
+    if name == "knn_jaccard":
+        options = {**options, "k": round(10 * (rows - 1) / (n - 1))}
+    return similarity(name, px[:rows], py[:rows], **options)
 
 
 def coverage(args) -> None:
-    px, py = population(args.population)
-    rng = np.random.default_rng(1)
-    print("| measure | n | population | mean estimate | method | coverage | below / above | mean width "
-          "| excludes its estimate |\n|---|---|---|---|---|---|---|---|---|")
-    for label in args.measures:
-        for n in args.n_coverage:
+    print("| measure | design | n | repeats | population | mean estimate | method | coverage ± SE | below / above "
+          "| mean width | excludes its estimate |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    cases = [c for c in CASES if c[0] in args.measures] + [(m, "review", 300, 100) for m in args.measures
+                                                              if m not in {c[0] for c in CASES}]
+    for label, design, n_case, repeats in cases:
+        px, py = population(args.population, design=design)
+        rng = np.random.default_rng(1)
+        for n in args.n_coverage or [n_case]:
             name, options = measure_options(label, n)
-            truth = similarity(name, px, py, **options)
+            truth = population_value(name, options, px, py, n)
             rows = {m: [] for m in ("basic", "percentile", "bca")}
             estimates = []
-            for _ in range(args.repeats):
+            for _ in range(args.repeats or repeats):
                 pick = rng.choice(len(px), n, replace=False)
                 seed = int(rng.integers(1 << 30))
                 bca = bootstrap_pairs(name, [px[pick]], [py[pick]], resamples=args.resamples, seed=seed,
-                                      interval="bca", **({} if label == "svcca@auto" else options))
+                                      interval="bca", **({} if "@" not in label else options))
                 estimates.append(bca.estimate[0])
                 for method in rows:
                     r = bca if method == "bca" else finish(name, bca.estimate, bca.values, None, 0.95, method)
                     rows[method].append((r.low[0], r.high[0], r.estimate[0]))
             for method, got in rows.items():
                 low, high, est = np.array(got).T
-                print(f"| {label} | {n:,} | {truth:.4f} | {np.mean(estimates):.4f} | {method} | "
-                      f"{np.mean((low <= truth) & (truth <= high)):.2f} | {np.mean(truth < low):.2f} / "
-                      f"{np.mean(truth > high):.2f} | {np.mean(high - low):.3f} | "
-                      f"{np.mean((est < low) | (est > high)):.2f} |", flush=True)
+                covered = np.mean((low <= truth) & (truth <= high))
+                print(f"| {label} | {design} | {n:,} | {len(low)} | {truth:.4f} | {np.mean(estimates):.4f} | "
+                      f"{method} | {covered:.3f} ± {np.sqrt(covered * (1 - covered) / len(low)):.3f} | "
+                      f"{np.mean(truth < low):.3f} / {np.mean(truth > high):.3f} | {np.mean(high - low):.3f} | "
+                      f"{np.mean((est < low) | (est > high)):.3f} |", flush=True)
 
 
 def cost(args) -> None:
@@ -105,10 +138,11 @@ def cost(args) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--coverage", action="store_true", help="the coverage simulation instead of the cost")
-    parser.add_argument("--measures", nargs="+", default=["linear_cka", "svcca@20", "svcca@auto"])
-    parser.add_argument("--n-coverage", type=int, nargs="+", default=[300, 1000])
+    parser.add_argument("--measures", nargs="+", default=list(dict.fromkeys(c[0] for c in CASES)),
+                        help="measures (svcca@20: a fixed cap) for --coverage; each runs its CASES")
+    parser.add_argument("--n-coverage", type=int, nargs="+", default=None, help="rows per sample (default: CASES')")
     parser.add_argument("--population", type=int, default=200_000)
-    parser.add_argument("--repeats", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=None, help="samples per case (default: CASES')")
     parser.add_argument("--resamples", type=int, default=200)
     parser.add_argument("--n", type=int, nargs="+", default=[2000, 20_000], help="rows, for the cost")
     parser.add_argument("--d", type=int, nargs="+", default=[384, 768], help="neurons per layer, for the cost")

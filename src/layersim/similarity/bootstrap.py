@@ -11,20 +11,30 @@ values' quantiles (Davison & Hinkley 1997, §5.2); ``"percentile"``, ``[q_lo, q_
 and accelerated (Efron 1987), the quantiles at levels moved by ``z0`` (where the estimate sits among the
 resamples) and ``a`` (their skewness, from a delete-block jackknife of :data:`JACKKNIFE_BLOCKS` blocks of whole
 groups: a block's influence sums its rows', so ``a`` is the delete-one formula's at ~10% of 200 resamples).
-``"auto"`` (the default) is measured, not assumed (``benchmarks/bootstrap.py --coverage``, the statistics
-review's population, 95%): for linear CKA the resamples' upward bias (a resample holds ~63% distinct rows)
-matches the estimate's own, so basic, which subtracts it, covers 0.95 / 0.94 at n = 300 / 1,000, where
-percentile covers 0.49 / 0.84 and BCa 0.78 / 0.91 (its ``z0`` ≈ −1 pushes the low level to the resamples'
-minimum); for SVCCA (cap 20) the estimate is biased *down* (noisy principal components) while resamples come
-out *higher* (CCA overfits the fewer distinct rows), so subtracting the resamples' bias goes the wrong way:
-basic covers 0.40, BCa 0.45, percentile 0.90. So "auto" is percentile for the CCA measures (svcca, pwcca,
-mean_cca) and basic for the others; ``BootstrapResult.method`` says which made each result.
+``"auto"`` (the default) is the method :data:`AUTO_INTERVAL` names for the measure, from a measured coverage
+of the population value (``benchmarks/bootstrap.py --coverage``; a measure's value on 200,000 rows of the
+review's population, 64 wide, 1/k spectrum, Y = X·A + 0.3·noise; n = 300, 200 resamples, 95%; the table with
+every measure is in docs/reading-the-numbers.md, "Interval coverage"). Where no method covered within
+:data:`COVERED` (0.85–0.99), "auto" gives no interval: NaN bounds, ``method`` "none" and ``note`` saying why
+(the resamples are still drawn). Linear CKA, 1,000 repeats: basic 0.885 ± 0.010 (the resamples' upward bias,
+~63% distinct rows, about matches the estimate's, which basic subtracts), percentile 0.50, BCa 0.74: the
+0.95 once claimed here was wrong, the statistics review's 0.87 / 0.89 right. The CCA measures with their
+default cap ``⌊(n − 1)/10⌋`` (29 at n = 300): the estimate is biased *down* (0.587 against SVCCA's 0.597) while
+resamples come out ~0.03 *higher* (CCA overfits the fewer distinct rows), five times the resamples' spread,
+so no method covers (SVCCA: basic 0.01, percentile 0.03, BCa 0.01; PWCCA 0.00 / 0.00 / 0.01).
+``BootstrapResult.method`` says which made each result.
+
+k-NN Jaccard and RSA compare pairs of rows, and a resample's copies of one example agree in every layer
+(distance 0): :func:`resampled_options` tells them which source row each resampled row copies (whole
+examples' rows, with ``groups``), and they leave copies out (:mod:`~layersim.similarity.neighbours`,
+:mod:`~layersim.similarity.rsa`); their values on all rows are unchanged.
 
 Every interval contains ``centre``, the bias-corrected value it is built around (basic: ``2θ̂ − median``;
 percentile: the median; BCa: the quantile at ``Φ(z0 + z0/(1 − a·z0))``); report it beside the interval. The
 estimate itself lies inside unless nearly all resamples fall on one side of it (for every method: the estimate
 beyond the resamples' ``(1 ± level)/2`` quantiles), i.e. the bootstrap finds a bias larger than the spread;
-``excludes_estimate`` flags it (SVCCA at n = 300: 20% of intervals), and ``plots.diagonal_curves`` marks it.
+``excludes_estimate`` flags it (RBF CKA at n = 300: 87% of basic intervals), and ``plots.diagonal_curves``
+marks it.
 
 The CCA measures cap their dimensions at ``⌊(n − 1)/10⌋`` by default (``max_dims="auto"``), a cap that moves
 with the row count; the bootstrap pins it at the full sample's value, so every resample (a cluster
@@ -50,16 +60,31 @@ from layersim.similarity._cca_core import CAPPED_MEASURES, dimension_cap
 from layersim.similarity._common import blas_threads_for, check_options
 from layersim.similarity._null_engines import ENGINES
 from layersim.similarity.cka import is_constant
-from layersim.similarity.registry import get_measure, similarity
+from layersim.similarity.registry import get_measure
 
 INTERVALS = ("auto", "basic", "percentile", "bca")
 
 
-def chosen_interval(name: str, interval: str) -> str:
-    """"auto": percentile for the CCA measures, basic for the others (the module docstring says why)."""
-    if interval != "auto":
-        return interval
-    return "percentile" if name in CAPPED_MEASURES else "basic"
+# What "auto" is for each measure: the method whose 95% interval covered the population value within COVERED
+# in benchmarks/bootstrap.py --coverage (the module docstring's table); None where no method did: no interval.
+AUTO_INTERVAL: dict[str, str | None] = {
+    "linear_cka": "basic", "debiased_cka": "percentile", "rbf_cka": None, "svcca": None, "pwcca": None,
+    "mean_cca": None, "neuronsim": None, "mixedsim": None, "procrustes": None, "shape_metric": None,
+    "rsa": "basic", "knn_jaccard": "basic",
+}
+COVERED = (0.85, 0.99)
+
+
+def chosen_interval(name: str, interval: str) -> str | None:
+    """"auto": the measured method of :data:`AUTO_INTERVAL` (None: no interval is shown); else ``interval``."""
+    return AUTO_INTERVAL[name] if interval == "auto" else interval
+
+
+def no_interval_note(name: str) -> str:
+    """Why "auto" gives ``name`` no interval (:data:`AUTO_INTERVAL`)."""
+    return (f"no interval: no bootstrap interval of {name} covered its population value within "
+            f"{COVERED[0]:.2f}–{COVERED[1]:.2f} of the time in benchmarks/bootstrap.py --coverage (see "
+            "docs/reading-the-numbers.md); interval='percentile' or 'basic' gives one regardless")
 
 # Delete-block jackknife for BCa's acceleration: 20 recomputations (10% of 200 resamples) estimate the
 # skewness about as well as n would for the size of correction it makes (a is ~0.01–0.05 here).
@@ -77,8 +102,9 @@ class BootstrapResult:
     resamples: int
     level: float
     values: np.ndarray | None = None  # (resamples, ...): the measure on each resample (NaN: undefined)
-    method: str = "basic"
+    method: str = "basic"  # "none": "auto" has no measured method for this measure (see `note`)
     centre: np.ndarray | None = None  # the bias-corrected value the interval contains (see the module doc)
+    note: str | None = None  # why there is no interval (low, high and centre NaN), when there is none
 
     @property
     def excludes_estimate(self) -> np.ndarray:
@@ -122,8 +148,10 @@ def _group_members(num_rows: int, groups: np.ndarray) -> list[np.ndarray]:
     return np.split(order, np.cumsum(np.bincount(inverse))[:-1])
 
 
-def check_arguments(name: str, options: dict, resamples: int, level: float, interval: str) -> tuple[dict, str]:
-    """Validate before any work; return the measure's options and the interval method "auto" resolves to."""
+def check_arguments(name: str, options: dict, resamples: int, level: float,
+                    interval: str) -> tuple[dict, str | None]:
+    """Validate before any work; return the measure's options and the interval method "auto" resolves to
+    (None: no interval; the resamples are still drawn, for callers that use their values)."""
     measure = get_measure(name)
     check_options(name, options, measure.options)
     if not (isinstance(resamples, (int, np.integer)) and resamples >= 2):
@@ -173,7 +201,8 @@ def bootstrap_pairs(name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray
     def on_rows(row_sets: list[np.ndarray]) -> np.ndarray:
         out = np.full((len(row_sets), len(pairs)), np.nan)
         for r, rows in enumerate(row_sets):
-            out[r, defined] = _pair_values(name, resampled(name, layers, rows), chosen, options)
+            out[r, defined] = _pair_values(name, resampled(name, layers, rows), chosen,
+                                           resampled_options(name, options, rows))
         return out
 
     estimate = np.full(len(pairs), np.nan)
@@ -186,6 +215,18 @@ def bootstrap_pairs(name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray
 
 # Measures of inner products of centred columns, unchanged by an orthogonal map of the rows.
 ROW_ROTATION_INVARIANT = frozenset({"linear_cka", "svcca", "pwcca", "mean_cca", "neuronsim"})
+
+
+# Measures that compare pairs of rows: a row and its copy (distance 0 in every layer) would agree by construction,
+# so on a resample they are told which source row each row copies (``sources``) and leave copies out.
+COPY_AWARE = frozenset({"knn_jaccard", "rsa"})
+
+
+def resampled_options(name: str, options: dict, rows: np.ndarray) -> dict:
+    """The measure's options on the resample of ``rows`` (row indices into the sample, repeated for copies;
+    whole groups' rows when resampled by group): for :data:`COPY_AWARE` measures ``sources=rows``, so
+    copies of one row, in one drawn group or in two copies of it, are never compared with each other."""
+    return {**options, "sources": np.asarray(rows)} if name in COPY_AWARE else options
 
 
 def resampled(name: str, layers: Sequence[np.ndarray], rows: np.ndarray) -> list[np.ndarray]:
@@ -209,9 +250,14 @@ def resampled(name: str, layers: Sequence[np.ndarray], rows: np.ndarray) -> list
 
 
 def finish(name: str, estimate: np.ndarray, values: np.ndarray, jackknife: np.ndarray | None, level: float,
-           interval: str) -> BootstrapResult:
-    """The result from the estimates, the resamples' values (resamples, ...) and, for BCa, the jackknife's."""
+           interval: str | None) -> BootstrapResult:
+    """The result from the estimates, the resamples' values (resamples, ...) and, for BCa, the jackknife's;
+    ``interval`` None: NaN bounds and the note saying why."""
     shape = estimate.shape
+    if interval is None:
+        nan = np.full(shape, np.nan)
+        return BootstrapResult(estimate, nan, nan.copy(), len(values), level, values, "none", nan.copy(),
+                               no_interval_note(name))
     flat = values.reshape(len(values), -1)
     jack = None if jackknife is None else jackknife.reshape(len(jackknife), -1)
     low, high, centre = (np.full(flat.shape[1], np.nan) for _ in range(3))
@@ -290,7 +336,8 @@ def _pair_values(name: str, layers: list[np.ndarray], pairs: list[tuple[int, int
 
 
 def _value(name: str, x: np.ndarray, y: np.ndarray, options: dict) -> float:
-    """The measure, or NaN where it is undefined: a layer that is the same on every (resampled) row."""
+    """The measure, or NaN where it is undefined: a layer that is the same on every (resampled) row. The
+    options were checked by :func:`check_arguments`; ``sources`` (:func:`resampled_options`) is not a user's."""
     if is_constant(x) or is_constant(y):
         return float("nan")
-    return similarity(name, x, y, **options)
+    return float(get_measure(name).pair(x, y, **options))

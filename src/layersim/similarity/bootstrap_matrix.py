@@ -15,7 +15,8 @@ cross-covariance ``Bᵀ B`` of the stacked layers, ``B = √w ⊙ (Z − 1 μ_w�
 instead: each layer's centred Gram is computed once, and a resample re-centres it with the weights on the
 drawn rows and takes all inner products in one product, ``O(L² n²)`` with no ``d`` at all. The other
 measures recompute the matrix on the resampled rows (``similarity_matrix``), so their cost is one matrix
-per resample.
+per resample; k-NN Jaccard and RSA are told which rows are copies of one example and leave them out
+(:func:`~layersim.similarity.bootstrap.resampled_options`).
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from layersim.errors import LayersimError
 from layersim.similarity._cka_kernels import GRAM_BYTES_LIMIT, _add_panel, _normalise, _panel_hsic, _panels, _product_dtype
 from layersim.similarity._common import blas_threads_for, centre
 from layersim.similarity.bootstrap import (BootstrapResult, _group_members, check_arguments, finish, fixed_cap,
-                                           jackknife_rows, resample_rows, resampled)
+                                           jackknife_rows, resample_rows, resampled,
+                                           resampled_options)
 from layersim.similarity.cka import is_constant
-from layersim.similarity.registry import similarity_matrix
+from layersim.similarity.registry import get_measure
 
 # A layer whose weighted self-HSIC falls below this share of its full-sample one is constant on the resample.
 CONSTANT_SHARE = 1e-20
@@ -145,11 +147,11 @@ class _Recomputed:
         rows = np.arange(len(self.xs[0])) if counts is None else np.repeat(np.arange(len(counts)), counts)
         xs = self.xs if counts is None else resampled(self.name, self.xs, rows)
         ys = xs if self.ys is None else self.ys if counts is None else resampled(self.name, self.ys, rows)
+        options = self.options if counts is None else resampled_options(self.name, self.options, rows)
         ok_x = [k for k, a in enumerate(xs) if not is_constant(a)]
         ok_y = ok_x if self.ys is None else [k for k, a in enumerate(ys) if not is_constant(a)]
         out = np.full((len(xs), len(ys)), np.nan)
-        if ok_x and ok_y:
-            out[np.ix_(ok_x, ok_y)] = similarity_matrix(self.name, [xs[k] for k in ok_x],
-                                                        None if self.ys is None else [ys[k] for k in ok_y],
-                                                        **self.options)
+        if ok_x and ok_y:  # options checked by check_arguments; `sources` is the resample's, not a user's
+            out[np.ix_(ok_x, ok_y)] = get_measure(self.name).matrix(
+                [xs[k] for k in ok_x], None if self.ys is None else [ys[k] for k in ok_y], **options)
         return out

@@ -12,7 +12,16 @@ rows, blind to each row's norm) or ``"euclidean"``. Rows are centred on the laye
 direction that transformer states share (their anisotropy) does not make every cosine near 1; Euclidean
 distances do not move. An example is never its own
 neighbour; two rows at the same distance from ``a`` at the ``k``-th place are a tie that the order of
-``np.argpartition`` settles (exact duplicate rows, e.g. a bootstrap resample's, are each other's neighbours).
+``np.argpartition`` settles (exact duplicate rows of the data are each other's neighbours).
+
+A bootstrap resample holds copies of one example, at distance 0 from each other in *both* layers: counted as
+neighbours they would be agreement made by the resampling (the review of 2026-11-27 found resamples 0.05
+above the estimate at n = 200). ``sources`` (which source example each row copies;
+:func:`layersim.similarity.bootstrap.resampled_options` passes it) removes a row's copies from its candidates,
+and compares the two neighbour lists as multisets of sources: a source drawn ``w`` times fills up to ``w``
+places, and its ``c``-th copy in one list matches its ``c``-th in the other, whichever copy the tie gave. That
+is the measure of the resample as a weighted sample: each example's nearest ``k/n`` of the other examples'
+weight. Without ``sources`` (every row its own source) the value is the plain one, unchanged.
 
 Sizes: only the ``n × k`` neighbour indices are kept; they are found a block of :data:`BLOCK_ROWS` rows of
 distances at a time, so memory is ``O(n · (k + BLOCK_ROWS))`` and 50,000 rows fit (the work is ``n² d``:
@@ -46,9 +55,11 @@ def _check(k, metric: str, num_rows: int) -> int:
     return int(k)
 
 
-def neighbours(name: str, a: np.ndarray, k: int = 10, metric: str = "cosine") -> np.ndarray:
+def neighbours(name: str, a: np.ndarray, k: int = 10, metric: str = "cosine",
+               sources: np.ndarray | None = None) -> np.ndarray:
     """``(n, k)`` int64: row ``r`` holds the indices of the ``k`` examples nearest to example ``r`` (itself
-    excluded), in no particular order."""
+    excluded), in no particular order. With ``sources``: the rows of the same source as ``r`` excluded too,
+    and each neighbour given as a label of its source and its rank among that source's copies in the list."""
     k = _check(k, metric, a.shape[0])
     a = centre(name, a, "k-NN Jaccard")  # raises for a constant layer
     n = a.shape[0]
@@ -66,8 +77,26 @@ def neighbours(name: str, a: np.ndarray, k: int = 10, metric: str = "cosine") ->
         # Squared distance up to a per-row constant (−2⟨a_r, a_s⟩ + ‖a_s‖²): the same order within each row.
         score = squares[None, :] - 2.0 * (a[start:stop] @ a.T)
         score[np.arange(stop - start), np.arange(start, stop)] = np.inf
+        if sources is not None:
+            score[sources[start:stop, None] == sources[None, :]] = np.inf
         out[start:stop] = np.argpartition(score, k - 1, axis=1)[:, :k]
-    return out
+    return out if sources is None else _copy_labels(sources[out], k)
+
+
+def _copy_labels(found: np.ndarray, k: int) -> np.ndarray:
+    """Each row's source ids as distinct labels ``source · k + c``, ``c`` counting that source's earlier
+    entries in the row: lists of sources compared as multisets by :func:`_shared`."""
+    ordered = np.sort(found, axis=1)
+    place = np.broadcast_to(np.arange(k), ordered.shape)
+    starts = np.ones(ordered.shape, dtype=bool)
+    starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    first = np.maximum.accumulate(np.where(starts, place, 0), axis=1)
+    return ordered * k + (place - first)
+
+
+def _too_few_candidates(sources: np.ndarray | None, k: int) -> bool:
+    """Whether some row has fewer than ``k`` rows of other sources (a resample with one source drawn often)."""
+    return sources is not None and len(sources) - np.unique(sources, return_counts=True)[1].max() < k
 
 
 def _shared(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -81,23 +110,35 @@ def _jaccard(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean(shared / (2 * a.shape[1] - shared)))
 
 
-def _stats(named: Named, k: int, metric: str) -> list[np.ndarray]:
+def _stats(named: Named, k: int, metric: str, sources: np.ndarray | None = None) -> list[np.ndarray] | None:
+    """Every layer's neighbour lists; None when ``sources`` leave some row fewer than ``k`` candidates."""
     checked = validated(named, "k-NN Jaccard", min_rows=3)
     _check(k, metric, checked[0][1].shape[0])
-    return [neighbours(name, a, k, metric) for name, a in checked]
+    if sources is not None:
+        sources = np.asarray(sources)
+        if sources.shape != (checked[0][1].shape[0],):
+            raise LayersimError(f"sources has shape {sources.shape}; expected one source id per row, "
+                                f"({checked[0][1].shape[0]},).")
+        if _too_few_candidates(sources, k):
+            return None
+    return [neighbours(name, a, k, metric, sources) for name, a in checked]
 
 
-def knn_jaccard(x: np.ndarray, y: np.ndarray, *, k: int = 10, metric: str = "cosine") -> float:
-    """The mean Jaccard overlap of every example's ``k`` nearest neighbours in ``x`` and in ``y``."""
-    a, b = _stats([("x", x), ("y", y)], k, metric)
-    return _jaccard(a, b)
+def knn_jaccard(x: np.ndarray, y: np.ndarray, *, k: int = 10, metric: str = "cosine",
+                sources: np.ndarray | None = None) -> float:
+    """The mean Jaccard overlap of every example's ``k`` nearest neighbours in ``x`` and in ``y``; with
+    ``sources``, a row's copies are not its neighbours (NaN when some row has fewer than ``k`` others)."""
+    stats = _stats([("x", x), ("y", y)], k, metric, sources)
+    return float("nan") if stats is None else _jaccard(*stats)
 
 
 def knn_jaccard_matrix(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray] | None = None, *, k: int = 10,
-                       metric: str = "cosine") -> np.ndarray:
+                       metric: str = "cosine", sources: np.ndarray | None = None) -> np.ndarray:
     """[i, j] = :func:`knn_jaccard` ``(xs[i], ys[j])``; each layer's neighbours found once."""
     x_named, y_named = named_lists(xs, ys)
-    stats = _stats(x_named + (y_named or []), k, metric)
+    stats = _stats(x_named + (y_named or []), k, metric, sources)
+    if stats is None:
+        return np.full((len(x_named), len(y_named or x_named)), np.nan)
     sx, sy = stats[: len(x_named)], (None if y_named is None else stats[len(x_named):])
     return fill_matrix(sx, sy, _jaccard, symmetric=True)
 
@@ -121,8 +162,11 @@ class _KnnEngine(_Engine):
 
 
 def knn_engine(x_named: Named, y_named: Named | None, cells: np.ndarray, *, k: int = 10,
-               metric: str = "cosine") -> _Engine:
-    """The permutation-null engine: each layer's neighbour lists found once, y's relabelled per permutation."""
-    stats = _stats(x_named + (y_named or []), k, metric)
+               metric: str = "cosine", sources: np.ndarray | None = None) -> _Engine:
+    """The permutation-null engine: each layer's neighbour lists found once, y's relabelled per permutation.
+    With ``sources`` (a bootstrap resample) only ``values(None)``: source labels are not row indices."""
+    stats = _stats(x_named + (y_named or []), k, metric, sources)
+    if stats is None:
+        raise LayersimError(f"a row of this resample has fewer than k = {k} rows of other sources.")
     nx = stats[: len(x_named)]
     return _KnnEngine(cells, nx, nx if y_named is None else stats[len(x_named):])

@@ -24,6 +24,13 @@ in float64, 20 GB at n = 50,000), and the null engine holds every layer's at onc
 are loaded). It has no streamed route: the RDM needs every pair of rows, not the second moments a streamed
 table gives. A row permutation ``π`` of ``y`` permutes its RDM as ``D[π][:, π]`` and ranks commute with it, so
 the null only permutes the prepared matrices (:func:`rsa_engine`).
+
+A bootstrap resample holds copies of one example, whose dissimilarity is 0 in *every* RDM: compared, these
+pairs would be agreement made by the resampling. ``sources`` (which source example each row copies;
+:func:`layersim.similarity.bootstrap.resampled_options` passes it) leaves the pairs of copies of one source out
+of the comparison, as rsatoolbox's bootstrap treats them as missing (Schütt et al. 2023, "Statistical
+inference on representational geometries"); all other pairs count with their multiplicity. Without
+``sources`` the value is the plain one, unchanged.
 """
 
 from __future__ import annotations
@@ -81,14 +88,18 @@ def rdm(name: str, a: np.ndarray, kind: str = "correlation") -> np.ndarray:
     return out
 
 
-def _prepared(name: str, a: np.ndarray, kind: str, compare: str) -> np.ndarray:
+def _prepared(name: str, a: np.ndarray, kind: str, compare: str, sources: np.ndarray | None = None) -> np.ndarray:
     """The RDM's upper triangle as compared (ranked and centred, centred, or raw), placed back in a symmetric
-    zero-diagonal matrix scaled to unit Frobenius norm: the comparison is then the matrices' inner product."""
+    zero-diagonal matrix scaled to unit Frobenius norm: the comparison is then the matrices' inner product.
+    Pairs of rows of one source (``sources``) are left out: 0 in the matrix, out of the ranks and the mean."""
     check_rsa_sizes(a.shape[0], a.shape[1], name)
     if is_constant(a):  # every example the same: no geometry to compare
         raise _constant_error(name, "RSA")
     d = rdm(name, a, kind)
     upper = np.triu_indices(d.shape[0], k=1)
+    if sources is not None:
+        distinct = sources[upper[0]] != sources[upper[1]]
+        upper = (upper[0][distinct], upper[1][distinct])
     values = d[upper]
     if compare == "spearman":
         values = rankdata(values)
@@ -103,35 +114,43 @@ def _prepared(name: str, a: np.ndarray, kind: str, compare: str) -> np.ndarray:
     return out + out.T
 
 
-def _stats(named: Named, rdm: str, compare: str) -> list[np.ndarray]:
+def _stats(named: Named, rdm: str, compare: str, sources: np.ndarray | None = None) -> list[np.ndarray]:
     _check(rdm, compare)
-    return [_prepared(name, a, rdm, compare) for name, a in validated(named, "RSA", min_rows=3)]
+    checked = validated(named, "RSA", min_rows=3)
+    if sources is not None:
+        sources = np.asarray(sources)
+        if sources.shape != (checked[0][1].shape[0],):
+            raise LayersimError(f"sources has shape {sources.shape}; expected one source id per row, "
+                                f"({checked[0][1].shape[0]},).")
+    return [_prepared(name, a, rdm, compare, sources) for name, a in checked]
 
 
 def _inner(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.clip(np.einsum("ij,ij->", a, b), -1.0, 1.0))
 
 
-def rsa(x: np.ndarray, y: np.ndarray, *, rdm: str = "correlation", compare: str = "spearman") -> float:
-    """The ``compare`` correlation of the two layers' ``rdm`` RDMs (see the module docstring)."""
-    a, b = _stats([("x", x), ("y", y)], rdm, compare)
+def rsa(x: np.ndarray, y: np.ndarray, *, rdm: str = "correlation", compare: str = "spearman",
+        sources: np.ndarray | None = None) -> float:
+    """The ``compare`` correlation of the two layers' ``rdm`` RDMs (see the module docstring); with
+    ``sources``, over the pairs of rows of different sources only."""
+    a, b = _stats([("x", x), ("y", y)], rdm, compare, sources)
     return _inner(a, b)
 
 
 def rsa_matrix(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray] | None = None, *, rdm: str = "correlation",
-               compare: str = "spearman") -> np.ndarray:
+               compare: str = "spearman", sources: np.ndarray | None = None) -> np.ndarray:
     """[i, j] = :func:`rsa` ``(xs[i], ys[j])``; each layer's RDM prepared once."""
     x_named, y_named = named_lists(xs, ys)
-    stats = _stats(x_named + (y_named or []), rdm, compare)
+    stats = _stats(x_named + (y_named or []), rdm, compare, sources)
     sx, sy = stats[: len(x_named)], (None if y_named is None else stats[len(x_named):])
     return fill_matrix(sx, sy, _inner, symmetric=True)
 
 
 def rsa_engine(x_named: Named, y_named: Named | None, cells: np.ndarray, *, rdm: str = "correlation",
-               compare: str = "spearman") -> KernelEngine:
+               compare: str = "spearman", sources: np.ndarray | None = None) -> KernelEngine:
     """The permutation-null engine: the prepared RDMs of y permuted as ``D[π][:, π]`` (their ranks and mean do
-    not move), each cell one inner product."""
-    stats = _stats(x_named + (y_named or []), rdm, compare)
+    not move), each cell one inner product. With ``sources`` (a bootstrap resample) only ``values(None)``."""
+    stats = _stats(x_named + (y_named or []), rdm, compare, sources)
     kx = np.stack(stats[: len(x_named)])
     ky = kx if y_named is None else np.stack(stats[len(x_named):])
     return KernelEngine(cells, kx, ky, lambda inner, perm: np.clip(inner, -1.0, 1.0))
