@@ -19,7 +19,7 @@ from layersim.similarity.correction import (CORRECTIONS, adjusted_p_values, at_c
                                             cells_needed, declares, family_size, permutations_needed,
                                             self_comparison_cells)
 from layersim.experiments.similarity import phang_report
-from layersim.similarity.results import Uncertainty
+from layersim.similarity.results import Uncertainty, correct_claims
 
 NAN = math.nan
 # One heatmap's p-values (FT layer × ORIG layer); NaN: cells without a test (e.g. an undefined layer).
@@ -135,7 +135,9 @@ def test_hatching_plot_rows_metrics_and_headline_follow_the_correction(correctio
     assert metrics["correction"] == correction
     assert metrics["ft_orig"]["p_adjusted"] == pytest.approx(
         {f"layer_0{k}": expected[k, k] for k in range(3)}, abs=1e-6)
-    headline = similarity_headline({"cls": report.metrics}, 0.05)["cls"]["svcca"]
+    full = {"cls": report.metrics}
+    assert correct_claims(full, correction) == 3  # as the similarity stage does: the claims as one family
+    headline = similarity_headline(full, 0.05)["cls"]["svcca"]
     # The first FT–ORIG diagonal layer at chance: layer 1 once corrected (q = .05625, .12), layer 2 uncorrected.
     assert headline["ft_orig_chance_from"] == (2 if correction == "none" else 1)
     assert headline["ft_orig_chance_correction"] == correction
@@ -232,6 +234,7 @@ def _details(p_values_by_measure, correction="fdr_bh"):
 def test_the_headline_claims_are_one_family_across_measures_and_poolings():
     full = _details({"linear_cka": [0.001, 0.02], "svcca": [0.004, 0.03]})
     full["tokens"] = _details({"linear_cka": [0.01, 0.5]}, "fdr_bh")["cls"]
+    assert correct_claims(full, "fdr_bh") == 9  # as the similarity stage does, before the headline reads it
     headline = similarity_headline(full, 0.05)
     # The family: the FT–ORIG diagonals (6 cells) and FT–RANDOM's top layer (3 cells), m = 9. BH by hand on
     # .001 .004 .01 .02 .03 .3 .3 .3 .5: p·9/rank = .009 .018 .03 .045 .054 .45 .3857 .3375 .5, running minimum
@@ -245,5 +248,6 @@ def test_the_headline_claims_are_one_family_across_measures_and_poolings():
     assert headline["cls"]["svcca"]["ft_orig_chance_from"] == 1
     assert headline["cls"]["linear_cka"]["ft_orig_chance_from"] is None
     assert headline["cls"]["svcca"]["ft_orig_chance_correction"] == "fdr_bh"
-    with pytest.raises(LayersimError, match="several corrections"):
-        similarity_headline(full | {"mean": _details({"svcca": [0.1]}, "holm")["cls"]}, 0.05)
+    # The heatmap's own p-values are untouched; without the family (details of an older stage) the raw ones.
+    assert "p_family" not in _details({"svcca": [0.1]})["cls"]["svcca"]["ft_orig"]
+    assert similarity_headline(_details({"svcca": [0.01, 0.06]}), 0.05)["cls"]["svcca"]["ft_orig_chance_from"] == 1

@@ -128,7 +128,7 @@ def test_the_similarity_stage_reads_the_control_checked_against_its_seed(tmp_pat
     known |= {f"seed{s}": {**known["orig"], "model_digest": str(s) * 64} for s in (1, 2)}
     monkeypatch.setattr(similarity_task, "run_expectations",
                         lambda checkpoints, seeds: {run: dict(values) for run, values in known.items()})
-    monkeypatch.setattr(similarity_task, "checkpoint_note", lambda checkpoints, seeds: "")  # no info files here
+    monkeypatch.setattr(similarity_task, "checkpoint_flags", lambda checkpoints, seeds: {})  # no info files here
     models = _planted(np.random.default_rng(7))
     metadata = {"orig": known["orig"], "seed1": known["seed1"], "seed2": known["seed2"],
                 RANDOM_RUN: random_run_metadata(known["orig"], 0)}

@@ -12,7 +12,8 @@ import pytest
 from layersim.similarity.comparisons import phang_comparisons, stacked_matrix, summarize
 from layersim.reporting.headlines import similarity_headline
 from layersim.reporting.page import similarity_tables
-from layersim.similarity.seeds import converged_mean, over_seeds, seed_metrics
+from layersim.compute.runs import converged_mean
+from layersim.similarity.seeds import over_seeds, seed_metrics
 
 # t(0.975, 2 df) in closed form: with 2 df the CDF is 1/2 + t / (2·sqrt(2 + t²)), so t / sqrt(2 + t²) = 0.95.
 T_975_2 = math.sqrt(2 * 0.95**2 / (1 - 0.95**2))

@@ -1,2 +1,2 @@
-"""Numerical building blocks every layer may use: linear algebra, devices and precision, the
+"""Numerical building blocks every layer may use: linear algebra, devices and precision, means over runs, the
 optimiser step loop."""

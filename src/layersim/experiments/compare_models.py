@@ -36,6 +36,7 @@ from layersim.params.rules import check_value
 from layersim.params.schema import ExtractParams, FinetuneParams, SimilarityParams
 from layersim.similarity.bootstrap import bootstrap_pairs
 from layersim.similarity.comparisons import block_slices, stacked_matrix, stacked_null
+from layersim.similarity.exchangeability import unmovable
 from layersim.similarity.registry import MEASURES, check_computable
 from layersim.similarity.results import null_unavailable, reach_warning, settings
 
@@ -360,19 +361,22 @@ def _compare(models: dict[str, list], sides: list[_Side], measures: list[str], p
         opts = options.get(measure, {})
         stacked = stacked_matrix(measure, models, **opts)
         found = MeasureComparison(measure, stacked[rows, columns], stacked=stacked,
-                                  unavailable=null_unavailable(measure, num_rows, opts))
+                                  unavailable=null_unavailable(measure, num_rows, opts) or unmovable(num_rows, groups))
         if with_null and not found.unavailable:
             chosen = np.zeros(stacked.shape, dtype=bool)
             chosen[rows, columns] = True  # the a × b cells only, one heatmap, one family of tests
             null = stacked_null(measure, models, permutations=uncertainty.permutations, seed=uncertainty.seed,
-                                cells=chosen, **opts)
+                                cells=chosen, groups=groups, **opts)  # word rows: whole examples permuted
             found.null_mean, found.p_value = null.null_mean[rows, columns], null.p_value[rows, columns]
             found.p_adjusted = uncertainty.corrected(found.p_value)
             found.at_chance = uncertainty.at_chance(found.p_value)
         if uncertainty.bootstrap and cells and not found.unavailable:
             interval = bootstrap_pairs(measure, [models[a][i] for i, _ in cells], [models[b][j] for _, j in cells],
                                        resamples=uncertainty.bootstrap, seed=uncertainty.seed, groups=groups, **opts)
-            found.cells, found.interval = tuple(cells), (interval.low, interval.high)
-            found.interval_method = interval.method
+            if interval.method == "none":  # no interval method covers for this measure: none, and why
+                result.notes.append(f"{measure}: {interval.note}")
+            else:
+                found.cells, found.interval = tuple(cells), (interval.low, interval.high)
+                found.interval_method = interval.method
         result.measures[measure] = found
     return result

@@ -29,7 +29,7 @@ from layersim.models.freezing import FREEZE_SIDES, LayerShape, flops_saved
 from layersim.models.registry import read_json
 from layersim.params.schema import WU_DEPTH
 from layersim.reporting.freeze_plots import change_label, freeze_bars
-from layersim.similarity.seeds import converged_mean
+from layersim.compute.runs import converged_mean
 from layersim.training.convergence import NOT_CONVERGED, enforce, metrics_record, run_flags
 
 
@@ -172,7 +172,7 @@ def freeze_headline(full: dict) -> dict:
 
 
 def _converged_mean(runs: Iterable[FreezeRun], flags: Mapping) -> float | None:
-    """The mean score of the runs not flagged (layersim.similarity.seeds.converged_mean), beside the all-runs mean."""
+    """The mean score of the runs not flagged (layersim.compute.runs.converged_mean), beside the all-runs mean."""
     value = converged_mean({(run.config, run.seed): run.score for run in runs}, flags)
     return round(float(value), 6) if np.isfinite(value) else None
 

@@ -36,8 +36,8 @@ from layersim.similarity.null import NullMatrix
 from layersim.experiments.pruning_states import measured_rows, read_pruning_record
 from layersim.similarity.pruning import measures_from_record
 from layersim.similarity.registry import check_computable
-from layersim.similarity.results import (Uncertainty, finetuned_labels, localization_of, phang_result,
-                                         reach_warning, settings, trained_labels)
+from layersim.similarity.results import (Uncertainty, correct_claims, finetuned_labels, localization_of,
+                                         phang_result, reach_warning, settings, trained_labels)
 from layersim.training.convergence import checkpoint_flags, title_note
 
 
@@ -251,4 +251,5 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
         out.metrics["attention"] = report.metrics
         out.figures["plots", "attention.png"] = report.figure
         out.rows["plots", "attention.json"] = report.rows
+    correct_claims(out.metrics, p.correction)  # the headline claims of every measure and pooling: one family
     return out

@@ -21,9 +21,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from layersim.similarity.correction import adjusted_p_values
 from layersim.training.convergence import metrics_record, run_flags
 from layersim.errors import LayersimError
 from layersim.data.io import write_json
@@ -90,8 +87,9 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
     more). Attention measures have no null and give ``ft_orig_top`` only.
 
     The headline family: the claims these metrics state are corrected together, across every measure and
-    pooling of the stage (:func:`headline_family`), not within one heatmap: ``ft_orig_chance_from`` reads the
-    FT–ORIG diagonal's p-values adjusted in that family, and ``<comparison>_top_p_adjusted`` gives the top
+    pooling of the stage (layersim.similarity.results.correct_claims, which the similarity stage runs and whose
+    ``p_family`` values and ``family`` note its details hold), not within one heatmap: ``ft_orig_chance_from``
+    reads the FT–ORIG diagonal's p-values adjusted in that family, and ``<comparison>_top_p_adjusted`` gives the top
     layer's adjusted p-value of FT–ORIG, FT[1]–FT[2], ORIG–RANDOM and FT–RANDOM (the page's above-chance
     marks); ``family`` says which correction and how many tests. Details without a named correction (older
     stages) keep the raw p-values.
@@ -101,14 +99,16 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
     ``…_seed_range``. With the random-init control: ``ft_orig_above_random_top``, FT–ORIG's top layer minus
     FT–RANDOM's (what an untrained network of the same architecture scores)."""
     headline: dict = {}
-    family = headline_family(full)
+    family = None
     for pooling, measures in full.items():
         if not isinstance(measures, Mapping):
             continue
         for measure, result in measures.items():
             if not (isinstance(result, Mapping) and "ft_orig" in result):
                 continue
-            adjusted = family["adjusted"].get((pooling, measure), {}) if family else {}
+            adjusted = {key: value["p_family"] for key, value in result.items()
+                        if isinstance(value, Mapping) and value.get("p_family")}
+            family = result.get("family") or family
             entry = {"ft_orig_top": result["ft_orig"].get("last_layer")}
             for stat in ("seed_mean", "seed_sd", "seed_ci_low", "seed_ci_high", "seed_range"):
                 if result["ft_orig"].get(stat):  # per layer: the top layer's
@@ -132,44 +132,6 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
     if family:
         headline["family"] = {"correction": family["correction"], "tests": family["tests"]}
     return headline
-
-
-# The comparisons whose top layer the report marks above chance or not; FT–ORIG's whole diagonal is read too.
-HEADLINE_COMPARISONS = ("ft_orig", "ft1_ft2", "orig_random", "ft_random")
-
-
-def headline_family(full: Mapping[str, Any]) -> dict | None:
-    """The similarity stage's headline claims as one family of tests (layersim.similarity.correction): every
-    FT–ORIG diagonal layer (``ft_orig_top``, ``ft_orig_chance_from``) and the top layer of FT[1]–FT[2],
-    ORIG–RANDOM and FT–RANDOM, of every measure with a null and every pooling, corrected together with the
-    correction the details name. Returns {"correction", "tests", "adjusted": {(pooling, measure): {comparison:
-    {"layer_NN": adjusted p}}}}, or None when no measure has both a null and a named correction."""
-    cells, corrections = [], set()
-    for pooling, measures in full.items():
-        if pooling == "attention" or not isinstance(measures, Mapping):
-            continue
-        for measure, result in measures.items():
-            if not (isinstance(result, Mapping) and result.get("correction") and "ft_orig" in result):
-                continue
-            corrections.add(result["correction"])
-            for key in HEADLINE_COMPARISONS:
-                p_values = (result.get(key) or {}).get("p_value") or {}
-                layers = sorted(p_values, key=_layer_number)
-                for layer in layers if key == "ft_orig" else layers[-1:]:
-                    if p_values[layer] is not None:
-                        cells.append((pooling, measure, key, layer, float(p_values[layer])))
-    if not cells:
-        return None
-    if len(corrections) > 1:
-        raise LayersimError(f"the similarity details name several corrections ({', '.join(sorted(corrections))}); "
-                            "one stage uses one similarity.correction.")
-    correction = corrections.pop()
-    adjusted_values = adjusted_p_values(np.array([cell[-1] for cell in cells]), correction)
-    adjusted: dict = {}
-    for (pooling, measure, key, layer, _), value in zip(cells, adjusted_values):
-        adjusted.setdefault((pooling, measure), {}).setdefault(key, {})[layer] = (
-            None if math.isnan(value) else round(float(value), 6))
-    return {"correction": correction, "tests": int(np.isfinite(adjusted_values).sum()), "adjusted": adjusted}
 
 
 def _top(per_layer: Mapping[str, float | None]) -> float | None:

@@ -95,6 +95,8 @@ def phang_summary(results: Sequence[MeasureResult], sizes: dict[str, int], title
                                              adjusted=bool(uncertainty and uncertainty.adjusted))
         if result.unavailable:
             entry["no_null"] = result.unavailable
+        if result.no_interval:
+            entry["no_interval"] = result.no_interval
         entry["blocks"] = {key: blocks_metrics(found, first_layer) for key, found in result.blocks.items()
                            if found is not None}
         for key, value in result.bootstrap_stability.items():

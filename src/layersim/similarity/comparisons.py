@@ -218,6 +218,8 @@ def diagonal_intervals(measure: str, models: dict[str, Sequence], comparisons: S
         size = len(models[selves[key]])
         resampled[key] = result.values[:, at:at + size * size].reshape(resamples, size, size)
         at += size * size
+    if result.method == "none":  # no method covers for this measure (bootstrap.AUTO_INTERVAL): no interval
+        return list(comparisons), resampled
     return [dataclasses.replace(c, interval=bounds[c.key], interval_method=result.method,
                                 interval_centre=centres[c.key]) if c.key in bounds else c
             for c in comparisons], resampled

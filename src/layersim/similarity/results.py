@@ -15,6 +15,7 @@ import numpy as np
 
 from layersim.errors import LayersimError
 from layersim.similarity.blocks import Blocks, find_blocks, stability
+from layersim.similarity.bootstrap import chosen_interval, no_interval_note
 from layersim.similarity.cca import CAPPED_MEASURES, kept_dimensions
 from layersim.similarity.cka import is_constant
 from layersim.similarity.comparisons import (RANDOM, Comparison, block, diagonal_intervals, localization,
@@ -149,6 +150,7 @@ class MeasureResult:
     seed_stability: float | None = None      # do the other seeds' FT–FT matrices split the same way?
     kept_dimensions: dict[str, list[int | None]] | None = None
     seed_spread: tuple[np.ndarray, np.ndarray] | None = None  # FT[i]–FT[j] diagonals' mean and sd (> 2 seeds)
+    no_interval: str | None = None           # why the diagonals have no bootstrap interval, when they have none
 
 
 def phang_result(measure: str, matrix: np.ndarray, sizes: dict[str, int], *, models: dict[str, list] | None = None,
@@ -180,6 +182,9 @@ def phang_result(measure: str, matrix: np.ndarray, sizes: dict[str, int], *, mod
             whole=("orig_orig", "ft_ft"), **options)
     result = MeasureResult(measure, matrix, comparisons, null, unavailable,
                            {c.key: layer_blocks(c.matrix) for c in comparisons if c.key in BLOCK_COMPARISONS})
+    bootstrapped = models is not None and uncertainty is not None and not unavailable and uncertainty.bootstrap
+    if bootstrapped and chosen_interval(measure, "auto") is None:
+        result.no_interval = no_interval_note(measure)
     for key, per_resample in resampled.items():
         if result.blocks.get(key) is not None:
             # How far bootstrap resamples of the examples split the layers the same way (Rand index).
@@ -268,3 +273,37 @@ def localization_of(matrices: dict[str, np.ndarray], sizes: dict[str, int], styl
 def trained_labels(sizes: dict[str, int]) -> list[str]:
     """The trained models among those of the similarity stage: all but the random-init control."""
     return [label for label in sizes if label != RANDOM]
+
+
+# The comparisons whose top layer the report marks above chance or not; FT–ORIG's whole diagonal is read too.
+HEADLINE_COMPARISONS = ("ft_orig", "ft1_ft2", "orig_random", "ft_random")
+
+
+def correct_claims(metrics: dict, correction: str) -> int:
+    """The similarity stage's headline claims corrected as one family, in place: every FT–ORIG diagonal layer and
+    the top layer of FT[1]–FT[2], ORIG–RANDOM and FT–RANDOM, of every measure with a null and every pooling of
+    `metrics` ({pooling: {measure: summary}}, as layersim.reporting.similarity summarises them). Each such
+    comparison gains ``p_family`` ({"layer_NN": adjusted p}) and each measure ``family`` (the correction and the
+    family's size), which the headline metrics read; a heatmap's own correction (``p_adjusted``) is unchanged.
+    Returns the number of tests in the family."""
+    cells = []
+    for pooling, measures in metrics.items():
+        if pooling == "attention" or not isinstance(measures, dict):
+            continue
+        for result in measures.values():
+            if not (isinstance(result, dict) and "ft_orig" in result and "p_value" in result["ft_orig"]):
+                continue
+            for key in HEADLINE_COMPARISONS:
+                p_values = (result.get(key) or {}).get("p_value") or {}
+                layers = sorted(p_values)  # "layer_NN": zero-padded, so sorted by number
+                for layer in layers if key == "ft_orig" else layers[-1:]:
+                    if p_values[layer] is not None:
+                        cells.append((result, key, layer, float(p_values[layer])))
+    if not cells:
+        return 0
+    adjusted = adjusted_p_values(np.array([cell[-1] for cell in cells]), correction)
+    tests = int(np.isfinite(adjusted).sum())
+    for (result, key, layer, _), value in zip(cells, adjusted):
+        result[key].setdefault("p_family", {})[layer] = None if np.isnan(value) else round(float(value), 6)
+        result["family"] = {"correction": correction, "tests": tests}
+    return tests

@@ -20,10 +20,12 @@ the mean over the others, is reported beside it (``seed_mean_converged``) by eve
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
+
+from layersim.compute.runs import converged_mean
 
 MIN_SEEDS_FOR_INTERVAL = 3
 
@@ -39,19 +41,6 @@ class SeedSpread:
     high: np.ndarray | None
     range: np.ndarray              # max − min
     note: str                      # what the interval is, or why there is none
-
-
-def converged_mean(values: Mapping, flagged: Collection = ()) -> np.ndarray:
-    """The mean over the runs (key → value or per-layer values) not in `flagged`, NaNs left out per entry:
-    the converged-runs-only mean beside the all-runs one. NaN where no unflagged run has a value."""
-    kept = np.array([np.asarray(v, dtype=float) for key, v in values.items() if key not in flagged], dtype=float)
-    if kept.size == 0:
-        shape = np.shape(next(iter(values.values()))) if values else ()
-        return np.full(shape, np.nan)
-    finite = np.isfinite(kept)
-    count = finite.sum(axis=0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(count > 0, np.where(finite, kept, 0.0).sum(axis=0) / count, np.nan)
 
 
 def over_seeds(values: np.ndarray, confidence: float = 0.95,
