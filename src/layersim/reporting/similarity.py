@@ -47,14 +47,20 @@ class SimilarityOutputs:
             write_json(rows, folders[where] / name)
 
 
-def null_note(uncertainty: Uncertainty, method: str) -> str:
-    """The figure note of a null made by `method` (exact, permutation or rotation) under `uncertainty`."""
-    floor = f", smallest p 1/{uncertainty.permutations + 1}"
+def null_note(uncertainty: Uncertainty, method: str, permutations: int | None = None) -> str:
+    """The figure note of a null made by `method` (exact, permutation, block permutation or rotation) under
+    `uncertainty`, with the `permutations` it drew (linear CKA's block null draws at least 199, more than asked)."""
+    drawn = uncertainty.permutations if not permutations else permutations
+    floor = f", smallest p 1/{drawn + 1}"
     if method == "rotation":  # tables streamed: the rows are rotated, not shuffled
-        return chance_note(uncertainty.significance, f"rotation null ({uncertainty.permutations} random rotations"
+        return chance_note(uncertainty.significance, f"rotation null ({drawn} random rotations"
                            f"{floor})", "rows of the column layer randomly rotated", TESTED[uncertainty.correction])
+    if method == "block permutation":  # rows of one example (words, choices) move together
+        return chance_note(uncertainty.significance, f"permutation null ({drawn} permutations of whole examples"
+                           f"{floor})", "examples of the column layer shuffled, each example's rows together",
+                           TESTED[uncertainty.correction])
     null = ("permutation null (exact moments of the RV coefficient)" if method == "exact"
-            else f"permutation null ({uncertainty.permutations} permutations{floor})")
+            else f"permutation null ({drawn} permutations{floor})")
     return chance_note(uncertainty.significance, null, tested=TESTED[uncertainty.correction])
 
 
@@ -86,7 +92,7 @@ def phang_summary(results: Sequence[MeasureResult], sizes: dict[str, int], title
         label = attention_measure_label(measure) if attention else MEASURES[measure].label
         bounds = attention_measure_bounds(measure) if attention else MEASURES[measure].bounded
         if result.null is not None:
-            notes[result.null.method] = null_note(uncertainty, result.null.method)
+            notes[result.null.method] = null_note(uncertainty, result.null.method, result.null.permutations)
         grid[label] = ({c.title: _panel(c, result.blocks.get(c.key)) for c in comparisons}, bounds)
         rows += [row for c in comparisons for row in matrix_rows(
             c.matrix, "similarity", comparison=c.title, measure=label, first_layer=first_layer, cells=_cells(c),
@@ -192,7 +198,7 @@ def stacked_summary(result: StackedResult, title: str, *, uncertainty: Uncertain
     bounds = attention_measure_bounds(measure) if attention else MEASURES[measure].bounded
     note = None
     if null is not None:
-        note = null_note(uncertainty, null.method)
+        note = null_note(uncertainty, null.method, null.permutations)
         fields |= {"correction": uncertainty.correction}
     figure = block_heatmap(matrix, list(sizes.items()), title, label, bounds, first_layer=first_layer,
                            chance=result.at_chance, note=note)
