@@ -12,6 +12,7 @@ import yaml
 
 from dvc_project import built_project, dry_run_stages, dvc, run, tiny_params
 from layersim.reporting import headlines
+from layersim.similarity.bootstrap import AUTO_INTERVAL
 from layersim.experiments.freeze import freeze_headline as headlines_of_freeze
 from layersim.data.io import ActivationTable, AttentionTable
 
@@ -94,8 +95,10 @@ def test_repro_writes_every_declared_output(project):
         for measure in ("linear_cka", "svcca", "pwcca", "neuronsim"):
             summary = similarity[pooling][measure]
             cca = {"kept_dimensions"} if measure in ("svcca", "pwcca") else set()
+            # "family": the headline claims' correction; "no_interval": no interval method covers for the measure.
+            uncovered = {"no_interval"} if AUTO_INTERVAL[measure] is None else set()
             assert set(summary) == {"orig_orig", "ft_orig", "ft_ft", "ft1_ft2", "orig_random", "ft_random", "null",
-                                    "blocks", "correction"} | cca
+                                    "blocks", "correction", "family"} | cca | uncovered
             assert summary["correction"] == "fdr_bh"  # the default: hatching corrected over each heatmap's cells
             assert summary["ft_orig"]["seeds"] == 2 and "seed_range" in summary["ft_orig"]  # no interval: 2 seeds
             assert 0.0 <= summary["orig_random"]["p_value"]["layer_03"] <= 1.0
@@ -107,20 +110,34 @@ def test_repro_writes_every_declared_output(project):
                 assert blocks["last_block_start"] in (0, 1, 2, 3)
                 assert 0.0 <= blocks["bootstrap_stability"] <= 1.0
             assert 0.0 <= summary["blocks"]["seed_stability"] <= 1.0
-            assert summary["null"]["method"] == ("exact" if measure == "linear_cka" else "permutation")
+            # One row per example (cls): rows shuffled, linear CKA's exact moments. Words (tokens): whole examples
+            # shuffled, linear CKA's null sampled at least 199 times.
+            if pooling == "cls":
+                assert summary["null"]["method"] == ("exact" if measure == "linear_cka" else "permutation")
+            else:
+                assert summary["null"] == {"method": "block permutation",
+                                           "permutations": 199 if measure == "linear_cka" else 20}
             assert summary["ft_ft"]["diagonal"]["layer_03"] == pytest.approx(1.0)
             assert 0.0 <= summary["ft_orig"]["last_layer"] <= 1.0
-            # Every reported diagonal carries its null and, for FT–ORIG and FT[1]–FT[2], a bootstrap interval.
+            # Every reported diagonal carries its null and, for FT–ORIG and FT[1]–FT[2], a bootstrap interval where
+            # an interval method covers for the measure (bootstrap.AUTO_INTERVAL), else a note why not.
             for key in ("ft_orig", "ft1_ft2"):
                 layer = summary[key]
                 assert 0.0 <= layer["p_value"]["layer_03"] <= 1.0 and 0.0 <= layer["null_mean"]["layer_03"] <= 1.0
-                assert layer["ci_low"]["layer_03"] <= layer["ci_high"]["layer_03"]
+                if uncovered:
+                    assert "ci_low" not in layer and "no bootstrap interval" in summary["no_interval"]
+                else:
+                    assert layer["ci_low"]["layer_03"] <= layer["ci_high"]["layer_03"]
+            # The headline claims' family: FT–ORIG's p-values adjusted over every measure and pooling's claims.
+            tested = {layer for layer, p in summary["ft_orig"]["p_value"].items() if p is not None}
+            assert summary["family"]["tests"] >= 8 and set(summary["ft_orig"]["p_family"]) == tested
             assert "ci_low" not in summary["orig_orig"]
         diagonals = json.loads((root / f"plots/diagonals/{TASK}/{pooling}.json").read_text())
         assert {row["comparison"] for row in diagonals} == {"FT–ORIG", "FT[1]–FT[2]"}
-        assert all({"null_mean", "low", "high"} <= set(row) for row in diagonals)
+        # Every curve carries its null; a bootstrap band only where an interval method covers (linear CKA here).
+        assert all("null_mean" in row for row in diagonals) and any({"low", "high"} <= set(row) for row in diagonals)
         assert (root / f"plots/diagonals/{TASK}/{pooling}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        assert set(similarity[pooling]["localization"]) == {"ORIG", "FT[1]", "FT[2]", "RANDOM"}
+        assert set(similarity[pooling]["localization"]) == {"ORIG", "FT[1]", "FT[2]"}  # trained models only
         assert (root / f"plots/similarity/{TASK}/{pooling}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (root / f"plots/localization/{TASK}/{pooling}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         rows = json.loads((root / f"plots/similarity/{TASK}/{pooling}.json").read_text())
@@ -128,12 +145,19 @@ def test_repro_writes_every_declared_output(project):
                                                        "FT–RANDOM"}
         assert {row["measure"] for row in rows} == {"linear CKA", "SVCCA", "PWCCA", "neuronsim"}
         assert all(0.0 <= row["p_value"] <= 1.0 for row in rows if row["p_value"] is not None)
+        if pooling == "tokens":  # the word heatmaps' null: whole sentences shuffled, 199 draws for linear CKA
+            linear = [row for row in rows if row["measure"] == "linear CKA" and row["p_value"] is not None]
+            assert {round(row["p_value"] * 200, 3) % 1 for row in linear} == {0.0}
+            # FT's embedding layer is ORIG's but for a few steps: above chance even against whole-sentence swaps.
+            embedding = next(row for row in linear if row["comparison"] == "FT–ORIG" and row["x_layer"] == 0
+                             and row["y_layer"] == 0)
+            assert embedding["p_value"] == pytest.approx(1 / 200) and embedding["p_adjusted"] < 0.05
     # CLS at the embedding layer is the same for every example: undefined, null, never NaN.
     assert similarity["cls"]["linear_cka"]["orig_orig"]["diagonal"]["layer_00"] is None
     assert similarity["attention"]["jensen_shannon"]["ft_ft"]["diagonal"]["layer_01"] == pytest.approx(1.0)
     assert "layer_00" not in similarity["attention"]["jensen_shannon"]["ft_ft"]["diagonal"]
     localization = json.loads((root / f"plots/localization/{TASK}/localization.json").read_text())
-    assert {row["model"] for row in localization} == {"ORIG", "FT[1]", "FT[2]", "RANDOM"}
+    assert {row["model"] for row in localization} == {"ORIG", "FT[1]", "FT[2]"}  # not the random-init control
 
 
 def test_compare_stacks_base_fine_tuned_and_other_encoders(project):
@@ -146,8 +170,8 @@ def test_compare_stacks_base_fine_tuned_and_other_encoders(project):
     assert set(linear[f"FT:{TASK}"]["diagonal"]) == {"layer_00", "layer_01", "layer_02", "layer_03"}
     # Every diagonal value carries the null's mean and p-value.
     assert set(linear["tiny-roberta"]["p_value"]) == {"layer_00", "layer_01", "layer_02", "layer_03"}
-    assert set(compare["tokens"]["localization"]) == {"ORIG", "RANDOM", f"FT:{TASK}", "tiny-roberta",
-                                                      "tiny-roberta (random init)"}
+    # Wu et al.'s localization averages over trained models only, not the random-init controls.
+    assert set(compare["tokens"]["localization"]) == {"ORIG", f"FT:{TASK}", "tiny-roberta"}
     # Attention is compared only between models that share the base model's tokenizer.
     assert set(compare["attention"]["jensen_shannon"]) == {"RANDOM", f"FT:{TASK}"}
     assert sorted(compare["attention"]["jensen_shannon"][f"FT:{TASK}"]["diagonal"]) == ["layer_01", "layer_02", "layer_03"]
