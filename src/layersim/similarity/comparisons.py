@@ -33,7 +33,7 @@ from layersim.similarity.cka import cka_matrix, is_constant
 from layersim.similarity.localization import localization_scores
 from layersim.similarity.registry import MEASURES, similarity_matrix
 from layersim.similarity._common import blas_threads_for
-from layersim.similarity.bootstrap import bootstrap_pairs
+from layersim.similarity.bootstrap import bootstrap_pairs, chosen_interval
 from layersim.similarity.null import NullMatrix, chance_adjusted, permutation_matrix
 from layersim.similarity.exchangeability import LINEAR_CKA_BLOCK_PERMUTATIONS, block_permutations
 # The streamed route (tables larger than memory), here for the stages and tests that import it from this module.
@@ -197,7 +197,8 @@ def diagonal_intervals(measure: str, models: dict[str, Sequence], comparisons: S
     (resamples, layers, layers), from the same resamples (e.g. for the stability of blocks of layers)."""
     pairs = {"ft_orig": ("FT[1]", "ORIG"), "ft1_ft2": ("FT[1]", "FT[2]")}
     selves = {"orig_orig": "ORIG", "ft_ft": "FT[1]"}
-    wanted = [c.key for c in comparisons if c.key in pairs]
+    # No diagonal resamples for a measure no interval method covers (bootstrap.AUTO_INTERVAL): they would be dropped.
+    wanted = [c.key for c in comparisons if c.key in pairs] if chosen_interval(measure, "auto") else []
     matrices = [key for key in whole if key in selves and selves[key] in models]
     if not wanted and not matrices:
         return list(comparisons), {}

@@ -305,5 +305,6 @@ def correct_claims(metrics: dict, correction: str) -> int:
     tests = int(np.isfinite(adjusted).sum())
     for (result, key, layer, _), value in zip(cells, adjusted):
         result[key].setdefault("p_family", {})[layer] = None if np.isnan(value) else round(float(value), 6)
+    for result in {id(cell[0]): cell[0] for cell in cells}.values():
         result["family"] = {"correction": correction, "tests": tests}
     return tests
