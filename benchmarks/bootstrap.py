@@ -27,8 +27,8 @@ import numpy as np
 from null import make_layers  # benchmarks/null.py: run as `python benchmarks/bootstrap.py`
 
 from layersim.similarity import similarity, similarity_matrix
-from layersim.similarity.bootstrap import bootstrap_pairs, finish
-from layersim.similarity.bootstrap_matrix import bootstrap_matrix
+from layersim.similarity.inference.bootstrap import bootstrap_pairs, finish
+from layersim.similarity.inference.bootstrap_matrix import bootstrap_matrix
 from layersim.similarity._cca_core import CAPPED_MEASURES, dimension_cap
 
 WIDTH = 64

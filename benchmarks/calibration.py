@@ -109,7 +109,7 @@ def structured(draws: int, permutations: int, measures, streamed: bool) -> None:
     random sample of whole examples (``example_sample``, 60 % of the rows here) with its own observed values.
     ``python benchmarks/calibration.py --structured [--streamed] [--draws 200]``"""
     from layersim.similarity.comparisons import stacked_null
-    from layersim.similarity.exchangeability import example_sample
+    from layersim.similarity.inference.exchangeability import example_sample
     from layersim.similarity.stacked_moments import moments_stacked_null
 
     options = {"svcca": {"variance_threshold": 0.99}, "rbf_cka": {"sigma_scale": 1.0}}

@@ -1,4 +1,4 @@
-"""Exchangeability blocks in the permutation nulls (layersim.similarity.exchangeability): whole examples permuted
+"""Exchangeability blocks in the permutation nulls (layersim.similarity.inference.exchangeability): whole examples permuted
 among examples of the same stratum and size; one row per example keeps today's row permutation exactly; the
 false-positive rate on grouped data (words of sentences, choices of a question) at its level."""
 
@@ -15,7 +15,7 @@ from layersim.errors import LayersimError
 from layersim.experiments import similarity as stage
 from layersim.similarity import permutation_matrix, permutation_test
 from layersim.similarity.comparisons import phang_cells, stacked_null
-from layersim.similarity.exchangeability import (LINEAR_CKA_BLOCK_PERMUTATIONS, block_permutations, example_sample,
+from layersim.similarity.inference.exchangeability import (LINEAR_CKA_BLOCK_PERMUTATIONS, block_permutations, example_sample,
                                                  unmovable)
 
 

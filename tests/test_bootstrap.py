@@ -1,4 +1,4 @@
-"""Bootstrap intervals over examples (layersim.similarity.bootstrap)."""
+"""Bootstrap intervals over examples (layersim.similarity.inference.bootstrap)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from scipy.special import ndtr, ndtri
 
 from layersim.similarity import linear_cka, similarity, similarity_matrix
 from layersim.similarity._cca_core import dimension_cap
-from layersim.similarity.bootstrap import (INTERVALS, JACKKNIFE_BLOCKS, acceleration, bootstrap_pairs, interval_of,
+from layersim.similarity.inference.bootstrap import (INTERVALS, JACKKNIFE_BLOCKS, acceleration, bootstrap_pairs, interval_of,
                                            jackknife_rows, resample_rows)
-from layersim.similarity.bootstrap_matrix import WeightedCKA, bootstrap_matrix
+from layersim.similarity.inference.bootstrap_matrix import WeightedCKA, bootstrap_matrix
 
 
 def _dependent(rng, n: int, d: int = 5, noise: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
@@ -150,7 +150,7 @@ def test_acceleration_is_the_jackknife_skewness():
 def test_an_estimate_beyond_every_resample_is_flagged_not_infinite():
     low, high, _ = interval_of(5.0, np.linspace(0, 1, 50), None, 0.95, "bca")
     assert np.isfinite([low, high]).all() and high < 5.0
-    from layersim.similarity.bootstrap import BootstrapResult
+    from layersim.similarity.inference.bootstrap import BootstrapResult
     result = BootstrapResult(np.array([5.0, 0.5, np.nan]), np.array([0.0] * 3), np.array([1.0] * 3), 2, 0.95)
     np.testing.assert_array_equal(result.excludes_estimate, [True, False, False])
 

@@ -1,5 +1,5 @@
 """Bootstrap resamples of k-NN Jaccard and RSA: copies of one example never agree by construction
-(layersim.similarity.bootstrap.resampled_options, neighbours.py, rsa.py), and "auto" follows the measured table."""
+(layersim.similarity.inference.bootstrap.resampled_options, neighbours.py, rsa.py), and "auto" follows the measured table."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from layersim.similarity import similarity
-from layersim.similarity.bootstrap import (AUTO_INTERVAL, COPY_AWARE, bootstrap_pairs, chosen_interval,
+from layersim.similarity.inference.bootstrap import (AUTO_INTERVAL, COPY_AWARE, bootstrap_pairs, chosen_interval,
                                            resample_rows)
-from layersim.similarity.bootstrap_matrix import bootstrap_matrix
+from layersim.similarity.inference.bootstrap_matrix import bootstrap_matrix
 from layersim.similarity.neighbours import knn_jaccard, neighbours
 from layersim.similarity.registry import MEASURES
 from layersim.similarity.rsa import rsa

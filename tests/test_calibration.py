@@ -1,4 +1,4 @@
-"""Calibrated tails of the nulls: linear CKA's exact skewness (layersim.similarity._rv) against every
+"""Calibrated tails of the nulls: linear CKA's exact skewness (layersim.similarity.inference._rv) against every
 permutation and against sampled ones, the false-positive rate of the exact route on Gaussian and t(3) data,
 the streamed route's row sample, and neuronsim's streamed null on heavy-tailed neurons."""
 
@@ -11,8 +11,8 @@ import pytest
 
 from layersim.similarity import (LayerMoments, LinearCKAAccumulator, permutation_matrix, permutation_test,
                                  rotation_null, streamed_linear_cka_null)
-from layersim.similarity import _rv
-from layersim.similarity._null_engines import ENGINES
+from layersim.similarity.inference import _rv
+from layersim.similarity.inference._null_engines import ENGINES
 
 
 def _exact_moments(x, y):

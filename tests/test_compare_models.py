@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import layersim
-from layersim.similarity.bootstrap import AUTO_INTERVAL
+from layersim.similarity.inference.bootstrap import AUTO_INTERVAL
 from layersim.compute.device import resolve_device
 from layersim.data.batching import encode_task
 from layersim.data.io import ActivationTable

@@ -1,4 +1,4 @@
-"""Multiple-comparison correction of the heatmaps' chance hatching (layersim.similarity.correction): BH and
+"""Multiple-comparison correction of the heatmaps' chance hatching (layersim.similarity.inference.correction): BH and
 Holm against values worked out by hand, NaN cells left out of the family, what a sampled null's smallest
 p-value lets each declare, and the hatching, plot rows, metrics and headline that use it."""
 
@@ -15,7 +15,7 @@ from layersim.errors import LayersimError
 from layersim.reporting.headlines import similarity_headline
 from layersim.params.schema import SimilarityParams
 from layersim.similarity import NullMatrix
-from layersim.similarity.correction import (CORRECTIONS, adjusted_p_values, at_chance, between_model_cells,
+from layersim.similarity.inference.correction import (CORRECTIONS, adjusted_p_values, at_chance, between_model_cells,
                                             cells_needed, declares, family_size, permutations_needed,
                                             self_comparison_cells)
 from layersim.experiments.similarity import phang_report

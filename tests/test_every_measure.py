@@ -19,7 +19,7 @@ from layersim.experiments.extract import Pooled
 from layersim.data.io import ActivationWriter
 from layersim.params import parse_params
 from layersim.similarity import MEASURES, MOMENT_MEASURES, permutation_matrix, permutation_test
-from layersim.similarity.bootstrap import AUTO_INTERVAL, bootstrap_pairs
+from layersim.similarity.inference.bootstrap import AUTO_INTERVAL, bootstrap_pairs
 from layersim.experiments.similarity import task_similarity
 
 from test_integrity import HIDDEN, NUM_LAYERS, TASK, fake_model_folder
@@ -92,7 +92,7 @@ def test_the_similarity_stage(measure, streamed, extracted, monkeypatch):
         return
     expected = "exact" if measure == "linear_cka" else "permutation"
     # Streamed, the moment measures get a rotation null, or permutations of the rows when the accumulator kept
-    # them all (layersim.similarity.rotation_null), as it does for tables this small.
+    # them all (layersim.similarity.inference.rotation_null), as it does for tables this small.
     allowed = {expected} | ({"rotation"} if streamed and measure in MOMENT_MEASURES else set())
     assert metrics["null"]["method"] in allowed and metrics["correction"] == "fdr_bh"
     # Exact p-values can be far below the 6 decimals of the plot rows (then 0); a sampled null's are multiples

@@ -1,4 +1,4 @@
-"""Tests for the permutation nulls (layersim.similarity.null): calibration on independent data, power
+"""Tests for the permutation nulls (layersim.similarity.inference.null): calibration on independent data, power
 on dependent data, matrix == per-pair for every measure, the exact RV moments of linear CKA against
 sampled permutations, the bias at n < d, and the input errors."""
 
@@ -13,8 +13,8 @@ from scipy.stats import kstest
 from layersim.errors import LayersimError
 from layersim.similarity import (MEASURES, NullMatrix, NullResult, chance_adjusted, permutation_matrix,
                                  permutation_test, similarity, similarity_matrix)
-from layersim.similarity import _rv
-from layersim.similarity._null_engines import cka_engine
+from layersim.similarity.inference import _rv
+from layersim.similarity.inference._null_engines import cka_engine
 
 NAMES = sorted(MEASURES)
 

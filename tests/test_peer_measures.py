@@ -11,7 +11,7 @@ from scipy.linalg import orthogonal_procrustes
 from layersim.errors import LayersimError
 from layersim.params import parse_params
 from layersim.similarity import (LayerMoments, check_computable, permutation_test, similarity, similarity_matrix)
-from layersim.similarity._null_engines import ENGINES
+from layersim.similarity.inference._null_engines import ENGINES
 from layersim.similarity.results import settings
 from layersim.similarity.shape import (angular_shape_distance, procrustes_distance, shape_matrix,
                                        shape_moments_matrix)

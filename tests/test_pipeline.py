@@ -12,7 +12,7 @@ import yaml
 
 from dvc_project import built_project, dry_run_stages, dvc, run, tiny_params
 from layersim.reporting import headlines
-from layersim.similarity.bootstrap import AUTO_INTERVAL
+from layersim.similarity.inference.bootstrap import AUTO_INTERVAL
 from layersim.experiments.freeze import freeze_headline as headlines_of_freeze
 from layersim.data.io import ActivationTable, AttentionTable
 

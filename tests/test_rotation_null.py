@@ -9,7 +9,7 @@ import pytest
 from layersim.errors import LayersimError
 from layersim.similarity import permutation_matrix
 from layersim.similarity.moments import LayerMoments, moments_matrix
-from layersim.similarity.rotation_null import canonical_correlations_draw, haar_corner, rotation_null
+from layersim.similarity.inference.rotation_null import canonical_correlations_draw, haar_corner, rotation_null
 
 MEASURES = [("svcca", {"variance_threshold": 0.99}), ("pwcca", {"variance_threshold": 0.99}), ("pwcca", {}),
             ("mean_cca", {}), ("neuronsim", {}), ("mixedsim", {})]

@@ -1,4 +1,4 @@
-"""Seeds as the unit of uncertainty (layersim.similarity.seeds): per-seed FT[k]–ORIG diagonals read off the stacked
+"""Seeds as the unit of uncertainty (layersim.similarity.inference.seeds): per-seed FT[k]–ORIG diagonals read off the stacked
 matrix, their mean, sd and t-interval over seeds beside the bootstrap interval over examples, and what two seeds
 give instead."""
 
@@ -13,7 +13,7 @@ from layersim.similarity.comparisons import phang_comparisons, stacked_matrix, s
 from layersim.reporting.headlines import similarity_headline
 from layersim.reporting.page import similarity_tables
 from layersim.compute.runs import converged_mean
-from layersim.similarity.seeds import over_seeds, seed_metrics
+from layersim.similarity.inference.seeds import over_seeds, seed_metrics
 
 # t(0.975, 2 df) in closed form: with 2 df the CDF is 1/2 + t / (2·sqrt(2 + t²)), so t / sqrt(2 + t²) = 0.95.
 T_975_2 = math.sqrt(2 * 0.95**2 / (1 - 0.95**2))

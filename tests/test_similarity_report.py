@@ -10,7 +10,7 @@ from matplotlib.patches import Rectangle
 
 from layersim.similarity.comparisons import diagonal_intervals, phang_comparisons, stacked_matrix
 from layersim.similarity import cka_matrix, permutation_test
-from layersim.similarity.bootstrap import AUTO_INTERVAL, resample_rows
+from layersim.similarity.inference.bootstrap import AUTO_INTERVAL, resample_rows
 from layersim.experiments.compare import stacked_report
 from layersim.experiments.similarity import phang_report
 from layersim.reporting.similarity import blocks_metrics

@@ -15,7 +15,7 @@ from layersim.errors import LayersimError
 from layersim.data.io import ActivationTable, ActivationWriter
 from layersim.similarity import _cka_kernels
 from layersim.similarity import LinearCKAAccumulator, cka_matrix, permutation_matrix, streamed_linear_cka_null
-from layersim.similarity._rv import row_traces
+from layersim.similarity.inference._rv import row_traces
 from layersim.similarity.kernels import debiased_cka_matrix, streamed_debiased_cka
 from layersim.experiments.similarity import phang_report
 from layersim.similarity.results import Uncertainty

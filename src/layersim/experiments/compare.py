@@ -47,7 +47,7 @@ from layersim.params import Params
 from layersim.reporting.similarity import SimilarityOutputs, StackedReport, localization_summary, stacked_summary
 from layersim.similarity.cka import is_constant
 from layersim.similarity.comparisons import RANDOM, attention_maps, attention_measure_label, number
-from layersim.similarity.exchangeability import block_permutations, unmovable
+from layersim.similarity.inference.exchangeability import block_permutations, unmovable
 from layersim.similarity.registry import MEASURES, check_computable
 from layersim.similarity.results import (StackedResult, Uncertainty, localization_of, reach_warning, settings,
                                          stacked_result)

@@ -34,9 +34,9 @@ from layersim.models.any_model import (captured_outputs, load_any_tokenizer, loa
 from layersim.params import POOLINGS
 from layersim.params.rules import check_value
 from layersim.params.schema import ExtractParams, FinetuneParams, SimilarityParams
-from layersim.similarity.bootstrap import bootstrap_pairs
+from layersim.similarity.inference.bootstrap import bootstrap_pairs
 from layersim.similarity.comparisons import block_slices, stacked_matrix, stacked_null
-from layersim.similarity.exchangeability import unmovable
+from layersim.similarity.inference.exchangeability import unmovable
 from layersim.similarity.registry import MEASURES, check_computable
 from layersim.similarity.results import null_unavailable, reach_warning, settings
 

@@ -9,7 +9,7 @@ layersim.experiments.pruning_states); summarise them as figures, plot rows and m
 Memory: when every measure can be computed from second moments (linear CKA, the CCA family, neuronsim,
 mixedsim), the matrices come from one pass over the activation tables in row batches once that takes less
 memory than loading them (layersim.similarity.comparisons.stream_layers); linear CKA's exact permutation null and the other
-measures' rotation null (layersim.similarity.rotation_null) come from the same moments, while debiased CKA's
+measures' rotation null (layersim.similarity.inference.rotation_null) come from the same moments, while debiased CKA's
 permutation null and every bootstrap interval, which need the rows in memory, are then left out and the
 metrics say so."""
 
@@ -30,9 +30,9 @@ from layersim.similarity.comparisons import (RANDOM, attention_maps, moments_sta
                                              per_layer, phang_cells, stacked_matrix, stream_layers, stream_rows,
                                              streamed_moments)
 from layersim.similarity.comparisons import stacked_null
-from layersim.similarity.exchangeability import STREAMED_SAMPLE_ROWS, block_permutations, example_sample, unmovable
+from layersim.similarity.inference.exchangeability import STREAMED_SAMPLE_ROWS, block_permutations, example_sample, unmovable
 from layersim.similarity.moments import LayerMoments
-from layersim.similarity.null import NullMatrix
+from layersim.similarity.inference.null import NullMatrix
 from layersim.experiments.pruning_states import measured_rows, read_pruning_record
 from layersim.similarity.pruning import measures_from_record
 from layersim.similarity.registry import check_computable

@@ -31,7 +31,7 @@ from layersim.models.registry import load_finetuned, load_task_model, load_token
 from layersim.similarity.pruning import (PruningMeasures, length_only_baseline, mean_measures,
                                          predicted_spans, prediction_rank_correlation,
                                          random_layer_baseline, span_droppability)
-from layersim.similarity.seeds import seed_metrics
+from layersim.similarity.inference.seeds import seed_metrics
 from layersim.models.task_heads import has_own_head, own_head
 from layersim.data.tasks import TaskSpec
 

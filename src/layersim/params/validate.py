@@ -236,7 +236,7 @@ def _check_head_poolings(model: str, sections: dict[str, Any]) -> None:
 def _check_permutations_reach(similarity) -> None:
     """A sampled null of B draws gives p ≥ 1/(B + 1): at or above the significance level, no cell of any measure
     but linear CKA (whose exact null gives continuous p-values) can be above chance, whatever the correction.
-    The bound that depends on the heatmap's cells (layersim.similarity.correction) is checked by the stage."""
+    The bound that depends on the heatmap's cells (layersim.similarity.inference.correction) is checked by the stage."""
     sampled = sorted({m for measures in similarity.measures.values() for m in measures if m != "linear_cka"})
     draws, level = similarity.permutations, similarity.significance
     if not sampled or 1.0 / (draws + 1) < level:

@@ -94,7 +94,7 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
     marks); ``family`` says which correction and how many tests. Details without a named correction (older
     stages) keep the raw p-values.
 
-    Seeds as the unit (layersim.similarity.seeds): FT–ORIG's top layer over the seeds' models, ``ft_orig_top_seed_mean``
+    Seeds as the unit (layersim.similarity.inference.seeds): FT–ORIG's top layer over the seeds' models, ``ft_orig_top_seed_mean``
     and with three seeds or more ``…_seed_sd`` and the t-interval ``…_seed_ci_low``/``…_seed_ci_high``, with two
     ``…_seed_range``. With the random-init control: ``ft_orig_above_random_top``, FT–ORIG's top layer minus
     FT–RANDOM's (what an untrained network of the same architecture scores)."""

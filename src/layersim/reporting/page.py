@@ -96,7 +96,7 @@ def _last(values: Mapping[str, object]) -> object:
 
 
 def _over_seeds(entry: Mapping, pairs: Mapping | None = None) -> str:
-    """A comparison's top layer over the seeds (layersim.similarity.seeds), and over converged runs if any is not."""
+    """A comparison's top layer over the seeds (layersim.similarity.inference.seeds), and over converged runs if any is not."""
     beside = (f"; converged runs only ({entry['seeds_converged']}): {fmt(_last(entry['seed_mean_converged']))}"
               if entry.get("seeds_converged", 99) < entry.get("seeds", 0) else "")
     if entry.get("seed_ci_low"):

@@ -18,10 +18,9 @@ The bottom layer of the library: NumPy/SciPy only, no I/O, no models. The measur
 * :mod:`~layersim.similarity.registry` — ``MEASURES`` by name, ``similarity_matrix`` and
   ``check_computable`` (can a measure run on these sizes, before any work);
 * :mod:`~layersim.similarity.localization` — Wu et al.'s localization score;
-* :mod:`~layersim.similarity.null` — permutation nulls (chance level, p-values) for every measure;
-* :mod:`~layersim.similarity.rotation_null` — the same from streamed moments (``rotation_null``): the rows
-  rotated at random instead of shuffled, for the measures of ``moments``;
-* :mod:`~layersim.similarity.bootstrap` — bootstrap intervals over examples;
+* :mod:`~layersim.similarity.inference` — how sure a value is: permutation nulls (whole examples moved where an
+  example gives several rows), the rotation null from streamed moments, corrections over a family of cells,
+  bootstrap intervals and fine-tuning seeds;
 * :mod:`~layersim.similarity.blocks` — contiguous blocks of layers in a layer × layer matrix;
 * :mod:`~layersim.similarity.pruning` — layer-pruning predictors: ShortGPT's Block Influence and Gromov et al.'s
   angular distance between layers l and l+n, the spans they predict droppable, and their rank correlation with
@@ -41,7 +40,7 @@ from layersim.similarity.kernels import debiased_cka, rbf_cka
 from layersim.similarity.localization import localization_scores, mean_similarity_per_layer
 from layersim.similarity.moments import MOMENT_MEASURES, LayerMoments, moments_matrix
 from layersim.similarity.neurons import NeuronScores, mixedsim, mixedsim_per_neuron, neuronsim, neuronsim_per_neuron
-from layersim.similarity.null import (NullMatrix, NullResult, chance_adjusted, permutation_matrix, permutation_test,
+from layersim.similarity.inference.null import (NullMatrix, NullResult, chance_adjusted, permutation_matrix, permutation_test,
                                      streamed_linear_cka_null)
 from layersim.similarity.registry import (
     MEASURES,
@@ -51,7 +50,7 @@ from layersim.similarity.registry import (
     similarity,
     similarity_matrix,
 )
-from layersim.similarity.rotation_null import rotation_null
+from layersim.similarity.inference.rotation_null import rotation_null
 
 __all__ = [
     "HEAD_MEASURES",

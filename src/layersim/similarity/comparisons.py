@@ -33,14 +33,14 @@ from layersim.similarity.cka import cka_matrix, is_constant
 from layersim.similarity.localization import localization_scores
 from layersim.similarity.registry import MEASURES, similarity_matrix
 from layersim.similarity._common import blas_threads_for
-from layersim.similarity.bootstrap import bootstrap_pairs, chosen_interval
-from layersim.similarity.null import NullMatrix, chance_adjusted, permutation_matrix
-from layersim.similarity.exchangeability import LINEAR_CKA_BLOCK_PERMUTATIONS, block_permutations
+from layersim.similarity.inference.bootstrap import bootstrap_pairs, chosen_interval
+from layersim.similarity.inference.null import NullMatrix, chance_adjusted, permutation_matrix
+from layersim.similarity.inference.exchangeability import LINEAR_CKA_BLOCK_PERMUTATIONS, block_permutations
 # The streamed route (tables larger than memory), here for the stages and tests that import it from this module.
 from layersim.similarity.stacked_moments import (LINEAR_CKA_PRECISION, STREAMABLE, moments_stacked_matrix,  # noqa: F401
                                                  moments_stacked_null, on_layers, stream_layers, stream_rows,
                                                  streamed_linear_cka, streamed_moments)
-from layersim.similarity.seeds import seed_metrics
+from layersim.similarity.inference.seeds import seed_metrics
 
 RANDOM = "RANDOM"  # the label of the random-init control (layersim.models.random_control.random_encoder)
 
@@ -170,7 +170,7 @@ def stacked_null(measure: str, models: dict[str, Sequence], *, permutations: int
                  cells: np.ndarray | None = None, groups: np.ndarray | None = None, strata: np.ndarray | None = None,
                  **options) -> NullMatrix:
     """The permutation null of :func:`stacked_matrix`'s cells (rows of the column layer shuffled; with `groups`
-    and `strata`, whole examples within their stratum: layersim.similarity.exchangeability), NaN for constant
+    and `strata`, whole examples within their stratum: layersim.similarity.inference.exchangeability), NaN for constant
     layers and for cells outside `cells`. Linear CKA uses the exact permutation moments while rows are
     exchangeable, else at least :data:`LINEAR_CKA_BLOCK_PERMUTATIONS` sampled block permutations."""
     layers = [layer for model_layers in models.values() for layer in model_layers]
@@ -311,7 +311,7 @@ def summarize(comparisons: Sequence[Comparison], first_layer: int = 0, *, adjust
     symmetric comparisons the mean off-diagonal similarity (how blocky the matrix is). Means skip
     undefined entries; an undefined single value is null. With a null: the diagonal's null mean,
     p-value and corrected p-value per layer (and the chance-adjusted diagonal when `adjusted`); with a bootstrap interval (examples),
-    its bounds per layer; with per-seed diagonals, their spread over seeds (layersim.similarity.seeds: the
+    its bounds per layer; with per-seed diagonals, their spread over seeds (layersim.similarity.inference.seeds: the
     t-interval clipped to the measure's range `bounds`, the mean over the runs not `flagged` by label beside)."""
     summary = {}
     for c in comparisons:

@@ -17,7 +17,7 @@ neighbour; two rows at the same distance from ``a`` at the ``k``-th place are a 
 A bootstrap resample holds copies of one example, at distance 0 from each other in *both* layers: counted as
 neighbours they would be agreement made by the resampling (the review of 2026-11-27 found resamples 0.05
 above the estimate at n = 200). ``sources`` (which source example each row copies;
-:func:`layersim.similarity.bootstrap.resampled_options` passes it) removes a row's copies from its candidates,
+:func:`layersim.similarity.inference.bootstrap.resampled_options` passes it) removes a row's copies from its candidates,
 and compares the two neighbour lists as multisets of sources: a source drawn ``w`` times fills up to ``w``
 places, and its ``c``-th copy in one list matches its ``c``-th in the other, whichever copy the tie gave. That
 is the measure of the resample as a weighted sample: each example's nearest ``k/n`` of the other examples'
@@ -39,7 +39,7 @@ import numpy as np
 
 from layersim.errors import LayersimError, unknown_name
 from layersim.similarity._common import Named, centre, named_lists, validated
-from layersim.similarity._null_engines import _Engine
+from layersim.similarity.inference._null_engines import _Engine
 from layersim.similarity._pairs import fill_matrix
 
 METRICS = ("cosine", "euclidean")

@@ -28,7 +28,7 @@ import layersim.similarity.neurons as neurons
 import layersim.similarity.rsa as rsa
 import layersim.similarity.shape as shape
 from layersim.similarity._common import check_options
-from layersim.similarity._null_engines import ENGINES
+from layersim.similarity.inference._null_engines import ENGINES
 from layersim.similarity.cka import cka_matrix
 
 
@@ -43,7 +43,7 @@ class Measure:
     ``min_rows`` is the fewest examples the measure accepts; ``check_sizes(num_rows, width, name)``,
     where set, raises a LayersimError when a layer of that width cannot be compared on that many
     examples (see :func:`check_computable`). ``null_engine``, where set, builds the measure's permutation-null
-    engine (:mod:`layersim.similarity._null_engines`' contract), which also gives its bootstrap intervals; the
+    engine (:mod:`layersim.similarity.inference._null_engines`' contract), which also gives its bootstrap intervals; the
     measures of Wu et al.'s study have theirs in that module's ``ENGINES``.
 
     Every measure is a similarity (larger: more alike, 1 for a layer against itself), which the nulls' one-sided

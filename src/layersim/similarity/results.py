@@ -15,19 +15,19 @@ import numpy as np
 
 from layersim.errors import LayersimError
 from layersim.similarity.blocks import Blocks, find_blocks, stability
-from layersim.similarity.bootstrap import chosen_interval, no_interval_note
+from layersim.similarity.inference.bootstrap import chosen_interval, no_interval_note
 from layersim.similarity.cca import CAPPED_MEASURES, kept_dimensions
 from layersim.similarity.cka import is_constant
 from layersim.similarity.comparisons import (RANDOM, Comparison, block, diagonal_intervals, localization,
                                              measure_options, phang_cells, phang_comparisons, seed_spread,
                                              stacked_matrix, stacked_null)
-from layersim.similarity.correction import (adjusted_p_values, at_chance, between_model_cells, cells_needed, declares,
+from layersim.similarity.inference.correction import (adjusted_p_values, at_chance, between_model_cells, cells_needed, declares,
                                             permutations_needed, self_comparison_cells)
-from layersim.similarity.exchangeability import unmovable
+from layersim.similarity.inference.exchangeability import unmovable
 from layersim.similarity.kernels import RBF_EXACT_MAX_ROWS
 from layersim.similarity.moments import MOMENT_MEASURES
 from layersim.similarity.registry import MEASURES
-from layersim.similarity.null import NullMatrix
+from layersim.similarity.inference.null import NullMatrix
 
 # The comparisons whose matrices are segmented into blocks of layers (Phang et al.'s block-diagonal
 # structure): one model's layers against themselves, and the two seeds' (symmetrised).
@@ -43,12 +43,12 @@ class Uncertainty:
     seed: int = 0
     significance: float = 0.05   # cells with a corrected p ≥ this are drawn hatched: not above chance
     adjusted: bool = False       # also report the chance-adjusted diagonal
-    correction: str = "fdr_bh"   # over each heatmap's tested cells (layersim.similarity.correction)
+    correction: str = "fdr_bh"   # over each heatmap's tested cells (layersim.similarity.inference.correction)
 
     def corrected(self, p_values: np.ndarray, tested: np.ndarray | None = None,
                   symmetric: bool = False) -> np.ndarray:
         """`p_values` of one heatmap's cells, corrected over its `tested` ones (default all; NaN for the others,
-        a symmetric pair counted once: layersim.similarity.correction.adjusted_p_values)."""
+        a symmetric pair counted once: layersim.similarity.inference.correction.adjusted_p_values)."""
         return adjusted_p_values(p_values, self.correction, tested, symmetric)
 
     def at_chance(self, p_values: np.ndarray, tested: np.ndarray | None = None,
@@ -162,7 +162,7 @@ def phang_result(measure: str, matrix: np.ndarray, sizes: dict[str, int], *, mod
     With `uncertainty` and the `models`' layers in memory, every reported cell's permutation null here and a
     bootstrap interval of the FT–ORIG and FT[1]–FT[2] diagonals over examples (over `groups` of rows: the words
     of one example are resampled together, and permuted together within their `strata`:
-    layersim.similarity.exchangeability); otherwise the `null` given (e.g. from streamed moments), if any."""
+    layersim.similarity.inference.exchangeability); otherwise the `null` given (e.g. from streamed moments), if any."""
     options = options or {}
     orig, finetuned = "ORIG", finetuned_labels(sizes)
     unavailable = None
@@ -239,7 +239,7 @@ def stacked_result(models: dict[str, list], measure: str, *, options: dict | Non
     """All layers of `models` stacked (Wu et al. Figures 1 and 5); with `uncertainty`,
     every cell's permutation null (not for attention maps: a permutation of examples has no meaning for
     per-token maps of different lengths), whole examples (`groups`) permuted within their `strata`
-    (layersim.similarity.exchangeability). `options`: the measure's own."""
+    (layersim.similarity.inference.exchangeability). `options`: the measure's own."""
     options = options or {}
     result = StackedResult(measure, stacked_matrix(measure, models, **options),
                            {name: len(layers) for name, layers in models.items()})

@@ -27,7 +27,7 @@ the null only permutes the prepared matrices (:func:`rsa_engine`).
 
 A bootstrap resample holds copies of one example, whose dissimilarity is 0 in *every* RDM: compared, these
 pairs would be agreement made by the resampling. ``sources`` (which source example each row copies;
-:func:`layersim.similarity.bootstrap.resampled_options` passes it) leaves the pairs of copies of one source out
+:func:`layersim.similarity.inference.bootstrap.resampled_options` passes it) leaves the pairs of copies of one source out
 of the comparison, as rsatoolbox's bootstrap treats them as missing (Schütt et al. 2023, "Statistical
 inference on representational geometries"); all other pairs count with their multiplicity. Without
 ``sources`` the value is the plain one, unchanged.
@@ -43,7 +43,7 @@ from scipy.stats import rankdata
 from layersim.errors import LayersimError, unknown_name
 from layersim.similarity._common import Named, _constant_error, named_lists, validated
 from layersim.similarity.cka import is_constant
-from layersim.similarity._null_engines import KernelEngine
+from layersim.similarity.inference._null_engines import KernelEngine
 from layersim.similarity._pairs import fill_matrix
 
 RDMS = ("correlation", "euclidean")

@@ -14,8 +14,8 @@ import numpy as np
 from layersim.similarity.cka import LinearCKAAccumulator
 from layersim.similarity.kernels import streamed_debiased_cka
 from layersim.similarity.moments import MOMENT_MEASURES, LayerMoments, moments_matrix
-from layersim.similarity.null import NullMatrix, streamed_linear_cka_null
-from layersim.similarity.rotation_null import rotation_null
+from layersim.similarity.inference.null import NullMatrix, streamed_linear_cka_null
+from layersim.similarity.inference.rotation_null import rotation_null
 from layersim.similarity.shape import shape_moments_matrix
 
 # Linear CKA in the stages is computed in float64, streamed or not: metrics are rounded to 6 decimals,
@@ -74,7 +74,7 @@ def moments_stacked_null(measure: str, accumulator: LinearCKAAccumulator, cells:
                          permutations: int, seed: int, observed: np.ndarray | None = None,
                          moments: LayerMoments | None = None, **options) -> NullMatrix | None:
     """``stacked_null`` from the streamed moments: linear CKA's exact permutation null (its traces are sums
-    over rows); the rotation null (layersim.similarity.rotation_null, `permutations` random rotations) of the
+    over rows); the rotation null (layersim.similarity.inference.rotation_null, `permutations` random rotations) of the
     measures computed from moments; None for debiased CKA, whose permutations need the rows. `observed`: the
     measure's stacked matrix, when already computed."""
     if measure == "linear_cka":

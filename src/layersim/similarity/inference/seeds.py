@@ -1,6 +1,6 @@
 """Fine-tuning seeds as the unit of uncertainty.
 
-A bootstrap interval over examples (layersim.similarity.bootstrap) says how one fine-tuned model's value
+A bootstrap interval over examples (layersim.similarity.inference.bootstrap) says how one fine-tuned model's value
 would move on other examples of the task; it says nothing of where another fine-tuning run would land,
 and with two seeds the seed-to-seed spread can exceed every effect reported. Here each seed's value is one
 observation: their mean, their sample standard deviation (ddof 1) and a two-sided Student t-interval for

@@ -6,7 +6,7 @@
     bootstrap_matrix("svcca", ft_layers, orig_layers, groups=example_ids)
 
 The resamples, jackknife blocks, interval methods and the CCA measures' fixed dimension cap are those of
-:func:`layersim.similarity.bootstrap.bootstrap_pairs`, whose module docstring says what the intervals are.
+:func:`layersim.similarity.inference.bootstrap.bootstrap_pairs`, whose module docstring says what the intervals are.
 
 Linear CKA costs about one matrix per resample, whatever the number of cells: a resample that draws row
 ``a`` ``w_a`` times is a weighting of the distinct rows, and every HSIC it needs is a block of the weighted
@@ -16,7 +16,7 @@ instead: each layer's centred Gram is computed once, and a resample re-centres i
 drawn rows and takes all inner products in one product, ``O(L² n²)`` with no ``d`` at all. The other
 measures recompute the matrix on the resampled rows (``similarity_matrix``), so their cost is one matrix
 per resample; k-NN Jaccard and RSA are told which rows are copies of one example and leave them out
-(:func:`~layersim.similarity.bootstrap.resampled_options`).
+(:func:`~layersim.similarity.inference.bootstrap.resampled_options`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 from layersim.errors import LayersimError
 from layersim.similarity._cka_kernels import GRAM_BYTES_LIMIT, _add_panel, _normalise, _panel_hsic, _panels, _product_dtype
 from layersim.similarity._common import blas_threads_for, centre
-from layersim.similarity.bootstrap import (BootstrapResult, _group_members, check_arguments, finish, fixed_cap,
+from layersim.similarity.inference.bootstrap import (BootstrapResult, _group_members, check_arguments, finish, fixed_cap,
                                            jackknife_rows, resample_rows, resampled,
                                            resampled_options)
 from layersim.similarity.cka import is_constant
@@ -43,7 +43,7 @@ def bootstrap_matrix(name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndarra
                      interval: str = "auto", **options) -> BootstrapResult:
     """The bootstrap interval of every cell of ``similarity_matrix(name, xs, ys, **options)``.
 
-    Returns a :class:`~layersim.similarity.bootstrap.BootstrapResult` whose ``estimate``, ``low``, ``high``
+    Returns a :class:`~layersim.similarity.inference.bootstrap.BootstrapResult` whose ``estimate``, ``low``, ``high``
     and ``centre`` are ``(len(xs), len(ys))`` (``len(xs)`` squared for ``ys=None``) and ``values`` is
     ``(resamples, len(xs), len(ys))``; the resamples are those of ``bootstrap_pairs`` with the same seed and
     groups. A layer constant on all rows gets NaN cells; one constant on a resample, NaN there.

@@ -32,7 +32,7 @@ power); the value reported stays the whole table's, and the null mean is the sam
 measure's upward bias is larger there: the chance-adjusted value is conservative).
 
 When every example has one row and there is one stratum, a draw is ``rng.permutation(n)``: today's row
-permutation, the same draws for a seed, and linear CKA keeps its exact moments (layersim.similarity._rv, which
+permutation, the same draws for a seed, and linear CKA keeps its exact moments (layersim.similarity.inference._rv, which
 are moments of the row-permutation distribution; with blocks it falls back to sampled block permutations).
 """
 

@@ -16,18 +16,18 @@ Sampling: ``rng = np.random.default_rng(seed)``, then ``rng.permutation(n)`` onc
 order, the same for every cell, so ``permutation_matrix(...)`` cell [i, j] equals
 ``permutation_test(name, xs[i], ys[j])`` with the same seed. p-value ``(1 + #{null >= observed}) /
 (1 + permutations)`` (Phipson & Smyth 2010: never 0). Each layer's statistics are computed once and
-a permutation only row-permutes the y-side statistics (see :mod:`layersim.similarity._null_engines`).
+a permutation only row-permutes the y-side statistics (see :mod:`layersim.similarity.inference._null_engines`).
 
 Rows of one example (the words of a sentence, the choices of a question) are not exchangeable: with
 ``groups`` (each row's example) and ``strata``, a draw permutes whole examples among examples of the same
-stratum and size instead (:mod:`layersim.similarity.exchangeability`, method "block permutation"); with one row
+stratum and size instead (:mod:`layersim.similarity.inference.exchangeability`, method "block permutation"); with one row
 per example and one stratum it is the row permutation above, the same draws for a seed.
 
 Exact linear CKA: linear CKA is the RV coefficient of the centred data, whose permutation
 distribution has exact moments computable from per-layer traces (Kazi-Aoual et al. 1995, "Refined
 approximations to permutation tests for multivariate inference", Comput. Stat. Data Anal.; Josse,
 Pagès & Husson 2008, "Testing the significance of the RV coefficient"; FactoMineR's ``coeffRV``):
-see :mod:`layersim.similarity._rv`. With ``exact=None`` linear_cka uses them (no permutations) while rows are
+see :mod:`layersim.similarity.inference._rv`. With ``exact=None`` linear_cka uses them (no permutations) while rows are
 exchangeable (sampled block permutations otherwise: the moments are those of the row permutation): a Pearson type III
 with the exact mean, variance and skewness (false-positive rate at α = 0.01 on t(3) data 0.009–0.013 over
 4,000 draws where the former gamma-shaped skew gave 0.021–0.035). The mean and variance come from traces, sums
@@ -46,11 +46,11 @@ import numpy as np
 
 from layersim.errors import LayersimError, unknown_name
 import layersim.similarity._cka_kernels as _cka_kernels
-import layersim.similarity._rv as _rv
+import layersim.similarity.inference._rv as _rv
 import layersim.similarity.cka as cka
 from layersim.similarity._common import check_options, named_lists, validated
-from layersim.similarity._null_engines import ENGINES
-from layersim.similarity.exchangeability import block_permutations
+from layersim.similarity.inference._null_engines import ENGINES
+from layersim.similarity.inference.exchangeability import block_permutations
 from layersim.similarity.registry import get_measure
 
 
@@ -119,7 +119,7 @@ def permutation_test(name: str, x: np.ndarray, y: np.ndarray, *, permutations: i
     exact : None = exact moments where available (linear_cka, rows exchangeable), permutations otherwise;
         False = always permutations; True = exact moments (linear_cka without blocks only, else an error).
     groups, strata : the example (and stratum) of each row, or None: whole examples are permuted among
-        examples of the same stratum and size (:mod:`layersim.similarity.exchangeability`); with one row per
+        examples of the same stratum and size (:mod:`layersim.similarity.inference.exchangeability`); with one row per
         example and one stratum, the same row permutations (and exact moments) as without.
     **options : the measure's own options, as for :func:`layersim.similarity.similarity`.
 
@@ -276,7 +276,7 @@ def _used_invariants(named, used: np.ndarray) -> np.ndarray:
 def _exact_linear_cka(x_named, y_named, cells: np.ndarray, *, method: str = "auto") -> NullMatrix:
     """Observed linear CKA through :func:`cka_matrix`'s machinery, whose self-HSICs are the ``tr K²``
     the RV moments need; the mean and variance need one ``O(n d)`` pass per layer, the skewness ``n² d``
-    (:mod:`layersim.similarity._rv`)."""
+    (:mod:`layersim.similarity.inference._rv`)."""
     if method not in cka.METHODS:
         raise unknown_name("method", method, cka.METHODS)
     symmetric = y_named is None

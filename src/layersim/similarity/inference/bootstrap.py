@@ -43,7 +43,7 @@ interval therefore targets the population's SVCCA *with that cap* (k = ⌊(n −
 per side), not its uncapped SVCCA, which a different n would move.
 
 The interval says how sure the value is, not whether it beats chance: that is the permutation null's job
-(:mod:`layersim.similarity.null`). :func:`bootstrap_matrix` (:mod:`~layersim.similarity.bootstrap_matrix`)
+(:mod:`layersim.similarity.inference.null`). :func:`bootstrap_matrix` (:mod:`~layersim.similarity.inference.bootstrap_matrix`)
 gives every cell of a layer × layer matrix its interval.
 """
 
@@ -58,7 +58,7 @@ from scipy.special import ndtr, ndtri
 from layersim.errors import LayersimError, unknown_name
 from layersim.similarity._cca_core import CAPPED_MEASURES, dimension_cap
 from layersim.similarity._common import blas_threads_for, check_options
-from layersim.similarity._null_engines import ENGINES
+from layersim.similarity.inference._null_engines import ENGINES
 from layersim.similarity.cka import is_constant
 from layersim.similarity.registry import get_measure
 
@@ -179,7 +179,7 @@ def bootstrap_pairs(name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray
 
     Every pair is computed on the same resamples, so intervals of different layers are comparable. Each
     distinct layer (the same array object may appear in several pairs) is prepared once per resample,
-    as the measure's matrix does (:mod:`layersim.similarity._null_engines`). A resample on which the
+    as the measure's matrix does (:mod:`layersim.similarity.inference._null_engines`). A resample on which the
     measure is undefined (e.g. a layer left constant) counts as NaN and is left out of the percentiles;
     a pair undefined on all rows gets NaN throughout. BCa also computes the pairs on
     :data:`JACKKNIFE_BLOCKS` jackknife subsamples.

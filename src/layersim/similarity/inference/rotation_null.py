@@ -53,8 +53,8 @@ from scipy.stats import ortho_group
 from layersim.errors import LayersimError
 from layersim.similarity.moments import (LayerMoments, basis_options, explained_share, moments_matrix, neuron_match,
                                          neuron_stds, pwcca_weights, weighted_correlation)
-from layersim.similarity.null import NullMatrix, _check_cells, _summary, permutation_matrix
-from layersim.similarity._null_engines import ENGINES
+from layersim.similarity.inference.null import NullMatrix, _check_cells, _summary, permutation_matrix
+from layersim.similarity.inference._null_engines import ENGINES
 from layersim.similarity.registry import MEASURES
 
 
