@@ -6,12 +6,14 @@ from pathlib import Path
 
 from layersim import cli
 from layersim.data.io import atomic_path
+from layersim.params.model_kind import own_head_pooling
 from layersim.reporting.page import Layout, build_report
 
 
 def main(args, params):
     measures = params.similarity.measures
-    pooling = "cls" if "cls" in measures else next(iter(measures))
+    head = own_head_pooling(params.model)  # cls, or last for a decoder: the token the model's own head reads
+    pooling = head if head in measures else next(iter(measures))
     layout = Layout(metrics=args.metrics_dir, details=args.details_dir, plots=args.plots_dir)
     page = build_report(params.model, params.tasks, params.seeds, params.similarity.significance,
                         (pooling, measures[pooling][0]), layout)

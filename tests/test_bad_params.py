@@ -150,7 +150,7 @@ CASES = [
     ("truncate-head-unknown", "truncate", _set(truncate__head="tuned"),
      ["truncate.head", "'tuned'", "own", "fresh"]),
     ("no-similarity-measures", "summary", _set(similarity__measures={}),
-     ["similarity.measures = {} is invalid", "a mapping of poolings (cls, mean, last, tokens) to lists of measures"]),
+     ["similarity.measures = {} is invalid", "a mapping of poolings (head, cls, mean, last, tokens) to lists of measures"]),
     ("model-misspelt", "skip", _set(model="tiny-bret"),
      ["model = 'tiny-bret' is not a known model", "did you mean 'tiny-bert'?", "roberta-base", "owner/name"]),
     ("task-misspelt", "align", _set(tasks=["synth-negaton"]),

@@ -73,6 +73,14 @@ def _repository_params(tmp_path: Path) -> Params:
     return load_params(path)
 
 
+def _defaults(model: str) -> dict:
+    """Every section's dataclass defaults as params read them for `model` ('head' and 'auto' made concrete)."""
+    from layersim.params.model_kind import resolve_model_kind
+    from layersim.params.schema import SECTIONS
+
+    return resolve_model_kind(model, {name: cls() for name, cls in SECTIONS.items()})
+
+
 def test_repository_params_hold_the_paper_configuration(tmp_path: Path) -> None:
     params = _repository_params(tmp_path)
     assert isinstance(params, Params)
@@ -85,28 +93,32 @@ def test_repository_params_hold_the_paper_configuration(tmp_path: Path) -> None:
     assert isinstance(ft.learning_rate, float) and ft.learning_rate == pytest.approx(1e-5, rel=1e-12)
     assert ft.warmup_steps == 1000
     assert ft.max_steps == 10000
-    assert params.extract.poolings == ("cls", "mean", "last", "tokens")
+    assert params.extract.poolings == ("cls", "mean", "last", "tokens")  # head: RoBERTa's <s>
     assert params.extract.max_tokens == 20000
-    assert params.similarity == SimilarityParams()
+    assert params.similarity == _defaults("roberta-base")["similarity"]
+    assert dict(params.similarity.measures) == {"cls": ("linear_cka",), "tokens": ("linear_cka", "svcca", "pwcca",
+                                                                                   "neuronsim")}
+    assert params.truncate.head == "own"  # auto: Phang et al.'s own head, which a RoBERTa head can copy
     assert params.download.max_train_examples is None
     assert params.download.max_validation_examples is None
 
 
 def test_repository_params_match_the_dataclass_defaults(tmp_path: Path) -> None:
-    """params.yaml and the code defaults tell the same story (the paper values)."""
-    params = _repository_params(tmp_path)
+    """params.yaml and the code defaults tell the same story (the paper values), as read for its model."""
+    params, defaults = _repository_params(tmp_path), _defaults("roberta-base")
     assert params.download == DownloadParams()
     assert params.finetune == FinetuneParams()
-    assert params.extract == ExtractParams()
-    assert params.similarity == SimilarityParams()
+    assert params.extract == defaults["extract"]
+    assert params.similarity == defaults["similarity"]
+    assert params.truncate == defaults["truncate"]
 
 
 def test_missing_sections_take_defaults() -> None:
     # minilm-l6: the default finetune.max_length (256) is too long for the tiny models' 130 positions.
     params = parse_params({"model": "minilm-l6", "tasks": ["synth-roles"], "seeds": [0]})
     assert params.finetune == FinetuneParams()
-    assert params.extract == ExtractParams()
-    assert params.similarity == SimilarityParams()
+    assert params.extract == _defaults("minilm-l6")["extract"]
+    assert params.similarity == _defaults("minilm-l6")["similarity"]
     assert params.download == DownloadParams()
     # A section written with no body (`finetune:`) is YAML null: also the defaults.
     assert parse_params({**BASE, "model": "minilm-l6", "finetune": None}).finetune == FinetuneParams()
@@ -394,7 +406,7 @@ def test_align_pooling_must_be_extracted() -> None:
 
 def test_align_pooling_is_per_example_and_max_tokens_positive() -> None:
     # Align maps per-example representations; words ("tokens") are a similarity and compare pooling only.
-    with pytest.raises(LayersimError, match=r"align.pooling = 'tokens' is invalid; it must be one of cls, mean, last\."):
+    with pytest.raises(LayersimError, match=r"align.pooling = 'tokens' is invalid; it must be one of head, cls, mean, last\."):
         parse_params(_section("align", pooling="tokens"))
     for bad in (0, -5, 1.5, None, True):
         with pytest.raises(LayersimError, match=r"extract.max_tokens = .* is invalid"):
@@ -615,7 +627,8 @@ def test_a_last_token_model_takes_last_and_refuses_cls(model: str) -> None:
     with pytest.raises(LayersimError, match=rf"extract.poolings has 'cls', but model '{re.escape(model)}' is a "
                                             r"\w+ model, whose head reads the last non-pad token"):
         parse_params(_decoder_doc(model, poolings=["cls", "last", "mean"]))
-    with pytest.raises(LayersimError, match=r"extract.poolings = \['mean'\] must include 'last'; the truncate stage"):
+    with pytest.raises(LayersimError, match=r"extract.poolings = \['mean'\] must include 'last' \(or 'head'\); the "
+                                            r"truncate stage"):
         parse_params(_decoder_doc(model, poolings=["mean"]) | {"similarity": {"measures": {"mean": ["linear_cka"]}}})
 
 

@@ -303,7 +303,7 @@ BAD_DECLARATIONS = [
     ({"m": {**CSV_TASK, "label_names": ["a", "b", "c"], "metrics": ["f1"]}}, "f1, which scores two classes"),
     ({"m": {**CSV_TASK, "validation_fraction": 1.0, "validation": None}}, "a number in (0, 1)"),
     ({"m": {**CSV_TASK, "lable": "y"}}, "unknown key 'user_tasks.m.lable'"),
-    ({"m": {"validation_fraction": 0.2}}, "at least train"),
+    ({"m": {"validation_fraction": 0.2}}, "either train: user_data/<file>"),
     ([1, 2], "user_tasks = [1, 2] is invalid"),
 ]
 

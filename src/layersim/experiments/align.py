@@ -25,6 +25,7 @@ from layersim.data.io import (ActivationTable, AttentionTable, read_task_table, 
                               write_json)
 from layersim.models.registry import load_encoder, load_tokenizer, model_shape, verified_info
 from layersim.params import Params, aligned_pairs, pair_member
+from layersim.params.model_kind import head_pooling
 from layersim.reporting.plots import alignment_error_curves, heatmap_grid, method_bars
 from layersim.data.tasks import TaskSpec
 from layersim.compute.device import resolve_device, resolve_precision
@@ -176,14 +177,16 @@ def model_run(name: str) -> str:
 
 
 def inject(inputs: AlignInputs, pair: tuple[str, str], options: dict, expect: dict) -> dict:
-    """Scores of the target model's head fed the source model's mapped last-layer CLS state, per method,
-    with the target's own score, the unmapped source state and random states as references (Ren §4.5)."""
+    """Scores of the target model's head fed the source model's mapped last-layer state of the token that head
+    reads (CLS, or the last token of a decoder), per method, with the target's own score, the unmapped source
+    state and random states as references (Ren §4.5)."""
     params, spec = inputs.params, inputs.spec
     runs = run_labels(params.seeds)
     source, target = (runs[label] for label in pair)
-    train = {run: inputs.table(run, "cls", "train", expect[run]) for run in (source, target)}
+    pooling = head_pooling(inputs.checkpoints / target)
+    train = {run: inputs.table(run, pooling, "train", expect[run]) for run in (source, target)}
     train[source].check_comparable(train[target])
-    source_validation = inputs.table(source, "cls", "validation", expect[source])
+    source_validation = inputs.table(source, pooling, "validation", expect[source])
     device = resolve_device(params.device)
     model, tokenizer, encoded = load_for_validation(inputs.checkpoints / target, spec, inputs.validation_task_table(),
                                                     params.finetune.max_length, device)
@@ -194,7 +197,7 @@ def inject(inputs: AlignInputs, pair: tuple[str, str], options: dict, expect: di
     batch = params.extract.batch_size
 
     def score(vectors):
-        return round(injected_score(model, spec, encoded, vectors, batch, device), 6)
+        return round(injected_score(model, spec, encoded, vectors, batch, device, tokenizer), 6)
 
     methods = {method: score(map_representations(x_train, y_train, x_validation, method, **options.get(method, {}))[0])
                for method in params.align.methods}

@@ -1,10 +1,11 @@
 """Layer injection (Ren et al. 2023 §4.5): feed one model's mapped last-layer representation to
 another model's fine-tuned head and measure the task score.
 
-The representation is the first token's (CLS) last-layer state, which is all that every supported head
-reads (see :func:`layersim.models.encoders.inject_first_token`), so the target model's own head
-(:func:`layersim.models.task_heads.own_head`) applied to the vectors gives exactly the logits of the model run
-with its CLS state replaced, without running its encoder.
+The representation is the last-layer state of the token the target's head reads (CLS for encoders, the last
+non-pad token for decoders and XLNet), which is all that head reads, so a copy of the head
+(:func:`layersim.models.task_heads.injection_head`) applied to the vectors gives exactly the logits of the model
+run with that state replaced, without running its encoder; a first-token head that cannot be copied runs inside
+the model with the state replaced by a hook (:func:`layersim.models.encoders.inject_first_token`).
 """
 
 from __future__ import annotations
@@ -14,16 +15,36 @@ import torch
 
 from layersim.data.batching import EncodedTask
 from layersim.errors import LayersimError
-from layersim.models.task_heads import own_head
+from layersim.compute.device import to_device
+from layersim.data.batching import in_table_order, length_sorted_batches
+from layersim.models.encoders import inject_first_token
+from layersim.models.task_heads import injection_head
 from layersim.data.tasks import TaskSpec
 from layersim.experiments.truncation import primary_score
 
 
 @torch.inference_mode()
-def injected_logits(model, vectors: np.ndarray, num_choices: int, batch_size: int, device: torch.device) -> np.ndarray:
-    """`model`'s logits with its last-layer CLS state replaced by `vectors` (one per (example, choice) row,
-    in table order): its own head on them, (examples, num_choices) for multiple choice."""
-    return head_logits(own_head(model), vectors, num_choices, model.config.hidden_size, batch_size, device)
+def injected_logits(model, vectors: np.ndarray, num_choices: int, batch_size: int, device: torch.device,
+                    encoded: EncodedTask | None = None, tokenizer=None) -> np.ndarray:
+    """`model`'s logits with its last-layer head-token state (CLS; a decoder's last token) replaced by `vectors`
+    (one per (example, choice) row, in table order), (examples, num_choices) for multiple choice: its head on
+    them where the head can be copied (:func:`~layersim.models.task_heads.injection_head`), else the model run on
+    `encoded` with the first token's state replaced inside it (DeBERTa-v2, DistilBERT, MPNet, XLM-R, ModernBERT)."""
+    head = injection_head(model)
+    if head is not None:
+        return head_logits(head, vectors, num_choices, model.config.hidden_size, batch_size, device)
+    if encoded is None or tokenizer is None:
+        raise LayersimError(f"the head of this {model.config.model_type!r} model runs inside it; layer injection "
+                            "needs the encoded examples and the tokenizer to run it.")
+    model.eval()
+    batches = list(length_sorted_batches(encoded, batch_size, tokenizer, with_labels=False))
+    order = np.concatenate([indices for indices, _ in batches])  # the hook consumes rows in batch order
+    rows = np.asarray(vectors, dtype=np.float32).reshape(len(encoded), num_choices, -1)[order]
+    parts = []
+    with inject_first_token(model, rows.reshape(len(order) * num_choices, -1)):
+        for indices, batch in batches:
+            parts.append((indices, model(**to_device(batch, device)).logits.float().cpu().numpy()))
+    return in_table_order(parts, len(encoded))
 
 
 @torch.inference_mode()
@@ -40,13 +61,14 @@ def head_logits(head: torch.nn.Module, vectors: np.ndarray, num_choices: int, hi
 
 
 def injected_score(model, spec: TaskSpec, encoded: EncodedTask, vectors: np.ndarray, batch_size: int,
-                   device: torch.device) -> float:
-    """The task score of `model` with its last-layer CLS state replaced by `vectors` (one per
-    (example, choice) row of `encoded`, in order)."""
+                   device: torch.device, tokenizer=None) -> float:
+    """The task score of `model` with its last-layer head-token state replaced by `vectors` (one per
+    (example, choice) row of `encoded`, in order); `tokenizer` for a head that runs inside the model."""
     if len(vectors) != len(encoded) * encoded.num_choices:
         raise LayersimError(f"{len(vectors)} vectors were given to inject for {len(encoded)} examples with "
                             f"{encoded.num_choices} choice(s) each; give one vector per (example, choice) row.")
-    return primary_score(spec, injected_logits(model, vectors, encoded.num_choices, batch_size, device), encoded.labels)
+    return primary_score(spec, injected_logits(model, vectors, encoded.num_choices, batch_size, device, encoded,
+                                               tokenizer), encoded.labels)
 
 
 def head_score(head: torch.nn.Module, spec: TaskSpec, encoded: EncodedTask, vectors: np.ndarray, batch_size: int,

@@ -34,6 +34,7 @@ from layersim.experiments.injection import head_score, injected_score
 from layersim.experiments.truncation import full_score, initial_head, load_for_validation, primary_score
 from layersim.models.registry import load_encoder, load_tokenizer, model_info, model_shape, verified_info
 from layersim.params import Params, pretraining_pairs
+from layersim.params.model_kind import own_head_pooling
 from layersim.reporting.plots import alignment_error_curves, method_bars
 from layersim.compute.runs import converged_mean
 from layersim.training.convergence import run_flags, title_note
@@ -188,10 +189,10 @@ def _check_before_work(inputs: SeedInputs, names: list[str]) -> None:
 
 
 def _encode(inputs: SeedInputs, names, tables, out: Path, digest: str, device) -> dict[tuple, Path]:
-    """Each model's tables (align.pooling and cls, train and validation; attention of the first
-    extract.attention_examples validation examples) in `out`; returns their paths."""
+    """Each model's tables (align.pooling and the token its head reads, train and validation; attention of the
+    first extract.attention_examples validation examples) in `out`; returns their paths."""
     params, spec = inputs.params, inputs.spec
-    poolings = list(dict.fromkeys([params.align.pooling, "cls"]))
+    poolings = list(dict.fromkeys([params.align.pooling, *(own_head_pooling(name) for name in names)]))
     paths = {}
     for name in names:
         for state in STATES:
@@ -234,11 +235,13 @@ def _attention(source_path: Path, target_path: Path, a, options: dict) -> dict[s
 def _inject(inputs: SeedInputs, source: str, target: str, paths, validation_table, options: dict, seed: int,
             device) -> dict[str, dict[str, float]]:
     """Ren Table 5 for one pair: the fine-tuned target's head fed the fine-tuned source's mapped last-layer
-    CLS state, per method, and the references (see the module docstring)."""
+    state of the token its head reads (CLS; a decoder's last token), per method, and the references (see the
+    module docstring)."""
     params, spec = inputs.params, inputs.spec
+    pooling = own_head_pooling(target)
 
     def last(name, state, split):
-        table = ActivationTable(paths[name, state, "cls", split])
+        table = ActivationTable(paths[name, state, pooling, split])
         return table.layer(table.num_layers)
 
     model, tokenizer, encoded = load_for_validation(inputs.folder(target, "finetuned"), spec, validation_table,
@@ -247,7 +250,7 @@ def _inject(inputs: SeedInputs, source: str, target: str, paths, validation_tabl
     x_train, y_train = last(source, "finetuned", "train"), last(target, "finetuned", "train")
     x_validation = last(source, "finetuned", "validation")
     methods = {method: round(injected_score(model, spec, encoded, map_representations(
-        x_train, y_train, x_validation, method, **options.get(method, {}))[0], batch, device), 6)
+        x_train, y_train, x_validation, method, **options.get(method, {}))[0], batch, device, tokenizer), 6)
         for method in params.align.methods}
     head = initial_head(inputs.folder(target, "pretrained"), spec, seed)  # pooler as pretrained, classifier seeded
     shape = (len(encoded), encoded.num_choices if encoded.num_choices > 1 else model.config.num_labels)
@@ -255,7 +258,7 @@ def _inject(inputs: SeedInputs, source: str, target: str, paths, validation_tabl
     references = {
         "target itself": full_score(model, spec, encoded, tokenizer, batch, device,
                                     resolve_precision(params.finetune.precision, device)),
-        "source unmapped": injected_score(model, spec, encoded, x_validation, batch, device),
+        "source unmapped": injected_score(model, spec, encoded, x_validation, batch, device, tokenizer),
         "random embedding": head_score(head, spec, encoded, last(target, "pretrained", "validation"), batch, device),
         "random label": primary_score(spec, random_logits, encoded.labels)}
     return {"methods": methods, "references": {k: round(float(v), 6) for k, v in references.items()}}

@@ -97,3 +97,24 @@ def own_head(model: nn.Module) -> OwnHead:
         return OwnHead(copy.deepcopy(summary), None, classifier, True)
     raise LayersimError(f"cannot copy the task head of architecture {model_type!r}; supported architectures "
                         f"are: {', '.join(COPYABLE_HEADS)}.")
+
+
+# Heads that read one token's final state of the last layer with nothing in between: the decoders' sequence
+# classification "score" (one linear map of the last non-pad token's state after the final norm, as the tables
+# hold a decoder's last layer) and XLNet's summary of its last token then logits_proj. Exact on the last layer
+# only (a decoder's earlier layers are not normed), so layer injection uses them and truncation does not.
+_LAST_TOKEN_SCORE = ("gpt2", "llama", "mistral", "qwen2")
+
+
+def injection_head(model: nn.Module) -> OwnHead | None:
+    """A copy of the head that turns `model`'s last-layer head-token state into its logits (Ren et al.'s layer
+    injection): :func:`own_head` where it can be copied, the decoders' score and XLNet's summary; None for a head
+    that must run inside the model (layersim.models.encoders.inject_first_token)."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if has_own_head(model):
+        return own_head(model)
+    if model_type in _LAST_TOKEN_SCORE and isinstance(getattr(model, "score", None), nn.Module):
+        return OwnHead(None, None, copy.deepcopy(model.score), False)
+    if model_type == "xlnet" and getattr(getattr(model, "sequence_summary", None), "summary_type", None) == "last":
+        return OwnHead(copy.deepcopy(model.sequence_summary), None, copy.deepcopy(model.logits_proj), True)
+    return None

@@ -56,6 +56,9 @@ def describe() -> str:
     lines += ["## user_tasks.`<name>`", "",
               "Tasks on your own files, each under a name of its own (1 to 64 of a-z, 0-9, _ and -) to list in "
               "`tasks`, e.g. `user_tasks: {reviews: {train: user_data/reviews.csv, validation_fraction: 0.2, "
-              "text: [review], label: stars}}`. The files live in `user_data/`, a dependency of download_task.", ""]
+              "text: [review], label: stars}}`. The files live in `user_data/`, a dependency of download_task. Or on a "
+              "hub dataset, read from its Parquet export like the paper tasks and locked in layersim.lock: "
+              "`{imdb: {dataset: stanfordnlp/imdb, config: plain_text, splits: {train: train, validation: test}, "
+              "text: [text], label: label, label_names: [neg, pos]}}`.", ""]
     lines += _table(UserTaskParams)
     return "\n".join(lines)

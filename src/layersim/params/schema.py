@@ -14,7 +14,8 @@ from layersim.params.rules import (FRACTION, NON_NEGATIVE, POSITIVE, SEED, TOLER
                                    knob)
 
 # Names and ranges shared by several sections: layersim.params.vocabulary.
-from layersim.params.vocabulary import (POOLINGS, PRECISIONS, HEAD_KINDS, EXAMPLE_POOLINGS, LOCALIZATIONS,
+from layersim.params.vocabulary import (DEFAULT_POOLINGS, POOLING_NAMES, PRECISIONS, TRUNCATE_HEADS,
+                                       EXAMPLE_POOLING_NAMES, LOCALIZATIONS,
                                        ALIGN_METHODS, DEFAULT_MEASURES, _STEPS, _EXAMPLES, _BATCH, _WIDTH,
                                        MAX_PERMUTATIONS, ENOUGH, ROOM, EXAMPLES, STEPS, BATCH, LEARNING_RATE,
                                        _attention_measure_names, _models, _measures_by_pooling)
@@ -92,8 +93,10 @@ class FinetuneParams:
 
 @dataclass(frozen=True)
 class ExtractParams:
-    poolings: tuple[str, ...] = knob(POOLINGS, "which points are extracted: cls, mean, last (one row per example "
-                                               "and choice), tokens (one row per word)", names=POOLINGS)
+    poolings: tuple[str, ...] = knob(DEFAULT_POOLINGS, "which points are extracted: head (the token the model's own "
+                                                       "head reads: cls, or last for decoders and XLNet), cls, mean, "
+                                                       "last (one row per example and choice), tokens (one row per "
+                                                       "word)", names=POOLING_NAMES)
     batch_size: int = knob(32, "examples per forward pass", POSITIVE, BATCH)
     max_examples: int | None = knob(None, "validation examples per task (null: all)", POSITIVE, EXAMPLES, ENOUGH)
     max_train_examples: int | None = knob(None, "train examples whose activations train truncate's heads and "
@@ -161,9 +164,10 @@ class CompareParams:
 
 @dataclass(frozen=True)
 class TruncateParams:
-    head: str = knob("own", "the head trained on layer k's CLS states: own (Tuned continues the fine-tuned model's "
-                     "head, TunedOrig trains the head fine-tuning starts from; Phang et al.) or fresh (a new "
-                     "dense-tanh-linear head on standardised states)", names=HEAD_KINDS)
+    head: str = knob("auto", "the head trained on layer k's head-token states: own (Tuned continues the fine-tuned "
+                     "model's head, TunedOrig trains the head fine-tuning starts from; Phang et al.), fresh (a new "
+                     "dense-tanh-linear head on standardised states) or auto (own where the family's head can be "
+                     "copied: BERT, RoBERTa, ALBERT, ELECTRA; fresh otherwise)", names=TRUNCATE_HEADS)
     head_epochs: int = knob(20, "most epochs of the heads (Tuned, TunedOrig) over the cached CLS activations",
                             POSITIVE, at_most(10**4, "epochs over the cached activations"))
     head_learning_rate: float = knob(1e-3, "learning rate of the heads", LEARNING_RATE)
@@ -184,7 +188,7 @@ class SkipParams:
 
 @dataclass(frozen=True)
 class AlignParams:  # Ren et al. 2023; see layersim.align
-    pooling: str = knob("mean", "the per-example points mapped (Ren §3.1: mean-pooled)", names=EXAMPLE_POOLINGS)
+    pooling: str = knob("mean", "the per-example points mapped (Ren §3.1: mean-pooled)", names=EXAMPLE_POOLING_NAMES)
     methods: tuple[str, ...] = knob(ALIGN_METHODS, "the maps fitted", names=ALIGN_METHODS)
     ridge: float = knob(0.0, "linear: ridge penalty on standardised features", NON_NEGATIVE)
     svcca_variance: float = knob(0.99, "svcca: share of variance the kept directions explain", FRACTION)

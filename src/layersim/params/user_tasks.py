@@ -1,4 +1,4 @@
-"""params.yaml's ``user_tasks``: tasks the user declares on their own files, by name.
+"""params.yaml's ``user_tasks``: tasks the user declares on their own files or on a hub dataset, by name.
 
     user_tasks:
       reviews:                              # the name to list in tasks: [reviews]
@@ -6,6 +6,13 @@
         validation: user_data/reviews_dev.csv
         text: [review]
         label: stars
+      imdb:                                 # a hub dataset, read like the registry's tasks (locked in layersim.lock)
+        dataset: stanfordnlp/imdb           # owner/name
+        config: plain_text                  # its config (null: the dataset's only one, "default")
+        splits: {train: train, validation: test}
+        text: [text]
+        label: label
+        label_names: [neg, pos]             # class 0 first: a hub split's labels are indices
 
 The name reaches dvc.yaml's commands (``${item.task}``), so it is held to a rule that no shell reads as
 syntax (docs/params-safety.md); the file paths and column names never reach a shell (download_task depends
@@ -39,6 +46,42 @@ def _file(key: str, value: Any) -> str | None:
         raise fail(key, value, f"a file inside {USER_DATA}/ ending in .csv, .tsv, .jsonl or .parquet, each part of "
                                "the path made of letters, digits and . _ - (e.g. user_data/reviews.csv); "
                                f"download_task depends on {USER_DATA}/, so an edit to the file reruns it")
+    return value
+
+
+def _dataset(key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    from layersim.models.registry import _name_problem
+
+    if not isinstance(value, str) or _name_problem(value):
+        raise fail(key, value, "a Hugging Face dataset id written owner/name (each part of letters, digits, '-', "
+                               "'_' and '.'), e.g. stanfordnlp/imdb")
+    return value
+
+
+def _config(key: str, value: Any) -> str | None:
+    if value is not None and not (isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", value)):
+        raise fail(key, value, "the name of one of the dataset's configs (letters, digits, _ . -), or null for a "
+                               "dataset with one")
+    return value
+
+
+def _splits(key: str, value: Any) -> dict[str, str]:
+    from layersim.data.tasks.spec import SPLITS
+
+    ok = (isinstance(value, dict) and set(value) == set(SPLITS)
+          and all(isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", v) for v in value.values()))
+    if not ok:
+        raise fail(key, value, "a mapping of train and validation to the dataset's split names, e.g. {train: train, "
+                               "validation: test}")
+    return dict(value)
+
+
+def _revision(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_./-]{0,199}", value) or ".." in value:
+        raise fail(key, value, "a revision of the dataset: refs/convert/parquet (the hub's Parquet export), a "
+                               "branch, tag or commit")
     return value
 
 
@@ -80,8 +123,15 @@ def _metrics(key: str, value: Any) -> tuple[str, ...] | None:
 
 @dataclass(frozen=True)
 class UserTaskParams:
-    train: str = knob(None, "the training rows: a .csv, .tsv (no quoting), .jsonl or .parquet file inside "
-                            "user_data/ (required)", check=_file)
+    train: str | None = knob(None, "the training rows: a .csv, .tsv (no quoting), .jsonl or .parquet file inside "
+                                   "user_data/ (or dataset)", check=_file)
+    dataset: str | None = knob(None, "instead of files: a hub dataset, owner/name, read from its Parquet export like "
+                                     "the registry's tasks and locked in layersim.lock", check=_dataset)
+    config: str | None = knob(None, "with dataset: its config (null: a dataset with one)", check=_config)
+    splits: dict = knob({"train": "train", "validation": "validation"}, "with dataset: its split read as train and "
+                        "the one read as validation", check=_splits)
+    revision: str = knob("refs/convert/parquet", "with dataset: the revision read (the Parquet export's "
+                         "<config>/<split>/*.parquet files)", check=_revision)
     validation: str | None = knob(None, "the validation rows, a file like train (null: validation_fraction of "
                                         "train's rows, a seeded draw)", check=_file)
     validation_fraction: float | None = knob(None, "with no validation file: the share of train's rows held out "
@@ -125,22 +175,57 @@ def check_user_tasks(key: str, value: Any, registry: Any) -> dict[str, Any]:
 
 
 def _spec(key: str, name: str, raw: Any):
-    from layersim.data.tasks import TEXT_COLUMNS, TaskSpec, UserSource
+    from layersim.data.tasks import TaskSpec, UserSource
 
-    if not isinstance(raw, dict) or "train" not in raw:
-        raise fail(key, raw, "a mapping with at least train: user_data/<file>, e.g. {train: user_data/r.csv, "
-                             "validation_fraction: 0.2}")
+    if not isinstance(raw, dict) or ("train" in raw) == ("dataset" in raw):
+        raise fail(key, raw, "a mapping with either train: user_data/<file> (e.g. {train: user_data/r.csv, "
+                             "validation_fraction: 0.2}) or dataset: owner/name (a hub dataset), not both")
     unknown = [k for k in raw if k not in _FIELDS]
     if unknown:
         raise LayersimError(f"params.yaml: unknown key '{key}.{str(unknown[0])[:100]}'; valid keys are: "
                             f"{', '.join(_FIELDS)}.")
     d = UserTaskParams(**{k: check_value(f"{key}.{k}", _FIELDS[k], v) for k, v in raw.items()})
+    hub_keys, file_keys = ("config", "splits", "revision"), ("validation", "validation_fraction", "split_seed")
+    wrong = [k for k in (file_keys if d.dataset else hub_keys) if k in raw]
+    if wrong:
+        raise LayersimError(f"params.yaml: {key}.{wrong[0]} belongs to a task on "
+                            f"{'files' if d.dataset else 'a hub dataset'}, but this one reads "
+                            f"{'hub dataset ' + repr(d.dataset) if d.dataset else 'files'}; remove it.")
+    if d.dataset is not None:
+        return _hub_spec(key, name, d)
     if (d.validation is None) == (d.validation_fraction is None):
         raise LayersimError(f"params.yaml: {key} needs exactly one of validation (a file) and validation_fraction "
                             "(a share of train's rows); give one of them.")
     if d.validation == d.train:
         raise LayersimError(f"params.yaml: {key}.validation is the train file {d.train!r}; a task is scored on rows "
                             "it was not trained on: give another file or use validation_fraction.")
+    text, metrics = _columns_and_metrics(key, d)
+    multiple = d.format == "multiple_choice"
+    source = UserSource(d.train, d.validation, tuple(text), d.label, d.validation_fraction, d.split_seed)
+    return TaskSpec(name, d.format, tuple(metrics), d.label_names or (), regression=d.regression,
+                    num_choices=len(text) - 1 if multiple else 0, user=source)
+
+
+def _hub_spec(key: str, name: str, d: UserTaskParams):
+    """A user task on a hub dataset: the registry's hub path (HubSource), with the user's columns."""
+    from layersim.data.tasks import HubSource, TaskSpec
+
+    text, metrics = _columns_and_metrics(key, d)
+    multiple = d.format == "multiple_choice"
+    if not (d.regression or multiple or d.label_names):
+        raise LayersimError(f"params.yaml: {key} reads hub dataset {d.dataset!r}, whose labels are class indices; "
+                            "list its class names in label_names, class 0 first.")
+    targets = {"single": ("text",), "pair": ("text_a", "text_b")}.get(d.format)
+    columns: dict = dict(zip(targets, text)) if targets else {"context": text[0], "choices": tuple(text[1:])}
+    hub = HubSource(d.dataset, d.config, {**columns, "label": d.label}, splits=dict(d.splits), revision=d.revision)
+    return TaskSpec(name, d.format, tuple(metrics), d.label_names or (), regression=d.regression,
+                    num_choices=len(text) - 1 if multiple else 0, hub=hub)
+
+
+def _columns_and_metrics(key: str, d: UserTaskParams) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The text columns and metrics of a declaration, checked against its format and kind."""
+    from layersim.data.tasks import TEXT_COLUMNS
+
     multiple = d.format == "multiple_choice"
     text = d.text or (None if multiple else TEXT_COLUMNS[d.format])
     want = {"single": "1 column", "pair": "2 columns", "multiple_choice": "a context and at least 2 choices"}
@@ -165,6 +250,4 @@ def _spec(key: str, name: str, raw: Any):
     if "f1" in metrics and d.label_names is not None and len(d.label_names) != 2:
         raise LayersimError(f"params.yaml: {key}.metrics has f1, which scores two classes, but label_names has "
                             f"{len(d.label_names)}; use accuracy or mcc.")
-    source = UserSource(d.train, d.validation, tuple(text), d.label, d.validation_fraction, d.split_seed)
-    return TaskSpec(name, d.format, tuple(metrics), d.label_names or (), regression=d.regression,
-                    num_choices=len(text) - 1 if multiple else 0, user=source)
+    return tuple(text), tuple(metrics)

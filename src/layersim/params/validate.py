@@ -8,12 +8,13 @@ import dataclasses
 import difflib
 import math
 import re
-from pathlib import Path
 from typing import Any
 
 from layersim.errors import LayersimError
-from layersim.models.registry import MODELS, MULTIBERTS_SEEDS, read_json
+from layersim.models.registry import MODELS, MULTIBERTS_SEEDS
 from layersim.models.tiny_configs import HIDDEN as TINY_HIDDEN, LAYERS as TINY_LAYERS
+from layersim.params.model_kind import (DECODERS, LAST_TOKEN_HEADS, OWN_HEAD_ARCHITECTURES, architecture,  # noqa: F401
+                                       family as model_family, head_pooling, own_head_pooling, resolve_model_kind)
 from layersim.params.names import check_model, check_task, weights
 from layersim.params.rules import MAX_SEED, check_value, fail, repeated, shown
 from layersim.params.pairs import check_pair_count, pair_member
@@ -42,33 +43,6 @@ MODEL_HIDDEN_SIZE = {**{spec.name: (spec.shape or (TINY_HIDDEN, TINY_LAYERS))[0]
                      "modernbert-base": 768, "mpnet-base": 768, "xlnet-base-cased": 768, "gpt2": 768,
                      "qwen2.5-0.5b": 896, "tinyllama-1.1b": 2048, "mistral-7b": 4096,
                      **{f"multiberts-{n}": 768 for n in range(MULTIBERTS_SEEDS)}}
-
-# Families whose own classification head reads each row's last non-pad token, not the first: the decoders,
-# which have no multiple-choice head in transformers, and XLNet (its <cls> is last). The same as head_token
-# "last" in layersim.models.layer_stacks.FAMILIES (tests/test_params.py checks), spelled out here so that
-# reading params imports no torch. Such a model has no first-token ("cls") representation.
-DECODERS = ("gpt2", "llama", "mistral", "qwen2")
-LAST_TOKEN_HEADS = (*DECODERS, "xlnet")
-
-
-# Families whose fine-tuned head truncate.head "own" can copy (layersim.models.task_heads.own_head; checked by
-# tests/test_params.py): the others train a fresh head (truncate.head: fresh).
-OWN_HEAD_ARCHITECTURES = ("albert", "bert", "electra", "roberta")
-
-
-def head_pooling(folder) -> str:
-    """The pooling of the token the own classification head of the model in `folder` reads (its config.json,
-    read without loading the model), on which truncate trains its fresh heads: "last" (the last non-pad
-    token) for decoders and XLNet, "cls" otherwise."""
-    config = read_json(Path(folder) / "config.json", "model config", "re-run the stage that wrote the folder")
-    return "last" if config.get("model_type") in LAST_TOKEN_HEADS else "cls"
-
-
-def architecture(name: str) -> str | None:
-    """The family of a registry model; None for a hub id or a local folder (known only once downloaded)."""
-    spec = MODELS.get(name)
-    return spec.architecture if spec else None
-
 
 def _suggestion(section: str | None, key: Any) -> str:
     """' (did you mean …?)' for a mistyped key: a close match in its own section (or among the top-level
@@ -141,6 +115,7 @@ def parse_params(raw: Any) -> Params:
     if not isinstance(device, str) or not re.fullmatch(DEVICE, device):
         raise fail("device", device, "auto, cpu, cuda or cuda:N (auto: the first GPU if there is one, else the CPU)")
     sections = {name: _build_section(name, cls, raw.get(name)) for name, cls in SECTIONS.items()}
+    sections = resolve_model_kind(model, sections)  # 'head' poolings and truncate.head 'auto' for this model
     _check_across_sections(model, {**sections, "tasks": tasks, "seeds": seeds})
     return Params(model=model, tasks=tuple(tasks), seeds=tuple(seeds), device=device, user_tasks=user_tasks,
                   **sections)
@@ -208,11 +183,12 @@ def _check_head_poolings(model: str, sections: dict[str, Any]) -> None:
     """The pooling each model's own head reads is extracted (truncate trains its fresh heads on it), a model
     whose head reads the last token is asked for no "cls" pooling, and a decoder for no multiple choice."""
     extract, compare = sections["extract"], sections["compare"]
-    family = architecture(model)
-    head = "last" if family in LAST_TOKEN_HEADS else "cls"
+    family = model_family(model)
+    head = own_head_pooling(model)
     if head not in extract.poolings:
-        raise LayersimError(f"params.yaml: extract.poolings = {list(extract.poolings)} must include {head!r}; the "
-                            f"truncate stage trains its fresh heads on the token the model's own head reads ({head}).")
+        raise LayersimError(f"params.yaml: extract.poolings = {list(extract.poolings)} must include {head!r} (or "
+                            f"'head'); the truncate stage trains its heads on the token the model's own head reads "
+                            f"({head}).")
     compared = [(other, "of compare.models", sections["similarity"].poolings) for other in compare.models]
     for name, where, poolings in [(model, "model", extract.poolings), *compared]:
         if architecture(name) in LAST_TOKEN_HEADS and "cls" in poolings:
@@ -220,11 +196,11 @@ def _check_head_poolings(model: str, sections: dict[str, Any]) -> None:
             described = f"model {name!r}" if where == "model" else f"{name!r} {where}"
             raise LayersimError(f"params.yaml: {setting} has 'cls', but {described} is a {architecture(name)} model, "
                                 "whose head reads the last non-pad token and whose first token is no sequence "
-                                "representation; use mean, last or tokens.")
+                                "representation; use head (its last token), mean, last or tokens.")
     if sections["truncate"].head == "own" and family is not None and family not in OWN_HEAD_ARCHITECTURES:
         raise LayersimError(f"params.yaml: truncate.head = 'own', but the task head of model {model!r} (a {family} "
                             f"model) cannot be copied yet (only {', '.join(OWN_HEAD_ARCHITECTURES)}); use "
-                            "truncate.head: fresh.")
+                            "truncate.head: auto or fresh.")
     if family in DECODERS:
         for task in sections["tasks"]:
             if get_task(task).format == "multiple_choice":

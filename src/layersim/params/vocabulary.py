@@ -12,16 +12,22 @@ from layersim.params.rules import POSITIVE, Bound, at_least, at_most, check_name
 # one row per word, its last sub-word (Wu et al.; layersim.data.words).
 
 POOLINGS = ("cls", "mean", "last", "tokens")
+# What params may name: also "head", the token the model's own head reads (cls, or last for decoders and XLNet),
+# resolved per model when params are read (layersim.params.model_kind).
+POOLING_NAMES = ("head", *POOLINGS)
+DEFAULT_POOLINGS = ("head", "mean", "last", "tokens")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # layersim.compute.device (checked by a test)
 HEAD_KINDS = ("own", "fresh")  # layersim.training.heads.HEAD_KINDS (checked by a test)
+TRUNCATE_HEADS = ("auto", *HEAD_KINDS)  # auto: own where the family's head can be copied, else fresh
 EXAMPLE_POOLINGS = ("cls", "mean", "last")  # one row per (example, choice): what align can map
+EXAMPLE_POOLING_NAMES = ("head", *EXAMPLE_POOLINGS)
 LOCALIZATIONS = ("raw", "zscore")  # Wu et al.'s raw difference of means, or each series z-scored first
 # The default align.methods: every map of layersim.align.MAPS (checked by a test; spelled out here so
 # that reading params does not import torch).
 ALIGN_METHODS = ("linear", "cca", "svcca", "pwcca", "inn", "mlp")
 # Which measures run on which points, by pooling. Phang et al. compare the CLS vectors of the validation
 # examples with linear CKA; Wu et al.'s measures use one point per word (pooling "tokens").
-DEFAULT_MEASURES = {"cls": ("linear_cka",), "tokens": ("linear_cka", "svcca", "pwcca", "neuronsim")}
+DEFAULT_MEASURES = {"head": ("linear_cka",), "tokens": ("linear_cka", "svcca", "pwcca", "neuronsim")}
 
 MIN_MAX_LENGTH = 8     # room for the special tokens of a sentence pair and some text; below it tokenizers
                        # silently stop truncating
@@ -65,12 +71,12 @@ def _measures_by_pooling(key: str, value) -> dict[str, tuple[str, ...]]:
     from layersim.params.rules import fail, shown
 
     if not isinstance(value, dict) or not value:
-        raise fail(key, value, f"a mapping of poolings ({', '.join(POOLINGS)}) to lists of measures, e.g. "
-                               "{cls: [linear_cka], tokens: [linear_cka, svcca]}")
+        raise fail(key, value, f"a mapping of poolings ({', '.join(POOLING_NAMES)}) to lists of measures, e.g. "
+                               "{head: [linear_cka], tokens: [linear_cka, svcca]}")
     measures = {}
     for pooling, names in value.items():
-        if pooling not in POOLINGS:
+        if pooling not in POOLING_NAMES:
             raise LayersimError(f"params.yaml: {key} has the pooling {shown(pooling)}, which is invalid; each key "
-                                f"must be one of {', '.join(POOLINGS)}.")
+                                f"must be one of {', '.join(POOLING_NAMES)}.")
         measures[pooling] = check_names(f"{key}.{pooling}", names, *_measure_names())
     return measures

@@ -8,43 +8,19 @@ The page reads what the stages wrote (their details plot data, metrics and figur
 
 from __future__ import annotations
 
-import base64
-import html
-import io
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from layersim.errors import LayersimError
 from layersim.training.convergence import NOT_CONVERGED, marked, title_note
 from layersim.reporting.headlines import details_to_metrics, finetune_flags, read_metrics_file
+from layersim.reporting.html import Figure, Section, Table, png, render  # noqa: F401 (png, render: the API)
 
 COMPARISON_NAMES = {"orig_orig": "ORIG–ORIG", "ft_orig": "FT–ORIG", "ft_ft": "FT–FT", "ft1_ft2": "FT[1]–FT[2]",
                     "ft_random": "FT–RANDOM", "orig_random": "ORIG–RANDOM"}
 # ORIG–ORIG and FT–FT diagonals compare a layer with itself: 1. FT–RANDOM beside FT–ORIG, to read it against.
 DIAGONAL_COMPARISONS = ("ft_orig", "ft_random", "orig_random", "ft1_ft2")
-
-
-@dataclass(frozen=True)
-class Figure:
-    caption: str
-    png: bytes
-
-
-@dataclass(frozen=True)
-class Table:
-    title: str
-    header: Sequence[str]
-    rows: Sequence[Sequence[object]]
-    note: str = ""
-
-
-@dataclass
-class Section:
-    title: str
-    facts: list[str] = field(default_factory=list)   # one sentence each
-    tables: list[Table] = field(default_factory=list)
-    figures: list[Figure] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -218,63 +194,6 @@ OVERVIEW_HEADER = ["task", "fine-tuned score", "FT–FT blocks", "FT–ORIG top 
                    "(Tuned)", "exported layers", "validation: full → exported", "exported parameters"]
 
 
-def png(fig) -> bytes:
-    """A matplotlib figure as PNG bytes (closed afterwards)."""
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
-    return buffer.getvalue()
-
-
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; line-height: 1.4 }
-h1 { font-size: 1.6em } h2 { border-bottom: 1px solid #ccc; padding-top: 1em } h3 { font-size: 1.05em }
-table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.9em }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left } th { background: #f3f3f3 }
-figure { display: inline-block; margin: 0.5em 1em 1em 0; vertical-align: top; max-width: 100% }
-figure img { max-width: 100%; border: 1px solid #eee } figcaption { font-size: 0.85em; color: #555; max-width: 560px }
-.note { font-size: 0.85em; color: #555 } nav a { margin-right: 1em }
-"""
-
-
-def _table(table: Table) -> str:
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in table.header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in table.rows)
-    note = f'<p class="note">{html.escape(table.note)}</p>' if table.note else ""
-    return f"<h3>{html.escape(table.title)}</h3><table><tr>{head}</tr>{body}</table>{note}"
-
-
-def _figure(figure: Figure) -> str:
-    data = base64.b64encode(figure.png).decode("ascii")
-    caption = html.escape(figure.caption)
-    return f'<figure><img src="data:image/png;base64,{data}" alt="{caption}"><figcaption>{caption}</figcaption></figure>'
-
-
-def _anchor(title: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in title.lower())
-
-
-def render(title: str, intro: Iterable[str], overview: Table, summary: Iterable[Figure],
-           sections: Sequence[Section]) -> str:
-    """The whole page as one HTML document."""
-    parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"]
-    parts += [f"<p>{html.escape(line)}</p>" for line in intro]
-    parts.append("<nav>" + "".join(f'<a href="#{_anchor(s.title)}">{html.escape(s.title)}</a>' for s in sections)
-                 + "</nav>")
-    parts.append(_table(overview))
-    parts += [_figure(f) for f in summary]
-    for section in sections:
-        parts.append(f'<h2 id="{_anchor(section.title)}">{html.escape(section.title)}</h2>')
-        parts += [f"<p>{html.escape(line)}</p>" for line in section.facts]
-        parts += [_table(t) for t in section.tables]
-        parts += [_figure(f) for f in section.figures]
-    parts.append("</body></html>\n")
-    return "\n".join(parts)
-
-
 def _finetuned_runs(layout: Layout, task: str, metric: str, seeds: Sequence[int]) -> dict[int, dict]:
     """Seed → its finetune metrics file, for the seeds whose file holds a score."""
     runs = {}
@@ -322,6 +241,9 @@ def truncation_figure(layout: Layout, task: str, truncate: Mapping, export: Mapp
     return Figure(caption + ".", png(figure))
 
 
+POINTS = {"cls": "CLS", "last": "last-token (the decoder's head token)", "mean": "mean-pooled"}
+
+
 def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: float,
                  first_measure: tuple[str, str]) -> tuple[Section, list[str]]:
     """One task's section, and its row of the overview table."""
@@ -355,11 +277,12 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
         section.facts.append(f"Load it with transformers alone: {loader}.from_pretrained(\"data/export/<model>/{task}\").")
     if similarity:
         section.tables += similarity_tables(similarity, significance)
-    for relative, caption in ((f"similarity/{task}/cls.png", "Linear CKA (and each measure) between every pair of "
-                               "layers, CLS points, in Phang et al.'s layout; cyan outlines: blocks of layers; hatched "
-                               "cells: not above chance."),
-                              (f"diagonals/{task}/cls.png", "Layer k against layer k, with the permutation null's mean "
-                               "and 95% bootstrap intervals."),
+    head = first_measure[0]  # the model's own head token: cls, or last for a decoder
+    for relative, caption in ((f"similarity/{task}/{head}.png", "Each measure between every pair of layers, "
+                               f"{POINTS.get(head, head)} points, in Phang et al.'s layout; cyan outlines: blocks of "
+                               "layers; hatched cells: not above chance."),
+                              (f"diagonals/{task}/{head}.png", "Layer k against layer k, with the permutation null's "
+                               "mean and 95% bootstrap intervals."),
                               (f"similarity/{task}/tokens.png", "The same on word points (Wu et al.)."),):
         figure = layout.figure(relative, caption)
         if figure:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import matplotlib
-
 matplotlib.use("Agg")  # stages run headless
 
 from dataclasses import dataclass  # noqa: E402
@@ -343,12 +342,14 @@ def alignment_error_curves(errors: dict[str, dict[str, list[float] | tuple[list[
                              constrained_layout=True)
     for ax in axes.flat[len(errors):]:
         ax.set_visible(False)
+    # As Ren's Table 4 is echoed: pwcca is layersim's rule; least squares is CCA's correlation-scaled map (ω = ρ).
+    legend = {"linear": "linear (= CCA with ω = ρ)", "pwcca": "pwcca (layersim's map, not Ren's)"}
     for ax, (pair, per_method) in zip(axes.flat, errors.items()):
         # Distinct line styles and markers keep coinciding methods visible (pwcca coincides with cca when its weights are equal).
         for n, (method, values) in enumerate(per_method.items()):
             values, sd = values if isinstance(values, tuple) else (values, None)
             line, = ax.plot(range(len(values)), values, marker="os^vDx"[n % 6], ms=4, ls=("-", "--", ":", "-.")[n % 4],
-                            label=method)
+                            label=legend.get(method, method))
             if sd is not None and any(sd):
                 low, high = np.asarray(values) - np.asarray(sd), np.asarray(values) + np.asarray(sd)
                 ax.fill_between(range(len(values)), low, high, color=line.get_color(), alpha=0.15, lw=0)
