@@ -1,24 +1,29 @@
 """Integration: the whole pipeline (`dvc repro`, offline, a tiny model) on two user tasks, a CSV of single
-sentences with two classes and a TSV of sentence pairs with a regression target; an edited label makes
-the task stage stale."""
+sentences with two classes (its training file over 100 MB: no file for git) and a TSV of sentence pairs with a
+regression target; the data shared the DVC way as docs/experiments.md says (a colleague's clone gets every file,
+`dvc status` clean); an edited label makes the task stage stale."""
 
 from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
 
-from dvc_project import dvc, make_project, output, run, stale_stages, tiny_params
+from dvc_project import REPO, dvc, make_project, output, project_env, run, stale_stages, tiny_params, with_venv_commands
+from test_sharing import REMOTE_PLACEHOLDER, _shell, sharing_steps
 
 pytestmark = pytest.mark.integration
 
 WORDS = ["good", "bad", "fine", "awful", "great", "poor", "nice", "dull"]
+LARGE = 100 * 2**20  # bytes of the reviews training file: over what git hosts take (GitHub: 100 MB)
 
 
 def _configure(params: dict) -> None:
     tiny_params(params, model="tiny-bert", tasks=["reviews", "pairs"], seeds=[1])
+    params["download"].update(max_train_examples=48)  # the first 48 of the large file's rows
     params["finetune"].update(max_steps=3, eval_every=0)
     params["extract"].update(max_train_examples=32, attention_examples=0)
     params["similarity"].update(measures={"cls": ["linear_cka", "svcca", "neuronsim"]}, attention_measures=[])
@@ -42,7 +47,12 @@ def _write_files(root: Path) -> None:
             words = rng.sample(WORDS, 3)
             label = "positive" if words[0] in WORDS[::2] else "negative"
             rows.append(f"\"the film was {' '.join(words)}, really\",{label}")
-        (root / f"user_data/reviews_{split}.csv").write_text("\n".join(rows) + "\n")
+        with open(root / f"user_data/reviews_{split}.csv", "w") as out:
+            out.write("\n".join(rows) + "\n")
+            filler = "".join(f"\"the film was {WORDS[k % 8]} and {WORDS[k * 3 % 8]}, row {k:07d}\",positive\n"
+                             for k in range(20_000))
+            while split == "train" and out.tell() < LARGE:  # rows past the first 48: the same file, larger
+                out.write(filler)
         rows = ["first\tsecond\tscore"]
         for _ in range(n):
             a, b = rng.sample(WORDS, 2), rng.sample(WORDS, 2)
@@ -75,6 +85,42 @@ def test_the_pipeline_runs_on_user_files(project):
         assert (root / f"metrics/similarity/{task}.json").is_file() and (root / f"metrics/export/{task}.json").is_file()
     assert "reviews" in (root / "report/index.html").read_text()
     assert stale_stages(root) == set(), "up to date after the repro"
+
+
+def user_data_steps() -> str:
+    """docs/experiments.md's block that hands a user's data files to DVC ("Your own data")."""
+    page = (REPO / "docs/experiments.md").read_text(encoding="utf-8")
+    section = page[page.index("## Your own data"):]
+    return next(block for block in re.findall(r"^```bash\n(.*?)^```", section, re.S | re.M) if "dvc add" in block)
+
+
+def test_a_colleague_gets_the_user_data_through_dvc(project, tmp_path):
+    """The documented steps as written (the file name replaced by this project's four): `dvc add`, `dvc repro`,
+    then the sharing block; the colleague's clone has the 100 MB file from the remote, nothing stale."""
+    root, env = project
+    env = with_venv_commands(env)
+    assert (root / "user_data/reviews_train.csv").stat().st_size >= LARGE
+    files = " ".join(f"user_data/{name}" for name in ("reviews_train.csv", "reviews_dev.csv", "pairs_train.tsv",
+                                                       "pairs_dev.tsv"))
+    _shell(user_data_steps().replace("user_data/reviews.csv", files), root, env)
+    origin = tmp_path / "origin.git"
+    run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], tmp_path, env)
+    run(["git", "remote", "add", "origin", str(origin)], root, env)
+    run(["git", "push", "-q", "-u", "origin", "main"], root, env)  # as tests/test_sharing.py: a repository with a remote
+    owner, colleague = sharing_steps()
+    _shell(owner.replace(REMOTE_PLACEHOLDER, str(tmp_path / "dvc-remote")), root, env)
+    assert run(["git", "status", "--porcelain"], root, env).stdout == ""
+    tracked = run(["git", "ls-files", "user_data"], root, env).stdout.split()
+    assert "user_data/reviews_train.csv.dvc" in tracked and "user_data/reviews_train.csv" not in tracked
+    desk = tmp_path / "colleague"
+    desk.mkdir()
+    clone_env = {**project_env(desk), "PATH": env["PATH"]}
+    _shell(colleague.replace("<repo>", str(origin)), desk, clone_env)
+    clone = desk / re.search(r"git clone <repo> (\S+)", colleague).group(1)
+    assert (clone / "user_data/reviews_train.csv").read_bytes() == (root / "user_data/reviews_train.csv").read_bytes()
+    assert "Data and pipelines are up to date." in run(dvc("status"), clone, clone_env).stdout
+    repro = run(dvc("repro"), clone, clone_env)
+    assert "Running stage" not in repro.stdout, output(repro)
 
 
 def test_an_edited_label_makes_the_task_stage_stale(project):
