@@ -61,7 +61,9 @@ def test_a_hub_model_without_an_entry_is_refused_with_the_command(tmp_path):
         locked_model_revision("roberta-base", lock)
     assert str(error.value) == (f"model 'roberta-base' has no commit in {lock}; run `python -m layersim.params.lockfile sync` "
                                 f"to record the commit it resolves to now (or `refresh roberta-base` to move it) and "
-                                f"commit {lock}.")
+                                f"commit {lock}; sync asks the Hugging Face hub, so it needs the network (offline, pick "
+                                "an offline model or task instead: tiny-*, minilm-l6, local/<folder>, synth-*, user "
+                                "files).")
 
 
 @pytest.mark.parametrize("entry, message", [
@@ -187,5 +189,7 @@ def test_the_stage_refuses_an_unlocked_hub_model_before_writing(tmp_path):
     assert result.returncode == 1
     assert result.stderr.strip() == ("error: model 'roberta-base' has no commit in layersim.lock; run `python -m "
                                      "layersim.params.lockfile sync` to record the commit it resolves to now (or `refresh "
-                                     "roberta-base` to move it) and commit layersim.lock.")
+                                     "roberta-base` to move it) and commit layersim.lock; sync asks the Hugging Face hub, "
+                                     "so it needs the network (offline, pick an offline model or task instead: tiny-*, "
+                                     "minilm-l6, local/<folder>, synth-*, user files).")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["layersim.lock", "params.yaml"]

@@ -12,7 +12,8 @@ import threading
 import time
 from pathlib import Path
 
-from layersim_launch.runner import WORKSPACES, NodeFailed, Resources, RestoreFailed, dvc_command, launch
+from layersim_launch.runner import (PARAMS, WORKSPACES, NodeFailed, Resources, RestoreFailed, committed_head,
+                                    dvc_command, launch)
 
 PROBE_SECONDS = 5.0   # a TCP connection to a live head opens in milliseconds
 INIT_SECONDS = 30.0   # ray.init retries an unreachable GCS for ever: together under 45 s, then one error line
@@ -138,18 +139,83 @@ def _parser() -> argparse.ArgumentParser:
                         "HEAD sharing the DVC cache (several hosts)")
     p.add_argument("--params", default="params.yaml", help="params file whose `launch` section sets resources")
     p.add_argument("--root", default=".", help="the DVC workspace (default: here)")
-    p.add_argument("--dry", action="store_true", help="list the nodes that would run, with their resources")
+    p.add_argument("--dry", action="store_true", help="list the nodes that would run, with their resources, and say "
+                                                      "which would wait for ever on this cluster")
+    p.add_argument("-S", "--set-param", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a params.yaml value first, as `dvc exp run -S` does (Hydra override syntax, e.g. "
+                        "-S model=tiny-gpt2 -S 'seeds=[1,2]'); --dry leaves the file as it was")
     p.add_argument("targets", nargs="*", help="only these nodes (e.g. finetune@rte-1) and what they read from")
     return top
+
+
+def _cluster_gpus(args) -> float:
+    """GPUs of the cluster a launch would use: --address's (asked of it), --gpus, or what this machine has."""
+    if args.address:
+        ray = _connect(args)
+        if ray is not None:
+            try:
+                return ray.cluster_resources().get("GPU", 0)
+            finally:
+                ray.shutdown()
+    if args.gpus is not None:
+        return args.gpus
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from layersim.errors import LayersimError
+
+    root = Path(args.root).resolve()
+    try:
+        commit = committed_head(root) if args.workspace == "clone" and not args.dry else None  # before any -S
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:
+        before = set_params(root / PARAMS, args.overrides)
+    except LayersimError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:
+        return _launch(args, root, commit)
+    finally:
+        if args.dry and before is not None:
+            (root / PARAMS).write_text(before, encoding="utf-8")
+
+
+def set_params(path: Path, overrides: list[str]) -> str | None:
+    """Apply `-S` overrides to params.yaml as `dvc exp run -S` does (DVC's own Hydra code), checked like every
+    stage checks params; returns the file as it was (None without overrides). A value params refuse leaves the
+    file as it was, and is one sentence."""
+    from layersim.errors import LayersimError
+    from layersim.params import load_params
+
+    if not overrides:
+        return None
+    from dvc.utils.hydra import apply_overrides
+
+    before = path.read_text(encoding="utf-8")
+    try:
+        apply_overrides(path, list(overrides))
+        load_params(path)
+    except LayersimError:
+        path.write_text(before, encoding="utf-8")
+        raise
+    except Exception as error:  # noqa: BLE001 - Hydra's grammar and DVC's errors: the override is what is wrong
+        path.write_text(before, encoding="utf-8")
+        raise LayersimError(f"-S {' -S '.join(overrides)} cannot be applied to {path.name}: "
+                            f"{str(error).strip().splitlines()[0]}; write KEY=VALUE as for `dvc exp run -S`.") from None
+    return before
+
+
+def _launch(args, root: Path, commit: str | None) -> int:
+    from layersim.errors import LayersimError
     from layersim.params import load_params
     from layersim_launch.graph import pipeline, stale, upstream_of
 
-    root = Path(args.root).resolve()
     try:
         settings = load_params(root / args.params).launch
         for flag, value in (("--gpus", args.gpus), ("--cpus", args.cpus)):
@@ -183,6 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry:
         for node in nodes:
             print(f"{node.address}  {resources.of(node)}")
+        gpus = _cluster_gpus(args)
+        waiting = [node.address for node in nodes if resources.of(node).get("num_gpus", 0) > gpus]
+        if waiting:
+            print(f"warning: {len(waiting)} of these nodes ({', '.join(waiting[:3])}{' …' if len(waiting) > 3 else ''}) "
+                  f"ask for {resources.num_gpus:g} GPU each (launch.gpu_stages), but the cluster has {gpus:g}, so "
+                  "`layersim launch` would refuse to start; give the cluster GPUs (--gpus N on one machine) or set "
+                  "launch.gpu_stages: [] to run every stage on CPUs.", file=sys.stderr)
         return 0
     start = time.perf_counter()
     ray = ray or _connect(args)
@@ -199,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         results = launch(root, nodes, resources, workspace=args.workspace,
-                         report=lambda line: print(line, flush=True))
+                         report=lambda line: print(line, flush=True), commit=commit)
     except NodeFailed as error:
         print(f"error: {error}. The nodes that did not need it finished; run `layersim launch` again to "
               "continue from there.", file=sys.stderr)

@@ -35,6 +35,7 @@ from layersim_launch.graph import Node
 WORKSPACES = ("shared", "clone")
 LOG_DIR = Path(".dvc") / "tmp" / "launch"  # DVC and git ignore .dvc/tmp; one log per node: <node>.log
 CLONES = LOG_DIR / "clones"                # clone workspace: <launch id>/<node>-<random>, one per task attempt
+PARAMS = "params.yaml"                     # what DVC's params read and `layersim launch -S` sets
 # $SHELL of the head's restoring `dvc repro` (clone workspace): DVC calls it only to run a stage's command.
 REFUSE_SHELL = """#!/bin/sh
 echo "layersim launch: the run-cache holds no result for $DVC_STAGE, so the head would compute it; not running it" >&2
@@ -164,6 +165,7 @@ def _run_in_clone(address: str, root: Path, commit: str, clones: Path, out, reco
         steps = [
             (["git", "clone", "--quiet", "--shared", "--no-checkout", str(root), str(clone)], clones),
             (["git", "checkout", "--quiet", commit], clone),
+            (["cp", str(clones / PARAMS), str(clone / PARAMS)], clone),  # HEAD's, or with `layersim launch -S`
             ([*dvc_command(), "cache", "dir", "--local", cache.stdout.strip()], clone),
             ([*dvc_command(), "--wait-for-lock", "repro", address], clone),
         ]
@@ -178,14 +180,15 @@ def _run_in_clone(address: str, root: Path, commit: str, clones: Path, out, reco
 
 
 def launch(root: Path, nodes: list[Node], resources: Resources, *, workspace: str = "shared",
-           report: Callable[[str], None] = print) -> list[NodeResult]:
+           report: Callable[[str], None] = print, commit: str | None = None) -> list[NodeResult]:
     """Submit every node (upstream first) to the connected Ray cluster and wait for all of them.
 
     A failed node stops its descendants (they are skipped) while the others finish; then
     :class:`NodeFailed` names the first failure and its log. Clone workspace: the finished nodes are then
     restored into the workspace from the run-cache (:class:`RestoreFailed` where one cannot be) and the
     clones removed. Returns each node's result in the order they finished; `report` gets one line per
-    finished node.
+    finished node. Clone workspace: `commit` (default: HEAD, which must hold every change) is what each clone
+    checks out, with the workspace's params.yaml over it where that differs (`layersim launch -S`).
     """
     import ray
 
@@ -193,9 +196,10 @@ def launch(root: Path, nodes: list[Node], resources: Resources, *, workspace: st
         raise ValueError(f"workspace must be one of {', '.join(WORKSPACES)}, got {workspace!r}")
     commit = clones = None
     if workspace == "clone":
-        commit = _committed_head(root)
+        commit = commit or committed_head(root)
         (root / CLONES).mkdir(parents=True, exist_ok=True)
         clones = Path(tempfile.mkdtemp(prefix="", dir=root / CLONES))  # this launch's
+        shutil.copy2(root / PARAMS, clones / PARAMS)  # HEAD's, or with the -S values the head set
     try:
         results = _run_all(ray, root, nodes, resources, workspace, commit, clones, report)
     finally:
@@ -265,7 +269,7 @@ def _restore_on_head(root: Path, addresses: list[str], report: Callable[[str], N
                             "workspace's DVC cache (`dvc cache dir`), then run `layersim launch` again.")
 
 
-def _committed_head(root: Path) -> str:
+def committed_head(root: Path) -> str:
     """The commit clone mode runs; the workspace must hold nothing uncommitted that the stages read."""
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                            capture_output=True, text=True, check=True).stdout.strip()

@@ -38,7 +38,8 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 _ABOUT = ("The hub commit each model and task is read at; written by `python -m layersim.params.lockfile sync` or "
           "`refresh`, read by the download stages. Commit it with the experiment.")
 _REMEDY = ("run `python -m layersim.params.lockfile sync` to record the commit it resolves to now (or `refresh {name}` "
-           "to move it) and commit {lock}")
+           "to move it) and commit {lock}; sync asks the Hugging Face hub, so it needs the network (offline, pick an "
+           "offline model or task instead: tiny-*, minilm-l6, local/<folder>, synth-*, user files)")
 
 
 def empty_lock() -> dict:
