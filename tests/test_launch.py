@@ -136,6 +136,19 @@ def test_bad_flags_and_params_fail_before_ray_starts(tmp_path):
     only = launch("--dry", "extract@b")
     assert only.stdout.split("\n")[:3] == ["download  {'num_cpus': 1.0}", "finetune@b  {'num_gpus': 1.0, 'num_cpus': 0}",
                                              "extract@b  {'num_gpus': 1.0, 'num_cpus': 0}"], output(only)
+    committed = (root / "params.yaml").read_text()
+    bad = launch("-S", "seeds=[-1]")  # refused by the params check, before Ray, the file as it was
+    assert bad.returncode == 2 and "error: params.yaml: seeds = [-1] is invalid" in bad.stderr, output(bad)
+    unparsable = launch("-S", "seeds=[1,")
+    assert unparsable.returncode == 2 and "-S seeds=[1, cannot be applied to params.yaml" in unparsable.stderr
+    assert (root / "params.yaml").read_text() == committed
+    dry_set = launch("--dry", "-S", "launch.num_gpus=0.5", "extract@b")  # as `dvc exp run -S`; --dry restores the file
+    assert dry_set.returncode == 0 and "finetune@b  {'num_gpus': 0.5, 'num_cpus': 0}" in dry_set.stdout, output(dry_set)
+    assert (root / "params.yaml").read_text() == committed
+    cpu_only = launch("--dry", "--gpus", "0")
+    assert cpu_only.returncode == 0 and "warning: 8 of these nodes (finetune@" in cpu_only.stderr, output(cpu_only)
+    assert "ask for 1 GPU each (launch.gpu_stages), but the cluster has 0, so `layersim launch` would refuse to " \
+        "start" in cpu_only.stderr
     negative = launch("--gpus", "-1")
     assert negative.returncode == 2 and "--gpus must be a non-negative number, got -1.0" in negative.stderr
     elsewhere = launch("--root", str(tmp_path), "--params", str(root / "params.yaml"))
@@ -231,3 +244,13 @@ def test_queued_experiments_run_one_worker_per_gpu(tmp_path):
     assert {r["device"] for r in runs} == {0, 1}
     overlapping = [(x, y) for i, x in enumerate(runs) for y in runs[i + 1:] if x["start"] < y["end"] and y["start"] < x["end"]]
     assert overlapping and all(x["device"] != y["device"] for x, y in overlapping)
+
+
+def test_every_stage_can_be_restored_from_the_run_cache():
+    """DVC 3 writes a run-cache entry only for a stage whose uncached outputs are all metrics or plots; clone mode
+    restores every node on the head from the run-cache, so an uncached plain output (report/index.html was one)
+    would stop every launch at its end."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    uncached = [(name, path) for name, stage in stages.items() for out in stage.get("outs", [])
+                if isinstance(out, dict) for path, options in out.items() if (options or {}).get("cache") is False]
+    assert uncached == []

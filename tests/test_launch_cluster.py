@@ -16,7 +16,7 @@ from collections import Counter
 
 import pytest
 
-from dvc_project import REPO, dvc, output, project_env, run
+from dvc_project import REPO, dvc, make_project, output, project_env, run, tiny_params
 from launch_project import RayNodes, make_launch_project, parsed_lock, runs
 
 pytestmark = pytest.mark.integration
@@ -157,3 +157,27 @@ def test_a_driver_without_the_token_mode_is_told_to_set_it(tmp_path, cluster):
     assert result.returncode == 2 and f"the Ray cluster at {cluster.address}" in result.stderr, output(result)
     assert "needs RAY_AUTH_MODE=token and the token here too" in result.stderr
     assert not (root / "data").exists()
+
+
+def test_a_clone_mode_launch_of_the_tiny_pipeline_ends_with_the_report(tmp_path, cluster):
+    """The real pipeline (tiny-bert, one seed), every stage, on the head and a worker, each node in its own clone:
+    the head then restores every node from the shared run-cache, the stages whose outputs are all uncached
+    (similarity, align, report, …) included, and nothing is left to run (issue 48)."""
+    root = tmp_path / "project"
+
+    def configure(params):
+        tiny_params(params, seeds=[1])
+        params["compare"].update(probe_examples=10)
+    env = {**make_project(root, configure, share_cache=False), **cluster.env, "LAUNCH_NODE": "driver"}
+    cluster.start("worker-pipeline", cpus=1, gpus=1)
+    cluster.wait_until_alive(2)
+    try:
+        result = run([sys.executable, "-m", "layersim_launch.cli", "launch", "--address", cluster.address,
+                      "--workspace", "clone"], root, env, check=False)
+    finally:
+        cluster.kill("worker-pipeline")
+    assert result.returncode == 0, output(result) + (root / ".dvc/tmp/launch/restore.log").read_text()
+    assert "Data and pipelines are up to date." in run(dvc("status"), root, env).stdout
+    page = (root / "report/index.html").read_text(encoding="utf-8")
+    assert "Model tiny-bert; tasks synth-negation;" in page
+    assert not (root / ".dvc/tmp/launch/clones").exists()
