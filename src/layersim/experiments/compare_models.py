@@ -27,6 +27,8 @@ from layersim.data.batching import encode_task, sequential_batches
 from layersim.data.tasks import TaskSpec
 from layersim.data.words import align_rows
 from layersim.errors import LayersimError, unknown_name
+from layersim.experiments.compare_inputs import (check_arguments, check_batch, check_inputs, few_rows_note,
+                                                 max_length_for)
 from layersim.experiments.extract import (check_poolings, last_content_position, pool, pool_layers, pooled_layers,
                                           reads_last_token)
 from layersim.models.any_model import (captured_outputs, load_any_tokenizer, load_model, module_names,
@@ -145,9 +147,11 @@ def compare_models(model_a, model_b, inputs, measures: Sequence[str] = ("linear_
     a list of (layer of a, layer of b)); 0: none. `similarity`: other similarity.* settings of params.yaml
     (correction, significance, rbf_sigma_scale, svcca_variance, shape_alpha, knn_k, …), with their defaults.
     """
+    check_arguments(measures, batch_size, max_length, max_tokens, layers_a, layers_b, labels, device)
     measures, chosen = _checked(measures, pooling, cells, permutations, bootstrap, seed, similarity)
     options, uncertainty = settings(SimilarityParams(**chosen))
     where = resolve_device(device)
+    check_inputs(inputs)
     texts = _texts(inputs)
     if pooling == "tokens" and texts is None:
         raise LayersimError("pooling 'tokens' needs texts (it finds each word's last sub-word); with batches use cls, "
@@ -160,8 +164,10 @@ def compare_models(model_a, model_b, inputs, measures: Sequence[str] = ("linear_
     extract = ExtractParams()
     batch_size = batch_size or extract.batch_size
     if texts is not None:
-        max_length = max_length or FinetuneParams().max_length
-        extracted = [_encode_texts(side, texts, pooling, batch_size, max_length, max_tokens, where) for side in sides]
+        lengths = [max_length_for(side.model, max_length, FinetuneParams().max_length, name)
+                   for side, name in zip(sides, ("model_a", "model_b"))]
+        extracted = [_encode_texts(side, texts, pooling, batch_size, length, max_tokens, where)
+                     for side, length in zip(sides, lengths)]
     else:
         extracted = [(layers, None) for layers in _from_batches(sides, inputs, pooling, where)]
     groups = None
@@ -211,7 +217,7 @@ def _texts(inputs) -> tuple[str, list] | None:
         return "single", list(inputs)
     if all(pairs):
         return "pair", [tuple(t) for t in inputs]
-    bad = next(t for t, ok in zip(inputs, pairs) if not ok and not isinstance(t, str))
+    bad = next((t for t, ok in zip(inputs, pairs) if not ok and not isinstance(t, str)), inputs[0])
     raise LayersimError(f"inputs mix texts and pairs or hold {bad!r}; pass all texts, or all (text_a, text_b) pairs.")
 
 
@@ -230,9 +236,7 @@ def _side(model, tokenizer, layers, name: str) -> _Side:
 
 
 def _label(sides: list[_Side], labels) -> None:
-    if labels is not None:
-        if len(labels) != 2 or labels[0] == labels[1]:
-            raise LayersimError(f"labels {labels!r} must be two different names, model_a's then model_b's.")
+    if labels is not None:  # checked by check_arguments
         sides[0].label, sides[1].label = map(str, labels)
     elif sides[0].label == sides[1].label:
         sides[0].label, sides[1].label = f"{sides[0].label} (a)", f"{sides[1].label} (b)"
@@ -281,8 +285,9 @@ def _from_batches(sides: list[_Side], batches: Iterable, pooling: str, device) -
     for side in sides:
         side.model.eval().to(device)
     parts: list[list[list[np.ndarray]]] = [[] for _ in sides]
-    for batch in batches:
+    for index, batch in enumerate(batches):
         for k, side in enumerate(sides):
+            check_batch(side.model, batch, side.label, index)
             parts[k].append(_batch_layers(side, batch, pooling, device))
     if not parts[0]:
         raise LayersimError("inputs gave no batch; pass texts or a DataLoader with at least one batch.")
@@ -347,6 +352,9 @@ def _compare(models: dict[str, list], sides: list[_Side], measures: list[str], p
         check_computable(measure, num_rows, {f"{label} layer {k}": layer.shape[1]
                                              for label, layers in models.items() for k, layer in enumerate(layers)})
     result = ModelComparison((a, b), (sides[0].layer_names, sides[1].layer_names), pooling, num_rows, {})
+    if (few := few_rows_note(num_rows)) is not None:
+        warnings.warn(few, stacklevel=3)
+        result.notes.append(few)
     sizes = {label: len(layers) for label, layers in models.items()}
     rows, columns = block_slices(sizes, a, b)
     if with_null:
