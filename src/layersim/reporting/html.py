@@ -48,8 +48,11 @@ body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; 
 h1 { font-size: 1.6em } h2 { border-bottom: 1px solid #ccc; padding-top: 1em } h3 { font-size: 1.05em }
 table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.9em }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left } th { background: #f3f3f3 }
-figure { display: inline-block; margin: 0.5em 1em 1em 0; vertical-align: top; max-width: 100% }
-figure img { max-width: 100%; border: 1px solid #eee } figcaption { font-size: 0.85em; color: #555; max-width: 560px }
+figure { display: inline-block; margin: 0.5em 1em 1em 0; vertical-align: top; max-width: 100%; overflow-x: auto }
+figure img { max-width: 100%; border: 1px solid #eee; cursor: zoom-in }
+figcaption { font-size: 0.85em; color: #555; max-width: 560px }
+.zoom { display: none } .zoom:checked + label img { max-width: none; cursor: zoom-out }
+.zoom:checked + label + figcaption { max-width: none }
 .note { font-size: 0.85em; color: #555 } nav a { margin-right: 1em }
 """
 
@@ -61,10 +64,14 @@ def _table(table: Table) -> str:
     return f"<h3>{html.escape(table.title)}</h3><table><tr>{head}</tr>{body}</table>{note}"
 
 
-def _figure(figure: Figure) -> str:
+def _figure(figure: Figure, number: int) -> str:
+    """A figure fitted to the page; a click shows it at full size (a grid of heatmaps is wider than the page),
+    scrolled sideways in its frame, and a second click fits it again: a checkbox and CSS, no script."""
     data = base64.b64encode(figure.png).decode("ascii")
     caption = html.escape(figure.caption)
-    return f'<figure><img src="data:image/png;base64,{data}" alt="{caption}"><figcaption>{caption}</figcaption></figure>'
+    return (f'<figure><input type="checkbox" class="zoom" id="figure-{number}"><label for="figure-{number}" '
+            f'title="click: full size / fit to the page"><img src="data:image/png;base64,{data}" alt="{caption}">'
+            f'</label><figcaption>{caption} (Click the figure for full size.)</figcaption></figure>')
 
 
 def _anchor(title: str) -> str:
@@ -80,11 +87,12 @@ def render(title: str, intro: Iterable[str], overview: Table, summary: Iterable[
     parts.append("<nav>" + "".join(f'<a href="#{_anchor(s.title)}">{html.escape(s.title)}</a>' for s in sections)
                  + "</nav>")
     parts.append(_table(overview))
-    parts += [_figure(f) for f in summary]
+    figures = iter(range(1, 10**6))
+    parts += [_figure(f, next(figures)) for f in summary]
     for section in sections:
         parts.append(f'<h2 id="{_anchor(section.title)}">{html.escape(section.title)}</h2>')
         parts += [f"<p>{html.escape(line)}</p>" for line in section.facts]
         parts += [_table(t) for t in section.tables]
-        parts += [_figure(f) for f in section.figures]
+        parts += [_figure(f, next(figures)) for f in section.figures]
     parts.append("</body></html>\n")
     return "\n".join(parts)

@@ -191,7 +191,7 @@ def overview_row(task: str, scores: Sequence[float], similarity: Mapping | None,
 
 
 OVERVIEW_HEADER = ["task", "fine-tuned score", "FT–FT blocks", "FT–ORIG top layer", "droppable top layers (Untuned)",
-                   "(Tuned)", "exported layers", "validation: full → exported", "exported parameters"]
+                   "droppable top layers (Tuned)", "exported layers", "validation: full → exported", "exported parameters"]
 
 
 def _finetuned_runs(layout: Layout, task: str, metric: str, seeds: Sequence[int]) -> dict[int, dict]:
@@ -245,7 +245,7 @@ POINTS = {"cls": "CLS", "last": "last-token (the decoder's head token)", "mean":
 
 
 def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: float,
-                 first_measure: tuple[str, str]) -> tuple[Section, list[str]]:
+                 first_measure: tuple[str, str], model: str = "<model>") -> tuple[Section, list[str]]:
     """One task's section, and its row of the overview table."""
     from layersim.data.tasks import get_task
 
@@ -266,7 +266,8 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
         section.facts.append(f"Top layers that can go within {truncate['tolerance']:g} of the full model "
                              f"({fmt(truncate['full'])}): {truncate['droppable_top_layers_untuned']} with the "
                              f"fine-tuned head as it is (Untuned), {truncate['droppable_top_layers_tuned']} with the head "
-                             f"trained further (Tuned); majority-class baseline {fmt(truncate['majority_baseline'])}.")
+                             f"trained further (Tuned); {'predicting the mean' if spec.regression else 'the majority class'}"
+                             f" scores {fmt(truncate['majority_baseline'])}.")
     if skip and skip.get("largest_span_within_tolerance"):
         span = skip["largest_span_within_tolerance"]
         section.facts.append(f"Longest span of layers that can be skipped within {skip['tolerance']:g}: "
@@ -274,7 +275,7 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
     section.facts += export_facts(export)
     if export:
         loader = "AutoModelForMultipleChoice" if spec.format == "multiple_choice" else "AutoModelForSequenceClassification"
-        section.facts.append(f"Load it with transformers alone: {loader}.from_pretrained(\"data/export/<model>/{task}\").")
+        section.facts.append(f"Load it with transformers alone: {loader}.from_pretrained(\"data/export/{model}/{task}\").")
     if similarity:
         section.tables += similarity_tables(similarity, significance)
     head = first_measure[0]  # the model's own head token: cls, or last for a decoder
@@ -307,7 +308,7 @@ def build_report(model: str, tasks: Sequence[str], seeds: Sequence[int], signifi
     """The experiment's page: an overview row per task, the summary figure, then one section per task."""
     sections, rows = [], []
     for task in tasks:
-        section, row = task_section(task, layout, seeds, significance, first_measure)
+        section, row = task_section(task, layout, seeds, significance, first_measure, model)
         sections.append(section)
         rows.append(row)
     pooling, measure = first_measure
