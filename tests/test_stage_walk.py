@@ -15,6 +15,8 @@ SHARED_EXPERIMENTS = {
     "truncation": "scores a model cut at a layer (primary_score, span_logits, full_score): export, injection "
                   "and align score the same way",
     "injection": "scores a representation injected into a model's upper layers: align scores its maps so",
+    "compare_inputs": "checks compare_models' arguments and batches (one sentence each, before any model runs), "
+                      "apart from the comparison itself so that either reads in one screen",
     "pruning_states": "sums the layer-pruning measures' rows during extraction (PruningStates) and reads them back "
                       "(read_pruning_record): extract writes the record that similarity and skip read",
 }
