@@ -75,36 +75,36 @@ def test_a_bad_argument_is_one_sentence(keywords, message, one_torch_thread):
     assert str(error.value).count(". ") <= 2 and "\n" not in str(error.value)
 
 
-INPUTS = [  # (inputs, a fragment of the one sentence)
-    ("one text", "inputs is a single string"),
-    (b"bytes", "inputs is a bytes"),
-    (None, "inputs is a NoneType"),
-    (42, "inputs is a int"),
-    (np.zeros((3, 4)), "inputs is a ndarray"),
-    (torch.zeros(3, 4), "inputs is a Tensor"),
-    ({"text": TEXTS}, "inputs is a dict"),
-    ([1, 2, 3], "inputs[0] is of type int ('1')"),
-    (["fine", None, "text"], "inputs[1] is of type NoneType"),
-    (["fine", 3.5], "inputs[1] is of type float"),
-    (["fine", ""], "inputs[1] is an empty text"),
-    (["a text", ("a", "pair")], "inputs mix texts and pairs or hold 'a text'"),
-    ([("only one",)], "inputs mix texts and pairs or hold ('only one',)"),
-    ([], "inputs gave no batch"),
-    ((t for t in [1, 2]), "batch 0 for tiny-bert (a) is a int"),
-    ([_batch(input_ids=torch.rand(4, 7))], "input_ids are torch.float32; token ids are integers"),
-    ([_batch(input_ids=torch.full((4, 7), 10**6))], "input_ids run from 1000000 to 1000000, outside"),
-    ([_batch(input_ids=torch.full((4, 7), -3))], "input_ids run from -3 to -3"),
-    ([_batch(attention_mask=torch.ones(4, 9, dtype=torch.long))], "attention_mask has shape (4, 9) but input_ids (4, 7)"),
-    ([_batch(pixels=torch.ones(4, 7))], "'pixels' is not an input of BertModel; its inputs are: input_ids"),
-    ([_batch(note="text")], "'note' is a str; every entry of a batch dict must be a tensor"),
-    ([("a", "pair"), ("a", "pair", "triple")], "inputs mix texts and pairs or hold ('a', 'pair', 'triple')"),
+INPUTS = [  # (a function making the inputs, a fragment of the one sentence): made per test, ids stable
+    (lambda: "one text", "inputs is a single string"),
+    (lambda: b"bytes", "inputs is a bytes"),
+    (lambda: None, "inputs is a NoneType"),
+    (lambda: 42, "inputs is a int"),
+    (lambda: np.zeros((3, 4)), "inputs is a ndarray"),
+    (lambda: torch.zeros(3, 4), "inputs is a Tensor"),
+    (lambda: {"text": TEXTS}, "inputs is a dict"),
+    (lambda: [1, 2, 3], "inputs[0] is of type int ('1')"),
+    (lambda: ["fine", None, "text"], "inputs[1] is of type NoneType"),
+    (lambda: ["fine", 3.5], "inputs[1] is of type float"),
+    (lambda: ["fine", ""], "inputs[1] is an empty text"),
+    (lambda: ["a text", ("a", "pair")], "inputs mix texts and pairs or hold 'a text'"),
+    (lambda: [("only one",)], "inputs mix texts and pairs or hold ('only one',)"),
+    (lambda: [], "inputs gave no batch"),
+    (lambda: (t for t in [1, 2]), "batch 0 for tiny-bert (a) is a int"),
+    (lambda: [_batch(input_ids=torch.rand(4, 7))], "input_ids are torch.float32; token ids are integers"),
+    (lambda: [_batch(input_ids=torch.full((4, 7), 10**6))], "input_ids run from 1000000 to 1000000, outside"),
+    (lambda: [_batch(input_ids=torch.full((4, 7), -3))], "input_ids run from -3 to -3"),
+    (lambda: [_batch(attention_mask=torch.ones(4, 9, dtype=torch.long))], "attention_mask has shape (4, 9) but input_ids (4, 7)"),
+    (lambda: [_batch(pixels=torch.ones(4, 7))], "'pixels' is not an input of BertModel; its inputs are: input_ids"),
+    (lambda: [_batch(note="text")], "'note' is a str; every entry of a batch dict must be a tensor"),
+    (lambda: [("a", "pair"), ("a", "pair", "triple")], "inputs mix texts and pairs or hold ('a', 'pair', 'triple')"),
 ]
 
 
-@pytest.mark.parametrize("inputs, message", INPUTS, ids=[str(i)[:40] for i, _ in INPUTS])
-def test_bad_inputs_are_one_sentence(inputs, message, one_torch_thread):
+@pytest.mark.parametrize("make, message", INPUTS, ids=[message[:40] for _, message in INPUTS])
+def test_bad_inputs_are_one_sentence(make, message, one_torch_thread):
     with pytest.raises(LayersimError) as error:
-        layersim.compare_models("tiny-bert", "tiny-bert", inputs, **QUICK)
+        layersim.compare_models("tiny-bert", "tiny-bert", make(), **QUICK)
     assert message in str(error.value), str(error.value)
 
 
