@@ -159,7 +159,8 @@ def main() -> None:
     parser.add_argument("--compare-probe", action="store_true", help="only the compare stage's 12-task probe")
     args = parser.parse_args()
     if args.compare_probe:
-        return compare_probe(args.draws or (200 if args.quick else 400), args.permutations or 99)
+        chosen = args.measures if args.measures != MEASURES else ("linear_cka", "neuronsim", "svcca")
+        return compare_probe(args.draws or (200 if args.quick else 400), args.permutations or 99, chosen)
     if args.structured:
         chosen = args.measures if args.measures != MEASURES else STRUCTURED_MEASURES
         return structured(args.draws or 200, args.permutations or 99, chosen, args.streamed)
