@@ -11,7 +11,8 @@ from layersim.data.batching import encode_task
 from layersim.experiments.extract import extract_activations, extract_task_attention
 from layersim.errors import LayersimError
 from layersim.data.io import atomic_path, read_task_table, run_expectations
-from layersim.models.registry import load_encoder, load_tokenizer, verified_info
+from layersim.models.registry import load_encoder, load_tokenizer, model_shape, verified_info
+from layersim.compute.disk import check_free_space, extract_bytes
 from layersim.models.random_control import RANDOM_RUN, random_encoder, random_run_metadata
 from layersim.data.tasks import get_task
 from layersim.params.validate import head_pooling
@@ -20,8 +21,7 @@ from layersim.params.validate import head_pooling
 def main(args, params):
     spec = get_task(args.task)
     p = params.extract
-    # Validation tables sit at the top (what similarity compares); train tables in train/ feed the
-    # fresh heads of the truncate stage.
+    # Validation tables at the top (what similarity compares); train tables in train/ (truncate's heads, align).
     splits = {"validation": (read_task_table(args.task_dir, spec, "validation", p.max_examples), ""),
               "train": (read_task_table(args.task_dir, spec, "train", p.max_train_examples), "train")}
     runs = {"orig": args.pretrained} | {f"seed{s}": args.checkpoints / f"seed{s}" for s in params.seeds}
@@ -33,6 +33,8 @@ def main(args, params):
     if verified_info(args.pretrained)["digest"] != known["orig"]["model_digest"]:
         raise LayersimError(f"the checkpoints in {args.checkpoints} were not fine-tuned from {args.pretrained}; "
                             "re-run the finetune stage.")
+    check_free_space(args.out, extract_bytes(params, spec, {s: t.num_rows for s, (t, _) in splits.items()}, len(runs),
+                                             head_pooling(args.pretrained), model_shape(args.pretrained)), args.task)
     device = resolve_device(params.device)
     with atomic_path(args.out, is_dir=True) as tmp:
         for run, folder in runs.items():
