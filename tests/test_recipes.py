@@ -9,6 +9,7 @@ import pytest
 from dvc_project import repository_params
 from ruamel.yaml import YAML
 
+from layersim.models.registry import MODELS
 from layersim.params import parse_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,3 +61,22 @@ def test_overrides_are_read_from_the_dvc_command(tmp_path, monkeypatch):
     script.write_text("#!/bin/sh\n# -S comment=1\ndvc exp run \\\n  -S a.b=2 \\\n  -S 'c=[x,y]' \"$@\"\n")
     monkeypatch.setattr(__import__(__name__), "REPO", tmp_path)
     assert overrides("recipe.sh") == {"a.b": 2, "c": ["x", "y"]}
+
+
+OFFLINE = sorted(name for name, spec in MODELS.items() if spec.source != "hub")
+
+
+@pytest.mark.parametrize("script", ["quickstart.sh", "smallest.sh"])
+@pytest.mark.parametrize("model", OFFLINE)
+def test_every_offline_model_runs_the_recipe_with_no_other_setting(script, model):
+    """`bash quickstart.sh -S model=<m>` (and smallest.sh): the params check passes for every offline model, encoder or
+    decoder, with the points and heads its kind gives (issue 48); the architecture pipeline test runs three whole."""
+    from layersim.params.measure_sizes import check_measure_sizes
+    from layersim.params.model_kind import LAST_TOKEN_HEADS, OWN_HEAD_ARCHITECTURES, architecture
+
+    params = parse_params({**applied(script), "model": model})
+    check_measure_sizes(params)  # what the check_params stage adds to parsing
+    head = "last" if architecture(model) in LAST_TOKEN_HEADS else "cls"
+    assert head in params.extract.poolings and head in params.similarity.measures
+    assert "cls" not in params.extract.poolings or head == "cls"
+    assert params.truncate.head == ("own" if architecture(model) in OWN_HEAD_ARCHITECTURES else "fresh")
