@@ -47,3 +47,13 @@ def test_regression_labels_are_numbers_even_as_text() -> None:
     bad = pa.table({"sentence1": ["a"], "sentence2": ["c"], "label": ["similar"]})
     with pytest.raises(LayersimError, match=r"has label 'similar', which is not a number; fix that file"):
         normalize_hub_table(spec, bad, "train", SOURCE)
+
+
+@pytest.mark.parametrize("labels, shown", [([0, 1, 3], "3"), ([-1, 0], "-1"), (["6"], "6")])
+def test_a_label_outside_the_tasks_classes_is_refused_before_it_is_written(labels, shown: str) -> None:
+    """Written as is, -1 … 6 for two classes would stop fine-tuning with an index error (issue 49)."""
+    with pytest.raises(LayersimError) as raised:
+        normalize_hub_table(get_task("rte"), _rte(labels), "train", SOURCE)
+    assert str(raised.value) == (
+        f"the train table of task 'rte' (nyu-mll/glue, read from the mirror /srv/hub) has label {shown}, outside the "
+        "task's 2 classes (0 … 1); fix that file, or declare the labels it uses.")

@@ -217,7 +217,7 @@ CASES = [
     ("params-is-a-folder", "truncate", lambda doc: FOLDER,
      [f"{BAD} is a folder, not a file"]),
     ("nested-1000-deep", "align", _edit_text(lambda text: text + "extra: " + "[" * 1000 + "]" * 1000 + "\n"),
-     [f"{BAD} nests too deeply", "at most three"]),
+     [f"{BAD} nests more than 100 levels deep", "at most three"]),
     ("integer-of-5000-digits", "skip",
      _edit_text(lambda text: text.replace("max_steps: 6", "max_steps: " + "9" * 5000)),
      [f"{BAD} has a value that cannot be read", "thousands of digits"]),
@@ -370,3 +370,25 @@ def test_command_line_exits_nonzero_with_one_error_line(case_id: str, tmp_path: 
     assert result.returncode == 1, result.stderr
     _assert_one_error_line(result.stderr, fragments)
     _assert_nothing_written(tmp_path)
+
+
+def test_a_params_file_nested_100000_deep_is_one_sentence_not_a_crash(tmp_path):
+    """YAML's C parser crashes on such a file with no message (issue 49): it is refused before any parser sees it."""
+    from layersim.params import load_params
+    from layersim.errors import LayersimError
+
+    path = tmp_path / "params.yaml"
+    path.write_text("model: tiny-bert\ntasks: " + "[" * 100_000 + "]" * 100_000 + "\nseeds: [1]\n")
+    with pytest.raises(LayersimError, match=r"params.yaml nests more than 100 levels deep; params.yaml needs at most"):
+        load_params(path)
+
+
+def test_an_rbf_bandwidth_that_makes_every_value_undefined_is_refused():
+    from layersim.params import parse_params
+    from layersim.errors import LayersimError
+
+    doc = {"model": "tiny-bert", "tasks": ["synth-negation"], "seeds": [1], "finetune": {"max_length": 64},
+           "similarity": {"rbf_sigma_scale": 1e-300}}
+    with pytest.raises(LayersimError, match=r"similarity.rbf_sigma_scale = 1e-300 is invalid; it must be a number "
+                                            r"from 0.001 to 1000"):
+        parse_params(doc)

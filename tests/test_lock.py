@@ -193,3 +193,26 @@ def test_the_stage_refuses_an_unlocked_hub_model_before_writing(tmp_path):
                                      "so it needs the network (offline, pick an offline model or task instead: tiny-*, "
                                      "minilm-l6, local/<folder>, synth-*, user files).")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["layersim.lock", "params.yaml"]
+
+
+def test_sync_mends_an_entry_whose_commit_is_malformed(tmp_path, hub):
+    """The download stage's remedy for a malformed commit is `sync`, so sync must re-resolve it (issue 49: it kept it)."""
+    lock = tmp_path / "layersim.lock"
+    params = _params(tmp_path)
+    update(params, lock)
+    damaged = read_lock(lock)
+    damaged["models"]["roberta-base"]["commit"] = "not-a-commit"
+    lockfile.write_lock(damaged, lock)
+    assert update(params, lock) == [f"model roberta-base: not-a-commit -> {A[:12]} (main)"]
+    assert locked_model_revision("roberta-base", lock) == A
+
+
+def test_a_lock_that_cannot_be_written_or_nests_too_deep_is_one_sentence(tmp_path):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")  # even root cannot write inside a file: the OSError any user can meet
+    with pytest.raises(LayersimError, match=r"layersim.lock cannot be written \(\w[\w ]*\); run the command where you can write"):
+        lockfile.write_lock(lockfile.empty_lock(), blocked / "layersim.lock")
+    deep = tmp_path / "deep.lock"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(LayersimError, match=r"deep.lock cannot be read \(RecursionError\); restore it from git"):
+        read_lock(deep)

@@ -53,7 +53,7 @@ def read_lock(path: str | Path = LOCK_FILE) -> dict:
         return empty_lock()
     try:
         lock = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise LayersimError(f"{path} cannot be read ({getattr(err, 'msg', None) or type(err).__name__}); restore it "
                             "from git or write it again with `python -m layersim.params.lockfile refresh`.") from None
     if not (isinstance(lock, dict) and lock.get("version") == VERSION and isinstance(lock.get("models"), dict)
@@ -65,7 +65,11 @@ def read_lock(path: str | Path = LOCK_FILE) -> dict:
 
 
 def write_lock(lock: dict, path: str | Path = LOCK_FILE) -> None:
-    write_json({**lock, "about": _ABOUT, "version": VERSION}, path)  # sorted keys: a refresh diffs by entry
+    try:
+        write_json({**lock, "about": _ABOUT, "version": VERSION}, path)  # sorted keys: a refresh diffs by entry
+    except OSError as err:
+        raise LayersimError(f"{path} cannot be written ({err.strerror or type(err).__name__}); run the command where "
+                            "you can write the experiment's files (its repository's root).") from None
 
 
 # --- what params.yaml reads from the hub -----------------------------------------------------------------
@@ -203,7 +207,8 @@ def update(params, path: str | Path = LOCK_FILE, refresh: bool = False, names: t
     for section in ("models", "tasks"):
         for name, asked in want[section].items():
             entry = _entry(lock, section, name)
-            current = entry is not None and {key: entry.get(key) for key in asked} == asked
+            current = (entry is not None and {key: entry.get(key) for key in asked} == asked
+                       and isinstance(entry.get("commit"), str) and bool(_COMMIT.fullmatch(entry["commit"])))
             if current and not (refresh and (not names or name in names)):
                 continue
             new = _resolve(section, name, asked)

@@ -132,7 +132,9 @@ class SimilarityParams:
                                          "(transformers' from_config), compared like every run (null: none)", SEED)
     localization: str = knob("raw", "Wu et al.'s raw difference of means, or zscore: each series z-scored first",
                              names=LOCALIZATIONS)
-    rbf_sigma_scale: float = knob(1.0, "RBF CKA bandwidth: this × the median pairwise distance", POSITIVE)
+    rbf_sigma_scale: float = knob(1.0, "RBF CKA bandwidth: this × the median pairwise distance", POSITIVE,
+                                  Bound(lambda v: 1e-3 <= v <= 1e3, "a number from 0.001 to 1000 (a kernel narrower "
+                                        "or wider is the identity or a constant: every RBF value undefined)"))
     rbf_exact_max_rows: int = knob(10_000, "RBF CKA is exact (n × n kernels, 8·n² bytes per layer) up to this many "
                                    "points, Nyström-approximated above", at_least(2, "a kernel needs two points"),
                                    at_most(10**7, "points"))

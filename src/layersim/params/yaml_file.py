@@ -70,11 +70,40 @@ def _read_text(path: Path) -> str:
                             "save it as UTF-8.") from err
 
 
+MAX_DEPTH = 100  # params.yaml needs three levels; YAML's C parser crashes (no exception) on ~100,000
+
+
+def _check_depth(path: Path, text: str) -> None:
+    """Refuse a document nested deeper than MAX_DEPTH before any parser sees it: flow collections ([ {) counted
+    outside quotes and comments, block nesting by indentation."""
+    depth = deepest = 0
+    quote = None
+    for line in text.splitlines():
+        indent = len(line) - len(line.lstrip(" "))
+        deepest = max(deepest, indent // 2)
+        for char in line:
+            if quote:
+                quote = None if char == quote else quote
+            elif char in "'\"":
+                quote = char
+            elif char == "#":
+                break
+            elif char in "[{":
+                depth += 1
+                deepest = max(deepest, depth)
+            elif char in "]}":
+                depth = max(depth - 1, 0)
+        if deepest > MAX_DEPTH:
+            raise LayersimError(f"{path} nests more than {MAX_DEPTH} levels deep; params.yaml needs at most three "
+                                "(section, key, list).")
+
+
 def parse_yaml(path: Path, text: str) -> Any:
     """The document as DVC parses it, with repeated keys refused (DVC's parser refuses them too, in a
     message without the key's path)."""
     from ruamel.yaml import YAMLError
 
+    _check_depth(path, text)
     try:
         repeated = _repeated_key(_yaml().compose(text))
         if repeated:

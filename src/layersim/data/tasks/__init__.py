@@ -182,6 +182,12 @@ def hub_labels(spec: TaskSpec, values: list, where: str) -> list:
                    "a class index" + (f" or one of its label names ({', '.join(names)})" if names else ""))
         raise LayersimError(f"{where} has label {value!r}, which is not {allowed}; fix that file, or point "
                             f"{HUB_MIRROR_ENV} at a copy of the dataset whose labels are those.")
+    classes = spec.num_choices if spec.format == "multiple_choice" else len(names)
+    outside = next((label for label in out if not spec.regression and classes and not 0 <= label < classes), None)
+    if outside is not None:  # written as is, it would stop fine-tuning with an index error
+        kind = "choices" if spec.format == "multiple_choice" else "classes"
+        raise LayersimError(f"{where} has label {outside}, outside the task's {classes} {kind} (0 … {classes - 1}); "
+                            "fix that file, or declare the labels it uses.")
     return out
 
 
