@@ -129,8 +129,10 @@ def freeze_report(spec: TaskSpec, num_layers: int, runs: Sequence[FreezeRun], re
     rows = [{"config": "unfrozen" if run.config is None else run.config.label, "seed": run.seed,
              "score": round(run.score, 6),
              "converged": (run.config, run.seed) not in flags, "reason": flags.get((run.config, run.seed), "")}
-            | ({} if run.config is None else {"unfrozen_score": round(unfrozen[run.seed].score, 6),
-                                              "unfrozen_converged": (None, run.seed) not in flags})
+            # Every row the same fields (the unfrozen run's own comparison null): DVC cannot plot rows whose keys differ.
+            | ({"unfrozen_score": None, "unfrozen_converged": None} if run.config is None else
+               {"unfrozen_score": round(unfrozen[run.seed].score, 6),
+                "unfrozen_converged": (None, run.seed) not in flags})
             for run in runs]
     unfrozen_label = _flagged_label("unfrozen", full["unfrozen"]["not_converged"], len(unfrozen))
     figure = freeze_bars(bars, (unfrozen_label, full["unfrozen"]["score"]),
