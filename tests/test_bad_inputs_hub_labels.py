@@ -57,3 +57,20 @@ def test_a_label_outside_the_tasks_classes_is_refused_before_it_is_written(label
     assert str(raised.value) == (
         f"the train table of task 'rte' (nyu-mll/glue, read from the mirror /srv/hub) has label {shown}, outside the "
         "task's 2 classes (0 … 1); fix that file, or declare the labels it uses.")
+
+
+def test_a_mirror_table_without_rows_is_one_sentence(tmp_path, monkeypatch) -> None:
+    """Issue 49: an empty Parquet split of a hub mirror was a DatasetGenerationError traceback from datasets."""
+    import pyarrow.parquet as pq
+
+    from layersim.data.tasks import HUB_MIRROR_ENV, hub_table
+
+    folder = tmp_path / "nyu-mll" / "glue" / "rte" / "train"
+    folder.mkdir(parents=True)
+    pq.write_table(_rte([]).cast(pa.schema([("sentence1", pa.string()), ("sentence2", pa.string()),
+                                            ("label", pa.int64())])), folder / "0000.parquet")
+    monkeypatch.setenv(HUB_MIRROR_ENV, str(tmp_path))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(LayersimError, match=r"the train files of task 'rte' \(.*glue, rte/train/\*\.parquet\) cannot be "
+                                            r"read: .*; a split needs a Parquet table with at least one row"):
+        hub_table(get_task("rte"), "train")

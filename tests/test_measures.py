@@ -824,3 +824,14 @@ def test_localization_scores():
     _raises(localization_scores, neuron, sv[:3], message="must be 1-D arrays of the same non-zero length")
     _raises(localization_scores, np.ones(4), sv, standardize=True,
             message="neuronsim_per_layer is constant across layers")
+
+
+def test_one_layers_attention_maps_where_a_list_is_meant_is_one_sentence(rng):
+    """Issue 49: one AttentionMaps passed for the layers' list was a TypeError from list()."""
+    from layersim.similarity import attention_similarity_matrix
+
+    one = AttentionMaps.from_maps(_random_maps(rng, [3, 3], heads=2))
+    _raises(attention_similarity_matrix, "jensen_shannon", one,
+            message="xs must be a sequence of AttentionMaps, one per layer, got one AttentionMaps; wrap it in a list")
+    _raises(attention_similarity_matrix, "jensen_shannon", [one], one, message="ys must be a sequence of AttentionMaps")
+    assert attention_similarity_matrix("jensen_shannon", [one]).shape == (1, 1)

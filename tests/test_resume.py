@@ -218,3 +218,12 @@ def test_finetune_stage_depends_on_every_finetune_param_but_checkpoint_every():
     declared = {key.removeprefix("finetune.") for key in stage["params"] if key.startswith("finetune.")}
     assert declared == {f.name for f in dataclasses.fields(FinetuneParams)} - {"checkpoint_every"}
     assert "finetune" not in stage["params"] and "model" in stage["params"]
+
+
+def test_a_state_path_that_is_a_folder_is_one_sentence_before_training(tmp_path):
+    """Issue 49: it was an IsADirectoryError at the first save, after the steps before it had run."""
+    from layersim.errors import LayersimError
+
+    (tmp_path / STATE_FILE).mkdir()
+    with pytest.raises(LayersimError, match=rf"the training state .*{STATE_FILE} is a folder, not a file; remove it"):
+        TrainingCheckpoint(tmp_path, {"seed": 1}).load(torch.device("cpu"))

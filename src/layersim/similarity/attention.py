@@ -309,6 +309,10 @@ def attention_similarity_matrix(
     """
     from layersim.similarity.registry import MEASURES, similarity_matrix
 
+    for name, given in (("xs", xs), ("ys", ys)):
+        if isinstance(given, AttentionMaps):  # one layer's maps where the layers' list was meant
+            raise LayersimError(f"{name} must be a sequence of AttentionMaps, one per layer, got one AttentionMaps; "
+                                "wrap it in a list.")
     xs = as_list(xs, "xs")
     ys = None if ys is None else as_list(ys, "ys")
     x_named = [(f"xs[{i}]", m) for i, m in enumerate(xs)]

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from layersim.errors import LayersimError
+
 from layersim.data.io import atomic_path
 
 log = logging.getLogger("layersim")
@@ -88,6 +90,9 @@ class TrainingCheckpoint:
     def load(self, device: torch.device) -> TrainingState | None:
         """The saved state if it belongs to this run, else None (a stale state is removed)."""
         self._remove_partial_writes()
+        if self.path.exists() and not self.path.is_file():  # found now, not when the first save fails mid-run
+            raise LayersimError(f"the training state {self.path} is a folder, not a file; remove it so that the run "
+                                "can save its resumable state there.")
         if not self.path.is_file():
             return None
         try:

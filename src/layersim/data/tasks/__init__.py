@@ -210,6 +210,11 @@ def hub_table(spec: TaskSpec, split: str, revision: str | None = None) -> pa.Tab
     try:
         dataset = datasets.load_dataset(where, data_files={split: pattern}, split=split,
                                         revision=None if mirror else revision)
+    except datasets.exceptions.DatasetGenerationError as err:  # files found but unreadable: e.g. a table of 0 rows
+        cause = err.__cause__ or err.__context__
+        detail = str(cause).splitlines()[0] if cause else "it cannot be read as a table"
+        raise LayersimError(f"the {split} files of task {spec.name!r} ({where}, {pattern}) cannot be read: {detail}; "
+                            "a split needs a Parquet table with at least one row; fix or replace those files.") from None
     except (ConnectionError, OSError, ValueError) as err:
         place = (f"the hub mirror {where} ({HUB_MIRROR_ENV})" if mirror else
                  f"the Hugging Face hub ({hub.path} at revision {revision!r})")
