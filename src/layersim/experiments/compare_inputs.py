@@ -11,13 +11,12 @@ import numpy as np
 import torch
 
 from layersim.errors import LayersimError
+from layersim.params.validate import ABSOLUTE_POSITION_FAMILIES
 from layersim.params.vocabulary import MIN_EXAMPLES, MIN_MAX_LENGTH
 
 MAX_BATCH = 2**16
-# Families whose position embeddings are absolute (a longer input has no position to take); RoBERTa's and
-# XLM-R's start after the padding index. Relative and rotary positions (DeBERTa-v2, Llama, …) have no such limit.
-_ABSOLUTE_POSITIONS = {"bert": 0, "albert": 0, "electra": 0, "distilbert": 0, "mpnet": 0, "gpt2": 0,
-                       "roberta": None, "xlm-roberta": None}
+# RoBERTa's and XLM-R's positions start after the padding index; the other absolute-position families' at 0.
+_AFTER_PADDING = ("roberta", "xlm-roberta")
 
 
 def _whole(name: str, value, low: int, high: int, what: str) -> None:
@@ -72,10 +71,9 @@ def max_length_for(model, asked: int | None, default: int, name: str) -> int:
     config = getattr(model, "config", None)
     kind = getattr(config, "model_type", None)
     positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    if kind not in _ABSOLUTE_POSITIONS or not isinstance(positions, int):
+    if kind not in ABSOLUTE_POSITION_FAMILIES or not isinstance(positions, int):
         return asked or default
-    offset = _ABSOLUTE_POSITIONS[kind]
-    limit = positions - (getattr(config, "pad_token_id", 0) or 0) - 1 if offset is None else positions - offset
+    limit = positions - ((getattr(config, "pad_token_id", 0) or 0) + 1 if kind in _AFTER_PADDING else 0)
     if asked is None:
         return min(default, limit)
     if asked > limit:

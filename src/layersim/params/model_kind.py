@@ -46,7 +46,11 @@ def head_pooling(folder) -> str:
     read without loading the model), on which truncate trains its fresh heads: "last" (the last non-pad
     token) for decoders and XLNet, "cls" otherwise."""
     config = read_json(Path(folder) / "config.json", "model config", "re-run the stage that wrote the folder")
-    return "last" if config.get("model_type") in LAST_TOKEN_HEADS else "cls"
+    return _pooling_of(config.get("model_type"))
+
+
+def _pooling_of(kind: str | None) -> str:
+    return "last" if kind in LAST_TOKEN_HEADS else "cls"
 
 
 def architecture(name: str) -> str | None:
@@ -71,7 +75,7 @@ def family(name: str) -> str | None:
 
 def own_head_pooling(name: str) -> str:
     """What ``head`` means for model `name`: "last" for decoders and XLNet, "cls" otherwise."""
-    return "last" if family(name) in LAST_TOKEN_HEADS else "cls"
+    return _pooling_of(family(name))
 
 
 def _resolved(poolings, head: str) -> tuple[str, ...]:

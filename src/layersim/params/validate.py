@@ -31,6 +31,7 @@ from layersim.data.tasks import TASKS, get_task, register_user_tasks
 # models are not known offline.
 _TINY_ABSOLUTE = {"bert": 130, "albert": 130, "electra": 130, "distilbert": 130, "gpt2": 130, "roberta": 129,
                   "xlm-roberta": 129, "mpnet": 128}
+ABSOLUTE_POSITION_FAMILIES = tuple(_TINY_ABSOLUTE)  # the others' positions are relative or rotary
 MODEL_MAX_LENGTH = {**{f"tiny-{arch}": limit for arch, limit in _TINY_ABSOLUTE.items()},
                     "tiny-bert-seed1": 130, "tiny-bert-seed2": 130, "minilm-l6": 512}
 

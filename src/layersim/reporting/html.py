@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -87,7 +88,7 @@ def render(title: str, intro: Iterable[str], overview: Table, summary: Iterable[
     parts.append("<nav>" + "".join(f'<a href="#{_anchor(s.title)}">{html.escape(s.title)}</a>' for s in sections)
                  + "</nav>")
     parts.append(_table(overview))
-    figures = iter(range(1, 10**6))
+    figures = itertools.count(1)
     parts += [_figure(f, next(figures)) for f in summary]
     for section in sections:
         parts.append(f'<h2 id="{_anchor(section.title)}">{html.escape(section.title)}</h2>')

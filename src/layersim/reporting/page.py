@@ -245,7 +245,7 @@ POINTS = {"cls": "CLS", "last": "last-token (the decoder's head token)", "mean":
 
 
 def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: float,
-                 first_measure: tuple[str, str], model: str = "<model>") -> tuple[Section, list[str]]:
+                 first_measure: tuple[str, str], model: str) -> tuple[Section, list[str]]:
     """One task's section, and its row of the overview table."""
     from layersim.data.tasks import get_task
 
