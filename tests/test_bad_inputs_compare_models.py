@@ -127,3 +127,14 @@ def test_a_module_batch_that_is_not_a_tensor_is_named(one_torch_thread):
     loader = DataLoader([{"x": 1}] * 3, batch_size=None)
     with pytest.raises(LayersimError, match="'x' is a int; every entry of a batch dict must be a tensor"):
         layersim.compare_models(model, model, loader, layers_a=["0"], layers_b=["1"], **QUICK)
+
+
+@pytest.mark.parametrize("model, limit", [("tiny-bert", 130), ("tiny-roberta", 129), ("tiny-mpnet", 128)])
+def test_max_length_is_refused_above_the_positions_params_allow_too(model, limit, one_torch_thread):
+    """The limit compare_models applies is the one params.validate holds for the pipeline (MODEL_MAX_LENGTH)."""
+    from layersim.params.validate import MODEL_MAX_LENGTH
+
+    assert MODEL_MAX_LENGTH[model] == limit
+    with pytest.raises(LayersimError, match=rf"max_length = {limit + 1} is too long for model_a .* hold {limit} "):
+        layersim.compare_models(model, model, TEXTS, max_length=limit + 1, **QUICK)
+    assert layersim.compare_models(model, model, TEXTS, max_length=limit, **QUICK).num_rows == len(TEXTS)

@@ -15,7 +15,8 @@ from layersim.params.validate import ABSOLUTE_POSITION_FAMILIES
 from layersim.params.vocabulary import MIN_EXAMPLES, MIN_MAX_LENGTH
 
 MAX_BATCH = 2**16
-# RoBERTa's and XLM-R's positions start after the padding index; the other absolute-position families' at 0.
+# RoBERTa's and XLM-R's positions start after the padding index, MPNet's after its fixed index 1 (params.validate's
+# limits: 129, 128 of 130); the other absolute-position families' at 0.
 _AFTER_PADDING = ("roberta", "xlm-roberta")
 
 
@@ -73,7 +74,8 @@ def max_length_for(model, asked: int | None, default: int, name: str) -> int:
     positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if kind not in ABSOLUTE_POSITION_FAMILIES or not isinstance(positions, int):
         return asked or default
-    limit = positions - ((getattr(config, "pad_token_id", 0) or 0) + 1 if kind in _AFTER_PADDING else 0)
+    limit = positions - ((getattr(config, "pad_token_id", 0) or 0) + 1 if kind in _AFTER_PADDING else
+                         2 if kind == "mpnet" else 0)
     if asked is None:
         return min(default, limit)
     if asked > limit:
