@@ -12,7 +12,7 @@ from layersim.experiments.extract import extract_activations, extract_task_atten
 from layersim.errors import LayersimError
 from layersim.data.io import atomic_path, read_task_table, run_expectations
 from layersim.models.registry import load_encoder, load_tokenizer, model_shape, verified_info
-from layersim.compute.disk import check_free_space, extract_bytes
+from layersim.compute.disk import check_free_space, extract_bytes, train_poolings
 from layersim.models.random_control import RANDOM_RUN, random_encoder, random_run_metadata
 from layersim.data.tasks import get_task
 from layersim.params.validate import head_pooling
@@ -48,8 +48,7 @@ def main(args, params):
                     continue  # a control for similarity, which compares validation tables only
                 # Words ("tokens") are validation data points only; train tables feed truncate's heads (the
                 # pooling the model's own head reads: cls, or last for decoders) and align's maps (align.pooling).
-                train = (head_pooling(args.pretrained), params.align.pooling)
-                poolings = p.poolings if split == "validation" else [q for q in p.poolings if q in train]
+                poolings = p.poolings if split == "validation" else train_poolings(params, head_pooling(args.pretrained))
                 encoded = encode_task(table, spec, tokenizer, params.finetune.max_length, words="tokens" in poolings)
                 metadata = {"model": params.model, **identity, "run": run, "task": spec.name, "split": split,
                             "task_digest": task_digest}

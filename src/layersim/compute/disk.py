@@ -39,6 +39,12 @@ def check_free_space(folder: Path, needed: int, task: str) -> None:
                             "space, or put DVC's cache on another volume (`dvc cache dir`).")
 
 
+def train_poolings(params, head: str) -> list[str]:
+    """The poolings extract writes train tables in: the token the model's head reads (truncate's heads) and
+    align.pooling (align's maps), among extract.poolings; words are validation points only."""
+    return [q for q in params.extract.poolings if q in (head, params.align.pooling)]
+
+
 def extract_bytes(params, spec, rows: dict[str, int], runs: int, head: str, shape: dict[str, int]) -> int:
     """What the extract stage writes for one task, with DVC's cache copy: per run (ORIG, each seed, the RANDOM
     control) a validation table per pooling (at most extract.max_tokens word rows for "tokens"), and per trained or
@@ -48,5 +54,5 @@ def extract_bytes(params, spec, rows: dict[str, int], runs: int, head: str, shap
     per_example = [q for q in p.poolings if q != "tokens"]
     validation = runs * (rows["validation"] * choices * len(per_example) + p.max_tokens * ("tokens" in p.poolings))
     trained = runs - (params.similarity.random_control is not None)  # the control has validation tables only
-    train = trained * rows["train"] * choices * len({head, params.align.pooling} & set(per_example))
+    train = trained * rows["train"] * choices * len(train_poolings(params, head))
     return CACHE_COPIES * table_bytes(validation + train, shape["num_layers"], shape["hidden_size"])
