@@ -11,7 +11,7 @@ from layersim.compute.device import resolve_device, resolve_precision
 from layersim.experiments.export import (TIMED_BATCH_SIZES, choice_logits, choose_layers, exact_rescore, export_report,
                                          export_timings, time_models, write_checkpoint)
 from layersim.reporting.headlines import export_headline, write_metrics
-from layersim.data.io import read_task_table, run_expectations, write_figure, write_json
+from layersim.data.io import finetuned, read_task_table, run_expectations, write_figure, write_json
 from layersim.models.registry import verified_info
 from layersim.data.tasks import get_task
 from layersim.experiments.truncation import load_for_validation, primary_score
@@ -24,7 +24,7 @@ def main(args, params):
     precision = resolve_precision(params.finetune.precision, device)
     run_expectations(args.checkpoints, params.seeds, args.task_dir)  # checkpoints verified, on these tables
     seed = params.seeds[0]
-    source = args.checkpoints / f"seed{seed}"
+    source = finetuned(args.checkpoints, seed)
     validation = read_task_table(args.task_dir, spec, "validation", params.extract.max_examples)
     model, tokenizer, encoded = load_for_validation(source, spec, validation, params.finetune.max_length, device)
     held = encode_task(read_task_table(args.task_dir, spec, "train", p.selection_examples), spec, tokenizer,
@@ -57,8 +57,8 @@ def main(args, params):
                                           tolerance=tolerance, examples=(len(held), len(encoded)))
     measured = export_timings(timings)
     write_json(measured, args.timings)
-    write_figure(figure, args.plots / f"{spec.name}.png")
-    write_json(rows, args.plots / f"{spec.name}.json")
+    write_figure(figure, args.plots / "export.png")
+    write_json(rows, args.plots / "export.json")
     write_metrics(metrics, export_headline(metrics), args.metrics, args.details)
     cli.log.info("wrote %s: %d of %d layers, validation %.4f (full %.4f), speed-up %.2fx at batch 1, %.2fx at 32",
                  args.out, chosen.depth, full.depth, exported_score, scores["validation"][full],

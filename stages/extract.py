@@ -10,7 +10,7 @@ from layersim.compute.device import resolve_device
 from layersim.data.batching import encode_task
 from layersim.experiments.extract import extract_activations, extract_task_attention
 from layersim.errors import LayersimError
-from layersim.data.io import atomic_path, read_task_table, run_expectations
+from layersim.data.io import atomic_path, finetuned, read_task_table, run_expectations
 from layersim.models.registry import load_encoder, load_tokenizer, model_shape, verified_info
 from layersim.compute.disk import check_free_space, extract_bytes, train_poolings
 from layersim.models.random_control import RANDOM_RUN, random_encoder, random_run_metadata
@@ -24,7 +24,7 @@ def main(args, params):
     # Validation tables at the top (what similarity compares); train tables in train/ (truncate's heads, align).
     splits = {"validation": (read_task_table(args.task_dir, spec, "validation", p.max_examples), ""),
               "train": (read_task_table(args.task_dir, spec, "train", p.max_train_examples), "train")}
-    runs = {"orig": args.pretrained} | {f"seed{s}": args.checkpoints / f"seed{s}" for s in params.seeds}
+    runs = {"orig": args.pretrained} | {f"seed{s}": finetuned(args.checkpoints, s) for s in params.seeds}
     control = params.similarity.random_control  # the init seed of the random-init control, or None
     if control is not None:
         runs[RANDOM_RUN] = args.pretrained  # its config and tokenizer; its weights are drawn afresh

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from layersim import cli
 from layersim.compute.device import resolve_device
-from layersim.data.io import write_figure, write_json
+from layersim.data.io import finetune_metrics, write_figure, write_json
 from layersim.data.tasks import get_task
 from layersim.experiments.freeze import (config_flops, finetuned_run, freeze_configs, freeze_headline, freeze_report,
                                          freeze_timings, train_runs)
@@ -26,7 +26,7 @@ def main(args, params):
     shape = layer_shape(read_json(args.pretrained / "config.json", "model config", "re-run download_model"))
     configs = freeze_configs(settings.layers, shape.num_layers)
     # recipe finetune: the finetune stage's runs are the unfrozen ones; a missing one fails before any training
-    baselines = {seed: finetuned_run(args.finetune_metrics / f"seed{seed}.json", spec, seed)
+    baselines = {seed: finetuned_run(finetune_metrics(args.finetune_metrics, seed), spec, seed)
                  for seed in seeds} if settings.recipe == "finetune" else None
     train, validation = encoded_splits(args.task_dir, spec, load_tokenizer(args.pretrained), params.finetune.max_length)
     recipe = freeze_recipe(settings.recipe, params.finetune, len(train))
@@ -52,11 +52,11 @@ def main(args, params):
             cli.log.info("%s: %s per step (measured), %.0f %% of backward FLOPs saved", config.label,
                          timings[config.label]["time_per_step"], 100 * flops[config.label]["backward_flops_saved"])
     full, rows, figure = freeze_report(spec, shape.num_layers, runs, recipe_record(settings.recipe, recipe), flops)
-    write_figure(figure, args.plots / f"{spec.name}.png")
-    write_json(rows, args.plots / f"{spec.name}.json")
+    write_figure(figure, args.plots / "freeze.png")
+    write_json(rows, args.plots / "freeze.json")
     write_metrics(full, freeze_headline(full), args.metrics, args.details)
     write_json(timings, args.timings)
-    cli.log.info("wrote %s and %s", args.metrics, args.plots / f"{spec.name}.png")
+    cli.log.info("wrote %s and %s", args.metrics, args.plots / "freeze.png")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import numpy as np
 from layersim import cli
 from layersim.compute.device import resolve_device, resolve_precision
 from layersim.reporting.headlines import skip_headline, write_metrics
-from layersim.data.io import read_task_table, run_expectations, write_figure, write_json
+from layersim.data.io import finetuned, read_task_table, run_expectations, write_figure, write_json
 from layersim.reporting.plots import span_heatmap
 from layersim.reporting.pruning_plots import prediction_scatter
 from layersim.data.tasks import get_task
@@ -31,7 +31,7 @@ def main(args, params):
     precision = resolve_precision(params.finetune.precision, device)
     full, per_seed, measures = [], [], []
     for seed in params.seeds:
-        folder = args.checkpoints / f"seed{seed}"
+        folder = finetuned(args.checkpoints, seed)
         model, tokenizer, encoded = load_for_validation(folder, spec, table, params.finetune.max_length, device)
         full_model, spans = span_scores(model, spec, encoded, tokenizer, batch_size, device, precision)
         full.append(full_model)
@@ -54,13 +54,13 @@ def main(args, params):
     rows = [{"seed": seed, "first": i, "last": j, "score": round(scores[(i, j)], 6), **values[(i, j)]}
             for seed, scores, values in zip(params.seeds, per_seed, predicted) for i, j in spans]
     title = f"skipped layers — {spec.name} (full model {full_mean:.3f})"
-    write_figure(span_heatmap(matrix, full_mean, spec.primary_metric, title), args.plots / f"{spec.name}.png")
+    write_figure(span_heatmap(matrix, full_mean, spec.primary_metric, title), args.plots / "skip.png")
     write_figure(prediction_scatter(mean, predicted_mean, prediction, full_mean, spec.primary_metric,
                                     f"skip predicted from similarity — {spec.name}"),
-                 args.plots / f"{spec.name}.prediction.png")
-    write_json(rows, args.plots / f"{spec.name}.json")
+                 args.plots / "prediction.png")
+    write_json(rows, args.plots / "skip.json")
     write_metrics(metrics, skip_headline(metrics), args.metrics, args.details)
-    cli.log.info("wrote %s and %s", args.metrics, args.plots / f"{spec.name}.png")
+    cli.log.info("wrote %s and %s", args.metrics, args.plots / "skip.png")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from pathlib import Path
 from layersim import cli
 from layersim.reporting.headlines import (BLOCK_KEYS, last_block_starts, read_metrics_file, read_stage_metrics,
                                           summary_headline)
-from layersim.data.io import write_figure, write_json
+from layersim.data.io import stage_details, write_figure, write_json
 from layersim.reporting.plots import last_block_counts
 from layersim.data.tasks import get_task
 
@@ -18,7 +18,7 @@ def main(args, params):
     pooling, measures = next(iter(params.similarity.measures.items()))  # the primary measure: listed first
     task_metrics = {task: get_task(task).primary_metric for task in params.tasks}
     primary = (pooling, measures[0])
-    details = {task: read_metrics_file(args.details_dir / "similarity" / f"{task}.json") for task in params.tasks}
+    details = {task: read_metrics_file(stage_details(args.details_dir, "similarity", task)) for task in params.tasks}
     starts, num_layers = last_block_starts(details, primary)
     summary = summary_headline(per_stage, task_metrics, primary)
     title = f"where the last block of layers starts ({pooling} {measures[0]}, {len(params.tasks)} tasks)"

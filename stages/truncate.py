@@ -12,7 +12,7 @@ from layersim.training.convergence import checkpoint_note, flagged_seeds
 from layersim.compute.device import resolve_device, resolve_precision
 from layersim.training.heads import HeadParams
 from layersim.reporting.headlines import truncate_headline, write_metrics
-from layersim.data.io import ActivationTable, read_task_table, run_expectations, write_figure, write_json
+from layersim.data.io import ActivationTable, finetuned, read_task_table, run_expectations, write_figure, write_json
 from layersim.reporting.plots import truncation_curves
 from layersim.data.tasks import get_task
 from layersim.params.validate import head_pooling
@@ -40,7 +40,7 @@ def main(args, params):
     per_seed = {variant: [] for variant in VARIANTS}
     full = []
     for seed in params.seeds:
-        run, folder = f"seed{seed}", args.checkpoints / f"seed{seed}"
+        run, folder = f"seed{seed}", finetuned(args.checkpoints, seed)
         model, tokenizer, encoded = load_for_validation(folder, spec, table, params.finetune.max_length, device)
         # Checked before any scoring: each table's run, weights and example order.
         tuned, tuned_orig = (cls(run, "train"), cls(run)), (cls("orig", "train"), cls("orig"))
@@ -60,11 +60,11 @@ def main(args, params):
     metrics, rows = truncation_summary(per_seed, full, baseline, params.seeds, p.tolerance, spec.primary_metric,
                                        flagged_seeds(args.checkpoints, params.seeds))  # the converged-only means
     title = f"truncation — {orig.metadata['model']} on {spec.name}" + checkpoint_note(args.checkpoints, params.seeds)
-    write_figure(truncation_curves(per_seed, full, baseline, spec.primary_metric, title), args.plots / f"{spec.name}.png")
-    write_json(rows, args.plots / f"{spec.name}.json")
+    write_figure(truncation_curves(per_seed, full, baseline, spec.primary_metric, title), args.plots / "truncate.png")
+    write_json(rows, args.plots / "truncate.json")
     write_metrics(metrics, truncate_headline(metrics), args.metrics, args.details)
     cli.log.info("wrote %s and %s: %d top layers can be dropped within %.3g", args.metrics,
-                 args.plots / f"{spec.name}.png", metrics["droppable_top_layers_untuned"], p.tolerance)
+                 args.plots / "truncate.png", metrics["droppable_top_layers_untuned"], p.tolerance)
 
 
 if __name__ == "__main__":

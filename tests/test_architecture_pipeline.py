@@ -91,7 +91,7 @@ def _download_from_local_hub(root: Path, env: dict, served: Path) -> None:
         run([sys.executable, "-m", "layersim.params.lockfile", "sync"], root, online)
         assert json.loads((root / "layersim.lock").read_text())["tasks"][HUB_TASK]["commit"] == commit
         run(dvc("repro", f"download_task@{HUB_TASK}"), root, online)
-    source = json.loads(pq.read_schema(root / f"data/tasks/{HUB_TASK}/train.parquet").metadata[b"layersim"])["source"]
+    source = json.loads(pq.read_schema(root / f"data/tasks/{HUB_TASK}/splits/train.parquet").metadata[b"layersim"])["source"]
     assert (source["hub"], source["revision"]) == (HUB_DATASET, commit)
 
 
@@ -100,7 +100,7 @@ def test_the_whole_pipeline_reaches_the_report_with_the_models_head_points(proje
     page = (root / "report/index.html").read_text(encoding="utf-8")
     head = HEAD_POOLING[model]
     assert f"Model {model}; tasks {task};" in page and f"on {head} points" in page
-    assert (root / f"plots/similarity/{task}/{head}.png").is_file()
+    assert (root / f"plots/similarity/{task}/heatmaps/{head}.png").is_file()
     injection = _details(root, f"align/{task}")["injection"]
     # Injection into the target's own head (ORIG→FT[1] with one seed): the reference is the full fine-tuned model.
     assert injection["pair"] == "ORIG→FT[1]" and set(injection["methods"]) == {"linear", "cca", "svcca", "pwcca",
@@ -116,7 +116,7 @@ def _details(root: Path, name: str) -> dict:
 def test_extract_writes_the_pooling_the_models_head_reads(project):
     root, model, task = project
     head = HEAD_POOLING[model]
-    activations = root / f"data/activations/{model}/{task}"
+    activations = root / f"data/activations/{model}/{task}/tables"
     for run_name in ("orig", *(f"seed{seed}" for seed in SEEDS), "random"):
         for pooling in (head, "mean"):
             table = ActivationTable(activations / f"{run_name}.{pooling}.parquet")
@@ -128,7 +128,7 @@ def test_extract_writes_the_pooling_the_models_head_reads(project):
 
 def test_similarity_is_finite_where_defined(project):
     root, model, task = project
-    values = [row["value"] for row in json.loads((root / f"plots/details/similarity/{task}.json").read_text())]
+    values = [row["value"] for row in json.loads((root / f"plots/details/similarity/{task}/values.json").read_text())]
     assert values and all(not isinstance(v, float) or math.isfinite(v) for v in values)  # None: undefined
     summary = _details(root, f"similarity/{task}")
     for pooling in (HEAD_POOLING[model], "mean"):
@@ -192,7 +192,7 @@ def test_the_export_reloads_in_plain_transformers_with_the_truncated_logits(proj
 
     root, model, task = project
     exported = _details(root, f"export/{task}")["exported"]
-    folder = root / f"data/export/{model}/{task}"
+    folder = root / f"data/export/{model}/{task}/model"
     reloaded = AutoModelForSequenceClassification.from_pretrained(folder).eval()
     families = {"tiny-gpt2": "gpt2", "tiny-llama": "llama", "tiny-deberta-v2": "deberta-v2"}
     assert reloaded.config.model_type == families[model]
@@ -201,7 +201,7 @@ def test_the_export_reloads_in_plain_transformers_with_the_truncated_logits(proj
 
     load_params(root / "params.yaml")  # registers the project's user tasks (hub-negation) with get_task
     spec = get_task(task)
-    checkpoint = root / f"data/checkpoints/{model}/{task}/seed{SEEDS[0]}"
+    checkpoint = root / f"data/checkpoints/{model}/{task}/seed{SEEDS[0]}/model"
     tokenizer = load_tokenizer(checkpoint)
     encoded = encode_task(read_task_table(root / f"data/tasks/{task}", spec, "validation", None), spec, tokenizer, 32)
     cpu = torch.device("cpu")

@@ -106,7 +106,7 @@ def _task_folder(folder: Path) -> Path:
 
 def _checkpoints(tmp_path: Path, tiny_model_dir, task_digest: str) -> Path:
     for seed in (1, 2):
-        folder = tmp_path / "checkpoints" / f"seed{seed}"
+        folder = io.finetuned(tmp_path / "checkpoints", seed)
         shutil.copytree(tiny_model_dir("tiny-bert"), folder)
         info = model_info(folder)
         (folder / MODEL_INFO_FILE).write_text(json.dumps({**info, "source": "finetune", "task": TASK,
@@ -122,7 +122,7 @@ def test_a_task_table_edited_after_fine_tuning_is_refused(tmp_path, tiny_model_d
     assert io.run_expectations(checkpoints, [1, 2], tasks)["seed1"]["task_digest"] == io.task_tables_digest(tasks)
     table = pq.read_table(tasks / "validation.parquet")
     pq.write_table(table.slice(0, 19), tasks / "validation.parquet")  # one label fewer, edited by hand
-    with pytest.raises(LayersimError, match=rf"checkpoint {checkpoints / 'seed1'} was fine-tuned on other task tables "
+    with pytest.raises(LayersimError, match=rf"checkpoint {io.finetuned(checkpoints, 1)} was fine-tuned on other task tables "
                                             rf"than {tasks} holds now .*; re-run the finetune stage"):
         io.run_expectations(checkpoints, [1, 2], tasks)
 

@@ -353,7 +353,7 @@ def test_the_same_command_with_valid_params_writes(tmp_path, monkeypatch, capsys
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", _argv("download_task", good))
     runpy.run_path(sys.argv[0], run_name="__main__")
-    assert (tmp_path / f"data/tasks/{TASK}/train.parquet").is_file()
+    assert (tmp_path / f"data/tasks/{TASK}/splits/train.parquet").is_file()
 
 
 # A few cases through the real command line, each its own process (a fork of the test process's server:

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from layersim.data.io import write_parquet
+from layersim.data.io import finetuned, task_tables, write_parquet
 from layersim.data.tasks import generated_table, get_task
 from layersim.experiments.compare import compare_models, compared_folders, random_init_label
 from layersim.models.registry import MODELS, model_shape
@@ -37,10 +37,10 @@ def folders(tmp_path_factory, tiny_model_dir):
     for the fine-tuned one."""
     root = tmp_path_factory.mktemp("compare_architectures")
     shutil.copytree(tiny_model_dir(BASE), root / "pretrained")
-    shutil.copytree(tiny_model_dir(BASE), root / "checkpoints" / TASK / "seed1")
+    shutil.copytree(tiny_model_dir(BASE), finetuned(root / "checkpoints" / TASK, 1))
     shutil.copytree(tiny_model_dir(OTHER), root / "compared" / OTHER)
-    (root / "tasks" / TASK).mkdir(parents=True)
-    write_parquet(generated_table(get_task(TASK), "validation", 12, 0), root / "tasks" / TASK / "validation.parquet")
+    task_tables(root / "tasks", TASK).mkdir(parents=True)
+    write_parquet(generated_table(get_task(TASK), "validation", 12, 0), task_tables(root / "tasks", TASK) / "validation.parquet")
     return root
 
 

@@ -18,9 +18,9 @@ from dvc_project import built_project, dry_run_stages, dvc, output, project_env,
 pytestmark = pytest.mark.integration
 
 TASK = "synth-negation"
-FINETUNE_METRICS = f"metrics/finetune/{TASK}/seed1.json"
-SIMILARITY_METRICS = f"metrics/similarity/{TASK}.json"
-ACTIVATIONS = f"data/activations/tiny-bert/{TASK}/seed1.cls.parquet"
+FINETUNE_METRICS = f"metrics/finetune/{TASK}/seed1/metrics.json"
+SIMILARITY_METRICS = f"metrics/similarity/{TASK}/metrics.json"
+ACTIVATIONS = f"data/activations/tiny-bert/{TASK}/tables/seed1.cls.parquet"
 
 
 def _configure(params: dict) -> None:
@@ -247,7 +247,7 @@ def test_set_param_lists_reshape_the_fan_out(base):
         assert stale == set(listed) - unchanged, output(status)
     finally:
         params_path.write_text(before)
-    assert not (root / f"data/checkpoints/tiny-bert/{TASK}/seed2").exists()
+    assert not (root / f"data/checkpoints/tiny-bert/{TASK}/seed2/model").exists()
 
 
 def test_exp_push_and_pull_through_git_and_dvc_remotes(experiments):
@@ -269,7 +269,7 @@ def test_exp_push_and_pull_through_git_and_dvc_remotes(experiments):
     pulled = run(dvc("exp", "pull", "origin", "electra"), fresh, fresh_env)
     applied = run(dvc("exp", "apply", "electra"), fresh, fresh_env)
     run(dvc("checkout"), fresh, fresh_env)
-    activations = f"data/activations/tiny-electra/{TASK}/seed1.cls.parquet"
+    activations = f"data/activations/tiny-electra/{TASK}/tables/seed1.cls.parquet"
     assert (fresh / activations).is_file(), output(pulled) + output(applied)
     status = run(dvc("status"), fresh, fresh_env)
     assert "up to date" in status.stdout.lower(), output(status)

@@ -16,7 +16,7 @@ import layersim.experiments.similarity as similarity_task
 from layersim.experiments.compare import compare_representations
 from layersim.similarity.comparisons import STREAMABLE
 from layersim.experiments.extract import Pooled
-from layersim.data.io import ActivationWriter
+from layersim.data.io import ActivationWriter, finetuned
 from layersim.params import parse_params
 from layersim.similarity import MEASURES, MOMENT_MEASURES, permutation_matrix, permutation_test
 from layersim.similarity.inference.bootstrap import AUTO_INTERVAL, bootstrap_pairs
@@ -50,7 +50,7 @@ def extracted(tmp_path_factory):
     """Activation tables of orig, seed1 and seed2 (CLS) and the info files of the checkpoints they came from."""
     root = tmp_path_factory.mktemp("every_measure")
     base = "d0" * 32
-    digests = {"orig": base} | {run: fake_model_folder(root / "checkpoints" / run, run.encode(), source="finetune",
+    digests = {"orig": base} | {run: fake_model_folder(finetuned(root / "checkpoints", int(run.removeprefix("seed"))), run.encode(), source="finetune",
                                                        task=TASK, base_digest=base) for run in ("seed1", "seed2")}
     ids = np.arange(ROWS, dtype=np.int64)
     for run, layers in _layers(np.random.default_rng(0)).items():

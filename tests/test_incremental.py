@@ -105,15 +105,15 @@ def test_a_real_repro_after_an_analysis_change_runs_only_that_stage(project) -> 
     cached report) leaves the project up to date again."""
     root, env = project
     try:
-        headline = (root / f"metrics/skip/{TASK}.json").read_text()
+        headline = (root / f"metrics/skip/{TASK}/metrics.json").read_text()
         with edited_params(root, **{"skip.tolerance": 0.2}):
             repro = run(dvc("repro"), root, env)
             ran = {line.split("'")[1] for line in repro.stdout.splitlines() if line.startswith("Running stage")}
             # The gate's constant output reruns nothing else; the summary reruns only if skip's headline changed; the
             # report, which shows skip's details, always.
-            changed = (root / f"metrics/skip/{TASK}.json").read_text() != headline
+            changed = (root / f"metrics/skip/{TASK}/metrics.json").read_text() != headline
             assert ran == {GATE, SKIP, REPORT} | ({"summary"} if changed else set()), output(repro)
-            details = json.loads((root / f"plots/details/skip/{TASK}.json").read_text())
+            details = json.loads((root / f"plots/details/skip/{TASK}/values.json").read_text())
             assert {"metric": "tolerance", "layer": None, "value": 0.2} in details
     finally:
         # From HEAD, not the index: the project's .dvc/config sets core.autostage, so `dvc repro` has

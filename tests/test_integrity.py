@@ -295,7 +295,7 @@ def extracted(tmp_path) -> Path:
             write_activations(folder / "train" / f"{run}.{pooling}.parquet", ids=range(8), run=run, pooling=pooling,
                               split="train")
         if run != "orig":
-            fake_model_folder(tmp_path / "checkpoints" / run, run.encode(), source="finetune", task=TASK,
+            fake_model_folder(io.finetuned(tmp_path / "checkpoints", int(run.removeprefix("seed"))), run.encode(), source="finetune", task=TASK,
                               base_digest=DIGESTS["orig"])
     return folder
 
@@ -349,7 +349,7 @@ def test_table_of_another_task_split_or_pooling_is_refused(extracted, tmp_path):
 
 
 def test_checkpoints_of_different_base_weights_are_refused(extracted, tmp_path):
-    info_path = tmp_path / "checkpoints" / "seed2" / MODEL_INFO_FILE
+    info_path = io.finetuned(tmp_path / "checkpoints", 2) / MODEL_INFO_FILE
     info = json.loads(info_path.read_text())
     info_path.write_text(json.dumps({**info, "base_digest": "ff" * 32}))
     message = refusal(io.run_expectations, tmp_path / "checkpoints", [1, 2])

@@ -58,9 +58,9 @@ def test_repro_writes_every_declared_output(project):
     assert (tasks / "train.parquet").is_file() and (tasks / "validation.parquet").is_file()
     assert (root / "data/models/tiny-bert/pretrained/model.safetensors").is_file()
     for seed in SEEDS:
-        checkpoint = root / f"data/checkpoints/tiny-bert/{TASK}/seed{seed}"
+        checkpoint = root / f"data/checkpoints/tiny-bert/{TASK}/seed{seed}/model"
         assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "config.json").is_file()
-        metrics = json.loads((root / f"metrics/finetune/{TASK}/seed{seed}.json").read_text())
+        metrics = json.loads((root / f"metrics/finetune/{TASK}/seed{seed}/metrics.json").read_text())
         assert set(metrics) == {"accuracy", "convergence"} and 0.0 <= metrics["accuracy"] <= 1.0
         verdict = metrics["convergence"]  # the check's numbers, whatever the tiny run's verdict
         assert {"converged", "score", "baseline", "final_train_loss", "trivial_loss"} <= set(verdict)
@@ -68,7 +68,7 @@ def test_repro_writes_every_declared_output(project):
         assert verdict["converged"] == ("reason" not in verdict)
         curve = root / f"dvclive/finetune/{TASK}/seed{seed}/plots/metrics/train/loss.tsv"
         assert len(curve.read_text().splitlines()) > 1
-    activations = root / f"data/activations/tiny-bert/{TASK}"
+    activations = root / f"data/activations/tiny-bert/{TASK}/tables"
     orig = ActivationTable(activations / "orig.cls.parquet")
     assert orig.num_layers == 3 and orig.hidden_size == 32 and orig.num_rows == 60
     validation = pq.read_table(tasks / "validation.parquet").column("text").to_pylist()
@@ -132,15 +132,15 @@ def test_repro_writes_every_declared_output(project):
             tested = {layer for layer, p in summary["ft_orig"]["p_value"].items() if p is not None}
             assert summary["family"]["tests"] >= 8 and set(summary["ft_orig"]["p_family"]) == tested
             assert "ci_low" not in summary["orig_orig"]
-        diagonals = json.loads((root / f"plots/diagonals/{TASK}/{pooling}.json").read_text())
+        diagonals = json.loads((root / f"plots/diagonals/{TASK}/curves/{pooling}.json").read_text())
         assert {row["comparison"] for row in diagonals} == {"FT–ORIG", "FT[1]–FT[2]"}
         # Every curve carries its null; a bootstrap band only where an interval method covers (linear CKA here).
         assert all("null_mean" in row for row in diagonals) and any({"low", "high"} <= set(row) for row in diagonals)
-        assert (root / f"plots/diagonals/{TASK}/{pooling}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (root / f"plots/diagonals/{TASK}/curves/{pooling}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert set(similarity[pooling]["localization"]) == {"ORIG", "FT[1]", "FT[2]"}  # trained models only
-        assert (root / f"plots/similarity/{TASK}/{pooling}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        assert (root / f"plots/localization/{TASK}/{pooling}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        rows = json.loads((root / f"plots/similarity/{TASK}/{pooling}.json").read_text())
+        assert (root / f"plots/similarity/{TASK}/heatmaps/{pooling}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (root / f"plots/localization/{TASK}/curves/{pooling}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        rows = json.loads((root / f"plots/similarity/{TASK}/heatmaps/{pooling}.json").read_text())
         assert {row["comparison"] for row in rows} == {"ORIG–ORIG", "FT–ORIG", "FT–FT", "FT[1]–FT[2]", "ORIG–RANDOM",
                                                        "FT–RANDOM"}
         assert {row["measure"] for row in rows} == {"linear CKA", "SVCCA", "PWCCA", "neuronsim"}
@@ -156,7 +156,7 @@ def test_repro_writes_every_declared_output(project):
     assert similarity["cls"]["linear_cka"]["orig_orig"]["diagonal"]["layer_00"] is None
     assert similarity["attention"]["jensen_shannon"]["ft_ft"]["diagonal"]["layer_01"] == pytest.approx(1.0)
     assert "layer_00" not in similarity["attention"]["jensen_shannon"]["ft_ft"]["diagonal"]
-    localization = json.loads((root / f"plots/localization/{TASK}/localization.json").read_text())
+    localization = json.loads((root / f"plots/localization/{TASK}/curves/localization.json").read_text())
     assert {row["model"] for row in localization} == {"ORIG", "FT[1]", "FT[2]"}  # not the random-init control
 
 
@@ -226,7 +226,7 @@ def test_align_reports_every_method_layer_and_reference(project):
                                                                abs=2e-3)
     injection = align["injection"]
     assert injection["pair"] == "FT[1]→FT[2]" and set(injection["methods"]) == methods
-    finetuned = json.loads((root / f"metrics/finetune/{TASK}/seed2.json").read_text())["accuracy"]
+    finetuned = json.loads((root / f"metrics/finetune/{TASK}/seed2/metrics.json").read_text())["accuracy"]
     # FT[2]'s own CLS state fed back into its head is FT[2] itself: the fine-tuning score.
     assert injection["references"]["FT[2] itself"] == pytest.approx(finetuned, abs=1e-6)
     for name in ("errors.png", "synthetic.png", "layer_matrix.png", "injection.png"):
@@ -237,7 +237,7 @@ def test_align_reports_every_method_layer_and_reference(project):
 
 def test_truncate_and_skip_agree_with_the_fine_tuned_models(project):
     root, _ = project
-    finetuned = [json.loads((root / f"metrics/finetune/{TASK}/seed{seed}.json").read_text())["accuracy"]
+    finetuned = [json.loads((root / f"metrics/finetune/{TASK}/seed{seed}/metrics.json").read_text())["accuracy"]
                  for seed in SEEDS]
     truncate = _details(root, f"truncate/{TASK}")
     assert truncate["metric"] == "accuracy"
@@ -265,24 +265,24 @@ def test_export_writes_a_plain_checkpoint_that_keeps_the_score(project):
     root, state = project
     export = _details(root, f"export/{TASK}")
     exported, full = export["exported"], export["full"]
-    folder = root / f"data/export/tiny-bert/{TASK}"
+    folder = root / f"data/export/tiny-bert/{TASK}/model"
     model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
     kept = str(exported["kept_layers"]).split(",")
     assert model.config.num_hidden_layers == exported["layers"] == len(kept) <= full["layers"] == 3
     assert exported["train"] >= full["train"] - export["tolerance"]
-    finetuned = json.loads((root / f"metrics/finetune/{TASK}/seed{SEEDS[0]}.json").read_text())["accuracy"]
+    finetuned = json.loads((root / f"metrics/finetune/{TASK}/seed{SEEDS[0]}/metrics.json").read_text())["accuracy"]
     assert full["validation"] == pytest.approx(finetuned, abs=1e-6)
     if exported["skipped_first"]:
         first, last = exported["skipped_first"], exported["skipped_last"]
-        measured = {(r["first"], r["last"]): r["score"] for r in json.loads((root / f"plots/skip/{TASK}.json").read_text())
+        measured = {(r["first"], r["last"]): r["score"] for r in json.loads((root / f"plots/skip/{TASK}/skip.json").read_text())
                     if r["seed"] == SEEDS[0]}[(first, last)]
     else:
-        measured = {r["layer"]: r["score"] for r in json.loads((root / f"plots/truncate/{TASK}.json").read_text())
+        measured = {r["layer"]: r["score"] for r in json.loads((root / f"plots/truncate/{TASK}/truncate.json").read_text())
                     if r["seed"] == SEEDS[0] and r["variant"] == "untuned"}[exported["exit_layer"]]
     assert exported["validation"] == pytest.approx(measured, abs=1e-6)
     # Re-scored here as a user would: its own tokenizer, one padded batch, argmax.
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    table = pq.read_table(root / f"data/tasks/{TASK}/validation.parquet").to_pydict()
+    table = pq.read_table(root / f"data/tasks/{TASK}/splits/validation.parquet").to_pydict()
     import torch
 
     with torch.no_grad():
@@ -294,9 +294,9 @@ def test_export_writes_a_plain_checkpoint_that_keeps_the_score(project):
         timings = json.loads((root / f"timings/export/{TASK}.json").read_text())
         assert timings["speedup"]["batch_1"] > 0 and timings["speedup"]["batch_32"] > 0
     assert model.config.id2label == {0: "negative", 1: "positive"} and tokenizer.model_max_length == 32
-    headline = json.loads((root / f"metrics/export/{TASK}.json").read_text())
+    headline = json.loads((root / f"metrics/export/{TASK}/metrics.json").read_text())
     assert headline == headlines.export_headline(export)
-    assert (root / f"plots/export/{TASK}.png").read_bytes()[:4] == b"\x89PNG"
+    assert (root / f"plots/export/{TASK}/export.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_report_is_one_offline_page_that_states_the_stage_results(project):
@@ -316,7 +316,7 @@ def test_freeze_scores_each_configuration_next_to_the_unfrozen_run(project):
     root, state = project
     freeze = _details(root, f"freeze/{TASK}")
     assert freeze["metric"] == "accuracy" and freeze["num_layers"] == 3
-    finetuned = [json.loads((root / f"metrics/finetune/{TASK}/seed{seed}.json").read_text())["accuracy"]
+    finetuned = [json.loads((root / f"metrics/finetune/{TASK}/seed{seed}/metrics.json").read_text())["accuracy"]
                  for seed in SEEDS]
     assert freeze["unfrozen"]["score"] == pytest.approx(sum(finetuned) / len(finetuned), abs=1e-6)
     assert "train_seconds" not in freeze["unfrozen"]  # wall clock: in timings/, outside every output DVC hashes
@@ -328,15 +328,15 @@ def test_freeze_scores_each_configuration_next_to_the_unfrozen_run(project):
         assert (entry["side"], entry["layers"]) == (side, layers) and set(entry["seeds"]) == {"1", "2"}
         assert 0.0 <= entry["score"] <= 1.0 and (timings is None or timings[label]["steps_per_second_ratio"] > 0)
         assert entry["score_change"] == pytest.approx(entry["score"] - freeze["unfrozen"]["score"], abs=1e-5)
-    headline = json.loads((root / f"metrics/freeze/{TASK}.json").read_text())
+    headline = json.loads((root / f"metrics/freeze/{TASK}/metrics.json").read_text())
     assert headline == headlines_of_freeze(freeze)
     assert set(headline) == {"bottom1", "bottom2", "top1", "top2", "not_converged"}
     # Runs (frozen and unfrozen) that did not learn the task, counted: each entry says how many of its own.
     assert headline["not_converged"] == sum(freeze[label]["not_converged"] for label in ("bottom1", "bottom2", "top1",
                                                                                          "top2", "unfrozen"))
-    rows = json.loads((root / f"plots/freeze/{TASK}.json").read_text())
+    rows = json.loads((root / f"plots/freeze/{TASK}/freeze.json").read_text())
     assert len(rows) == len(SEEDS) * 5
-    assert (root / f"plots/freeze/{TASK}.png").read_bytes()[:4] == b"\x89PNG"
+    assert (root / f"plots/freeze/{TASK}/freeze.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_second_repro_has_nothing_to_do(project):
@@ -351,7 +351,7 @@ def test_metrics_are_visible_to_dvc(project):
     root, state = project
     shown = json.loads(run(dvc("metrics", "show", "--json"), root, state["env"]).stdout)
     workspace = json.dumps(shown)
-    assert f"metrics/similarity/{TASK}.json" in workspace and "ft_orig_top" in workspace
+    assert f"metrics/similarity/{TASK}/metrics.json" in workspace and "ft_orig_top" in workspace
     assert "metrics/summary.json" in workspace and "inn_advantage" in workspace
 
 
@@ -379,7 +379,7 @@ def test_metrics_files_hold_their_headline_and_details_hold_the_rest(project):
     assert set(expected["compare"]["cls"]["linear_cka"]) == {"RANDOM", f"FT:{TASK}", "tiny-roberta",
                                                               "tiny-roberta (random init)"}
     summary = json.loads((root / "metrics/summary.json").read_text())["mean"]
-    finetuned = [json.loads((root / f"metrics/finetune/{TASK}/seed{seed}.json").read_text())["accuracy"]
+    finetuned = [json.loads((root / f"metrics/finetune/{TASK}/seed{seed}/metrics.json").read_text())["accuracy"]
                  for seed in SEEDS]
     assert summary["accuracy"] == pytest.approx(sum(finetuned) / len(finetuned), abs=1e-6)
     assert summary["ft_orig_top"] == expected[f"similarity/{TASK}"]["cls"]["linear_cka"]["ft_orig_top"]
@@ -421,8 +421,8 @@ def test_plots_render_offline(project, tmp_path):
     remote = re.findall(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", page, flags=re.IGNORECASE)
     assert not remote, f"the rendered page loads remote resources: {remote}"
     assert "vegaEmbed" in page and "<script>" in page  # the libraries are inlined
-    for plot in (f"plots/similarity/{TASK}/cls.json", f"plots/align/{TASK}/errors.json",
-                 f"plots/truncate/{TASK}.json", f"dvclive/finetune/{TASK}/seed1/plots/metrics"):
+    for plot in (f"plots/similarity/{TASK}/heatmaps/cls.json", f"plots/align/{TASK}/errors.json",
+                 f"plots/truncate/{TASK}/truncate.json", f"dvclive/finetune/{TASK}/seed1/plots/metrics"):
         assert plot in page, plot
     images = [line for line in page.splitlines() if "<img" in line]
     assert any(f"{TASK}" in line and "skip" in line for line in images)

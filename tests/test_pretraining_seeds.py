@@ -93,12 +93,12 @@ def test_two_pretraining_seeds_fine_tuned_and_compared_over_pairs(project):
     root = project
     params = yaml.safe_load((root / "params.yaml").read_text())
     models = params["align"]["pretraining_models"]
-    finetuned = json.loads((root / f"metrics/finetune_pretrained/{TASK}.json").read_text())
+    finetuned = json.loads((root / f"metrics/finetune_pretrained/{TASK}/metrics.json").read_text())
     assert list(finetuned) == models and all(0.0 <= finetuned[m]["accuracy"] <= 1.0 for m in models)
     for name in models:  # fine-tuned from its own pretraining seed, by the finetune stage's script
-        info = json.loads((root / f"data/align/checkpoints/{TASK}/{name}/layersim_model.json").read_text())
+        info = json.loads((root / f"data/align/checkpoints/{TASK}/models/{name}/layersim_model.json").read_text())
         assert info["task"] == TASK and info["seed"] == params["seeds"][0]
-    seeds = details_to_metrics(json.loads((root / f"plots/details/align/{TASK}.json").read_text()))["pretraining_seeds"]
+    seeds = details_to_metrics(json.loads((root / f"plots/details/align/{TASK}/values.json").read_text()))["pretraining_seeds"]
     assert seeds["pairs"] == f"{models[0]}→{models[1]}" and seeds["num_pairs"] == 1
     methods = set(params["align"]["methods"])
     for state in ("pretrained", "finetuned"):  # Ren Fig. 2 / 5a and Fig. 4 / 5b

@@ -7,6 +7,7 @@ import re
 
 import matplotlib.pyplot as plt
 
+from layersim.data.layout import finetune_metrics, stage_details
 from layersim.reporting.headlines import metrics_to_details
 from layersim.reporting.page import (Layout, block_spans, build_report, export_facts, png, render, similarity_tables,
                                      Table)
@@ -68,10 +69,10 @@ def test_the_page_escapes_text_and_embeds_its_figures():
 def test_build_report_reads_the_stage_outputs(tmp_path):
     """A minimal set of outputs (similarity and finetune only): the page names the task, its scores and the
     chance verdict, and leaves out the figures that are not there."""
-    (tmp_path / "metrics/finetune/rte").mkdir(parents=True)
-    (tmp_path / "metrics/finetune/rte/seed1.json").write_text(json.dumps({"accuracy": 0.625}))
-    (tmp_path / "plots/details/similarity").mkdir(parents=True)
-    (tmp_path / "plots/details/similarity/rte.json").write_text(json.dumps(metrics_to_details(_similarity(0.3))))
+    (tmp_path / "metrics/finetune/rte/seed1").mkdir(parents=True)
+    (tmp_path / "metrics/finetune/rte/seed1/metrics.json").write_text(json.dumps({"accuracy": 0.625}))
+    (tmp_path / "plots/details/similarity/rte").mkdir(parents=True)
+    (tmp_path / "plots/details/similarity/rte/values.json").write_text(json.dumps(metrics_to_details(_similarity(0.3))))
     layout = Layout(tmp_path / "metrics", tmp_path / "plots/details", tmp_path / "plots")
     page = build_report("roberta-base", ["rte"], [1], 0.05, ("cls", "linear_cka"), layout)
     assert "seed 1 0.625" in page and "no: chance" in page and "roberta-base" in page
@@ -91,11 +92,11 @@ def test_a_skipped_span_survives_the_details_round_trip(tmp_path):
     truncate = {"metric": "accuracy", "full": 0.8, "majority_baseline": 0.5, "tolerance": 0.01,
                 "droppable_top_layers_untuned": 0, "droppable_top_layers_tuned": 1}
     details = tmp_path / "plots/details"
-    for name, values in (("export/rte", export), ("truncate/rte", truncate)):
-        (details / name).parent.mkdir(parents=True, exist_ok=True)
-        (details / f"{name}.json").write_text(json.dumps(metrics_to_details(values)))
-    (tmp_path / "plots/truncate").mkdir(parents=True)
-    (tmp_path / "plots/truncate/rte.json").write_text(json.dumps(
+    for stage, values in (("export", export), ("truncate", truncate)):
+        stage_details(details, stage, "rte").parent.mkdir(parents=True)
+        stage_details(details, stage, "rte").write_text(json.dumps(metrics_to_details(values)))
+    (tmp_path / "plots/truncate/rte").mkdir(parents=True)
+    (tmp_path / "plots/truncate/rte/truncate.json").write_text(json.dumps(
         [{"variant": v, "seed": 1, "layer": k, "score": 0.5 + 0.1 * k} for v in ("untuned", "tuned", "tuned_orig")
          for k in range(4)]))
     page = build_report("m", ["rte"], [1], 0.05, ("cls", "linear_cka"),
@@ -112,7 +113,8 @@ def test_the_page_names_the_runs_that_did_not_converge(tmp_path):
     folder.mkdir(parents=True)
     for seed, (score, loss) in {1: (0.369, 3.1), 2: (0.768, 0.9)}.items():
         record = check_run("pearson", score, 0.0, loss, 3.125).record()
-        (folder / f"seed{seed}.json").write_text(json.dumps({"pearson": score, "spearman": score,
+        finetune_metrics(folder, seed).parent.mkdir()
+        finetune_metrics(folder, seed).write_text(json.dumps({"pearson": score, "spearman": score,
                                                              "convergence": record}))
     page = build_report("m", ["synth-similarity"], [1, 2], 0.05, ("cls", "linear_cka"),
                         Layout(tmp_path / "metrics", tmp_path / "plots/details", tmp_path / "plots"))

@@ -22,6 +22,7 @@ from layersim.errors import LayersimError
 from layersim.training.evaluate import compute_metrics, predict
 from layersim.experiments.extract import extract_activations, extract_attention
 from layersim.data.io import ActivationTable, AttentionTable
+from layersim.data.layout import finetuned as seed_checkpoint
 from layersim.models.registry import load_encoder, load_tokenizer
 from layersim.params import FinetuneParams
 from layersim.data.tasks import TaskSpec, generated_table, get_task
@@ -488,9 +489,9 @@ def test_a_real_fine_tune_ends_with_its_convergence_check(tiny_model_dir, tmp_pa
 
     record = check.record()
     for seed, convergence in ((1, record), (2, {**record, "converged": True, "score": record["score"]})):
-        train.save_checkpoint(model, tokenizer, tmp_path / f"seed{seed}", base_dir=folder, task=spec.name,
+        train.save_checkpoint(model, tokenizer, seed_checkpoint(tmp_path, seed), base_dir=folder, task=spec.name,
                               seed=seed, convergence=convergence)
-    assert models.model_info(tmp_path / "seed1")["convergence"] == record
+    assert models.model_info(seed_checkpoint(tmp_path, 1))["convergence"] == record
     assert list(checkpoint_flags(tmp_path, [1, 2])) == ["FT[1]"]
 
 

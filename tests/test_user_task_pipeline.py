@@ -73,16 +73,16 @@ def test_the_pipeline_runs_on_user_files(project):
     root, env = project
     import pyarrow.parquet as pq
 
-    meta = json.loads(pq.read_schema(root / "data/tasks/reviews/train.parquet").metadata[b"layersim"])
+    meta = json.loads(pq.read_schema(root / "data/tasks/reviews/splits/train.parquet").metadata[b"layersim"])
     assert meta["label_names"] == ["negative", "positive"] and meta["format"] == "single"
     assert meta["source"]["user_files"]["train"]["path"] == "user_data/reviews_train.csv"
-    pairs = pq.read_table(root / "data/tasks/pairs/validation.parquet")
+    pairs = pq.read_table(root / "data/tasks/pairs/splits/validation.parquet")
     assert pairs.num_rows == 24 and pairs.schema.field("label").type.bit_width == 64
-    reviews = json.loads((root / "metrics/finetune/reviews/seed1.json").read_text())
-    sts = json.loads((root / "metrics/finetune/pairs/seed1.json").read_text())
+    reviews = json.loads((root / "metrics/finetune/reviews/seed1/metrics.json").read_text())
+    sts = json.loads((root / "metrics/finetune/pairs/seed1/metrics.json").read_text())
     assert 0.0 <= reviews["accuracy"] <= 1.0 and -1.0 <= sts["pearson"] <= 1.0 and "accuracy" not in sts
     for task in ("reviews", "pairs"):
-        assert (root / f"metrics/similarity/{task}.json").is_file() and (root / f"metrics/export/{task}.json").is_file()
+        assert (root / f"metrics/similarity/{task}/metrics.json").is_file() and (root / f"metrics/export/{task}/metrics.json").is_file()
     assert "reviews" in (root / "report/index.html").read_text()
     assert stale_stages(root) == set(), "up to date after the repro"
 

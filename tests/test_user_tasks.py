@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from layersim.errors import LayersimError
 from layersim.data.io.task_tables import read_task_table
+from layersim.data.layout import task_tables
 from layersim.params import MIN_EXAMPLES, parse_params
 from layersim.params import user_tasks as declared
 from layersim.data.tasks import FORMATS, TASKS, get_task
@@ -61,7 +62,7 @@ def _write(files: dict[str, str | bytes]) -> None:
 
 
 def _download(name: str, params) -> Path:
-    out = Path("data/tasks") / name
+    out = task_tables("data/tasks", name)
     download_task.main(Namespace(task=name, out=out), params)
     return out
 
@@ -93,7 +94,7 @@ def test_a_tsv_pair_regression_task(project):
                                       "text": ["a", "b"], "label": "score", "regression": True}}))
     spec = get_task("sts")
     assert spec.regression and spec.metrics == ("pearson", "spearman") and spec.num_labels == 1
-    table = read_task_table("data/tasks/sts", spec, "validation")
+    table = read_task_table(task_tables("data/tasks", "sts"), spec, "validation")
     assert table.column("text_b").to_pylist()[2] == 'second "2' and table.column("label").to_pylist()[5] == 1.25
     assert table.schema.field("label").type == pa.float64()
 
@@ -111,12 +112,12 @@ def test_jsonl_multiple_choice_and_parquet_with_declared_names(project):
     _download("pq", params)
     mc = get_task("mc")
     assert mc.num_choices == 3 and mc.num_labels == 1
-    table = read_task_table("data/tasks/mc", mc, "train")
+    table = read_task_table(task_tables("data/tasks", "mc"), mc, "train")
     assert table.column("choices").to_pylist()[0] == ["x", "y", "z"]
     assert table.column("label").to_pylist()[:4] == [0, 1, 2, 0]
     pq_spec = get_task("pq")
     assert pq_spec.label_names == ("no", "yes") and pq_spec.primary_metric == "mcc"
-    rows = {s: read_task_table("data/tasks/pq", pq_spec, s).column("example_id").to_pylist()
+    rows = {s: read_task_table(task_tables("data/tasks", "pq"), pq_spec, s).column("example_id").to_pylist()
             for s in ("train", "validation")}
     assert len(rows["validation"]) == 12 and sorted(rows["train"] + rows["validation"]) == list(range(40))
 

@@ -51,6 +51,7 @@ from layersim.similarity.inference.exchangeability import block_permutations, un
 from layersim.similarity.registry import MEASURES, check_computable
 from layersim.similarity.results import (StackedResult, Uncertainty, localization_of, reach_warning, settings,
                                          stacked_result)
+from layersim.data.layout import finetuned, task_tables
 
 
 @dataclass
@@ -109,7 +110,7 @@ def compared_folders(pretrained: Path, checkpoints: Path, compared: Path, params
     with_controls = params.similarity.random_control is not None
     controls = {RANDOM: pretrained} if with_controls else {}
     folders = ({"ORIG": pretrained} | controls
-               | {f"FT:{task}": checkpoints / task / f"seed{params.seeds[0]}" for task in params.tasks})
+               | {f"FT:{task}": finetuned(checkpoints / task, params.seeds[0]) for task in params.tasks})
     for name in params.compare.models:
         folders[name] = compared / name
         if with_controls:
@@ -120,7 +121,7 @@ def compared_folders(pretrained: Path, checkpoints: Path, compared: Path, params
 def compare_models(pretrained: Path, checkpoints: Path, compared: Path, tasks: Path, params: Params,
                    log=lambda *args: None, warn=lambda *args: None) -> SimilarityOutputs:
     device = resolve_device(params.device)
-    task_dirs = {task: tasks / task for task in params.tasks}
+    task_dirs = {task: task_tables(tasks, task) for task in params.tasks}
     control = params.similarity.random_control
     folders, controls = compared_folders(pretrained, checkpoints, compared, params)
     same_tokenizer = {"ORIG", RANDOM, *(f"FT:{task}" for task in params.tasks)} & set(folders)

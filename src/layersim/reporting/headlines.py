@@ -24,6 +24,7 @@ from typing import Any
 from layersim.training.convergence import metrics_record, run_flags
 from layersim.errors import LayersimError
 from layersim.data.io import write_json
+from layersim.data.layout import finetune_metrics, stage_metrics
 
 _LAYER_KEY = re.compile(r"layer_(\d+)")
 
@@ -301,8 +302,8 @@ def read_stage_metrics(metrics_dir: Path, tasks: Iterable[str], seeds: Iterable[
         return read_metrics_file(metrics_dir.joinpath(*parts))
 
     tasks, seeds = list(tasks), list(seeds)
-    per_stage = {"finetune": {task: [read("finetune", task, f"seed{seed}.json") for seed in seeds] for task in tasks}}
-    per_stage |= {stage: {task: read(stage, f"{task}.json") for task in tasks}
+    per_stage = {"finetune": {task: [read_metrics_file(finetune_metrics(metrics_dir / "finetune" / task, seed)) for seed in seeds] for task in tasks}}
+    per_stage |= {stage: {task: read_metrics_file(stage_metrics(metrics_dir, stage, task)) for task in tasks}
                   for stage in ("similarity", "truncate", "skip", "align")}
     return per_stage
 

@@ -16,6 +16,7 @@ from layersim.errors import LayersimError
 from layersim.training.convergence import NOT_CONVERGED, marked, title_note
 from layersim.reporting.headlines import details_to_metrics, finetune_flags, read_metrics_file
 from layersim.reporting.html import Figure, Section, Table, png, render  # noqa: F401 (png, render: the API)
+from layersim.data.layout import finetune_metrics, stage_details
 
 COMPARISON_NAMES = {"orig_orig": "ORIG–ORIG", "ft_orig": "FT–ORIG", "ft_ft": "FT–FT", "ft1_ft2": "FT[1]–FT[2]",
                     "ft_random": "FT–RANDOM", "orig_random": "ORIG–RANDOM"}
@@ -31,9 +32,9 @@ class Layout:
     details: Path
     plots: Path
 
-    def details_of(self, name: str) -> dict | None:
-        """Every value a stage wrote for `name` (e.g. "truncate/rte"), nested again; None if absent."""
-        path = self.details / f"{name}.json"
+    def details_of(self, stage: str, task: str) -> dict | None:
+        """Every value a stage wrote for a task, nested again; None if absent."""
+        path = stage_details(self.details, stage, task)
         if not path.is_file():
             return None
         try:
@@ -198,7 +199,7 @@ def _finetuned_runs(layout: Layout, task: str, metric: str, seeds: Sequence[int]
     """Seed → its finetune metrics file, for the seeds whose file holds a score."""
     runs = {}
     for seed in seeds:
-        path = layout.metrics / "finetune" / task / f"seed{seed}.json"
+        path = finetune_metrics(layout.metrics / "finetune" / task, seed)
         if path.is_file():
             metrics = read_metrics_file(path)
             if isinstance(metrics, dict) and isinstance(metrics.get(metric), (int, float)):
@@ -221,7 +222,7 @@ def truncation_figure(layout: Layout, task: str, truncate: Mapping, export: Mapp
     the title names the `flagged` runs (e.g. "seed 1") that did not converge, which its band includes."""
     from layersim.reporting.plots import truncation_curves
 
-    path = layout.plots / "truncate" / f"{task}.json"
+    path = layout.plots / "truncate" / task / "truncate.json"
     if not path.is_file():
         return None
     rows = read_metrics_file(path)
@@ -250,10 +251,10 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
     from layersim.data.tasks import get_task
 
     spec = get_task(task)
-    similarity = layout.details_of(f"similarity/{task}")
-    truncate = layout.details_of(f"truncate/{task}")
-    skip = layout.details_of(f"skip/{task}")
-    export = layout.details_of(f"export/{task}")
+    similarity = layout.details_of("similarity", task)
+    truncate = layout.details_of("truncate", task)
+    skip = layout.details_of("skip", task)
+    export = layout.details_of("export", task)
     runs = _finetuned_runs(layout, task, spec.primary_metric, seeds)
     scores = [float(metrics[spec.primary_metric]) for metrics in runs.values()]
     flags = {list(runs)[k]: reason for k, reason in finetune_flags(runs.values(), spec.primary_metric).items()}
@@ -275,16 +276,16 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
     section.facts += export_facts(export)
     if export:
         loader = "AutoModelForMultipleChoice" if spec.format == "multiple_choice" else "AutoModelForSequenceClassification"
-        section.facts.append(f"Load it with transformers alone: {loader}.from_pretrained(\"data/export/{model}/{task}\").")
+        section.facts.append(f"Load it with transformers alone: {loader}.from_pretrained(\"data/export/{model}/{task}/model\").")
     if similarity:
         section.tables += similarity_tables(similarity, significance)
     head = first_measure[0]  # the model's own head token: cls, or last for a decoder
-    for relative, caption in ((f"similarity/{task}/{head}.png", "Each measure between every pair of layers, "
+    for relative, caption in ((f"similarity/{task}/heatmaps/{head}.png", "Each measure between every pair of layers, "
                                f"{POINTS.get(head, head)} points, in Phang et al.'s layout; cyan outlines: blocks of "
                                "layers; hatched cells: not above chance."),
-                              (f"diagonals/{task}/{head}.png", "Layer k against layer k, with the permutation null's "
+                              (f"diagonals/{task}/curves/{head}.png", "Layer k against layer k, with the permutation null's "
                                "mean and 95% bootstrap intervals."),
-                              (f"similarity/{task}/tokens.png", "The same on word points (Wu et al.)."),):
+                              (f"similarity/{task}/heatmaps/tokens.png", "The same on word points (Wu et al.)."),):
         figure = layout.figure(relative, caption)
         if figure:
             section.figures.append(figure)
@@ -292,11 +293,11 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
         figure = truncation_figure(layout, task, truncate, export, [f"seed {seed}" for seed in flags])
         if figure:
             section.figures.append(figure)
-    for relative, caption in ((f"export/{task}.png", "The exported model's choice: the score with n layers kept, on "
+    for relative, caption in ((f"export/{task}/export.png", "The exported model's choice: the score with n layers kept, on "
                                "the train examples it was chosen on and on validation."),
-                              (f"skip/{task}.png", "The score with layers i..j skipped (Phang et al. §4.1)."),
+                              (f"skip/{task}/skip.png", "The score with layers i..j skipped (Phang et al. §4.1)."),
                               (f"align/{task}/errors.png", "Held-out alignment error per layer and map (Ren et al.)."),
-                              (f"freeze/{task}.png", "Fine-tuning with layers frozen (Wu et al. Table 1).")):
+                              (f"freeze/{task}/freeze.png", "Fine-tuning with layers frozen (Wu et al. Table 1).")):
         figure = layout.figure(relative, caption)
         if figure:
             section.figures.append(figure)

@@ -38,12 +38,12 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 
 from layersim.errors import LayersimError
 from layersim.models.registry import model_info
+from layersim.data.layout import finetuned
 
 LOSS_SHARE = 0.1       # the tail of logged training losses averaged into the final loss
 LOSS_RATIO = 0.9       # final loss at or above this share of the trivial loss: nothing learned
@@ -194,8 +194,8 @@ def title_note(labels: Sequence[str]) -> str:
 
 def checkpoint_flags(checkpoints, seeds: Sequence[int]) -> dict[str, str]:
     """Figure label FT[i] (i-th seed) → reason, for the flagged runs among the checkpoints
-    ``checkpoints/seed<k>/`` (their info files; see :func:`run_flags`): for stages that draw fine-tuned runs."""
-    records = {f"FT[{i}]": model_info(Path(checkpoints) / f"seed{seed}").get("convergence")
+    ``checkpoints/seed<k>/model/`` (their info files; see :func:`run_flags`): for stages that draw fine-tuned runs."""
+    records = {f"FT[{i}]": model_info(finetuned(checkpoints, seed)).get("convergence")
                for i, seed in enumerate(seeds, start=1)}
     return run_flags(records)
 

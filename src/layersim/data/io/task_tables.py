@@ -1,4 +1,4 @@
-"""Task tables (data/tasks/<task>/{train,validation}.parquet): the checked reader, their digest, and what the
+"""Task tables (data/tasks/<task>/splits/{train,validation}.parquet): the checked reader, their digest, and what the
 activation tables of a task's runs must hold (weights, task tables and shape, from the checkpoints)."""
 
 
@@ -12,12 +12,13 @@ import pyarrow as pa
 from layersim.errors import LayersimError
 from layersim.data.tasks import subsample
 from layersim.data.io.parquet import ParquetReader, first_non_finite
+from layersim.data.layout import finetuned
 
 
 def run_expectations(checkpoints: str | os.PathLike, seeds, task_dir: str | os.PathLike | None = None
                      ) -> dict[str, dict[str, Any]]:
     """Run name → the metadata its activation tables must hold, from the fine-tuned checkpoints
-    ``checkpoints/seed<k>/`` (each verified against its files): the digest of the weights they were extracted
+    ``checkpoints/seed<k>/model/`` (each verified against its files): the digest of the weights they were extracted
     from ("orig": the pretrained weights the seeds were fine-tuned from), the digest of the task tables, and
     the model's num_layers and hidden_size. With `task_dir`, the checkpoints must have been fine-tuned on
     the task tables it holds now (a table edited by hand and one stage re-run alone would mix versions)."""
@@ -26,7 +27,7 @@ def run_expectations(checkpoints: str | os.PathLike, seeds, task_dir: str | os.P
     now = task_tables_digest(task_dir) if task_dir is not None else None
     expect, bases, tasks = {}, {}, {}
     for seed in seeds:
-        folder = Path(checkpoints) / f"seed{seed}"
+        folder = finetuned(checkpoints, seed)
         info = verified_info(folder)
         run = f"seed{seed}"
         bases[run], tasks[run] = info.get("base_digest"), info.get("task_digest")

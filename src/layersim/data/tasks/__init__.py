@@ -119,9 +119,10 @@ def get_task(name: object) -> TaskSpec:
     spec = _USER_TASKS[name]
     if spec.label_names or spec.regression or spec.format == "multiple_choice":
         return spec
+    from layersim.data.layout import task_tables
     from layersim.data.tasks.user import labels_from_table  # label names taken from the data: read back
 
-    return labels_from_table(spec, TASKS_DIR / name / "train.parquet")
+    return labels_from_table(spec, task_tables(TASKS_DIR, name) / "train.parquet")
 
 
 # --- building normalized tables ------------------------------------------------------------------
