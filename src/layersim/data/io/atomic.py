@@ -91,6 +91,20 @@ def _fsync_tree(path: Path) -> None:
         _fsync(path)
 
 
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+# Writers built in Rust (safetensors' save_file) raise their own exception type for an OS error, its number only in
+# the text: "Error while serializing: I/O error: No space left on device (os error 28)".
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def _disk_full(err: BaseException) -> bool:
+    """Whether `err` says that the disk (or the user's quota) is full."""
+    if isinstance(err, OSError):
+        return err.errno in _DISK_FULL
+    number = _RUST_OS_ERROR.search(str(err))
+    return number is not None and int(number.group(1)) in _DISK_FULL
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Path]:
     """Yield a temporary sibling of `path`; on success rename it onto `path`, on error delete it.
@@ -125,14 +139,11 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
         else:
             os.replace(tmp, path)
         _fsync(path.parent)
-    except OSError as err:
+    except BaseException as err:
         _remove(tmp)
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        if _disk_full(err):
             raise LayersimError(f"no space left on the device while writing {path}; free some space and run the "
                                 "stage again (the partial file was removed, earlier outputs are intact).") from err
-        raise
-    except BaseException:
-        _remove(tmp)
         raise
 
 
