@@ -7,8 +7,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import yaml
-
 from layersim.errors import LayersimError
 from layersim.params import parse_params, parse_yaml
 from layersim.plan import GPUS, copies, device, plan, seconds, total
@@ -17,8 +15,11 @@ COLUMNS = ("stage", "rows", "workspace", "DVC cache", "FLOPs", "time")
 
 
 def overridden(path: Path, overrides: list[str]) -> dict:
-    """params.yaml's document with each `key.sub=value` set (the value read as YAML, as DVC reads -S)."""
-    doc = parse_yaml(path, path.read_text(encoding="utf-8"))
+    """params.yaml's document with each `key.sub=value` set (the value read as YAML 1.2, as DVC reads -S: 1e-4 is a
+    number)."""
+    from ruamel.yaml import YAML
+
+    doc, value_of = parse_yaml(path, path.read_text(encoding="utf-8")), YAML(typ="safe").load
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
@@ -27,7 +28,7 @@ def overridden(path: Path, overrides: list[str]) -> dict:
         node = doc
         for part in parents:
             node = node.setdefault(part, {}) if isinstance(node, dict) else {}
-        node[last] = yaml.safe_load(value)
+        node[last] = value_of(value)
     return doc
 
 
