@@ -17,37 +17,43 @@ set -euo pipefail
 cd "$(dirname "$0")"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1   # nothing here needs the network
 
-dvc exp run \
-  -S model=minilm-l6 \
-  -S 'tasks=[synth-similarity]' \
-  -S 'seeds=[1,2,3]' \
-  -S download.generated_validation_examples=300 \
-  -S finetune.batch_size=16 \
-  -S finetune.learning_rate=1e-4 \
-  -S finetune.warmup_steps=20 \
-  -S finetune.max_steps=200 \
-  -S finetune.eval_every=100 \
-  -S finetune.max_length=64 \
-  -S extract.max_train_examples=1000 \
-  -S extract.max_tokens=600 \
-  -S extract.attention_examples=50 \
-  -S "similarity.measures.tokens=[linear_cka,svcca,neuronsim]" \
-  -S similarity.permutations=20 \
-  -S similarity.bootstrap=20 \
-  -S compare.probe_examples=30 \
-  -S truncate.head_epochs=10 \
-  -S align.steps=100 \
-  -S align.inn_hidden=128 \
-  -S align.mlp_hidden=256 \
-  -S align.matrix_steps=20 \
-  -S align.synthetic_steps=300 \
-  -S 'freeze.seeds=[1]' \
-  -S 'freeze.layers=[4]' \
-  -S freeze.recipe=finetune \
-  -S freeze.timing_steps=2 \
-  -S freeze.timing_rounds=3 \
-  -S export.selection_examples=500 \
-  "$@"
+params=(
+  -S model=minilm-l6
+  -S 'tasks=[synth-similarity]'
+  -S 'seeds=[1,2,3]'
+  -S download.generated_validation_examples=300
+  -S finetune.batch_size=16
+  -S finetune.learning_rate=1e-4
+  -S finetune.warmup_steps=20
+  -S finetune.max_steps=200
+  -S finetune.eval_every=100
+  -S finetune.max_length=64
+  -S extract.max_train_examples=1000
+  -S extract.max_tokens=600
+  -S extract.attention_examples=50
+  -S "similarity.measures.tokens=[linear_cka,svcca,neuronsim]"
+  -S similarity.permutations=20
+  -S similarity.bootstrap=20
+  -S compare.probe_examples=30
+  -S truncate.head_epochs=10
+  -S align.steps=100
+  -S align.inn_hidden=128
+  -S align.mlp_hidden=256
+  -S align.matrix_steps=20
+  -S align.synthetic_steps=300
+  -S 'freeze.seeds=[1]'
+  -S 'freeze.layers=[4]'
+  -S freeze.recipe=finetune
+  -S freeze.timing_steps=2
+  -S freeze.timing_rounds=3
+  -S export.selection_examples=500
+)
+
+# What these params will cost, per stage, before anything runs (docs/paper-configuration.md).
+python -m layersim.plan "${params[@]}"
+echo
+
+dvc exp run "${params[@]}" "$@"
 
 echo
 echo "Done. Figures: plots/{similarity,localization,compare,truncate,skip,export,align,freeze,summary}/   every number: plots/details/"

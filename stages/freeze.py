@@ -12,7 +12,7 @@ from layersim.data.io import finetune_metrics, write_figure, write_json
 from layersim.data.tasks import get_task
 from layersim.experiments.freeze import (config_flops, finetuned_run, freeze_configs, freeze_headline, freeze_report,
                                          freeze_timings, train_runs)
-from layersim.models.freezing import layer_shape
+from layersim.compute.flops import layer_shape
 from layersim.models.registry import load_tokenizer, read_json
 from layersim.reporting.headlines import write_metrics
 from layersim.training.recipes import freeze_recipe, recipe_record

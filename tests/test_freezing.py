@@ -11,7 +11,8 @@ import torch
 
 from layersim.data.batching import collate, encode_task
 from layersim.models.encoders import describe_architecture
-from layersim.models.freezing import embedding_modules, frozen_layers, frozen_range
+from layersim.compute.flops import frozen_range
+from layersim.models.freezing import embedding_modules, frozen_layers
 from layersim.errors import LayersimError
 from layersim.models.registry import load_task_model, load_tokenizer
 from layersim.data.tasks import generated_table, get_task
@@ -193,7 +194,7 @@ def test_freeze_report_flags_runs_that_did_not_converge():
 def test_training_flops_on_a_hand_computed_case():
     """h = 2, f = 4, s = 3, L = 3: W = 8·3·4 + 4·3·2·4 = 192, A = 4·9·2 = 72, QKV input gradient 6·3·4 = 72.
     A trainable layer's backward is 2W + 2A = 528; a frozen one above a trainable one W + 2A = 336."""
-    from layersim.models.freezing import LayerShape, training_flops
+    from layersim.compute.flops import LayerShape, training_flops
 
     shape = LayerShape(num_layers=3, hidden=2, intermediate=4)
     assert training_flops(shape, None, 0, 3) == {"forward": 3 * (192 + 72), "backward": 3 * 528}
@@ -209,7 +210,7 @@ def test_training_flops_on_a_hand_computed_case():
 def test_flops_saved_is_a_share_of_the_sum_over_sequences():
     """s = 1: W = 32 + 32 = 64, A = 8, full backward 3 × 144 = 432; s = 3: 1584 (above). Freezing the top layer
     saves its weight gradients, W: 64 and 192."""
-    from layersim.models.freezing import LayerShape, flops_saved
+    from layersim.compute.flops import LayerShape, flops_saved
 
     shape = LayerShape(num_layers=3, hidden=2, intermediate=4)
     saved = flops_saved(shape, "top", 1, [1, 3])
@@ -223,7 +224,7 @@ def test_flops_saved_match_what_torch_computes(tiny_model_dir, side, k):
     step of tiny-bert (forward and head identical, so the difference is the backward the formula counts)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from layersim.models.freezing import layer_shape, training_flops
+    from layersim.compute.flops import layer_shape, training_flops
 
     model, batch = _model_and_batch(tiny_model_dir, "tiny-bert")
     shape = layer_shape(json.loads((tiny_model_dir("tiny-bert") / "config.json").read_text()))
@@ -241,7 +242,7 @@ def test_flops_saved_match_what_torch_computes(tiny_model_dir, side, k):
 
 
 def test_layer_shape_reads_each_family_and_refuses_a_config_without_sizes():
-    from layersim.models.freezing import LayerShape, layer_shape
+    from layersim.compute.flops import LayerShape, layer_shape
 
     assert layer_shape({"hidden_size": 32, "num_hidden_layers": 3, "intermediate_size": 64}) == LayerShape(3, 32, 64)
     assert layer_shape({"model_type": "gpt2", "n_embd": 8, "n_layer": 2, "n_inner": None}) == LayerShape(2, 8, 32)

@@ -16,7 +16,7 @@ LAYERS = {
     4: {"params"},
     5: {"training"},
     6: {"reporting"},
-    7: {"experiments"},
+    7: {"experiments", "plan"},
     8: {"cli"},
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}

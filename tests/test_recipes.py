@@ -16,9 +16,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def overrides(script: str) -> dict[str, object]:
-    """The `-S key=value` pairs of a recipe's `dvc exp run`, values parsed as YAML 1.2 (as DVC does)."""
+    """The `-S key=value` pairs of a recipe's `dvc exp run` (or of the `params=(…)` array it passes to both the plan
+    and `dvc exp run`), values parsed as YAML 1.2 (as DVC does)."""
     text = re.sub(r"\\\n", " ", (REPO / script).read_text())
-    command = next(line for line in text.splitlines() if line.strip().startswith("dvc exp run"))
+    array = re.search(r"^params=\((.*?)^\)", text, re.S | re.M)
+    command = array.group(1).replace("\n", " ") if array else \
+        next(line for line in text.splitlines() if line.strip().startswith("dvc exp run"))
     words = shlex.split(command)
     parse = YAML(typ="safe").load  # YAML 1.2, as DVC reads -S values: 1e-4 is a number
     return dict((pair.split("=", 1)[0], parse(pair.split("=", 1)[1]))
@@ -42,6 +45,8 @@ def applied(script: str) -> dict:
 def test_the_recipe_sets_valid_params(script):
     params = parse_params(applied(script))
     assert params.tasks and params.seeds
+    text = (REPO / script).read_text()  # the plan of the same params, printed before the run (issue 53)
+    assert 'python -m layersim.plan "${params[@]}"' in text and 'dvc exp run "${params[@]}" "$@"' in text
 
 
 def test_the_quickstart_has_seeds_enough_for_an_interval_and_a_pretrained_model():

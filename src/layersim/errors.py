@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 from collections.abc import Iterable
 
 
@@ -25,3 +27,12 @@ def hub_unreachable(kind: str, name: str, err: Exception, offline: Iterable[str]
     detail = str(err).splitlines()[0] if str(err) else type(err).__name__
     return LayersimError(f"could not download {kind} {name!r} from {where}: {detail}; "
                          f"without network use an offline {kind}: {', '.join(offline)}.")
+
+
+def as_int(value: object, what: str, valid: str) -> int:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise LayersimError(f"{what} {value!r} is not an integer; valid values are {valid}.") from None

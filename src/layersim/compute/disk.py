@@ -13,6 +13,22 @@ FLOAT32 = 4
 # DVC's default cache type copies an output into .dvc/cache where the filesystem has no reflinks, so the bytes are
 # written twice; `dvc cache dir` on another volume, or cache.type hardlink/symlink, avoids that (docs/performance.md).
 CACHE_COPIES = 2
+DVC_DEFAULT_CACHE_TYPES = ("reflink", "copy")
+# An attention row's keys besides its floats: example_id (int64), choice, query, key (int16 each).
+ATTENTION_KEY_BYTES = 8 + 3 * 2
+
+
+def cache_copies(types: str | None, reflinks: bool = False) -> int:
+    """How many times an output's bytes are on disk, workspace and DVC cache together, for DVC's `cache.type`
+    (a comma-separated list, tried in order; None: DVC's default reflink,copy): 2 where the first type that
+    applies copies, 1 for hardlink or symlink (the workspace file is the cached one) or a reflink (blocks shared).
+    Reflinks apply only on filesystems that have them (XFS, Btrfs, APFS; not ext4): `reflinks` says so."""
+    for kind in [k.strip() for k in types.split(",")] if types else DVC_DEFAULT_CACHE_TYPES:
+        if kind in ("hardlink", "symlink") or (kind == "reflink" and reflinks):
+            return 1
+        if kind == "copy":
+            return CACHE_COPIES
+    return CACHE_COPIES
 
 
 def table_bytes(rows: int, layers: int, hidden: int) -> int:
@@ -45,14 +61,27 @@ def train_poolings(params, head: str) -> list[str]:
     return [q for q in params.extract.poolings if q in (head, params.align.pooling)]
 
 
-def extract_bytes(params, spec, rows: dict[str, int], runs: int, head: str, shape: dict[str, int]) -> int:
-    """What the extract stage writes for one task, with DVC's cache copy: per run (ORIG, each seed, the RANDOM
-    control) a validation table per pooling (at most extract.max_tokens word rows for "tokens"), and per trained or
-    pretrained run a train table in the poolings that truncate's heads (`head`) and align's maps read. `rows`: the
-    examples of each split (times the choices of a multiple-choice task)."""
+def extract_rows(params, spec, rows: dict[str, int], runs: int, head: str) -> int:
+    """The table rows the extract stage writes for one task: per run (ORIG, each seed, the RANDOM control) a
+    validation table per pooling (extract.max_tokens word rows for "tokens", or fewer when `rows["words"]`, the
+    validation split's words, says so), and per trained or pretrained run a train table in the poolings that
+    truncate's heads (`head`) and align's maps read. `rows`: the examples of each split (times the choices of a
+    multiple-choice task)."""
     p, choices = params.extract, spec.num_choices or 1
     per_example = [q for q in p.poolings if q != "tokens"]
-    validation = runs * (rows["validation"] * choices * len(per_example) + p.max_tokens * ("tokens" in p.poolings))
+    words = min(p.max_tokens, rows.get("words", p.max_tokens))
+    validation = runs * (rows["validation"] * choices * len(per_example) + words * ("tokens" in p.poolings))
     trained = runs - (params.similarity.random_control is not None)  # the control has validation tables only
-    train = trained * rows["train"] * choices * len(train_poolings(params, head))
-    return CACHE_COPIES * table_bytes(validation + train, shape["num_layers"], shape["hidden_size"])
+    return validation + trained * rows["train"] * choices * len(train_poolings(params, head))
+
+
+def extract_bytes(params, spec, rows: dict[str, int], runs: int, head: str, shape: dict[str, int],
+                  copies: int = CACHE_COPIES) -> int:
+    """What the extract stage writes for one task (:func:`extract_rows`), `copies` times (DVC's cache copy)."""
+    return copies * table_bytes(extract_rows(params, spec, rows, runs, head), shape["num_layers"], shape["hidden_size"])
+
+
+def attention_bytes(maps: int, units: float, layers: int, heads: int) -> int:
+    """The attention tables of `maps` inputs (examples times choices, over runs) of about `units` words or tokens
+    each: a row per (query, key) with every layer's heads in float32."""
+    return round(maps * units * units * (layers * heads * FLOAT32 + ATTENTION_KEY_BYTES))

@@ -11,7 +11,7 @@ again would give the same run), read from its metrics file. Either way frozen an
 in freezing. No checkpoint is kept: only scores and convergence verdicts.
 
 The cost, two ways: the share of backward (and training) FLOPs saved, counted from the model's shape
-(:func:`layersim.models.freezing.training_flops`), which goes into the hashed outputs; and the time per
+(:func:`layersim.compute.flops.training_flops`), which goes into the hashed outputs; and the time per
 training step measured interleaved in one process (:mod:`layersim.training.step_timing`), a wall-clock
 number that goes only to the stage's timings file (a rerun gives the same dvc.lock).
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from layersim.data.tasks import TaskSpec
-from layersim.models.freezing import FREEZE_SIDES, LayerShape, flops_saved
+from layersim.compute.flops import FREEZE_SIDES, LayerShape, flops_saved
 from layersim.models.registry import read_json
 from layersim.params.schema import WU_DEPTH
 from layersim.reporting.freeze_plots import change_label, freeze_bars

@@ -31,12 +31,11 @@ not normed. Inside ``exit_at(k)`` the final norm is applied to layer k's output,
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 from torch import nn
 
-from layersim.errors import LayersimError
+from layersim.errors import LayersimError, as_int
 
 
 @dataclass(frozen=True)
@@ -201,13 +200,6 @@ def num_layers(model: nn.Module) -> int:
     return describe_architecture(model).num_layers
 
 
-def as_int(value: object, what: str, valid: str) -> int:
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        return operator.index(value)
-    except TypeError:
-        raise LayersimError(f"{what} {value!r} is not an integer; valid values are {valid}.") from None
 
 
 def check_layers(layers, num: int) -> list[int]:

@@ -1,0 +1,124 @@
+"""What a params.yaml will cost before anything runs (issue 53): per stage the rows, the bytes written (workspace and
+DVC cache, given the cache type), the FLOPs and an estimated time on a stated device, and the total.
+`python -m layersim.plan` prints it; the arithmetic of each stage is :mod:`layersim.plan.stages`, what the plan knows
+of tasks and models before they are downloaded :mod:`layersim.plan.sizes`."""
+
+from __future__ import annotations
+
+import configparser
+from dataclasses import dataclass
+from pathlib import Path
+
+from layersim.compute import disk
+from layersim.data.tasks import get_task
+from layersim.params.model_kind import own_head_pooling
+from layersim.plan import stages
+from layersim.plan.sizes import model_size, task_size
+from layersim.plan.stages import StageCost
+
+ORDER = ("download", "finetune", "finetune_pretrained", "extract", "similarity", "compare", "truncate", "skip",
+         "export", "align", "freeze")
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where the model stages run: an effective throughput (FLOP/s reached on these shapes, not the peak) and a
+    fixed time per layer pass (a batch through one layer: kernel launches and host work), which small batches
+    such as the paper's 4 are bound by on a GPU. `cpu_flops`: the host CPU's, for the numpy stages."""
+    name: str
+    flops: float
+    pass_seconds: float
+    cpu_flops: float
+    assumed: bool
+
+
+# Assumptions, not measurements: an H100 SXM's dense bf16 peak is 989 TFLOP/s and an H200's the same compute with
+# faster memory; base-size encoders on inputs of tens of tokens reach about a quarter of it, and a batch's pass
+# through one layer costs about 0.3 ms of launches whatever its FLOPs (a training step of batch 4 through RoBERTa-base's
+# 12 layers: 3 × 12 passes, about 11 ms).
+GPUS = {"h100": (250e12, 0.3e-3), "h200": (275e12, 0.3e-3)}
+ASSUMED_GPU_CPU_FLOPS = 1e12  # a GPU machine's host CPU (16 cores or more) on numpy matmuls
+
+
+def measured_cpu_flops(size: int = 512, repeats: int = 5) -> float:
+    """This machine's float32 matmul throughput with torch's threads (the best of a few 512×512 products)."""
+    import time
+
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    best = min(_timed(time, lambda: a @ b) for _ in range(repeats))
+    return 2 * size ** 3 / best
+
+
+def _timed(time, call) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def device(name: str = "cpu", flops: float | None = None, pass_seconds: float = 0.0) -> Device:
+    """`flops` given: that throughput (a GPU's name, if given too, keeps its pass time); "cpu": this machine's,
+    measured now; "h100", "h200": the assumptions above."""
+    if name in GPUS:
+        peak, overhead = GPUS[name]
+        return Device(name, flops or peak, pass_seconds or overhead, ASSUMED_GPU_CPU_FLOPS, flops is None)
+    cpu = measured_cpu_flops() if flops is None else flops
+    return Device(name, cpu, pass_seconds, cpu, False)
+
+
+def cache_types(root: Path) -> str | None:
+    """DVC's cache.type as the project's .dvc/config and .dvc/config.local set it (None: DVC's default)."""
+    found = None
+    for name in ("config", "config.local"):
+        parser = configparser.ConfigParser(interpolation=None, strict=False)
+        try:
+            parser.read(Path(root) / ".dvc" / name)
+        except configparser.Error:
+            continue
+        found = parser.get("cache", "type", fallback=found)
+    return found
+
+
+def plan(params, root: Path = Path(".")) -> list[StageCost]:
+    """Every stage's cost (summed over its matrix items) for `params` in the project at `root`."""
+    model = model_size(params.model, root)
+    sizes = {name: task_size(params, name, root) for name in params.tasks}
+    named = list(params.compare.models) + stages.paired_models(params)
+    others = {name: model_size(name, root) for name in named}
+    head = own_head_pooling(params.model)
+    costs = {"download": stages.download(params, model, sizes, others)}
+    for name, task in sizes.items():
+        spec = get_task(name)
+        per_task = [stages.finetune(params, model, task, len(params.seeds)),
+                    stages.extract(params, spec, model, task, head), stages.similarity(params, model, task),
+                    stages.truncate(params, model, task, spec.num_labels), stages.skip(params, model, task),
+                    stages.export(params, model, task), stages.align(params, model, task),
+                    stages.freeze(params, model, task)]
+        for name_of, cost in [("finetune_pretrained", c) for c in _pretrained(params, others, task)] + \
+                [(c.stage, c) for c in per_task]:
+            costs.setdefault(name_of, StageCost(name_of, notes=cost.notes)).add(cost)
+    costs["compare"] = stages.compare(params, model, sizes, others)
+    return [costs[name] for name in ORDER if name in costs]
+
+
+def _pretrained(params, others, task) -> list[StageCost]:
+    return [stages.finetune(params, others[name], task, 1) for name in params.align.pretraining_models]
+
+
+def total(costs: list[StageCost]) -> StageCost:
+    whole = StageCost("total")
+    for cost in costs:
+        whole.add(cost)
+    return whole
+
+
+def seconds(cost: StageCost, on: Device) -> float:
+    if cost.stage in stages.CPU_STAGES:
+        return cost.flops / on.cpu_flops
+    return cost.flops / on.flops + cost.passes * on.pass_seconds
+
+
+def copies(root: Path, reflinks: bool = False) -> int:
+    return disk.cache_copies(cache_types(root), reflinks)

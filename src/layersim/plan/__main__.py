@@ -1,0 +1,94 @@
+"""`python -m layersim.plan [-S key=value ...] [--device cpu|h100|h200] [--device-flops F]`: what params.yaml (with
+DVC's -S overrides applied, as `dvc exp run -S` would) will cost, per stage, before anything runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from layersim.errors import LayersimError
+from layersim.params import parse_params, parse_yaml
+from layersim.plan import GPUS, copies, device, plan, seconds, total
+
+COLUMNS = ("stage", "rows", "workspace", "DVC cache", "FLOPs", "time")
+
+
+def overridden(path: Path, overrides: list[str]) -> dict:
+    """params.yaml's document with each `key.sub=value` set (the value read as YAML 1.2, as DVC reads -S: 1e-4 is a
+    number)."""
+    from ruamel.yaml import YAML
+
+    doc, value_of = parse_yaml(path, path.read_text(encoding="utf-8")), YAML(typ="safe").load
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise LayersimError(f"-S {item!r}: expected key=value, as for dvc exp run -S.")
+        *parents, last = key.split(".")
+        node = doc
+        for part in parents:
+            node = node.setdefault(part, {}) if isinstance(node, dict) else {}
+        node[last] = value_of(value)
+    return doc
+
+
+def human(value: float, unit: str = "B") -> str:
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:.1f} {prefix}{unit}"
+    return f"{value:.0f} {unit}"
+
+
+def duration(s: float) -> str:
+    return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{s:.1f} s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m layersim.plan", description=__doc__)
+    p.add_argument("-S", "--set-param", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--params", type=Path, default=Path("params.yaml"))
+    p.add_argument("--root", type=Path, default=Path("."), help="the project (its .dvc/config, data/)")
+    p.add_argument("--device", default="cpu", choices=("cpu", *GPUS),
+                   help="cpu: this machine, measured by a matmul now; h100, h200: assumed figures (docs)")
+    p.add_argument("--device-flops", type=float, help="effective FLOP/s of the device, instead of its default")
+    p.add_argument("--pass-seconds", type=float, default=0.0, help="fixed seconds per batch and layer (GPU launches)")
+    p.add_argument("--reflinks", action="store_true", help="the volume has reflinks (XFS, Btrfs): no cache copy")
+    args = p.parse_args(argv)
+    try:
+        params = parse_params(overridden(args.params, args.overrides))
+        costs = plan(params, args.root)
+    except LayersimError as err:
+        print(f"layersim plan: {err}", file=sys.stderr)
+        return 1
+    on = device(args.device, args.device_flops, args.pass_seconds)
+    n = copies(args.root, args.reflinks)
+    rows = [(c.stage, f"{c.rows:,}", human(c.bytes), human(c.bytes * (n - 1)), human(c.flops, "FLOP"),
+             duration(seconds(c, on))) for c in costs]
+    whole = total(costs)
+    rows.append(("total", "", human(whole.bytes), human(whole.bytes * (n - 1)), human(whole.flops, "FLOP"),
+                 duration(sum(seconds(c, on) for c in costs))))
+    widths = [max(len(r[i]) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
+    print(f"layersim plan: {params.model}, {len(params.tasks)} task(s), {len(params.seeds)} seed(s), "
+          f"{params.finetune.max_steps} steps")
+    for row in [COLUMNS, *rows]:
+        print("  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
+    print(f"  on disk in all: {human(whole.bytes * n)} (DVC cache {'copies' if n > 1 else 'links'} each output; "
+          f"cache.type {cache_note(args.root)}); metrics and plots, a few MB a task, not counted")
+    print(f"  time: {on.name} at {human(on.flops, 'FLOP/s')}"
+          + (f" + {on.pass_seconds * 1e3:.1f} ms a layer pass" if on.pass_seconds else "")
+          + (" (assumed, not measured)" if on.assumed else " (measured now)" if args.device_flops is None else "")
+          + f"; similarity on the CPU at {human(on.cpu_flops, 'FLOP/s')}")
+    for c in costs:
+        for note in c.notes:
+            print(f"  {c.stage}: {note}")
+    return 0
+
+
+def cache_note(root: Path) -> str:
+    from layersim.plan import cache_types
+
+    return cache_types(root) or "unset: DVC's default reflink,copy"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""Each stage's cost under a params.yaml, before it runs: the rows it processes, the bytes of its DVC outputs (the
+workspace copy; the cache's is the plan's business), its FLOPs, and its layer passes: a batch through one layer, a
+training step counting three (forward, backward, update), which is what a GPU spends launch time on at small batches.
+
+FLOPs are matmul FLOPs (:func:`layersim.compute.flops.training_flops`: 2 per multiply-add, about 2·params·tokens
+forward and 6·params·tokens for a training step, attention's s²·h terms included) over inputs of their task's mean
+length (sizes.TaskSize.tokens; batches padded to their longest are not counted longer). The similarity measures
+count n·d² per layer pair (cross-covariances), d³ per pair for the CCA family (SVDs), n²·d for RBF CKA, each over
+the observed matrix, every permutation of the null and the bootstrap resamples of the diagonals. Metrics and plots
+(not DVC-cached, a few MB per task) are left out of the bytes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from layersim.compute import disk
+from layersim.compute.flops import training_flops
+from layersim.params.pairs import aligned_pairs, paired_models
+from layersim.plan.sizes import ModelSize, TaskSize
+from layersim.training.recipes import freeze_recipe
+
+CPU_STAGES = ("similarity",)  # numpy on the host's CPU whatever params' device says
+CCA_FAMILY = ("svcca", "pwcca", "mean_cca")
+
+
+@dataclass
+class StageCost:
+    stage: str
+    rows: int = 0          # examples (inputs) processed, or table rows written (extract)
+    bytes: int = 0         # DVC-cached outputs, workspace copy
+    flops: float = 0.0
+    passes: int = 0        # batches × layers they run through (a training step: 3 × layers)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, other: "StageCost") -> None:
+        self.rows += other.rows
+        self.bytes += other.bytes
+        self.flops += other.flops
+        self.passes += other.passes
+
+
+def L(model: ModelSize) -> int:
+    return model.shape.num_layers
+
+
+def forward(model: ModelSize, tokens: float, layers: int | None = None) -> float:
+    """Forward FLOPs of one input of `tokens` tokens through `layers` of the model's layers (default: all)."""
+    per_layer = training_flops(model.shape, None, 0, max(1, round(tokens)))["forward"] / model.shape.num_layers
+    return per_layer * (model.shape.num_layers if layers is None else layers)
+
+
+def train_step(model: ModelSize, tokens: float, side: str | None = None, k: int = 0) -> float:
+    """Forward and backward FLOPs of one training input (the bottom or top k layers frozen, or none)."""
+    f = training_flops(model.shape, side, k, max(1, round(tokens)))
+    return f["forward"] + f["backward"]
+
+
+def download(params, model: ModelSize, sizes: dict[str, TaskSize], others: dict[str, ModelSize]) -> StageCost:
+    cost = StageCost("download", rows=sum(t.train + t.validation for t in sizes.values()))
+    cost.bytes = model.checkpoint_bytes + sum(t.text_bytes for t in sizes.values())
+    cost.bytes += sum(others[m].checkpoint_bytes for m in list(params.compare.models) + paired_models(params))
+    return cost
+
+
+def finetune(params, model: ModelSize, task: TaskSize, runs: int) -> StageCost:
+    """`runs` fine-tuning runs of the finetune recipe on one task, evaluated every eval_every steps."""
+    f, s = params.finetune, task.tokens(params.finetune.max_length)
+    evals = (f.max_steps // f.eval_every if f.eval_every else 0) + 1
+    rows = f.max_steps * f.batch_size * task.choices
+    val = task.validation * task.choices
+    return StageCost("finetune", rows=runs * rows, bytes=runs * model.checkpoint_bytes,
+                     flops=runs * (rows * train_step(model, s) + evals * val * forward(model, s)),
+                     passes=runs * L(model) * (3 * f.max_steps + evals * math.ceil(val / f.eval_batch_size)))
+
+
+def extract_rows(params, task: TaskSize) -> dict[str, int]:
+    """Examples extract reads per split, and the validation split's words (the "tokens" pooling's rows)."""
+    p = params.extract
+    validation = min(task.validation, p.max_examples or task.validation)
+    return {"validation": validation, "train": min(task.train, p.max_train_examples or task.train),
+            "words": round(validation * task.choices * task.words)}
+
+
+def extract(params, spec, model: ModelSize, task: TaskSize, head: str) -> StageCost:
+    p, s = params.extract, task.tokens(params.finetune.max_length)
+    runs = 1 + len(params.seeds) + (params.similarity.random_control is not None)
+    rows = extract_rows(params, task)
+    shape = {"num_layers": model.shape.num_layers, "hidden_size": model.shape.hidden}
+    tables = disk.extract_bytes(params, spec, rows, runs, head, shape, copies=1)
+    maps = runs * min(p.attention_examples, rows["validation"]) * task.choices
+    units = task.words + 2 if p.attention_unit == "words" else s
+    attention = disk.attention_bytes(maps, min(units, params.finetune.max_length), model.shape.num_layers, model.heads)
+    inputs = (runs * rows["validation"] + (runs - (params.similarity.random_control is not None)) * rows["train"]
+              ) * task.choices + maps
+    return StageCost("extract", rows=disk.extract_rows(params, spec, rows, runs, head), bytes=tables + attention,
+                     flops=inputs * forward(model, s), passes=L(model) * math.ceil(inputs / p.batch_size))
+
+
+def measure_flops(measure: str, n: int, d: int) -> float:
+    """FLOPs of one layer pair's similarity on n points of width d."""
+    if measure == "rbf_cka":
+        return 2 * n * n * d
+    return 2 * n * d * d + (10 * d ** 3 if measure in CCA_FAMILY else 0)
+
+
+def similarity(params, model: ModelSize, task: TaskSize) -> StageCost:
+    """Every layer of every run against every other (the stacked matrix), per measure and pooling, over the observed
+    matrix and each permutation of the null; the bootstrap resamples of the FT–ORIG and FT[1]–FT[2] diagonals."""
+    s, rows = params.similarity, extract_rows(params, task)
+    runs = 1 + len(params.seeds) + (s.random_control is not None)
+    stacked = runs * (model.shape.num_layers + 1)
+    cost = StageCost("similarity")
+    for pooling, measures in s.measures.items():
+        n = min(params.extract.max_tokens, rows["words"]) if pooling == "tokens" else rows["validation"] * task.choices
+        cost.rows += n
+        for measure in measures:
+            pair = measure_flops(measure, n, model.shape.hidden)
+            cost.flops += pair * (stacked * (stacked + 1) / 2 * (1 + s.permutations)
+                                  + 2 * (model.shape.num_layers + 1) * s.bootstrap)
+    return cost
+
+
+def truncate(params, model: ModelSize, task: TaskSize, num_labels: int) -> StageCost:
+    """Each seed's model scored once at every exit, and per layer a Tuned and a TunedOrig head trained on the train
+    tables for head_epochs (a dense h×h layer and the output layer)."""
+    t, rows, s = params.truncate, extract_rows(params, task), task.tokens(params.finetune.max_length)
+    seeds, layers = len(params.seeds), model.shape.num_layers + 1
+    h = model.shape.hidden
+    head = 6 * (h * h + h * num_labels)
+    heads = seeds * 2 * layers * t.head_epochs * rows["train"] * task.choices
+    val = seeds * rows["validation"] * task.choices
+    return StageCost("truncate", rows=val + seeds * rows["train"] * task.choices, flops=val * forward(model, s) + heads * head,
+                     passes=L(model) * math.ceil(val / params.extract.batch_size) + 3 * math.ceil(heads / t.head_batch_size),
+                     notes=["heads: every epoch of head_epochs counted (early stopping ends sooner)"])
+
+
+def span_layers(num_layers: int) -> int:
+    """Layers run over every contiguous span [i, j] left out, summed: Σ over span lengths ℓ of (L − ℓ + 1)(L − ℓ)."""
+    return sum((num_layers - span + 1) * (num_layers - span) for span in range(1, num_layers + 1))
+
+
+def skip(params, model: ModelSize, task: TaskSize) -> StageCost:
+    """Each seed's model run on the validation examples with each contiguous span of layers left out."""
+    rows, s = extract_rows(params, task), task.tokens(params.finetune.max_length)
+    val = len(params.seeds) * rows["validation"] * task.choices
+    return StageCost("skip", rows=val, flops=val * forward(model, s, span_layers(model.shape.num_layers)),
+                     passes=span_layers(model.shape.num_layers) * math.ceil(val / params.extract.batch_size))
+
+
+def export(params, model: ModelSize, task: TaskSize) -> StageCost:
+    """Every exit and skipped span scored on selection_examples train examples (as skip does), then the chosen model
+    written (at most the full model: the layers kept are known only after the run) and timed."""
+    e, s = params.export, task.tokens(params.finetune.max_length)
+    chosen = min(task.train, e.selection_examples) * task.choices
+    timed = 2 * 2 * e.timing_repeats * min(e.timing_examples, task.validation) * task.choices
+    layers = span_layers(model.shape.num_layers) + model.shape.num_layers
+    return StageCost("export", rows=chosen, bytes=model.checkpoint_bytes,
+                     flops=chosen * forward(model, s, layers) + timed * forward(model, s),
+                     passes=layers * math.ceil(chosen / params.extract.batch_size),
+                     notes=["bytes: the full model, an upper bound"])
+
+
+def align(params, model: ModelSize, task: TaskSize) -> StageCost:
+    """Per pair and layer: the closed-form maps (linear, CCA family: n·d² and d³) and the INN and MLP maps' training
+    steps; the INN layer × layer matrix; the synthetic recovery check."""
+    a, rows, d = params.align, extract_rows(params, task), model.shape.hidden
+    n = min(rows["train"] * task.choices, a.train_rows or rows["train"] * task.choices)
+    layers, pairs = model.shape.num_layers + 1, len(aligned_pairs(params))
+    inn = a.inn_depth * 3 * d * a.inn_hidden
+    mlp = d * a.mlp_hidden + (a.mlp_depth - 1) * a.mlp_hidden ** 2 + a.mlp_hidden * d
+    closed = sum(2 * n * d * d + d ** 3 if m == "linear" else 4 * n * d * d + 10 * d ** 3
+                 for m in a.methods if m not in ("inn", "mlp"))
+    trained = a.steps * a.batch_size * 6 * (inn * ("inn" in a.methods) + mlp * ("mlp" in a.methods))
+    matrix = layers * layers * a.matrix_steps * a.batch_size * 6 * inn
+    synthetic = a.synthetic_steps * a.batch_size * 6 * (inn + mlp)
+    steps = pairs * (layers * a.steps * (("inn" in a.methods) + ("mlp" in a.methods)) + layers * layers * a.matrix_steps)
+    depth = 3 * max(a.inn_depth, a.mlp_depth)  # a map's training step: its blocks forward, backward, update
+    return StageCost("align", rows=pairs * n, flops=pairs * (layers * (closed + trained) + matrix) + synthetic,
+                     passes=depth * (steps + 2 * a.synthetic_steps))
+
+
+def freeze(params, model: ModelSize, task: TaskSize) -> StageCost:
+    """Per seed of freeze.seeds, a run with the bottom and one with the top k layers frozen for each k of
+    freeze.layers (scaled to the depth), and with recipe wu an unfrozen run too; each evaluated once at the end."""
+    f, s = params.freeze, task.tokens(params.finetune.max_length)
+    recipe = freeze_recipe(f.recipe, params.finetune, task.train)
+    seeds = len(f.seeds or params.seeds)
+    L = model.shape.num_layers
+    configs = [(side, round(k * L / 12)) for k in f.layers for side in ("bottom", "top")]
+    if f.recipe == "wu":
+        configs.append((None, 0))
+    rows = recipe.max_steps * recipe.batch_size * task.choices
+    val = task.validation * task.choices
+    flops = sum(rows * train_step(model, s, side, k) + val * forward(model, s) for side, k in configs)
+    timing = (f.timing_rounds + 1) * f.timing_steps * (len(configs) + 1) * recipe.batch_size * task.choices
+    return StageCost("freeze", rows=seeds * len(configs) * rows, flops=seeds * flops + timing * train_step(model, s),
+                     passes=seeds * len(configs) * L * (3 * recipe.max_steps + math.ceil(val / params.finetune.eval_batch_size)))
+
+
+def compare(params, model: ModelSize, tasks: dict[str, TaskSize], others: dict[str, ModelSize]) -> StageCost:
+    """probe_examples validation examples of every task through the pretrained and fine-tuned models and each
+    compared model."""
+    cost = StageCost("compare")
+    for task in tasks.values():
+        n = min(params.compare.probe_examples, task.validation) * task.choices
+        s = task.tokens(params.finetune.max_length)
+        for m in [model] * (1 + len(params.seeds)) + [others[name] for name in params.compare.models]:
+            cost.add(StageCost("compare", rows=n, flops=n * forward(m, s),
+                               passes=L(m) * math.ceil(n / params.extract.batch_size)))
+    return cost

@@ -1,0 +1,142 @@
+"""The plan (python -m layersim.plan, issue 53): its arithmetic on small exact cases, and its bytes per stage against
+the outputs the tiny pipeline really writes (within ±30 %)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from layersim.compute import disk
+from layersim.compute.flops import LayerShape
+from layersim.data.tasks import get_task
+from layersim.params import load_params, parse_params
+from layersim.plan import __main__ as cli, cache_types, plan, seconds, stages
+from layersim.plan.sizes import PAPER_TASKS, ModelSize, TaskSize, bert_parameters, model_size, task_size
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ModelSize(LayerShape(num_layers=2, hidden=4, intermediate=8), heads=2, parameters=1000, tokenizer_bytes=100)
+
+
+def test_dvc_cache_copies_follow_the_cache_type():
+    assert disk.cache_copies(None) == 2                        # DVC's default reflink,copy on ext4: a copy
+    assert disk.cache_copies(None, reflinks=True) == 1         # … on XFS or Btrfs: shared blocks
+    assert disk.cache_copies("hardlink,symlink") == 1
+    assert disk.cache_copies("symlink") == 1
+    assert disk.cache_copies("copy") == 2
+    assert disk.cache_copies("reflink,copy", reflinks=True) == 1
+
+
+def test_the_cache_type_is_read_from_the_dvc_config(tmp_path):
+    (tmp_path / ".dvc").mkdir()
+    (tmp_path / ".dvc" / "config").write_text("[core]\n    analytics = false\n")
+    assert cache_types(tmp_path) is None
+    (tmp_path / ".dvc" / "config.local").write_text("[cache]\n    type = hardlink,symlink\n")
+    assert cache_types(tmp_path) == "hardlink,symlink"
+
+
+def test_word_rows_and_attention_bytes_are_counted_exactly():
+    params = parse_params({"model": "tiny-bert", "tasks": ["synth-negation"], "seeds": [1],
+                           "finetune": {"max_length": 64}, "similarity": {"random_control": None},
+                           "extract": {"max_tokens": 50}})
+    spec = get_task("synth-negation")  # poolings cls, mean, last, tokens; train tables cls and mean
+    assert disk.extract_rows(params, spec, {"validation": 10, "train": 20, "words": 30}, 2, "cls") == \
+        2 * (10 * 3 + 30) + 2 * 20 * 2  # 30 words, fewer than max_tokens
+    assert disk.extract_rows(params, spec, {"validation": 10, "train": 20, "words": 80}, 2, "cls") == \
+        2 * (10 * 3 + 50) + 2 * 20 * 2  # capped at max_tokens
+    # 3 maps of 4 units: 16 rows each, every row 2 layers × 2 heads × 4 bytes and 14 bytes of keys.
+    assert disk.attention_bytes(3, 4, 2, 2) == 3 * 16 * (16 + 14)
+
+
+def test_forward_and_training_flops_are_two_and_six_times_params_times_tokens_plus_attention():
+    h, f, s = 4, 8, 3
+    per_token = 2 * (4 * h * h + 2 * h * f)  # 2 × the layer's weight parameters
+    assert stages.forward(SMALL, s) == 2 * (s * per_token + 4 * s * s * h)
+    assert stages.forward(SMALL, s, layers=1) == stages.forward(SMALL, s) / 2
+    assert stages.train_step(SMALL, s) == 3 * stages.forward(SMALL, s)  # the embeddings train: every gradient
+    assert stages.train_step(SMALL, s, "bottom", 2) == stages.forward(SMALL, s)  # all frozen: no backward
+
+
+def test_span_layers_sum_the_layers_every_skipped_span_leaves():
+    for L in (1, 3, 12):
+        spans = [(i, j) for i in range(L) for j in range(i, L)]
+        assert stages.span_layers(L) == sum(L - (j - i + 1) for i, j in spans)
+
+
+def test_finetune_and_extract_costs_on_a_small_exact_case():
+    params = parse_params({"model": "tiny-bert", "tasks": ["synth-negation"], "seeds": [1, 2],
+                           "finetune": {"max_steps": 6, "warmup_steps": 2, "batch_size": 8, "eval_every": 3, "eval_batch_size": 4,
+                                        "max_length": 32},
+                           "extract": {"max_train_examples": 10, "attention_examples": 0, "batch_size": 5},
+                           "similarity": {"attention_measures": []}})
+    task = TaskSize(train=100, validation=7, words=4.0, choices=1, text_bytes=0)
+    s = task.tokens(32)
+    assert s == 4 * 1.3 + 3
+    cost = stages.finetune(params, SMALL, task, runs=2)
+    assert cost.rows == 2 * 6 * 8
+    assert cost.flops == 2 * (48 * stages.train_step(SMALL, s) + 3 * 7 * stages.forward(SMALL, s))
+    assert cost.bytes == 2 * (1000 * 4 + 100)
+    assert cost.passes == 2 * 2 * (3 * 6 + 3 * 2)  # 2 layers; 6 steps of 3 passes, 3 evaluations of 2 batches
+    extract = stages.extract(params, get_task("synth-negation"), SMALL, task, "cls")
+    runs = 4  # orig, two seeds, the random control
+    assert extract.flops == (runs * 7 + 3 * 10) * stages.forward(SMALL, s)
+    assert extract.bytes == disk.table_bytes(runs * (7 * 3 + 28) + 3 * 10 * 2, 2, 4)
+
+
+def test_the_tiny_models_parameters_are_counted_from_their_shape(tiny_model_dir):
+    weights = (tiny_model_dir("tiny-bert") / "model.safetensors").stat().st_size
+    counted = model_size("tiny-bert").parameters * 4
+    assert abs(counted - weights) / weights < 0.01
+    assert bert_parameters(LayerShape(12, 768, 3072), 50265, 514) == pytest.approx(124_645_632, rel=0.01)
+
+
+def test_the_paper_configuration_plan_counts_the_published_sizes():
+    params = load_params(REPO / "params.yaml")
+    assert task_size(params, "mnli").train == PAPER_TASKS["mnli"][0]
+    costs = {c.stage: c for c in plan(params, REPO)}
+    # MNLI's train tables: ORIG and two seeds, cls and mean, 13 layers of 768 floats.
+    mnli = get_task("mnli")
+    assert disk.table_bytes(392_702 * 6, 12, 768) == 392_702 * 6 * 13 * 768 * 4
+    assert costs["extract"].bytes > disk.table_bytes(392_702 * 6, 12, 768)
+    assert costs["finetune"].bytes == 24 * model_size("roberta-base").checkpoint_bytes
+    assert mnli.num_choices == 0 and seconds(costs["download"], cli.device("h100")) == 0  # nothing computed
+
+
+def test_the_cli_applies_dvc_style_overrides(tmp_path, capsys):
+    params = tmp_path / "params.yaml"
+    params.write_text((REPO / "params.yaml").read_text())
+    doc = cli.overridden(params, ["model=tiny-bert", "tasks=[synth-choice]", "finetune.max_steps=7"])
+    assert doc["model"] == "tiny-bert" and doc["tasks"] == ["synth-choice"] and doc["finetune"]["max_steps"] == 7
+    assert cli.main(["--params", str(params), "--root", str(tmp_path), "--device", "h100", "-S", "model=tiny-bert",
+                     "-S", "finetune.max_length=64", "-S", "tasks=[synth-choice]"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("layersim plan: tiny-bert, 1 task(s)") and "assumed, not measured" in out
+    assert cli.main(["--params", str(params), "-S", "model"]) == 1
+
+
+# Stages whose DVC-cached outputs the plan predicts, and the dvc.lock stages that write them. The others (similarity,
+# compare, truncate, skip, align, freeze, summary, report) write only metrics and plots, which DVC does not cache
+# and the plan does not model (a few MB a task, nothing at the paper configuration's scale).
+MEASURED = {"download": ("download_model", "download_compared", "download_paired", "download_task"),
+            "finetune": ("finetune@",), "finetune_pretrained": ("finetune_pretrained",), "extract": ("extract",),
+            "export": ("export",)}
+
+
+@pytest.mark.integration
+def test_the_plans_bytes_match_the_tiny_pipelines_outputs(tmp_path_factory, built_projects):
+    from dvc_project import built_project
+    from test_pipeline import _configure
+
+    root = tmp_path_factory.mktemp("plan")
+    built_project(built_projects, root, _configure, "pipeline")
+    params = parse_params(yaml.safe_load((root / "params.yaml").read_text()))
+    predicted = {c.stage: c.bytes for c in plan(params, tmp_path_factory.mktemp("before-the-run"))}
+    lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
+    measured = {stage: sum(out["size"] for name, entry in lock.items() if name.startswith(prefixes)
+                           for out in entry.get("outs", []) if out["path"].startswith("data/"))
+                for stage, prefixes in MEASURED.items()}
+    ratios = {stage: predicted[stage] / measured[stage] for stage in MEASURED}
+    print(json.dumps({stage: [predicted[stage], measured[stage], round(r, 3)] for stage, r in ratios.items()}))
+    assert all(0.7 <= r <= 1.3 for r in ratios.values()), ratios
