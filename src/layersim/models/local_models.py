@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from layersim.errors import LayersimError
-from layersim.models.registry import (LOCAL_MODELS_DIR, LOCAL_PREFIX, TOKENIZER_FILES, fits_embedding, read_json,
-                                      tokenizer_files)
+from layersim.models.model_files import (LOCAL_MODELS_DIR, LOCAL_PREFIX, TOKENIZER_FILES, fits_embedding, read_json,
+                                         tokenizer_files)
 
 # What transformers' from_pretrained reads weights from in a folder: one file, or the index of its shards.
 LOADABLE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from layersim.errors import LayersimError, hub_unreachable, unknown_name
+from layersim.models.model_files import (LOCAL_MODELS_DIR, LOCAL_PREFIX, TOKENIZER_FILES, fits_embedding,  # noqa: F401
+                                         read_json, tokenizer_files)
 from layersim.models.tiny_configs import ARCHITECTURES, tiny_config  # noqa: F401 (tiny_config: part of the API)
 from layersim.models.tiny_tokenizers import tiny_tokenizer
 MODEL_INFO_FILE = "layersim_model.json"
@@ -72,8 +74,6 @@ OFFLINE_MODELS: tuple[str, ...] = tuple(m.name for m in _REGISTERED if m.source 
 # part letters, digits, "-", "_", "." (not first or last), at most 96 characters, no "--" or "..". Such a
 # value is inert in a shell and stays inside data/models/ as a path, which the stage commands rely on.
 _HUB_PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")
-LOCAL_PREFIX = "local/"      # model: local/<name> — the folder models/<name>/ of the repository
-LOCAL_MODELS_DIR = Path("models")
 _HUB_RULE = ("a Hugging Face hub id is owner/name, each part of letters, digits, '-', '_' and '.' (not first or "
              "last), at most 96 characters, without '--' or '..'")
 # What works without network, as the offline hub error lists it: the offline registry and the user's own folders.
@@ -159,7 +159,7 @@ def snapshot_model(name: str, dest: str | Path, seed: int | None = None, revisio
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    from layersim.models.local_models import load_local_model  # imported here: local_models builds on this module
+    from layersim.models.local_models import load_local_model  # imported here: transformers is loaded with it
 
     spec = get_model(name)
     local = load_local_model(spec.name) if spec.source == "local" else None  # checked before anything is written
@@ -231,8 +231,6 @@ def _package_version(name: str) -> str:
 
 # Files of a model folder whose bytes decide what a stage computes: the weights, the config and the
 # tokenizer (whichever of these files the tokenizer has).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model")
 DIGESTED_FILES = (WEIGHTS_FILE, "config.json", *TOKENIZER_FILES)
 
 
@@ -255,18 +253,6 @@ def file_digest(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def read_json(path: Path, what: str, remedy: str) -> dict:
-    """A JSON object from `path`; unreadable, cut short or not an object: one line naming the file."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        detail = getattr(err, "msg", None) or type(err).__name__
-        raise LayersimError(f"{what} {path} cannot be read ({detail}); {remedy}.") from None
-    if not isinstance(value, dict):
-        raise LayersimError(f"{what} {path} holds a {type(value).__name__}, not a JSON object; {remedy}.")
-    return value
 
 
 def model_info(folder: str | Path) -> dict:
@@ -342,18 +328,6 @@ def load_tokenizer(folder: str | Path):
                             f"{vocab}: it is not this model's tokenizer (files present: "
                             f"{', '.join(tokenizer_files(folder)) or 'none'}); re-run the stage that wrote the folder.")
     return tokenizer
-
-
-def tokenizer_files(folder: str | Path) -> list[str]:
-    """The tokenizer files a model folder holds."""
-    return [name for name in TOKENIZER_FILES if (Path(folder) / name).is_file()]
-
-
-def fits_embedding(tokenizer, vocab_size: object) -> bool:
-    """Whether `tokenizer` can be the tokenizer of a model whose config gives `vocab_size` (True when it gives none):
-    its tokens fit the embedding matrix and cover at least half of it (models round the matrix up, but a folder
-    without its tokenizer files silently loads a handful of special tokens, turning every word into [UNK])."""
-    return not isinstance(vocab_size, int) or vocab_size // 2 <= len(tokenizer) <= vocab_size
 
 
 def _loaded(folder: str | Path, load):
