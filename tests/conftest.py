@@ -26,7 +26,8 @@ import pytest
 # test_sharing: dvc_project.built_project) come after its builder. The others keep pytest's order.
 SLOWEST_FIRST = ("test_dvc_workflows.py", "test_pipeline.py", "test_launch.py", "test_incremental.py",
                  "test_launch_cluster.py", "test_architecture_pipeline.py", "test_user_task_pipeline.py",
-                 "test_sharing.py", "test_browser.py", "test_hub_server.py", "test_resume.py", "test_shell_safety.py",
+                 "test_sharing.py", "test_fresh_interpreters.py", "test_browser.py", "test_hub_server.py",
+                 "test_resume.py", "test_shell_safety.py",
                  "test_align.py", "test_fork_server.py", "test_rotation_null.py", "test_calibration.py")
 
 
