@@ -26,7 +26,8 @@ import pytest
 # test_sharing: dvc_project.built_project) come after its builder. The others keep pytest's order.
 SLOWEST_FIRST = ("test_dvc_workflows.py", "test_pipeline.py", "test_launch.py", "test_incremental.py",
                  "test_launch_cluster.py", "test_architecture_pipeline.py", "test_user_task_pipeline.py",
-                 "test_sharing.py", "test_browser.py", "test_hub_server.py", "test_resume.py", "test_shell_safety.py",
+                 "test_sharing.py", "test_fresh_interpreters.py", "test_browser.py", "test_hub_server.py",
+                 "test_resume.py", "test_shell_safety.py",
                  "test_align.py", "test_fork_server.py", "test_rotation_null.py", "test_calibration.py")
 
 
@@ -130,3 +131,34 @@ def pytest_sessionfinish(session, exitstatus):
         reporter.write_line(f"error: {len(unexpected)} skip reason(s) not in tests/conftest.py's ALLOWED_SKIPS: "
                             + "; ".join(unexpected), red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_configure(config):
+    """One fork-server log for the run (tests/fork_server.py's FORK_LOG): every xdist worker inherits the variable,
+    so each worker's server writes its hash seed and its fresh starts there, for pytest_terminal_summary."""
+    from fork_server import FORK_LOG
+
+    if not hasattr(config, "workerinput") and not os.environ.get(FORK_LOG):
+        import tempfile
+
+        os.environ[FORK_LOG] = str(Path(tempfile.mkdtemp(prefix="layersim-fork-log-")) / "fork.log")
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The fork servers' hash seeds (to replay a run: PYTHONHASHSEED=<seed>) and every command their shims ran in
+    a fresh interpreter instead, counted by reason: a stage that silently stopped running forked shows here."""
+    import json
+    from collections import Counter
+
+    from fork_server import FORK_LOG
+
+    log = Path(os.environ.get(FORK_LOG, ""))
+    if hasattr(config, "workerinput") or not log.is_file():
+        return
+    entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    seeds = [f"{entry['worker'] or 'main'}: {entry['server_hash_seed']}" for entry in entries if "server_hash_seed" in entry]
+    reasons = Counter(entry["why"] for entry in entries if "fresh" in entry)
+    terminalreporter.write_sep("-", "fork server")
+    terminalreporter.write_line(f"hash seeds (PYTHONHASHSEED replays one): {', '.join(seeds) or 'no server started'}")
+    terminalreporter.write_line(f"{sum(reasons.values())} command(s) ran in a fresh interpreter ({log})"
+                                + "".join(f"\n  {count} x {why}" for why, count in reasons.most_common()))

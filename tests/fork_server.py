@@ -11,11 +11,22 @@ own `python -m dvc` commands (dvc_project.dvc) go through the shim too.
 What the child differs in from a fresh interpreter, and why that is safe for the stages:
 - the third-party modules are imported already (never `layersim`: each project copy has its own on
   PYTHONPATH, which the child puts on sys.path as a fresh interpreter would);
-- variables read at import time (HF_*, TRANSFORMERS_*, TORCH*, OMP_*, ...) are the server's: the shim only
-  uses the server when the command's values equal the server's, and runs the real interpreter otherwise
-  (a test with a hub endpoint of its own, say), as it does for any command that is not `python <script>`
-  or `python -m <module>`, and while the server is still starting. Two kinds a child honours itself: torch's
-  thread count from OMP_NUM_THREADS / MKL_NUM_THREADS (Ray sets it for each task), and CUDA_VISIBLE_DEVICES.
+- variables read at import time are the server's: every one that the preloaded modules looked up by name
+  while the server imported them (HF_*, HOME, TMPDIR, MPLCONFIGDIR, LANG, SKLEARN_*, ...: recorded then), and
+  every HF_*, TORCH*, OMP_*, ... (C code reads these, unseen by the recording). The shim only uses the server when
+  the command's values equal the server's, and runs the real interpreter otherwise (a test with a hub endpoint
+  of its own, say), as it does for any command that is not `python <script>` or `python -m <module>`, and while
+  the server is still starting. Every such fresh start is logged with its reason (FORK_LOG; tests/conftest.py
+  prints the counts after the run). Two kinds a child honours itself: torch's thread count from
+  OMP_NUM_THREADS / MKL_NUM_THREADS (Ray sets it for each task), and CUDA_VISIBLE_DEVICES;
+- the hash secret is the server's: a fork cannot change it. The server starts with a PYTHONHASHSEED drawn at
+  random for each test run (or the one the test process has), logged in FORK_LOG, so string-set order still
+  differs from run to run, a failure can be replayed (PYTHONHASHSEED=<seed> python -m pytest ...), and a test
+  can run a stage afresh under another seed (a command with another PYTHONHASHSEED gets a fresh interpreter);
+- the global RNGs (random, numpy's legacy one, torch's) are reseeded from the OS in each child, as a fresh
+  interpreter seeds them: no stage starts from the state the server's imports left;
+- interpreter shutdown is cut short (non-daemon threads and atexit handlers run, then os._exit): a crash in
+  module teardown goes unseen here (tests/test_fresh_interpreters.py runs stages afresh for that).
 Killing the shim kills its child (the child watches the shim's socket), so a test that kills a stage or a
 whole `dvc repro` sees the stage die. Set LAYERSIM_TEST_FORK_SERVER=0 to run every stage in a fresh process.
 """
@@ -30,15 +41,21 @@ import sys
 import tempfile
 from pathlib import Path
 
-# Environment variables that libraries read when imported: a command whose values differ from the server's
-# runs in a fresh interpreter. (Not TOKENIZERS_PARALLELISM: read when first used, and layersim.cli sets it in
-# whichever test process runs a stage in-process.)
-IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA_",
-                        "OMP_", "MKL_", "OPENBLAS_", "NUMEXPR_", "MPLBACKEND", "PYTHONHASHSEED", "DATASETS_")
+# Environment variables that libraries read when imported, besides those the server sees its imports look up (C
+# code's getenv, which the recording misses, or a variable the server's environment lacks): a command whose values
+# differ from the server's runs in a fresh interpreter; PYTHON*, LANG and LC_* the interpreter itself reads at
+# start (warnings, bytecode, stdio encoding). (Not TOKENIZERS_PARALLELISM: read when first used, and layersim.cli
+# sets it in whichever test process runs a stage in-process.)
+IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA_", "OMP_", "MKL_",
+                        "OPENBLAS_", "NUMEXPR_", "MPLBACKEND", "DATASETS_", "KMP_", "PYTHON", "LANG", "LC_")
 # Exceptions a child can honour itself: torch's thread count (what Ray sets for each task: a child calls
 # torch.set_num_threads, as torch does at start from these), and the GPUs a process may see (read when CUDA
 # starts, which the server never does).
 CHILD_SETS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+# Never compared: what differs from command to command and a child takes from its own command (where it runs,
+# its path, its streams' buffering), and PYTHONHASHSEED, which the shim judges by itself (see SHIM).
+PER_COMMAND = ("PATH", "PWD", "OLDPWD", "SHLVL", "_", "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONHASHSEED", *CHILD_SETS)
+FORK_LOG = "LAYERSIM_TEST_FORK_LOG"  # a file: one JSON line per server started (its hash seed) and per fresh start
 FORKED = "LAYERSIM_TEST_FORKED"  # "<child pid>:<shim pid>" in a forked child's environment (see ancestors())
 # The families of the tiny models the tests build (layersim.models.tiny_configs): transformers imports a
 # family's modules when a model of it is first loaded.
@@ -61,40 +78,78 @@ PRELOAD = ("torch", "torch._dynamo", "torch.utils.flop_counter", "transformers",
            "flufl.lock", "zc.lockfile", "networkx", "dvc_render")
 
 
-def import_time_env(environ) -> dict:
-    return {key: value for key, value in environ.items()
-            if key.startswith(IMPORT_TIME_PREFIXES) and key not in CHILD_SETS}
+def compared_env(environ, read_at_import) -> dict:
+    """The variables a command must share with the server to run forked: {name: value, or None where unset}."""
+    names = {key for key in environ if key.startswith(IMPORT_TIME_PREFIXES)} | set(read_at_import)
+    return {name: environ.get(name) for name in sorted(names - set(PER_COMMAND))}
+
+
+def _names_looked_up(action) -> set[str]:
+    """The environment variables that `action()` looks up by name (os.environ[...], .get, `in`, os.getenv).
+    Copies of the whole environment (dict(os.environ), .copy(), .items()) look up no name: skipped, else every
+    variable the test process has (PYTEST_CURRENT_TEST, say) would have to match."""
+    from _collections_abc import ItemsView, ValuesView
+
+    environ_type = type(os.environ)
+    getitem, keys = environ_type.__getitem__, environ_type.keys
+    copying = {ItemsView.__iter__.__code__, ValuesView.__iter__.__code__, environ_type.copy.__code__}
+    names: set[str] = set()
+    copy_order: list[str] = []  # dict(os.environ) calls keys(), then reads each key in that order
+
+    def recording_keys(self):
+        copy_order[:] = reversed(list(self))
+        return keys(self)
+
+    def recording_getitem(self, key):
+        if copy_order and copy_order[-1] == key:
+            copy_order.pop()
+        elif sys._getframe(1).f_code not in copying:
+            copy_order.clear()
+            names.add(key)
+        return getitem(self, key)
+
+    environ_type.__getitem__, environ_type.keys = recording_getitem, recording_keys
+    try:
+        action()
+    finally:
+        environ_type.__getitem__, environ_type.keys = getitem, keys
+    return names
 
 
 SHIM = '''#!{python} -S
 # `python` for the integration tests' stage commands: runs them in a fork of tests/fork_server.py's server.
 import json, os, signal, socket, struct, sys
-REAL, SOCKET, PREFIXES, CHILD_SETS = {python!r}, {socket!r}, {prefixes!r}, {child_sets!r}
+REAL, SOCKET, LOG, PREFIXES, PER_COMMAND = {python!r}, {socket!r}, {log!r}, {prefixes!r}, {per_command!r}
 args = sys.argv[1:]
 
-def fresh():
+def fresh(why):
+    with open(LOG, "a") as log:  # every fresh start, with its reason: tests/conftest.py counts them after the run
+        log.write(json.dumps({{"fresh": args, "why": why, "cwd": os.getcwd()}}) + "\\n")
     os.execv(REAL, [REAL] + args)
 
 plain = bool(args) and (args[0] == "-m" and len(args) > 1 or not args[0].startswith("-"))
-if not plain or os.environ.get("LAYERSIM_TEST_FORK_SERVER") == "0":
-    fresh()
+if not plain:
+    fresh("not `python <script>` or `python -m <module>`")
+if os.environ.get("LAYERSIM_TEST_FORK_SERVER") == "0":
+    fresh("LAYERSIM_TEST_FORK_SERVER=0")
 try:
     with open(SOCKET + ".env") as file:
-        server_env, set_by_imports = json.load(file)
+        server = json.load(file)
 except OSError:
-    fresh()  # the server is still importing
-here = {{k: v for k, v in os.environ.items()
-        if k.startswith(PREFIXES) and k not in set_by_imports and k not in CHILD_SETS}}
-if here != server_env:
-    with open(os.environ.get("LAYERSIM_TEST_FORK_LOG") or SOCKET + ".fresh.log", "a") as log:  # why a run is slow
-        log.write(json.dumps({{"argv": args, "differ": sorted(k for k in here.keys() | server_env.keys()
-                                                            if here.get(k) != server_env.get(k))}}) + "\\n")
-    fresh()
+    fresh("the server is still importing")
+names = set(server["compared"]) | {{k for k in os.environ if k.startswith(PREFIXES)}}
+differ = sorted(k for k in names - set(server["set_by_imports"]) - set(PER_COMMAND)
+                if os.environ.get(k) != server["compared"].get(k))
+# unset or "random" asks for any hash seed, the server's included; a number asks for that one
+if os.environ.get("PYTHONHASHSEED", "random") not in ("random", "", str(server["hash_seed"])):
+    differ.append("PYTHONHASHSEED")
+if differ:
+    fresh("import-time variables differ: " + " ".join(differ))
 connection = socket.socket(socket.AF_UNIX)
 try:
     connection.connect(SOCKET)
 except OSError:
-    fresh()
+    fresh("the server refused the connection")
 request = json.dumps({{"argv": args, "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
 socket.send_fds(connection, [struct.pack("!Q", len(request))], [0, 1, 2])
 connection.sendall(request)
@@ -180,6 +235,18 @@ def _set_threads(environ) -> None:
             return
 
 
+def _reseed_global_rngs() -> None:
+    """Seed the global RNGs from the OS, as a fresh interpreter does: else every child starts from the state the
+    server's imports left, and a stage that draws unseeded numbers gives the same ones in every test."""
+    import random
+
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    if "torch" in sys.modules:
+        sys.modules["torch"].seed()
+
+
 def _run_child(connection: socket.socket) -> None:
     import atexit
     import io
@@ -206,6 +273,7 @@ def _run_child(connection: socket.socket) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         _set_threads(os.environ)
+        _reseed_global_rngs()
         # The shim stands where this process would in a real process tree (its parents are the stage's): a
         # test that looks up the stage's ancestors (the Ray worker running it) starts from there.
         shim, _, _ = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
@@ -291,11 +359,15 @@ def serve(socket_path: str) -> None:
         os.environ.pop(key, None)
     before_imports = dict(os.environ)  # an import may set variables of its own
     filters = list(warnings.filters)
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except Exception:  # an optional dependency missing: its stages import it themselves
-            pass
+
+    def preload() -> None:
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except Exception:  # an optional dependency missing: its stages import it themselves
+                pass
+
+    read_at_import = _names_looked_up(preload)
     warnings.filters[:] = filters
     PRELOADED.update(sys.modules)
     assert "layersim" not in sys.modules, "the server must not import layersim: each project has its own"
@@ -304,20 +376,33 @@ def serve(socket_path: str) -> None:
     listener.listen(64)
     marker = socket_path + ".env"
     with open(marker + ".tmp", "w") as file:
-        # and the variables the imports set themselves (torch: TORCHINDUCTOR_CACHE_DIR): a test process that has
-        # made the same imports has them too, and a fresh stage would set them alike
-        json.dump([import_time_env(before_imports), sorted(key for key in os.environ if key not in before_imports)],
-                  file)
+        # and the variables the imports set themselves (torch: TORCHINDUCTOR_CACHE_DIR), never compared: a test
+        # process that has made the same imports has them too, and a fresh stage would set them alike
+        json.dump({"compared": compared_env(before_imports, read_at_import),
+                   "set_by_imports": sorted(key for key in os.environ if key not in before_imports),
+                   "hash_seed": int(os.environ["PYTHONHASHSEED"])}, file)
     os.replace(marker + ".tmp", marker)  # the shims use the server from now on
     _serve_forever(listener)
+
+
+def _hash_seed(environ: dict) -> int:
+    """The test process's PYTHONHASHSEED where it set one (to replay a run), else a fresh one for this run."""
+    seed = environ.get("PYTHONHASHSEED", "")
+    if seed.isdigit():
+        return int(seed)
+    import random
+
+    return random.SystemRandom().randrange(1, 2 ** 32)  # 0 would turn hash randomization off
 
 
 class ForkServer:
     """One server per test process (xdist worker), started on first use and stopped at exit."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: Path | None = None) -> None:
         self.folder: Path | None = None  # made when the server starts
         self.process: subprocess.Popen | None = None
+        self.log = log  # FORK_LOG's file; unset: the test process's FORK_LOG, else one in the server's folder
+        self.hash_seed: int | None = None  # the server's, and so every child's, PYTHONHASHSEED
 
     @property
     def socket(self) -> str:
@@ -328,14 +413,20 @@ class ForkServer:
         import-time variables of `environ`, and return the folder of the `python` shim."""
         if self.process is None:
             self.folder = Path(tempfile.mkdtemp(prefix="layersim-fork-"))
+            self.log = Path(self.log or os.environ.get(FORK_LOG) or self.folder / "fork.log")
+            self.hash_seed = _hash_seed(environ)
+            with open(self.log, "a") as log:
+                log.write(json.dumps({"server_hash_seed": self.hash_seed,
+                                      "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}) + "\n")
             env = {key: value for key, value in environ.items() if key != "PYTHONPATH"}
+            env["PYTHONHASHSEED"] = str(self.hash_seed)
             self.process = subprocess.Popen([sys.executable, __file__, self.socket], env=env,
                                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                             stderr=subprocess.DEVNULL, start_new_session=True)
             shim = self.folder / "bin" / "python"
             shim.parent.mkdir()
-            shim.write_text(SHIM.format(python=sys.executable, socket=self.socket, prefixes=IMPORT_TIME_PREFIXES,
-                                       child_sets=CHILD_SETS))
+            shim.write_text(SHIM.format(python=sys.executable, socket=self.socket, log=str(self.log),
+                                        prefixes=IMPORT_TIME_PREFIXES, per_command=PER_COMMAND))
             shim.chmod(0o755)
             import atexit
             atexit.register(self.stop)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -36,11 +37,19 @@ def shim_env(tmp_path_factory) -> Iterator[dict]:
     (folder / "lib").mkdir()
     (folder / "lib" / "reported.py").write_text("VALUE = 42\n")
     (folder / "stage.py").write_text(SCRIPT)
-    server = fork_server.ForkServer()  # its own: the test process's one has the environment of its first user
+    # its own server (the test process's one has the environment of its first user) and log
+    server = fork_server.ForkServer(log=folder / "fork.log")
     env = server.environment({**os.environ, "HF_HUB_OFFLINE": "1", "LAYERSIM_TEST_FORK_SERVER": "1"})
     server.wait_ready(240)
-    yield {**env, "PYTHONPATH": str(folder / "lib"), "STAGE_VAR": "set", "CWD": str(folder)}
+    yield {**env, "PYTHONPATH": str(folder / "lib"), "STAGE_VAR": "set", "CWD": str(folder),
+           "HASH_SEED": str(server.hash_seed), "FORK_LOG": str(server.log)}
     server.stop()
+
+
+def fresh_starts(env: dict) -> list[dict]:
+    """The fresh starts the server's log holds: {"fresh": argv, "why": reason, "cwd": folder}."""
+    lines = Path(env["FORK_LOG"]).read_text().splitlines()
+    return [entry for entry in map(json.loads, lines) if "fresh" in entry]
 
 
 def shell(command: str, env: dict, **kwargs) -> subprocess.CompletedProcess:
@@ -61,10 +70,58 @@ def test_an_uncaught_exception_prints_its_traceback_and_exits_1(shim_env):
     assert "ValueError: a failing stage" in result.stderr and "Traceback" in result.stderr
 
 
-def test_a_different_import_time_variable_gets_a_fresh_interpreter(shim_env):
-    result = shell("python stage.py 0", {**shim_env, "HF_HUB_OFFLINE": "0"}, input="")
+@pytest.mark.parametrize("name, value", [
+    ("HF_HUB_OFFLINE", "0"),  # a prefix the server compares whatever its imports looked up
+    ("MPLCONFIGDIR", "{cwd}"),  # matplotlib reads these at import: the server saw its imports look them up
+    ("TMPDIR", "{cwd}"),
+    ("HOME", "{cwd}"),
+    ("SKLEARN_ASSUME_FINITE", "1"),
+    ("PYTHONWARNINGS", "error"),  # the interpreter reads it at start
+    ("PYTHONHASHSEED", "other")])  # a seed other than the server's: only a fresh interpreter has it
+def test_a_different_import_time_variable_gets_a_fresh_interpreter_and_a_log_line(shim_env, name, value):
+    value = str(int(shim_env["HASH_SEED"]) % 1000 + 1) if value == "other" else value.format(cwd=shim_env["CWD"])
+    result = shell("python stage.py 0", {**shim_env, name: value}, input="")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "forked False"
+    assert fresh_starts(shim_env)[-1]["why"] == f"import-time variables differ: {name}"
+
+
+@pytest.mark.parametrize("hash_seed", ["random", "server's"])
+def test_a_hash_seed_the_server_has_keeps_the_fork(shim_env, hash_seed):
+    """`random` (or none) asks for any seed, the server's included."""
+    seed = shim_env["HASH_SEED"] if hash_seed == "server's" else hash_seed
+    result = shell("python stage.py 0", {**shim_env, "PYTHONHASHSEED": seed}, input="")
+    assert result.stdout.splitlines()[-1] == "forked True", result.stdout + result.stderr
+
+
+HASHES = "import sys; print('torch' in sys.modules, hash('layersim'), hash(('a', 'b')))"
+
+
+def test_a_child_hashes_with_the_server_s_logged_seed(shim_env):
+    """A fork keeps its server's hash secret: the seed the log names, so a fresh interpreter replays it."""
+    (Path(shim_env["CWD"]) / "hashes.py").write_text(HASHES)
+    forked = shell("python hashes.py", shim_env)
+    logged = [json.loads(line) for line in Path(shim_env["FORK_LOG"]).read_text().splitlines()][0]
+    replayed = subprocess.run([sys.executable, "-c", HASHES], capture_output=True, text=True,
+                              env={**shim_env, "PYTHONHASHSEED": str(logged["server_hash_seed"])})
+    assert forked.stdout.split()[0] == "True" and replayed.stdout.split()[0] == "False"
+    assert forked.stdout.split()[1:] == replayed.stdout.split()[1:]
+
+
+DRAWS = """
+import random, sys
+import numpy, torch
+print("torch" in sys.modules, random.random(), numpy.random.random(), torch.rand(1).item())
+"""
+
+
+def test_each_child_draws_from_fresh_global_random_states(shim_env):
+    """Unseeded draws differ from child to child, as from one fresh interpreter to the next: a stage that forgot
+    to seed an RNG gives different outputs on every run, in the tests too."""
+    (Path(shim_env["CWD"]) / "draws.py").write_text(DRAWS)
+    first, second = (shell("python draws.py", shim_env).stdout.split() for _ in range(2))
+    assert first[0] == second[0] == "True", (first, second)
+    assert all(a != b for a, b in zip(first[1:], second[1:])), (first, second)
 
 
 THREADS = """
@@ -104,9 +161,12 @@ def test_a_forked_stage_finds_its_ancestors_from_the_shim(shim_env):
         assert (int(direct_parent) == os.getpid()) == (server == "0")  # a forked child's own parent is the server
 
 
-def test_other_command_lines_get_the_real_interpreter(shim_env):
+def test_other_command_lines_get_the_real_interpreter_and_a_log_line(shim_env):
     result = shell("python -c 'import sys; print(sys.argv[1:], \"torch\" in sys.modules)' a", shim_env)
     assert result.stdout == "['a'] False\n"
+    assert fresh_starts(shim_env)[-1] == {"fresh": ["-c", 'import sys; print(sys.argv[1:], "torch" in sys.modules)',
+                                                    "a"], "why": "not `python <script>` or `python -m <module>`",
+                                          "cwd": shim_env["CWD"]}
 
 
 def test_a_module_runs_as_with_python_m(shim_env):
