@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from dvc_project import dvc, make_project, run, tiny_params
-from layersim.data.io import ActivationTable, read_task_table
+from layersim.data.io import ActivationTable, read_task_table, stage_details, task_tables
 from layersim.experiments.pruning_states import ANGULAR_ROWS, BLOCK_INFLUENCE_ROWS
 from layersim.reporting import headlines
 
@@ -101,16 +101,17 @@ def test_the_whole_pipeline_reaches_the_report_with_the_models_head_points(proje
     head = HEAD_POOLING[model]
     assert f"Model {model}; tasks {task};" in page and f"on {head} points" in page
     assert (root / f"plots/similarity/{task}/heatmaps/{head}.png").is_file()
-    injection = _details(root, f"align/{task}")["injection"]
+    injection = _details(root, "align", task)["injection"]
     # Injection into the target's own head (ORIG→FT[1] with one seed): the reference is the full fine-tuned model.
     assert injection["pair"] == "ORIG→FT[1]" and set(injection["methods"]) == {"linear", "cca", "svcca", "pwcca",
                                                                                "inn", "mlp"}
-    assert injection["references"]["FT[1] itself"] == pytest.approx(_details(root, f"truncate/{task}")["full"],
+    assert injection["references"]["FT[1] itself"] == pytest.approx(_details(root, "truncate", task)["full"],
                                                                      abs=1e-6)
 
 
-def _details(root: Path, name: str) -> dict:
-    return headlines.details_to_metrics(json.loads((root / f"plots/details/{name}.json").read_text()))
+def _details(root: Path, stage: str, task: str | None = None) -> dict:
+    path = stage_details(root / "plots/details", stage, task) if task else root / f"plots/details/{stage}.json"
+    return headlines.details_to_metrics(json.loads(path.read_text()))
 
 
 def test_extract_writes_the_pooling_the_models_head_reads(project):
@@ -130,7 +131,7 @@ def test_similarity_is_finite_where_defined(project):
     root, model, task = project
     values = [row["value"] for row in json.loads((root / f"plots/details/similarity/{task}/values.json").read_text())]
     assert values and all(not isinstance(v, float) or math.isfinite(v) for v in values)  # None: undefined
-    summary = _details(root, f"similarity/{task}")
+    summary = _details(root, "similarity", task)
     for pooling in (HEAD_POOLING[model], "mean"):
         diagonal = summary[pooling]["linear_cka"]["ft_ft"]["diagonal"]
         assert diagonal["layer_03"] == pytest.approx(1.0)  # a seed's last layer against itself
@@ -172,7 +173,7 @@ def test_compare_stacks_another_width_and_depth_with_random_init_controls(projec
 
 def test_truncate_and_skip_score_every_exit_and_span(project):
     root, _, task = project
-    truncate, skip = _details(root, f"truncate/{task}"), _details(root, f"skip/{task}")
+    truncate, skip = _details(root, "truncate", task), _details(root, "skip", task)
     assert sorted(skip["spans"]) == ["1-1", "1-2", "1-3", "2-2", "2-3", "3-3"]
     assert skip["full"] == pytest.approx(truncate["full"], abs=1e-6)
 
@@ -191,7 +192,7 @@ def test_the_export_reloads_in_plain_transformers_with_the_truncated_logits(proj
     from layersim.training.evaluate import predict
 
     root, model, task = project
-    exported = _details(root, f"export/{task}")["exported"]
+    exported = _details(root, "export", task)["exported"]
     folder = root / f"data/export/{model}/{task}/model"
     reloaded = AutoModelForSequenceClassification.from_pretrained(folder).eval()
     families = {"tiny-gpt2": "gpt2", "tiny-llama": "llama", "tiny-deberta-v2": "deberta-v2"}
@@ -203,7 +204,7 @@ def test_the_export_reloads_in_plain_transformers_with_the_truncated_logits(proj
     spec = get_task(task)
     checkpoint = root / f"data/checkpoints/{model}/{task}/seed{SEEDS[0]}/model"
     tokenizer = load_tokenizer(checkpoint)
-    encoded = encode_task(read_task_table(root / f"data/tasks/{task}", spec, "validation", None), spec, tokenizer, 32)
+    encoded = encode_task(read_task_table(task_tables(root / "data/tasks", task), spec, "validation", None), spec, tokenizer, 32)
     cpu = torch.device("cpu")
     full = load_finetuned(checkpoint, spec)
     with run_layers(full, kept):

@@ -61,7 +61,7 @@ def _assert_pulled_copy_is_complete(original: Path, clone: Path, env: dict) -> N
     dry = run(dvc("repro", "--dry"), clone, env)
     assert not dry_run_stages(dry.stdout), output(dry)
     assert (clone / ACTIVATIONS).read_bytes() == (original / ACTIVATIONS).read_bytes()
-    checkpoint = f"data/checkpoints/tiny-bert/{TASK}/seed1/model.safetensors"
+    checkpoint = f"data/checkpoints/tiny-bert/{TASK}/seed1/model/model.safetensors"
     assert (clone / checkpoint).read_bytes() == (original / checkpoint).read_bytes()
     # Metrics are git-tracked (cache: false): the clone has them from git, equal to the original's.
     assert json.loads((clone / FINETUNE_METRICS).read_text()) == json.loads((original / FINETUNE_METRICS).read_text())

@@ -14,7 +14,7 @@ from dvc_project import built_project, dry_run_stages, dvc, run, tiny_params
 from layersim.reporting import headlines
 from layersim.similarity.inference.bootstrap import AUTO_INTERVAL
 from layersim.experiments.freeze import freeze_headline as headlines_of_freeze
-from layersim.data.io import ActivationTable, AttentionTable
+from layersim.data.io import ActivationTable, AttentionTable, stage_details, stage_metrics, task_tables
 
 TASK = "synth-negation"
 SEEDS = [1, 2]
@@ -22,9 +22,13 @@ SEEDS = [1, 2]
 pytestmark = pytest.mark.integration
 
 
-def _details(root: Path, name: str) -> dict:
+def _details(root: Path, stage: str, task: str | None = None) -> dict:
     """Every value a stage computed, from its details plot data (its metrics file holds the headline)."""
-    return headlines.details_to_metrics(json.loads((root / f"plots/details/{name}.json").read_text()))
+    return headlines.details_to_metrics(json.loads(_details_path(root, stage, task).read_text()))
+
+
+def _details_path(root: Path, stage: str, task: str | None) -> Path:
+    return stage_details(root / "plots/details", stage, task) if task else root / f"plots/details/{stage}.json"
 
 
 def _configure(params: dict) -> None:
@@ -54,7 +58,7 @@ def project(tmp_path_factory, built_projects) -> tuple[Path, dict]:
 
 def test_repro_writes_every_declared_output(project):
     root, state = project
-    tasks = root / "data" / "tasks" / TASK
+    tasks = task_tables(root / "data" / "tasks", TASK)
     assert (tasks / "train.parquet").is_file() and (tasks / "validation.parquet").is_file()
     assert (root / "data/models/tiny-bert/pretrained/model.safetensors").is_file()
     for seed in SEEDS:
@@ -88,7 +92,7 @@ def test_repro_writes_every_declared_output(project):
     attention = AttentionTable(activations / "attention/orig.parquet")
     assert attention.num_layers == 3 and len(attention.example_starts) == 60
 
-    similarity = _details(root, f"similarity/{TASK}")
+    similarity = _details(root, "similarity", TASK)
     assert set(similarity) == {"cls", "tokens", "attention"}
     for pooling in ("cls", "tokens"):
         assert set(similarity[pooling]) == {"linear_cka", "svcca", "pwcca", "neuronsim", "localization", "rows"}
@@ -187,7 +191,7 @@ def test_compare_stacks_base_fine_tuned_and_other_encoders(project):
 
 def test_align_reports_every_method_layer_and_reference(project):
     root, _ = project
-    align = _details(root, f"align/{TASK}")
+    align = _details(root, "align", TASK)
     methods = {"linear", "cca", "svcca", "pwcca", "inn", "mlp"}
     assert align["pooling"] == "mean" and align["train_rows"] == 100 and align["validation_rows"] == 60
     assert list(align["alignment"]) == ["FT[1]→FT[2]", "ORIG→FT[1]", "tiny-bert-seed1→tiny-bert-seed2",
@@ -239,7 +243,7 @@ def test_truncate_and_skip_agree_with_the_fine_tuned_models(project):
     root, _ = project
     finetuned = [json.loads((root / f"metrics/finetune/{TASK}/seed{seed}/metrics.json").read_text())["accuracy"]
                  for seed in SEEDS]
-    truncate = _details(root, f"truncate/{TASK}")
+    truncate = _details(root, "truncate", TASK)
     assert truncate["metric"] == "accuracy"
     # Exiting after the last layer is the full model: the same score the finetune stage measured.
     assert truncate["full"] == pytest.approx(sum(finetuned) / len(finetuned), abs=1e-6)
@@ -247,13 +251,13 @@ def test_truncate_and_skip_agree_with_the_fine_tuned_models(project):
     for variant in ("untuned", "tuned", "tuned_orig"):
         assert sorted(truncate[variant]) == ["layer_00", "layer_01", "layer_02", "layer_03"]
     assert 0 <= truncate["droppable_top_layers_untuned"] <= 3 and 0 <= truncate["droppable_top_layers_tuned"] <= 3
-    skip = _details(root, f"skip/{TASK}")
+    skip = _details(root, "skip", TASK)
     assert sorted(skip["spans"]) == ["1-1", "1-2", "1-3", "2-2", "2-3", "3-3"]
     assert skip["full"] == pytest.approx(truncate["full"], abs=1e-6)
     assert 1 <= skip["worst_single_layer"]["layer"] <= 3
     for stage in ("truncate", "skip"):
-        assert (root / f"plots/{stage}/{TASK}.png").read_bytes()[:4] == b"\x89PNG"
-        assert json.loads((root / f"plots/{stage}/{TASK}.json").read_text())
+        assert (root / f"plots/{stage}/{TASK}/{stage}.png").read_bytes()[:4] == b"\x89PNG"
+        assert json.loads((root / f"plots/{stage}/{TASK}/{stage}.json").read_text())
 
 
 def test_export_writes_a_plain_checkpoint_that_keeps_the_score(project):
@@ -263,7 +267,7 @@ def test_export_writes_a_plain_checkpoint_that_keeps_the_score(project):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     root, state = project
-    export = _details(root, f"export/{TASK}")
+    export = _details(root, "export", TASK)
     exported, full = export["exported"], export["full"]
     folder = root / f"data/export/tiny-bert/{TASK}/model"
     model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
@@ -304,17 +308,17 @@ def test_report_is_one_offline_page_that_states_the_stage_results(project):
     page = (root / "report/index.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and "http" not in page  # nothing to fetch
     assert len(re.findall(r'src="data:image/png;base64,', page)) >= 8  # heatmaps, diagonals, curves, export, ...
-    export = _details(root, f"export/{TASK}")
+    export = _details(root, "export", TASK)
     assert f"{export['exported']['layers']} / {export['full']['layers']}" in page
     assert f"{export['exported']['parameters'] / export['full_parameters']:.0%}" in page
-    top = _details(root, f"similarity/{TASK}")["cls"]["linear_cka"]["ft_orig"]
+    top = _details(root, "similarity", TASK)["cls"]["linear_cka"]["ft_orig"]
     assert f"{top['last_layer']:.3f} (null {top['null_mean']['layer_03']:.3f})" in page
 
 
 def test_freeze_scores_each_configuration_next_to_the_unfrozen_run(project):
     """Wu et al. Table 1 on the 3-layer tiny model: layers [4, 6] of 12 become 1 and 2 of 3."""
     root, state = project
-    freeze = _details(root, f"freeze/{TASK}")
+    freeze = _details(root, "freeze", TASK)
     assert freeze["metric"] == "accuracy" and freeze["num_layers"] == 3
     finetuned = [json.loads((root / f"metrics/finetune/{TASK}/seed{seed}/metrics.json").read_text())["accuracy"]
                  for seed in SEEDS]
@@ -362,29 +366,29 @@ def test_metrics_files_hold_their_headline_and_details_hold_the_rest(project):
     root, _ = project
     significance = yaml.safe_load((root / "params.yaml").read_text())["similarity"]["significance"]
     expected = {
-        f"similarity/{TASK}": headlines.similarity_headline(_details(root, f"similarity/{TASK}"), significance),
-        f"truncate/{TASK}": headlines.truncate_headline(_details(root, f"truncate/{TASK}")),
-        f"skip/{TASK}": headlines.skip_headline(_details(root, f"skip/{TASK}")),
-        f"align/{TASK}": headlines.align_headline(_details(root, f"align/{TASK}")),
-        "compare": headlines.compare_headline(_details(root, "compare"), "cls", "linear_cka"),
+        ("similarity", TASK): headlines.similarity_headline(_details(root, "similarity", TASK), significance),
+        ("truncate", TASK): headlines.truncate_headline(_details(root, "truncate", TASK)),
+        ("skip", TASK): headlines.skip_headline(_details(root, "skip", TASK)),
+        ("align", TASK): headlines.align_headline(_details(root, "align", TASK)),
+        ("compare", None): headlines.compare_headline(_details(root, "compare"), "cls", "linear_cka"),
     }
-    for name, headline in expected.items():
-        written = json.loads((root / f"metrics/{name}.json").read_text())
-        assert written == headline, name
-        rows = json.loads((root / f"plots/details/{name}.json").read_text())
+    for (stage, task), headline in expected.items():
+        metrics = stage_metrics(root / "metrics", stage, task) if task else root / f"metrics/{stage}.json"
+        assert json.loads(metrics.read_text()) == headline, stage
+        rows = json.loads(_details_path(root, stage, task).read_text())
         assert headlines.metrics_to_details(headlines.details_to_metrics(rows)) == rows  # nothing lost in the rows
-    assert set(expected[f"similarity/{TASK}"]["cls"]) == {"linear_cka", "svcca", "pwcca", "neuronsim"}
-    assert set(expected[f"align/{TASK}"]["finetuning_seeds"]) == {"linear", "cca", "svcca", "pwcca", "inn", "mlp",
+    assert set(expected["similarity", TASK]["cls"]) == {"linear_cka", "svcca", "pwcca", "neuronsim"}
+    assert set(expected["align", TASK]["finetuning_seeds"]) == {"linear", "cca", "svcca", "pwcca", "inn", "mlp",
                                                             "inn_advantage"}
-    assert set(expected["compare"]["cls"]["linear_cka"]) == {"RANDOM", f"FT:{TASK}", "tiny-roberta",
+    assert set(expected["compare", None]["cls"]["linear_cka"]) == {"RANDOM", f"FT:{TASK}", "tiny-roberta",
                                                               "tiny-roberta (random init)"}
     summary = json.loads((root / "metrics/summary.json").read_text())["mean"]
     finetuned = [json.loads((root / f"metrics/finetune/{TASK}/seed{seed}/metrics.json").read_text())["accuracy"]
                  for seed in SEEDS]
     assert summary["accuracy"] == pytest.approx(sum(finetuned) / len(finetuned), abs=1e-6)
-    assert summary["ft_orig_top"] == expected[f"similarity/{TASK}"]["cls"]["linear_cka"]["ft_orig_top"]
-    assert summary["skip_span"] == expected[f"skip/{TASK}"]["longest_skippable_span"]
-    blocks = _details(root, f"similarity/{TASK}")["cls"]["linear_cka"]["blocks"]
+    assert summary["ft_orig_top"] == expected["similarity", TASK]["cls"]["linear_cka"]["ft_orig_top"]
+    assert summary["skip_span"] == expected["skip", TASK]["longest_skippable_span"]
+    blocks = _details(root, "similarity", TASK)["cls"]["linear_cka"]["blocks"]
     last_block = json.loads((root / "plots/summary/last_block.json").read_text())
     assert {(row["task"], row["comparison"], row["last_block_start"]) for row in last_block} == {
         (TASK, "ORIG–ORIG", blocks["orig_orig"]["last_block_start"]), (TASK, "FT–FT", blocks["ft_ft"]["last_block_start"])}

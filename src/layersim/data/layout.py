@@ -27,6 +27,13 @@ def finetuned(checkpoints: Path | str, seed: int) -> Path:
     return Path(checkpoints) / f"seed{seed}" / CHECKPOINT
 
 
+def finetuned_run(checkpoints: Path | str, run: str) -> Path:
+    """A fine-tuned run's checkpoint by the name its activation tables carry (``seed<k>``)."""
+    if not run.startswith("seed") or not run[4:].isdigit():
+        raise ValueError(f"{run!r} is not a fine-tuned run (seed<k>)")
+    return finetuned(checkpoints, int(run[4:]))
+
+
 def finetune_metrics(task_metrics: Path | str, seed: int) -> Path:
     """A seed's finetune metrics file, in the folder of one task's (metrics/finetune/<task>)."""
     return Path(task_metrics) / f"seed{seed}" / METRICS

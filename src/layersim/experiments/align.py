@@ -23,6 +23,7 @@ from layersim.errors import LayersimError
 from layersim.experiments.extract import extract_activations, extract_task_attention
 from layersim.data.io import (ActivationTable, AttentionTable, read_task_table, run_expectations, write_figure,
                               write_json)
+from layersim.data.layout import finetuned_run
 from layersim.models.registry import load_encoder, load_tokenizer, model_shape, verified_info
 from layersim.params import Params, aligned_pairs, pair_member
 from layersim.params.model_kind import head_pooling
@@ -183,12 +184,12 @@ def inject(inputs: AlignInputs, pair: tuple[str, str], options: dict, expect: di
     params, spec = inputs.params, inputs.spec
     runs = run_labels(params.seeds)
     source, target = (runs[label] for label in pair)
-    pooling = head_pooling(inputs.checkpoints / target)
+    pooling = head_pooling(finetuned_run(inputs.checkpoints, target))
     train = {run: inputs.table(run, pooling, "train", expect[run]) for run in (source, target)}
     train[source].check_comparable(train[target])
     source_validation = inputs.table(source, pooling, "validation", expect[source])
     device = resolve_device(params.device)
-    model, tokenizer, encoded = load_for_validation(inputs.checkpoints / target, spec, inputs.validation_task_table(),
+    model, tokenizer, encoded = load_for_validation(finetuned_run(inputs.checkpoints, target), spec, inputs.validation_task_table(),
                                                     params.finetune.max_length, device)
     source_validation.check_examples(encoded.example_id, encoded.num_choices, f"{inputs.task_dir}/validation.parquet")
     last = source_validation.num_layers

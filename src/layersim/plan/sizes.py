@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from layersim.compute.flops import LayerShape, layer_shape
+from layersim.data.layout import task_tables
 from layersim.data.tasks import TASKS_DIR, generated, get_task
 from layersim.errors import LayersimError
 from layersim.models.registry import LOCAL_PREFIX, MODELS, WEIGHTS_FILE
@@ -87,7 +88,7 @@ def task_size(params, name: str, root: Path = Path(".")) -> TaskSize:
         columns = generated.generate(name, "validation", min(validation, 200), d.generated_seed)
         words = _mean_words(columns, spec.format)
     else:
-        train, validation, words = _downloaded(name, root / TASKS_DIR / name)
+        train, validation, words = _downloaded(name, task_tables(root / TASKS_DIR, name))
     train = min(train, d.max_train_examples or train)
     validation = min(validation, d.max_validation_examples or validation)
     choices = spec.num_choices or 1
