@@ -112,7 +112,7 @@ def test_the_cli_applies_dvc_style_overrides(tmp_path, capsys):
     assert cli.main(["--params", str(params), "--root", str(tmp_path), "--device", "h100", "-S", "model=tiny-bert",
                      "-S", "finetune.max_length=64", "-S", "tasks=[synth-choice]"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("layersim plan: tiny-bert, 1 task(s)") and "assumed, not measured" in out
+    assert out.startswith("layersim plan: tiny-bert, 1 task(s)") and "not measured on an H100" in out
     assert cli.main(["--params", str(params), "-S", "model"]) == 1
 
 

@@ -29,14 +29,17 @@ class Device:
     flops: float
     pass_seconds: float
     cpu_flops: float
-    assumed: bool
+    basis: str   # where the figures come from
 
 
-# Assumptions, not measurements: an H100 SXM's dense bf16 peak is 989 TFLOP/s and an H200's the same compute with
-# faster memory; base-size encoders on inputs of tens of tokens reach about a quarter of it, and a batch's pass
-# through one layer costs about 0.3 ms of launches whatever its FLOPs (a training step of batch 4 through RoBERTa-base's
-# 12 layers: 3 × 12 passes, about 11 ms).
-GPUS = {"h100": (250e12, 0.3e-3), "h200": (275e12, 0.3e-3)}
+# Measured on an H200 by benchmarks/gpu_check.py (bf16 autocast, torch 2.11; docs/paper-configuration.md): a training
+# step of batch 4 through RoBERTa-base (3 × 12 layer passes) takes 29–36 ms at 128–256 tokens, RoBERTa-large's
+# (3 × 24) 53–60 ms, whatever the FLOPs: launch-bound, about 0.8 ms a layer pass; the forward pass at batch 32 with
+# every layer copied back reaches 147 TFLOP/s (base) to 198 (large) at 256 tokens. An H100 has the same bf16 peak
+# and launch costs; its figures are the H200's, not measured.
+_MEASURED = "measured on an H200 by benchmarks/gpu_check.py, 2026-11-27"
+GPUS = {"h100": (150e12, 0.8e-3, "the H200's measured figures, not measured on an H100"),
+        "h200": (150e12, 0.8e-3, _MEASURED)}
 ASSUMED_GPU_CPU_FLOPS = 1e12  # a GPU machine's host CPU (16 cores or more) on numpy matmuls
 
 
@@ -60,12 +63,13 @@ def _timed(time, call) -> float:
 
 def device(name: str = "cpu", flops: float | None = None, pass_seconds: float = 0.0) -> Device:
     """`flops` given: that throughput (a GPU's name, if given too, keeps its pass time); "cpu": this machine's,
-    measured now; "h100", "h200": the assumptions above."""
+    measured now; "h100", "h200": the figures above."""
     if name in GPUS:
-        peak, overhead = GPUS[name]
-        return Device(name, flops or peak, pass_seconds or overhead, ASSUMED_GPU_CPU_FLOPS, flops is None)
+        effective, overhead, basis = GPUS[name]
+        return Device(name, flops or effective, pass_seconds or overhead, ASSUMED_GPU_CPU_FLOPS,
+                      basis if flops is None else "given")
     cpu = measured_cpu_flops() if flops is None else flops
-    return Device(name, cpu, pass_seconds, cpu, False)
+    return Device(name, cpu, pass_seconds, cpu, "measured now" if flops is None else "given")
 
 
 def cache_types(root: Path) -> str | None:

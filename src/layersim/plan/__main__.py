@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--params", type=Path, default=Path("params.yaml"))
     p.add_argument("--root", type=Path, default=Path("."), help="the project (its .dvc/config, data/)")
     p.add_argument("--device", default="cpu", choices=("cpu", *GPUS),
-                   help="cpu: this machine, measured by a matmul now; h100, h200: assumed figures (docs)")
+                   help="cpu: this machine, measured by a matmul now; h200: measured figures, h100: the same (docs)")
     p.add_argument("--device-flops", type=float, help="effective FLOP/s of the device, instead of its default")
     p.add_argument("--pass-seconds", type=float, default=0.0, help="fixed seconds per batch and layer (GPU launches)")
     p.add_argument("--reflinks", action="store_true", help="the volume has reflinks (XFS, Btrfs): no cache copy")
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
           f"cache.type {cache_note(args.root)}); metrics and plots, a few MB a task, not counted")
     print(f"  time: {on.name} at {human(on.flops, 'FLOP/s')}"
           + (f" + {on.pass_seconds * 1e3:.1f} ms a layer pass" if on.pass_seconds else "")
-          + (" (assumed, not measured)" if on.assumed else " (measured now)" if args.device_flops is None else "")
+          + f" ({on.basis})"
           + f"; similarity on the CPU at {human(on.cpu_flops, 'FLOP/s')}")
     for c in costs:
         for note in c.notes:
