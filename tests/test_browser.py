@@ -126,10 +126,12 @@ def test_a_broken_image_is_caught(browser, report, tmp_path):
 _KEEP_VIEWS = """
 window.__views = [];
 Object.defineProperty(window, 'vegaEmbed', {configurable: true,
-  set(embed) { this.__embed = (el, ...rest) => embed(el, ...rest).then(r => { window.__views.push([el, r.view]); return r; }); },
+  set(embed) { this.__embed = (el, spec, ...rest) => embed(el, spec, ...rest).then(r => {
+    window.__views.push([el, r.view, spec]); return r; }); },
   get() { return this.__embed; }});"""
 # Per plot: the items of its data marks (role "mark": lines, points, bars, cells; axes and legends have their own
-# roles), counted through the scene graph's nested groups.
+# roles), counted through the scene graph's nested groups; its line items; and, for a curve file (rows that name
+# their `series`), how many (series, experiment) pairs its rows hold.
 _MARKS = """
 function count(node) {
   let n = 0;
@@ -139,7 +141,18 @@ function count(node) {
   }
   return n;
 }
-return window.__views.map(([el, view]) => [el, count(view.scenegraph().root)]);"""
+function lines(node) {  // a line mark's items are its points: one drawn line is one line mark with items
+  let n = node.marktype === 'line' && (node.items || []).length ? 1 : 0;
+  for (const item of (node.items || [])) if (item.items) n += lines(item);
+  return n;
+}
+function series(spec) {
+  const rows = ((spec || {}).data || {}).values || [];
+  if (!rows.length || !('series' in rows[0])) return null;
+  return new Set(rows.map(row => row.series + '\u0000' + row.rev)).size;
+}
+return window.__views.map(([el, view, spec]) => [el, count(view.scenegraph().root), lines(view.scenegraph().root),
+                                                  series(typeof spec === 'string' ? JSON.parse(spec) : spec)]);"""
 
 
 def plots_problems(driver, page: Path, shots: Path) -> list[str]:
@@ -159,7 +172,10 @@ def plots_problems(driver, page: Path, shots: Path) -> list[str]:
     problems = [f"console: {entry['message']}" for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
     if len(drawn) < expected:
         problems.append(f"{len(drawn)} of {expected} Vega plots rendered")
-    problems += [f"plot {name} drew no marks" for name, marks in drawn if marks == 0]
+    problems += [f"plot {name} drew no marks" for name, marks, _, _ in drawn if marks == 0]
+    # A curve file (the layer_series template) draws one line per series and experiment, not one zig-zag.
+    problems += [f"plot {name} drew {lines} lines for {series} series" for name, marks, lines, series in drawn
+                 if series is not None and lines != series]
     height = driver.execute_script("return document.body.scrollHeight")
     driver.set_window_size(WIDTH, min(height + 200, 16000))
     driver.save_screenshot(str(shots / f"{page.parent.name}.png"))
@@ -177,20 +193,23 @@ def plots_page(built, tmp_path_factory) -> Path:
     return out / "index.html"
 
 
-# Plots that `dvc plots show` still draws empty (issue 50, open): the details files, which hold every number of a
-# stage for reading, not one series to plot. The test fails on any other empty plot, and when one of these starts
-# drawing, so that this list only ever shrinks (freeze's bars left it: its rows now share their fields, and x is the
-# score; so did the summary's last block: counts per layer and matrix, .dvc/plots/last_block_counts.json).
-KNOWN_EMPTY = ("plots_details_skip_", "plots_details_export_", "plots_details_freeze_")
-
-
-def test_dvc_plots_show_draws_every_plot_but_the_known_empty_ones(browser, plots_page, tmp_path):
+def test_dvc_plots_show_draws_every_plot_with_one_line_per_series(browser, plots_page, tmp_path):
+    """No console error, no empty plot (the details files, for reading, are no plots: cached outputs), and every
+    curve file drawn as one line per series (the layer_series template), not one zig-zag through all of them."""
     shots = Path(os.environ.get("LAYERSIM_ARTIFACTS", tmp_path)) / "browser"
     shots.mkdir(parents=True, exist_ok=True)
-    problems = plots_problems(browser, plots_page, shots)
-    empty = {known for known in KNOWN_EMPTY for problem in problems if f"#{known}" in problem}
-    assert [p for p in problems if not any(f"#{known}" in p for known in KNOWN_EMPTY)] == []
-    assert empty == set(KNOWN_EMPTY), f"now drawn: {sorted(set(KNOWN_EMPTY) - empty)}; take them off KNOWN_EMPTY"
+    assert plots_problems(browser, plots_page, shots) == []
+    text = plots_page.read_text(encoding="utf-8")
+    assert text.count('"field": "series"') >= 6  # the curve files: truncation, diagonals, localization, ...
+
+
+def test_curves_joined_into_one_line_are_caught(browser, plots_page, tmp_path):
+    """The issue's zig-zag: a curve file drawn without its series field joins every series into one line."""
+    planted = plots_page.parent / "planted-series.html"
+    planted.write_text(plots_page.read_text(encoding="utf-8").replace('"field": "series"', '"field": "no_series"'),
+                       encoding="utf-8")
+    problems = plots_problems(browser, planted, tmp_path)
+    assert problems and all(re.fullmatch(r"plot #\S+ drew \d+ lines for \d+ series", p) for p in problems), problems
 
 
 def test_an_empty_plot_is_caught(browser, plots_page, tmp_path):
@@ -202,5 +221,4 @@ def test_an_empty_plot_is_caught(browser, plots_page, tmp_path):
     assert first, "the page has no similarity plot to plant an empty one in"
     planted.write_text(text.replace('"field": "similarity"', '"field": "no_such_field"'), encoding="utf-8")
     problems = plots_problems(browser, planted, tmp_path)
-    empty = [p for p in problems if p.endswith("drew no marks")]
-    assert len(empty) > len(KNOWN_EMPTY) and not all(any(f"#{k}" in p for k in KNOWN_EMPTY) for p in empty), problems
+    assert [p for p in problems if p.endswith("drew no marks")], problems

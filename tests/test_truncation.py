@@ -142,8 +142,9 @@ def test_truncation_summary_of_a_small_exact_case() -> None:
     assert metrics["full"] == 0.9 and metrics["majority_baseline"] == 0.5
     assert metrics["untuned"] == {"layer_00": 0.5, "layer_01": 0.8, "layer_02": 0.9}
     assert metrics["fewest_layers_untuned_within_tolerance"] == 2 and metrics["droppable_top_layers_untuned"] == 0
-    assert len(rows) == 2 * 2 * 3 and rows[0] == {"variant": "untuned", "seed": 1, "layer": 0, "score": 0.5,
-                                                  "converged": True}
+    assert len(rows) == 2 * 2 * 3 and rows[0] == {"series": "untuned seed 1", "variant": "untuned", "seed": 1,
+                                                  "layer": 0, "score": 0.5, "converged": True}
+    assert len({row["series"] for row in rows}) == 2 * 2  # one curve per variant and seed (DVC draws one line each)
     # Two seeds: their range, and no interval over seeds.
     assert metrics["over_seeds"]["untuned"]["seed_range"] == {"layer_00": 0.0, "layer_01": 0.2, "layer_02": 0.0}
     assert "seed_ci_low" not in metrics["over_seeds"]["untuned"]

@@ -365,7 +365,8 @@ def align_report(inputs: AlignInputs, log=lambda *args: None) -> AlignReport:
         for row in alignment_errors(layers[pair.source], layers[pair.target], p.methods, train_idx, test_idx,
                                     **options):
             errors.setdefault(pair.label, {}).setdefault(row["method"], []).append(row["relative_error"])
-            rows.append({"pair": pair.label, "kind": pair.kind, "method": row["method"], "layer": row["layer"],
+            rows.append({"series": f"{row['method']} {pair.label}", "pair": pair.label, "kind": pair.kind,
+                         "method": row["method"], "layer": row["layer"],
                          "relative_error": round(row["relative_error"], 6), "mse": round(row["mse"], 6)})
         log("aligned %s at every layer with %s", pair.label, ", ".join(p.methods))
 

@@ -234,7 +234,7 @@ def export_report(spec: TaskSpec, scores: dict, chosen: LayerChoice, exported: t
     per_depth = best_per_depth(scores["train"])
     splits = ("train", "validation")
     curves = {split: {n: scores[split][c] for n, c in per_depth.items()} for split in splits}
-    rows = [{"layers": n, "split": split, "score": round(value, 6)} for split, points in curves.items()
+    rows = [{"series": split, "layers": n, "split": split, "score": round(value, 6)} for split, points in curves.items()
             for n, value in points.items()]
     figure = export_curve(curves, {split: scores[split][full] for split in splits}, tolerance, chosen.depth,
                           spec.primary_metric, f"export — {spec.name}: {chosen.describe()}")

@@ -261,8 +261,8 @@ def truncation_summary(per_seed: dict[str, list], full: list[float], baseline: f
                                                 _per_layer, flagged=unconverged)
                           for variant, runs in per_seed.items()}},
     }
-    rows = [{"variant": variant, "seed": seed, "layer": k, "score": round(float(v), 6),
-             "converged": seed not in flagged}
+    rows = [{"series": f"{variant} seed {seed}", "variant": variant, "seed": seed, "layer": k,
+             "score": round(float(v), 6), "converged": seed not in flagged}
             for variant, runs in per_seed.items() for seed, run in zip(seeds, runs) for k, v in enumerate(run)]
     return metrics, rows
 

@@ -81,10 +81,11 @@ def pruning_rows(measures: Mapping[str, PruningMeasures], rows: Mapping[str, str
     one per start layer l and span length n (``layer`` = l, the span's input); None where undefined. `fields` are
     added to every row; ``rows`` (measure → the rows it averages over, in words) to that measure's rows."""
     rows = rows or {}
-    influence = [{**fields, **_described(rows, "block_influence"), "model": label, "layer": k,
+    influence = [{**fields, **_described(rows, "block_influence"), "series": label, "model": label, "layer": k,
                   "block_influence": _rounded(value)}
                  for label, m in measures.items() for k, value in enumerate(m.block_influence(), start=1)]
-    angular = [{**fields, **_described(rows, "angular_distance"), "model": label, "layer": l, "length": n,
+    angular = [{**fields, **_described(rows, "angular_distance"), "series": f"{label} n={n}", "model": label,
+                "layer": l, "length": n,
                 "angular_distance": _rounded(grid[n - 1, l])}
                for label, m in measures.items() for grid in [angular_grid(m)]
                for n in range(1, m.num_layers + 1) for l in range(m.num_layers - n + 1)]

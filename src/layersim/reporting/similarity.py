@@ -122,7 +122,8 @@ def phang_summary(results: Sequence[MeasureResult], sizes: dict[str, int], title
     figure = measure_grid(grid, title, first_layer=first_layer, note="\n".join(notes.values()) or None)
     diagonal_figure = (diagonal_curves(curves, f"per-layer similarity and chance — {title}", first_layer=first_layer,
                                        bounds=curve_bounds) if curves else None)
-    diagonal_rows = [{"measure": measure, "comparison": name, "layer": k + first_layer, **{
+    diagonal_rows = [{"series": f"{measure} {name}", "measure": measure, "comparison": name,
+                      "layer": k + first_layer, **{
                          key: _number(values[k]) for key, values in _curve_columns(curve).items()}}
                      for measure, by_name in curves.items() for name, curve in by_name.items()
                      for k in range(len(curve.values))]
@@ -227,7 +228,8 @@ class LocalizationReport:
 def localization_summary(scores: dict[str, np.ndarray], style: str, title: str, **fields) -> LocalizationReport:
     """The localization score (`style` "raw" or "zscore", by model) as curves and plot rows. `fields` are added
     to every plot row (e.g. pooling)."""
-    rows = [{**fields, "model": label, "layer": k, "localization": number(v)}
+    rows = [{**fields, "series": " ".join(map(str, (label, *fields.values()))), "model": label, "layer": k,
+             "localization": number(v)}
             for label, values in scores.items() for k, v in enumerate(values) if number(v) is not None]
     figure = localization_curves(scores, f"localization ({style}), {title}", ylabel=LOCALIZATION_LABELS[style])
     return LocalizationReport(scores, rows, figure)
