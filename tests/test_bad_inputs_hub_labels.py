@@ -59,6 +59,20 @@ def test_a_label_outside_the_tasks_classes_is_refused_before_it_is_written(label
         "task's 2 classes (0 … 1); fix that file, or declare the labels it uses.")
 
 
+@pytest.mark.parametrize("column", ["sentence1", "sentence2"])
+def test_a_missing_text_is_refused_before_it_is_written(column: str) -> None:
+    """Issue 49: a mirror table with null texts was written, and fine-tuning then said to re-run download_task,
+    which wrote the same table."""
+    table = _rte([0, 1, 0])
+    table = table.set_column(table.column_names.index(column), column, pa.array(["x", None, "z"]))
+    with pytest.raises(LayersimError) as raised:
+        normalize_hub_table(get_task("rte"), table, "train", SOURCE)
+    assert str(raised.value) == (
+        f"the train table of task 'rte' (nyu-mll/glue, read from the mirror /srv/hub) has None in text column "
+        f"{column!r} (row 1), not a text; fix that file, or point LAYERSIM_HUB_MIRROR at a copy of the dataset whose "
+        "texts are all present.")
+
+
 def test_a_mirror_table_without_rows_is_one_sentence(tmp_path, monkeypatch) -> None:
     """Issue 49: an empty Parquet split of a hub mirror was a DatasetGenerationError traceback from datasets."""
     import pyarrow.parquet as pq

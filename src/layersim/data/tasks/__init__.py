@@ -137,6 +137,11 @@ def normalize_hub_table(spec: TaskSpec, hub_table: pa.Table, split: str, source:
         raise LayersimError(f"the hub table for task {spec.name!r} lacks columns {missing}; "
                             f"it has {hub_table.column_names}.")
     rows = hub_table.to_pydict()
+    source = source or {"hub": spec.hub.path, "config": spec.hub.config}
+    mirror = str(source.get("revision", ""))
+    where = (f"the {split} table of task {spec.name!r} ({source.get('hub')}"
+             f"{', read from the ' + mirror if mirror.startswith('mirror ') else ''})")
+    _check_texts(spec, rows, where)
     columns: dict[str, list] = {}
     for target, source_columns in spec.hub.columns.items():
         if isinstance(source_columns, str):
@@ -146,15 +151,30 @@ def normalize_hub_table(spec: TaskSpec, hub_table: pa.Table, split: str, source:
         else:
             values = [" ".join(parts) for parts in zip(*(rows[c] for c in source_columns))]
         columns[target] = values
-    source = source or {"hub": spec.hub.path, "config": spec.hub.config}
-    mirror = str(source.get("revision", ""))
-    columns["label"] = hub_labels(spec, columns["label"], f"the {split} table of task {spec.name!r} ({source.get('hub')}"
-                                  f"{', read from the ' + mirror if mirror.startswith('mirror ') else ''})")
+    columns["label"] = hub_labels(spec, columns["label"], where)
     if spec.format == "multiple_choice":
         bad = [len(c) for c in columns["choices"] if len(c) != spec.num_choices]
         if bad:
             raise LayersimError(f"task {spec.name!r} expects {spec.num_choices} choices per example, found {bad[0]}.")
     return _normalized(spec, columns, split, source)
+
+
+def _check_texts(spec: TaskSpec, rows: dict[str, list], where: str) -> None:
+    """Every text cell of the hub table's text columns is a text: a missing one (null) written as is would stop
+    fine-tuning later with advice to download again, which reads the same file."""
+    for target, source_columns in spec.hub.columns.items():
+        for column in (() if target == "label" else (source_columns,) if isinstance(source_columns, str)
+                       else source_columns):
+            row = next((k for k, value in enumerate(rows[column]) if not _is_text(value)), None)
+            if row is not None:
+                raise LayersimError(f"{where} has {rows[column][row]!r} in text column {column!r} (row {row}), not a "
+                                    f"text; fix that file, or point {HUB_MIRROR_ENV} at a copy of the dataset whose "
+                                    "texts are all present.")
+
+
+def _is_text(value) -> bool:
+    """A text, or a list of texts (a multiple-choice task's endings in one column)."""
+    return isinstance(value, str) or isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
 
 
 def hub_labels(spec: TaskSpec, values: list, where: str) -> list:
