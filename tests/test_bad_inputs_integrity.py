@@ -206,6 +206,26 @@ def test_another_safetensors_error_is_not_called_a_full_disk(tmp_path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+# torch.save's zip writer on a full disk: a RuntimeError without the OS error (the words of a real one, issue 49).
+TORCH_SAVE_FAILED = "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
+
+
+@pytest.mark.parametrize("free, full", [(4096, True), (10 << 30, False)])
+def test_a_torch_save_that_fails_on_a_nearly_full_volume_is_called_a_full_disk(tmp_path, monkeypatch, free, full):
+    """The resume state (torch.save) on a full disk: a RuntimeError is the full-disk sentence only when the volume
+    has (almost) no space left, else it passes through as it is."""
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda folder: usage(free + 1, 1, free))
+    with pytest.raises(LayersimError if full else RuntimeError) as raised:
+        with io.atomic_path(tmp_path / "state.pt"):
+            raise RuntimeError(TORCH_SAVE_FAILED)
+    assert str(raised.value).startswith("no space left on the device") == full
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_finetune_stage_on_a_full_disk_is_one_line_and_leaves_no_checkpoint(tiny_model_dir, tmp_path,
                                                                                  monkeypatch, capsys) -> None:
     import transformers.modeling_utils

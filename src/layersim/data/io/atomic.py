@@ -97,12 +97,20 @@ _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
-def _disk_full(err: BaseException) -> bool:
-    """Whether `err` says that the disk (or the user's quota) is full."""
+# torch.save's zip writer reports a failed write without the OS error ("[enforce fail at inline_container.cc:…]
+# unexpected pos …", "PytorchStreamWriter failed writing file …"): a RuntimeError while the volume has less than
+# this left is taken for a full disk.
+_NEARLY_FULL_BYTES = 1 << 20
+
+
+def _disk_full(err: BaseException, folder: Path) -> bool:
+    """Whether `err`, raised while writing into `folder`, says that the disk (or the user's quota) is full."""
     if isinstance(err, OSError):
         return err.errno in _DISK_FULL
     number = _RUST_OS_ERROR.search(str(err))
-    return number is not None and int(number.group(1)) in _DISK_FULL
+    if number is not None:
+        return int(number.group(1)) in _DISK_FULL
+    return isinstance(err, RuntimeError) and shutil.disk_usage(folder).free < _NEARLY_FULL_BYTES
 
 
 @contextlib.contextmanager
@@ -140,8 +148,9 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
             os.replace(tmp, path)
         _fsync(path.parent)
     except BaseException as err:
+        full = _disk_full(err, path.parent)  # before the partial file is removed, which frees its space
         _remove(tmp)
-        if _disk_full(err):
+        if full:
             raise LayersimError(f"no space left on the device while writing {path}; free some space and run the "
                                 "stage again (the partial file was removed, earlier outputs are intact).") from err
         raise
