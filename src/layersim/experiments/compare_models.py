@@ -31,7 +31,7 @@ from layersim.experiments.compare_inputs import (check_arguments, check_batch, c
                                                  max_length_for)
 from layersim.experiments.extract import (check_poolings, last_content_position, pool, pool_layers, pooled_layers,
                                           reads_last_token)
-from layersim.models.any_model import (captured_outputs, load_any_tokenizer, load_model, module_names,
+from layersim.models.any_model import (captured_outputs, load_any_tokenizer, load_model, model_label, module_names,
                                        named_modules)
 from layersim.params import POOLINGS
 from layersim.params.rules import check_value
@@ -231,7 +231,7 @@ def _side(model, tokenizer, layers, name: str) -> _Side:
                             "a model folder, or an nn.Module.")
     if tokenizer is not None:
         found = load_any_tokenizer(tokenizer) if isinstance(tokenizer, (str, Path)) else tokenizer
-    label = type(module).__name__ if isinstance(model, nn.Module) else Path(str(model)).name
+    label = type(module).__name__ if isinstance(model, nn.Module) else model_label(str(model))
     return _Side(label, module, found, None if layers is None else list(layers))
 
 

@@ -7,6 +7,7 @@ modules. (A transformers encoder's own layers come from its ``hidden_states``, a
 from __future__ import annotations
 
 import contextlib
+import json
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -112,3 +113,18 @@ def captured_outputs(model: nn.Module, names: Sequence[str], what: str = "model"
     finally:
         for handle in handles:
             handle.remove()
+
+
+def model_label(given: str) -> str:
+    """A model's name as the user gave it: a registry or hub name, or a folder's path (its last two parts when long:
+    a folder's own name alone, e.g. a task or seed folder, says little); a checkpoint of the finetune stage is
+    named as the pipeline names it, FT:<task> seed <k>."""
+    info = Path(given) / MODEL_INFO_FILE
+    try:
+        record = json.loads(info.read_text(encoding="utf-8")) if info.is_file() else {}
+    except (OSError, ValueError):
+        record = {}
+    if isinstance(record, dict) and record.get("task") and record.get("seed") is not None:
+        return f"FT:{record['task']} seed {record['seed']}"
+    parts = Path(given).parts
+    return given if len(given) <= 40 or len(parts) <= 2 else "…/" + "/".join(parts[-2:])
