@@ -72,7 +72,7 @@ def test_a_float32_merged_low_rank_update_keeps_its_rank_despite_rounding():
     b, a = 1e-3 * rng.standard_normal((64, 4)), rng.standard_normal((4, 48))
     merged = (w0 + (b @ a).astype(np.float32)).astype(np.float32)
     assert update_rank(w0, merged) == 4
-    assert update_rank(w0, merged, dtype=np.float64) > 4  # a float64 floor sees the float32 rounding as rank
+    assert update_rank(w0, merged, eps=float(np.finfo(np.float64).eps)) > 4  # a float64 floor sees the float32 rounding as rank
 
 
 _shapes = st.tuples(st.integers(4, 24), st.integers(4, 24))

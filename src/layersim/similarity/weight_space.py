@@ -55,32 +55,39 @@ def count_intruders(pretrained: np.ndarray, finetuned: np.ndarray, k: int = TOP_
     return int((best_cosines(pretrained, finetuned, k) < threshold).sum())
 
 
-def rounding_floor(finetuned: np.ndarray, dtype) -> float:
-    """A bound on the spectral norm of the error of storing `finetuned` in `dtype`: each entry is off by at most
-    half an ulp, ``eps/2 · |W_ij|``, so the error's Frobenius norm (≥ its spectral norm) is at most
+def machine_epsilon(array: np.ndarray) -> float:
+    """The relative spacing of `array`'s floating dtype (0 for integers: stored exactly)."""
+    dtype = np.asarray(array).dtype
+    return float(np.finfo(dtype).eps) if np.issubdtype(dtype, np.floating) else 0.0
+
+
+def rounding_floor(finetuned: np.ndarray, eps: float) -> float:
+    """A bound on the spectral norm of the error of storing `finetuned` with relative spacing `eps`: each entry is
+    off by at most half an ulp, ``eps/2 · |W_ij|``, so the error's Frobenius norm (≥ its spectral norm) is at most
     ``eps/2 · ||W||_F``; twice that leaves room for the rounding of a merged product (LoRA's B @ A)."""
-    eps = float(np.finfo(dtype).eps) if np.issubdtype(np.dtype(dtype), np.floating) else 0.0
     return eps * float(np.linalg.norm(np.asarray(finetuned, dtype=np.float64)))
 
 
-def update_rank(pretrained: np.ndarray, finetuned: np.ndarray, dtype=None) -> int:
-    """The numerical rank of W - W0: its singular values above :func:`rounding_floor` of `dtype` (default: the
-    fine-tuned array's own). A merged LoRA update of rank r gives at most r, whatever rounding the merge added."""
-    dtype = dtype if dtype is not None else np.asarray(finetuned).dtype
+def update_rank(pretrained: np.ndarray, finetuned: np.ndarray, eps: float | None = None) -> int:
+    """The numerical rank of W - W0: its singular values above :func:`rounding_floor` for the machine epsilon
+    `eps` of the dtype the weights were stored in (default: the fine-tuned array's own). A merged LoRA update of
+    rank r gives at most r, whatever rounding the merge added."""
+    eps = machine_epsilon(finetuned) if eps is None else eps
     update = np.asarray(finetuned, dtype=np.float64) - np.asarray(pretrained, dtype=np.float64)
     values = np.linalg.svd(update, compute_uv=False)
-    return int((values > rounding_floor(finetuned, dtype)).sum())
+    return int((values > rounding_floor(finetuned, eps)).sum())
 
 
 def matrix_change(pretrained: np.ndarray, finetuned: np.ndarray, k: int = TOP_K, threshold: float = THRESHOLD,
-                  dtype=None) -> MatrixChange:
-    """Everything :class:`MatrixChange` reports for one pair of (out, in) matrices of the same shape; `dtype`:
-    the dtype the weights were stored in (default: the fine-tuned array's), for the update's rank."""
+                  eps: float | None = None) -> MatrixChange:
+    """Everything :class:`MatrixChange` reports for one pair of (out, in) matrices of the same shape; `eps`: the
+    machine epsilon of the dtype the weights were stored in (default: the fine-tuned array's), for the update's
+    rank."""
     pretrained, finetuned = np.asarray(pretrained), np.asarray(finetuned)
     if pretrained.shape != finetuned.shape or pretrained.ndim != 2:
         raise ValueError(f"pretrained and fine-tuned matrices must be 2-D of one shape, got {pretrained.shape} "
                          f"and {finetuned.shape}")
-    dtype = dtype if dtype is not None else finetuned.dtype
+    eps = machine_epsilon(finetuned) if eps is None else eps
     w0, w = pretrained.astype(np.float64), finetuned.astype(np.float64)
     cosines = best_cosines(w0, w, k)
     spectrum_before = np.linalg.svd(w0, compute_uv=False)[:k]
@@ -90,4 +97,4 @@ def matrix_change(pretrained: np.ndarray, finetuned: np.ndarray, k: int = TOP_K,
     return MatrixChange(intruders=int((cosines < threshold).sum()), best_cosines=tuple(map(float, cosines)),
                         pretrained_spectrum=tuple(map(float, spectrum_before)),
                         finetuned_spectrum=tuple(map(float, spectrum_after)), relative_update_norm=relative,
-                        update_rank=update_rank(w0, w, dtype), shape=tuple(int(n) for n in w.shape))
+                        update_rank=update_rank(w0, w, eps), shape=tuple(int(n) for n in w.shape))
