@@ -1,5 +1,6 @@
 """Each architecture's weight matrices by role (layersim.models.weight_matrices): every role of every layer found,
-fused matrices split into the maps they compute, and the per-layer weight changes of a known edit."""
+fused matrices split into the maps they compute, and the per-layer weight changes of a known edit
+(layersim.experiments.weights)."""
 
 import copy
 
@@ -7,7 +8,8 @@ import pytest
 import torch
 
 from layersim.models.tiny_configs import ARCHITECTURES, HIDDEN, LAYERS, tiny_config
-from layersim.models.weight_matrices import MATRIX_TYPES, adapter_targets, layer_matrices, weight_changes
+from layersim.experiments.weights import weight_changes
+from layersim.models.weight_matrices import MATRIX_TYPES, adapter_targets, layer_matrices
 
 
 def _tiny(architecture):

@@ -1,6 +1,7 @@
 """The weight matrices of each transformer layer by role (query, key, value, attention output, intermediate, output):
 the one table of the library that knows each architecture's names for them (read from transformers 5's modeling
-code; the layers themselves come from :mod:`layersim.models.layer_stacks`).
+code; the layers themselves come from :mod:`layersim.models.layer_stacks`). Importing it imports no torch: the
+params gate reads the role names.
 
 Every matrix is returned as torch's Linear stores it, (out, in). Fused matrices are split: ModernBERT's ``Wqkv``
 and GPT-2's ``c_attn`` hold query, key and value stacked along the output; ModernBERT's ``Wi`` and the gated
@@ -14,14 +15,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from layersim.errors import LayersimError
-from layersim.models.layer_stacks import describe_architecture
-from layersim.similarity.weight_space import MatrixChange, matrix_change
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 MATRIX_TYPES = ("query", "key", "value", "attention_output", "intermediate", "output")
+# What LoRA adapts when finetune.lora.target_modules is auto: Hu et al. (2021) adapt W_q and W_v (their §4.2, §7.1).
+ADAPTER_ROLES_AUTO = ("query", "value")
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ PLACES: dict[str, dict[str, Place]] = {
 
 def places(model: nn.Module) -> dict[str, Place]:
     """The role → Place table of `model`'s architecture, or a one-sentence error for one not in it."""
+    from layersim.models.layer_stacks import describe_architecture
+
     architecture = describe_architecture(model).architecture
     if architecture not in PLACES:
         raise LayersimError(f"layersim does not know the weight matrices of architecture {architecture!r}; the weight "
@@ -96,6 +102,8 @@ def _matrix(layer: nn.Module, place: Place) -> torch.Tensor:
 def layer_matrices(model: nn.Module, roles: tuple[str, ...] = MATRIX_TYPES) -> dict[tuple[int, str], torch.Tensor]:
     """Every layer's matrices of `roles`: (layer index, role) → its (out, in) weight (layer_stacks's layer order;
     ALBERT: its shared groups)."""
+    from layersim.models.layer_stacks import describe_architecture
+
     table, stack = places(model), describe_architecture(model)
     return {(index, role): _matrix(layer, table[role]) for index, layer in enumerate(stack.modules) for role in roles}
 
@@ -103,6 +111,8 @@ def layer_matrices(model: nn.Module, roles: tuple[str, ...] = MATRIX_TYPES) -> d
 def adapter_targets(model: nn.Module, roles: tuple[str, ...]) -> list[str]:
     """The full module names (from `model`'s root) of every layer's modules of `roles`, as peft's target_modules
     take them. A fused module (GPT-2's c_attn, ModernBERT's Wqkv) is named once and adapts its roles together."""
+    from layersim.models.layer_stacks import describe_architecture
+
     table, stack = places(model), describe_architecture(model)
     fixed = [role for role in roles if not table[role].adaptable]
     if fixed:
@@ -112,15 +122,3 @@ def adapter_targets(model: nn.Module, roles: tuple[str, ...]) -> list[str]:
     paths = dict.fromkeys(f"{names[id(layer)]}.{table[role].path}" for layer in stack.modules for role in roles)
     return list(paths)
 
-
-def weight_changes(pretrained: nn.Module, finetuned: nn.Module, k: int, threshold: float,
-                   roles: tuple[str, ...] = MATRIX_TYPES) -> dict[tuple[int, str], MatrixChange]:
-    """What fine-tuning did to each layer's matrices of `roles` (:func:`layersim.similarity.weight_space.
-    matrix_change`): (layer index, role) → its change. The update's rank is read against the fine-tuned weights'
-    stored dtype (bf16 weights have a coarser rounding floor than fp32 ones)."""
-    before, after = layer_matrices(pretrained, roles), layer_matrices(finetuned, roles)
-    if before.keys() != after.keys() or any(before[key].shape != after[key].shape for key in before):
-        raise LayersimError("the fine-tuned model's layers do not match the pretrained model's (another depth or "
-                            "width); compare a checkpoint only with the model it was fine-tuned from.")
-    return {key: matrix_change(before[key].float().cpu().numpy(), after[key].float().cpu().numpy(), k, threshold,
-                               eps=torch.finfo(after[key].dtype).eps) for key in before}
