@@ -1,7 +1,7 @@
 """The weight matrices of each transformer layer by role (query, key, value, attention output, intermediate, output):
 the one table of the library that knows each architecture's names for them (read from transformers 5's modeling
-code; the layers themselves come from :mod:`layersim.models.layer_stacks`). Importing it imports no torch: the
-params gate reads the role names.
+code; the layers themselves come from :mod:`layersim.models.layer_stacks`; the roles' names from
+:mod:`layersim.models.matrix_roles`).
 
 Every matrix is returned as torch's Linear stores it, (out, in). Fused matrices are split: ModernBERT's ``Wqkv``
 and GPT-2's ``c_attn`` hold query, key and value stacked along the output; ModernBERT's ``Wi`` and the gated
@@ -18,14 +18,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from layersim.errors import LayersimError
+from layersim.models.matrix_roles import MATRIX_TYPES
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-MATRIX_TYPES = ("query", "key", "value", "attention_output", "intermediate", "output")
-# What LoRA adapts when finetune.lora.target_modules is auto: Hu et al. (2021) adapt W_q and W_v (their §4.2, §7.1).
-ADAPTER_ROLES_AUTO = ("query", "value")
 
 
 @dataclass(frozen=True)
