@@ -8,6 +8,9 @@ from layersim.params.schema import SECTIONS
 
 
 def _default(value) -> str:
+    if dataclasses.is_dataclass(value):  # a sub-section (finetune.lora): its own table follows
+        return "{" + ", ".join(f"{spec.name}: {_default(getattr(value, spec.name))}"
+                               for spec in dataclasses.fields(value)) + "}"
     if isinstance(value, tuple):
         return "[" + ", ".join(map(str, value)) + "]"
     if isinstance(value, dict):
@@ -51,6 +54,9 @@ def describe() -> str:
              "a test keeps it current. `model`, `tasks`, `seeds` and `device` are described in params.yaml itself.", ""]
     for name, cls in SECTIONS.items():
         lines += [f"## {name}", "", *_table(cls)]
+        for spec in dataclasses.fields(cls):  # sub-sections, e.g. finetune.lora
+            if dataclasses.is_dataclass(spec.default):
+                lines += [f"## {name}.{spec.name}", "", *_table(type(spec.default))]
     from layersim.params.user_tasks import UserTaskParams
 
     lines += ["## user_tasks.`<name>`", "",

@@ -141,3 +141,23 @@ def check_value(key: str, spec: dataclasses.Field, value: Any) -> Any:
         return check_names(key, value, choices, allow_empty)
     kind = float if annotation.startswith("float") else int
     return check_number(key, value, kind, optional="None" in annotation, bounds=meta.get("bounds", ()))
+
+
+def nested(cls: type) -> Callable[[str, Any], Any]:
+    """The check of a key that holds a sub-section (e.g. finetune.lora): a mapping of `cls`'s knobs, each checked as
+    declared; a missing or empty mapping takes every default."""
+
+    def check(key: str, value: Any) -> Any:
+        value = {} if value is None else value
+        if not isinstance(value, dict):
+            raise fail(key, value, "a mapping of keys to values")
+        fields = {spec.name: spec for spec in dataclasses.fields(cls)}
+        unknown = [name for name in value if name not in fields]
+        if unknown:
+            close = difflib.get_close_matches(str(unknown[0]), fields, n=1)
+            mean = f" (did you mean {key}.{close[0]}?)" if close else ""
+            raise LayersimError(f"params.yaml: unknown key '{key}.{str(unknown[0])[:100]}'{mean}; valid keys of {key} "
+                                f"are: {', '.join(fields)}.")
+        return cls(**{name: check_value(f"{key}.{name}", fields[name], item) for name, item in value.items()})
+
+    return check

@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from layersim.params.pairs import _align_pairs, _pretraining_models
+from layersim.models.matrix_roles import ADAPTER_ROLES_AUTO, MATRIX_TYPES
 from layersim.params.rules import (FRACTION, NON_NEGATIVE, POSITIVE, SEED, TOLERANCE, Bound, at_least, at_most,
-                                   knob)
+                                   knob, nested)
 
 # Names and ranges shared by several sections: layersim.params.vocabulary.
 from layersim.params.vocabulary import (DEFAULT_POOLINGS, POOLING_NAMES, PRECISIONS, TRUNCATE_HEADS,
@@ -62,6 +63,32 @@ class DownloadParams:
                                          "read is recorded in the task table)", check=_task_revisions)
 
 
+def _adapter_roles(key: str, value) -> str | tuple[str, ...]:
+    """finetune.lora.target_modules: auto, or a list of the layers' matrix roles (layersim.models.weight_matrices)."""
+    from layersim.params.rules import check_names, fail
+
+    if value == "auto":
+        return value
+    if not isinstance(value, list):
+        raise fail(key, value, f"auto ({' and '.join(ADAPTER_ROLES_AUTO)}) or a non-empty list drawn from "
+                               f"{', '.join(MATRIX_TYPES)}")
+    return check_names(key, value, MATRIX_TYPES)
+
+
+@dataclass(frozen=True)
+class LoraParams:  # Hu et al. 2021, through peft; used when finetune.method is lora
+    rank: int = knob(8, "rank r of each adapted matrix's update B·A (Hu et al.; peft's default)", POSITIVE,
+                     at_most(4096, "the rank of an update no wider than the model"))
+    alpha: float = knob(16.0, "scale of the update: B·A is multiplied by alpha / rank", POSITIVE,
+                        at_most(10**6, "a scale of the update"))
+    dropout: float = knob(0.1, "dropout on the adapters' input while training",
+                          Bound(lambda v: 0 <= v < 1, "a number in [0, 1)"))
+    target_modules: str | tuple[str, ...] = knob("auto", f"the matrices adapted in every layer, by role ("
+                                                 f"{', '.join(MATRIX_TYPES)}), named per architecture; auto: "
+                                                 f"{' and '.join(ADAPTER_ROLES_AUTO)} (Hu et al. §4.2)",
+                                                 check=_adapter_roles)
+
+
 @dataclass(frozen=True)
 class FinetuneParams:
     batch_size: int = knob(4, "examples per step (Phang et al. §2: Adam, batch 4)", POSITIVE,
@@ -84,6 +111,10 @@ class FinetuneParams:
                           names=PRECISIONS)
     max_grad_norm: float = knob(0.0, "clip the gradients' total norm to this before each step (0: no clipping, "
                                      "the papers' setting)", NON_NEGATIVE)
+    method: str = knob("full", "full: every weight trains; lora: low-rank adapters on finetune.lora's matrices "
+                               "(peft), merged into the weights when training ends, so the checkpoint is a plain "
+                               "model every later stage reads unchanged", names=("full", "lora"))
+    lora: LoraParams = knob(LoraParams(), "LoRA's settings (with method: lora)", check=nested(LoraParams))
     require_convergence: bool = knob(False, "a run that did not converge (final training loss near the trivial "
                                             "predictor's, validation score not significantly above the best "
                                             "constant's: layersim.training.convergence) "

@@ -24,7 +24,9 @@ The bottom layer of the library: NumPy/SciPy only, no I/O, no models. The measur
 * :mod:`~layersim.similarity.blocks` — contiguous blocks of layers in a layer × layer matrix;
 * :mod:`~layersim.similarity.pruning` — layer-pruning predictors: ShortGPT's Block Influence and Gromov et al.'s
   angular distance between layers l and l+n, the spans they predict droppable, and their rank correlation with
-  measured skip scores.
+  measured skip scores;
+* :mod:`~layersim.similarity.weight_space` — what fine-tuning did to one weight matrix: Shuttleworth et al.'s
+  intruder dimensions, the top singular values before and after, the update's relative norm and numerical rank.
 """
 
 from layersim.similarity.attention import (

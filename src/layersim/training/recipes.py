@@ -44,7 +44,9 @@ def freeze_recipe(recipe: str, finetune: FinetuneParams, num_train: int) -> Fine
     if recipe not in RECIPES:
         raise unknown_name("freeze recipe", recipe, RECIPES, "wu: Hugging Face's defaults as Wu et al. ran them; "
                                                              "finetune: the finetune section's recipe")
-    quiet = dataclasses.replace(finetune, eval_every=0, checkpoint_every=0)
+    # Wu et al. froze layers of full fine-tuning: the frozen and unfrozen runs train every unfrozen weight, whatever
+    # finetune.method (the gate refuses recipe finetune with lora, whose unfrozen runs would be LoRA's).
+    quiet = dataclasses.replace(finetune, eval_every=0, checkpoint_every=0, method="full")
     if recipe == "finetune":
         return quiet
     return dataclasses.replace(quiet, batch_size=WU_BATCH_SIZE, learning_rate=WU_LEARNING_RATE, warmup_steps=0,

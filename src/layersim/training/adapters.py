@@ -1,0 +1,48 @@
+"""LoRA fine-tuning (finetune.method: lora; Hu et al. 2021) on peft, ending in a plain checkpoint.
+
+The task model's matrices of finetune.lora.target_modules (roles named per architecture by
+:mod:`layersim.models.weight_matrices`) get trainable low-rank updates, scaled by alpha / rank; every other weight of
+the encoder is frozen, the task head (everything outside the base model: BERT's classifier, a decoder's score)
+trains as in full fine-tuning, since a random head cannot be left as it is. When training ends the updates are
+merged into the weights (``merge_and_unload``), so the model is the same class as a fully fine-tuned one, saved the
+same way, and every later stage reads it unchanged. peft is imported only here, only for a LoRA run.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from layersim.models.matrix_roles import ADAPTER_ROLES_AUTO
+from layersim.models.weight_matrices import adapter_targets
+
+
+def adapter_roles(target_modules) -> tuple[str, ...]:
+    """The matrix roles finetune.lora.target_modules names ("auto": query and value, as Hu et al.)."""
+    return ADAPTER_ROLES_AUTO if target_modules == "auto" else tuple(target_modules)
+
+
+def with_adapters(model: nn.Module, settings) -> nn.Module:
+    """`model` (a task model) wrapped by peft with LoRA adapters of `settings` (LoraParams): only the adapters and
+    the task head train. Deterministic given torch's RNG state (the adapters' A matrices are drawn from it)."""
+    from peft import LoraConfig, get_peft_model
+
+    head = [p for p in model.parameters() if not any(p is q for q in model.base_model.parameters())]
+    config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout, bias="none",
+                        target_modules=adapter_targets(model, adapter_roles(settings.target_modules)))
+    adapted = get_peft_model(model, config)  # freezes every weight but the adapters'
+    for param in head:
+        param.requires_grad_(True)
+    return adapted
+
+
+def is_adapted(model: nn.Module) -> bool:
+    return hasattr(model, "merge_and_unload") and hasattr(model, "peft_config")
+
+
+def merged(model: nn.Module) -> nn.Module:
+    """The plain task model with the adapters' updates added to its weights (W + alpha / rank · B·A), every weight
+    trainable again as in a freshly loaded model."""
+    plain = model.merge_and_unload()
+    for param in plain.parameters():
+        param.requires_grad_(True)
+    return plain
