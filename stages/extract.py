@@ -56,7 +56,7 @@ def main(args, params):
                 # Beside the validation tables: Block Influence over every token, angles on the head's token.
                 pruning = Path(tmp) / f"{run}.pruning.json" if split == "validation" else None
                 extract_activations(encoder, tokenizer, spec, encoded, outputs, metadata, p.batch_size, device,
-                                    max_tokens=p.max_tokens, pruning_path=pruning)
+                                    max_tokens=p.max_tokens, pruning_path=pruning, precision=p.table_precision)
             if p.attention_examples:
                 # Attention maps of a few validation examples, for Wu et al.'s attention-level measures.
                 table = read_task_table(args.task_dir, spec, "validation", p.attention_examples)

@@ -13,7 +13,7 @@ from layersim.compute import disk
 from layersim.compute.flops import LayerShape
 from layersim.data.tasks import get_task
 from layersim.params import load_params, parse_params
-from layersim.plan import __main__ as cli, cache_types, plan, seconds, stages
+from layersim.plan import __main__ as cli, cache_types, copies, plan, seconds, stages, total
 from layersim.plan.sizes import PAPER_TASKS, ModelSize, TaskSize, bert_parameters, model_size, task_size
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,7 +82,7 @@ def test_finetune_and_extract_costs_on_a_small_exact_case():
     extract = stages.extract(params, get_task("synth-negation"), SMALL, task, "cls")
     runs = 4  # orig, two seeds, the random control
     assert extract.flops == (runs * 7 + 3 * 10) * stages.forward(SMALL, s)
-    assert extract.bytes == disk.table_bytes(runs * (7 * 3 + 28) + 3 * 10 * 2, 2, 4)
+    assert extract.bytes == disk.table_bytes(runs * (7 * 3 + 28) + 3 * 10 * 2, 2, 4, "float16")  # the default
 
 
 def test_the_tiny_models_parameters_are_counted_from_their_shape(tiny_model_dir):
@@ -96,10 +96,13 @@ def test_the_paper_configuration_plan_counts_the_published_sizes():
     params = load_params(REPO / "params.yaml")
     assert task_size(params, "mnli").train == PAPER_TASKS["mnli"][0]
     costs = {c.stage: c for c in plan(params, REPO)}
-    # MNLI's train tables: ORIG and two seeds, cls and mean, 13 layers of 768 floats.
+    # MNLI's train tables: ORIG and two seeds, cls and mean, 13 layers of 768 floats, 20,000 examples (the cap).
     mnli = get_task("mnli")
-    assert disk.table_bytes(392_702 * 6, 12, 768) == 392_702 * 6 * 13 * 768 * 4
-    assert costs["extract"].bytes > disk.table_bytes(392_702 * 6, 12, 768)
+    assert params.extract.max_train_examples == 20_000 and params.extract.table_precision == "float16"
+    assert disk.table_bytes(20_000 * 6, 12, 768, "float16") == 20_000 * 6 * 13 * 768 * 2
+    assert costs["extract"].bytes > disk.table_bytes(20_000 * 6, 12, 768, "float16")
+    # Issue 53: the default needs at most 150 GB in all, DVC's cache included (.dvc/config links it).
+    assert copies(REPO) == 1 and total(list(costs.values())).bytes <= 150e9
     assert costs["finetune"].bytes == 24 * model_size("roberta-base").checkpoint_bytes
     assert mnli.num_choices == 0 and seconds(costs["download"], cli.device("h100")) == 0  # nothing computed
 

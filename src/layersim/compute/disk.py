@@ -7,15 +7,18 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
+
 from layersim.errors import LayersimError
 
-FLOAT32 = 4
 # DVC's default cache type copies an output into .dvc/cache where the filesystem has no reflinks, so the bytes are
 # written twice; `dvc cache dir` on another volume, or cache.type hardlink/symlink, avoids that (docs/performance.md).
 CACHE_COPIES = 2
 DVC_DEFAULT_CACHE_TYPES = ("reflink", "copy")
-# An attention row's keys besides its floats: example_id (int64), choice, query, key (int16 each).
+# An attention row's keys besides its floats: example_id (int64), choice, query, key (int16 each); its floats are
+# float32 whatever extract.table_precision says (attention maps are a few GB in all).
 ATTENTION_KEY_BYTES = 8 + 3 * 2
+ATTENTION_VALUE_BYTES = 4
 
 
 def cache_copies(types: str | None, reflinks: bool = False) -> int:
@@ -31,10 +34,11 @@ def cache_copies(types: str | None, reflinks: bool = False) -> int:
     return CACHE_COPIES
 
 
-def table_bytes(rows: int, layers: int, hidden: int) -> int:
-    """Bytes of one activation table: float32 rows of every layer (the embeddings included), without Parquet's
-    compression, which float activations barely have."""
-    return rows * (layers + 1) * hidden * FLOAT32
+def table_bytes(rows: int, layers: int, hidden: int, precision: str = "float32") -> int:
+    """Bytes of one activation table: rows of every layer (the embeddings included) in `precision`
+    (extract.table_precision, a numpy dtype name), without Parquet's compression, which float activations barely
+    have."""
+    return rows * (layers + 1) * hidden * np.dtype(precision).itemsize
 
 
 def gigabytes(size: float) -> str:
@@ -78,10 +82,11 @@ def extract_rows(params, spec, rows: dict[str, int], runs: int, head: str) -> in
 def extract_bytes(params, spec, rows: dict[str, int], runs: int, head: str, shape: dict[str, int],
                   copies: int = CACHE_COPIES) -> int:
     """What the extract stage writes for one task (:func:`extract_rows`), `copies` times (DVC's cache copy)."""
-    return copies * table_bytes(extract_rows(params, spec, rows, runs, head), shape["num_layers"], shape["hidden_size"])
+    return copies * table_bytes(extract_rows(params, spec, rows, runs, head), shape["num_layers"], shape["hidden_size"],
+                                params.extract.table_precision)
 
 
 def attention_bytes(maps: int, units: float, layers: int, heads: int) -> int:
     """The attention tables of `maps` inputs (examples times choices, over runs) of about `units` words or tokens
     each: a row per (query, key) with every layer's heads in float32."""
-    return round(maps * units * units * (layers * heads * FLOAT32 + ATTENTION_KEY_BYTES))
+    return round(maps * units * units * (layers * heads * ATTENTION_VALUE_BYTES + ATTENTION_KEY_BYTES))

@@ -227,10 +227,11 @@ def _add_pruning_states(pruning: PruningStates, hidden_states, last_block: torch
 
 def extract_activations(encoder, tokenizer, spec: TaskSpec, encoded: EncodedTask, outputs: dict[str, Path],
                         metadata: dict, batch_size: int, device: torch.device, max_tokens: int | None = None,
-                        pruning_path: Path | None = None) -> None:
+                        pruning_path: Path | None = None, precision: str = "float32") -> None:
     """Run `encoder` over `encoded` and write one activation table per pooling in `outputs` (for "tokens",
-    one row per word, at most `max_tokens`: see layersim.data.words), batch by batch; with `pruning_path`,
-    the layer-pruning measures as its papers define their rows (layersim.experiments.pruning_states) as JSON."""
+    one row per word, at most `max_tokens`: see layersim.data.words), batch by batch, its values stored in
+    `precision` (extract.table_precision); with `pruning_path`, the layer-pruning measures as its papers define
+    their rows (layersim.experiments.pruning_states) as JSON."""
     config = encoder.config
     pruning = (PruningStates(config.num_hidden_layers, "last" if reads_last_token(config) else "first")
                if pruning_path is not None else None)
@@ -238,7 +239,7 @@ def extract_activations(encoder, tokenizer, spec: TaskSpec, encoded: EncodedTask
         # Every table appears under its final name only if the whole extraction succeeds.
         writers = {pooling: stack.enter_context(ActivationWriter(
             path, num_layers=config.num_hidden_layers, hidden_size=config.hidden_size, label_type=spec.label_type,
-            metadata={**metadata, "pooling": pooling})) for pooling, path in outputs.items()}
+            metadata={**metadata, "pooling": pooling}, precision=precision)) for pooling, path in outputs.items()}
         for batch in pooled_batches(encoder, tokenizer, encoded, list(outputs), batch_size, device,
                                     desc=f"extract {metadata['run']}", max_tokens=max_tokens, pruning=pruning):
             for pooling, writer in writers.items():

@@ -15,7 +15,7 @@ from layersim.params.rules import (FRACTION, NON_NEGATIVE, POSITIVE, SEED, TOLER
                                    knob, nested)
 
 # Names and ranges shared by several sections: layersim.params.vocabulary.
-from layersim.params.vocabulary import (DEFAULT_POOLINGS, POOLING_NAMES, PRECISIONS, TRUNCATE_HEADS,
+from layersim.params.vocabulary import (DEFAULT_POOLINGS, POOLING_NAMES, PRECISIONS, TABLE_PRECISIONS, TRUNCATE_HEADS,
                                        EXAMPLE_POOLING_NAMES, LOCALIZATIONS,
                                        ALIGN_METHODS, DEFAULT_MEASURES, _STEPS, _EXAMPLES, _BATCH, _WIDTH,
                                        MAX_PERMUTATIONS, ENOUGH, ROOM, EXAMPLES, STEPS, BATCH, LEARNING_RATE,
@@ -130,14 +130,20 @@ class ExtractParams:
                                                        "word)", names=POOLING_NAMES)
     batch_size: int = knob(32, "examples per forward pass", POSITIVE, BATCH)
     max_examples: int | None = knob(None, "validation examples per task (null: all)", POSITIVE, EXAMPLES, ENOUGH)
-    max_train_examples: int | None = knob(None, "train examples whose activations train truncate's heads and "
-                                                "align's maps (null: all)", POSITIVE, EXAMPLES, ENOUGH)
+    max_train_examples: int | None = knob(20000, "train examples whose activations train truncate's heads and "
+                                                 "align's maps, a seeded draw (null: all; 20,000 keeps the paper "
+                                                 "configuration within 150 GB: docs/paper-configuration.md)",
+                                          POSITIVE, EXAMPLES, ENOUGH)
     attention_examples: int = knob(100, "validation examples whose attention maps are kept (0: none)", NON_NEGATIVE,
                                    at_most(10**5, "attention maps are stored per example, layer and head"))
     attention_unit: str = knob("words", "attention between words (Wu et al.: to a word summed over its sub-words, from "
                                         "a word averaged) or the model's tokens", names=("words", "tokens"))
     max_tokens: int = knob(20000, "tokens pooling: word rows per task (validation), the first words in order",
                            POSITIVE, at_most(10**7, "word rows per task"), ENOUGH)
+    table_precision: str = knob("float16", "what the activation tables store (read back as float32 before any "
+                                           "arithmetic): float16 halves their bytes; its measured effect on every "
+                                           "measure, head and map: docs/paper-configuration.md",
+                                names=TABLE_PRECISIONS)
 
 
 @dataclass(frozen=True)

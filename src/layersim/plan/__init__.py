@@ -6,11 +6,14 @@ of tasks and models before they are downloaded :mod:`layersim.plan.sizes`."""
 from __future__ import annotations
 
 import configparser
-from dataclasses import dataclass
+import os
+import shutil
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from layersim.compute import disk
 from layersim.data.tasks import get_task
+from layersim.errors import LayersimError
 from layersim.params.model_kind import own_head_pooling
 from layersim.plan import stages
 from layersim.plan.sizes import model_size, task_size
@@ -126,3 +129,53 @@ def seconds(cost: StageCost, on: Device) -> float:
 
 def copies(root: Path, reflinks: bool = False) -> int:
     return disk.cache_copies(cache_types(root), reflinks)
+
+
+def human(value: float, unit: str = "B") -> str:
+    """A size or count in the SI prefix that fits it: 573.0 GB, 2.4 PFLOP."""
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:.1f} {prefix}{unit}"
+    return f"{value:.0f} {unit}"
+
+
+def known_tasks(params, root: Path):
+    """`params` with only the tasks whose size the plan knows now: a user task is sized from its downloaded tables,
+    so before download_task has run it is left out (an unknown size must not stop a run)."""
+    known = []
+    for name in params.tasks:
+        try:
+            task_size(params, name, root)
+        except LayersimError:
+            continue
+        known.append(name)
+    return replace(params, tasks=tuple(known))
+
+
+def written_bytes(folder: Path) -> int:
+    """Bytes of the files under `folder`: what earlier runs left in data/."""
+    return sum((Path(top) / name).stat().st_size for top, _, files in os.walk(folder) for name in files
+               if not (Path(top) / name).is_symlink())
+
+
+def check_fits(params, root: Path = Path(".")) -> str:
+    """Refuse in one sentence, before any stage works, when what the plan for `params` writes into the project at
+    `root` (its DVC-cached outputs, and DVC's cache copy of them where cache.type copies) is more than the free space
+    of the volume; return what was compared, for the log. Outputs already in data/ are subtracted: a params change
+    after a finished run rewrites some of them, not all (extract checks its own tables again before writing). A
+    model whose size is known only once downloaded skips the check; so do tasks of unknown size."""
+    try:
+        costs = plan(known_tasks(params, root), root)
+    except LayersimError as err:
+        return f"the disk plan is skipped: {err}"
+    n = copies(root)
+    needed = max(0, total(costs).bytes - written_bytes(Path(root) / "data")) * n
+    free = shutil.disk_usage(root).free
+    copied = " and DVC's copy of them in .dvc/cache" if n > 1 else ""
+    said = f"this run's plan writes about {human(needed)} (its outputs{copied})"
+    if needed <= free:
+        return f"{said}; {human(free)} free"
+    link = ", link DVC's cache to the workspace (`dvc config cache.type hardlink,symlink`)" if n > 1 else ""
+    raise LayersimError(f"{said} but the volume of {Path(root).resolve()} has {human(free)} free; shrink it "
+                        "with extract.table_precision: float16, extract.max_train_examples or extract.max_examples"
+                        f"{link}, or free space (`python -m layersim.plan` shows where the bytes go).")

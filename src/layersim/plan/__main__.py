@@ -9,7 +9,7 @@ from pathlib import Path
 
 from layersim.errors import LayersimError
 from layersim.params import parse_params, parse_yaml
-from layersim.plan import GPUS, copies, device, plan, seconds, total
+from layersim.plan import GPUS, copies, device, human, plan, seconds, total
 
 COLUMNS = ("stage", "rows", "workspace", "DVC cache", "FLOPs", "time")
 
@@ -30,13 +30,6 @@ def overridden(path: Path, overrides: list[str]) -> dict:
             node = node.setdefault(part, {}) if isinstance(node, dict) else {}
         node[last] = value_of(value)
     return doc
-
-
-def human(value: float, unit: str = "B") -> str:
-    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if value >= scale:
-            return f"{value / scale:.1f} {prefix}{unit}"
-    return f"{value:.0f} {unit}"
 
 
 def duration(s: float) -> str:

@@ -1,5 +1,6 @@
 """Activation tables (one file per model, task, run and pooling; a fixed_size_list<float32>[hidden] column per
-layer): the streaming writer and the checked, lazily read table (docs/architecture.md, "Data contracts")."""
+layer, or float16 with extract.precision): the streaming writer and the checked, lazily read table
+(docs/architecture.md, "Data contracts"). Every reader gets float32 whatever the file holds."""
 
 
 import contextlib
@@ -28,11 +29,20 @@ def layer_column(layer: int) -> str:
     return f"layer_{layer:02d}"
 
 
-def activation_schema(num_layers: int, hidden_size: int, label_type: pa.DataType, metadata: dict) -> pa.Schema:
+# What a table's values are stored as (extract.precision; layersim.params.vocabulary.TABLE_PRECISIONS spells the names
+# out, checked by a test). float16 halves the paper configuration's tables; docs/paper-configuration.md gives its
+# measured effect on every measure, head and map. Values are upcast to float32 on reading, before any arithmetic.
+VALUE_TYPES = {"float32": pa.float32(), "float16": pa.float16()}
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+def activation_schema(num_layers: int, hidden_size: int, label_type: pa.DataType, metadata: dict,
+                      precision: str = "float32") -> pa.Schema:
     # A "tokens" table (layersim.data.words) has one row per word, keyed by segment and word too.
     words = list(WORD_FIELDS) if metadata.get("pooling") == "tokens" else []
     fields = [pa.field("example_id", pa.int64()), pa.field("choice", pa.int16()), *words, pa.field("label", label_type)]
-    fields += [pa.field(layer_column(k), pa.list_(pa.float32(), hidden_size)) for k in range(num_layers + 1)]
+    value = VALUE_TYPES[precision]
+    fields += [pa.field(layer_column(k), pa.list_(value, hidden_size)) for k in range(num_layers + 1)]
     return pa.schema(fields, metadata={METADATA_KEY: json.dumps(metadata, sort_keys=True)})
 
 
@@ -41,12 +51,15 @@ class ActivationWriter:
 
     Use as a context manager; the file appears under its final name only if the block succeeds.
     Rows are buffered into row groups of about `rows_per_group`, so a reader gets few, large chunks.
+    `precision` (a key of VALUE_TYPES) is what the values are stored as.
     """
 
     def __init__(self, path: str | os.PathLike, *, num_layers: int, hidden_size: int,
-                 label_type: pa.DataType, metadata: dict[str, Any], rows_per_group: int = 4096):
+                 label_type: pa.DataType, metadata: dict[str, Any], rows_per_group: int = 4096,
+                 precision: str = "float32"):
         self.schema = activation_schema(num_layers, hidden_size, label_type,
-                                        {**metadata, "num_layers": num_layers, "hidden_size": hidden_size})
+                                        {**metadata, "num_layers": num_layers, "hidden_size": hidden_size}, precision)
+        self.precision = precision
         self.hidden_size = hidden_size
         self.num_layers = num_layers
         self.rows_per_group = rows_per_group
@@ -82,11 +95,23 @@ class ActivationWriter:
             if values.shape != (rows, self.hidden_size):
                 raise LayersimError(f"layer {k} has shape {values.shape}, expected ({rows}, {self.hidden_size}) "
                                     f"for {rows} rows of hidden size {self.hidden_size}.")
+            if self.precision == "float16":
+                values = self._half(k, values)
             columns.append(pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), self.hidden_size))
         self._pending.append(pa.Table.from_arrays(columns, schema=self.schema))
         self.num_rows += rows
         if sum(t.num_rows for t in self._pending) >= self.rows_per_group:
             self._flush()
+
+    def _half(self, k: int, values: np.ndarray) -> np.ndarray:
+        # A value beyond float16's range would be stored as ±inf, which every reader refuses as a diverged run:
+        # say here what it is instead (a model with activations that large needs float32 tables).
+        largest = float(np.abs(values).max(initial=0.0))
+        if largest > FLOAT16_MAX:
+            raise LayersimError(f"layer {k} holds a value of magnitude {largest:.4g}, beyond float16's {FLOAT16_MAX:g}, "
+                                f"so table {self._path} cannot be stored in half precision; set extract.table_precision: "
+                                "float32.")
+        return values.astype(np.float16)
 
     def _flush(self) -> None:
         if self._pending:
@@ -107,10 +132,10 @@ class ActivationWriter:
 
 
 class ActivationTable:
-    """A checked, lazily read activation table: metadata and ids up front, layers on demand.
+    """A checked, lazily read activation table: metadata and ids up front, layers on demand, as float32.
 
     Opening checks the schema against the contract (one fixed_size_list<float32>[hidden_size] column
-    per layer, as many as the metadata's num_layers), the row count written with the file, and, with
+    per layer, or float16 in every layer, as many as the metadata's num_layers), the row count written with the file, and, with
     `expect`, metadata values the caller knows: e.g. ``{"task": "rte", "split": "validation",
     "run": "seed1", "pooling": "cls", "model_digest": <digest of the weights>}``. Every page is
     checksummed as it is read; a corrupt or truncated file is a LayersimError that says so."""
@@ -126,10 +151,13 @@ class ActivationTable:
         if label not in (pa.int64(), pa.float64()):
             label = pa.int64()  # reported by check_types below
         self.words = self.metadata.get("pooling") == "tokens"
+        first = layer_column(0)
+        stored = self._reader.schema.field(first).type if first in self._reader.schema.names else None
+        value = next((t for t in VALUE_TYPES.values() if stored == pa.list_(t, self.hidden_size)), pa.float32())
         self._reader.check_types(
             {"example_id": pa.int64(), "choice": pa.int16(), **{f.name: f.type for f in WORD_FIELDS if self.words},
              "label": label}
-            | {layer_column(k): pa.list_(pa.float32(), self.hidden_size) for k in range(self.num_layers + 1)},
+            | {layer_column(k): pa.list_(value, self.hidden_size) for k in range(self.num_layers + 1)},
             f" for num_layers {self.num_layers} and hidden_size {self.hidden_size} in its metadata")
         self.check(expect)
         ids = self._reader.read(["example_id", "choice", *(["segment", "word"] if self.words else [])])
@@ -201,7 +229,7 @@ class ActivationTable:
         if not 0 <= k <= self.num_layers:
             raise LayersimError(f"layer {k} is out of range for {self.path}; valid layers are 0..{self.num_layers}.")
         column = self._reader.read([layer_column(k)]).column(0).combine_chunks()
-        values = column.values.to_numpy(zero_copy_only=False)
+        values = _float32(column.values)
         return self.check_finite(k, values.reshape(len(column), self.hidden_size))
 
     def row_groups(self) -> list[tuple[int, int]]:
@@ -215,7 +243,7 @@ class ActivationTable:
             raise LayersimError(f"layer {k} is out of range for {self.path}; valid layers are 0..{self.num_layers}.")
         with self._reader.translating():
             column = self._file.read_row_groups(groups, columns=[layer_column(k)]).column(0).combine_chunks()
-        values = column.values.to_numpy(zero_copy_only=False).reshape(len(column), self.hidden_size)
+        values = _float32(column.values).reshape(len(column), self.hidden_size)
         spans, at = self.row_groups(), 0
         for g in groups:  # each group checked at its own rows, so an error names the right example
             first, size = spans[g]
@@ -269,7 +297,7 @@ class ActivationTable:
                 arrays = []
                 for k, column in zip(layers, batch.columns):
                     # flatten() honours the slice a batch may be of its chunk; no copy without nulls.
-                    values = column.flatten().to_numpy(zero_copy_only=False)
+                    values = _float32(column.flatten())
                     arrays.append(self.check_finite(k, values.reshape(len(column), self.hidden_size), start))
                 start += batch.num_rows
                 if not pending and batch.num_rows == rows:
@@ -286,3 +314,9 @@ class ActivationTable:
             yield [np.concatenate(parts) for parts in zip(*pending)]
         if start != self.num_rows:
             raise self._reader.corrupt(f"streamed {start} rows, the footer says {self.num_rows}")
+
+
+def _float32(values: pa.Array) -> np.ndarray:
+    """A column's values as float32: a float16 table upcast before any arithmetic (sums of squares of half-precision
+    numbers overflow and lose digits); a float32 one without a copy."""
+    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float32)
