@@ -66,9 +66,7 @@ def test_one_planted_intruder_in_the_rows_the_headline_and_the_grid(monkeypatch,
     assert hit[0]["relative_update_norm"] == pytest.approx(relative, rel=1e-5)
     assert all(row["update_rank"] == 0 and row["relative_update_norm"] == 0 for row in rows if row is not hit[0])
     assert headline == {"method": "full", "intruders_per_adapted_matrix": round(1 / 36, 6),
-                        "max_relative_update_norm": hit[0]["relative_update_norm"], "max_update_rank_adapted": 1,
-                        "intruders_by_matrix": {role: round(1 / 6, 6) if role == "intermediate" else 0.0
-                                                for role in MATRIX_TYPES}}
+                        "max_relative_update_norm": hit[0]["relative_update_norm"], "max_update_rank_adapted": 1}
     grids = intruder_grids(rows, MATRIX_TYPES)
     assert list(grids) == ["FT[1]", "FT[2]"] and grids["FT[1]"].shape == (LAYERS, len(MATRIX_TYPES))
     assert grids["FT[1]"].sum() == grids["FT[1]"][1, MATRIX_TYPES.index("intermediate")] == 1

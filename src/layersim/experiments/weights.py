@@ -60,16 +60,14 @@ def change_rows(per_run: Mapping[int, Mapping[tuple[int, str], MatrixChange]],
 
 def weights_headline(rows: list[dict], method: str) -> dict:
     """The metrics file's scalars: the fine-tuning method; the mean intruder count per adapted matrix (and per
-    matrix left frozen, under LoRA) over seeds and layers, and per role; the largest relative update norm; the
-    largest update rank of an adapted matrix (LoRA: at most its rank r)."""
+    matrix left frozen, under LoRA) over seeds and layers; the largest relative update norm; the largest update
+    rank of an adapted matrix (LoRA: at most its rank r). Per role and layer: the plot rows."""
     adapted = [row for row in rows if row["adapted"]]
     frozen = [row for row in rows if not row["adapted"]]
     norms = [row["relative_update_norm"] for row in rows if row["relative_update_norm"] is not None]
     headline = {"method": method, "intruders_per_adapted_matrix": _mean(row["intruders"] for row in adapted),
                 "max_relative_update_norm": max(norms, default=None),
-                "max_update_rank_adapted": max((row["update_rank"] for row in adapted), default=None),
-                "intruders_by_matrix": {role: _mean(row["intruders"] for row in rows if row["matrix"] == role)
-                                        for role in dict.fromkeys(row["matrix"] for row in rows)}}
+                "max_update_rank_adapted": max((row["update_rank"] for row in adapted), default=None)}
     if frozen:
         headline["intruders_per_frozen_matrix"] = _mean(row["intruders"] for row in frozen)
     return headline
