@@ -31,8 +31,8 @@ def intruder_heatmaps(grids: Mapping[str, np.ndarray], roles: Sequence[str], top
     ncols = max(1, min(ncols, len(grids)))
     nrows = max(1, -(-len(grids) // ncols))
     height = max(2.4, 0.45 * max((g.shape[0] for g in grids.values()), default=1) + 1.6)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(1.0 * len(roles) * ncols + 1.8, height * nrows), squeeze=False,
-                             constrained_layout=True)
+    width = (0.65 * len(roles) + 1.0) * ncols + 1.0
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, height * nrows), squeeze=False, constrained_layout=True)
     cmap = plt.get_cmap("viridis").with_extremes(bad="lightgrey")
     image = None
     for ax, (run, grid) in zip(axes.flat, grids.items()):
