@@ -28,10 +28,11 @@ FINETUNE = {f"finetune@{TASK}-1", f"finetune@{TASK}-2", f"finetune_pretrained@{T
 EXTRACT, SIMILARITY, TRUNCATE, SKIP, ALIGN = (f"{stage}@{TASK}" for stage in
                                               ("extract", "similarity", "truncate", "skip", "align"))
 COMPARE, SUMMARY, FREEZE, EXPORT, REPORT = "compare", "summary", f"freeze@{TASK}", f"export@{TASK}", "report"
+WEIGHTS = f"weights@{TASK}"  # reads the checkpoints' weights only
 # The report page reads every per-task result and the summary (not compare's).
 # skip reads the seeds' activation tables too (Block Influence, angular distance)
 AFTER_EXTRACT = {SIMILARITY, COMPARE, TRUNCATE, SKIP, ALIGN, SUMMARY, REPORT}
-AFTER_FINETUNE = {EXTRACT, SKIP, FREEZE, EXPORT, *AFTER_EXTRACT}
+AFTER_FINETUNE = {EXTRACT, SKIP, FREEZE, EXPORT, WEIGHTS, *AFTER_EXTRACT}
 EXPENSIVE = DOWNLOAD | FINETUNE | {EXTRACT}
 
 
@@ -65,6 +66,8 @@ ANALYSIS = [
     ("align.methods", ["linear", "cca", "inn"], {ALIGN}, None),
     ("freeze.layers", [4], {FREEZE}, None),
     ("freeze.seeds", [1], {FREEZE}, None),
+    ("weights.threshold", 0.6, {WEIGHTS}, None),
+    ("weights.top_k", 5, {WEIGHTS}, None),
 ]
 UPSTREAM = [
     # Read by extract (which attention maps to keep) and by compare (how many it encodes itself).
@@ -92,7 +95,7 @@ def test_a_param_change_reruns_only_the_stages_that_read_it(project, key, value,
     # Without an explicit list, what reruns is the stale stages, the summary after any per-task analysis and the
     # report after any result it shows.
     summarised = {SUMMARY} if stale & {SIMILARITY, TRUNCATE, SKIP, ALIGN} else set()
-    reported = {REPORT} if stale & {SIMILARITY, TRUNCATE, SKIP, ALIGN, FREEZE, EXPORT} else set()
+    reported = {REPORT} if stale & {SIMILARITY, TRUNCATE, SKIP, ALIGN, FREEZE, EXPORT, WEIGHTS} else set()
     assert would_run == (rerun or stale | summarised | reported) | {GATE}
     if not rerun:  # an analysis param (or one that changes no result): nothing expensive reruns
         assert not would_run & EXPENSIVE

@@ -14,6 +14,7 @@ from dvc_project import built_project, dry_run_stages, dvc, run, tiny_params
 from layersim.reporting import headlines
 from layersim.similarity.inference.bootstrap import AUTO_INTERVAL
 from layersim.experiments.freeze import freeze_headline as headlines_of_freeze
+from layersim.experiments.weights import weights_headline
 from layersim.data.io import ActivationTable, AttentionTable, stage_details, stage_metrics, task_tables
 
 TASK = "synth-negation"
@@ -343,6 +344,23 @@ def test_freeze_scores_each_configuration_next_to_the_unfrozen_run(project):
     assert (root / f"plots/freeze/{TASK}/freeze.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_weights_compares_every_seeds_matrices_with_the_pretrained_ones(project):
+    """The weights stage (issue 52): one row per (seed, layer, matrix role) of the full fine-tuning runs, every
+    matrix moved (each trains), its intruder count within the top k; the headline is the rows' own."""
+    root, _ = project
+    rows = json.loads((root / f"plots/weights/{TASK}/changes.json").read_text())
+    roles = ("query", "key", "value", "attention_output", "intermediate", "output")
+    assert sorted((row["seed"], row["layer"], row["matrix"]) for row in rows) == sorted(
+        (seed, layer, role) for seed in SEEDS for layer in (1, 2, 3) for role in roles)
+    for row in rows:
+        assert row["series"] == f"FT[{SEEDS.index(row['seed']) + 1}] {row['matrix']}" and row["adapted"]
+        assert 0 <= row["intruders"] <= 10 and row["update_rank"] >= 1 and row["relative_update_norm"] > 0
+    assert max(row["update_rank"] for row in rows) > 8  # full fine-tuning's update is not low-rank (LoRA's r is 8)
+    headline = json.loads((root / f"metrics/weights/{TASK}/metrics.json").read_text())
+    assert headline == weights_headline(rows, "full") and "intruders_per_frozen_matrix" not in headline
+    assert (root / f"plots/weights/{TASK}/intruders.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_second_repro_has_nothing_to_do(project):
     root, state = project
     out = run(dvc("repro"), root, state["env"])
@@ -401,6 +419,7 @@ def test_metrics_files_hold_their_headline_and_details_hold_the_rest(project):
     ("truncate", "head_epochs", 3, [f"truncate@{TASK}"]),
     ("skip", "tolerance", 0.05, [f"skip@{TASK}"]),
     ("align", "matrix_steps", 6, [f"align@{TASK}"]),
+    ("weights", "threshold", 0.6, [f"weights@{TASK}"]),
 ])
 def test_changing_an_analysis_param_reruns_only_its_stage(project, section, key, value, stages):
     root, state = project

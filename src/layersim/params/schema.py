@@ -334,9 +334,18 @@ class ExportParams:  # a smaller model that keeps the score (the export stage)
                                "reported)", POSITIVE, at_most(1000, "timed passes"))
 
 
+@dataclass(frozen=True)
+class WeightsParams:  # Shuttleworth et al. 2025, "LoRA vs Full Fine-tuning: An Illusion of Equivalence"
+    top_k: int = knob(10, "intruder dimensions are counted among the fine-tuned matrix's top k singular vectors "
+                          "(Shuttleworth et al.: 10)", POSITIVE, at_most(4096, "singular vectors"))
+    threshold: float = knob(0.5, "a top singular vector is an intruder when its largest |cosine| with every "
+                                 "pretrained singular vector is below this (Shuttleworth et al.: 0.5)",
+                            Bound(lambda v: 0 < v <= 1, "a number in (0, 1]"))
+
+
 # The pipeline's stages (dvc.yaml's names; tests/test_launch.py keeps the two in step), for launch.gpu_stages.
 STAGES = ("check_params", "download_model", "download_compared", "download_paired", "download_task", "finetune",
-          "finetune_pretrained", "extract", "similarity", "compare", "truncate", "skip", "align", "freeze", "export", "summary", "report")
+          "finetune_pretrained", "extract", "similarity", "compare", "truncate", "skip", "align", "freeze", "export", "weights", "summary", "report")
 
 
 @dataclass(frozen=True)
@@ -368,6 +377,7 @@ class Params:
     align: AlignParams = field(default_factory=AlignParams)
     freeze: FreezeParams = field(default_factory=FreezeParams)
     export: ExportParams = field(default_factory=ExportParams)
+    weights: WeightsParams = field(default_factory=WeightsParams)
     launch: LaunchParams = field(default_factory=LaunchParams)
     # Tasks declared on the user's files (layersim.params.user_tasks): name → its TaskSpec.
     user_tasks: dict = field(default_factory=dict)
@@ -376,7 +386,7 @@ class Params:
 SECTIONS = {"download": DownloadParams, "finetune": FinetuneParams, "extract": ExtractParams,
             "similarity": SimilarityParams, "compare": CompareParams, "truncate": TruncateParams,
             "skip": SkipParams, "align": AlignParams, "freeze": FreezeParams,
-            "export": ExportParams, "launch": LaunchParams}
+            "export": ExportParams, "weights": WeightsParams, "launch": LaunchParams}
 TOP_LEVEL = ("model", "tasks", "seeds", "device", *SECTIONS, "user_tasks")
 # The device param: auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N.
 DEVICE = r"auto|cpu|cuda(:[0-9]{1,2})?"

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  time: {on.name} at {human(on.flops, 'FLOP/s')}"
           + (f" + {on.pass_seconds * 1e3:.1f} ms a layer pass" if on.pass_seconds else "")
           + f" ({on.basis})"
-          + f"; similarity on the CPU at {human(on.cpu_flops, 'FLOP/s')}")
+          + f"; similarity and weights on the CPU at {human(on.cpu_flops, 'FLOP/s')}")
     for c in costs:
         for note in c.notes:
             print(f"  {c.stage}: {note}")

@@ -20,7 +20,7 @@ from layersim.params.pairs import aligned_pairs, paired_models
 from layersim.plan.sizes import ModelSize, TaskSize
 from layersim.training.recipes import freeze_recipe
 
-CPU_STAGES = ("similarity",)  # numpy on the host's CPU whatever params' device says
+CPU_STAGES = ("similarity", "weights")  # numpy on the host's CPU whatever params' device says
 CCA_FAMILY = ("svcca", "pwcca", "mean_cca")
 
 
@@ -119,6 +119,20 @@ def similarity(params, model: ModelSize, task: TaskSize) -> StageCost:
             cost.flops += pair * (stacked * (stacked + 1) / 2 * (1 + s.permutations)
                                   + 2 * (model.shape.num_layers + 1) * s.bootstrap)
     return cost
+
+
+def svd_flops(m: int, n: int) -> float:
+    """A thin SVD of an m × n matrix with its left singular vectors (Golub and Van Loan's count, m ≥ n)."""
+    m, n = max(m, n), min(m, n)
+    return 4 * m * n * n + 22 * n ** 3
+
+
+def weights(params, model: ModelSize, task: TaskSize) -> StageCost:
+    """Per seed, every layer's six weight matrices (four h × h, two f × h) against the pretrained ones: five SVDs
+    each (both matrices' singular vectors, both spectra, the update's); no example is read."""
+    h, f = model.shape.hidden, model.shape.intermediate
+    per_layer = 5 * (4 * svd_flops(h, h) + 2 * svd_flops(f, h))
+    return StageCost("weights", flops=len(params.seeds) * model.shape.num_layers * per_layer)
 
 
 def truncate(params, model: ModelSize, task: TaskSize, num_labels: int) -> StageCost:

@@ -297,7 +297,10 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
                                "the train examples it was chosen on and on validation."),
                               (f"skip/{task}/skip.png", "The score with layers i..j skipped (Phang et al. §4.1)."),
                               (f"align/{task}/errors.png", "Held-out alignment error per layer and map (Ren et al.)."),
-                              (f"freeze/{task}/freeze.png", "Fine-tuning with layers frozen (Wu et al. Table 1).")):
+                              (f"freeze/{task}/freeze.png", "Fine-tuning with layers frozen (Wu et al. Table 1)."),
+                              (f"weights/{task}/intruders.png", "Intruder dimensions per layer and weight matrix, each "
+                               "seed's checkpoint against the pretrained model (Shuttleworth et al.): top singular "
+                               "vectors of the fine-tuned matrix unlike every pretrained one.")):
         figure = layout.figure(relative, caption)
         if figure:
             section.figures.append(figure)

@@ -1,0 +1,30 @@
+"""weights: for one task, what fine-tuning did to every layer's weight matrices (query, key, value, attention
+output, intermediate, output), each seed's checkpoint against the pretrained model: Shuttleworth et al.'s intruder
+dimensions (2025, "LoRA vs Full Fine-tuning: An Illusion of Equivalence"; weights.top_k and weights.threshold),
+the update's norm relative to the pretrained weights, its rank and the spectrum's change
+(layersim.experiments.weights). Reads weights only: no task data, no activations."""
+
+from pathlib import Path
+
+from layersim import cli
+from layersim.data.io import write_figure, write_json
+from layersim.experiments.weights import task_weights
+
+
+def main(args, params):
+    rows, headline, figure = task_weights(args.pretrained, args.checkpoints, params.seeds, params.finetune,
+                                          params.weights.top_k, params.weights.threshold, cli.log.info)
+    write_json(rows, args.plots / "changes.json")
+    write_figure(figure, args.plots / "intruders.png")
+    write_json(headline, args.metrics)
+    cli.log.info("wrote %s and %s", args.plots, args.metrics)
+
+
+if __name__ == "__main__":
+    p = cli.parser(__doc__)
+    p.add_argument("--task", required=True)
+    p.add_argument("--pretrained", type=Path, required=True, help="folder written by download_model")
+    p.add_argument("--checkpoints", type=Path, required=True, help="folder holding the seeds' checkpoints")
+    p.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
+    p.add_argument("--plots", type=Path, required=True, help="folder for changes.json (rows) and intruders.png")
+    cli.run_stage(main, p.parse_args())
