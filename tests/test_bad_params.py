@@ -214,6 +214,8 @@ CASES = [
      ["similarity.measures has the pooling 'word'", "cls, mean, last, tokens"]),
     ("similarity-poolings-removed", "extract", _set(similarity__poolings=["cls"]),
      ["similarity.poolings is no longer a key", "keys of similarity.measures"]),
+    ("intruder-threshold-zero", "weights", _set(weights__threshold=0),
+     ["weights.threshold = 0", "a number in (0, 1]"]),
     ("no-permutations", "similarity", _set(similarity__permutations=0),
      ["similarity.permutations = 0", "a positive integer"]),
     ("significance-above-one", "compare", _set(similarity__significance=5),

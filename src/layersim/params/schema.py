@@ -345,7 +345,8 @@ class WeightsParams:  # Shuttleworth et al. 2025, "LoRA vs Full Fine-tuning: An 
 
 # The pipeline's stages (dvc.yaml's names; tests/test_launch.py keeps the two in step), for launch.gpu_stages.
 STAGES = ("check_params", "download_model", "download_compared", "download_paired", "download_task", "finetune",
-          "finetune_pretrained", "extract", "similarity", "compare", "truncate", "skip", "align", "freeze", "export", "weights", "summary", "report")
+          "finetune_pretrained", "extract", "similarity", "compare", "truncate", "skip", "align", "freeze", "export",
+          "weights", "summary", "report")
 
 
 @dataclass(frozen=True)
