@@ -83,6 +83,9 @@ def test_dvc_yaml_lists_the_folder_as_top_level_metrics():
     assert "environment" in pipeline["metrics"]
     declared = json.dumps(pipeline["stages"])
     assert '"environment' not in declared  # no stage's output: DVC would hash it into dvc.lock
+    # The folder is in git even before any stage ran: `git add ... environment` (docs/experiments.md) never fails,
+    # and its one file is empty, so DVC reads no metric (and no error) from it.
+    assert (REPO / "environment" / ".gitkeep").read_bytes() == b""
 
 
 @pytest.mark.integration
@@ -93,7 +96,7 @@ def test_dvc_runs_write_records_that_change_nothing_dvc_hashes(tmp_path):
     env = make_project(root, tiny_params)
     targets = ["check_params", "download_task"]
     run(dvc("repro", *targets), root, env)
-    records = sorted(p.name for p in (root / "environment").iterdir())
+    records = sorted(p.name for p in (root / "environment").glob("*.json"))
     assert records == ["check_params.json", "download_task@synth-negation.json"], records
     first = _read(root / "environment" / "download_task@synth-negation.json")
     assert first["stage"] == "download_task@synth-negation" and first["dvc"] == _installed("dvc")
