@@ -80,6 +80,10 @@ def run_stage(main: Callable[[argparse.Namespace, Params], None], args: argparse
             transformers.logging.set_verbosity_error()
             transformers.logging.disable_progress_bar()
         main(args, params)
+        # After the outputs, so that the record describes a finished run (docs/outputs.md, "Environment").
+        from layersim.data.run_environment import write_environment_record
+
+        write_environment_record()
     except LayersimError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import re
 
+from layersim.data.run_environment import STAGE_ENV
 from layersim.errors import LayersimError
 from layersim.params.schema import Params
 
 PLACEHOLDER = re.compile(r"@(model|task|seed)\b")
-STAGE_ENV = "DVC_STAGE"  # set by DVC for every stage command it runs
 
 
 def has_placeholders(argv: list[str]) -> bool:
