@@ -56,6 +56,6 @@ echo
 dvc exp run "${params[@]}" "$@"
 
 echo
-echo "Done. Figures: plots/{similarity,localization,compare,truncate,skip,export,align,freeze,summary}/   every number: plots/details/"
+echo "Done. Figures: plots/{similarity,localization,compare,truncate,skip,export,align,freeze,weights,summary}/   every number: plots/details/"
 echo "Smaller models that keep the score (plain Hugging Face checkpoints): data/export/minilm-l6/"
 echo "Headline metrics: dvc metrics show   experiments: dvc exp show --drop '.*' --keep 'Experiment|^model\$|^mean\.'"

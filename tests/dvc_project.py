@@ -128,7 +128,7 @@ def make_project(dest: Path, configure: Callable[[dict], object], *, share_cache
     shared cache set up by tests/conftest.py) it uses the test run's one DVC cache and run-cache; a test
     that needs its stages to really run passes False."""
     copy_repository(dest)
-    # The project links DVC's cache into the workspace (.dvc/config: cache.type reflink,hardlink,symlink). Tests damage
+    # The project links DVC's cache into the workspace (.dvc/config: cache.type hardlink,symlink). Tests damage
     # outputs in place on purpose, and share one cache: through a link that damage would reach the cache, so a
     # test project copies (DVC's default on ext4), as it did before the link; config.local outranks config.
     (dest / ".dvc" / "config.local").write_text("[cache]\n    type = copy\n")

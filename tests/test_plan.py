@@ -27,6 +27,8 @@ def test_dvc_cache_copies_follow_the_cache_type():
     assert disk.cache_copies("symlink") == 1
     assert disk.cache_copies("copy") == 2
     assert disk.cache_copies("reflink,copy", reflinks=True) == 1
+    # DVC's reflink on a filesystem without reflinks copies without a word (measured on ext4): never a link.
+    assert disk.cache_copies("reflink,hardlink,symlink") == 2
 
 
 def test_the_cache_type_is_read_from_the_dvc_config(tmp_path):

@@ -27,10 +27,10 @@ def cache_copies(types: str | None, reflinks: bool = False) -> int:
     applies copies, 1 for hardlink or symlink (the workspace file is the cached one) or a reflink (blocks shared).
     Reflinks apply only on filesystems that have them (XFS, Btrfs, APFS; not ext4): `reflinks` says so."""
     for kind in [k.strip() for k in types.split(",")] if types else DVC_DEFAULT_CACHE_TYPES:
-        if kind in ("hardlink", "symlink") or (kind == "reflink" and reflinks):
+        if kind in ("hardlink", "symlink"):
             return 1
-        if kind == "copy":
-            return CACHE_COPIES
+        if kind in ("reflink", "copy"):  # a reflink where the filesystem has none is a copy (measured on ext4)
+            return 1 if kind == "reflink" and reflinks else CACHE_COPIES
     return CACHE_COPIES
 
 

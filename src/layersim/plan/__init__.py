@@ -175,7 +175,7 @@ def check_fits(params, root: Path = Path(".")) -> str:
     said = f"this run's plan writes about {human(needed)} (its outputs{copied})"
     if needed <= free:
         return f"{said}; {human(free)} free"
-    link = ", link DVC's cache to the workspace (`dvc config cache.type reflink,hardlink,symlink`)" if n > 1 else ""
+    link = ", link DVC's cache to the workspace (`dvc config cache.type hardlink,symlink`)" if n > 1 else ""
     raise LayersimError(f"{said} but the volume of {Path(root).resolve()} has {human(free)} free; shrink it "
                         "with extract.table_precision: float16, extract.max_train_examples or extract.max_examples"
                         f"{link}, or free space (`python -m layersim.plan` shows where the bytes go).")
