@@ -184,12 +184,13 @@ def inject(inputs: AlignInputs, pair: tuple[str, str], options: dict, expect: di
     params, spec = inputs.params, inputs.spec
     runs = run_labels(params.seeds)
     source, target = (runs[label] for label in pair)
-    pooling = head_pooling(finetuned_run(inputs.checkpoints, target))
+    checkpoint = finetuned_run(inputs.checkpoints, target)
+    pooling = head_pooling(checkpoint)
     train = {run: inputs.table(run, pooling, "train", expect[run]) for run in (source, target)}
     train[source].check_comparable(train[target])
     source_validation = inputs.table(source, pooling, "validation", expect[source])
     device = resolve_device(params.device)
-    model, tokenizer, encoded = load_for_validation(finetuned_run(inputs.checkpoints, target), spec, inputs.validation_task_table(),
+    model, tokenizer, encoded = load_for_validation(checkpoint, spec, inputs.validation_task_table(),
                                                     params.finetune.max_length, device)
     source_validation.check_examples(encoded.example_id, encoded.num_choices, f"{inputs.task_dir}/validation.parquet")
     last = source_validation.num_layers
