@@ -10,7 +10,7 @@ from layersim.compute.device import resolve_device
 from layersim.data.batching import encode_task
 from layersim.experiments.extract import extract_activations, extract_task_attention
 from layersim.errors import LayersimError
-from layersim.data.io import atomic_path, finetuned, read_task_table, run_expectations
+from layersim.data.io import atomic_path, finetuned_runs, read_task_table, run_expectations
 from layersim.models.registry import load_encoder, load_tokenizer, model_shape, verified_info
 from layersim.compute.disk import check_free_space, extract_bytes, train_poolings
 from layersim.models.random_control import RANDOM_RUN, random_encoder, random_run_metadata
@@ -24,11 +24,13 @@ def main(args, params):
     # Validation tables at the top (what similarity compares); train tables in train/ (truncate's heads, align).
     splits = {"validation": (read_task_table(args.task_dir, spec, "validation", p.max_examples), ""),
               "train": (read_task_table(args.task_dir, spec, "train", p.max_train_examples), "train")}
-    runs = {"orig": args.pretrained} | {f"seed{s}": finetuned(args.checkpoints, s) for s in params.seeds}
+    finetuned = finetuned_runs(params.finetune, params.seeds)  # finetune.method's, then compare_methods'
+    compared = {run.name for run in finetuned if not run.primary}
+    runs = {"orig": args.pretrained} | {run.name: run.folder(args.checkpoints) for run in finetuned}
     control = params.similarity.random_control  # the init seed of the random-init control, or None
     if control is not None:
         runs[RANDOM_RUN] = args.pretrained  # its config and tokenizer; its weights are drawn afresh
-    known = run_expectations(args.checkpoints, params.seeds, args.task_dir)  # fine-tuned on these tables
+    known = run_expectations(args.checkpoints, finetuned, args.task_dir)  # fine-tuned on these tables
     task_digest = known["orig"]["task_digest"]
     if verified_info(args.pretrained)["digest"] != known["orig"]["model_digest"]:
         raise LayersimError(f"the checkpoints in {args.checkpoints} were not fine-tuned from {args.pretrained}; "
@@ -44,8 +46,8 @@ def main(args, params):
                 identity = random_run_metadata(identity, control)
             encoder = random_encoder(folder, control) if run == RANDOM_RUN else load_encoder(folder)
             for split, (table, subfolder) in splits.items():
-                if run == RANDOM_RUN and split != "validation":
-                    continue  # a control for similarity, which compares validation tables only
+                if split != "validation" and (run == RANDOM_RUN or run in compared):
+                    continue  # the control and compare_methods' runs: for similarity, which reads validation only
                 # Words ("tokens") are validation data points only; train tables feed truncate's heads (the
                 # pooling the model's own head reads: cls, or last for decoders) and align's maps (align.pooling).
                 poolings = p.poolings if split == "validation" else train_poolings(params, head_pooling(args.pretrained))
@@ -57,11 +59,10 @@ def main(args, params):
                 pruning = Path(tmp) / f"{run}.pruning.json" if split == "validation" else None
                 extract_activations(encoder, tokenizer, spec, encoded, outputs, metadata, p.batch_size, device,
                                     max_tokens=p.max_tokens, pruning_path=pruning, precision=p.table_precision)
-            if p.attention_examples:
-                # Attention maps of a few validation examples, for Wu et al.'s attention-level measures.
+            if p.attention_examples:  # attention maps of a few validation examples (Wu et al.'s attention measures)
                 table = read_task_table(args.task_dir, spec, "validation", p.attention_examples)
-                metadata = {"model": params.model, **identity, "run": run, "task": spec.name,
-                            "split": "validation", "task_digest": task_digest}
+                metadata = {"model": params.model, **identity, "run": run, "task": spec.name, "split": "validation",
+                            "task_digest": task_digest}
                 extract_task_attention(encoder, tokenizer, table, spec, params,
                                        Path(tmp) / "attention" / f"{run}.parquet", metadata, device)
             cli.log.info("read %s, wrote %s.{%s}.parquet", folder, run, ",".join(p.poolings))
@@ -73,7 +74,7 @@ if __name__ == "__main__":
     p = cli.parser(__doc__)
     p.add_argument("--task", required=True)
     p.add_argument("--pretrained", type=Path, required=True, help="folder written by download_model")
-    p.add_argument("--checkpoints", type=Path, required=True, help="folder holding seed<k>/ checkpoints")
+    p.add_argument("--checkpoints", type=Path, required=True, help="folder of seed<k>/, <method>/seed<k>/")
     p.add_argument("--task-dir", type=Path, required=True, help="folder written by download_task")
     p.add_argument("--out", type=Path, required=True, help="folder of activation tables to write")
     cli.run_stage(main, p.parse_args())

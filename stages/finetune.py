@@ -14,7 +14,7 @@ from layersim.data.io import atomic_path, task_tables_digest, write_json
 from layersim.models.registry import load_tokenizer
 from layersim.data.tasks import get_task
 from layersim.training.resume import TrainingCheckpoint
-from layersim.training.train import encoded_splits, finetune, run_fingerprint, save_checkpoint
+from layersim.training.train import encoded_splits, finetune, run_fingerprint, save_checkpoint, with_method
 
 
 def run(args, params, spec, pretrained: Path, seed: int, out: Path, live_dir: Path | None, resume_dir: Path | None):
@@ -39,19 +39,18 @@ def run(args, params, spec, pretrained: Path, seed: int, out: Path, live_dir: Pa
     convergence = checks["convergence"].record()
     enforce(checks["convergence"], f"fine-tuning {spec.name} seed {seed} from {pretrained}", params.finetune, cli.log)
     with atomic_path(out, is_dir=True) as tmp:
-        save_checkpoint(model, tokenizer, tmp, base_dir=pretrained, task=spec.name, seed=seed,
+        save_checkpoint(model, tokenizer, tmp, base_dir=pretrained, task=spec.name, seed=seed, method=params.finetune.method,
                         task_digest=task_tables_digest(args.task_dir), convergence=convergence)
     if args.timings:  # wall clock: kept out of every output DVC hashes
         write_json({"train_seconds": timing["train_seconds"]}, args.timings)
-    if resume:
-        resume.clear()  # the run is finished: later stages need only the checkpoint
+    resume and resume.clear()  # the run is finished: later stages need only the checkpoint
     cli.log.info("wrote %s: %s", out, json.dumps(metrics))
     return metrics | {"convergence": convergence}  # task and seed are in the path, steps in params
 
 
 def main(args, params):
     cli.check_separate(args, "out", "metrics", "live", "resume", "timings")
-    spec = get_task(args.task)
+    spec, params = get_task(args.task), with_method(params, args.method)  # a run of finetune.compare_methods
     if args.pretraining_models is None:
         return write_json(run(args, params, spec, args.pretrained, args.seed, args.out, args.live, args.resume),
                           args.metrics)
@@ -65,6 +64,7 @@ if __name__ == "__main__":
     p = cli.parser(__doc__)
     p.add_argument("--task", required=True)
     p.add_argument("--seed", type=int, help="the fine-tuning seed (required without --pretraining-models)")
+    p.add_argument("--method", help="a method of finetune.compare_methods (default: finetune.method)")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--pretrained", type=Path, help="folder written by download_model")
     source.add_argument("--pretraining-models", type=Path, help="download_paired's folder (align.pretraining_models)")
@@ -72,8 +72,8 @@ if __name__ == "__main__":
     p.add_argument("--out", type=Path, required=True, help="checkpoint folder to write (one subfolder per model)")
     p.add_argument("--metrics", type=Path, required=True, help="validation metrics JSON to write (per model)")
     p.add_argument("--live", type=Path, help="dvclive folder for the training curves")
-    p.add_argument("--timings", type=Path, help="JSON of the training time (wall clock; no DVC-hashed output holds it)")
-    p.add_argument("--resume", type=Path, help="folder for the resumable training state (outside DVC's outputs)")
+    p.add_argument("--timings", type=Path, help="JSON of the training time (wall clock; no DVC-hashed output)")
+    p.add_argument("--resume", type=Path, help="folder of the resumable training state (outside DVC's outputs)")
     args = p.parse_args()
     if args.pretrained and (args.seed is None or args.live is None):
         p.error("--pretrained needs --seed and --live")

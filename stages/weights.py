@@ -7,12 +7,13 @@ the update's norm relative to the pretrained weights, its rank and the spectrum'
 from pathlib import Path
 
 from layersim import cli
-from layersim.data.io import write_figure, write_json
+from layersim.data.io import finetuned_runs, write_figure, write_json
 from layersim.experiments.weights import task_weights
 
 
 def main(args, params):
-    rows, headline, figure = task_weights(args.pretrained, args.checkpoints, params.seeds, params.finetune,
+    runs = finetuned_runs(params.finetune, params.seeds)  # finetune.method's, then compare_methods'
+    rows, headline, figure = task_weights(args.pretrained, args.checkpoints, runs, params.finetune,
                                           params.weights.top_k, params.weights.threshold, cli.log.info)
     write_json(rows, args.plots / "changes.json")
     write_figure(figure, args.plots / "intruders.png")

@@ -36,7 +36,8 @@ def _stage_commands() -> dict[str, list[str]]:
     commands = {}
     for name, stage in stages.items():
         assert "${" not in stage["cmd"], f"{name}: a params value interpolated into its command: {stage['cmd']}"
-        cmd = stage["cmd"].replace("@model", MODEL).replace("@task", TASK).replace("@seed", str(SEED))
+        cmd = stage["cmd"].replace("@model", MODEL).replace("@task", TASK).replace("@method", "lora")
+        cmd = cmd.replace("@seed", str(SEED))
         argv = shlex.split(cmd)
         assert argv[0] == "python", cmd
         commands[name] = argv[1:]
@@ -172,7 +173,15 @@ CASES = [
     ("lora-target-not-a-list", "finetune", _set(finetune__lora__target_modules="all"),
      ["finetune.lora.target_modules = 'all'", "auto (query and value) or a non-empty list"]),
     ("lora-on-xlnet", "finetune", _set(model="tiny-xlnet", finetune__method="lora"),
-     ["finetune.method = lora cannot adapt model 'tiny-xlnet'", "use method: full"]),
+     ["finetune method lora cannot adapt model 'tiny-xlnet'", "use method: full"]),
+    ("compared-lora-on-xlnet", "finetune", _set(model="tiny-xlnet", finetune__compare_methods=["lora"]),
+     ["finetune method lora cannot adapt model 'tiny-xlnet'", "no lora in compare_methods"]),
+    ("compare-methods-holds-method", "finetune_compared", _set(finetune__compare_methods=["full", "lora"]),
+     ["finetune.compare_methods = ['full', 'lora'] holds finetune.method = full", "list only other methods"]),
+    ("compare-methods-unknown", "finetune", _set(finetune__compare_methods=["qlora"]),
+     ["finetune.compare_methods has 'qlora'", "full, lora"]),
+    ("compare-methods-not-a-list", "finetune", _set(finetune__compare_methods="lora"),
+     ["finetune.compare_methods = 'lora'", "a list drawn from full, lora"]),
     ("lora-with-freeze-recipe-finetune", "freeze", _set(finetune__method="lora", freeze__recipe="finetune"),
      ["freeze.recipe = finetune reuses the finetune stage's runs", "use freeze.recipe: wu, or method: full"]),
     ("compare-repeats-model-by-hub-id", "download_model",

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.integration
 
 DOWNLOAD = {"download_model", "download_compared", "download_paired", f"download_task@{TASK}"}
 # finetune_pretrained: the pretraining-seed models (align.pretraining_models) fine-tuned on the task
-FINETUNE = {f"finetune@{TASK}-1", f"finetune@{TASK}-2", f"finetune_pretrained@{TASK}"}
+# finetune_compared: the LoRA runs of finetune.compare_methods (tests/test_pipeline.py's project holds [lora])
+FINETUNE = {f"finetune@{TASK}-1", f"finetune@{TASK}-2", f"finetune_pretrained@{TASK}",
+            f"finetune_compared@{TASK}-lora-1", f"finetune_compared@{TASK}-lora-2"}
 EXTRACT, SIMILARITY, TRUNCATE, SKIP, ALIGN = (f"{stage}@{TASK}" for stage in
                                               ("extract", "similarity", "truncate", "skip", "align"))
 COMPARE, SUMMARY, FREEZE, EXPORT, REPORT = "compare", "summary", f"freeze@{TASK}", f"export@{TASK}", "report"

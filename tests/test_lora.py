@@ -88,3 +88,18 @@ def test_full_fine_tuning_keeps_its_fingerprint_and_lora_settings_enter_only_a_l
     assert full == train.run_fingerprint(folder, tmp_path, spec, FinetuneParams(lora=LoraParams(rank=4)), 0)
     lora = train.run_fingerprint(folder, tmp_path, spec, FinetuneParams(method="lora"), 0)
     assert lora["finetune"]["lora"]["rank"] == 8
+
+
+@pytest.mark.parametrize("method, own_rate, expected", [("lora", 3e-3, 3e-3), ("lora", None, 1e-2),
+                                                        ("full", 3e-3, 1e-2)])
+def test_lora_trains_at_its_own_learning_rate_when_one_is_set(tiny_model_dir, method, own_rate, expected):
+    """finetune.lora.learning_rate: a LoRA run's optimizer starts from it (null: finetune.learning_rate); a full run
+    ignores it, and so does its fingerprint."""
+    settings = dataclasses.replace(LORA, method=method, lora=dataclasses.replace(LORA.lora, learning_rate=own_rate))
+    model = load_task_model(tiny_model_dir("tiny-bert"), get_task("synth-negation"))
+    if method == "lora":
+        from layersim.training.adapters import with_adapters
+
+        model = with_adapters(model, settings.lora)
+    optimizer = train.make_optimizer(model, settings)
+    assert {group["lr"] for group in optimizer.param_groups} == {expected}

@@ -45,6 +45,9 @@ def _configure(params: dict) -> None:
     # Wu's recipe (its own unfrozen run, 3 epochs) is tested in tests/test_freezing.py; here the finetune stage's
     # runs are the unfrozen baseline.
     params["freeze"].update(recipe="finetune")
+    # Issue 52: LoRA (rank 2) beside full fine-tuning, the same seeds, in this one experiment.
+    params["finetune"].update(compare_methods=["lora"])
+    params["finetune"]["lora"].update(rank=2)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +106,7 @@ def test_repro_writes_every_declared_output(project):
             # "family": the headline claims' correction; "no_interval": no interval method covers for the measure.
             uncovered = {"no_interval"} if AUTO_INTERVAL[measure] is None else set()
             assert set(summary) == {"orig_orig", "ft_orig", "ft_ft", "ft1_ft2", "orig_random", "ft_random", "null",
-                                    "blocks", "correction", "family"} | cca | uncovered
+                                    "blocks", "correction", "family", "lora_orig", "lora_ft"} | cca | uncovered
             assert summary["correction"] == "fdr_bh"  # the default: hatching corrected over each heatmap's cells
             assert summary["ft_orig"]["seeds"] == 2 and "seed_range" in summary["ft_orig"]  # no interval: 2 seeds
             assert 0.0 <= summary["orig_random"]["p_value"]["layer_03"] <= 1.0
@@ -138,16 +141,17 @@ def test_repro_writes_every_declared_output(project):
             assert summary["family"]["tests"] >= 8 and set(summary["ft_orig"]["p_family"]) == tested
             assert "ci_low" not in summary["orig_orig"]
         diagonals = json.loads((root / f"plots/diagonals/{TASK}/curves/{pooling}.json").read_text())
-        assert {row["comparison"] for row in diagonals} == {"FT–ORIG", "FT[1]–FT[2]"}
+        assert {row["comparison"] for row in diagonals} == {"FT–ORIG", "FT[1]–FT[2]", "LoRA–ORIG", "LoRA–FT"}
         # Every curve carries its null; a bootstrap band only where an interval method covers (linear CKA here).
         assert all("null_mean" in row for row in diagonals) and any({"low", "high"} <= set(row) for row in diagonals)
         assert (root / f"plots/diagonals/{TASK}/curves/{pooling}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        assert set(similarity[pooling]["localization"]) == {"ORIG", "FT[1]", "FT[2]"}  # trained models only
+        # trained models only, and finetune.method's: the LoRA runs change no localization score
+        assert set(similarity[pooling]["localization"]) == {"ORIG", "FT[1]", "FT[2]"}
         assert (root / f"plots/similarity/{TASK}/heatmaps/{pooling}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (root / f"plots/localization/{TASK}/curves/{pooling}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         rows = json.loads((root / f"plots/similarity/{TASK}/heatmaps/{pooling}.json").read_text())
         assert {row["comparison"] for row in rows} == {"ORIG–ORIG", "FT–ORIG", "FT–FT", "FT[1]–FT[2]", "ORIG–RANDOM",
-                                                       "FT–RANDOM"}
+                                                       "FT–RANDOM", "LoRA–ORIG", "LoRA–FT"}
         assert {row["measure"] for row in rows} == {"linear CKA", "SVCCA", "PWCCA", "neuronsim"}
         assert all(0.0 <= row["p_value"] <= 1.0 for row in rows if row["p_value"] is not None)
         if pooling == "tokens":  # the word heatmaps' null: whole sentences shuffled, 199 draws for linear CKA
@@ -345,20 +349,68 @@ def test_freeze_scores_each_configuration_next_to_the_unfrozen_run(project):
 
 
 def test_weights_compares_every_seeds_matrices_with_the_pretrained_ones(project):
-    """The weights stage (issue 52): one row per (seed, layer, matrix role) of the full fine-tuning runs, every
-    matrix moved (each trains), its intruder count within the top k; the headline is the rows' own."""
+    """The weights stage (issue 52): one row per (run, layer, matrix role), the full fine-tuning runs and the LoRA
+    runs of finetune.compare_methods. Full: every matrix moved, at more than LoRA's rank. LoRA (rank 2, query and
+    value): each adapted matrix's update has rank ≤ 2 and the others did not move at all (merged adapters only)."""
     root, _ = project
     rows = json.loads((root / f"plots/weights/{TASK}/changes.json").read_text())
     roles = ("query", "key", "value", "attention_output", "intermediate", "output")
-    assert sorted((row["seed"], row["layer"], row["matrix"]) for row in rows) == sorted(
-        (seed, layer, role) for seed in SEEDS for layer in (1, 2, 3) for role in roles)
-    for row in rows:
+    assert sorted((row.get("method", "full"), row["seed"], row["layer"], row["matrix"]) for row in rows) == sorted(
+        (method, seed, layer, role) for method in ("full", "lora") for seed in SEEDS for layer in (1, 2, 3)
+        for role in roles)
+    full = [row for row in rows if "method" not in row]
+    lora = [row for row in rows if row.get("method") == "lora"]
+    for row in full:
         assert row["series"] == f"FT[{SEEDS.index(row['seed']) + 1}] {row['matrix']}" and row["adapted"]
         assert 0 <= row["intruders"] <= 10 and row["update_rank"] >= 1 and row["relative_update_norm"] > 0
-    assert max(row["update_rank"] for row in rows) > 8  # full fine-tuning's update is not low-rank (LoRA's r is 8)
+    assert max(row["update_rank"] for row in full) > 8  # full fine-tuning's update is not low-rank
+    for row in lora:
+        assert row["series"] == f"LoRA[{SEEDS.index(row['seed']) + 1}] {row['matrix']}"
+        assert row["adapted"] == (row["matrix"] in ("query", "value"))
+        if row["adapted"]:
+            assert 1 <= row["update_rank"] <= 2 and row["relative_update_norm"] > 0
+        else:
+            assert row["update_rank"] == 0 and row["relative_update_norm"] == 0 and row["intruders"] == 0
     headline = json.loads((root / f"metrics/weights/{TASK}/metrics.json").read_text())
-    assert headline == weights_headline(rows, "full") and "intruders_per_frozen_matrix" not in headline
+    mean = lambda chosen: round(sum(row["intruders"] for row in chosen) / len(chosen), 6)  # noqa: E731
+    assert headline["method"] == "full" and headline["intruders_per_adapted_matrix"] == mean(full)
+    assert headline["max_update_rank_adapted"] == max(row["update_rank"] for row in full)
+    compared = headline["compared"]["lora"]
+    assert compared["max_update_rank_adapted"] <= 2
+    assert compared["intruders_per_frozen_matrix"] == 0
+    assert compared["intruders_per_adapted_matrix"] == mean([row for row in lora if row["adapted"]])
     assert (root / f"plots/weights/{TASK}/intruders.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_compared_method_runs_reach_similarity_with_nulls_and_intervals(project):
+    """finetune.compare_methods (issue 52): finetune_compared wrote each LoRA run's checkpoint and metrics beside the
+    full runs', extract its validation tables only (no train tables: only similarity reads them), and similarity
+    compares LoRA with ORIG and with FT in the same heatmap set, each diagonal with its null and interval."""
+    root, _ = project
+    for seed in SEEDS:
+        info = json.loads((root / f"data/checkpoints/tiny-bert/{TASK}/lora/seed{seed}/model/layersim_model.json").read_text())
+        assert info["method"] == "lora" and info["seed"] == seed and info["source"] == "finetune"
+        metrics = json.loads((root / f"metrics/finetune/{TASK}/lora/seed{seed}/metrics.json").read_text())
+        assert "converged" in metrics["convergence"] and metrics.keys() > {"accuracy"}
+        tables = root / f"data/activations/tiny-bert/{TASK}/tables"
+        assert ActivationTable(tables / f"lora-seed{seed}.cls.parquet").metadata["run"] == f"lora-seed{seed}"
+        assert not list((tables / "train").glob(f"lora-seed{seed}.*"))
+    details = _details(root, "similarity", TASK)
+    for pooling in ("cls", "tokens"):
+        result = details[pooling]["linear_cka"]
+        for key in ("lora_orig", "lora_ft"):
+            entry = result[key]
+            layers = sorted(entry["diagonal"])
+            assert len(layers) == 4 and sorted(entry["p_value"]) == layers and sorted(entry["null_mean"]) == layers
+            for layer in layers:  # undefined where FT–ORIG is (the CLS token's embedding is one constant vector)
+                p_value, reference = entry["p_value"][layer], result["ft_orig"]["p_value"][layer]
+                assert (p_value is None) == (reference is None) and (p_value is None or 0 <= p_value <= 1)
+        assert sorted(result["lora_orig"]["seed_values"]) == ["LoRA[1]", "LoRA[2]"]
+        assert sorted(result["lora_orig"]["ci_low"]) == sorted(result["lora_orig"]["diagonal"])
+    headline = json.loads(stage_metrics(root / "metrics", "similarity", TASK).read_text())
+    assert headline["cls"]["linear_cka"]["lora_orig_top"] == details["cls"]["linear_cka"]["lora_orig"]["last_layer"]
+    page = (root / "report/index.html").read_text()
+    assert "LoRA–ORIG" in page and "LoRA–FT" in page
 
 
 def test_second_repro_has_nothing_to_do(project):

@@ -207,16 +207,19 @@ def test_dvc_repro_resumes_after_the_whole_pipeline_is_killed(tmp_path):
     assert "up to date" in run(dvc("status", stage), preempted, env).stdout
 
 
-def test_finetune_stage_depends_on_every_finetune_param_but_checkpoint_every():
+@pytest.mark.parametrize("name, method_from", [("finetune", "finetune.method"), ("finetune_compared", "the matrix")])
+def test_finetune_stage_depends_on_every_finetune_param_but_checkpoint_every(name, method_from):
     """The stage's params in dvc.yaml list each key that changes the result, so a new key cannot be
-    forgotten; checkpoint_every is left out, so changing it reruns no fine-tuning."""
+    forgotten; checkpoint_every is left out, so changing it reruns no fine-tuning, and so is compare_methods (adding
+    a method reruns no run of another). finetune_compared's method is its matrix item's, not finetune.method."""
     import dataclasses
 
     from layersim.params import FinetuneParams
 
-    stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["finetune"]
+    stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"][name]
     declared = {key.removeprefix("finetune.") for key in stage["params"] if key.startswith("finetune.")}
-    assert declared == {f.name for f in dataclasses.fields(FinetuneParams)} - {"checkpoint_every"}
+    ignored = {"checkpoint_every", "compare_methods"} | ({"method"} if method_from == "the matrix" else set())
+    assert declared == {f.name for f in dataclasses.fields(FinetuneParams)} - ignored
     assert "finetune" not in stage["params"] and "model" in stage["params"]
 
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from layersim.data.io import ActivationTable, AttentionTable, run_expectations
+from layersim.data.io import ActivationTable, AttentionTable, finetuned_runs, run_expectations
+from layersim.data.layout import run_labels as finetuned_labels_of
 from layersim.models.random_control import RANDOM_RUN, random_run_metadata
 from layersim.params import Params
 from layersim.reporting.pruning_plots import pruning_profile, pruning_rows
@@ -41,17 +42,18 @@ from layersim.similarity.results import (Uncertainty, correct_claims, finetuned_
 from layersim.training.convergence import checkpoint_flags, title_note
 
 
-def run_labels(seeds, random_control: int | None = None) -> dict[str, str]:
-    """Run name in the activation folder → label in figures (FT is the first seed, as in Phang); with
+def run_labels(runs, random_control: int | None = None) -> dict[str, str]:
+    """Run name in the activation folder → label in figures (`runs`: seeds, or layersim.data.layout.FinetunedRun):
+    ORIG, FT[i] for finetune.method's i-th seed (as in Phang), e.g. LoRA[i] for a compared method's; with
     `random_control` (its init seed), the random-init control last."""
-    labels = {"orig": "ORIG"} | {f"seed{s}": f"FT[{i}]" for i, s in enumerate(seeds, start=1)}
+    labels = {"orig": "ORIG"} | finetuned_labels_of(runs)
     return labels if random_control is None else labels | {RANDOM_RUN: RANDOM}
 
 
-def run_metadata(checkpoints: Path, seeds, random_control: int | None = None) -> dict[str, dict]:
+def run_metadata(checkpoints: Path, runs, random_control: int | None = None) -> dict[str, dict]:
     """Run name → the metadata its activation tables must hold (layersim.data.io.run_expectations), the random-init
     control's (layersim.models.registry.random_run_metadata) included when `random_control` is its seed."""
-    known = run_expectations(checkpoints, seeds)  # the weights the tables must come from
+    known = run_expectations(checkpoints, runs)  # the weights the tables must come from
     if random_control is not None:
         known[RANDOM_RUN] = random_run_metadata(known["orig"], random_control)
     return known
@@ -163,14 +165,15 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
     `pruning`, "pruning": Block Influence and angular distances per run, as extract wrote them beside the tables:
     layersim.experiments.pruning_states)."""
     p = params.similarity
-    labels = run_labels(params.seeds, p.random_control)
+    runs = finetuned_runs(params.finetune, params.seeds)  # finetune.method's, then compare_methods'
+    labels = run_labels(runs, p.random_control)
     options, uncertainty = settings(p)
     out, localization_rows = SimilarityOutputs(), []
-    known = run_metadata(checkpoints, params.seeds, p.random_control)
+    known = run_metadata(checkpoints, runs, p.random_control)
     if pruning:  # ShortGPT's BI over every token, Gromov et al.'s angles on the head's token: read before any work
         pruned = {labels[run]: read_pruning_record(activations / f"{run}.pruning.json", {
             "task": task, "split": "validation", "run": run, **known[run]}) for run in labels}
-    flags = checkpoint_flags(checkpoints, params.seeds)  # runs that did not converge, by label
+    flags = checkpoint_flags(checkpoints, runs)  # runs that did not converge, by label
     flagged = title_note(list(flags))
     model = params.model
     for pooling, measures in p.measures.items():

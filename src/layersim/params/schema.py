@@ -16,7 +16,7 @@ from layersim.params.rules import (FRACTION, NON_NEGATIVE, POSITIVE, SEED, TOLER
 
 # Names and ranges shared by several sections: layersim.params.vocabulary.
 from layersim.params.vocabulary import (DEFAULT_POOLINGS, POOLING_NAMES, PRECISIONS, TABLE_PRECISIONS, TRUNCATE_HEADS,
-                                       EXAMPLE_POOLING_NAMES, LOCALIZATIONS,
+                                       EXAMPLE_POOLING_NAMES, FINETUNE_METHODS, LOCALIZATIONS,
                                        ALIGN_METHODS, DEFAULT_MEASURES, _STEPS, _EXAMPLES, _BATCH, _WIDTH,
                                        MAX_PERMUTATIONS, ENOUGH, ROOM, EXAMPLES, STEPS, BATCH, LEARNING_RATE,
                                        _attention_measure_names, _models, _measures_by_pooling)
@@ -81,6 +81,9 @@ class LoraParams:  # Hu et al. 2021, through peft; used when finetune.method is 
                      at_most(4096, "the rank of an update no wider than the model"))
     alpha: float = knob(16.0, "scale of the update: B·A is multiplied by alpha / rank", POSITIVE,
                         at_most(10**6, "a scale of the update"))
+    learning_rate: float | None = knob(None, "LoRA's own peak learning rate (null: finetune.learning_rate); "
+                                             "adapters need a larger one (Hu et al.: 4e-4 to 5e-4 on RoBERTa-base)",
+                                       LEARNING_RATE)
     dropout: float = knob(0.1, "dropout on the adapters' input while training",
                           Bound(lambda v: 0 <= v < 1, "a number in [0, 1)"))
     target_modules: str | tuple[str, ...] = knob("auto", f"the matrices adapted in every layer, by role ("
@@ -113,8 +116,11 @@ class FinetuneParams:
                                      "the papers' setting)", NON_NEGATIVE)
     method: str = knob("full", "full: every weight trains; lora: low-rank adapters on finetune.lora's matrices "
                                "(peft), merged into the weights when training ends, so the checkpoint is a plain "
-                               "model every later stage reads unchanged", names=("full", "lora"))
-    lora: LoraParams = knob(LoraParams(), "LoRA's settings (with method: lora)", check=nested(LoraParams))
+                               "model every later stage reads unchanged", names=FINETUNE_METHODS)
+    compare_methods: tuple[str, ...] = knob((), "methods fine-tuned with the same seeds beside `method`, whose runs "
+                                                "similarity and weights compare with method's and ORIG (e.g. [lora])",
+                                            names=lambda: (FINETUNE_METHODS, True))
+    lora: LoraParams = knob(LoraParams(), "LoRA's settings (method or compare_methods lora)", check=nested(LoraParams))
     require_convergence: bool = knob(False, "a run that did not converge (final training loss near the trivial "
                                             "predictor's, validation score not significantly above the best "
                                             "constant's: layersim.training.convergence) "

@@ -134,9 +134,14 @@ def _check_across_sections(model: str, sections: dict[str, Any]) -> None:
                             f"finetune.max_steps = {finetune.max_steps}; it must be at most max_steps, or 0 to "
                             "evaluate only at the end.")
     # finetune.checkpoint_every >= max_steps is allowed: like 0, it saves no intermediate state.
-    if finetune.method == "lora" and architecture(model) == "xlnet":
-        raise LayersimError(f"params.yaml: finetune.method = lora cannot adapt model {model!r}: XLNet keeps its "
-                            "attention weights as bare tensors, not modules an adapter wraps; use method: full.")
+    if finetune.method in finetune.compare_methods:
+        raise LayersimError(f"params.yaml: finetune.compare_methods = {list(finetune.compare_methods)} holds "
+                            f"finetune.method = {finetune.method}, whose runs it is compared with; list only other "
+                            "methods.")
+    if "lora" in (finetune.method, *finetune.compare_methods) and architecture(model) == "xlnet":
+        raise LayersimError(f"params.yaml: finetune method lora cannot adapt model {model!r}: XLNet keeps its "
+                            "attention weights as bare tensors, not modules an adapter wraps; use method: full "
+                            "(and no lora in compare_methods).")
     if finetune.method == "lora" and sections["freeze"].recipe == "finetune":
         raise LayersimError("params.yaml: freeze.recipe = finetune reuses the finetune stage's runs as the unfrozen "
                             "ones, but freezing layers is an experiment of full fine-tuning and finetune.method = "

@@ -17,6 +17,7 @@ POOLINGS = ("cls", "mean", "last", "tokens")
 POOLING_NAMES = ("head", *POOLINGS)
 DEFAULT_POOLINGS = ("head", "mean", "last", "tokens")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # layersim.compute.device (checked by a test)
+FINETUNE_METHODS = ("full", "lora")  # layersim.training.train (lora: layersim.training.adapters)
 TABLE_PRECISIONS = ("float32", "float16")  # activation tables: layersim.data.io.activations.VALUE_TYPES (a test checks)
 HEAD_KINDS = ("own", "fresh")  # layersim.training.heads.HEAD_KINDS (checked by a test)
 TRUNCATE_HEADS = ("auto", *HEAD_KINDS)  # auto: own where the family's head can be copied, else fresh

@@ -80,6 +80,17 @@ def details_to_metrics(rows: Iterable[Mapping[str, Any]]) -> dict:
 # --- the headline scalars of each stage ---
 
 
+def compared_keys(result: Mapping[str, Any]) -> list[str]:
+    """The comparisons of finetune.compare_methods' runs in one measure's details (e.g. lora_orig, lora_ft): the
+    comparison entries (with a ``diagonal``) keyed by a method's label in lower case
+    (layersim.similarity.comparisons.phang_comparisons), then what it is compared with."""
+    from layersim.data.layout import METHOD_LABELS
+
+    methods = {label.lower() for label in METHOD_LABELS.values()}
+    return [key for key, value in result.items()
+            if key.rpartition("_")[0] in methods and isinstance(value, Mapping) and "diagonal" in value]
+
+
 def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
     """Per pooling and measure: the FT–ORIG similarity of the top layer (``ft_orig_top``), the first
     layer whose FT–ORIG similarity is not above chance (``ft_orig_chance_from``: permutation p-value, corrected
@@ -98,7 +109,8 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
     Seeds as the unit (layersim.similarity.inference.seeds): FT–ORIG's top layer over the seeds' models, ``ft_orig_top_seed_mean``
     and with three seeds or more ``…_seed_sd`` and the t-interval ``…_seed_ci_low``/``…_seed_ci_high``, with two
     ``…_seed_range``. With the random-init control: ``ft_orig_above_random_top``, FT–ORIG's top layer minus
-    FT–RANDOM's (what an untrained network of the same architecture scores)."""
+    FT–RANDOM's (what an untrained network of the same architecture scores). With finetune.compare_methods, each
+    compared method's top layer against ORIG and against FT (e.g. ``lora_orig_top``, ``lora_ft_top``)."""
     headline: dict = {}
     family = None
     for pooling, measures in full.items():
@@ -127,6 +139,8 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
                         entry["ft_orig_chance_correction"] = family["correction"]
                 if "ft1_ft2" in result:
                     entry["ft1_ft2_top"] = result["ft1_ft2"].get("last_layer")
+            for key in compared_keys(result):  # finetune.compare_methods' runs: e.g. lora_orig_top, lora_ft_top
+                entry[f"{key}_top"] = result[key].get("last_layer")
                 for key, values in adjusted.items():
                     entry[f"{key}_top_p_adjusted"] = _top(values)
             headline.setdefault(pooling, {})[measure] = entry

@@ -14,12 +14,22 @@ from pathlib import Path
 
 from layersim.errors import LayersimError
 from layersim.training.convergence import NOT_CONVERGED, marked, title_note
-from layersim.reporting.headlines import details_to_metrics, finetune_flags, read_metrics_file
+from layersim.reporting.headlines import compared_keys, details_to_metrics, finetune_flags, read_metrics_file
 from layersim.reporting.html import Figure, Section, Table, png, render  # noqa: F401 (png, render: the API)
-from layersim.data.layout import finetune_metrics, stage_details
+from layersim.data.layout import METHOD_LABELS, finetune_metrics, stage_details
 
 COMPARISON_NAMES = {"orig_orig": "ORIG–ORIG", "ft_orig": "FT–ORIG", "ft_ft": "FT–FT", "ft1_ft2": "FT[1]–FT[2]",
                     "ft_random": "FT–RANDOM", "orig_random": "ORIG–RANDOM"}
+
+
+def comparison_name(key: str) -> str:
+    """A comparison's title from its metrics key: Phang et al.'s, or a compared method's (lora_orig: LoRA–ORIG)."""
+    if key in COMPARISON_NAMES:
+        return COMPARISON_NAMES[key]
+    method, _, other = key.rpartition("_")
+    return f"{METHOD_LABELS.get(method, method)}–{other.upper()}"
+
+
 # ORIG–ORIG and FT–FT diagonals compare a layer with itself: 1. FT–RANDOM beside FT–ORIG, to read it against.
 DIAGONAL_COMPARISONS = ("ft_orig", "ft_random", "orig_random", "ft1_ft2")
 
@@ -102,13 +112,13 @@ def similarity_tables(details: Mapping, significance: float) -> list[Table]:
         for measure, result in measures.items():
             if not isinstance(result, Mapping) or "ft_orig" not in result:
                 continue
-            for key in DIAGONAL_COMPARISONS:
+            for key in (*DIAGONAL_COMPARISONS, *compared_keys(result)):  # and finetune.compare_methods' runs
                 if key not in result and key in ("ft_random", "orig_random"):
                     continue  # no random-init control
                 entry = result.get(key) or {}
                 # Hatching's rule: the p-value corrected over the heatmap's cells (similarity.correction).
                 p = _last(entry.get("p_adjusted") or entry.get("p_value") or {})
-                rows.append([measure, COMPARISON_NAMES[key],
+                rows.append([measure, comparison_name(key),
                              _over_seeds(entry, result.get("ft_pairs") if key == "ft1_ft2" else None),
                              fmt(entry.get("last_layer")),
                              _interval(entry),
@@ -116,7 +126,7 @@ def similarity_tables(details: Mapping, significance: float) -> list[Table]:
                              "–" if p is None else ("yes" if p < significance else "no: chance")])
             for key, blocks in (result.get("blocks") or {}).items():
                 if isinstance(blocks, Mapping) and "block_of_layer" in blocks:
-                    block_rows.append([measure, COMPARISON_NAMES.get(key, key), block_spans(blocks["block_of_layer"]),
+                    block_rows.append([measure, comparison_name(key), block_spans(blocks["block_of_layer"]),
                                        fmt(blocks.get("last_block_start")), fmt(blocks.get("contrast")),
                                        fmt(blocks.get("bootstrap_stability"))])
             seed = (result.get("blocks") or {}).get("seed_stability")

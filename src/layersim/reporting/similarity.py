@@ -17,7 +17,7 @@ from layersim.data.io import write_figure, write_json
 from layersim.reporting.plots import (Curve, block_heatmap, chance_note, diagonal_curves, localization_curves,
                                       matrix_rows, measure_grid, stacked_rows)
 from layersim.similarity.blocks import Blocks
-from layersim.similarity.comparisons import (LOCALIZATION_LABELS, Comparison, attention_measure_bounds,
+from layersim.similarity.comparisons import (LOCALIZATION_LABELS, PHANG_KEYS, Comparison, attention_measure_bounds,
                                              attention_measure_label, number, pair_summary, per_layer, summarize)
 from layersim.similarity.registry import MEASURES
 from layersim.similarity.results import MeasureResult, StackedResult, Uncertainty, finetuned_labels
@@ -158,7 +158,7 @@ def _diagonal_curves(comparisons: Sequence[Comparison],
                      seed_spread: tuple[np.ndarray, np.ndarray] | None) -> dict[str, Curve]:
     curves = {}
     for c in comparisons:
-        if c.key in ("ft_orig", "ft1_ft2"):
+        if c.key in ("ft_orig", "ft1_ft2") or c.key not in PHANG_KEYS:  # and finetune.compare_methods' diagonals
             curves[c.title] = Curve(np.diag(c.matrix), c.interval, null_mean=np.diag(c.null_mean))
     if seed_spread is not None:
         mean, sd = seed_spread

@@ -152,7 +152,28 @@ def phang_comparisons(matrix: np.ndarray, sizes: dict[str, int], orig: str, fine
     if RANDOM in sizes:
         comparisons += [pick("orig_random", "ORIG–RANDOM", orig, RANDOM, "ORIG layer", "RANDOM layer"),
                         pick("ft_random", "FT–RANDOM", ft, RANDOM, "FT layer", "RANDOM layer", seeds=True)]
+    for method, runs in compared_labels(sizes).items():  # finetune.compare_methods: against ORIG and against FT
+        per_seed = {label: np.diag(block(matrix, sizes, label, orig)) for label in runs}
+        comparisons += [dataclasses.replace(pick(f"{method.lower()}_orig", f"{method}–ORIG", runs[0], orig,
+                                                 f"{method} layer", "ORIG layer"), per_seed=per_seed),
+                        pick(f"{method.lower()}_ft", f"{method}–FT", runs[0], ft, f"{method} layer", "FT layer")]
     return comparisons
+
+
+# The comparisons of Phang et al. (and the random-init control); any other key compares a run of
+# finetune.compare_methods (e.g. lora_orig, lora_ft: :func:`compared_labels`).
+PHANG_KEYS = ("orig_orig", "ft_orig", "ft_ft", "ft1_ft2", "orig_random", "ft_random")
+
+
+def compared_labels(sizes: dict[str, int]) -> dict[str, list[str]]:
+    """Method label → its runs among the stacked models, for the runs of finetune.compare_methods (e.g. "LoRA":
+    [LoRA[1], LoRA[2]]); finetune.method's FT[i], ORIG and RANDOM are not among them."""
+    groups: dict[str, list[str]] = {}
+    for label in sizes:
+        method, bracket, _ = label.partition("[")
+        if bracket and method != "FT":
+            groups.setdefault(method, []).append(label)
+    return groups
 
 
 def phang_cells(sizes: dict[str, int], orig: str, finetuned: Sequence[str]) -> np.ndarray:
@@ -160,7 +181,8 @@ def phang_cells(sizes: dict[str, int], orig: str, finetuned: Sequence[str]) -> n
     chosen = np.zeros((sum(sizes.values()),) * 2, dtype=bool)
     pairs = [(orig, orig), (finetuned[0], orig), (finetuned[0], finetuned[0])] + (
         [(finetuned[0], finetuned[1])] if len(finetuned) > 1 else []) + (
-        [(orig, RANDOM), (finetuned[0], RANDOM)] if RANDOM in sizes else [])
+        [(orig, RANDOM), (finetuned[0], RANDOM)] if RANDOM in sizes else []) + [
+        pair for runs in compared_labels(sizes).values() for pair in ((runs[0], orig), (runs[0], finetuned[0]))]
     for row_model, column_model in pairs:
         chosen[block_slices(sizes, row_model, column_model)] = True
     return chosen
@@ -190,12 +212,14 @@ def diagonal_intervals(measure: str, models: dict[str, Sequence], comparisons: S
                        resamples: int, seed: int, groups: np.ndarray | None = None, whole: Sequence[str] = (),
                        **options) -> tuple[list[Comparison], dict[str, np.ndarray]]:
     """The comparisons with a bootstrap interval (over examples, or over `groups` of rows) of the diagonal of
-    FT–ORIG and FT[1]–FT[2]: the per-layer values that metrics report. Models are named as in the comparisons'
-    titles: ORIG and FT[1] (FT), FT[2]. Both diagonals come from the same resamples, each layer prepared once.
+    FT–ORIG and FT[1]–FT[2] (and, for finetune.compare_methods' runs, e.g. LoRA–ORIG and LoRA–FT): the per-layer
+    values that metrics report. Models are named as in the comparisons' titles: ORIG and FT[1] (FT), FT[2], LoRA[1]. Both diagonals come from the same resamples, each layer prepared once.
 
     Also, for the self-comparisons named in `whole` (orig_orig, ft_ft), the whole matrix on every resample,
     (resamples, layers, layers), from the same resamples (e.g. for the stability of blocks of layers)."""
-    pairs = {"ft_orig": ("FT[1]", "ORIG"), "ft1_ft2": ("FT[1]", "FT[2]")}
+    pairs = {"ft_orig": ("FT[1]", "ORIG"), "ft1_ft2": ("FT[1]", "FT[2]")} | {
+        f"{method.lower()}_{other.lower()}": (runs[0], "FT[1]" if other == "FT" else other)
+        for method, runs in compared_labels(models).items() for other in ("ORIG", "FT")}
     selves = {"orig_orig": "ORIG", "ft_ft": "FT[1]"}
     # No diagonal resamples for a measure no interval method covers (bootstrap.AUTO_INTERVAL): they would be dropped.
     wanted = [c.key for c in comparisons if c.key in pairs] if chosen_interval(measure, "auto") else []

@@ -18,7 +18,7 @@ from layersim.similarity.blocks import Blocks, find_blocks, stability
 from layersim.similarity.inference.bootstrap import chosen_interval, no_interval_note
 from layersim.similarity.cca import CAPPED_MEASURES, kept_dimensions
 from layersim.similarity.cka import is_constant
-from layersim.similarity.comparisons import (RANDOM, Comparison, block, diagonal_intervals, localization,
+from layersim.similarity.comparisons import (RANDOM, Comparison, block, compared_labels, diagonal_intervals, localization,
                                              measure_options, phang_cells, phang_comparisons, seed_spread,
                                              stacked_matrix, stacked_null)
 from layersim.similarity.inference.correction import (adjusted_p_values, at_chance, between_model_cells, cells_needed, declares,
@@ -132,8 +132,10 @@ def kept_dimensions_per_layer(models: dict[str, list], measure: str, **options) 
 
 
 def finetuned_labels(sizes: dict[str, int]) -> list[str]:
-    """The fine-tuned models among the stacked ones (FT[1], FT[2], …): all but ORIG and the random-init control."""
-    return [label for label in sizes if label not in ("ORIG", RANDOM)]
+    """finetune.method's fine-tuned models among the stacked ones (FT[1], FT[2], …): not ORIG, the random-init
+    control or the runs of finetune.compare_methods (layersim.similarity.comparisons.compared_labels)."""
+    compared = {label for runs in compared_labels(sizes).values() for label in runs}
+    return [label for label in sizes if label not in ("ORIG", RANDOM) and label not in compared]
 
 
 @dataclass
@@ -271,8 +273,9 @@ def localization_of(matrices: dict[str, np.ndarray], sizes: dict[str, int], styl
 
 
 def trained_labels(sizes: dict[str, int]) -> list[str]:
-    """The trained models among those of the similarity stage: all but the random-init control."""
-    return [label for label in sizes if label != RANDOM]
+    """The trained models among those of the similarity stage: ORIG and finetune.method's runs (FT[i]), not the
+    random-init control, nor the runs of finetune.compare_methods (adding a method changes no score of the others)."""
+    return ["ORIG", *finetuned_labels(sizes)] if "ORIG" in sizes else finetuned_labels(sizes)
 
 
 # The comparisons whose top layer the report marks above chance or not; FT–ORIG's whole diagonal is read too.

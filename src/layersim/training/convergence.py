@@ -43,7 +43,7 @@ import numpy as np
 
 from layersim.errors import LayersimError
 from layersim.models.registry import model_info
-from layersim.data.layout import finetuned
+from layersim.data.layout import as_runs, run_labels
 
 LOSS_SHARE = 0.1       # the tail of logged training losses averaged into the final loss
 LOSS_RATIO = 0.9       # final loss at or above this share of the trivial loss: nothing learned
@@ -192,11 +192,13 @@ def title_note(labels: Sequence[str]) -> str:
     return f" — {', '.join(labels)} {NOT_CONVERGED}" if labels else ""
 
 
-def checkpoint_flags(checkpoints, seeds: Sequence[int]) -> dict[str, str]:
-    """Figure label FT[i] (i-th seed) → reason, for the flagged runs among the checkpoints
-    ``checkpoints/seed<k>/model/`` (their info files; see :func:`run_flags`): for stages that draw fine-tuned runs."""
-    records = {f"FT[{i}]": model_info(finetuned(checkpoints, seed)).get("convergence")
-               for i, seed in enumerate(seeds, start=1)}
+def checkpoint_flags(checkpoints, seeds: Sequence) -> dict[str, str]:
+    """Figure label FT[i] (i-th seed; LoRA[i] for a compared method's run) → reason, for the flagged runs among the
+    checkpoints of `seeds` (seeds or layersim.data.layout.FinetunedRun: ``checkpoints/seed<k>/model/``; their info
+    files, see :func:`run_flags`): for stages that draw fine-tuned runs."""
+    found = as_runs(seeds)
+    records = {label: model_info(run.folder(checkpoints)).get("convergence")
+               for run, label in zip(found, run_labels(found).values())}
     return run_flags(records)
 
 

@@ -46,8 +46,8 @@ def seed_everything(seed: int) -> None:
 
 
 def make_optimizer(model: torch.nn.Module, params: FinetuneParams) -> torch.optim.Optimizer:
-    """AdamW over the trainable weights (all of them but under LoRA); biases and LayerNorm weights get no weight
-    decay. The fused kernel is ~10x faster than the default on CPU for a 22M-parameter encoder (0.024 s vs 0.24 s
+    """AdamW over the trainable weights (all of them but under LoRA, at finetune.lora.learning_rate if set); biases
+    and LayerNorm weights get no weight decay. The fused kernel is ~10x faster than the default on CPU for a 22M-parameter encoder (0.024 s vs 0.24 s
     per step, measured)."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
@@ -55,7 +55,8 @@ def make_optimizer(model: torch.nn.Module, params: FinetuneParams) -> torch.opti
             (no_decay if param.ndim < 2 else decay).append(param)
     groups = [{"params": decay, "weight_decay": params.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=params.learning_rate, fused=True)
+    lora_rate = params.lora.learning_rate if params.method == "lora" else None
+    return torch.optim.AdamW(groups, lr=params.learning_rate if lora_rate is None else lora_rate, fused=True)
 
 
 def linear_warmup_decay(optimizer: torch.optim.Optimizer, warmup_steps: int, max_steps: int):
@@ -234,13 +235,25 @@ def encoded_splits(task_dir: str | Path, spec: TaskSpec, tokenizer, max_length: 
                  for split in ("train", "validation"))
 
 
+def with_method(params, method: str | None):
+    """`params` (validated Params) for a run of `method`, one of finetune.compare_methods (None: finetune.method's
+    run): the same settings, the other method."""
+    if method is None:
+        return params
+    if method not in params.finetune.compare_methods:
+        raise LayersimError(f"--method {method} is not one of finetune.compare_methods = "
+                            f"{list(params.finetune.compare_methods)}; run the finetune_compared stage's items.")
+    return dataclasses.replace(params, finetune=dataclasses.replace(params.finetune, method=method))
+
+
 def run_fingerprint(base_dir: str | Path, task_dir: str | Path, spec: TaskSpec, params: FinetuneParams,
                     seed: int) -> dict:
     """What determines a fine-tuning run's result; a saved training state resumes only a run with the
     same fingerprint. How often states are saved, and whether an unconverged run fails its stage, do not change
     the result, so they are left out; so are the LoRA settings of a full fine-tuning run, which keeps the
     fingerprint (and the resumable states) it had before finetune.method existed."""
-    ignored = ("checkpoint_every", "require_convergence") + (("method", "lora") if params.method == "full" else ())
+    ignored = ("checkpoint_every", "require_convergence", "compare_methods") + (
+        ("method", "lora") if params.method == "full" else ())
     settings = {k: v for k, v in dataclasses.asdict(params).items() if k not in ignored}
     return {"task": spec.name, "seed": seed, "finetune": settings, "base_digest": model_info(base_dir)["digest"],
             "data": {split: file_digest(Path(task_dir) / f"{split}.parquet") for split in ("train", "validation")}}
@@ -257,8 +270,9 @@ def evaluate_model(model, spec: TaskSpec, validation: EncodedTask, tokenizer, pa
 
 
 def save_checkpoint(model, tokenizer, folder: Path, *, base_dir: str | Path, task: str, seed: int,
-                    task_digest: str | None = None, convergence: dict | None = None) -> None:
-    """Weights (safetensors), config and tokenizer, plus layersim's info file, into `folder`; `task_digest`:
+                    task_digest: str | None = None, convergence: dict | None = None, method: str = "full") -> None:
+    """Weights (safetensors), config and tokenizer, plus layersim's info file, into `folder` (with the fine-tuning
+    `method` when it is not full: a full run's info is what it was before methods existed); `task_digest`:
     of the task tables it was fine-tuned on (layersim.data.io.task_tables_digest), checked by later stages;
     `convergence`: the run's convergence record, which later stages' figures mark the run by. Nothing
     wall-clock or host-specific goes in: the folder is a DVC output that a rerun must reproduce byte for byte."""
@@ -269,4 +283,6 @@ def save_checkpoint(model, tokenizer, folder: Path, *, base_dir: str | Path, tas
             "seed": seed, "task_digest": task_digest, "digest": weights_digest(folder)}
     if convergence is not None:
         info["convergence"] = convergence
+    if method != "full":
+        info["method"] = method
     (Path(folder) / MODEL_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")

@@ -14,9 +14,10 @@ from layersim.data.io.attention import AttentionTable
 from layersim.data.io.parquet import (INTEGRITY_KEY, METADATA_KEY, first_non_finite, table_metadata, with_metadata,
                                       write_parquet)
 from layersim.data.io.task_tables import read_task_table, run_expectations, task_tables_digest
-from layersim.data.layout import finetune_metrics, finetuned, stage_details, stage_metrics, task_tables
+from layersim.data.layout import (FinetunedRun, finetune_metrics, finetuned, finetuned_runs, stage_details, stage_metrics,
+                                  task_tables)
 
 __all__ = ["INTEGRITY_KEY", "METADATA_KEY", "ActivationTable", "ActivationWriter", "AttentionTable", "activation_schema",
-           "atomic_path", "finetune_metrics", "finetuned", "first_non_finite", "layer_column", "read_task_table", "remove_stale_temporaries",
+           "FinetunedRun", "atomic_path", "finetune_metrics", "finetuned", "finetuned_runs", "first_non_finite", "layer_column", "read_task_table", "remove_stale_temporaries",
            "run_expectations", "stage_details", "stage_metrics", "table_metadata", "task_tables", "task_tables_digest", "with_metadata", "write_figure", "write_json",
            "write_parquet"]

@@ -12,24 +12,25 @@ import pyarrow as pa
 from layersim.errors import LayersimError
 from layersim.data.tasks import subsample
 from layersim.data.io.parquet import ParquetReader, first_non_finite
-from layersim.data.layout import finetuned
+from layersim.data.layout import FinetunedRun
 
 
-def run_expectations(checkpoints: str | os.PathLike, seeds, task_dir: str | os.PathLike | None = None
+def run_expectations(checkpoints: str | os.PathLike, runs, task_dir: str | os.PathLike | None = None
                      ) -> dict[str, dict[str, Any]]:
-    """Run name → the metadata its activation tables must hold, from the fine-tuned checkpoints
-    ``checkpoints/seed<k>/model/`` (each verified against its files): the digest of the weights they were extracted
-    from ("orig": the pretrained weights the seeds were fine-tuned from), the digest of the task tables, and
-    the model's num_layers and hidden_size. With `task_dir`, the checkpoints must have been fine-tuned on
-    the task tables it holds now (a table edited by hand and one stage re-run alone would mix versions)."""
+    """Run name → the metadata its activation tables must hold, from the fine-tuned checkpoints of `runs`
+    (layersim.data.layout.FinetunedRun; or seeds: finetune.method's runs) in ``checkpoints`` (each verified against
+    its files): the digest of the weights they were extracted from ("orig": the pretrained weights the runs were
+    fine-tuned from), the digest of the task tables, and the model's num_layers and hidden_size. With `task_dir`,
+    the checkpoints must have been fine-tuned on the task tables it holds now (a table edited by hand and one
+    stage re-run alone would mix versions)."""
     from layersim.models.registry import model_shape, verified_info
 
     now = task_tables_digest(task_dir) if task_dir is not None else None
     expect, bases, tasks = {}, {}, {}
-    for seed in seeds:
-        folder = finetuned(checkpoints, seed)
+    for entry in runs:
+        found = entry if isinstance(entry, FinetunedRun) else FinetunedRun("", entry)
+        folder, run = found.folder(checkpoints), found.name
         info = verified_info(folder)
-        run = f"seed{seed}"
         bases[run], tasks[run] = info.get("base_digest"), info.get("task_digest")
         if now is not None and tasks[run] != now:
             raise LayersimError(f"checkpoint {folder} was fine-tuned on other task tables than {task_dir} holds now "
