@@ -13,6 +13,7 @@ from pathlib import Path
 
 TASK_TABLES = "splits"          # data/tasks/<task>/splits/{train,validation}.parquet
 CHECKPOINT = "model"            # data/checkpoints/<model>/<task>/seed<k>/model/, data/export/<model>/<task>/model/
+STATES = "states"               # data/checkpoints/<model>/<task>/seed<k>/states/ (finetune.keep_states)
 METRICS = "metrics.json"        # metrics/<stage>/<task>/metrics.json (finetune: metrics/finetune/<task>/seed<k>/)
 DETAILS = "values.json"         # plots/details/<stage>/<task>/values.json
 
@@ -27,6 +28,12 @@ def finetuned(checkpoints: Path | str, seed: int) -> Path:
     return Path(checkpoints) / f"seed{seed}" / CHECKPOINT
 
 
+def finetune_states(checkpoints: Path | str, seed: int) -> Path:
+    """A seed's kept intermediate states (finetune.keep_states: one ``step<N>`` folder each, and their index), in the
+    folder of one task's checkpoints, beside its final checkpoint (:func:`finetuned`)."""
+    return Path(checkpoints) / f"seed{seed}" / STATES
+
+
 def finetuned_run(checkpoints: Path | str, run: str) -> Path:
     """A fine-tuned run's checkpoint by the name its activation tables carry (``seed<k>``)."""
     if not run.startswith("seed") or not run[4:].isdigit():
@@ -37,6 +44,12 @@ def finetuned_run(checkpoints: Path | str, run: str) -> Path:
 def finetune_metrics(task_metrics: Path | str, seed: int) -> Path:
     """A seed's finetune metrics file, in the folder of one task's (metrics/finetune/<task>)."""
     return Path(task_metrics) / f"seed{seed}" / METRICS
+
+
+def finetune_curves(task_live: Path | str, seed: int) -> Path:
+    """A seed's dvclive curves (one ``<name>.tsv`` per logged value: train/loss.tsv, eval/<metric>.tsv), in the
+    folder of one task's (dvclive/finetune/<task>)."""
+    return Path(task_live) / f"seed{seed}" / "plots" / "metrics"
 
 
 def stage_metrics(metrics_dir: Path | str, stage: str, task: str) -> Path:
