@@ -180,8 +180,7 @@ def test_the_half_way_step_is_the_first_point_past_half_the_final_distance():
 
 
 def test_the_dynamics_use_the_similarity_headlines_points():
-    assert dynamics_pooling("tiny-bert", {"cls": ("linear_cka",), "tokens": ()}, ("cls", "tokens")) == "cls"
-    assert dynamics_pooling("tiny-bert", {"tokens": ("linear_cka",), "mean": ()}, ("mean", "tokens")) == "mean"
-    assert dynamics_pooling("tiny-gpt2", {"tokens": ("linear_cka",)}, ("last", "tokens")) == "last"
-    with pytest.raises(LayersimError, match="add cls to extract.poolings"):
-        dynamics_pooling("tiny-bert", {"tokens": ("linear_cka",)}, ("tokens",))
+    assert dynamics_pooling("tiny-bert", ("cls", "mean", "tokens")) == "cls"
+    assert dynamics_pooling("tiny-gpt2", ("last", "tokens")) == "last"
+    with pytest.raises(LayersimError, match="add head to it"):
+        dynamics_pooling("tiny-bert", ("mean", "tokens"))

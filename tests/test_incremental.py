@@ -29,9 +29,10 @@ EXTRACT, SIMILARITY, TRUNCATE, SKIP, ALIGN = (f"{stage}@{TASK}" for stage in
                                               ("extract", "similarity", "truncate", "skip", "align"))
 COMPARE, SUMMARY, FREEZE, EXPORT, REPORT = "compare", "summary", f"freeze@{TASK}", f"export@{TASK}", "report"
 WEIGHTS = f"weights@{TASK}"  # reads the checkpoints' weights only
+DYNAMICS = f"dynamics@{TASK}"  # the kept states, and ORIG's and the final models' tables
 # The report page reads every per-task result and the summary (not compare's).
 # skip reads the seeds' activation tables too (Block Influence, angular distance)
-AFTER_EXTRACT = {SIMILARITY, COMPARE, TRUNCATE, SKIP, ALIGN, SUMMARY, REPORT}
+AFTER_EXTRACT = {SIMILARITY, COMPARE, TRUNCATE, SKIP, ALIGN, DYNAMICS, SUMMARY, REPORT}
 AFTER_FINETUNE = {EXTRACT, SKIP, FREEZE, EXPORT, WEIGHTS, *AFTER_EXTRACT}
 EXPENSIVE = DOWNLOAD | FINETUNE | {EXTRACT}
 
@@ -55,7 +56,7 @@ ANALYSIS = [
     ("similarity.measures", {"cls": ["linear_cka", "svcca", "neuronsim", "pwcca"]},
      {SIMILARITY, COMPARE, SUMMARY, REPORT}, None),
     ("similarity.measures", {"cls": ["linear_cka"], "last": ["svcca"]}, {SIMILARITY, COMPARE, SUMMARY, REPORT}, None),
-    ("similarity.permutations", 30, {SIMILARITY, COMPARE}, None),
+    ("similarity.permutations", 30, {SIMILARITY, COMPARE, DYNAMICS}, None),  # dynamics: its block nulls
     ("similarity.localization", "zscore", {SIMILARITY, COMPARE}, None),
     ("similarity.svcca_variance", 0.9, {SIMILARITY, COMPARE}, None),
     ("compare.probe_examples", 12, {COMPARE}, None),
@@ -75,10 +76,14 @@ UPSTREAM = [
     # Read by extract (word rows it writes) and by compare (word rows it encodes itself).
     ("extract.max_tokens", 50, {EXTRACT, COMPARE}, {EXTRACT, *AFTER_EXTRACT}),
     # Read by every stage that tokenizes: all but the downloads and similarity (which reads tables).
-    ("finetune.max_length", 24, FINETUNE | {EXTRACT, COMPARE, TRUNCATE, SKIP, ALIGN, FREEZE, EXPORT},
+    ("finetune.max_length", 24, FINETUNE | {EXTRACT, COMPARE, TRUNCATE, SKIP, ALIGN, FREEZE, EXPORT, DYNAMICS},
      FINETUNE | AFTER_FINETUNE),
     # The control that makes the cases above able to fail: a new learning rate is new fine-tuned models.
     ("finetune.learning_rate", 2e-3, FINETUNE | {FREEZE}, FINETUNE | AFTER_FINETUNE),
+    # How many states a run keeps: the seeds' runs again (finetune_pretrained keeps none), and every stage that reads
+    # the task's checkpoint folder, which holds the states beside the final models (these come out the same).
+    ("finetune.keep_states", 1, {f"finetune@{TASK}-1", f"finetune@{TASK}-2"},
+     {f"finetune@{TASK}-1", f"finetune@{TASK}-2"} | AFTER_FINETUNE),
     # How often fine-tuning saves a resumable state cannot change its result: nothing reruns.
     ("finetune.checkpoint_every", 2, set(), set()),
     ("download.generated_seed", 1, {f"download_task@{TASK}"},
@@ -95,7 +100,7 @@ def test_a_param_change_reruns_only_the_stages_that_read_it(project, key, value,
     # Without an explicit list, what reruns is the stale stages, the summary after any per-task analysis and the
     # report after any result it shows.
     summarised = {SUMMARY} if stale & {SIMILARITY, TRUNCATE, SKIP, ALIGN} else set()
-    reported = {REPORT} if stale & {SIMILARITY, TRUNCATE, SKIP, ALIGN, FREEZE, EXPORT, WEIGHTS} else set()
+    reported = {REPORT} if stale & {SIMILARITY, TRUNCATE, SKIP, ALIGN, FREEZE, EXPORT, WEIGHTS, DYNAMICS} else set()
     assert would_run == (rerun or stale | summarised | reported) | {GATE}
     if not rerun:  # an analysis param (or one that changes no result): nothing expensive reruns
         assert not would_run & EXPENSIVE

@@ -2,7 +2,7 @@
 & Srikumar 2022). For each seed, every point of its run — step 0 (ORIG), the states the finetune stage kept
 (finetune.keep_states, layersim.training.states) and the final checkpoint — is compared layer by layer with ORIG and
 with the final model: linear CKA of layer k against layer k, on the validation rows and the pooling of the similarity
-stage's CKA headline, each value with its permutation null (whole examples permuted where an example gives several
+stage's CKA headline (the model's own head token), each value with its permutation null (whole examples permuted where an example gives several
 rows: layersim.similarity.inference.exchangeability) and a bootstrap interval over examples
 (layersim.similarity.comparisons.stacked_null, layersim.similarity.inference.bootstrap.bootstrap_pairs).
 
@@ -31,18 +31,16 @@ from layersim.training.states import read_index, step_folder
 
 MEASURE = "linear_cka"
 REFERENCES = ("ORIG", "final")  # what each point is compared with
-PER_EXAMPLE = ("cls", "mean", "last")
 
 
-def dynamics_pooling(model: str, measures: dict, extracted: Sequence[str]) -> str:
-    """The points the dynamics are measured on: those of the similarity stage's CKA headline (the model's own head
-    token, when similarity.measures has it; else the first pooling there with one row per example), extracted."""
+def dynamics_pooling(model: str, extracted: Sequence[str]) -> str:
+    """The points the dynamics are measured on: the token the model's own head reads (cls, or last for decoders and
+    XLNet), those of the similarity stage's CKA headline (Phang et al.), as the extract stage wrote them."""
     head = own_head_pooling(model)
-    chosen = head if head in measures else next((p for p in measures if p in PER_EXAMPLE), head)
-    if chosen not in extracted:
-        raise LayersimError(f"the dynamics stage compares {chosen} points, but extract.poolings "
-                            f"({', '.join(extracted)}) does not extract them; add {chosen} to extract.poolings.")
-    return chosen
+    if head not in extracted:
+        raise LayersimError(f"the dynamics stage compares {head} points (the token model {model!r}'s head reads), but "
+                            f"extract.poolings ({', '.join(extracted)}) does not extract them; add head to it.")
+    return head
 
 
 def layer_cka(point: list[np.ndarray], references: dict[str, list[np.ndarray]], uncertainty: Uncertainty,
@@ -111,7 +109,7 @@ def task_dynamics(activations: Path, checkpoints: Path, task_dir: Path, live: Pa
     from layersim.reporting.dynamics_plots import dynamics_figure
 
     spec, (_, uncertainty) = get_task(task), settings(params.similarity)
-    pooling = dynamics_pooling(params.model, params.similarity.measures, params.extract.poolings)
+    pooling = dynamics_pooling(params.model, params.extract.poolings)
     known = run_expectations(checkpoints, params.seeds)
 
     def table(run: str) -> ActivationTable:
