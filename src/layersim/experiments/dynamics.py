@@ -30,7 +30,6 @@ from layersim.training.convergence import checkpoint_flags
 from layersim.training.states import read_index, step_folder
 
 MEASURE = "linear_cka"
-REFERENCES = ("ORIG", "final")  # what each point is compared with
 
 
 def dynamics_pooling(model: str, extracted: Sequence[str]) -> str:
