@@ -14,46 +14,44 @@ from layersim.data.io import atomic_path, task_tables_digest, write_json
 from layersim.models.registry import load_tokenizer
 from layersim.data.tasks import get_task
 from layersim.training.resume import TrainingCheckpoint
-from layersim.training.train import encoded_splits, finetune, run_fingerprint, save_checkpoint, with_method
+from layersim.training.train import (StateKeeper, encoded_splits, finetune, live_logger, run_fingerprint,
+                                     save_checkpoint, with_method)
 
 
-def run(args, params, spec, pretrained: Path, seed: int, out: Path, live_dir: Path | None, resume_dir: Path | None):
-    """Fine-tune `pretrained` with `seed` into `out`; returns its validation metrics and convergence check."""
+def run(args, params, spec, pretrained: Path, seed: int, out: Path, live_dir, resume_dir, states=None):
+    """Fine-tune `pretrained` with `seed` into `out`, kept states into `states`; returns its metrics and convergence."""
     tokenizer = load_tokenizer(pretrained)
     train, validation = encoded_splits(args.task_dir, spec, tokenizer, params.finetune.max_length)
     cli.log.info("read %s: %d train / %d validation examples", args.task_dir, len(train), len(validation))
     resume = resume_dir and TrainingCheckpoint(resume_dir, run_fingerprint(pretrained, args.task_dir, spec,
                                                                            params.finetune, seed))
-    # The matrix declares these curves in dvc.yaml itself, so dvclive must not write a dvc.yaml. A resumed
-    # run starts the curves afresh: finetune replays the steps logged before the interruption.
+    # dvc.yaml declares these curves (dvclive writes none); a resumed run replays the steps logged before it stopped.
     with (Live(str(live_dir), dvcyaml=False, save_dvc_exp=False) if live_dir else nullcontext()) as live:
-        def log(step, values):
-            for name, value in (values.items() if live else ()):
-                live.step = step
-                live.log_metric(name, value)
-
-        timing, checks = {}, {}
-        model, metrics = finetune(pretrained, spec, train, validation, params.finetune, seed, log=log,
-                                  resume=resume, timing=timing, checks=checks, device=resolve_device(params.device))
+        timing, checks, keep = {}, {}, states and StateKeeper.for_run(params.finetune, states, resume_dir)
+        model, metrics = finetune(pretrained, spec, train, validation, params.finetune, seed, log=live_logger(live),
+                                  keep=keep, resume=resume, timing=timing, checks=checks,
+                                  device=resolve_device(params.device))
     # Before any output: with finetune.require_convergence an unconverged run leaves no checkpoint or metrics.
     convergence = checks["convergence"].record()
     enforce(checks["convergence"], f"fine-tuning {spec.name} seed {seed} from {pretrained}", params.finetune, cli.log)
     with atomic_path(out, is_dir=True) as tmp:
         save_checkpoint(model, tokenizer, tmp, base_dir=pretrained, task=spec.name, seed=seed, method=params.finetune.method,
                         task_digest=task_tables_digest(args.task_dir), convergence=convergence)
+    if keep:  # after the checkpoint, whose digest their index names
+        keep.publish(states, out, params.finetune.max_steps)
     if args.timings:  # wall clock: kept out of every output DVC hashes
         write_json({"train_seconds": timing["train_seconds"]}, args.timings)
-    resume and resume.clear()  # the run is finished: later stages need only the checkpoint
+    resume and resume.clear()  # the run is finished: later stages need only the checkpoint (and the kept states)
     cli.log.info("wrote %s: %s", out, json.dumps(metrics))
     return metrics | {"convergence": convergence}  # task and seed are in the path, steps in params
 
 
 def main(args, params):
-    cli.check_separate(args, "out", "metrics", "live", "resume", "timings")
+    cli.check_separate(args, "out", "states", "metrics", "live", "resume", "timings")
     spec, params = get_task(args.task), with_method(params, args.method)  # a run of finetune.compare_methods
     if args.pretraining_models is None:
-        return write_json(run(args, params, spec, args.pretrained, args.seed, args.out, args.live, args.resume),
-                          args.metrics)
+        return write_json(run(args, params, spec, args.pretrained, args.seed, args.out, args.live, args.resume,
+                              args.states), args.metrics)
     with atomic_path(args.out, is_dir=True) as out:  # one folder per model; empty without align.pretraining_models
         write_json({name: run(args, params, spec, args.pretraining_models / name, params.seeds[0], Path(out) / name,
                               None, args.resume and args.resume / name)
@@ -70,6 +68,7 @@ if __name__ == "__main__":
     source.add_argument("--pretraining-models", type=Path, help="download_paired's folder (align.pretraining_models)")
     p.add_argument("--task-dir", type=Path, required=True, help="folder written by download_task")
     p.add_argument("--out", type=Path, required=True, help="checkpoint folder to write (one subfolder per model)")
+    p.add_argument("--states", type=Path, help="folder of the kept intermediate states (finetune.keep_states)")
     p.add_argument("--metrics", type=Path, required=True, help="validation metrics JSON to write (per model)")
     p.add_argument("--live", type=Path, help="dvclive folder for the training curves")
     p.add_argument("--timings", type=Path, help="JSON of the training time (wall clock; no DVC-hashed output)")

@@ -225,6 +225,8 @@ CASES = [
      ["similarity.poolings is no longer a key", "keys of similarity.measures"]),
     ("intruder-threshold-zero", "weights", _set(weights__threshold=0),
      ["weights.threshold = 0", "a number in (0, 1]"]),
+    ("keep-every-step", "dynamics", _set(finetune__keep_states=6),
+     ["finetune.keep_states = 6 must be smaller than finetune.max_steps = 6"]),
     ("no-permutations", "similarity", _set(similarity__permutations=0),
      ["similarity.permutations = 0", "a positive integer"]),
     ("significance-above-one", "compare", _set(similarity__significance=5),

@@ -31,9 +31,10 @@ EXTRACT, SIMILARITY, TRUNCATE, SKIP, ALIGN = (f"{stage}@{TASK}" for stage in
                                               ("extract", "similarity", "truncate", "skip", "align"))
 COMPARE, SUMMARY, FREEZE, EXPORT, REPORT = "compare", "summary", f"freeze@{TASK}", f"export@{TASK}", "report"
 WEIGHTS = f"weights@{TASK}"  # reads the checkpoints' weights only
+DYNAMICS = f"dynamics@{TASK}"  # the kept states, and ORIG's and the final models' tables
 # The report page reads every per-task result and the summary (not compare's).
 # skip reads the seeds' activation tables too (Block Influence, angular distance)
-AFTER_EXTRACT = {SIMILARITY, COMPARE, TRUNCATE, SKIP, ALIGN, SUMMARY, REPORT}
+AFTER_EXTRACT = {SIMILARITY, COMPARE, TRUNCATE, SKIP, ALIGN, DYNAMICS, SUMMARY, REPORT}
 AFTER_FINETUNE = {EXTRACT, SKIP, FREEZE, EXPORT, WEIGHTS, *AFTER_EXTRACT}
 EXPENSIVE = DOWNLOAD | FINETUNE | {EXTRACT}
 
@@ -57,7 +58,7 @@ ANALYSIS = [
     ("similarity.measures", {"cls": ["linear_cka", "svcca", "neuronsim", "pwcca"]},
      {SIMILARITY, COMPARE, SUMMARY, REPORT}, None),
     ("similarity.measures", {"cls": ["linear_cka"], "last": ["svcca"]}, {SIMILARITY, COMPARE, SUMMARY, REPORT}, None),
-    ("similarity.permutations", 30, {SIMILARITY, COMPARE}, None),
+    ("similarity.permutations", 30, {SIMILARITY, COMPARE, DYNAMICS}, None),  # dynamics: its block nulls
     ("similarity.localization", "zscore", {SIMILARITY, COMPARE}, None),
     ("similarity.svcca_variance", 0.9, {SIMILARITY, COMPARE}, None),
     ("compare.probe_examples", 12, {COMPARE}, None),
@@ -77,10 +78,15 @@ UPSTREAM = [
     # Read by extract (word rows it writes) and by compare (word rows it encodes itself).
     ("extract.max_tokens", 50, {EXTRACT, COMPARE}, {EXTRACT, *AFTER_EXTRACT}),
     # Read by every stage that tokenizes: all but the downloads and similarity (which reads tables).
-    ("finetune.max_length", 24, FINETUNE | {EXTRACT, COMPARE, TRUNCATE, SKIP, ALIGN, FREEZE, EXPORT},
+    ("finetune.max_length", 24, FINETUNE | {EXTRACT, COMPARE, TRUNCATE, SKIP, ALIGN, FREEZE, EXPORT, DYNAMICS},
      FINETUNE | AFTER_FINETUNE),
     # The control that makes the cases above able to fail: a new learning rate is new fine-tuned models.
     ("finetune.learning_rate", 2e-3, FINETUNE | {FREEZE}, FINETUNE | AFTER_FINETUNE),
+    # How many states a run keeps: the seeds' runs again, full and LoRA (finetune_pretrained keeps none); a dry run
+    # lists what follows them too, though their final models, which those stages read, come out the same (the states
+    # live in data/states: test_keeping_other_states_reruns_only_the_runs_and_dynamics).
+    ("finetune.keep_states", 1, FINETUNE - {f"finetune_pretrained@{TASK}"},
+     FINETUNE - {f"finetune_pretrained@{TASK}"} | AFTER_FINETUNE),
     # How often fine-tuning saves a resumable state cannot change its result: nothing reruns.
     ("finetune.checkpoint_every", 2, set(), set()),
     ("download.generated_seed", 1, {f"download_task@{TASK}"},
@@ -97,7 +103,7 @@ def test_a_param_change_reruns_only_the_stages_that_read_it(project, key, value,
     # Without an explicit list, what reruns is the stale stages, the summary after any per-task analysis and the
     # report after any result it shows.
     summarised = {SUMMARY} if stale & {SIMILARITY, TRUNCATE, SKIP, ALIGN} else set()
-    reported = {REPORT} if stale & {SIMILARITY, TRUNCATE, SKIP, ALIGN, FREEZE, EXPORT, WEIGHTS} else set()
+    reported = {REPORT} if stale & {SIMILARITY, TRUNCATE, SKIP, ALIGN, FREEZE, EXPORT, WEIGHTS, DYNAMICS} else set()
     assert would_run == (rerun or stale | summarised | reported) | {GATE}
     if not rerun:  # an analysis param (or one that changes no result): nothing expensive reruns
         assert not would_run & EXPENSIVE
@@ -125,5 +131,27 @@ def test_a_real_repro_after_an_analysis_change_runs_only_that_stage(project) -> 
         # staged the new dvc.lock and metrics.
         run(["git", "checkout", "HEAD", "--", "."], root, env)
         run(dvc("checkout"), root, env)  # the report is a cached output: DVC, not git, puts it back
+    status = run(dvc("status"), root, env)
+    assert "up to date" in status.stdout.lower(), output(status)
+
+
+def test_keeping_other_states_reruns_only_the_runs_and_dynamics(project) -> None:
+    """finetune.keep_states 2 → 1: the runs that keep states train again (full and LoRA) and write the same final
+    models, which live apart from the states (data/checkpoints vs data/states), so nothing that reads the final
+    models reruns: only the dynamics stage (and the report, which shows it)."""
+    root, env = project
+    try:
+        models = {p: p.read_bytes() for p in (root / "data/checkpoints").rglob("model.safetensors")}
+        with edited_params(root, **{"finetune.keep_states": 1}):
+            repro = run(dvc("repro"), root, env)
+            ran = {line.split("'")[1] for line in repro.stdout.splitlines() if line.startswith("Running stage")}
+            runs = FINETUNE - {f"finetune_pretrained@{TASK}"}
+            assert ran - {"summary"} == {GATE, DYNAMICS, REPORT} | runs, output(repro)
+            assert {p: p.read_bytes() for p in models} == models
+            kept = json.loads((root / f"data/states/tiny-bert/{TASK}/lora/seed1/states/states.json").read_text())
+            assert kept["steps"] == [3]
+    finally:
+        run(["git", "checkout", "HEAD", "--", "."], root, env)
+        run(dvc("checkout"), root, env)
     status = run(dvc("status"), root, env)
     assert "up to date" in status.stdout.lower(), output(status)

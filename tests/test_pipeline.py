@@ -48,6 +48,7 @@ def _configure(params: dict) -> None:
     # Issue 52: LoRA (rank 2) beside full fine-tuning, the same seeds, in this one experiment.
     params["finetune"].update(compare_methods=["lora"])
     params["finetune"]["lora"].update(rank=2)
+    params["finetune"].update(keep_states=2)  # of max_steps 6: the states of steps 2 and 4 (the dynamics stage)
 
 
 @pytest.fixture(scope="module")
@@ -411,6 +412,42 @@ def test_compared_method_runs_reach_similarity_with_nulls_and_intervals(project)
     assert headline["cls"]["linear_cka"]["lora_orig_top"] == details["cls"]["linear_cka"]["lora_orig"]["last_layer"]
     page = (root / "report/index.html").read_text()
     assert "LoRA–ORIG" in page and "LoRA–FT" in page
+
+
+def test_dynamics_follow_every_kept_state_from_orig_to_the_final_model(project):
+    """The finetune stage kept the states of steps 2 and 4 (keep_states 2 of 6 steps); the dynamics stage compares
+    every point (ORIG at step 0, the states, the final model at 6) with ORIG and the final model, per layer: one row
+    per seed × point × reference per layer file, ORIG at step 0 and the final model at the end equal to themselves."""
+    root, _ = project
+    for seed, folder in [(seed, folder) for seed in SEEDS for folder in (f"seed{seed}", f"lora/seed{seed}")]:
+        states = root / f"data/states/tiny-bert/{TASK}/{folder}/states"
+        assert sorted(p.name for p in states.iterdir()) == ["states.json", "step2", "step4"]
+        assert json.loads((states / "states.json").read_text())["steps"] == [2, 4]
+    curves = root / f"plots/dynamics/{TASK}/curves"
+    assert sorted(p.name for p in curves.iterdir()) == [f"layer_{k:02d}.json" for k in range(4)]
+    for layer in range(4):
+        rows = json.loads((curves / f"layer_{layer:02d}.json").read_text())
+        # finetune.method's runs and the LoRA runs of finetune.compare_methods, each kept its states
+        assert sorted((r["run"], r["seed"], r["step"], r["reference"]) for r in rows) == sorted(
+            (f"{kind}[{i}]", seed, step, reference) for kind in ("FT", "LoRA") for i, seed in enumerate(SEEDS, start=1)
+            for step in (0, 2, 4, 6) for reference in ("ORIG", "final"))
+        for row in rows:
+            assert row["layer"] == layer and row["series"] == f"{row['run']} (seed {row['seed']}) to {row['reference']}"
+            if layer == 0:  # the CLS token's embedding is the same for every example: no similarity
+                assert row["linear_cka"] is None
+                continue
+            if (row["step"], row["reference"]) in ((0, "ORIG"), (6, "final")):
+                assert row["linear_cka"] == pytest.approx(1.0, abs=1e-6)
+            assert 0.0 <= row["linear_cka"] <= 1.0 + 1e-6 and 0.0 <= row["p_value"] <= 1.0
+            assert 0.0 <= row["null_mean"] < row["linear_cka"] and row["ci_low"] <= row["ci_high"]
+    details = _details(root, "dynamics", TASK)
+    assert details["pooling"] == "cls" and details["rows"] == 60
+    assert details["seed1"]["to_orig"]["step6"]["linear_cka"]["layer_03"] == pytest.approx(
+        _details(root, "similarity", TASK)["cls"]["linear_cka"]["ft_orig"]["diagonal"]["layer_03"], abs=1e-6)
+    headline = json.loads((root / f"metrics/dynamics/{TASK}/metrics.json").read_text())
+    assert headline["points"] == 4 and headline["pooling"] == "cls"
+    assert headline["top_layer_half_way_step"] in (None, 2, 3, 4, 5, 6)  # a mean over the seeds' kept points
+    assert (root / f"plots/dynamics/{TASK}/dynamics.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_second_repro_has_nothing_to_do(project):

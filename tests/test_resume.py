@@ -25,7 +25,7 @@ from layersim.training.resume import STATE_FILE, TrainingCheckpoint, TrainingSta
 import fork_server
 from dvc_project import repository_params, REPO, output
 
-MAX_STEPS, CHECKPOINT_EVERY = 24, 5
+MAX_STEPS, CHECKPOINT_EVERY, KEEP_STATES = 24, 5, 3  # states kept at steps 6, 12 and 18
 
 # Runs a stage script as __main__ after arranging a SIGKILL: KILL_AT_STEP=k dies right after the k-th
 # optimizer step; KILL_IN_SAVE=k dies inside the k-th torch.save, once its bytes are written.
@@ -64,7 +64,7 @@ def project(tmp_path_factory, tiny_model_dir) -> Path:
     params.update(model="tiny-bert", tasks=["synth-negation"], seeds=[1, 2])
     params["download"].update(generated_train_examples=96, generated_validation_examples=32)
     params["finetune"].update(batch_size=4, learning_rate=1e-3, warmup_steps=3, max_steps=MAX_STEPS, eval_every=6,
-                              max_length=32, checkpoint_every=CHECKPOINT_EVERY)
+                              max_length=32, checkpoint_every=CHECKPOINT_EVERY, keep_states=KEEP_STATES)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     (root / "driver.py").write_text(DRIVER)
     _run(root, [REPO / "stages/download_task.py", "synth-negation", root / "task"])
@@ -84,7 +84,8 @@ def finetune(root: Path, name: str, seed: int = 1, **kill) -> subprocess.Complet
     """Run the finetune stage writing under root/<name>/; `kill` as the driver's environment."""
     run = root / name
     argv = [REPO / "stages/finetune.py", "--task", "synth-negation", "--seed", seed, "--pretrained",
-            root / "pretrained", "--task-dir", root / "task", "--out", run / "checkpoint", "--metrics",
+            root / "pretrained", "--task-dir", root / "task", "--out", run / "checkpoint", "--states", run / "states",
+            "--metrics",
             run / "metrics.json", "--live", run / "live", "--resume", run / "resume"]
     return _run(root, argv, **kill)
 
@@ -110,6 +111,13 @@ def assert_same_run(run: Path, reference: Path) -> None:
     assert (run / "metrics.json").read_bytes() == (reference / "metrics.json").read_bytes()
     assert curves(run) == curves(reference)
     assert not (run / "resume").exists(), "a finished run keeps only its final checkpoint"
+    # The kept states (finetune.keep_states): the same steps, the same bytes, the index naming the checkpoint.
+    kept = sorted(str(p.relative_to(run / "states")) for p in (run / "states").rglob("*") if p.is_file())
+    assert kept == sorted(str(p.relative_to(reference / "states")) for p in (reference / "states").rglob("*")
+                          if p.is_file())
+    assert kept == ["states.json", "step12/model.safetensors", "step18/model.safetensors", "step6/model.safetensors"]
+    for name in kept:
+        assert (run / "states" / name).read_bytes() == (reference / "states" / name).read_bytes(), name
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +138,7 @@ def test_other_seed_gives_another_model(project, reference):
 
 
 @pytest.mark.parametrize("kill, resumed_from", [
-    ({"KILL_AT_STEP": 13}, 10),   # mid-run: states at 5 and 10 were written, 11–13 are lost
+    ({"KILL_AT_STEP": 13}, 10),   # mid-run: states at 5 and 10 were written, 11–13 are lost (kept state 12 redone)
     ({"KILL_AT_STEP": 3}, None),  # before the first state: starts over
     ({"KILL_IN_SAVE": 2}, 5),     # inside the write of the step-10 state: the step-5 state survives
 ], ids=["after-step-13", "after-step-3", "while-saving-step-10"])

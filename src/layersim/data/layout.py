@@ -15,6 +15,7 @@ from pathlib import Path
 
 TASK_TABLES = "splits"          # data/tasks/<task>/splits/{train,validation}.parquet
 CHECKPOINT = "model"            # data/checkpoints/<model>/<task>/seed<k>/model/, data/export/<model>/<task>/model/
+STATES = "states"               # data/states/<model>/<task>/seed<k>/states/ (finetune.keep_states)
 METRICS = "metrics.json"        # metrics/<stage>/<task>/metrics.json (finetune: metrics/finetune/<task>/seed<k>/)
 DETAILS = "values.json"         # plots/details/<stage>/<task>/values.json
 
@@ -45,6 +46,14 @@ class FinetunedRun:
     def folder(self, checkpoints: Path | str) -> Path:
         """Its checkpoint in one task's folder: ``seed<k>/model``, or ``<method>/seed<k>/model`` if compared."""
         return (Path(checkpoints) if self.primary else Path(checkpoints) / self.method) / f"seed{self.seed}" / CHECKPOINT
+
+    def states(self, states: Path | str) -> Path:
+        """Its kept states in one task's folder of states: ``seed<k>/states``, or ``<method>/seed<k>/states``."""
+        return finetune_states(Path(states) if self.primary else Path(states) / self.method, self.seed)
+
+    def curves(self, task_live: Path | str) -> Path:
+        """Its dvclive curves in one task's folder (:func:`finetune_curves`)."""
+        return finetune_curves(task_live, self.seed, None if self.primary else self.method)
 
     def label(self, position: int) -> str:
         """Figure label of the run of the `position`-th seed (from 1): FT[i], or e.g. LoRA[i] if compared."""
@@ -81,6 +90,49 @@ def finetuned(checkpoints: Path | str, seed: int) -> Path:
     return Path(checkpoints) / f"seed{seed}" / CHECKPOINT
 
 
+def finetune_states(states: Path | str, seed: int) -> Path:
+    """A seed's kept intermediate states (finetune.keep_states: one ``step<N>`` folder each, and their index), in the
+    folder of one task's states (data/states/<model>/<task>): outside its checkpoints, so that keeping other states
+    changes no dependency of the stages that read the final models."""
+    return Path(states) / f"seed{seed}" / STATES
+
+
+def finetuned_runs(finetune, seeds, compared: bool = True) -> list[FinetunedRun]:
+    """Every fine-tuning run of a task (FinetuneParams `finetune`, params.yaml's `seeds`): finetune.method's, then,
+    unless `compared` is False, each of finetune.compare_methods' with the same seeds."""
+    return ([FinetunedRun(finetune.method, seed) for seed in seeds]
+            + [FinetunedRun(method, seed, primary=False) for method in (finetune.compare_methods if compared else ())
+               for seed in seeds])
+
+
+def as_runs(entries) -> list[FinetunedRun]:
+    """`entries` as runs: each a FinetunedRun, or a seed (an int: finetune.method's run of that seed)."""
+    return [entry if isinstance(entry, FinetunedRun) else FinetunedRun("", int(entry)) for entry in entries]
+
+
+def run_labels(entries) -> dict[str, str]:
+    """Run name → figure label of each run of `entries` (:func:`as_runs`), numbered by seed within its method:
+    seed0, seed1, lora-seed0 → FT[1], FT[2], LoRA[1]."""
+    counts: dict[tuple[bool, str], int] = {}
+    labels = {}
+    for run in as_runs(entries):
+        key = (run.primary, run.method if not run.primary else "")
+        counts[key] = counts.get(key, 0) + 1
+        labels[run.name] = run.label(counts[key])
+    return labels
+
+
+def finetuned(checkpoints: Path | str, seed: int) -> Path:
+    """A seed's checkpoint of finetune.method, in the folder of one task's (data/checkpoints/<model>/<task>)."""
+    return Path(checkpoints) / f"seed{seed}" / CHECKPOINT
+
+
+def finetune_states(checkpoints: Path | str, seed: int) -> Path:
+    """A seed's kept intermediate states (finetune.keep_states: one ``step<N>`` folder each, and their index), in the
+    folder of one task's checkpoints, beside its final checkpoint (:func:`finetuned`)."""
+    return Path(checkpoints) / f"seed{seed}" / STATES
+
+
 def finetuned_run(checkpoints: Path | str, run: str) -> Path:
     """A fine-tuned run's checkpoint by the name its activation tables carry (``seed<k>``, ``<method>-seed<k>``)."""
     method, _, seed = run.rpartition("-")
@@ -93,6 +145,12 @@ def finetune_metrics(task_metrics: Path | str, seed: int, method: str | None = N
     """A seed's finetune metrics file, in the folder of one task's (metrics/finetune/<task>); with `method`, that
     of a run of finetune.compare_methods (metrics/finetune/<task>/<method>/seed<k>)."""
     return Path(task_metrics) / (method or "") / f"seed{seed}" / METRICS
+
+
+def finetune_curves(task_live: Path | str, seed: int, method: str | None = None) -> Path:
+    """A seed's dvclive curves (one ``<name>.tsv`` per logged value: train/loss.tsv, eval/<metric>.tsv), in the
+    folder of one task's (dvclive/finetune/<task>); with `method`, a run of finetune.compare_methods'."""
+    return Path(task_live) / (method or "") / f"seed{seed}" / "plots" / "metrics"
 
 
 def stage_metrics(metrics_dir: Path | str, stage: str, task: str) -> Path:

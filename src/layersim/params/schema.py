@@ -109,6 +109,8 @@ class FinetuneParams:
     eval_batch_size: int = knob(32, "examples per evaluation batch", POSITIVE, BATCH)
     checkpoint_every: int = knob(500, "steps between resumable training states (0, or any value >= max_steps: "
                                       "never); changing it reruns nothing", NON_NEGATIVE, STEPS)
+    keep_states: int = knob(0, "intermediate weights kept per run (data/states), evenly spaced over its steps, fewer "
+                               "than max_steps; the final model is the end point (0: none)", NON_NEGATIVE, STEPS)
     precision: str = knob("auto", "arithmetic of fine-tuning and of scoring task models (autocast): fp32, bf16, "
                                   "fp16 (GPU only, with loss scaling); auto: bf16 on a GPU that has it, else fp32",
                           names=PRECISIONS)
@@ -123,9 +125,8 @@ class FinetuneParams:
     lora: LoraParams = knob(LoraParams(), "LoRA's settings (method or compare_methods lora)", check=nested(LoraParams))
     require_convergence: bool = knob(False, "a run that did not converge (final training loss near the trivial "
                                             "predictor's, validation score not significantly above the best "
-                                            "constant's: layersim.training.convergence) "
-                                            "fails its stage instead of a warning and a flag on every figure "
-                                            "that uses it")
+                                            "constant's: layersim.training.convergence) fails its stage "
+                                            "instead of a warning and a flag on every figure that uses it")
 
 
 @dataclass(frozen=True)
@@ -352,7 +353,7 @@ class WeightsParams:  # Shuttleworth et al. 2025, "LoRA vs Full Fine-tuning: An 
 # The pipeline's stages (dvc.yaml's names; tests/test_launch.py keeps the two in step), for launch.gpu_stages.
 STAGES = ("check_params", "download_model", "download_compared", "download_paired", "download_task", "finetune",
           "finetune_pretrained", "extract", "similarity", "compare", "truncate", "skip", "align", "freeze", "export",
-          "weights", "summary", "report")
+          "weights", "dynamics", "summary", "report")
 
 
 @dataclass(frozen=True)

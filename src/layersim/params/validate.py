@@ -134,6 +134,10 @@ def _check_across_sections(model: str, sections: dict[str, Any]) -> None:
                             f"finetune.max_steps = {finetune.max_steps}; it must be at most max_steps, or 0 to "
                             "evaluate only at the end.")
     # finetune.checkpoint_every >= max_steps is allowed: like 0, it saves no intermediate state.
+    if finetune.keep_states >= finetune.max_steps:
+        raise LayersimError(f"params.yaml: finetune.keep_states = {finetune.keep_states} must be smaller than "
+                            f"finetune.max_steps = {finetune.max_steps} (a kept state per step at most, the final "
+                            "model apart).")
     if finetune.method in finetune.compare_methods:
         raise LayersimError(f"params.yaml: finetune.compare_methods = {list(finetune.compare_methods)} holds "
                             f"finetune.method = {finetune.method}, whose runs it is compared with; list only other "

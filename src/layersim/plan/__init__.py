@@ -20,7 +20,7 @@ from layersim.plan.sizes import model_size, task_size
 from layersim.plan.stages import StageCost
 
 ORDER = ("download", "finetune", "finetune_pretrained", "extract", "similarity", "compare", "truncate", "skip",
-         "export", "align", "freeze", "weights")
+         "export", "align", "freeze", "weights", "dynamics")
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,8 @@ def plan(params, root: Path = Path(".")) -> list[StageCost]:
                     stages.extract(params, spec, model, task, head), stages.similarity(params, model, task),
                     stages.truncate(params, model, task, spec.num_labels), stages.skip(params, model, task),
                     stages.export(params, model, task), stages.align(params, model, task),
-                    stages.freeze(params, model, task), stages.weights(params, model, task)]
+                    stages.freeze(params, model, task), stages.weights(params, model, task),
+                    stages.dynamics(params, model, task)]
         for name_of, cost in [("finetune_pretrained", c) for c in _pretrained(params, others, task)] + \
                 [(c.stage, c) for c in per_task]:
             costs.setdefault(name_of, StageCost(name_of, notes=cost.notes)).add(cost)

@@ -69,7 +69,8 @@ def finetune(params, model: ModelSize, task: TaskSize, runs: int) -> StageCost:
     evals = (f.max_steps // f.eval_every if f.eval_every else 0) + 1
     rows = f.max_steps * f.batch_size * task.choices
     val = task.validation * task.choices
-    return StageCost("finetune", rows=runs * rows, bytes=runs * model.checkpoint_bytes,
+    # The kept states (finetune.keep_states): the encoder's weights each, about a checkpoint's bytes.
+    return StageCost("finetune", rows=runs * rows, bytes=runs * (1 + f.keep_states) * model.checkpoint_bytes,
                      flops=runs * (rows * train_step(model, s) + evals * val * forward(model, s)),
                      passes=runs * L(model) * (3 * f.max_steps + evals * math.ceil(val / f.eval_batch_size)))
 
@@ -133,6 +134,18 @@ def weights(params, model: ModelSize, task: TaskSize) -> StageCost:
     h, f = model.shape.hidden, model.shape.intermediate
     per_layer = 5 * (4 * svd_flops(h, h) + 2 * svd_flops(f, h))
     return StageCost("weights", flops=len(params.seeds) * model.shape.num_layers * per_layer)
+
+
+def dynamics(params, model: ModelSize, task: TaskSize) -> StageCost:
+    """Each seed's kept states run over the validation rows (ORIG's and the final model's are extract's tables), and
+    every point's layers against ORIG's and the final model's (linear CKA, its exact null and bootstrap resamples)."""
+    n = extract_rows(params, task)["validation"] * task.choices
+    states, s = len(params.seeds) * params.finetune.keep_states, task.tokens(params.finetune.max_length)
+    points = len(params.seeds) * (2 + params.finetune.keep_states)
+    pairs = points * 2 * (L(model) + 1) * (1 + params.similarity.bootstrap)
+    return StageCost("dynamics", rows=states * n, flops=states * n * forward(model, s)
+                     + pairs * measure_flops("linear_cka", n, model.shape.hidden),
+                     passes=states * L(model) * math.ceil(n / params.extract.batch_size))
 
 
 def truncate(params, model: ModelSize, task: TaskSize, num_labels: int) -> StageCost:

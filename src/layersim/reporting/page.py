@@ -310,7 +310,10 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
                               (f"freeze/{task}/freeze.png", "Fine-tuning with layers frozen (Wu et al. Table 1)."),
                               (f"weights/{task}/intruders.png", "Intruder dimensions per layer and weight matrix, each "
                                "seed's checkpoint against the pretrained model (Shuttleworth et al.): top singular "
-                               "vectors of the fine-tuned matrix unlike every pretrained one.")):
+                               "vectors of the fine-tuned matrix unlike every pretrained one."),
+                              (f"dynamics/{task}/dynamics.png", "How far each layer moved over fine-tuning, and when: each "
+                               "kept state's layers against ORIG's (linear CKA, layer × step, and curves to ORIG and to "
+                               "the final model with the null's mean), on the step axis of the run's evaluations.")):
         figure = layout.figure(relative, caption)
         if figure:
             section.figures.append(figure)

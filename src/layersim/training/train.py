@@ -31,12 +31,23 @@ from layersim.models.registry import (MODEL_INFO_FILE, file_digest, load_task_mo
 from layersim.params import FinetuneParams
 from layersim.training.adapters import is_adapted, merged, with_adapters
 from layersim.training.resume import TrainingCheckpoint, TrainingState
+from layersim.training.states import StateKeeper
 from layersim.data.tasks import TaskSpec
 
 cli_log = logging.getLogger("layersim")
 
 # Called as log(step, {"train/loss": ..., "train/lr": ..., "eval/accuracy": ...}).
 Logger = Callable[[int, dict[str, float]], None]
+
+
+def live_logger(live) -> Logger:
+    """A :data:`Logger` that writes every value to a dvclive ``Live`` at its step (None: a logger that drops them)."""
+    def log(step: int, values: dict[str, float]) -> None:
+        for name, value in (values.items() if live else ()):
+            live.step = step
+            live.log_metric(name, value)
+
+    return log
 
 
 def seed_everything(seed: int) -> None:
@@ -109,7 +120,7 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
              params: FinetuneParams, seed: int, *, log: Logger | None = None,
              device: torch.device | None = None, resume: TrainingCheckpoint | None = None,
              freeze: tuple[str, int] | None = None, timing: dict | None = None, checks: dict | None = None,
-             ) -> tuple[torch.nn.Module, dict[str, float]]:
+             keep: StateKeeper | None = None) -> tuple[torch.nn.Module, dict[str, float]]:
     """Fine-tune the encoder in `pretrained_dir` on `train`; return the model and final validation metrics.
 
     With `freeze` = (side, k), the bottom or top k layers are frozen while training
@@ -120,6 +131,9 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
     With `resume`, the full training state is saved there every `params.checkpoint_every` steps, and a
     run that finds a state saved by an identical earlier run (same fingerprint) continues from it: the
     logged history is replayed into `log`, and the result is bit-identical to an uninterrupted run.
+
+    With `keep` (layersim.training.states), the encoder's weights after each of its steps are staged there; a resumed
+    run keeps those staged up to its resume point and writes the later ones again.
 
     With ``params.method`` lora, LoRA adapters train (:mod:`layersim.training.adapters`) and the returned model has
     them merged into its weights: a plain task model like a fully fine-tuned one."""
@@ -155,9 +169,11 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
                             resume.path, str(err).splitlines()[0][:200])
             resume.clear()
             return finetune(pretrained_dir, spec, train, validation, params, seed, log=sink, device=device,
-                            resume=resume, freeze=freeze, timing=timing, checks=checks)
+                            resume=resume, freeze=freeze, timing=timing, checks=checks, keep=keep)
         for step, values in state.history:
             log(step, values)
+    if keep:
+        keep.start(start)
     precision = resolve_precision(params.precision, device)
     steps = GradientSteps(optimizer, scheduler, total=params.max_steps, device=device,
                           max_grad_norm=params.max_grad_norm, scaler=grad_scaler(device, precision))
@@ -187,6 +203,8 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
             if params.eval_every and done % params.eval_every == 0 and done != params.max_steps:
                 log(done, _prefixed(evaluate_model(model, spec, validation, tokenizer, params, device)))
                 model.train()
+            if keep and keep.keeps(done):
+                keep.save(done, model)
             if resume and params.checkpoint_every and done % params.checkpoint_every == 0 and done != params.max_steps:
                 steps.check(done, what, hint)  # a diverged run leaves no state to resume
                 resume.save(TrainingState.capture(done, model, optimizer, scheduler, running, count, history))
@@ -251,9 +269,10 @@ def run_fingerprint(base_dir: str | Path, task_dir: str | Path, spec: TaskSpec, 
     """What determines a fine-tuning run's result; a saved training state resumes only a run with the
     same fingerprint. How often states are saved, and whether an unconverged run fails its stage, do not change
     the result, so they are left out; so are the LoRA settings of a full fine-tuning run, which keeps the
-    fingerprint (and the resumable states) it had before finetune.method existed."""
-    ignored = ("checkpoint_every", "require_convergence", "compare_methods") + (
-        ("method", "lora") if params.method == "full" else ())
+    fingerprint (and the resumable states) it had before finetune.method existed, and keep_states when it is 0
+    (none kept; a run keeping states stages them beside its resumable state: layersim.training.states)."""
+    ignored = (("checkpoint_every", "require_convergence", "compare_methods")
+               + (("method", "lora") if params.method == "full" else ()) + (("keep_states",) if not params.keep_states else ()))
     settings = {k: v for k, v in dataclasses.asdict(params).items() if k not in ignored}
     return {"task": spec.name, "seed": seed, "finetune": settings, "base_digest": model_info(base_dir)["digest"],
             "data": {split: file_digest(Path(task_dir) / f"{split}.parquet") for split in ("train", "validation")}}

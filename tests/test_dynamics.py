@@ -1,0 +1,186 @@
+"""Fine-tuning dynamics (issue 52): the states a run keeps (finetune.keep_states, layersim.training.states) and the
+dynamics stage's numbers (layersim.experiments.dynamics). The resumed run's states: tests/test_resume.py; the stage in
+the pipeline: tests/test_pipeline.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from layersim.errors import LayersimError
+from layersim.experiments.dynamics import dynamics_pooling, half_way_step, layer_cka
+from layersim.params import FinetuneParams
+from layersim.params.schema import LoraParams
+from layersim.similarity.results import Uncertainty
+from layersim.training.states import INDEX, StateKeeper, kept_steps, load_state, read_index, step_folder
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.mark.parametrize("max_steps, keep, steps", [
+    (24, 3, (6, 12, 18)), (10, 4, (2, 4, 6, 8)), (6, 2, (2, 4)), (3, 2, (1, 2)), (10000, 0, ()), (7, 1, (4,)),
+    (10, 9, tuple(range(1, 10))),
+])
+def test_states_are_evenly_spaced_between_orig_and_the_final_model(max_steps, keep, steps):
+    assert kept_steps(max_steps, keep) == steps
+
+
+def test_every_spacing_gives_distinct_steps_inside_the_run():
+    for max_steps in range(1, 60):
+        for keep in range(max_steps):
+            steps = kept_steps(max_steps, keep)
+            assert len(set(steps)) == keep and all(0 < s < max_steps for s in steps), (max_steps, keep)
+            gaps = np.diff([0, *steps, max_steps])
+            assert gaps.max() - gaps.min() <= 1  # as even as whole steps allow
+
+
+def test_keeping_as_many_states_as_steps_is_refused():
+    with pytest.raises(LayersimError, match="keep_states = 6 must be .* smaller than finetune.max_steps = 6"):
+        kept_steps(6, 6)
+
+
+def test_params_refuse_keep_states_of_max_steps(tmp_path):
+    from dvc_project import repository_params, tiny_params
+    from layersim.params import load_params
+    import yaml
+
+    params = tiny_params(repository_params())
+    params["finetune"]["keep_states"] = params["finetune"]["max_steps"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(LayersimError, match="finetune.keep_states = 6 must be smaller than finetune.max_steps = 6"):
+        load_params(tmp_path / "params.yaml")
+
+
+def test_a_resumed_run_keeps_the_states_up_to_its_resume_point(tmp_path):
+    """States staged after the point a killed run resumes from are written again (they were computed after the saved
+    training state), those before it kept; a run that starts over keeps none; leftovers of a killed write go."""
+    keeper = StateKeeper(tmp_path / "staging", (2, 4, 6))
+    for step in (2, 4, 6):
+        step_folder(keeper.staging, step).mkdir(parents=True)
+    (keeper.staging / ".step8.host-1-x.tmp").mkdir()
+    keeper.start(4)
+    assert sorted(p.name for p in keeper.staging.iterdir()) == ["step2", "step4"]
+    keeper.start(0)
+    assert list(keeper.staging.iterdir()) == []
+
+
+def _finetune(folder, params, keep, seed=0):
+    from layersim.data.batching import encode_task
+    from layersim.data.tasks import generated_table, get_task
+    from layersim.models.registry import load_tokenizer
+    from layersim.training import train
+
+    spec = get_task("synth-negation")
+    tokenizer = load_tokenizer(folder)
+    splits = [encode_task(generated_table(spec, split, n, seed=0), spec, tokenizer, params.max_length)
+              for split, n in (("train", 32), ("validation", 16))]
+    return train.finetune(folder, spec, *splits, params, seed, device=torch.device("cpu"), keep=keep)
+
+
+FULL = FinetuneParams(batch_size=4, learning_rate=1e-3, warmup_steps=1, max_steps=6, eval_every=0, max_length=32,
+                      keep_states=2)
+
+
+def test_kept_states_rebuild_the_encoder_and_are_published_with_their_index(tmp_path, tiny_model_dir):
+    from layersim.models.registry import load_encoder, load_tokenizer
+    from layersim.training.train import save_checkpoint
+
+    pretrained = tiny_model_dir("tiny-bert")
+    keeper = StateKeeper.for_run(FULL, tmp_path / "states", tmp_path / "resume")
+    model, _ = _finetune(pretrained, FULL, keeper)
+    assert sorted(p.name for p in keeper.staging.iterdir()) == ["step2", "step4"]
+    save_checkpoint(model, load_tokenizer(pretrained), tmp_path / "model", base_dir=pretrained,
+                    task="synth-negation", seed=0)
+    keeper.publish(tmp_path / "states", tmp_path / "model", FULL.max_steps)
+    assert not keeper.staging.exists()
+    digest = json.loads((tmp_path / "model" / "layersim_model.json").read_text())["digest"]
+    assert read_index(tmp_path / "states", digest) == {"steps": [2, 4], "max_steps": 6, "checkpoint_digest": digest}
+    with pytest.raises(LayersimError, match="belong to another checkpoint"):
+        read_index(tmp_path / "states", "0" * 64)
+    before, final = load_encoder(pretrained).state_dict(), model.base_model.state_dict()
+    moved = []
+    for step in (2, 4):
+        state = load_state(load_encoder(tmp_path / "model"), step_folder(tmp_path / "states", step)).state_dict()
+        assert state.keys() == final.keys()
+        moved.append(sum(float((state[k] - before[k]).norm()) for k in before))
+        assert any(not torch.equal(state[k], final[k]) for k in final)  # a state before the end, not the end
+    assert 0 < moved[0] < moved[1]  # weights drift away from the pretrained ones as training goes on
+    (tmp_path / "states" / INDEX).write_text("{")
+    with pytest.raises(LayersimError, match="cannot be read"):
+        read_index(tmp_path / "states", digest)
+
+
+def test_a_lora_runs_states_are_its_merged_weights(tmp_path, tiny_model_dir):
+    """Under LoRA a state is the plain encoder with the adapters' updates merged (the training model untouched):
+    only the adapted matrices differ from the pretrained ones."""
+    from layersim.models.registry import load_encoder
+
+    pretrained = tiny_model_dir("tiny-bert")
+    lora = dataclasses.replace(FULL, learning_rate=1e-2, method="lora", lora=LoraParams(rank=2, alpha=4.0))
+    keeper = StateKeeper(tmp_path / "staging", kept_steps(lora.max_steps, lora.keep_states))
+    _finetune(pretrained, lora, keeper)
+    before = load_encoder(pretrained).state_dict()
+    state = load_state(load_encoder(pretrained), step_folder(keeper.staging, 4)).state_dict()
+    changed = sorted(name for name in before if not torch.equal(before[name], state[name]))
+    assert changed == sorted(f"encoder.layer.{i}.attention.self.{role}.weight" for i in range(3)
+                             for role in ("query", "value"))
+
+
+def _layers(rng, n=40, widths=(6, 8, 8)):
+    return [rng.standard_normal((n, w)) for w in widths]
+
+
+EXACT = Uncertainty(permutations=20, bootstrap=30, seed=0)
+
+
+def test_a_state_against_itself_is_one_at_every_defined_layer():
+    rng = np.random.default_rng(0)
+    point = [np.ones((40, 4))] + _layers(rng)  # layer 0 constant, as CLS at the embeddings: no similarity
+    found = layer_cka(point, {"ORIG": point, "final": [layer.copy() for layer in point]}, EXACT, None)
+    for reference in ("ORIG", "final"):
+        values = found[reference]
+        assert np.isnan(values["linear_cka"][0]) and np.isnan(values["p_value"][0])
+        np.testing.assert_allclose(values["linear_cka"][1:], 1.0, atol=1e-9)
+        assert (values["null_mean"][1:] < 0.5).all() and (values["p_value"][1:] < 0.01).all()
+        assert (values["ci_low"][1:] <= 1.0 + 1e-9).all() and (values["ci_high"][1:] >= 1.0 - 1e-6).all()
+
+
+def test_a_hand_built_case():
+    """A rotated and scaled copy is CKA 1 (linear CKA is invariant to both); half a layer's columns kept gives the
+    formula's value; an unrelated layer sits at its null, not above chance. Words of one example (groups) are
+    permuted and resampled together."""
+    rng = np.random.default_rng(1)
+    n = 60
+    x = rng.standard_normal((n, 4)) * np.array([3.0, 2.0, 1.0, 0.5])
+    rotation, _ = np.linalg.qr(rng.standard_normal((4, 4)))
+    half = x[:, :2]
+    unrelated = rng.standard_normal((n, 4))
+    point = [x, x, x]
+    found = layer_cka(point, {"ORIG": [3 * x @ rotation, half, unrelated]}, EXACT, None)["ORIG"]
+    c, h = x - x.mean(0), half - half.mean(0)
+    expected = np.linalg.norm(h.T @ c) ** 2 / (np.linalg.norm(c.T @ c) * np.linalg.norm(h.T @ h))
+    np.testing.assert_allclose(found["linear_cka"][:2], [1.0, expected], rtol=1e-9)
+    assert found["p_value"][2] > 0.05 and abs(found["linear_cka"][2] - found["null_mean"][2]) < 0.15
+    groups = np.repeat(np.arange(n // 3), 3)
+    blocked = layer_cka(point, {"ORIG": [3 * x @ rotation, half, unrelated]}, EXACT, groups)["ORIG"]
+    np.testing.assert_allclose(blocked["linear_cka"], found["linear_cka"], rtol=1e-9)  # the values: the same
+    assert not np.allclose(blocked["null_mean"], found["null_mean"])  # their null: whole examples permuted
+
+
+def test_the_half_way_step_is_the_first_point_past_half_the_final_distance():
+    assert half_way_step([0, 2, 4, 6], [1.0, 0.9, 0.6, 0.5]) == 4  # distances 0, .1, .4, .5: half is .25
+    assert half_way_step([0, 2, 4, 6], [1.0, 0.7, 0.8, 0.6]) == 2  # moved early, came back part of the way
+    assert half_way_step([0, 6], [1.0, 0.8]) == 6                  # no kept state: the end point
+    assert half_way_step([0, 6], [1.0, 1.0]) is None               # never moved
+    assert half_way_step([0, 6], [float("nan")] * 2) is None       # undefined (a constant layer)
+
+
+def test_the_dynamics_use_the_similarity_headlines_points():
+    assert dynamics_pooling("tiny-bert", ("cls", "mean", "tokens")) == "cls"
+    assert dynamics_pooling("tiny-gpt2", ("last", "tokens")) == "last"
+    with pytest.raises(LayersimError, match="add head to it"):
+        dynamics_pooling("tiny-bert", ("mean", "tokens"))
