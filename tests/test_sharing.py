@@ -36,10 +36,12 @@ def shared(tmp_path_factory, built_projects) -> dict:
     shell(owner.replace(REMOTE_PLACEHOLDER, str(where / "dvc-remote")), root, env)
     desk = where / "colleague"
     desk.mkdir()
-    clone_env = {**project_env(desk), "PATH": env["PATH"]}
+    clone = desk / re.search(r"git clone <repo> (\S+)", colleague).group(1)
+    # The clone's own src first on the path, as in every project: the folder above it has none, and the installed
+    # package (an editable install of another checkout) would run other code than the clone's.
+    clone_env = {**project_env(clone), "PATH": env["PATH"]}
     shell(colleague.replace("<repo>", str(origin)), desk, clone_env)
-    clone_name = re.search(r"git clone <repo> (\S+)", colleague).group(1)
-    return {"root": root, "env": env, "clone": desk / clone_name, "clone_env": clone_env}
+    return {"root": root, "env": env, "clone": clone, "clone_env": clone_env}
 
 
 def test_the_commit_leaves_nothing_behind(shared):

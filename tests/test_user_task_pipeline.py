@@ -163,9 +163,9 @@ def test_a_colleague_gets_the_user_data_through_dvc(project, tmp_path):
     assert "user_data/reviews_train.csv.dvc" in tracked and "user_data/reviews_train.csv" not in tracked
     desk = tmp_path / "colleague"
     desk.mkdir()
-    clone_env = {**project_env(desk), "PATH": env["PATH"]}
-    shell(colleague.replace("<repo>", str(origin)), desk, clone_env)
     clone = desk / re.search(r"git clone <repo> (\S+)", colleague).group(1)
+    clone_env = {**project_env(clone), "PATH": env["PATH"]}  # the clone's own src first on the path
+    shell(colleague.replace("<repo>", str(origin)), desk, clone_env)
     assert (clone / "user_data/reviews_train.csv").read_bytes() == (root / "user_data/reviews_train.csv").read_bytes()
     assert "Data and pipelines are up to date." in run(dvc("status"), clone, clone_env).stdout
     repro = run(dvc("repro"), clone, clone_env)
