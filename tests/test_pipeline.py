@@ -561,20 +561,50 @@ def test_metrics_files_hold_their_headline_and_details_hold_the_rest(project):
     align = {method: _mean([row["relative_error"] for row in errors if row["kind"] == "finetuning_seeds"
                             and row["method"] == method]) for method in methods}
     align["inn_advantage"] = min(align[m] for m in methods if m != "inn") - align["inn"]
+    # With align.pretraining_models: each method's error before and after fine-tuning, the mean over layers of the
+    # details' per-layer means over pairs, and the injected scores (methods and references) as the details hold them.
+    seeds = _details(root, "align", TASK)["pretraining_seeds"]
+    pretraining = {f"{method}_{state}": _mean(seeds["alignment"][kind][method]["mean"].values())
+                   for state, kind in (("before", "pretrained"), ("after", "finetuned")) for method in methods}
+    pretraining |= {f"injected_{name.replace(' ', '_')}": value["mean"]
+                    for name, value in {**seeds["injection"]["methods"], **seeds["injection"]["references"]}.items()}
     # compare: each model's mean over layers of its layer-k-against-ORIG's-layer-k similarity (cls, linear CKA).
     matrices = [row for row in _json(root, "plots/compare/matrices.json")
                 if row["pooling"] == "cls" and row["measure"] == "linear CKA" and row["x_layer"] == row["y_layer"]]
     compared = ("RANDOM", f"FT:{TASK}", "tiny-roberta", "tiny-roberta (random init)")
     compare = {model: _mean([row["similarity"] for row in matrices if row["comparison"] == f"{model} vs ORIG"])
                for model in compared}
-    skip = longest_skippable_span(_json(root, f"plots/skip/{TASK}/skip.json"), full, params["skip"]["tolerance"])
+    skip_rows = _json(root, f"plots/skip/{TASK}/skip.json")
+    skip = longest_skippable_span(skip_rows, full, params["skip"]["tolerance"])
+    # skip's predictions: the within-length rho, the mean of the details' per-length Spearman rho weighted by spans - 1
+    # (undefined lengths left out: fewer than 3 spans, or the measured seed-mean scores of the length all equal);
+    # the random-layer baseline's seeded draws as the details hold them.
+    prediction = _details(root, "skip", TASK)["prediction"]
+    measured = {}
+    for row in skip_rows:
+        measured.setdefault(row["last"] - row["first"] + 1, {}).setdefault((row["first"], row["last"]), []).append(
+            row["score"])
+    skip_headline = {"longest_skippable_span": skip,
+                     "skip_prediction_random_layer": prediction["baselines"]["random_layer"]["within_length"],
+                     "skip_prediction_random_layer_high": prediction["baselines"]["random_layer"]["within_length_high"]}
+    for suffix, predictor in (("angular", "angular_distance"), ("block_influence", "block_influence")):
+        by_length = prediction[predictor]["by_length"]
+        assert {f"length_{n}": by_length[f"length_{n}"]["spans"] for n in measured} == {
+            f"length_{n}": len(spans) for n, spans in measured.items()} == {"length_1": 3, "length_2": 2, "length_3": 1}
+        for n, spans in measured.items():
+            if len(spans) < 3 or len({round(float(np.mean(scores)), 6) for scores in spans.values()}) == 1:
+                assert by_length[f"length_{n}"]["spearman"] is None, (predictor, n)
+        defined = [(entry["spearman"], entry["spans"] - 1) for entry in by_length.values()
+                   if entry["spearman"] is not None]
+        skip_headline[f"skip_prediction_{suffix}"] = (sum(rho * weight for rho, weight in defined)
+                                                      / sum(weight for _, weight in defined)) if defined else None
     metrics = {stage: json.loads((stage_metrics(root / "metrics", stage, TASK)).read_text())
                for stage in ("similarity", "truncate", "skip", "align")}
     assert metrics["similarity"] == _approx_tree(similarity)
     assert metrics["truncate"] == {"untuned_droppable_top_layers": truncate["untuned"],
                                    "tuned_droppable_top_layers": truncate["tuned"]}
-    assert metrics["skip"]["longest_skippable_span"] == skip
-    assert metrics["align"]["finetuning_seeds"] == _approx_tree(align)
+    assert metrics["skip"] == _approx_tree(skip_headline)
+    assert metrics["align"] == _approx_tree({"finetuning_seeds": align, "pretraining_seeds": pretraining})
     assert json.loads((root / "metrics/compare.json").read_text()) == {"cls": {"linear_cka": _approx_tree(compare)}}
     for stage, task in (("similarity", TASK), ("truncate", TASK), ("skip", TASK), ("align", TASK), ("compare", None)):
         rows = json.loads(_details_path(root, stage, task).read_text())
