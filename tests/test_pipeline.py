@@ -17,7 +17,6 @@ from dvc_project import (PIPELINE_SEEDS, PIPELINE_TASK, assert_figure, built_pro
                          heatmap_diagonal, longest_skippable_span, rescored_accuracy, run)
 from layersim.reporting import headlines
 from layersim.similarity.inference.bootstrap import AUTO_INTERVAL
-from layersim.experiments.weights import weights_headline
 from layersim.data.io import ActivationTable, AttentionTable, stage_details, stage_metrics, task_tables
 from layersim.training.convergence import SEED_GAP
 
@@ -471,8 +470,33 @@ def test_weights_compares_every_seeds_matrices_with_the_pretrained_ones(project)
         assert row["series"] == f"FT[{SEEDS.index(row['seed']) + 1}] {row['matrix']}" and row["adapted"]
         assert 0 <= row["intruders"] <= 10 and row["update_rank"] >= 1 and row["relative_update_norm"] > 0
     assert max(row["update_rank"] for row in rows) > 8  # full fine-tuning's update is not low-rank (LoRA's r is 8)
+    # Each relative update norm, ‖W_ft − W_pre‖_F / ‖W_pre‖_F, from the two safetensors files in plain numpy (BERT's
+    # names for the six roles; layer k is encoder layer k - 1); the update's rank at most the matrix's smaller side.
+    from safetensors.numpy import load_file
+
+    names = {"query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
+             "attention_output": "attention.output.dense", "intermediate": "intermediate.dense",
+             "output": "output.dense"}
+
+    def matrix(weights: dict, layer: int, role: str) -> np.ndarray:
+        name = f"encoder.layer.{layer - 1}.{names[role]}.weight"
+        return next(value for key, value in weights.items() if key == name or key.endswith(f".{name}")).astype(float)
+
+    pretrained = load_file(root / "data/models/tiny-bert/pretrained/model.safetensors")
+    finetuned = {seed: load_file(root / f"data/checkpoints/tiny-bert/{TASK}/seed{seed}/model/model.safetensors")
+                 for seed in SEEDS}
+    for row in rows:
+        before, after = matrix(pretrained, row["layer"], row["matrix"]), matrix(finetuned[row["seed"]], row["layer"],
+                                                                                 row["matrix"])
+        norm = np.linalg.norm(after - before) / np.linalg.norm(before)
+        assert row["relative_update_norm"] == pytest.approx(norm, abs=2e-6), row
+        assert row["update_rank"] <= min(before.shape), row
+    # The headline, from the rows: every matrix adapted (full fine-tuning), none frozen.
     headline = json.loads((root / f"metrics/weights/{TASK}/metrics.json").read_text())
-    assert headline == weights_headline(rows, "full") and "intruders_per_frozen_matrix" not in headline
+    intruders = pytest.approx(_mean(row["intruders"] for row in rows), abs=2e-6)
+    assert headline == {"method": "full", "intruders_per_adapted_matrix": intruders,
+                        "max_relative_update_norm": max(row["relative_update_norm"] for row in rows),
+                        "max_update_rank_adapted": max(row["update_rank"] for row in rows)}
     assert_figure(root / f"plots/weights/{TASK}/intruders.png", min_size=(600, 300))
 
 
