@@ -162,3 +162,12 @@ def pytest_terminal_summary(terminalreporter, config):
     terminalreporter.write_line(f"hash seeds (PYTHONHASHSEED replays one): {', '.join(seeds) or 'no server started'}")
     terminalreporter.write_line(f"{sum(reasons.values())} command(s) ran in a fresh interpreter ({log})"
                                 + "".join(f"\n  {count} x {why}" for why, count in reasons.most_common()))
+
+
+@pytest.fixture(scope="module")
+def extracted(tmp_path_factory) -> Path:
+    """Activation tables of orig, seed1 and seed2 (CLS) and the info files of the checkpoints they came from
+    (tests/fake_tables.py), once per test module that asks."""
+    from fake_tables import write_extracted
+
+    return write_extracted(tmp_path_factory.mktemp("every_measure"))

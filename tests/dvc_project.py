@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -228,3 +229,229 @@ def edited_params(root: Path, **changes) -> Iterator[dict]:
         yield params
     finally:
         path.write_text(original)
+
+
+def command_output(root: Path, env: dict, stage: str, produced: str, scratch: Path) -> Path:
+    """The file `produced` (a path in the project) that only `stage`'s command writes, outside every output DVC
+    restores (a timings file). The project's own when its first repro ran the command; when that repro restored
+    the stage from the shared run-cache instead (no command ran, so no such file), a copy of the project in
+    `scratch` runs it with ``dvc repro --force`` (which skips the run-cache), and that copy's file is returned:
+    the project itself is left as it was."""
+    if (root / produced).is_file():
+        return root / produced
+    copy = scratch / f"{root.name}-forced"
+    shutil.copytree(root, copy, symlinks=True)
+    result = run(dvc("repro", "--force", "--single-item", stage), copy, project_env(copy))
+    assert f"Running stage '{stage}'" in result.stdout, output(result)
+    assert (copy / produced).is_file(), f"{stage} ran and wrote no {produced}:\n{output(result)}"
+    return copy / produced
+
+
+def assert_figure(path: Path, min_size: tuple[int, int] = (600, 400)) -> None:
+    """`path` is a PNG image at least `min_size` (width, height) pixels, not blank: many colours (lines, text and
+    fills are anti-aliased) and at least 2 % of its pixels unlike the background (its top-left pixel)."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as image:
+        assert image.format == "PNG", f"{path}: {image.format}, not a PNG"
+        width, height = image.size
+        pixels = np.asarray(image.convert("RGB"))
+    assert width >= min_size[0] and height >= min_size[1], f"{path}: {width} x {height} pixels, under {min_size}"
+    colours = len(np.unique(pixels.reshape(-1, 3), axis=0))
+    drawn = float(np.any(pixels != pixels[0, 0], axis=-1).mean())
+    assert colours >= 100 and drawn >= 0.02, f"{path} looks blank: {colours} colours, {drawn:.1%} of pixels drawn"
+
+
+def check_freeze_outputs(root: Path, task: str, labels: tuple[str, ...], *, examples: int,
+                         unfrozen: dict[int, float] | None = None) -> None:
+    """The freeze stage's outputs of `task` against its plot rows (one per run, frozen or not): every run of every
+    configuration (`labels`, e.g. "bottom1") and seed there, each score an accuracy over `examples` validation rows
+    (k / examples); each configuration's details (its seeds' scores, their mean, the change against the unfrozen runs
+    of the same seeds, the runs not converged) and the metrics file re-derived from the rows. `unfrozen` (seed →
+    score): the finetune stage's runs that recipe "finetune" compares with; None for recipe "wu", whose unfrozen runs
+    the stage trains itself. A run is flagged as not converged by its own check (its reason then says why) or when
+    its score is more than SEED_GAP below its only sibling seed's (layersim.training.convergence)."""
+    import json
+
+    import numpy as np
+
+    from layersim.training.convergence import SEED_GAP
+
+    rows = json.loads((root / f"plots/freeze/{task}/freeze.json").read_text())
+    details = json.loads((root / f"plots/details/freeze/{task}/values.json").read_text())
+    full = {row["metric"]: row["value"] for row in details if row["layer"] is None}
+    seeds = sorted({row["seed"] for row in rows})
+    assert len(seeds) <= 2, "the sibling rule below is the two-seed case"
+    assert sorted((row["config"], row["seed"]) for row in rows) == sorted(
+        (config, seed) for config in ("unfrozen", *labels) for seed in seeds)
+    run = {(row["config"], row["seed"]): row for row in rows}
+    for row in rows:
+        assert round(row["score"] * examples, 4) % 1 == 0, row  # an accuracy: k of `examples` right
+        assert row["converged"] == (row["reason"] == ""), row
+        sibling = [run[row["config"], seed]["score"] for seed in seeds if seed != row["seed"]]
+        if sibling and row["score"] < sibling[0] - SEED_GAP - 1e-6:
+            assert not row["converged"] and "below the median" in row["reason"], row
+        if row["config"] == "unfrozen":
+            assert row["unfrozen_score"] is None and row["unfrozen_converged"] is None
+            if unfrozen is not None:
+                assert row["score"] == approx6(unfrozen[row["seed"]])
+        else:
+            base = run["unfrozen", row["seed"]]
+            assert (row["unfrozen_score"], row["unfrozen_converged"]) == (base["score"], base["converged"]), row
+    unfrozen_rows = [run["unfrozen", seed] for seed in seeds]
+    assert full["unfrozen.score"] == round(float(np.mean([row["score"] for row in unfrozen_rows])), 6)
+    assert full["unfrozen.not_converged"] == sum(not row["converged"] for row in unfrozen_rows)
+    assert full["unfrozen.baseline"] == ("the finetune stage's run of the same recipe and seed" if unfrozen is not None
+                                         else "trained in the freeze stage with the same recipe")
+    headline = {}
+    for label in labels:
+        side, layers = re.fullmatch(r"(bottom|top)(\d+)", label).groups()
+        mine = [run[label, seed] for seed in seeds]
+        assert (full[f"{label}.side"], full[f"{label}.layers"]) == (side, int(layers))
+        assert {seed: full[f"{label}.seeds.{seed}"] for seed in seeds} == approx6(
+            {seed: row["score"] for seed, row in zip(seeds, mine)})
+        assert full[f"{label}.score"] == approx6(np.mean([row["score"] for row in mine]))
+        change = float(np.mean([row["score"] - row["unfrozen_score"] for row in mine]))
+        assert full[f"{label}.score_change"] == approx6(change)
+        assert full[f"{label}.unfrozen_score"] == approx6(np.mean([row["unfrozen_score"] for row in mine]))
+        assert full[f"{label}.not_converged"] == sum(not row["converged"] for row in mine)
+        assert full[f"{label}.unfrozen_not_converged"] == sum(not row["unfrozen_converged"] for row in mine)
+        headline[label] = {"score_change": approx6(change),
+                           "backward_flops_saved": full[f"{label}.backward_flops_saved"]}
+    headline["not_converged"] = sum(not row["converged"] for row in rows)
+    assert json.loads((root / f"metrics/freeze/{task}/metrics.json").read_text()) == headline
+
+
+def approx6(expected):
+    """pytest.approx for values the stages round to 6 digits."""
+    import pytest
+
+    return pytest.approx(expected, abs=2e-6)
+
+
+# Pipeline outputs re-derived from the files a stage wrote (plot rows, checkpoints), for the integration tests.
+
+
+def model_outputs(folder: Path, table: dict, max_length: int = 32):
+    """The logits of the task model saved in `folder` on a split's columns (`text`, or `text_a` and `text_b` for
+    pairs), computed as a user would: transformers alone, the folder's own tokenizer, one padded batch."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    texts = (table["text"],) if "text" in table else (table["text_a"], table["text_b"])
+    with torch.no_grad():
+        batch = tokenizer(*texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+        return model(**batch).logits.numpy()
+
+
+def rescored_accuracy(folder: Path, table: dict) -> float:
+    """The accuracy of the classifier in `folder` on a split's columns: :func:`model_outputs`' argmax."""
+    import numpy as np
+
+    return float((model_outputs(folder, table).argmax(-1) == np.asarray(table["label"])).mean())
+
+
+def heatmap_diagonal(rows: list[dict], comparison: str, measure: str) -> dict[int, float | None]:
+    """Layer k against layer k of one comparison and measure, from a similarity heatmap's plot rows."""
+    return {row["x_layer"]: row["similarity"] for row in rows if row["comparison"] == comparison
+            and row["measure"] == measure and row["x_layer"] == row["y_layer"]}
+
+
+def droppable_top_layers(rows: list[dict], variant: str, full: float, tolerance: float) -> int:
+    """How many top layers the `variant` of truncate's plot rows (one per seed and exit layer) can drop: the number
+    of layers above the lowest exit layer whose seed-mean score is within `tolerance` of `full` (none within: 0)."""
+    import numpy as np
+
+    layers = sorted({row["layer"] for row in rows})
+    mean = {k: np.mean([row["score"] for row in rows if row["variant"] == variant and row["layer"] == k])
+            for k in layers}
+    within = [k for k in layers if mean[k] >= full - tolerance]
+    return layers[-1] - within[0] if within else 0
+
+
+def longest_skippable_span(rows: list[dict], full: float, tolerance: float) -> int:
+    """The length of the longest span [first, last] in skip's plot rows (one per seed and span) whose seed-mean
+    score is within `tolerance` of `full`; 0 when none is."""
+    import numpy as np
+
+    spans = {(row["first"], row["last"]) for row in rows}
+    mean = {span: np.mean([row["score"] for row in rows if (row["first"], row["last"]) == span]) for span in spans}
+    return max([last - first + 1 for (first, last), score in mean.items() if score >= full - tolerance], default=0)
+
+
+# The two tiny projects that several test modules build once per test run (built_project) and share.
+
+PIPELINE_TASK, PIPELINE_SEEDS = "synth-negation", [1, 2]
+WORKFLOWS_TASK = "synth-negation"
+
+
+def configure_pipeline(params: dict) -> None:
+    """The "pipeline" project (tests/test_pipeline.py, test_incremental.py, test_pretraining_seeds.py, test_plan.py):
+    every stage on tiny-bert with two seeds, compare, every kind of align pair, attention and freeze."""
+    tiny_params(params, model="tiny-bert", tasks=[PIPELINE_TASK], seeds=PIPELINE_SEEDS)
+    params["extract"].update(attention_examples=60)
+    measures = ["linear_cka", "svcca", "pwcca", "neuronsim"]
+    params["similarity"].update(measures={"cls": measures, "tokens": measures})
+    params["compare"].update(models=["tiny-roberta"], probe_examples=20)
+    # Every kind of pair; tiny-bert-seed1/2 stand in for MultiBERTs (tiny-bert from other init seeds).
+    params["align"].update(pairs=[["FT1", "FT2"], ["ORIG", "FT1"], ["tiny-bert-seed1", "tiny-bert-seed2"],
+                                  ["tiny-bert-seed2", "ORIG"]], attention=True,
+                           pretraining_models=["tiny-bert", "tiny-bert-seed1"])  # tests/test_pretraining_seeds.py
+    # Wu's recipe (its own unfrozen run, 3 epochs) is tested in tests/test_freezing.py and, end to end, in the
+    # "workflows" project (tests/test_dvc_workflows.py); here the finetune stage's
+    # runs are the unfrozen baseline.
+    params["freeze"].update(recipe="finetune")
+    # Issue 52: LoRA (rank 2) beside full fine-tuning, the same seeds, in this one experiment.
+    params["finetune"].update(compare_methods=["lora"])
+    params["finetune"]["lora"].update(rank=2)
+    params["finetune"].update(keep_states=2)  # of max_steps 6: the states of steps 2 and 4 (the dynamics stage)
+
+
+def configure_workflows(params: dict) -> None:
+    """The "workflows" project (tests/test_dvc_workflows.py, test_sharing.py, test_browser.py,
+    test_fresh_interpreters.py): every stage on tiny-bert with one seed, few measures, freeze as by default."""
+    tiny_params(params, model="tiny-bert", tasks=[WORKFLOWS_TASK], seeds=[1])
+    params["download"].update(generated_train_examples=64, generated_validation_examples=32)
+    params["finetune"].update(max_steps=3, eval_every=0)
+    params["extract"].update(max_train_examples=32, attention_examples=0)
+    # svcca and neuronsim give the localization score: without them plots/localization/* are empty
+    # folders, which git cannot carry, so a clone would never be up to date.
+    params["similarity"].update(measures={"cls": ["linear_cka", "svcca", "neuronsim"]}, attention_measures=[])
+    params["compare"].update(models=[], probe_examples=10)
+    params["truncate"].update(head_epochs=1)
+    params["align"].update(methods=["linear", "inn"], steps=5, matrix_steps=2, inn_depth=1, inn_hidden=8,
+                           mlp_hidden=8)
+
+
+# The documented sharing steps (docs/experiments.md, "Sharing results").
+
+REMOTE_PLACEHOLDER = "/mnt/shared/layersim-dvc"
+COLLEAGUE = "# a colleague"
+SHARING_PAGE = "docs/experiments.md"
+
+
+def sharing_steps() -> tuple[str, str]:
+    """The owner's and the colleague's commands from the docs' sharing block, as written."""
+    page = (REPO / SHARING_PAGE).read_text(encoding="utf-8")
+    section = page[page.index("## Sharing results"):]
+    section = section[:section.index("\n## ", 1)]
+    blocks = [b for b in re.findall(r"^```bash\n(.*?)^```", section, re.S | re.M) if "dvc remote add" in b]
+    assert blocks, f"{SHARING_PAGE}: the sharing section has no bash block that adds a remote"
+    owner, colleague = blocks[0].split(COLLEAGUE)
+    assert REMOTE_PLACEHOLDER in owner and "<repo>" in colleague, blocks[0]
+    return owner, colleague
+
+
+def shell(script: str, cwd: Path, env: dict) -> None:
+    """Run the documented lines with bash, stopping at the first that fails (as a user would notice)."""
+    run(["bash", "-euo", "pipefail", "-c", script], cwd, env)
+
+
+def lock_outs(root: Path) -> dict[str, dict]:
+    """Every stage's outputs in dvc.lock: {stage: {path: md5}}."""
+    lock = yaml.safe_load((root / "dvc.lock").read_text())
+    return {stage: {out["path"]: out.get("md5") for out in entry.get("outs", [])}
+            for stage, entry in lock["stages"].items()}

@@ -129,7 +129,7 @@ def test_a_task_table_edited_after_fine_tuning_is_refused(tmp_path, tiny_model_d
 
 def test_an_activation_table_of_another_width_is_refused(tmp_path, tiny_model_dir) -> None:
     """Matching run, task and digest metadata, but written at another hidden size than the checkpoint's."""
-    from test_integrity import write_activations
+    from fake_tables import write_activations
 
     checkpoints = _checkpoints(tmp_path, tiny_model_dir, "t" * 64)
     known = io.run_expectations(checkpoints, [1, 2])

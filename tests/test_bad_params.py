@@ -384,7 +384,15 @@ def test_the_same_command_with_valid_params_writes(tmp_path, monkeypatch, capsys
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", _argv("download_task", good))
     runpy.run_path(sys.argv[0], run_name="__main__")
-    assert (tmp_path / f"data/tasks/{TASK}/splits/train.parquet").is_file()
+    import pyarrow.parquet as pq
+
+    splits = tmp_path / f"data/tasks/{TASK}/splits"
+    assert sorted(path.name for path in splits.iterdir()) == ["train.parquet", "validation.parquet"]
+    # The sizes the document asks for, both classes in each split, and every example once.
+    for split, rows in (("train", 20), ("validation", 10)):
+        table = pq.read_table(splits / f"{split}.parquet").to_pydict()
+        assert len(table["text"]) == rows and set(table["label"]) == {0, 1}, split
+        assert sorted(table["example_id"]) == list(range(rows)) and all(table["text"]), split
 
 
 # A few cases through the real command line, each its own process (a fork of the test process's server:

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dvc_project import built_project
-from test_dvc_workflows import _configure  # the same tiny project, built once per test run
+from dvc_project import built_project, configure_workflows
 
 pytestmark = pytest.mark.integration
 WIDTH = 1400
@@ -57,7 +56,7 @@ def browser():
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, built_projects) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("browser") / "project"
-    env, _ = built_project(built_projects, root, _configure, "workflows")
+    env, _ = built_project(built_projects, root, configure_workflows, "workflows")
     return root, env
 
 

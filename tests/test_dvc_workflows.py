@@ -13,28 +13,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dvc_project import built_project, dry_run_stages, dvc, output, project_env, run, tiny_params
+from dvc_project import (WORKFLOWS_TASK, assert_figure, built_project, check_freeze_outputs, configure_workflows,
+                         dry_run_stages, dvc, output, project_env, run)
 
 pytestmark = pytest.mark.integration
 
-TASK = "synth-negation"
+TASK = WORKFLOWS_TASK
 FINETUNE_METRICS = f"metrics/finetune/{TASK}/seed1/metrics.json"
 SIMILARITY_METRICS = f"metrics/similarity/{TASK}/metrics.json"
 ACTIVATIONS = f"data/activations/tiny-bert/{TASK}/tables/seed1.cls.parquet"
-
-
-def _configure(params: dict) -> None:
-    tiny_params(params, model="tiny-bert", tasks=[TASK], seeds=[1])
-    params["download"].update(generated_train_examples=64, generated_validation_examples=32)
-    params["finetune"].update(max_steps=3, eval_every=0)
-    params["extract"].update(max_train_examples=32, attention_examples=0)
-    # svcca and neuronsim give the localization score: without them plots/localization/* are empty
-    # folders, which git cannot carry, so a clone would never be up to date.
-    params["similarity"].update(measures={"cls": ["linear_cka", "svcca", "neuronsim"]}, attention_measures=[])
-    params["compare"].update(models=[], probe_examples=10)
-    params["truncate"].update(head_epochs=1)
-    params["align"].update(methods=["linear", "inn"], steps=5, matrix_steps=2, inn_depth=1, inn_hidden=8,
-                           mlp_hidden=8)
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +30,51 @@ def base(tmp_path_factory, built_projects) -> tuple[Path, dict]:
     with dvc.lock and the git-tracked outputs (metrics, plots, dvclive curves: `cache: false`) committed;
     data/ is in .gitignore and goes to DVC remotes."""
     root = tmp_path_factory.mktemp("base")
-    env, _ = built_project(built_projects, root, _configure, "workflows")
+    env, _ = built_project(built_projects, root, configure_workflows, "workflows")
     run(["git", "add", "-A"], root, env)
     run(["git", "commit", "-qm", "repro"], root, env)
     return root, env
+
+
+def test_freeze_with_wus_recipe_trains_its_own_unfrozen_runs(base):
+    """freeze as configured by default (recipe wu, layers [4, 6] of 12): Hugging Face's Trainer defaults for 3 epochs,
+    as Wu et al. ran them, the unfrozen runs trained by the freeze stage itself; on the tiny model's 3 layers, 4 and 6
+    of 12 are round(1.0) = 1 and round(1.5) = 2."""
+    import dataclasses
+    import math
+
+    import numpy as np
+    import pyarrow.parquet as pq
+    from transformers import TrainingArguments
+
+    root, _ = base
+    settings = yaml.safe_load((root / "params.yaml").read_text())["freeze"]
+    assert settings["recipe"] == "wu" and settings["layers"] == [4, 6] and settings["seeds"] is None
+    details = {row["metric"]: row["value"] for row in json.loads(
+        (root / f"plots/details/freeze/{TASK}/values.json").read_text()) if row["layer"] is None}
+    assert details["metric"] == "accuracy" and details["num_layers"] == 3
+    splits = root / f"data/tasks/{TASK}/splits"
+    train, validation = (np.asarray(pq.read_table(splits / f"{split}.parquet").column("label").to_pylist())
+                         for split in ("train", "validation"))
+    trainer = {field.name: field.default for field in dataclasses.fields(TrainingArguments)}
+    batch = trainer["per_device_train_batch_size"]
+    assert {key[len("recipe."):]: value for key, value in details.items() if key.startswith("recipe.")} == {
+        "name": "wu", "batch_size": batch, "learning_rate": trainer["learning_rate"],
+        "adam_epsilon": trainer["adam_epsilon"], "warmup_steps": trainer["warmup_steps"],
+        "weight_decay": trainer["weight_decay"], "max_grad_norm": trainer["max_grad_norm"],
+        "max_steps": int(trainer["num_train_epochs"]) * math.ceil(len(train) / batch)}
+    # Every run of seed 1 (params seeds) and configuration, its scores, the details and the headline from the rows.
+    check_freeze_outputs(root, TASK, ("bottom1", "bottom2", "top1", "top2"), examples=len(validation))
+    # Each run's convergence check names the task's references: the loss of predicting the train labels' shares
+    # (their entropy) and the best constant predictor's validation accuracy.
+    shares = [np.bincount(labels, minlength=2) / len(labels) for labels in (train, validation)]
+    trivial, constant = -(shares[0] * np.log(shares[0])).sum(), shares[1].max()
+    for row in json.loads((root / f"plots/freeze/{TASK}/freeze.json").read_text()):
+        if "trivial predictor's" in row["reason"]:
+            assert f"the trivial predictor's {trivial:.4f}" in row["reason"], row
+        if "best constant predictor's" in row["reason"]:
+            assert f"the best constant predictor's {constant:.3f}" in row["reason"], row
+    assert_figure(root / f"plots/freeze/{TASK}/freeze.png")
 
 
 def _clone(source: Path | str, dest: Path) -> dict:

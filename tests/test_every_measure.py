@@ -9,57 +9,20 @@ import inspect
 
 import matplotlib.pyplot as plt
 import numpy as np
-import pyarrow as pa
 import pytest
 
 import layersim.experiments.similarity as similarity_task
 from layersim.experiments.compare import compare_representations
 from layersim.similarity.comparisons import STREAMABLE
 from layersim.experiments.extract import Pooled
-from layersim.data.io import ActivationWriter, finetuned
-from layersim.params import parse_params
 from layersim.similarity import MEASURES, MOMENT_MEASURES, permutation_matrix, permutation_test
 from layersim.similarity.inference.bootstrap import AUTO_INTERVAL, bootstrap_pairs
 from layersim.experiments.similarity import task_similarity
 
-from test_integrity import HIDDEN, NUM_LAYERS, TASK, fake_model_folder
+from fake_tables import ROWS, TASK, fake_runs as _layers, similarity_params as _params
 
-ROWS = 40
 # (measure, streamed): in memory every measure; streamed the ones whose matrix comes from moments.
 CASES = [(m, False) for m in MEASURES] + [(m, True) for m in MEASURES if m in STREAMABLE]
-
-
-def _params(measure: str, **similarity):
-    return parse_params({"model": "tiny-bert", "tasks": [TASK], "seeds": [1, 2], "finetune": {"max_length": 32},
-                         "similarity": {"measures": {"cls": [measure]}, "attention_measures": [], "permutations": 20,
-                                        "bootstrap": 10, "random_control": None, **similarity}})
-
-
-def _layers(rng) -> dict[str, list[np.ndarray]]:
-    """ORIG, and two fine-tuned runs that keep ORIG's first two layers (plus noise) and replace the last."""
-    orig = [rng.normal(size=(ROWS, HIDDEN)).astype(np.float32) for _ in range(NUM_LAYERS + 1)]
-    runs = {"orig": orig}
-    for seed in (1, 2):
-        runs[f"seed{seed}"] = [(a + 0.3 * rng.normal(size=a.shape)).astype(np.float32) if k < NUM_LAYERS
-                               else rng.normal(size=a.shape).astype(np.float32) for k, a in enumerate(orig)]
-    return runs
-
-
-@pytest.fixture(scope="module")
-def extracted(tmp_path_factory):
-    """Activation tables of orig, seed1 and seed2 (CLS) and the info files of the checkpoints they came from."""
-    root = tmp_path_factory.mktemp("every_measure")
-    base = "d0" * 32
-    digests = {"orig": base} | {run: fake_model_folder(finetuned(root / "checkpoints", int(run.removeprefix("seed"))), run.encode(), source="finetune",
-                                                       task=TASK, base_digest=base) for run in ("seed1", "seed2")}
-    ids = np.arange(ROWS, dtype=np.int64)
-    for run, layers in _layers(np.random.default_rng(0)).items():
-        metadata = {"model": "tiny-bert", "model_digest": digests[run], "run": run, "task": TASK,
-                    "split": "validation", "pooling": "cls"}
-        with ActivationWriter(root / "activations" / f"{run}.cls.parquet", num_layers=NUM_LAYERS, hidden_size=HIDDEN,
-                              label_type=pa.int64(), metadata=metadata) as writer:
-            writer.write(ids, np.zeros(ROWS, np.int16), ids % 2, layers)
-    return root
 
 
 def _check_values(measure: str, entry: dict, *, self_comparison: bool = False) -> None:

@@ -21,9 +21,7 @@ from pathlib import Path
 import pytest
 
 import fork_server
-from dvc_project import built_project, output, project_env, run
-from test_dvc_workflows import TASK, _configure  # the same tiny project, built once per test run
-from test_sharing import _lock_outs
+from dvc_project import WORKFLOWS_TASK as TASK, built_project, configure_workflows, lock_outs, output, project_env, run
 
 pytestmark = pytest.mark.integration
 
@@ -48,13 +46,13 @@ def fresh_env(root: Path) -> dict:
 
 def test_stages_rerun_in_fresh_interpreters_give_the_forked_outputs(tmp_path, built_projects):
     root = tmp_path / "project"
-    built_project(built_projects, root, _configure, "workflows")
-    forked = _lock_outs(root)
+    built_project(built_projects, root, configure_workflows, "workflows")
+    forked = lock_outs(root)
     env = fresh_env(root)
     rerun = run([sys.executable, "-m", "dvc", "repro", "--force", "--single-item", *STAGES], root, env)
     for stage in STAGES:
         assert f"Running stage '{stage}'" in rerun.stdout, output(rerun)
-    fresh = _lock_outs(root)
+    fresh = lock_outs(root)
     changed = {stage: paths for stage in STAGES
                if (paths := sorted(path for path, md5 in fresh[stage].items() if forked[stage].get(path) != md5))}
     assert not changed, (f"outputs differ from the forked run's (fresh interpreters, "

@@ -1,4 +1,4 @@
-"""The hub path, run here: the download stages, through the real huggingface_hub / transformers / datasets
+"""The hub path, run here: the download stages (once through `dvc repro` in a project), through the real huggingface_hub / transformers / datasets
 code and no LAYERSIM_HUB_MIRROR, against a hub on 127.0.0.1 (olah serving git repositories built below;
 tests/hub_server.py says what olah serves and the one answer a proxy fixes). The registry's own names are
 served: `bert-base-uncased` is google-bert/bert-base-uncased (here a tiny random BERT) and `sst2` is the
@@ -20,8 +20,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-pytest.importorskip("olah", reason="the hub-server tests need olah (pip install -e '.[dev]')")
-
+# olah is a dev dependency: without it these tests fail at collection instead of being skipped unnoticed.
+import olah  # noqa: E402, F401
+from dvc_project import dvc, make_project, output, run, tiny_params  # noqa: E402
 from hub_server import HubServer, commit_folder  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -151,3 +152,46 @@ def test_locked_downloads_read_their_commit_until_refreshed(hub, tmp_path):
 
     out = _run(["-m", "layersim.params.lockfile", "refresh"], work, server.url)  # nothing moved: the file is untouched
     assert "0 entries written" in out and json.loads((work / "layersim.lock").read_text()) == lock
+
+
+def test_dvc_repro_downloads_the_model_and_the_task_from_the_hub(hub, tmp_path):
+    """A project whose params name the registry's bert-base-uncased and sst2: `python -m layersim.params.lockfile
+    sync`, then `dvc repro download_model download_task@sst2` with HF_ENDPOINT at the served hub, each stage in a
+    fresh interpreter as a user runs it (the variables differ from the fork server's). The outputs are the served
+    files: the weights bit for bit at the locked commit, every row of both splits of the export, and the lock's
+    commits in their records; `dvc status` is clean for them afterwards."""
+    server, model_repo, _, commits = hub
+    root = tmp_path / "project"
+    root.mkdir()
+
+    def configure(params: dict) -> None:
+        tiny_params(params, model=MODEL, tasks=[TASK], seeds=[1])
+
+    env = make_project(root, configure, share_cache=False)  # the run-cache could restore instead of downloading
+    env = {**env, "HF_ENDPOINT": server.url, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_OFFLINE": "0",
+           "HF_DATASETS_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    env.pop("LAYERSIM_HUB_MIRROR", None)
+    run([sys.executable, "-m", "layersim.params.lockfile", "sync"], root, env)
+    lock = json.loads((root / "layersim.lock").read_text())
+    assert lock["models"][MODEL]["commit"] == commits["model"] and lock["tasks"][TASK]["commit"] == commits["export"]
+    repro = run(dvc("repro", "download_model", f"download_task@{TASK}"), root, env)
+    for stage in ("download_model", f"download_task@{TASK}"):
+        assert f"Running stage '{stage}'" in repro.stdout, output(repro)
+
+    model = root / f"data/models/{MODEL}/pretrained"
+    info = json.loads((model / "layersim_model.json").read_text())
+    assert (info["source"], info["hub_id"], info["revision"]) == ("hub", MODEL_REPO, commits["model"])
+    assert _same(_weights(model), _weights(model_repo))
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(model).get_vocab() == AutoTokenizer.from_pretrained(model_repo).get_vocab()
+    splits = root / f"data/tasks/{TASK}/splits"
+    for split in ("train", "validation"):
+        table = pq.read_table(splits / f"{split}.parquet")
+        assert table.column("text").to_pylist() == [f"{split} sentence {i}" for i in range(12)], split
+        assert table.column("label").to_pylist() == [0, 1] * 6, split
+        source = json.loads(table.schema.metadata[b"layersim"])["source"]
+        assert (source["hub"], source["revision"]) == (DATASET, commits["export"])
+        assert source["files"] == f"{TASK}/{split}/*.parquet"
+    status = run(dvc("status", "download_model", f"download_task@{TASK}"), root, env)
+    assert "up to date" in status.stdout.lower(), output(status)

@@ -17,8 +17,8 @@ import json
 
 import pytest
 
-from dvc_project import GATE, built_project, dvc, edited_params, output, run, stale_stages, stages_to_rerun
-from test_pipeline import TASK, _configure  # the same tiny project, built once per test run
+from dvc_project import (GATE, PIPELINE_TASK as TASK, built_project, configure_pipeline, dvc, edited_params, output,
+                         run, stale_stages, stages_to_rerun)
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +44,7 @@ def project(tmp_path_factory, built_projects):
     """The tiny project of tests/test_pipeline.py after one `dvc repro`, everything (dvc.lock, metrics,
     plots) committed to its git repo, and nothing stale."""
     root = tmp_path_factory.mktemp("incremental")
-    env, _ = built_project(built_projects, root, _configure, "pipeline")
+    env, _ = built_project(built_projects, root, configure_pipeline, "pipeline")
     run(["git", "add", "-A"], root, env)
     run(["git", "commit", "-qm", "repro"], root, env)
     assert stale_stages(root) == set()

@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -21,52 +20,14 @@ import pytest
 from layersim.data import io
 from layersim.errors import LayersimError
 from layersim.data.io import ActivationTable, ActivationWriter, AttentionTable, read_task_table
-from layersim.models.registry import MODEL_INFO_FILE, weights_digest
+from layersim.models.registry import MODEL_INFO_FILE
 from layersim.data.tasks import generated_table, get_task
 
+from fake_tables import DIGESTS, HIDDEN, NUM_LAYERS, TASK, fake_model_folder, write_activations
+
 ROOT = Path(__file__).resolve().parents[1]
-NUM_LAYERS = 2
-HIDDEN = 4
-TASK = "synth-negation"
-
-
-def fake_model_folder(folder: Path, weights: bytes, **info) -> str:
-    """A model folder as far as its integrity checks go (weights bytes, config, info with the digest of its
-    files): the activation tables of these tests come from no real model. Returns the digest."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "model.safetensors").write_bytes(weights)
-    (folder / "config.json").write_text(json.dumps({"num_hidden_layers": NUM_LAYERS, "hidden_size": HIDDEN}))
-    digest = weights_digest(folder)
-    (folder / MODEL_INFO_FILE).write_text(json.dumps({**info, "digest": digest}))
-    return digest
-
-
-with tempfile.TemporaryDirectory() as _scratch:
-    DIGESTS = {"orig": "d0" * 32} | {run: fake_model_folder(Path(_scratch) / run, run.encode())
-                                     for run in ("seed1", "seed2")}
 CORRUPT = re.compile(r"is not a readable Parquet file, it is truncated or corrupt \(.+\); delete it and re-run "
                      r"the (extract|download_task) stage\.$")
-
-
-def write_activations(path: Path, ids=(3, 1, 4, 5, 9), *, run: str = "orig", task: str = TASK,
-                      split: str = "validation", pooling: str = "cls", digest: str | None = None, seed: int = 0,
-                      label_type=pa.int64(), nan_at: tuple[int, int] | None = None, rows_per_group: int = 4096) -> dict:
-    """An activation table as the extract stage writes it; returns the arrays written."""
-    rng = np.random.default_rng(seed)
-    ids = np.asarray(ids, dtype=np.int64)
-    layers = [rng.standard_normal((len(ids), HIDDEN)).astype(np.float32) for _ in range(NUM_LAYERS + 1)]
-    if nan_at is not None:
-        layer, row = nan_at
-        layers[layer][row, 1] = np.nan
-    labels = (ids % 2).astype(np.float64 if label_type == pa.float64() else np.int64)
-    metadata = {"model": "tiny-bert", "model_digest": digest or DIGESTS.get(run, "dx" * 32), "run": run, "task": task,
-                "split": split, "pooling": pooling}
-    with ActivationWriter(path, num_layers=NUM_LAYERS, hidden_size=HIDDEN, label_type=label_type, metadata=metadata,
-                          rows_per_group=rows_per_group) as writer:
-        half = len(ids) // 2
-        for part in (slice(0, half), slice(half, None)):
-            writer.write(ids[part], np.zeros(len(ids[part]), np.int16), labels[part], [a[part] for a in layers])
-    return {"example_id": ids, "layers": layers, "labels": labels}
 
 
 def refusal(call, *args, **kwargs) -> str:

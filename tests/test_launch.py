@@ -235,9 +235,12 @@ def test_queued_experiments_run_one_worker_per_gpu(tmp_path):
         run(dvc("exp", "run", "--queue", "-S", f"name={name}", "-n", f"exp-{name}"), root, env)
     run(["bash", "-c", QUEUE_WORKERS], root, env)
     for _ in range(120):
-        if not {"Queued", "Running"} & set(run(dvc("queue", "status"), root, env).stdout.split()):
+        status = run(dvc("queue", "status"), root, env).stdout
+        if not {"Queued", "Running"} & set(status.split()):
             break
         time.sleep(1)
+    else:
+        pytest.fail(f"the queued experiments had not finished after 120 s:\n{status}")
     rows = list(csv.DictReader(io.StringIO(run(dvc("exp", "show", "--csv"), root, env).stdout)))
     runs = [{k: float(row[k]) for k in ("device", "start", "end")} for row in rows if row["Experiment"]]
     assert len(runs) == 2, rows

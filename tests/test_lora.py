@@ -46,8 +46,9 @@ def test_lora_changes_only_the_adapted_matrices_and_the_head(tiny_model_dir, lor
     pretrained = load_encoder(tiny_model_dir("tiny-bert")).state_dict()
     tuned = model.base_model.state_dict()
     changed = sorted(name for name in pretrained if not torch.equal(pretrained[name], tuned[name]))
-    assert changed == sorted(f"encoder.layer.{i}.attention.self.{role}.weight" for i in range(3)
-                             for role in ("query", "value"))
+    # and the pooler, which only the classification head reads: it trains with the head
+    assert changed == sorted([f"encoder.layer.{i}.attention.self.{role}.weight" for i in range(3)
+                              for role in ("query", "value")] + ["pooler.dense.bias", "pooler.dense.weight"])
     assert 0.0 <= metrics["accuracy"] <= 1.0
     train.seed_everything(0)  # the head fine-tuning started from: trained too, since a random head is no model
     start = load_task_model(tiny_model_dir("tiny-bert"), get_task("synth-negation"))

@@ -91,13 +91,39 @@ def test_exact_moments_match_sampled_permutations(rng, n, dx, dy):
     xc, yc = x - x.mean(0), y - y.mean(0)
     kx, ky = np.sum(xc**2, 1), np.sum(yc**2, 1)
     mean, var = _rv.moments(n, kx.sum(), np.sum((xc.T @ xc) ** 2), kx @ kx, ky.sum(), np.sum((yc.T @ yc) ** 2), ky @ ky)
-    assert exact.null_mean == pytest.approx(mean)
+    # The mean, derived: with centred Gram matrices K and L (rows summing to 0), E over permutations π of
+    # Σ_ij K_ij L_π(i)π(j) is tr K tr L / n on the diagonal plus (Σ_i≠j K_ij)(Σ_i≠j L_ij) / (n (n - 1)) off it,
+    # and Σ_i≠j K_ij = -tr K: tr K tr L / (n - 1), over the permutation-invariant ‖K‖_F ‖L‖_F.
+    derived = kx.sum() * ky.sum() / ((n - 1) * np.sqrt(np.sum((xc.T @ xc) ** 2) * np.sum((yc.T @ yc) ** 2)))
+    assert exact.null_mean == pytest.approx(derived, rel=1e-10) and mean == pytest.approx(derived, rel=1e-10)
     sd = np.sqrt(var)
     assert abs(sampled.mean() - mean) < 4 * sd / np.sqrt(2000)
     assert sampled.std() == pytest.approx(sd, rel=0.08)
     assert exact.null_p95 == pytest.approx(np.percentile(sampled, 95), abs=0.25 * sd)
     sampled_p = permutation_test("linear_cka", x, y, exact=False, permutations=2000).p_value
     assert exact.p_value == pytest.approx(sampled_p, abs=0.05)
+
+
+def test_exact_moments_are_those_of_every_permutation(rng):
+    """n = 7: all 5,040 permutations of y's rows, linear CKA computed here in plain numpy; the exact null's mean is
+    their mean, and its 95th percentile (a Pearson type III fitted to the moments) is near their 95th percentile."""
+    import itertools
+
+    n = 7
+    x, y = rng.normal(size=(n, 3)) * [1.0, 2.0, 0.5], rng.standard_t(3, size=(n, 4))
+    xc, yc = x - x.mean(0), y - y.mean(0)
+    k = xc @ xc.T
+
+    def cka(permuted: np.ndarray) -> float:
+        gram = permuted @ permuted.T
+        return float(np.sum(k * gram) / (np.linalg.norm(k) * np.linalg.norm(gram)))
+
+    values = np.array([cka(yc[list(order)]) for order in itertools.permutations(range(n))])
+    exact = permutation_test("linear_cka", x, y)
+    assert exact.method == "exact" and exact.observed == pytest.approx(cka(yc), rel=1e-10)
+    assert exact.null_mean == pytest.approx(values.mean(), rel=1e-10)
+    assert exact.p_value == pytest.approx(np.mean(values >= exact.observed - 1e-12), abs=0.03)
+    assert exact.null_p95 == pytest.approx(np.percentile(values, 95), abs=0.15 * values.std())
 
 
 def test_exact_null_is_the_bias_at_n_below_d(rng):

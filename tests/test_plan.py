@@ -133,11 +133,10 @@ MEASURED = {"download": ("download_model", "download_compared", "download_paired
 
 @pytest.mark.integration
 def test_the_plans_bytes_match_the_tiny_pipelines_outputs(tmp_path_factory, built_projects):
-    from dvc_project import built_project
-    from test_pipeline import _configure
+    from dvc_project import built_project, configure_pipeline
 
     root = tmp_path_factory.mktemp("plan")
-    built_project(built_projects, root, _configure, "pipeline")
+    built_project(built_projects, root, configure_pipeline, "pipeline")
     params = parse_params(yaml.safe_load((root / "params.yaml").read_text()))
     predicted = {c.stage: c.bytes for c in plan(params, tmp_path_factory.mktemp("before-the-run"))}
     lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]

@@ -77,18 +77,17 @@ def test_example_split_keeps_each_examples_points_on_one_side():
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, built_projects) -> Path:
-    from dvc_project import built_project
-    from test_pipeline import _configure
+    from dvc_project import built_project, configure_pipeline
 
     dest = tmp_path_factory.mktemp("project")
-    built_project(built_projects, dest, _configure, "pipeline")
+    built_project(built_projects, dest, configure_pipeline, "pipeline")
     return dest
 
 
 @pytest.mark.integration
 def test_two_pretraining_seeds_fine_tuned_and_compared_over_pairs(project):
+    from dvc_project import PIPELINE_TASK as TASK, assert_figure
     from layersim.reporting.headlines import details_to_metrics
-    from test_pipeline import TASK
 
     root = project
     params = yaml.safe_load((root / "params.yaml").read_text())
@@ -114,7 +113,7 @@ def test_two_pretraining_seeds_fine_tuned_and_compared_over_pairs(project):
     target = finetuned[models[1]]["accuracy"]
     assert injection["references"]["target itself"]["mean"] == pytest.approx(target, abs=1e-6)
     for name in ("pretraining_seeds.png", "pretraining_seeds_injection.png"):
-        assert (root / f"plots/align/{TASK}/{name}").read_bytes()[:4] == b"\x89PNG", name
+        assert_figure(root / f"plots/align/{TASK}/{name}")
 
 
 def test_injection_means_over_converged_pairs_leave_out_pairs_with_a_flagged_model(tmp_path, monkeypatch):

@@ -200,8 +200,10 @@ def test_dvc_repro_resumes_after_the_whole_pipeline_is_killed(tmp_path):
     victim = subprocess.Popen(dvc("repro", stage), cwd=preempted, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     try:
+        deadline = time.monotonic() + 600
         while not (preempted / state).exists():
             assert victim.poll() is None, "the run ended before it saved a training state"
+            assert time.monotonic() < deadline, "no training state saved within 600 s of the start"
             time.sleep(0.05)
     finally:
         os.killpg(victim.pid, signal.SIGKILL)  # dvc and the stage script, as a pre-empted machine

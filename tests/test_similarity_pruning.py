@@ -17,10 +17,7 @@ from layersim.experiments.similarity import run_metadata, task_similarity
 from layersim.reporting.pruning_plots import angular_grid
 from layersim.similarity.pruning import pruning_measures
 
-from test_every_measure import _params, extracted
-from test_integrity import TASK
-
-__all__ = ["extracted"]  # the tables fixture, shared with tests/test_every_measure.py
+from fake_tables import TASK, similarity_params as _params
 
 RUNS = {"orig": "ORIG", "seed1": "FT[1]", "seed2": "FT[2]"}
 

@@ -5,19 +5,25 @@ regression target; the data shared the DVC way as docs/experiments.md says (a co
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import re
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
+import yaml
 
-from dvc_project import REPO, dvc, make_project, output, project_env, run, stale_stages, tiny_params, with_venv_commands
-from test_sharing import REMOTE_PLACEHOLDER, _shell, sharing_steps
+from dvc_project import (REMOTE_PLACEHOLDER, REPO, assert_figure, droppable_top_layers, dvc, heatmap_diagonal,
+                         longest_skippable_span, make_project, model_outputs, output, project_env, rescored_accuracy,
+                         run, sharing_steps, shell, stale_stages, tiny_params, with_venv_commands)
 
 pytestmark = pytest.mark.integration
 
 WORDS = ["good", "bad", "fine", "awful", "great", "poor", "nice", "dull"]
+TASKS = ("reviews", "pairs")
 LARGE = 100 * 2**20  # bytes of the reviews training file: over what git hosts take (GitHub: 100 MB)
 
 
@@ -71,8 +77,6 @@ def project(tmp_path_factory) -> tuple[Path, dict]:
 
 def test_the_pipeline_runs_on_user_files(project):
     root, env = project
-    import pyarrow.parquet as pq
-
     meta = json.loads(pq.read_schema(root / "data/tasks/reviews/splits/train.parquet").metadata[b"layersim"])
     assert meta["label_names"] == ["negative", "positive"] and meta["format"] == "single"
     assert meta["source"]["user_files"]["train"]["path"] == "user_data/reviews_train.csv"
@@ -80,10 +84,55 @@ def test_the_pipeline_runs_on_user_files(project):
     assert pairs.num_rows == 24 and pairs.schema.field("label").type.bit_width == 64
     reviews = json.loads((root / "metrics/finetune/reviews/seed1/metrics.json").read_text())
     sts = json.loads((root / "metrics/finetune/pairs/seed1/metrics.json").read_text())
-    assert 0.0 <= reviews["accuracy"] <= 1.0 and -1.0 <= sts["pearson"] <= 1.0 and "accuracy" not in sts
-    for task in ("reviews", "pairs"):
+    assert "accuracy" not in sts and "pearson" not in reviews
+    # Each score is its checkpoint's own, re-scored here on the validation file's rows with transformers alone: the
+    # classifier's argmax, the regression head's one output against the scores (Pearson's r).
+    validation = {task: pq.read_table(root / f"data/tasks/{task}/splits/validation.parquet").to_pydict()
+                  for task in TASKS}
+    checkpoint = {task: root / f"data/checkpoints/tiny-bert/{task}/seed1/model" for task in TASKS}
+    assert reviews["accuracy"] == pytest.approx(rescored_accuracy(checkpoint["reviews"], validation["reviews"]), abs=1e-6)
+    predicted = model_outputs(checkpoint["pairs"], validation["pairs"])
+    assert predicted.shape == (24, 1)
+    assert sts["pearson"] == pytest.approx(np.corrcoef(predicted[:, 0], validation["pairs"]["label"])[0, 1], abs=1e-4)
+    # The summary's means over the two tasks, from each task's own outputs: a task score per metric (accuracy is
+    # never averaged with a correlation), the FT–ORIG top layer (cls, linear CKA), the droppable top layers and the
+    # longest skippable span within tolerance of each task's full score, and the INN's advantage over linear.
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    full = {"reviews": reviews["accuracy"], "pairs": sts["pearson"]}
+    per_task = {task: {} for task in TASKS}
+    for task in TASKS:
+        heatmap = json.loads((root / f"plots/similarity/{task}/heatmaps/cls.json").read_text())
+        diagonal = heatmap_diagonal(heatmap, "FT–ORIG", "linear CKA")
+        per_task[task]["ft_orig_top"] = diagonal[max(diagonal)]
+        rows = json.loads((root / f"plots/truncate/{task}/truncate.json").read_text())
+        for variant in ("untuned", "tuned"):
+            per_task[task][f"{variant}_drop"] = droppable_top_layers(rows, variant, full[task],
+                                                                     params["truncate"]["tolerance"])
+        rows = json.loads((root / f"plots/skip/{task}/skip.json").read_text())
+        per_task[task]["skip_span"] = longest_skippable_span(rows, full[task], params["skip"]["tolerance"])
+        errors = json.loads((root / f"plots/align/{task}/errors.json").read_text())
+        first = errors[0]["kind"]  # the headline's kind of pair: align.pairs' first
+        error = {method: np.mean([row["relative_error"] for row in errors if row["method"] == method
+                                  and row["kind"] == first]) for method in ("linear", "inn")}
+        per_task[task]["inn_advantage"] = error["linear"] - error["inn"]
+    summary = json.loads((root / "metrics/summary.json").read_text())
+    expected = {"accuracy": reviews["accuracy"], "pearson": sts["pearson"]} | {
+        key: np.mean([per_task[task][key] for task in TASKS]) for key in per_task["reviews"]}
+    assert summary["mean"].keys() == expected.keys()
+    assert [summary["mean"][key] for key in expected] == pytest.approx(list(expected.values()), abs=2e-6)
+    own_check = sum(not metrics["convergence"]["converged"] for metrics in (reviews, sts))  # one seed: no sibling
+    assert summary["finetune_runs"] == {"total": 2, "not_converged": own_check}
+    # The report names both tasks, in its intro and as sections, and embeds each task's figures as written.
+    page = (root / "report/index.html").read_text()
+    assert "tasks reviews, pairs;" in page
+    for task in TASKS:
+        assert f'<h2 id="{task}">{task}</h2>' in page
+        for figure in (f"similarity/{task}/heatmaps/cls.png", f"diagonals/{task}/curves/cls.png",
+                       f"export/{task}/export.png", f"skip/{task}/skip.png", f"align/{task}/errors.png"):
+            assert_figure(root / "plots" / figure, min_size=(400, 300))
+            assert base64.b64encode((root / "plots" / figure).read_bytes()).decode("ascii") in page, figure
+    for task in TASKS:
         assert (root / f"metrics/similarity/{task}/metrics.json").is_file() and (root / f"metrics/export/{task}/metrics.json").is_file()
-    assert "reviews" in (root / "report/index.html").read_text()
     assert stale_stages(root) == set(), "up to date after the repro"
 
 
@@ -102,21 +151,21 @@ def test_a_colleague_gets_the_user_data_through_dvc(project, tmp_path):
     assert (root / "user_data/reviews_train.csv").stat().st_size >= LARGE
     files = " ".join(f"user_data/{name}" for name in ("reviews_train.csv", "reviews_dev.csv", "pairs_train.tsv",
                                                        "pairs_dev.tsv"))
-    _shell(user_data_steps().replace("user_data/reviews.csv", files), root, env)
+    shell(user_data_steps().replace("user_data/reviews.csv", files), root, env)
     origin = tmp_path / "origin.git"
     run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], tmp_path, env)
     run(["git", "remote", "add", "origin", str(origin)], root, env)
     run(["git", "push", "-q", "-u", "origin", "main"], root, env)  # as tests/test_sharing.py: a repository with a remote
     owner, colleague = sharing_steps()
-    _shell(owner.replace(REMOTE_PLACEHOLDER, str(tmp_path / "dvc-remote")), root, env)
+    shell(owner.replace(REMOTE_PLACEHOLDER, str(tmp_path / "dvc-remote")), root, env)
     assert run(["git", "status", "--porcelain"], root, env).stdout == ""
     tracked = run(["git", "ls-files", "user_data"], root, env).stdout.split()
     assert "user_data/reviews_train.csv.dvc" in tracked and "user_data/reviews_train.csv" not in tracked
     desk = tmp_path / "colleague"
     desk.mkdir()
-    clone_env = {**project_env(desk), "PATH": env["PATH"]}
-    _shell(colleague.replace("<repo>", str(origin)), desk, clone_env)
     clone = desk / re.search(r"git clone <repo> (\S+)", colleague).group(1)
+    clone_env = {**project_env(clone), "PATH": env["PATH"]}  # the clone's own src first on the path
+    shell(colleague.replace("<repo>", str(origin)), desk, clone_env)
     assert (clone / "user_data/reviews_train.csv").read_bytes() == (root / "user_data/reviews_train.csv").read_bytes()
     assert "Data and pipelines are up to date." in run(dvc("status"), clone, clone_env).stdout
     repro = run(dvc("repro"), clone, clone_env)

@@ -23,10 +23,15 @@ def adapter_roles(target_modules) -> tuple[str, ...]:
 
 def with_adapters(model: nn.Module, settings) -> nn.Module:
     """`model` (a task model) wrapped by peft with LoRA adapters of `settings` (LoraParams): only the adapters and
-    the task head train. Deterministic given torch's RNG state (the adapters' A matrices are drawn from it)."""
+    the task head train, the head being everything the encoder's layers feed: the classifier and, where the family
+    has one (BERT, ALBERT), the pooler, which only the classification head reads (frozen, it held MiniLM-L6 on
+    synth-similarity at the trivial predictor for 600 steps; trained, LoRA reached Pearson 0.76 in 200).
+    Deterministic given torch's RNG state (the adapters' A matrices are drawn from it)."""
     from peft import LoraConfig, get_peft_model
 
+    pooler = getattr(model.base_model, "pooler", None)
     head = [p for p in model.parameters() if not any(p is q for q in model.base_model.parameters())]
+    head += list(pooler.parameters()) if isinstance(pooler, nn.Module) else []
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout, bias="none",
                         target_modules=adapter_targets(model, adapter_roles(settings.target_modules)))
     adapted = get_peft_model(model, config)  # freezes every weight but the adapters'
