@@ -352,14 +352,14 @@ class WeightsParams:  # Shuttleworth et al. 2025, "LoRA vs Full Fine-tuning: An 
 
 # The pipeline's stages (dvc.yaml's names; tests/test_launch.py keeps the two in step), for launch.gpu_stages.
 STAGES = ("check_params", "download_model", "download_compared", "download_paired", "download_task", "finetune",
-          "finetune_pretrained", "extract", "similarity", "compare", "truncate", "skip", "align", "freeze", "export",
+          "finetune_compared", "finetune_pretrained", "extract", "similarity", "compare", "truncate", "skip", "align", "freeze", "export",
           "weights", "dynamics", "summary", "report")
 
 
 @dataclass(frozen=True)
 class LaunchParams:  # `layersim launch`: the pipeline's nodes as Ray tasks (not read by any stage)
-    gpu_stages: tuple[str, ...] = knob(("finetune", "finetune_pretrained", "extract", "truncate", "skip", "align", "freeze",
-                                               "export"),
+    gpu_stages: tuple[str, ...] = knob(("finetune", "finetune_compared", "finetune_pretrained", "extract", "truncate",
+                                        "skip", "align", "freeze", "export", "dynamics"),
                                        "stages whose tasks ask Ray for num_gpus (the others for num_cpus)",
                                        names=lambda: (STAGES, True))
     num_gpus: float = knob(1.0, "GPUs per task of a GPU stage (a fraction shares a GPU between tasks)", POSITIVE,

@@ -139,10 +139,10 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
                         entry["ft_orig_chance_correction"] = family["correction"]
                 if "ft1_ft2" in result:
                     entry["ft1_ft2_top"] = result["ft1_ft2"].get("last_layer")
-            for key in compared_keys(result):  # finetune.compare_methods' runs: e.g. lora_orig_top, lora_ft_top
-                entry[f"{key}_top"] = result[key].get("last_layer")
                 for key, values in adjusted.items():
                     entry[f"{key}_top_p_adjusted"] = _top(values)
+            for key in compared_keys(result):  # finetune.compare_methods' runs: e.g. lora_orig_top, lora_ft_top
+                entry[f"{key}_top"] = result[key].get("last_layer")
             headline.setdefault(pooling, {})[measure] = entry
     if family:
         headline["family"] = {"correction": family["correction"], "tests": family["tests"]}
