@@ -5,7 +5,6 @@ of tasks and models before they are downloaded :mod:`layersim.plan.sizes`."""
 
 from __future__ import annotations
 
-import configparser
 import os
 import shutil
 from dataclasses import dataclass, replace
@@ -75,19 +74,6 @@ def device(name: str = "cpu", flops: float | None = None, pass_seconds: float = 
     return Device(name, cpu, pass_seconds, cpu, "measured now" if flops is None else "given")
 
 
-def cache_types(root: Path) -> str | None:
-    """DVC's cache.type as the project's .dvc/config and .dvc/config.local set it (None: DVC's default)."""
-    found = None
-    for name in ("config", "config.local"):
-        parser = configparser.ConfigParser(interpolation=None, strict=False)
-        try:
-            parser.read(Path(root) / ".dvc" / name)
-        except configparser.Error:
-            continue
-        found = parser.get("cache", "type", fallback=found)
-    return found
-
-
 def plan(params, root: Path = Path(".")) -> list[StageCost]:
     """Every stage's cost (summed over its matrix items) for `params` in the project at `root`."""
     model = model_size(params.model, root)
@@ -127,8 +113,11 @@ def seconds(cost: StageCost, on: Device) -> float:
     return cost.flops / on.flops + cost.passes * on.pass_seconds
 
 
+cache_types = disk.cache_types
+
+
 def copies(root: Path, reflinks: bool = False) -> int:
-    return disk.cache_copies(cache_types(root), reflinks)
+    return disk.project_copies(root, reflinks)
 
 
 def human(value: float, unit: str = "B") -> str:

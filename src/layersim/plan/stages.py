@@ -87,7 +87,7 @@ def extract(params, spec, model: ModelSize, task: TaskSize, head: str) -> StageC
     runs = 1 + len(params.seeds) + (params.similarity.random_control is not None)
     rows = extract_rows(params, task)
     shape = {"num_layers": model.shape.num_layers, "hidden_size": model.shape.hidden}
-    tables = disk.extract_bytes(params, spec, rows, runs, head, shape, copies=1)
+    tables = disk.extract_bytes(params, spec, rows, runs, head, shape)
     maps = runs * min(p.attention_examples, rows["validation"]) * task.choices
     units = task.words + 2 if p.attention_unit == "words" else s
     attention = disk.attention_bytes(maps, min(units, params.finetune.max_length), model.shape.num_layers, model.heads)
