@@ -31,13 +31,17 @@ class StageCost:
     bytes: int = 0         # DVC-cached outputs, workspace copy
     flops: float = 0.0
     passes: int = 0        # batches × layers they run through (a training step: 3 × layers)
+    train_flops: float = 0.0  # the part of flops in training steps (forward, backward)
+    processes: int = 0     # stage processes DVC starts (one per matrix item)
+    loads: int = 0         # models read from disk
+    load_bytes: int = 0
+    evaluations: int = 0   # similarity measures run on one pair of layers (one permutation or resample)
     notes: list[str] = field(default_factory=list)
 
     def add(self, other: "StageCost") -> None:
-        self.rows += other.rows
-        self.bytes += other.bytes
-        self.flops += other.flops
-        self.passes += other.passes
+        for name in ("rows", "bytes", "flops", "passes", "train_flops", "processes", "loads", "load_bytes",
+                     "evaluations"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 def L(model: ModelSize) -> int:
@@ -57,7 +61,8 @@ def train_step(model: ModelSize, tokens: float, side: str | None = None, k: int 
 
 
 def download(params, model: ModelSize, sizes: dict[str, TaskSize], others: dict[str, ModelSize]) -> StageCost:
-    cost = StageCost("download", rows=sum(t.train + t.validation for t in sizes.values()))
+    cost = StageCost("download", rows=sum(t.train + t.validation for t in sizes.values()),
+                     processes=3 + len(sizes))  # the model, the compared and paired models, each task
     cost.bytes = model.checkpoint_bytes + sum(t.text_bytes for t in sizes.values())
     cost.bytes += sum(others[m].checkpoint_bytes for m in list(params.compare.models) + paired_models(params))
     return cost
@@ -71,7 +76,19 @@ def finetune(params, model: ModelSize, task: TaskSize, runs: int) -> StageCost:
     val = task.validation * task.choices
     return StageCost("finetune", rows=runs * rows, bytes=runs * model.checkpoint_bytes,
                      flops=runs * (rows * train_step(model, s) + evals * val * forward(model, s)),
+                     train_flops=runs * rows * train_step(model, s), processes=runs, **loaded(model, runs),
                      passes=runs * L(model) * (3 * f.max_steps + evals * math.ceil(val / f.eval_batch_size)))
+
+
+def loaded(model: ModelSize, loads: int) -> dict[str, int]:
+    return {"loads": loads, "load_bytes": loads * model.checkpoint_bytes}
+
+
+def bookends(params, tasks: int) -> list[StageCost]:
+    """The stages that load no model and compute little: the params gate, finetune_pretrained's process (one a task,
+    models or not: the models' runs are counted as finetune's), the summary and the report."""
+    return [StageCost("check_params", processes=1), StageCost("finetune_pretrained", processes=tasks),
+            StageCost("summary", processes=1), StageCost("report", processes=1)]
 
 
 def extract_rows(params, task: TaskSize) -> dict[str, int]:
@@ -94,7 +111,8 @@ def extract(params, spec, model: ModelSize, task: TaskSize, head: str) -> StageC
     inputs = (runs * rows["validation"] + (runs - (params.similarity.random_control is not None)) * rows["train"]
               ) * task.choices + maps
     return StageCost("extract", rows=disk.extract_rows(params, spec, rows, runs, head), bytes=tables + attention,
-                     flops=inputs * forward(model, s), passes=L(model) * math.ceil(inputs / p.batch_size))
+                     flops=inputs * forward(model, s), passes=L(model) * math.ceil(inputs / p.batch_size),
+                     processes=1, **loaded(model, runs))
 
 
 def measure_flops(measure: str, n: int, d: int) -> float:
@@ -110,14 +128,14 @@ def similarity(params, model: ModelSize, task: TaskSize) -> StageCost:
     s, rows = params.similarity, extract_rows(params, task)
     runs = 1 + len(params.seeds) + (s.random_control is not None)
     stacked = runs * (model.shape.num_layers + 1)
-    cost = StageCost("similarity")
+    cost = StageCost("similarity", processes=1)
+    cells = stacked * (stacked + 1) // 2 * (1 + s.permutations) + 2 * (model.shape.num_layers + 1) * s.bootstrap
     for pooling, measures in s.measures.items():
         n = min(params.extract.max_tokens, rows["words"]) if pooling == "tokens" else rows["validation"] * task.choices
         cost.rows += n
         for measure in measures:
-            pair = measure_flops(measure, n, model.shape.hidden)
-            cost.flops += pair * (stacked * (stacked + 1) / 2 * (1 + s.permutations)
-                                  + 2 * (model.shape.num_layers + 1) * s.bootstrap)
+            cost.flops += measure_flops(measure, n, model.shape.hidden) * cells
+            cost.evaluations += cells
     return cost
 
 
@@ -132,7 +150,8 @@ def weights(params, model: ModelSize, task: TaskSize) -> StageCost:
     each (both matrices' singular vectors, both spectra, the update's); no example is read."""
     h, f = model.shape.hidden, model.shape.intermediate
     per_layer = 5 * (4 * svd_flops(h, h) + 2 * svd_flops(f, h))
-    return StageCost("weights", flops=len(params.seeds) * model.shape.num_layers * per_layer)
+    return StageCost("weights", flops=len(params.seeds) * model.shape.num_layers * per_layer, processes=1,
+                     **loaded(model, 1 + len(params.seeds)))
 
 
 def truncate(params, model: ModelSize, task: TaskSize, num_labels: int) -> StageCost:
@@ -146,7 +165,7 @@ def truncate(params, model: ModelSize, task: TaskSize, num_labels: int) -> Stage
     val = seeds * rows["validation"] * task.choices
     return StageCost("truncate", rows=val + seeds * rows["train"] * task.choices, flops=val * forward(model, s) + heads * head,
                      passes=L(model) * math.ceil(val / params.extract.batch_size) + 3 * math.ceil(heads / t.head_batch_size),
-                     notes=["heads: every epoch of head_epochs counted (early stopping ends sooner)"])
+                     train_flops=heads * head, processes=1, **loaded(model, seeds), notes=["heads: every epoch of head_epochs counted (early stopping ends sooner)"])
 
 
 def span_layers(num_layers: int) -> int:
@@ -159,7 +178,8 @@ def skip(params, model: ModelSize, task: TaskSize) -> StageCost:
     rows, s = extract_rows(params, task), task.tokens(params.finetune.max_length)
     val = len(params.seeds) * rows["validation"] * task.choices
     return StageCost("skip", rows=val, flops=val * forward(model, s, span_layers(model.shape.num_layers)),
-                     passes=span_layers(model.shape.num_layers) * math.ceil(val / params.extract.batch_size))
+                     passes=span_layers(model.shape.num_layers) * math.ceil(val / params.extract.batch_size),
+                     processes=1, **loaded(model, len(params.seeds)))
 
 
 def export(params, model: ModelSize, task: TaskSize) -> StageCost:
@@ -172,6 +192,7 @@ def export(params, model: ModelSize, task: TaskSize) -> StageCost:
     return StageCost("export", rows=chosen, bytes=model.checkpoint_bytes,
                      flops=chosen * forward(model, s, layers) + timed * forward(model, s),
                      passes=layers * math.ceil(chosen / params.extract.batch_size),
+                     processes=1, **loaded(model, len(params.seeds) + 2),  # the seeds, the chosen one written, timed
                      notes=["bytes: the full model, an upper bound"])
 
 
@@ -188,10 +209,14 @@ def align(params, model: ModelSize, task: TaskSize) -> StageCost:
     trained = a.steps * a.batch_size * 6 * (inn * ("inn" in a.methods) + mlp * ("mlp" in a.methods))
     matrix = layers * layers * a.matrix_steps * a.batch_size * 6 * inn
     synthetic = a.synthetic_steps * a.batch_size * 6 * (inn + mlp)
-    steps = pairs * (layers * a.steps * (("inn" in a.methods) + ("mlp" in a.methods)) + layers * layers * a.matrix_steps)
+    # A method's maps of every layer train together (one batched step for all), as does a row of the matrix.
+    neural = ("inn" in a.methods) + ("mlp" in a.methods)
+    steps = pairs * a.steps * neural + layers * a.matrix_steps + a.synthetic_steps * neural
     depth = 3 * max(a.inn_depth, a.mlp_depth)  # a map's training step: its blocks forward, backward, update
-    return StageCost("align", rows=pairs * n, flops=pairs * (layers * (closed + trained) + matrix) + synthetic,
-                     passes=depth * (steps + 2 * a.synthetic_steps))
+    trained_flops = pairs * layers * trained + matrix + synthetic
+    return StageCost("align", rows=pairs * n, flops=pairs * layers * closed + trained_flops, train_flops=trained_flops,
+                     passes=depth * steps, processes=1,
+                     **loaded(model, 1))  # the injection's target model
 
 
 def freeze(params, model: ModelSize, task: TaskSize) -> StageCost:
@@ -206,20 +231,25 @@ def freeze(params, model: ModelSize, task: TaskSize) -> StageCost:
         configs.append((None, 0))
     rows = recipe.max_steps * recipe.batch_size * task.choices
     val = task.validation * task.choices
-    flops = sum(rows * train_step(model, s, side, k) + val * forward(model, s) for side, k in configs)
-    timing = (f.timing_rounds + 1) * f.timing_steps * (len(configs) + 1) * recipe.batch_size * task.choices
-    return StageCost("freeze", rows=seeds * len(configs) * rows, flops=seeds * flops + timing * train_step(model, s),
-                     passes=seeds * len(configs) * L * (3 * recipe.max_steps + math.ceil(val / params.finetune.eval_batch_size)))
+    trained = sum(rows * train_step(model, s, side, k) for side, k in configs)
+    evaluated = len(configs) * val * forward(model, s)
+    timed_steps = (f.timing_rounds + 1) * f.timing_steps * (len(configs) + 1)
+    timing = timed_steps * recipe.batch_size * task.choices * train_step(model, s)
+    return StageCost("freeze", rows=seeds * len(configs) * rows, flops=seeds * (trained + evaluated) + timing,
+                     train_flops=seeds * trained + timing, processes=1,
+                     **loaded(model, seeds * len(configs) + 1),
+                     passes=seeds * len(configs) * L * (3 * recipe.max_steps + math.ceil(val / params.finetune.eval_batch_size))
+                     + 3 * L * timed_steps)
 
 
 def compare(params, model: ModelSize, tasks: dict[str, TaskSize], others: dict[str, ModelSize]) -> StageCost:
     """probe_examples validation examples of every task through the pretrained and fine-tuned models and each
     compared model."""
-    cost = StageCost("compare")
+    cost = StageCost("compare", processes=1)
     for task in tasks.values():
         n = min(params.compare.probe_examples, task.validation) * task.choices
         s = task.tokens(params.finetune.max_length)
         for m in [model] * (1 + len(params.seeds)) + [others[name] for name in params.compare.models]:
-            cost.add(StageCost("compare", rows=n, flops=n * forward(m, s),
+            cost.add(StageCost("compare", rows=n, flops=n * forward(m, s), **loaded(m, 1),
                                passes=L(m) * math.ceil(n / params.extract.batch_size)))
     return cost
