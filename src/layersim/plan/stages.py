@@ -36,11 +36,12 @@ class StageCost:
     loads: int = 0         # models read from disk
     load_bytes: int = 0
     evaluations: int = 0   # similarity measures run on one pair of layers (one permutation or resample)
+    heatmaps: int = 0      # figures with a value written in every cell
     notes: list[str] = field(default_factory=list)
 
     def add(self, other: "StageCost") -> None:
         for name in ("rows", "bytes", "flops", "passes", "train_flops", "processes", "loads", "load_bytes",
-                     "evaluations"):
+                     "evaluations", "heatmaps"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
@@ -128,15 +129,19 @@ def similarity(params, model: ModelSize, task: TaskSize) -> StageCost:
     s, rows = params.similarity, extract_rows(params, task)
     runs = 1 + len(params.seeds) + (s.random_control is not None)
     stacked = runs * (model.shape.num_layers + 1)
-    cost = StageCost("similarity", processes=1)
     cells = stacked * (stacked + 1) // 2 * (1 + s.permutations) + 2 * (model.shape.num_layers + 1) * s.bootstrap
+    cost = StageCost("similarity", processes=1, heatmaps=len(s.measures) + bool(s.attention_measures))
     for pooling, measures in s.measures.items():
         n = min(params.extract.max_tokens, rows["words"]) if pooling == "tokens" else rows["validation"] * task.choices
         cost.rows += n
-        for measure in measures:
-            cost.flops += measure_flops(measure, n, model.shape.hidden) * cells
-            cost.evaluations += cells
+        cost.add(measured(measures, n, model.shape.hidden, cells))
     return cost
+
+
+def measured(measures, n: int, d: int, cells: int) -> StageCost:
+    """`cells` layer pairs (permutations and resamples included) of each measure on n points of width d."""
+    return StageCost("similarity", flops=sum(measure_flops(m, n, d) for m in measures) * cells,
+                     evaluations=len(measures) * cells)
 
 
 def svd_flops(m: int, n: int) -> float:
@@ -243,13 +248,24 @@ def freeze(params, model: ModelSize, task: TaskSize) -> StageCost:
 
 
 def compare(params, model: ModelSize, tasks: dict[str, TaskSize], others: dict[str, ModelSize]) -> StageCost:
-    """probe_examples validation examples of every task through the pretrained and fine-tuned models and each
-    compared model."""
-    cost = StageCost("compare", processes=1)
+    """probe_examples validation examples of every task through the stacked models (ORIG, the RANDOM control, each
+    task's first seed, each compared model), then every measure on the stacked layers with its permutation null and
+    a heatmap each."""
+    s = params.similarity
+    models = [model] * (1 + (s.random_control is not None) + len(tasks)) + [others[n] for n in params.compare.models]
+    cost = StageCost("compare", processes=1, heatmaps=sum(map(len, s.measures.values())) + len(s.attention_measures))
+    n = words = 0
     for task in tasks.values():
-        n = min(params.compare.probe_examples, task.validation) * task.choices
-        s = task.tokens(params.finetune.max_length)
-        for m in [model] * (1 + len(params.seeds)) + [others[name] for name in params.compare.models]:
-            cost.add(StageCost("compare", rows=n, flops=n * forward(m, s), **loaded(m, 1),
-                               passes=L(m) * math.ceil(n / params.extract.batch_size)))
+        probe = min(params.compare.probe_examples, task.validation) * task.choices
+        n, words = n + probe, words + round(probe * task.words)
+        for m in models:
+            cost.add(StageCost("compare", rows=probe, flops=probe * forward(m, task.tokens(params.finetune.max_length)),
+                               passes=L(m) * math.ceil(probe / params.extract.batch_size)))
+    for m in models:
+        cost.add(StageCost("compare", **loaded(m, 1 + bool(s.attention_measures))))  # the attention probe loads again
+    stacked = sum(L(m) + 1 for m in models)
+    cells = stacked * (stacked + 1) // 2 * (1 + s.permutations)
+    for pooling, measures in s.measures.items():
+        rows = min(params.extract.max_tokens, words) if pooling == "tokens" else n
+        cost.add(measured(measures, rows, model.shape.hidden, cells))
     return cost

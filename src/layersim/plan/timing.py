@@ -11,8 +11,8 @@
   are effective already;
 - **passes**: a fixed time per batch through one layer (a training step counting three): Python and kernel dispatch,
   which bounds small batches and small models (the tiny pipeline on a CPU, the paper's batch 4 on a GPU);
-- **evaluations**: the similarity stage's per-cell work that is not arithmetic (a measure called on one pair of layers
-  for one permutation: numpy calls, the centring), :data:`EVALUATION_SECONDS` each.
+- **evaluations**: the similarity and compare stages' per-cell work that is not arithmetic (a measure called on one pair
+  of layers for one permutation: numpy calls, the centring), :data:`EVALUATION_SECONDS` each, and their heatmaps.
 
 The numeric stages (similarity, weights) run numpy on the host CPU: their FLOPs over the host's matmul throughput."""
 
@@ -38,6 +38,7 @@ CPU_TRAIN_EFFICIENCY = 0.7
 CPU_FORWARD_EFFICIENCY = 0.9
 CPU_PASS_SECONDS = 1.0e-3
 EVALUATION_SECONDS = 0.25e-3
+HEATMAP_SECONDS = 0.3        # a heatmap with a value written in each cell (matplotlib lays out every label)
 CPU_BANDWIDTH = 10e9          # bytes/s a core streams (a checkpoint read from the page cache)
 
 # Measured on an H200 by benchmarks/gpu_check.py (bf16 autocast, torch 2.11; docs/paper-configuration.md): a training
@@ -49,7 +50,6 @@ _MEASURED = "measured on an H200 by benchmarks/gpu_check.py, 2026-11-27"
 GPUS = {"h100": (150e12, 0.8e-3, "the H200's measured figures, not measured on an H100"),
         "h200": (150e12, 0.8e-3, _MEASURED)}
 ASSUMED_GPU_CPU_FLOPS = 1e12  # a GPU machine's host CPU (16 cores or more) on numpy matmuls
-GPU_BANDWIDTH = 3e12
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Device:
     basis: str   # where the figures come from
     train_efficiency: float = 1.0
     forward_efficiency: float = 1.0
-    bandwidth: float = CPU_BANDWIDTH
+    bandwidth: float = CPU_BANDWIDTH  # the host's, which reads the checkpoints (on a GPU machine too)
     start_scale: float = 1.0
 
 
@@ -90,7 +90,7 @@ def device(name: str = "cpu", flops: float | None = None, pass_seconds: float | 
     if name in GPUS:
         effective, overhead, basis = GPUS[name]
         return Device(name, flops or effective, overhead if pass_seconds is None else pass_seconds,
-                      ASSUMED_GPU_CPU_FLOPS, basis if flops is None else "given", bandwidth=GPU_BANDWIDTH)
+                      ASSUMED_GPU_CPU_FLOPS, basis if flops is None else "given")
     cpu = measured_cpu_flops() if flops is None else flops
     return Device(name, cpu, CPU_PASS_SECONDS if pass_seconds is None else pass_seconds, cpu,
                   "torch float32 2048² matmul, measured now" if flops is None else "given",
@@ -111,7 +111,7 @@ def terms(cost: StageCost, on: Device) -> dict[str, float]:
     return {"start": start * on.start_scale,
             "loads": first + cost.loads * LOAD_SECONDS + cost.load_bytes / on.bandwidth,
             "compute": compute, "passes": cost.passes * on.pass_seconds,
-            "evaluations": cost.evaluations * EVALUATION_SECONDS}
+            "evaluations": cost.evaluations * EVALUATION_SECONDS + cost.heatmaps * HEATMAP_SECONDS}
 
 
 def seconds(cost: StageCost, on: Device) -> float:
