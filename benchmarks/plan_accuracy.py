@@ -25,12 +25,16 @@ less wall-clock progress per CPU-second. The machine is printed first: the CPU m
     python benchmarks/plan_accuracy.py --config tiny        # about 2 minutes
     python benchmarks/plan_accuracy.py --config quickstart  # about 10 minutes
     python benchmarks/plan_accuracy.py --config tiny --keep /tmp/plan-run   # keep the project to look at
+    python benchmarks/plan_accuracy.py --config tiny --threads 1   # on a loaded machine: compare the CPU seconds
+    python benchmarks/plan_accuracy.py --measured /tmp/plan-run/project --device-flops 2.1e11  # that run, planned again
+
+`--measured` reads a kept project's stage log and dvc.lock instead of running (the plan's model changed, the run did
+not); give the throughput the run had (`--device-flops`, the matmul line it printed), or it is measured now.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import shutil
@@ -101,7 +105,18 @@ def machine() -> list[str]:
     return [f"CPU: {model}, {cores} logical cores; torch {torch.__version__}, {torch.get_num_threads()} threads",
             f"torch float32 2048² matmul: {matmul_gflops(1):.1f} GFLOP/s on 1 thread, "
             f"{matmul_gflops(cores):.1f} GFLOP/s on {cores}",
-            f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}"]
+            f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {busy()}"]
+
+
+def busy() -> str:
+    """Other processes on the CPU now (ps: the share of a core each used over its life, 10 % or more), so that a
+    table measured beside other work says so."""
+    listed = subprocess.run(["ps", "-eo", "pid,pcpu,args", "--no-headers"], capture_output=True, text=True).stdout
+    others = [(float(cpu), name[:60]) for pid, cpu, name in (line.split(None, 2) for line in listed.splitlines())
+              if int(pid) != os.getpid() and float(cpu) >= 10]
+    if not others:
+        return "no other process busy"
+    return f"{len(others)} other process(es) busy: " + ", ".join(f"{n} {c:.0f}%" for c, n in sorted(others)[::-1][:5])
 
 
 def make_copy(root: Path, overrides: list[str]) -> dict:
@@ -165,6 +180,8 @@ def measured_bytes(root: Path) -> dict[str, int]:
 
 
 def within(predicted: float, measured: float) -> str:
+    if measured <= 0.01 and predicted <= 0.01:  # nothing to compare (a stage that writes no cached output)
+        return "-"
     if measured <= 0:
         return "-"
     ratio = predicted / measured
@@ -175,6 +192,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", choices=CONFIGS, default="tiny")
     parser.add_argument("--keep", type=Path, help="run in this folder (created) and keep it")
+    parser.add_argument("--measured", type=Path, help="a kept project (…/project) to plan again without running")
     parser.add_argument("--device-flops", type=float, help="the CPU's effective FLOP/s for the plan (default: measured)")
     parser.add_argument("--threads", type=int, help="torch threads for the stages and the plan's matmul (default: "
                         "torch's, one per core); 1 on a loaded machine, where CPU seconds then stand for a quiet run")
@@ -186,9 +204,11 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     from layersim.params import parse_params
-    from layersim.plan import device, plan, seconds, terms, total
+    from layersim.plan import device, plan, seconds, terms
     from layersim.plan.__main__ import overridden
 
+    if args.measured:
+        return replan(args.measured, device("cpu", args.device_flops))
     print("\n".join(machine()), flush=True)
     overrides = launcher_overrides(CONFIGS[args.config])
     scratch = args.keep or Path(tempfile.mkdtemp(prefix="plan-accuracy-"))
@@ -207,10 +227,25 @@ def main() -> None:
         wall = time.perf_counter() - start
         times, sizes = measured_times(root / ".plan-bench" / "stages.log"), measured_bytes(root)
         report(costs, on, seconds, terms, times, sizes, wall)
-        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {busy()}")
     finally:
         if args.keep is None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def replan(root: Path, on) -> None:
+    from layersim.params import parse_params
+    from layersim.plan import plan, seconds, terms
+    from layersim.plan.__main__ import overridden
+
+    # What the plan knew before the run: the project's own params, and no data/ (a downloaded model is read as the
+    # registry describes it, as before the run).
+    params = parse_params(overridden(root / "params.yaml", []))
+    with tempfile.TemporaryDirectory() as before:
+        costs = plan(params, Path(before))
+    log = root / ".plan-bench" / "stages.log"
+    print(f"{root}: {params.model}, {len(params.seeds)} seed(s), {params.finetune.max_steps} steps (measured earlier)")
+    report(costs, on, seconds, terms, measured_times(log), measured_bytes(root), float("nan"))
 
 
 def report(costs, on, seconds, terms, times, sizes, wall) -> None:
