@@ -62,10 +62,11 @@ def test_forward_and_training_flops_are_two_and_six_times_params_times_tokens_pl
     assert stages.train_step(SMALL, s, "bottom", 2) == stages.forward(SMALL, s)  # all frozen: no backward
 
 
-def test_span_layers_sum_the_layers_every_skipped_span_leaves():
+def test_skipped_spans_run_only_the_layers_after_the_span_from_one_full_pass():
     for L in (1, 3, 12):
-        spans = [(i, j) for i in range(L) for j in range(i, L)]
-        assert stages.span_layers(L) == sum(L - (j - i + 1) for i, j in spans)
+        spans = [(i, j) for i in range(1, L + 1) for j in range(i, L + 1)]  # [i, j] skipped, 1-based
+        assert stages.skipped_layers(L) == L + sum(L - j for i, j in spans)
+    assert stages.skipped_layers(6) == 6 + 35
 
 
 def test_finetune_and_extract_costs_on_a_small_exact_case():
@@ -154,16 +155,22 @@ def test_the_time_model_adds_one_reasoned_term_each():
     from layersim.plan import timing
 
     on = timing.Device("cpu", flops=100e9, pass_seconds=1e-3, cpu_flops=50e9, basis="given", train_efficiency=0.5,
-                       forward_efficiency=0.8, bandwidth=1e9)
+                       forward_efficiency=0.8, bandwidth=1e9, cpu_thread_flops=25e9)
     cost = stages.StageCost("finetune", flops=30e9, train_flops=20e9, passes=100, processes=2, loads=2,
                             load_bytes=10**9)
     assert terms(cost, on) == pytest.approx({
         "start": 2 * timing.START_SECONDS["model"],  # two processes, each importing the model stack
         "loads": 2 * timing.FIRST_LOAD_SECONDS + 2 * timing.LOAD_SECONDS + 1.0,  # 1 GB at 1 GB/s
         "compute": 20e9 / (0.5 * 100e9) + 10e9 / (0.8 * 100e9), "passes": 0.1, "evaluations": 0.0})
-    numeric = stages.StageCost("similarity", flops=50e9, processes=1, evaluations=1000)
-    assert terms(numeric, on) == pytest.approx({"start": timing.START_SECONDS["numeric"], "loads": 0.0, "compute": 1.0,
-                                                "passes": 0.0, "evaluations": 1000 * timing.EVALUATION_SECONDS})
+    # numpy on the host: large products on its threads, small ones (below SMALL_PRODUCT) on one.
+    numeric = stages.StageCost("similarity", flops=75e9, host_flops=75e9, small_flops=25e9, processes=1,
+                               evaluations=1000, heatmaps=2)
+    assert terms(numeric, on) == pytest.approx({"start": timing.START_SECONDS["numeric"], "loads": 0.0, "compute": 2.0,
+                                                "passes": 0.0, "evaluations": 1000 * timing.EVALUATION_SECONDS
+                                                + 2 * timing.HEATMAP_SECONDS})
+    big, small = stages.measured(["svcca"], 20_000, 768, 10, 0), stages.measured(["svcca", "linear_cka"], 600, 384, 10, 5)
+    assert big.host_flops == big.flops > 0 == big.small_flops and small.small_flops == small.flops
+    assert small.evaluations == 10 * 6 + 10  # linear CKA's null is exact: its observed cells only
     assert seconds(numeric, on) == pytest.approx(sum(terms(numeric, on).values()))
 
 

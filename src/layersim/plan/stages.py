@@ -20,7 +20,6 @@ from layersim.params.pairs import aligned_pairs, paired_models
 from layersim.plan.sizes import ModelSize, TaskSize
 from layersim.training.recipes import freeze_recipe
 
-CPU_STAGES = ("similarity", "weights")  # numpy on the host's CPU whatever params' device says
 CCA_FAMILY = ("svcca", "pwcca", "mean_cca")
 
 
@@ -37,11 +36,13 @@ class StageCost:
     load_bytes: int = 0
     evaluations: int = 0   # similarity measures run on one pair of layers (one permutation or resample)
     heatmaps: int = 0      # figures with a value written in every cell
+    host_flops: float = 0.0   # the part of flops that numpy runs on the host CPU (similarity measures, SVDs)
+    small_flops: float = 0.0  # the part of host_flops in products too small for more than one thread
     notes: list[str] = field(default_factory=list)
 
     def add(self, other: "StageCost") -> None:
         for name in ("rows", "bytes", "flops", "passes", "train_flops", "processes", "loads", "load_bytes",
-                     "evaluations", "heatmaps"):
+                     "evaluations", "heatmaps", "host_flops", "small_flops"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
@@ -116,11 +117,39 @@ def extract(params, spec, model: ModelSize, task: TaskSize, head: str) -> StageC
                      processes=1, **loaded(model, runs))
 
 
+EXACT_NULL = ("linear_cka",)  # its null's moments are exact (layersim.similarity.inference.null): no permutations
+SMALL_PRODUCT = 1e8  # layersim.similarity._common: below rows × width² multiply-adds a product runs on one thread
+
+
 def measure_flops(measure: str, n: int, d: int) -> float:
-    """FLOPs of one layer pair's similarity on n points of width d."""
+    """FLOPs of one layer pair's similarity on n points of width d, as the null's engines compute a cell (each layer's
+    statistics once; per cell a product of the two sides and its reduction): RBF CKA's n × n kernels; the others'
+    cross-products, of the d-wide layers, or for the CCA family of their bases (k = min(n, d) columns at most) and
+    the singular values of the k × k block."""
     if measure == "rbf_cka":
         return 2 * n * n * d
-    return 2 * n * d * d + (10 * d ** 3 if measure in CCA_FAMILY else 0)
+    if measure in CCA_FAMILY:
+        k = min(n, d)
+        return 2 * n * k * k + 4 * k ** 3
+    return 2 * n * d * d
+
+
+def measured(measures, n: int, d: int, pairs: int, permutations: int, resamples: int = 0) -> StageCost:
+    """`pairs` layer pairs of each measure on n points of width d, over the observed matrix, each permutation of the
+    null (none for an exact null) and `resamples` bootstrap cells: numpy on the host, on one thread where the
+    products are small."""
+    cost = StageCost("similarity")
+    for m in measures:
+        cells = pairs * (1 + (0 if m in EXACT_NULL else permutations)) + resamples
+        cost.add(StageCost("similarity", flops=measure_flops(m, n, d) * cells, evaluations=cells))
+    return host(cost, n * d * d)
+
+
+def host(cost: StageCost, product: float) -> StageCost:
+    """`cost` with its FLOPs numpy's on the host CPU, on one thread if its products (multiply-adds) are small."""
+    cost.host_flops = cost.flops
+    cost.small_flops = cost.flops if product < SMALL_PRODUCT else 0.0
+    return cost
 
 
 def similarity(params, model: ModelSize, task: TaskSize) -> StageCost:
@@ -129,19 +158,13 @@ def similarity(params, model: ModelSize, task: TaskSize) -> StageCost:
     s, rows = params.similarity, extract_rows(params, task)
     runs = 1 + len(params.seeds) + (s.random_control is not None)
     stacked = runs * (model.shape.num_layers + 1)
-    cells = stacked * (stacked + 1) // 2 * (1 + s.permutations) + 2 * (model.shape.num_layers + 1) * s.bootstrap
+    pairs, resamples = stacked * (stacked + 1) // 2, 2 * (model.shape.num_layers + 1) * s.bootstrap
     cost = StageCost("similarity", processes=1, heatmaps=len(s.measures) + bool(s.attention_measures))
     for pooling, measures in s.measures.items():
         n = min(params.extract.max_tokens, rows["words"]) if pooling == "tokens" else rows["validation"] * task.choices
         cost.rows += n
-        cost.add(measured(measures, n, model.shape.hidden, cells))
+        cost.add(measured(measures, n, model.shape.hidden, pairs, s.permutations, resamples))
     return cost
-
-
-def measured(measures, n: int, d: int, cells: int) -> StageCost:
-    """`cells` layer pairs (permutations and resamples included) of each measure on n points of width d."""
-    return StageCost("similarity", flops=sum(measure_flops(m, n, d) for m in measures) * cells,
-                     evaluations=len(measures) * cells)
 
 
 def svd_flops(m: int, n: int) -> float:
@@ -155,8 +178,8 @@ def weights(params, model: ModelSize, task: TaskSize) -> StageCost:
     each (both matrices' singular vectors, both spectra, the update's); no example is read."""
     h, f = model.shape.hidden, model.shape.intermediate
     per_layer = 5 * (4 * svd_flops(h, h) + 2 * svd_flops(f, h))
-    return StageCost("weights", flops=len(params.seeds) * model.shape.num_layers * per_layer, processes=1,
-                     **loaded(model, 1 + len(params.seeds)))
+    return host(StageCost("weights", flops=len(params.seeds) * model.shape.num_layers * per_layer, processes=1,
+                          **loaded(model, 1 + len(params.seeds))), f * h * h)
 
 
 def truncate(params, model: ModelSize, task: TaskSize, num_labels: int) -> StageCost:
@@ -169,35 +192,41 @@ def truncate(params, model: ModelSize, task: TaskSize, num_labels: int) -> Stage
     heads = seeds * 2 * layers * t.head_epochs * rows["train"] * task.choices
     val = seeds * rows["validation"] * task.choices
     return StageCost("truncate", rows=val + seeds * rows["train"] * task.choices, flops=val * forward(model, s) + heads * head,
-                     passes=L(model) * math.ceil(val / params.extract.batch_size) + 3 * math.ceil(heads / t.head_batch_size),
+                     # A head's step (one small dense layer: forward, backward, update) dispatches about what one
+                     # encoder layer's forward pass does: one pass.
+                     passes=L(model) * math.ceil(val / params.extract.batch_size) + math.ceil(heads / t.head_batch_size),
                      train_flops=heads * head, processes=1, **loaded(model, seeds), notes=["heads: every epoch of head_epochs counted (early stopping ends sooner)"])
 
 
-def span_layers(num_layers: int) -> int:
-    """Layers run over every contiguous span [i, j] left out, summed: Σ over span lengths ℓ of (L − ℓ + 1)(L − ℓ)."""
-    return sum((num_layers - span + 1) * (num_layers - span) for span in range(1, num_layers + 1))
+def skipped_layers(num_layers: int) -> int:
+    """Layers run to score every contiguous span [i, j] left out (and every exit), as span_logits runs them: one full
+    pass keeps the state after each layer, from which a span [i, j] runs only the layers after j (none when j = L:
+    the head reads the state): L + Σ over j of j · (L − j), j spans ending at each j."""
+    return num_layers + sum(j * (num_layers - j) for j in range(1, num_layers + 1))
 
 
 def skip(params, model: ModelSize, task: TaskSize) -> StageCost:
     """Each seed's model run on the validation examples with each contiguous span of layers left out."""
     rows, s = extract_rows(params, task), task.tokens(params.finetune.max_length)
     val = len(params.seeds) * rows["validation"] * task.choices
-    return StageCost("skip", rows=val, flops=val * forward(model, s, span_layers(model.shape.num_layers)),
-                     passes=span_layers(model.shape.num_layers) * math.ceil(val / params.extract.batch_size),
+    layers = skipped_layers(model.shape.num_layers)
+    return StageCost("skip", rows=val, flops=val * forward(model, s, layers),
+                     passes=layers * math.ceil(val / params.extract.batch_size),
                      processes=1, **loaded(model, len(params.seeds)))
 
 
 def export(params, model: ModelSize, task: TaskSize) -> StageCost:
-    """Every exit and skipped span scored on selection_examples train examples (as skip does), then the chosen model
-    written (at most the full model: the layers kept are known only after the run) and timed."""
+    """Every exit and skipped span scored on selection_examples train examples and on the validation examples (as
+    skip does), then the chosen model written (at most the full model: the layers kept are known only after the run)
+    and timed."""
     e, s = params.export, task.tokens(params.finetune.max_length)
-    chosen = min(task.train, e.selection_examples) * task.choices
+    chosen = (min(task.train, e.selection_examples) + extract_rows(params, task)["validation"]) * task.choices
     timed = 2 * 2 * e.timing_repeats * min(e.timing_examples, task.validation) * task.choices
-    layers = span_layers(model.shape.num_layers) + model.shape.num_layers
+    layers = skipped_layers(model.shape.num_layers)
     return StageCost("export", rows=chosen, bytes=model.checkpoint_bytes,
                      flops=chosen * forward(model, s, layers) + timed * forward(model, s),
                      passes=layers * math.ceil(chosen / params.extract.batch_size),
-                     processes=1, **loaded(model, len(params.seeds) + 2),  # the seeds, the chosen one written, timed
+                     processes=1, **loaded(model, 2),  # a seed's model, and the chosen one read back to be timed
                      notes=["bytes: the full model, an upper bound"])
 
 
@@ -264,8 +293,7 @@ def compare(params, model: ModelSize, tasks: dict[str, TaskSize], others: dict[s
     for m in models:
         cost.add(StageCost("compare", **loaded(m, 1 + bool(s.attention_measures))))  # the attention probe loads again
     stacked = sum(L(m) + 1 for m in models)
-    cells = stacked * (stacked + 1) // 2 * (1 + s.permutations)
     for pooling, measures in s.measures.items():
         rows = min(params.extract.max_tokens, words) if pooling == "tokens" else n
-        cost.add(measured(measures, rows, model.shape.hidden, cells))
+        cost.add(measured(measures, rows, model.shape.hidden, stacked * (stacked + 1) // 2, s.permutations))
     return cost

@@ -14,14 +14,16 @@
 - **evaluations**: the similarity and compare stages' per-cell work that is not arithmetic (a measure called on one pair
   of layers for one permutation: numpy calls, the centring), :data:`EVALUATION_SECONDS` each, and their heatmaps.
 
-The numeric stages (similarity, weights) run numpy on the host CPU: their FLOPs over the host's matmul throughput."""
+The numpy work (the similarity measures in similarity and compare, weights' SVDs) runs on the host CPU: its FLOPs over
+the host's matmul throughput, on one thread where its products are small (layersim.similarity._common.SMALL_PRODUCT:
+numpy keeps them on the calling thread)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
-from layersim.plan.stages import CPU_STAGES, StageCost
+from layersim.plan.stages import StageCost
 
 # Seconds from a stage process's start to its first line of work, by the stack it imports: measured on the 2-core
 # AMD EPYC these figures were taken on (`python stages/<stage>.py --help` and the imports its main does lazily;
@@ -50,6 +52,7 @@ _MEASURED = "measured on an H200 by benchmarks/gpu_check.py, 2026-11-27"
 GPUS = {"h100": (150e12, 0.8e-3, "the H200's measured figures, not measured on an H100"),
         "h200": (150e12, 0.8e-3, _MEASURED)}
 ASSUMED_GPU_CPU_FLOPS = 1e12  # a GPU machine's host CPU (16 cores or more) on numpy matmuls
+ASSUMED_GPU_CPU_THREAD_FLOPS = 1e11  # … on one of its threads (this CPU's: 105 GFLOP/s)
 
 
 @dataclass(frozen=True)
@@ -66,21 +69,27 @@ class Device:
     train_efficiency: float = 1.0
     forward_efficiency: float = 1.0
     bandwidth: float = CPU_BANDWIDTH  # the host's, which reads the checkpoints (on a GPU machine too)
+    cpu_thread_flops: float = 0.0     # the host CPU's on one thread (numpy's small products)
     start_scale: float = 1.0
 
 
-def measured_cpu_flops(size: int = 2048, repeats: int = 3) -> float:
-    """This machine's float32 matmul throughput on torch's threads: the best of a few 2048×2048 products (17 GFLOP
-    each, a few hundred ms in all)."""
+def measured_cpu_flops(threads: int | None = None, size: int = 2048, repeats: int = 3) -> float:
+    """This machine's float32 matmul throughput on torch's threads (or `threads`): the best of a few 2048×2048
+    products (17 GFLOP each, a few hundred ms in all)."""
     import torch
 
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
         a @ b
-        best = min(best, time.perf_counter() - start)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(before)
     return 2 * size ** 3 / best
 
 
@@ -90,20 +99,27 @@ def device(name: str = "cpu", flops: float | None = None, pass_seconds: float | 
     if name in GPUS:
         effective, overhead, basis = GPUS[name]
         return Device(name, flops or effective, overhead if pass_seconds is None else pass_seconds,
-                      ASSUMED_GPU_CPU_FLOPS, basis if flops is None else "given")
+                      ASSUMED_GPU_CPU_FLOPS, basis if flops is None else "given",
+                      cpu_thread_flops=ASSUMED_GPU_CPU_THREAD_FLOPS)
     cpu = measured_cpu_flops() if flops is None else flops
+    one = measured_cpu_flops(1) if flops is None else flops / max(1, _threads())
     return Device(name, cpu, CPU_PASS_SECONDS if pass_seconds is None else pass_seconds, cpu,
                   "torch float32 2048² matmul, measured now" if flops is None else "given",
-                  CPU_TRAIN_EFFICIENCY, CPU_FORWARD_EFFICIENCY)
+                  CPU_TRAIN_EFFICIENCY, CPU_FORWARD_EFFICIENCY, cpu_thread_flops=one)
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def terms(cost: StageCost, on: Device) -> dict[str, float]:
     """The seconds of each term of `cost` on `on` (the module's docstring)."""
-    if cost.stage in CPU_STAGES:
-        compute = cost.flops / on.cpu_flops
-    else:
-        compute = (cost.train_flops / on.train_efficiency + (cost.flops - cost.train_flops) / on.forward_efficiency
-                   ) / on.flops
+    forward = cost.flops - cost.host_flops - cost.train_flops
+    compute = (cost.train_flops / on.train_efficiency + forward / on.forward_efficiency) / on.flops + \
+        (cost.small_flops / on.cpu_thread_flops if cost.small_flops else 0.0) + \
+        (cost.host_flops - cost.small_flops) / on.cpu_flops
     start = cost.processes * START_SECONDS[STACK.get(cost.stage, "model")]
     if cost.stage == "download" and cost.processes:  # download_model imports the model stack (it checks the model)
         start += START_SECONDS["model"] - START_SECONDS["light"]
