@@ -35,11 +35,12 @@ FIRST_LOAD_SECONDS = 1.5     # the first load in a process imports the architect
 # Measured on the same CPU (1 thread, against a 1-thread matmul in the same process): a MiniLM-L6 training step at batch
 # 16 of 24 tokens, AdamW's update included, reaches 0.6-0.7 of the matmul's FLOP/s, its forward pass 0.9 (the
 # backward's transposed products, the update and the elementwise work are slower per FLOP); a tiny-bert training step
-# (width 32) costs about 1 ms a layer pass. A similarity cell's numpy calls on the tiny pipeline's 60 rows: 0.25 ms.
+# (width 32) costs about 1 ms a layer pass. A similarity cell's numpy calls besides its FLOPs: 0.5 ms (the tiny
+# pipeline's similarity stage, 60 rows a cell: its CPU seconds less its start and heatmaps, over its 9,600 cells).
 CPU_TRAIN_EFFICIENCY = 0.7
 CPU_FORWARD_EFFICIENCY = 0.9
 CPU_PASS_SECONDS = 1.0e-3
-EVALUATION_SECONDS = 0.25e-3
+EVALUATION_SECONDS = 0.5e-3
 HEATMAP_SECONDS = 0.3        # a heatmap with a value written in each cell (matplotlib lays out every label)
 CPU_BANDWIDTH = 10e9          # bytes/s a core streams (a checkpoint read from the page cache)
 
