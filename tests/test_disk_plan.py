@@ -31,25 +31,51 @@ def test_the_tables_bytes_are_counted_row_by_row():
     runs = 4  # orig, seed1, seed2 and the RANDOM control
     validation = runs * (10 * 4 * 2 + 50)  # cls and mean per (example, choice), at most 50 word rows
     train = 3 * 20 * 4 * 2  # no control; cls (the head) and mean (align.pooling)
-    expected = 2 * (validation + train) * 4 * 32 * 2  # DVC's cache copy, layers + embeddings, float16 (the default)
+    expected = (validation + train) * 4 * 32 * 2  # the workspace's: layers + embeddings, float16 (the default)
     assert disk.extract_bytes(params, spec, {"validation": 10, "train": 20}, runs, "cls", shape) == expected
     # Without the control, and align.pooling the head's own: one train table per trained run.
     other = parse_params({"model": "tiny-bert", "tasks": ["synth-choice"], "seeds": [1], "finetune": {"max_length": 64},
                           "similarity": {"random_control": None, "measures": {"cls": ["linear_cka"]}},
                           "align": {"pooling": "cls"}, "extract": {"poolings": ["cls"]}})
     assert disk.extract_bytes(other, spec, {"validation": 10, "train": 20}, 2, "cls", shape) == \
-        2 * (2 * 10 * 4 + 2 * 20 * 4) * 4 * 32 * 2
+        (2 * 10 * 4 + 2 * 20 * 4) * 4 * 32 * 2
 
 
 def test_a_volume_too_small_is_refused_in_one_sentence(tmp_path, monkeypatch):
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 2 * 10**9, 2 * 10**9))
-    disk.check_free_space(tmp_path / "not" / "yet", 10**9, "rte")  # fits: nothing said
+    disk.check_free_space(tmp_path / "not" / "yet", 10**9 - 1, "rte")  # fits with DVC's default copy: nothing said
     with pytest.raises(LayersimError) as error:
-        disk.check_free_space(tmp_path / "not" / "yet", 71 * 10**9, "rte")
+        disk.check_free_space(tmp_path / "not" / "yet", 35_500_000_000, "rte")
     assert str(error.value).startswith("extract of rte would write about 71.0 GB of activation tables (with DVC's "
                                        "cache copy) but the volume of")
     assert "has 2.0 GB free; lower extract.max_train_examples" in str(error.value)
+    assert str(error.value).endswith("link DVC's cache (`dvc config cache.type hardlink,symlink`).")
+
+
+def test_extracts_own_check_counts_the_cache_copy_as_the_plan_does(tmp_path, monkeypatch):
+    """The stage's check and the plan apply one rule (disk.project_copies) to the project's .dvc/config: a linked
+    cache (this repository's hardlink,symlink) holds no second copy of the tables, DVC's default copies them."""
+    from layersim.plan import copies
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 3 * 10**9, 3 * 10**9))
+    (tmp_path / ".dvc").mkdir()
+    out = tmp_path / "data" / "activations" / "tiny-bert" / "rte" / "tables"
+    with pytest.raises(LayersimError, match="about 4.0 GB of activation tables .with DVC's cache copy."):
+        disk.check_free_space(out, 2 * 10**9, "rte")  # no cache.type: DVC's default reflink,copy copies on ext4
+    assert copies(tmp_path) == 2
+    (tmp_path / ".dvc" / "config").write_text("[cache]\n    type = hardlink,symlink\n")
+    assert copies(tmp_path) == 1
+    disk.check_free_space(out, 2 * 10**9, "rte")  # the workspace's 2 GB only: fits in 3 GB
+    with pytest.raises(LayersimError) as error:
+        disk.check_free_space(out, 4 * 10**9, "rte")
+    assert "about 4.0 GB of activation tables but the volume" in str(error.value)
+    assert "hardlink" not in str(error.value)
+    (tmp_path / ".dvc" / "config.local").write_text("[cache]\n    type = copy\n")  # config.local outranks config
+    with pytest.raises(LayersimError, match="with DVC's cache copy"):
+        disk.check_free_space(out, 2 * 10**9, "rte")
+    assert disk.project_copies(REPO) == 1  # this repository links its cache
 
 
 # --- the params gate: the whole plan against the volume, before any model stage -------------------------------

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dvc_project import repository_params_text
+from dvc_project import repository_params_text, tiny_params
 from layersim.compute import disk
 from layersim.compute.flops import LayerShape
 from layersim.data.tasks import get_task
 from layersim.params import parse_params
-from layersim.plan import __main__ as cli, cache_types, copies, plan, seconds, stages, total
+from layersim.plan import __main__ as cli, cache_types, copies, plan, seconds, stages, terms, total
 from layersim.plan.sizes import PAPER_TASKS, ModelSize, TaskSize, bert_parameters, model_size, task_size
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,10 +62,11 @@ def test_forward_and_training_flops_are_two_and_six_times_params_times_tokens_pl
     assert stages.train_step(SMALL, s, "bottom", 2) == stages.forward(SMALL, s)  # all frozen: no backward
 
 
-def test_span_layers_sum_the_layers_every_skipped_span_leaves():
+def test_skipped_spans_run_only_the_layers_after_the_span_from_one_full_pass():
     for L in (1, 3, 12):
-        spans = [(i, j) for i in range(L) for j in range(i, L)]
-        assert stages.span_layers(L) == sum(L - (j - i + 1) for i, j in spans)
+        spans = [(i, j) for i in range(1, L + 1) for j in range(i, L + 1)]  # [i, j] skipped, 1-based
+        assert stages.skipped_layers(L) == L + sum(L - j for i, j in spans)
+    assert stages.skipped_layers(6) == 6 + 35
 
 
 def test_finetune_and_extract_costs_on_a_small_exact_case():
@@ -108,7 +109,8 @@ def test_the_paper_configuration_plan_counts_the_published_sizes():
     # Issue 53: the default needs at most 150 GB in all, DVC's cache included (.dvc/config links it).
     assert copies(REPO) == 1 and total(list(costs.values())).bytes <= 150e9
     assert costs["finetune"].bytes == 24 * model_size("roberta-base").checkpoint_bytes
-    assert mnli.num_choices == 0 and seconds(costs["download"], cli.device("h100")) == 0  # nothing computed
+    download = terms(costs["download"], cli.device("h100"))  # nothing computed: its processes' starts only
+    assert mnli.num_choices == 0 and download["compute"] == download["passes"] == 0 and download["start"] > 0
 
 
 def test_the_cli_applies_dvc_style_overrides(tmp_path, capsys):
@@ -127,7 +129,8 @@ def test_the_cli_applies_dvc_style_overrides(tmp_path, capsys):
 # compare, truncate, skip, align, freeze, summary, report) write only metrics and plots, which DVC does not cache
 # and the plan does not model (a few MB a task, nothing at the paper configuration's scale).
 MEASURED = {"download": ("download_model", "download_compared", "download_paired", "download_task"),
-            "finetune": ("finetune@",), "finetune_pretrained": ("finetune_pretrained",), "extract": ("extract",),
+            "finetune": ("finetune@",), "finetune_compared": ("finetune_compared@",),
+            "finetune_pretrained": ("finetune_pretrained",), "extract": ("extract",),
             "export": ("export",)}
 
 
@@ -146,3 +149,37 @@ def test_the_plans_bytes_match_the_tiny_pipelines_outputs(tmp_path_factory, buil
     ratios = {stage: predicted[stage] / measured[stage] for stage in MEASURED}
     print(json.dumps({stage: [predicted[stage], measured[stage], round(r, 3)] for stage, r in ratios.items()}))
     assert all(0.7 <= r <= 1.3 for r in ratios.values()), ratios
+
+
+def test_the_time_model_adds_one_reasoned_term_each():
+    from layersim.plan import timing
+
+    on = timing.Device("cpu", flops=100e9, pass_seconds=1e-3, cpu_flops=50e9, basis="given", train_efficiency=0.5,
+                       forward_efficiency=0.8, bandwidth=1e9, cpu_thread_flops=25e9)
+    cost = stages.StageCost("finetune", flops=30e9, train_flops=20e9, passes=100, processes=2, loads=2,
+                            load_bytes=10**9)
+    assert terms(cost, on) == pytest.approx({
+        "start": 2 * timing.START_SECONDS["model"],  # two processes, each importing the model stack
+        "loads": 2 * timing.FIRST_LOAD_SECONDS + 2 * timing.LOAD_SECONDS + 1.0,  # 1 GB at 1 GB/s
+        "compute": 20e9 / (0.5 * 100e9) + 10e9 / (0.8 * 100e9), "passes": 0.1, "evaluations": 0.0})
+    # numpy on the host: large products on its threads, small ones (below SMALL_PRODUCT) on one.
+    numeric = stages.StageCost("similarity", flops=75e9, host_flops=75e9, small_flops=25e9, processes=1,
+                               evaluations=1000, heatmaps=2)
+    assert terms(numeric, on) == pytest.approx({"start": timing.START_SECONDS["numeric"], "loads": 0.0, "compute": 2.0,
+                                                "passes": 0.0, "evaluations": 1000 * timing.EVALUATION_SECONDS
+                                                + 2 * timing.HEATMAP_SECONDS})
+    big, small = stages.measured(["svcca"], 20_000, 768, 10, 0), stages.measured(["svcca", "linear_cka"], 600, 384, 10, 5)
+    assert big.host_flops == big.flops > 0 == big.small_flops and small.small_flops == small.flops
+    assert small.evaluations == 10 * 6 + 10  # linear CKA's null is exact: its observed cells only
+    assert seconds(numeric, on) == pytest.approx(sum(terms(numeric, on).values()))
+
+
+def test_every_stage_process_of_the_tiny_pipeline_is_counted():
+    """One process per stage and matrix item, as dvc.yaml runs them (the time of a tiny run is mostly their starts)."""
+    doc = tiny_params(yaml.safe_load(repository_params_text()), tasks=["synth-negation", "synth-similarity"],
+                      seeds=[1, 2, 3])
+    params = parse_params(doc)
+    processes = {c.stage: c.processes for c in plan(params, REPO)}
+    assert processes == {"check_params": 1, "download": 3 + 2, "finetune": 6, "finetune_pretrained": 2, "extract": 2,
+                         "similarity": 2, "compare": 1, "truncate": 2, "skip": 2, "export": 2, "align": 2, "freeze": 2,
+                         "weights": 2, "dynamics": 2, "summary": 1, "report": 1}

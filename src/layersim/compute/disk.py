@@ -4,6 +4,7 @@ are hundreds of GB; a full disk found after hours of work is the worst way to le
 
 from __future__ import annotations
 
+import configparser
 import shutil
 from pathlib import Path
 
@@ -45,18 +46,47 @@ def gigabytes(size: float) -> str:
     return f"{size / 1e9:,.1f} GB"
 
 
-def check_free_space(folder: Path, needed: int, task: str) -> None:
-    """Refuse before any work when the volume of `folder` has less free space than `needed` bytes (the extract
-    stage's tables of `task` and DVC's cache copy of them)."""
+def cache_types(root: Path | None) -> str | None:
+    """DVC's cache.type as the project's .dvc/config and .dvc/config.local set it (None: DVC's default, or no
+    project)."""
+    found = None
+    for name in ("config", "config.local") if root is not None else ():
+        parser = configparser.ConfigParser(interpolation=None, strict=False)
+        try:
+            parser.read(Path(root) / ".dvc" / name)
+        except configparser.Error:
+            continue
+        found = parser.get("cache", "type", fallback=found)
+    return found
+
+
+def project_root(path: Path) -> Path | None:
+    """The DVC project that holds `path`: its nearest folder with a .dvc folder (None: none does)."""
+    return next((folder for folder in [Path(path).resolve(), *Path(path).resolve().parents]
+                 if (folder / ".dvc").is_dir()), None)
+
+
+def project_copies(root: Path | None, reflinks: bool = False) -> int:
+    """:func:`cache_copies` for the project at `root`, as its DVC config sets cache.type: the one rule that the plan
+    and the extract stage's own check both apply."""
+    return cache_copies(cache_types(root), reflinks)
+
+
+def check_free_space(folder: Path, tables: int, task: str) -> None:
+    """Refuse before any work when the volume of `folder` has less free space than the extract stage's tables of
+    `task` (`tables` bytes in the workspace) and, where the project's cache.type copies, DVC's cache copy of them."""
     probe = Path(folder)
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    free = shutil.disk_usage(probe).free
+    copies = project_copies(project_root(probe))
+    needed, free = tables * copies, shutil.disk_usage(probe).free
     if needed > free:
-        raise LayersimError(f"extract of {task} would write about {gigabytes(needed)} of activation tables (with DVC's "
-                            f"cache copy) but the volume of {folder} has {gigabytes(free)} free; lower "
-                            "extract.max_train_examples (the train tables feed truncate's heads and align's maps), free "
-                            "space, or put DVC's cache on another volume (`dvc cache dir`).")
+        cache = " (with DVC's cache copy)" if copies > 1 else ""
+        link = ", link DVC's cache (`dvc config cache.type hardlink,symlink`)" if copies > 1 else ""
+        raise LayersimError(f"extract of {task} would write about {gigabytes(needed)} of activation tables{cache} "
+                            f"but the volume of {folder} has {gigabytes(free)} free; lower extract.max_train_examples "
+                            "(the train tables feed truncate's heads and align's maps), free space, or put DVC's cache "
+                            f"on another volume (`dvc cache dir`){link}.")
 
 
 def train_poolings(params, head: str) -> list[str]:
@@ -75,14 +105,27 @@ def extract_rows(params, spec, rows: dict[str, int], runs: int, head: str) -> in
     per_example = [q for q in p.poolings if q != "tokens"]
     words = min(p.max_tokens, rows.get("words", p.max_tokens))
     validation = runs * (rows["validation"] * choices * len(per_example) + words * ("tokens" in p.poolings))
-    trained = runs - (params.similarity.random_control is not None)  # the control has validation tables only
+    trained = runs - validation_only_runs(params)  # the control and compared methods' runs: validation tables only
     return validation + trained * rows["train"] * choices * len(train_poolings(params, head))
 
 
-def extract_bytes(params, spec, rows: dict[str, int], runs: int, head: str, shape: dict[str, int],
-                  copies: int = CACHE_COPIES) -> int:
-    """What the extract stage writes for one task (:func:`extract_rows`), `copies` times (DVC's cache copy)."""
-    return copies * table_bytes(extract_rows(params, spec, rows, runs, head), shape["num_layers"], shape["hidden_size"],
+def extract_runs(params) -> int:
+    """The runs extract writes tables of, per task: ORIG, every fine-tuned run (finetune.compare_methods' too) and
+    the random-init control (similarity.random_control)."""
+    return 1 + len(params.seeds) * (1 + len(params.finetune.compare_methods)) + validation_only_runs(params) - \
+        len(params.seeds) * len(params.finetune.compare_methods)
+
+
+def validation_only_runs(params) -> int:
+    """Runs of :func:`extract_runs` with validation tables only (for similarity): the random-init control and the
+    runs of finetune.compare_methods."""
+    return (params.similarity.random_control is not None) + len(params.seeds) * len(params.finetune.compare_methods)
+
+
+def extract_bytes(params, spec, rows: dict[str, int], runs: int, head: str, shape: dict[str, int]) -> int:
+    """What the extract stage writes for one task (:func:`extract_rows`) in the workspace (DVC's cache copy, where
+    cache.type copies, is :func:`project_copies`' business)."""
+    return table_bytes(extract_rows(params, spec, rows, runs, head), shape["num_layers"], shape["hidden_size"],
                                 params.extract.table_precision)
 
 

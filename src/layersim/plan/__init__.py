@@ -5,10 +5,9 @@ of tasks and models before they are downloaded :mod:`layersim.plan.sizes`."""
 
 from __future__ import annotations
 
-import configparser
 import os
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from layersim.compute import disk
@@ -18,74 +17,11 @@ from layersim.params.model_kind import own_head_pooling
 from layersim.plan import stages
 from layersim.plan.sizes import model_size, task_size
 from layersim.plan.stages import StageCost
+from layersim.plan.timing import GPUS, Device, device, seconds, terms  # noqa: F401 (the plan's API)
 
-ORDER = ("download", "finetune", "finetune_pretrained", "extract", "similarity", "compare", "truncate", "skip",
-         "export", "align", "freeze", "weights", "dynamics")
-
-
-@dataclass(frozen=True)
-class Device:
-    """Where the model stages run: an effective throughput (FLOP/s reached on these shapes, not the peak) and a
-    fixed time per layer pass (a batch through one layer: kernel launches and host work), which small batches
-    such as the paper's 4 are bound by on a GPU. `cpu_flops`: the host CPU's, for the numpy stages."""
-    name: str
-    flops: float
-    pass_seconds: float
-    cpu_flops: float
-    basis: str   # where the figures come from
-
-
-# Measured on an H200 by benchmarks/gpu_check.py (bf16 autocast, torch 2.11; docs/paper-configuration.md): a training
-# step of batch 4 through RoBERTa-base (3 × 12 layer passes) takes 29–36 ms at 128–256 tokens, RoBERTa-large's
-# (3 × 24) 53–60 ms, whatever the FLOPs: launch-bound, about 0.8 ms a layer pass; the forward pass at batch 32 with
-# every layer copied back reaches 147 TFLOP/s (base) to 198 (large) at 256 tokens. An H100 has the same bf16 peak
-# and launch costs; its figures are the H200's, not measured.
-_MEASURED = "measured on an H200 by benchmarks/gpu_check.py, 2026-11-27"
-GPUS = {"h100": (150e12, 0.8e-3, "the H200's measured figures, not measured on an H100"),
-        "h200": (150e12, 0.8e-3, _MEASURED)}
-ASSUMED_GPU_CPU_FLOPS = 1e12  # a GPU machine's host CPU (16 cores or more) on numpy matmuls
-
-
-def measured_cpu_flops(size: int = 512, repeats: int = 5) -> float:
-    """This machine's float32 matmul throughput with torch's threads (the best of a few 512×512 products)."""
-    import time
-
-    import torch
-
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    best = min(_timed(time, lambda: a @ b) for _ in range(repeats))
-    return 2 * size ** 3 / best
-
-
-def _timed(time, call) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
-
-
-def device(name: str = "cpu", flops: float | None = None, pass_seconds: float = 0.0) -> Device:
-    """`flops` given: that throughput (a GPU's name, if given too, keeps its pass time); "cpu": this machine's,
-    measured now; "h100", "h200": the figures above."""
-    if name in GPUS:
-        effective, overhead, basis = GPUS[name]
-        return Device(name, flops or effective, pass_seconds or overhead, ASSUMED_GPU_CPU_FLOPS,
-                      basis if flops is None else "given")
-    cpu = measured_cpu_flops() if flops is None else flops
-    return Device(name, cpu, pass_seconds, cpu, "measured now" if flops is None else "given")
-
-
-def cache_types(root: Path) -> str | None:
-    """DVC's cache.type as the project's .dvc/config and .dvc/config.local set it (None: DVC's default)."""
-    found = None
-    for name in ("config", "config.local"):
-        parser = configparser.ConfigParser(interpolation=None, strict=False)
-        try:
-            parser.read(Path(root) / ".dvc" / name)
-        except configparser.Error:
-            continue
-        found = parser.get("cache", "type", fallback=found)
-    return found
+ORDER = ("check_params", "download", "finetune", "finetune_compared", "finetune_pretrained", "extract", "similarity", "compare", "truncate",
+         "skip", "export", "align", "freeze", "weights", "dynamics", "summary",
+         "report")
 
 
 def plan(params, root: Path = Path(".")) -> list[StageCost]:
@@ -98,7 +34,9 @@ def plan(params, root: Path = Path(".")) -> list[StageCost]:
     costs = {"download": stages.download(params, model, sizes, others)}
     for name, task in sizes.items():
         spec = get_task(name)
-        per_task = [stages.finetune(params, model, task, len(params.seeds)),
+        compared = [replace(stages.finetune(params, model, task, len(params.seeds) * len(params.finetune.compare_methods)),
+                            stage="finetune_compared")] if params.finetune.compare_methods else []
+        per_task = [stages.finetune(params, model, task, len(params.seeds)), *compared,
                     stages.extract(params, spec, model, task, head), stages.similarity(params, model, task),
                     stages.truncate(params, model, task, spec.num_labels), stages.skip(params, model, task),
                     stages.export(params, model, task), stages.align(params, model, task),
@@ -108,11 +46,15 @@ def plan(params, root: Path = Path(".")) -> list[StageCost]:
                 [(c.stage, c) for c in per_task]:
             costs.setdefault(name_of, StageCost(name_of, notes=cost.notes)).add(cost)
     costs["compare"] = stages.compare(params, model, sizes, others)
+    for cost in stages.bookends(params, len(sizes)):
+        costs.setdefault(cost.stage, StageCost(cost.stage)).add(cost)
     return [costs[name] for name in ORDER if name in costs]
 
 
 def _pretrained(params, others, task) -> list[StageCost]:
-    return [stages.finetune(params, others[name], task, 1) for name in params.align.pretraining_models]
+    """Each pretraining model's run; the task's one finetune_pretrained process is counted by stages.bookends."""
+    return [replace(stages.finetune(params, others[name], task, 1, kept_states=False), processes=0)
+            for name in params.align.pretraining_models]
 
 
 def total(costs: list[StageCost]) -> StageCost:
@@ -122,14 +64,11 @@ def total(costs: list[StageCost]) -> StageCost:
     return whole
 
 
-def seconds(cost: StageCost, on: Device) -> float:
-    if cost.stage in stages.CPU_STAGES:
-        return cost.flops / on.cpu_flops
-    return cost.flops / on.flops + cost.passes * on.pass_seconds
+cache_types = disk.cache_types
 
 
 def copies(root: Path, reflinks: bool = False) -> int:
-    return disk.cache_copies(cache_types(root), reflinks)
+    return disk.project_copies(root, reflinks)
 
 
 def human(value: float, unit: str = "B") -> str:

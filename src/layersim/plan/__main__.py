@@ -42,9 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--params", type=Path, default=Path("params.yaml"))
     p.add_argument("--root", type=Path, default=Path("."), help="the project (its .dvc/config, data/)")
     p.add_argument("--device", default="cpu", choices=("cpu", *GPUS),
-                   help="cpu: this machine, measured by a matmul now; h200: measured figures, h100: the same (docs)")
+                   help="cpu: this machine, its throughput measured now by a torch float32 2048² matmul (torch's "
+                        "threads); h200: measured figures, h100: the same (docs)")
     p.add_argument("--device-flops", type=float, help="effective FLOP/s of the device, instead of its default")
-    p.add_argument("--pass-seconds", type=float, default=0.0, help="fixed seconds per batch and layer (GPU launches)")
+    p.add_argument("--pass-seconds", type=float,
+                   help="fixed seconds per batch and layer (dispatch; GPU launches), instead of the device's default")
     p.add_argument("--reflinks", action="store_true", help="the volume has reflinks (XFS, Btrfs): no cache copy")
     args = p.parse_args(argv)
     try:
@@ -67,14 +69,26 @@ def main(argv: list[str] | None = None) -> int:
         print("  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
     print(f"  on disk in all: {human(whole.bytes * n)} (DVC cache {'copies' if n > 1 else 'links'} each output; "
           f"cache.type {cache_note(args.root)}); metrics and plots, a few MB a task, not counted")
-    print(f"  time: {on.name} at {human(on.flops, 'FLOP/s')}"
-          + (f" + {on.pass_seconds * 1e3:.1f} ms a layer pass" if on.pass_seconds else "")
-          + f" ({on.basis})"
-          + f"; similarity and weights on the CPU at {human(on.cpu_flops, 'FLOP/s')}")
+    print(f"  time: {device_note(on)}")
     for c in costs:
         for note in c.notes:
             print(f"  {c.stage}: {note}")
     return 0
+
+
+def device_note(on) -> str:
+    """The device the times assume, and each term's figure (layersim.plan.timing)."""
+    from layersim.plan.timing import EVALUATION_SECONDS, FIRST_LOAD_SECONDS, START_SECONDS
+
+    shares = (f" × {on.train_efficiency:.0%} in training steps, × {on.forward_efficiency:.0%} in forward passes"
+              if on.train_efficiency != 1 or on.forward_efficiency != 1 else "")
+    starts = ", ".join(f"{k} {v * on.start_scale:.1f} s" for k, v in START_SECONDS.items())
+    return (f"{on.name} at {human(on.flops, 'FLOP/s')} ({on.basis}){shares}, + {on.pass_seconds * 1e3:.1f} ms a "
+            f"layer pass; numpy (similarity measures, SVDs) on the host CPU at {human(on.cpu_flops, 'FLOP/s')} "
+            f"(small products on one thread: {human(on.cpu_thread_flops, 'FLOP/s')}) "
+            f"+ {EVALUATION_SECONDS * 1e3:.2f} ms a similarity cell; a stage process starts in {starts} (+ "
+            f"{FIRST_LOAD_SECONDS * on.start_scale:.1f} s at its first model load); models read at "
+            f"{human(on.bandwidth, 'B/s')}")
 
 
 def cache_note(root: Path) -> str:

@@ -20,7 +20,6 @@ from layersim.params.pairs import aligned_pairs, paired_models
 from layersim.plan.sizes import ModelSize, TaskSize
 from layersim.training.recipes import freeze_recipe
 
-CPU_STAGES = ("similarity", "weights")  # numpy on the host's CPU whatever params' device says
 CCA_FAMILY = ("svcca", "pwcca", "mean_cca")
 
 
@@ -31,13 +30,20 @@ class StageCost:
     bytes: int = 0         # DVC-cached outputs, workspace copy
     flops: float = 0.0
     passes: int = 0        # batches × layers they run through (a training step: 3 × layers)
+    train_flops: float = 0.0  # the part of flops in training steps (forward, backward)
+    processes: int = 0     # stage processes DVC starts (one per matrix item)
+    loads: int = 0         # models read from disk
+    load_bytes: int = 0
+    evaluations: int = 0   # similarity measures run on one pair of layers (one permutation or resample)
+    heatmaps: int = 0      # figures with a value written in every cell
+    host_flops: float = 0.0   # the part of flops that numpy runs on the host CPU (similarity measures, SVDs)
+    small_flops: float = 0.0  # the part of host_flops in products too small for more than one thread
     notes: list[str] = field(default_factory=list)
 
     def add(self, other: "StageCost") -> None:
-        self.rows += other.rows
-        self.bytes += other.bytes
-        self.flops += other.flops
-        self.passes += other.passes
+        for name in ("rows", "bytes", "flops", "passes", "train_flops", "processes", "loads", "load_bytes",
+                     "evaluations", "heatmaps", "host_flops", "small_flops"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 def L(model: ModelSize) -> int:
@@ -57,22 +63,37 @@ def train_step(model: ModelSize, tokens: float, side: str | None = None, k: int 
 
 
 def download(params, model: ModelSize, sizes: dict[str, TaskSize], others: dict[str, ModelSize]) -> StageCost:
-    cost = StageCost("download", rows=sum(t.train + t.validation for t in sizes.values()))
+    cost = StageCost("download", rows=sum(t.train + t.validation for t in sizes.values()),
+                     processes=3 + len(sizes))  # the model, the compared and paired models, each task
     cost.bytes = model.checkpoint_bytes + sum(t.text_bytes for t in sizes.values())
     cost.bytes += sum(others[m].checkpoint_bytes for m in list(params.compare.models) + paired_models(params))
     return cost
 
 
-def finetune(params, model: ModelSize, task: TaskSize, runs: int) -> StageCost:
-    """`runs` fine-tuning runs of the finetune recipe on one task, evaluated every eval_every steps."""
+def finetune(params, model: ModelSize, task: TaskSize, runs: int, kept_states: bool = True) -> StageCost:
+    """`runs` fine-tuning runs of the finetune recipe on one task, evaluated every eval_every steps, each keeping
+    finetune.keep_states states unless `kept_states` is False (finetune_pretrained's runs keep none)."""
     f, s = params.finetune, task.tokens(params.finetune.max_length)
     evals = (f.max_steps // f.eval_every if f.eval_every else 0) + 1
     rows = f.max_steps * f.batch_size * task.choices
     val = task.validation * task.choices
     # The kept states (finetune.keep_states): the encoder's weights each, about a checkpoint's bytes.
-    return StageCost("finetune", rows=runs * rows, bytes=runs * (1 + f.keep_states) * model.checkpoint_bytes,
+    states = f.keep_states if kept_states else 0
+    return StageCost("finetune", rows=runs * rows, bytes=runs * (1 + states) * model.checkpoint_bytes,
                      flops=runs * (rows * train_step(model, s) + evals * val * forward(model, s)),
+                     train_flops=runs * rows * train_step(model, s), processes=runs, **loaded(model, runs),
                      passes=runs * L(model) * (3 * f.max_steps + evals * math.ceil(val / f.eval_batch_size)))
+
+
+def loaded(model: ModelSize, loads: int) -> dict[str, int]:
+    return {"loads": loads, "load_bytes": loads * model.checkpoint_bytes}
+
+
+def bookends(params, tasks: int) -> list[StageCost]:
+    """The stages that load no model and compute little: the params gate, finetune_pretrained's process (one a task,
+    models or not: the models' runs are counted as finetune's), the summary and the report."""
+    return [StageCost("check_params", processes=1), StageCost("finetune_pretrained", processes=tasks),
+            StageCost("summary", processes=1), StageCost("report", processes=1)]
 
 
 def extract_rows(params, task: TaskSize) -> dict[str, int]:
@@ -85,40 +106,67 @@ def extract_rows(params, task: TaskSize) -> dict[str, int]:
 
 def extract(params, spec, model: ModelSize, task: TaskSize, head: str) -> StageCost:
     p, s = params.extract, task.tokens(params.finetune.max_length)
-    runs = 1 + len(params.seeds) + (params.similarity.random_control is not None)
+    runs = disk.extract_runs(params)
     rows = extract_rows(params, task)
     shape = {"num_layers": model.shape.num_layers, "hidden_size": model.shape.hidden}
-    tables = disk.extract_bytes(params, spec, rows, runs, head, shape, copies=1)
+    tables = disk.extract_bytes(params, spec, rows, runs, head, shape)
     maps = runs * min(p.attention_examples, rows["validation"]) * task.choices
     units = task.words + 2 if p.attention_unit == "words" else s
     attention = disk.attention_bytes(maps, min(units, params.finetune.max_length), model.shape.num_layers, model.heads)
-    inputs = (runs * rows["validation"] + (runs - (params.similarity.random_control is not None)) * rows["train"]
+    inputs = (runs * rows["validation"] + (runs - disk.validation_only_runs(params)) * rows["train"]
               ) * task.choices + maps
     return StageCost("extract", rows=disk.extract_rows(params, spec, rows, runs, head), bytes=tables + attention,
-                     flops=inputs * forward(model, s), passes=L(model) * math.ceil(inputs / p.batch_size))
+                     flops=inputs * forward(model, s), passes=L(model) * math.ceil(inputs / p.batch_size),
+                     processes=1, **loaded(model, runs))
+
+
+EXACT_NULL = ("linear_cka",)  # its null's moments are exact (layersim.similarity.inference.null): no permutations
+SMALL_PRODUCT = 1e8  # layersim.similarity._common: below rows × width² multiply-adds a product runs on one thread
 
 
 def measure_flops(measure: str, n: int, d: int) -> float:
-    """FLOPs of one layer pair's similarity on n points of width d."""
+    """FLOPs of one layer pair's similarity on n points of width d, as the null's engines compute a cell (each layer's
+    statistics once; per cell a product of the two sides and its reduction): RBF CKA's n × n kernels; the others'
+    cross-products, of the d-wide layers, or for the CCA family of their bases (k = min(n, d) columns at most) and
+    the singular values of the k × k block."""
     if measure == "rbf_cka":
         return 2 * n * n * d
-    return 2 * n * d * d + (10 * d ** 3 if measure in CCA_FAMILY else 0)
+    if measure in CCA_FAMILY:
+        k = min(n, d)
+        return 2 * n * k * k + 4 * k ** 3
+    return 2 * n * d * d
+
+
+def measured(measures, n: int, d: int, pairs: int, permutations: int, resamples: int = 0) -> StageCost:
+    """`pairs` layer pairs of each measure on n points of width d, over the observed matrix, each permutation of the
+    null (none for an exact null) and `resamples` bootstrap cells: numpy on the host, on one thread where the
+    products are small."""
+    cost = StageCost("similarity")
+    for m in measures:
+        cells = pairs * (1 + (0 if m in EXACT_NULL else permutations)) + resamples
+        cost.add(StageCost("similarity", flops=measure_flops(m, n, d) * cells, evaluations=cells))
+    return host(cost, n * d * d)
+
+
+def host(cost: StageCost, product: float) -> StageCost:
+    """`cost` with its FLOPs numpy's on the host CPU, on one thread if its products (multiply-adds) are small."""
+    cost.host_flops = cost.flops
+    cost.small_flops = cost.flops if product < SMALL_PRODUCT else 0.0
+    return cost
 
 
 def similarity(params, model: ModelSize, task: TaskSize) -> StageCost:
     """Every layer of every run against every other (the stacked matrix), per measure and pooling, over the observed
     matrix and each permutation of the null; the bootstrap resamples of the FT–ORIG and FT[1]–FT[2] diagonals."""
     s, rows = params.similarity, extract_rows(params, task)
-    runs = 1 + len(params.seeds) + (s.random_control is not None)
+    runs, diagonals = disk.extract_runs(params), 2 + 2 * len(params.finetune.compare_methods)  # LoRA–ORIG, LoRA–FT
     stacked = runs * (model.shape.num_layers + 1)
-    cost = StageCost("similarity")
+    pairs, resamples = stacked * (stacked + 1) // 2, diagonals * (model.shape.num_layers + 1) * s.bootstrap
+    cost = StageCost("similarity", processes=1, heatmaps=len(s.measures) + bool(s.attention_measures))
     for pooling, measures in s.measures.items():
         n = min(params.extract.max_tokens, rows["words"]) if pooling == "tokens" else rows["validation"] * task.choices
         cost.rows += n
-        for measure in measures:
-            pair = measure_flops(measure, n, model.shape.hidden)
-            cost.flops += pair * (stacked * (stacked + 1) / 2 * (1 + s.permutations)
-                                  + 2 * (model.shape.num_layers + 1) * s.bootstrap)
+        cost.add(measured(measures, n, model.shape.hidden, pairs, s.permutations, resamples))
     return cost
 
 
@@ -133,17 +181,25 @@ def weights(params, model: ModelSize, task: TaskSize) -> StageCost:
     each (both matrices' singular vectors, both spectra, the update's); no example is read."""
     h, f = model.shape.hidden, model.shape.intermediate
     per_layer = 5 * (4 * svd_flops(h, h) + 2 * svd_flops(f, h))
-    return StageCost("weights", flops=len(params.seeds) * model.shape.num_layers * per_layer)
+    runs = fine_tuned_runs(params)
+    return host(StageCost("weights", flops=runs * model.shape.num_layers * per_layer, processes=1,
+                          **loaded(model, 1 + runs)), f * h * h)
+
+
+def fine_tuned_runs(params) -> int:
+    """Fine-tuning runs per task: each seed's, by finetune.method and by each of finetune.compare_methods."""
+    return len(params.seeds) * (1 + len(params.finetune.compare_methods))
 
 
 def dynamics(params, model: ModelSize, task: TaskSize) -> StageCost:
     """Each seed's kept states run over the validation rows (ORIG's and the final model's are extract's tables), and
     every point's layers against ORIG's and the final model's (linear CKA, its exact null and bootstrap resamples)."""
     n = extract_rows(params, task)["validation"] * task.choices
-    states, s = len(params.seeds) * params.finetune.keep_states, task.tokens(params.finetune.max_length)
-    points = len(params.seeds) * (2 + params.finetune.keep_states)
+    states, s = fine_tuned_runs(params) * params.finetune.keep_states, task.tokens(params.finetune.max_length)
+    points = fine_tuned_runs(params) * (2 + params.finetune.keep_states)
     pairs = points * 2 * (L(model) + 1) * (1 + params.similarity.bootstrap)
-    return StageCost("dynamics", rows=states * n, flops=states * n * forward(model, s)
+    return StageCost("dynamics", rows=states * n, processes=1, **loaded(model, fine_tuned_runs(params) if states else 0),
+                     flops=states * n * forward(model, s)
                      + pairs * measure_flops("linear_cka", n, model.shape.hidden),
                      passes=states * L(model) * math.ceil(n / params.extract.batch_size))
 
@@ -158,33 +214,41 @@ def truncate(params, model: ModelSize, task: TaskSize, num_labels: int) -> Stage
     heads = seeds * 2 * layers * t.head_epochs * rows["train"] * task.choices
     val = seeds * rows["validation"] * task.choices
     return StageCost("truncate", rows=val + seeds * rows["train"] * task.choices, flops=val * forward(model, s) + heads * head,
-                     passes=L(model) * math.ceil(val / params.extract.batch_size) + 3 * math.ceil(heads / t.head_batch_size),
-                     notes=["heads: every epoch of head_epochs counted (early stopping ends sooner)"])
+                     # A head's step (one small dense layer: forward, backward, update) dispatches about what one
+                     # encoder layer's forward pass does: one pass.
+                     passes=L(model) * math.ceil(val / params.extract.batch_size) + math.ceil(heads / t.head_batch_size),
+                     train_flops=heads * head, processes=1, **loaded(model, seeds), notes=["heads: every epoch of head_epochs counted (early stopping ends sooner)"])
 
 
-def span_layers(num_layers: int) -> int:
-    """Layers run over every contiguous span [i, j] left out, summed: Σ over span lengths ℓ of (L − ℓ + 1)(L − ℓ)."""
-    return sum((num_layers - span + 1) * (num_layers - span) for span in range(1, num_layers + 1))
+def skipped_layers(num_layers: int) -> int:
+    """Layers run to score every contiguous span [i, j] left out (and every exit), as span_logits runs them: one full
+    pass keeps the state after each layer, from which a span [i, j] runs only the layers after j (none when j = L:
+    the head reads the state): L + Σ over j of j · (L − j), j spans ending at each j."""
+    return num_layers + sum(j * (num_layers - j) for j in range(1, num_layers + 1))
 
 
 def skip(params, model: ModelSize, task: TaskSize) -> StageCost:
     """Each seed's model run on the validation examples with each contiguous span of layers left out."""
     rows, s = extract_rows(params, task), task.tokens(params.finetune.max_length)
     val = len(params.seeds) * rows["validation"] * task.choices
-    return StageCost("skip", rows=val, flops=val * forward(model, s, span_layers(model.shape.num_layers)),
-                     passes=span_layers(model.shape.num_layers) * math.ceil(val / params.extract.batch_size))
+    layers = skipped_layers(model.shape.num_layers)
+    return StageCost("skip", rows=val, flops=val * forward(model, s, layers),
+                     passes=layers * math.ceil(val / params.extract.batch_size),
+                     processes=1, **loaded(model, len(params.seeds)))
 
 
 def export(params, model: ModelSize, task: TaskSize) -> StageCost:
-    """Every exit and skipped span scored on selection_examples train examples (as skip does), then the chosen model
-    written (at most the full model: the layers kept are known only after the run) and timed."""
+    """Every exit and skipped span scored on selection_examples train examples and on the validation examples (as
+    skip does), then the chosen model written (at most the full model: the layers kept are known only after the run)
+    and timed."""
     e, s = params.export, task.tokens(params.finetune.max_length)
-    chosen = min(task.train, e.selection_examples) * task.choices
+    chosen = (min(task.train, e.selection_examples) + extract_rows(params, task)["validation"]) * task.choices
     timed = 2 * 2 * e.timing_repeats * min(e.timing_examples, task.validation) * task.choices
-    layers = span_layers(model.shape.num_layers) + model.shape.num_layers
+    layers = skipped_layers(model.shape.num_layers)
     return StageCost("export", rows=chosen, bytes=model.checkpoint_bytes,
                      flops=chosen * forward(model, s, layers) + timed * forward(model, s),
                      passes=layers * math.ceil(chosen / params.extract.batch_size),
+                     processes=1, **loaded(model, 2),  # a seed's model, and the chosen one read back to be timed
                      notes=["bytes: the full model, an upper bound"])
 
 
@@ -201,10 +265,14 @@ def align(params, model: ModelSize, task: TaskSize) -> StageCost:
     trained = a.steps * a.batch_size * 6 * (inn * ("inn" in a.methods) + mlp * ("mlp" in a.methods))
     matrix = layers * layers * a.matrix_steps * a.batch_size * 6 * inn
     synthetic = a.synthetic_steps * a.batch_size * 6 * (inn + mlp)
-    steps = pairs * (layers * a.steps * (("inn" in a.methods) + ("mlp" in a.methods)) + layers * layers * a.matrix_steps)
+    # A method's maps of every layer train together (one batched step for all), as does a row of the matrix.
+    neural = ("inn" in a.methods) + ("mlp" in a.methods)
+    steps = pairs * a.steps * neural + layers * a.matrix_steps + a.synthetic_steps * neural
     depth = 3 * max(a.inn_depth, a.mlp_depth)  # a map's training step: its blocks forward, backward, update
-    return StageCost("align", rows=pairs * n, flops=pairs * (layers * (closed + trained) + matrix) + synthetic,
-                     passes=depth * (steps + 2 * a.synthetic_steps))
+    trained_flops = pairs * layers * trained + matrix + synthetic
+    return StageCost("align", rows=pairs * n, flops=pairs * layers * closed + trained_flops, train_flops=trained_flops,
+                     passes=depth * steps, processes=1,
+                     **loaded(model, 1))  # the injection's target model
 
 
 def freeze(params, model: ModelSize, task: TaskSize) -> StageCost:
@@ -219,20 +287,35 @@ def freeze(params, model: ModelSize, task: TaskSize) -> StageCost:
         configs.append((None, 0))
     rows = recipe.max_steps * recipe.batch_size * task.choices
     val = task.validation * task.choices
-    flops = sum(rows * train_step(model, s, side, k) + val * forward(model, s) for side, k in configs)
-    timing = (f.timing_rounds + 1) * f.timing_steps * (len(configs) + 1) * recipe.batch_size * task.choices
-    return StageCost("freeze", rows=seeds * len(configs) * rows, flops=seeds * flops + timing * train_step(model, s),
-                     passes=seeds * len(configs) * L * (3 * recipe.max_steps + math.ceil(val / params.finetune.eval_batch_size)))
+    trained = sum(rows * train_step(model, s, side, k) for side, k in configs)
+    evaluated = len(configs) * val * forward(model, s)
+    timed_steps = (f.timing_rounds + 1) * f.timing_steps * (len(configs) + 1)
+    timing = timed_steps * recipe.batch_size * task.choices * train_step(model, s)
+    return StageCost("freeze", rows=seeds * len(configs) * rows, flops=seeds * (trained + evaluated) + timing,
+                     train_flops=seeds * trained + timing, processes=1,
+                     **loaded(model, seeds * len(configs) + 1),
+                     passes=seeds * len(configs) * L * (3 * recipe.max_steps + math.ceil(val / params.finetune.eval_batch_size))
+                     + 3 * L * timed_steps)
 
 
 def compare(params, model: ModelSize, tasks: dict[str, TaskSize], others: dict[str, ModelSize]) -> StageCost:
-    """probe_examples validation examples of every task through the pretrained and fine-tuned models and each
-    compared model."""
-    cost = StageCost("compare")
+    """probe_examples validation examples of every task through the stacked models (ORIG, the RANDOM control, each
+    task's first seed, each compared model), then every measure on the stacked layers with its permutation null and
+    a heatmap each."""
+    s = params.similarity
+    models = [model] * (1 + (s.random_control is not None) + len(tasks)) + [others[n] for n in params.compare.models]
+    cost = StageCost("compare", processes=1, heatmaps=sum(map(len, s.measures.values())) + len(s.attention_measures))
+    n = words = 0
     for task in tasks.values():
-        n = min(params.compare.probe_examples, task.validation) * task.choices
-        s = task.tokens(params.finetune.max_length)
-        for m in [model] * (1 + len(params.seeds)) + [others[name] for name in params.compare.models]:
-            cost.add(StageCost("compare", rows=n, flops=n * forward(m, s),
-                               passes=L(m) * math.ceil(n / params.extract.batch_size)))
+        probe = min(params.compare.probe_examples, task.validation) * task.choices
+        n, words = n + probe, words + round(probe * task.words)
+        for m in models:
+            cost.add(StageCost("compare", rows=probe, flops=probe * forward(m, task.tokens(params.finetune.max_length)),
+                               passes=L(m) * math.ceil(probe / params.extract.batch_size)))
+    for m in models:
+        cost.add(StageCost("compare", **loaded(m, 1 + bool(s.attention_measures))))  # the attention probe loads again
+    stacked = sum(L(m) + 1 for m in models)
+    for pooling, measures in s.measures.items():
+        rows = min(params.extract.max_tokens, words) if pooling == "tokens" else n
+        cost.add(measured(measures, rows, model.shape.hidden, stacked * (stacked + 1) // 2, s.permutations))
     return cost

@@ -1,0 +1,275 @@
+"""The plan's estimates against a measured run (issue 53): `python -m layersim.plan`'s time and bytes per stage for a
+configuration, and the same stages run by `dvc repro` in a temporary copy of this repository.
+
+The configuration is the `-S` list of a launcher script, read from it: `--config tiny` is smallest.sh's (tiny-bert,
+two seeds, six steps), `--config quickstart` quickstart.sh's (MiniLM-L6 on synth-similarity, three seeds, 200
+steps; about 8 minutes on a quiet 2-core machine). The copy is this repository's git-tracked files (as the
+integration tests copy it, tests/dvc_project.py) with those params in params.yaml and its own DVC cache (cache.type
+as .dvc/config says: hardlink,symlink), committed to a fresh git repository, and `dvc repro` runs every stage in a
+fresh interpreter, as a user's run does.
+
+Measured per stage: each stage process's wall-clock seconds and CPU seconds (user + system, its children included),
+from a `python` shim first on PATH that times the command DVC runs (DVC_STAGE names it) and then hands it to this
+interpreter; matrix items (finetune@task-seed, ...) are summed per stage, the download_* stages are the plan's
+"download". Bytes: each stage's outputs as dvc.lock records them (a folder's size is its files'). DVC's own time
+between stages (hashing, locking, the lock file) is the repro's wall time minus the stage processes', shown as its
+own row. Predicted: layersim.plan for the same params and project, on the device it states (this CPU, its
+throughput measured by a matmul at start).
+
+Each row prints predicted, measured, predicted/measured and whether that is within ±30 % (0.77 ≤ ratio ≤ 1.30 is
+"ok": predicted within 30 % of measured). Wall-clock is what the plan estimates; on a loaded machine (other jobs on
+the cores) the CPU-seconds column is the steadier figure: a stage that runs on one core while others compete gets
+less wall-clock progress per CPU-second. The machine is printed first: the CPU model (lscpu), torch's float32
+2048 x 2048 matmul in GFLOP/s on one thread and on all, and the load average before and after.
+
+    python benchmarks/plan_accuracy.py --config tiny        # about 2 minutes
+    python benchmarks/plan_accuracy.py --config quickstart  # about 10 minutes
+    python benchmarks/plan_accuracy.py --config tiny --keep /tmp/plan-run   # keep the project to look at
+    python benchmarks/plan_accuracy.py --config tiny --threads 1   # on a loaded machine: compare the CPU seconds
+    python benchmarks/plan_accuracy.py --measured /tmp/plan-run/project --device-flops 2.1e11  # that run, planned again
+
+`--measured` reads a kept project's stage log and dvc.lock instead of running (the plan's model changed, the run did
+not); give the throughput the run had (`--device-flops`, the matmul line it printed), or it is measured now.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "src"))
+
+from dvc_project import copy_repository, run  # noqa: E402
+
+CONFIGS = {"tiny": "smallest.sh", "quickstart": "quickstart.sh"}
+TOLERANCE = 0.30
+# The stage processes' wall and CPU seconds: DVC runs each stage's `python ...` through the shell, which finds
+# this first on PATH.
+SHIM = """#!/usr/bin/env bash
+start=$(date +%s.%N)
+{python} "$@"
+code=$?
+end=$(date +%s.%N)
+if [ -n "${{DVC_STAGE:-}}" ]; then
+  times > {log}.times  # the builtin in this shell (in a pipe it would time a subshell): its children's CPU last
+  echo "$DVC_STAGE $start $end $(tail -n 1 {log}.times)" >> {log}
+fi
+exit $code
+"""
+
+
+def launcher_overrides(script: str) -> list[str]:
+    """The `-S key=value` arguments of a launcher script's `params=( ... )` array, as bash reads them."""
+    text = (REPO / script).read_text()
+    start = text.index("params=(")
+    array = text[start:text.index("\n)", start) + 2]
+    listed = subprocess.run(["bash", "-c", f'{array}\nprintf "%s\\0" "${{params[@]}}"'], capture_output=True,
+                            text=True, check=True).stdout.split("\0")
+    return [item for item in listed[:-1] if item != "-S"]
+
+
+def matmul_gflops(threads: int, size: int = 2048, repeats: int = 5) -> float:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        a @ b
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(before)
+    return 2 * size ** 3 / best / 1e9
+
+
+def machine() -> list[str]:
+    import torch
+
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), "?")
+    cores = os.cpu_count()
+    return [f"CPU: {model}, {cores} logical cores; torch {torch.__version__}, {torch.get_num_threads()} threads",
+            f"torch float32 2048² matmul: {matmul_gflops(1):.1f} GFLOP/s on 1 thread, "
+            f"{matmul_gflops(cores):.1f} GFLOP/s on {cores}",
+            f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {busy()}"]
+
+
+def busy() -> str:
+    """Other processes on the CPU now (ps: the share of a core each used over its life, 10 % or more), so that a
+    table measured beside other work says so."""
+    listed = subprocess.run(["ps", "-eo", "pid,pcpu,args", "--no-headers"], capture_output=True, text=True).stdout
+    others = [(float(cpu), name[:60]) for pid, cpu, name in (line.split(None, 2) for line in listed.splitlines())
+              if int(pid) != os.getpid() and float(cpu) >= 10]
+    if not others:
+        return "no other process busy"
+    return f"{len(others)} other process(es) busy: " + ", ".join(f"{n} {c:.0f}%" for c, n in sorted(others)[::-1][:5])
+
+
+def make_copy(root: Path, overrides: list[str]) -> dict:
+    """This repository's files in `root` with the launcher's params, a git repository of its own, DVC's cache
+    inside it, and the timing shim first on PATH."""
+    import yaml
+
+    from layersim.plan.__main__ import overridden
+
+    copy_repository(root)
+    doc = overridden(root / "params.yaml", overrides)
+    (root / "params.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    shim = root / ".plan-bench"
+    shim.mkdir()
+    (shim / "python").write_text(SHIM.format(python=shlex.quote(sys.executable),
+                                             log=shlex.quote(str(shim / "stages.log"))))
+    (shim / "python").chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "DVC_NO_ANALYTICS": "1", "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}",
+           "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@localhost", "GIT_COMMITTER_NAME": "bench",
+           "GIT_COMMITTER_EMAIL": "bench@localhost"}
+    for name in ("DVC_ROOT", "DVC_STAGE"):
+        env.pop(name, None)
+    (root / ".gitignore").write_text((root / ".gitignore").read_text() + "/.plan-bench/\n")
+    for argv in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"], ["git", "commit", "-qm", "copy"]):
+        run(argv, root, env)
+    return env
+
+
+def plan_name(stage: str) -> str:
+    name = stage.split("@", 1)[0]
+    return "download" if name.startswith("download_") else name
+
+
+def seconds_of(clock: str) -> float:
+    """`1m2.500s` (bash's `times`) in seconds."""
+    minutes, rest = clock.split("m")
+    return 60 * float(minutes) + float(rest.rstrip("s"))
+
+
+def measured_times(log: Path) -> dict[str, dict[str, float]]:
+    found: dict[str, dict[str, float]] = defaultdict(lambda: {"wall": 0.0, "cpu": 0.0, "processes": 0})
+    for line in log.read_text().splitlines():
+        stage, start, end, user, system = line.split()
+        row = found[plan_name(stage)]
+        row["wall"] += float(end) - float(start)
+        row["cpu"] += seconds_of(user) + seconds_of(system)
+        row["processes"] += 1
+    return dict(found)
+
+
+def measured_bytes(root: Path) -> dict[str, int]:
+    import yaml
+
+    lock = yaml.safe_load((root / "dvc.lock").read_text())
+    found: dict[str, int] = defaultdict(int)
+    for stage, entry in lock["stages"].items():
+        found[plan_name(stage)] += sum(out.get("size", 0) for out in entry.get("outs", [])
+                                       if out["path"].startswith("data/"))  # metrics and plots are not DVC-cached
+    return dict(found)
+
+
+def within(predicted: float, measured: float) -> str:
+    if measured <= 0.01 and predicted <= 0.01:  # nothing to compare (a stage that writes no cached output)
+        return "-"
+    if measured <= 0:
+        return "-"
+    ratio = predicted / measured
+    return f"{ratio:5.2f} {'ok' if 1 - TOLERANCE <= ratio <= 1 + TOLERANCE else 'OFF'}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", choices=CONFIGS, default="tiny")
+    parser.add_argument("--keep", type=Path, help="run in this folder (created) and keep it")
+    parser.add_argument("--measured", type=Path, help="a kept project (…/project) to plan again without running")
+    parser.add_argument("--device-flops", type=float, help="the CPU's effective FLOP/s for the plan (default: measured)")
+    parser.add_argument("--threads", type=int, help="torch threads for the stages and the plan's matmul (default: "
+                        "torch's, one per core); 1 on a loaded machine, where CPU seconds then stand for a quiet run")
+    args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
+        torch.set_num_threads(args.threads)
+
+    from layersim.params import parse_params
+    from layersim.plan import device, plan, seconds, terms
+    from layersim.plan.__main__ import overridden
+
+    if args.measured:
+        return replan(args.measured, device("cpu", args.device_flops))
+    print("\n".join(machine()), flush=True)
+    overrides = launcher_overrides(CONFIGS[args.config])
+    scratch = args.keep or Path(tempfile.mkdtemp(prefix="plan-accuracy-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    try:
+        root = scratch / "project"
+        env = make_copy(root, overrides)
+        params = parse_params(overridden(root / "params.yaml", []))
+        on = device("cpu", args.device_flops)
+        costs = plan(params, root)
+        print(f"{args.config} ({CONFIGS[args.config]}): {params.model}, {len(params.tasks)} task(s), "
+              f"{len(params.seeds)} seed(s), {params.finetune.max_steps} steps; plan on {on.name} at "
+              f"{on.flops / 1e9:.0f} GFLOP/s ({on.basis})", flush=True)
+        start = time.perf_counter()
+        run([sys.executable, "-m", "dvc", "repro"], root, env)
+        wall = time.perf_counter() - start
+        times, sizes = measured_times(root / ".plan-bench" / "stages.log"), measured_bytes(root)
+        report(costs, on, seconds, terms, times, sizes, wall)
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {busy()}")
+    finally:
+        if args.keep is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def replan(root: Path, on) -> None:
+    from layersim.params import parse_params
+    from layersim.plan import plan, seconds, terms
+    from layersim.plan.__main__ import overridden
+
+    # What the plan knew before the run: the project's own params, and no data/ (a downloaded model is read as the
+    # registry describes it, as before the run).
+    params = parse_params(overridden(root / "params.yaml", []))
+    with tempfile.TemporaryDirectory() as before:
+        costs = plan(params, Path(before))
+    log = root / ".plan-bench" / "stages.log"
+    print(f"{root}: {params.model}, {len(params.seeds)} seed(s), {params.finetune.max_steps} steps (measured earlier)")
+    report(costs, on, seconds, terms, measured_times(log), measured_bytes(root), float("nan"))
+
+
+def report(costs, on, seconds, terms, times, sizes, wall) -> None:
+    header = (f"{'stage':<20} {'proc':>4} {'pred s':>8} {'wall s':>8} {'ratio':>8} {'cpu s':>8} {'ratio':>8} "
+              f"{'pred MB':>9} {'meas MB':>9} {'ratio':>8}  predicted: its terms")
+    print(header + "\n" + "-" * len(header))
+    predicted = {c.stage: c for c in costs}
+    names = list(predicted) + [name for name in times if name not in predicted]
+    pred_total = meas_cpu = meas_wall = 0.0
+    for name in names:
+        cost, got = predicted.get(name), times.get(name, {"wall": 0.0, "cpu": 0.0, "processes": 0})
+        p = seconds(cost, on) if cost else 0.0
+        pb, mb = (cost.bytes if cost else 0) / 1e6, sizes.get(name, 0) / 1e6
+        pred_total, meas_wall, meas_cpu = pred_total + p, meas_wall + got["wall"], meas_cpu + got["cpu"]
+        print(f"{name:<20} {got['processes']:>4} {p:>8.1f} {got['wall']:>8.1f} {within(p, got['wall']):>8} "
+              f"{got['cpu']:>8.1f} {within(p, got['cpu']):>8} {pb:>9.2f} {mb:>9.2f} {within(pb, mb):>8}  "
+              + (" ".join(f"{k} {v:.1f}" for k, v in terms(cost, on).items() if v >= 0.05) if cost else ""))
+    print(f"{'stages':<20} {'':>4} {pred_total:>8.1f} {meas_wall:>8.1f} {within(pred_total, meas_wall):>8} "
+          f"{meas_cpu:>8.1f} {within(pred_total, meas_cpu):>8}")
+    print(f"{'dvc repro (all)':<20} {'':>4} {'':>8} {wall:>8.1f}   (DVC's own time between stages: "
+          f"{wall - meas_wall:.1f} s, not planned)")
+    print(f"plan's device: {on.name} at {on.flops / 1e9:.0f} GFLOP/s ({on.basis}); ratio: predicted / measured, "
+          f"ok within ±{TOLERANCE:.0%}; cpu s: user + system of the stage processes")
+
+
+if __name__ == "__main__":
+    main()

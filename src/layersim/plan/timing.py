@@ -1,0 +1,135 @@
+"""How long a plan's stages take on a stated device (issue 53). A stage's time is the sum of terms, each with its reason:
+
+- **start**: every stage process starts an interpreter and imports its stack (layersim and pyarrow; numpy, scipy and
+  matplotlib for the numeric stages; torch, transformers and dvclive for those that load a model), whatever the
+  params: seconds per process, measured on the reference CPU (:data:`START_SECONDS`);
+- **loads**: a model read from disk, its tokenizer with it: a fixed part and its bytes over the memory bandwidth, and
+  in each process that loads one, transformers' imports of the architecture and the tokenizer at the first load;
+- **compute**: the stage's matmul FLOPs (:mod:`layersim.plan.stages`) over the device's throughput times the share of
+  it that the model's layers reach: a CPU's measured float32 matmul throughput (torch, 2048², torch's threads) times
+  :data:`CPU_TRAIN_EFFICIENCY` for training steps, :data:`CPU_FORWARD_EFFICIENCY` for forward passes; a GPU's figures
+  are effective already;
+- **passes**: a fixed time per batch through one layer (a training step counting three): Python and kernel dispatch,
+  which bounds small batches and small models (the tiny pipeline on a CPU, the paper's batch 4 on a GPU);
+- **evaluations**: the similarity and compare stages' per-cell work that is not arithmetic (a measure called on one pair
+  of layers for one permutation: numpy calls, the centring), :data:`EVALUATION_SECONDS` each, and their heatmaps.
+
+The numpy work (the similarity measures in similarity and compare, weights' SVDs) runs on the host CPU: its FLOPs over
+the host's matmul throughput, on one thread where its products are small (layersim.similarity._common.SMALL_PRODUCT:
+numpy keeps them on the calling thread)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from layersim.plan.stages import StageCost
+
+# Seconds from a stage process's start to its first line of work, by the stack it imports: measured on the 2-core
+# AMD EPYC these figures were taken on (`python stages/<stage>.py --help` and the imports its main does lazily;
+# finetune_pretrained without models, which imports the model stack and exits: 3.2 s; check_params: 0.9 s).
+START_SECONDS = {"light": 0.7, "numeric": 2.0, "model": 3.3}
+STACK = {"check_params": "light", "download": "light", "summary": "light", "report": "light", "similarity": "numeric"}
+LOAD_SECONDS = 0.1           # from_pretrained's fixed part once its modules are imported
+FIRST_LOAD_SECONDS = 1.5     # the first load in a process imports the architecture's and the tokenizer's modules
+# Measured on the same CPU (1 thread, against a 1-thread matmul in the same process): a MiniLM-L6 training step at batch
+# 16 of 24 tokens, AdamW's update included, reaches 0.6-0.7 of the matmul's FLOP/s, its forward pass 0.9 (the
+# backward's transposed products, the update and the elementwise work are slower per FLOP); a tiny-bert training step
+# (width 32) costs about 1 ms a layer pass. A similarity cell's numpy calls besides its FLOPs: 0.5 ms (the tiny
+# pipeline's similarity stage, 60 rows a cell: its CPU seconds less its start and heatmaps, over its 9,600 cells).
+CPU_TRAIN_EFFICIENCY = 0.7
+CPU_FORWARD_EFFICIENCY = 0.9
+CPU_PASS_SECONDS = 1.0e-3
+EVALUATION_SECONDS = 0.5e-3
+HEATMAP_SECONDS = 0.3        # a heatmap with a value written in each cell (matplotlib lays out every label)
+CPU_BANDWIDTH = 10e9          # bytes/s a core streams (a checkpoint read from the page cache)
+
+# Measured on an H200 by benchmarks/gpu_check.py (bf16 autocast, torch 2.11; docs/paper-configuration.md): a training
+# step of batch 4 through RoBERTa-base (3 × 12 layer passes) takes 29–36 ms at 128–256 tokens, RoBERTa-large's
+# (3 × 24) 53–60 ms, whatever the FLOPs: launch-bound, about 0.8 ms a layer pass; the forward pass at batch 32 with
+# every layer copied back reaches 147 TFLOP/s (base) to 198 (large) at 256 tokens. An H100 has the same bf16 peak
+# and launch costs; its figures are the H200's, not measured.
+_MEASURED = "measured on an H200 by benchmarks/gpu_check.py, 2026-11-27"
+GPUS = {"h100": (150e12, 0.8e-3, "the H200's measured figures, not measured on an H100"),
+        "h200": (150e12, 0.8e-3, _MEASURED)}
+ASSUMED_GPU_CPU_FLOPS = 1e12  # a GPU machine's host CPU (16 cores or more) on numpy matmuls
+ASSUMED_GPU_CPU_THREAD_FLOPS = 1e11  # … on one of its threads (this CPU's: 105 GFLOP/s)
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where the model stages run. `flops`: the throughput that `train_efficiency` and `forward_efficiency` are
+    shares of (a CPU's measured matmul; a GPU's effective figure, shares 1); `pass_seconds`: the fixed time of a
+    batch through one layer; `cpu_flops`: the host CPU's, for the numpy stages; `start_scale`: the process starts
+    of :data:`START_SECONDS` scaled to this machine (1: the reference CPU)."""
+    name: str
+    flops: float
+    pass_seconds: float
+    cpu_flops: float
+    basis: str   # where the figures come from
+    train_efficiency: float = 1.0
+    forward_efficiency: float = 1.0
+    bandwidth: float = CPU_BANDWIDTH  # the host's, which reads the checkpoints (on a GPU machine too)
+    cpu_thread_flops: float = 0.0     # the host CPU's on one thread (numpy's small products)
+    start_scale: float = 1.0
+
+
+def measured_cpu_flops(threads: int | None = None, size: int = 2048, repeats: int = 3) -> float:
+    """This machine's float32 matmul throughput on torch's threads (or `threads`): the best of a few 2048×2048
+    products (17 GFLOP each, a few hundred ms in all)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        a @ b
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(before)
+    return 2 * size ** 3 / best
+
+
+def device(name: str = "cpu", flops: float | None = None, pass_seconds: float | None = None) -> Device:
+    """`flops` given: that throughput (a GPU's name, if given too, keeps its pass time); "cpu": this machine's matmul,
+    measured now, with the CPU's efficiencies and pass time; "h100", "h200": the figures above."""
+    if name in GPUS:
+        effective, overhead, basis = GPUS[name]
+        return Device(name, flops or effective, overhead if pass_seconds is None else pass_seconds,
+                      ASSUMED_GPU_CPU_FLOPS, basis if flops is None else "given",
+                      cpu_thread_flops=ASSUMED_GPU_CPU_THREAD_FLOPS)
+    cpu = measured_cpu_flops() if flops is None else flops
+    one = measured_cpu_flops(1) if flops is None else flops / max(1, _threads())
+    return Device(name, cpu, CPU_PASS_SECONDS if pass_seconds is None else pass_seconds, cpu,
+                  "torch float32 2048² matmul, measured now" if flops is None else "given",
+                  CPU_TRAIN_EFFICIENCY, CPU_FORWARD_EFFICIENCY, cpu_thread_flops=one)
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def terms(cost: StageCost, on: Device) -> dict[str, float]:
+    """The seconds of each term of `cost` on `on` (the module's docstring)."""
+    forward = cost.flops - cost.host_flops - cost.train_flops
+    compute = (cost.train_flops / on.train_efficiency + forward / on.forward_efficiency) / on.flops + \
+        (cost.small_flops / on.cpu_thread_flops if cost.small_flops else 0.0) + \
+        (cost.host_flops - cost.small_flops) / on.cpu_flops
+    start = cost.processes * START_SECONDS[STACK.get(cost.stage, "model")]
+    if cost.stage == "download" and cost.processes:  # download_model imports the model stack (it checks the model)
+        start += START_SECONDS["model"] - START_SECONDS["light"]
+    first = cost.processes * FIRST_LOAD_SECONDS * on.start_scale if cost.loads else 0.0
+    return {"start": start * on.start_scale,
+            "loads": first + cost.loads * LOAD_SECONDS + cost.load_bytes / on.bandwidth,
+            "compute": compute, "passes": cost.passes * on.pass_seconds,
+            "evaluations": cost.evaluations * EVALUATION_SECONDS + cost.heatmaps * HEATMAP_SECONDS}
+
+
+def seconds(cost: StageCost, on: Device) -> float:
+    return sum(terms(cost, on).values())
