@@ -78,22 +78,11 @@ def launcher_overrides(script: str) -> list[str]:
     return [item for item in listed[:-1] if item != "-S"]
 
 
-def matmul_gflops(threads: int, size: int = 2048, repeats: int = 5) -> float:
-    import torch
+def matmul_gflops(threads: int) -> float:
+    """torch's float32 2048² matmul on `threads` threads, GFLOP/s (the plan's own measure)."""
+    from layersim.plan.timing import measured_cpu_flops
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        a, b = torch.randn(size, size), torch.randn(size, size)
-        a @ b
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            a @ b
-            best = min(best, time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(before)
-    return 2 * size ** 3 / best / 1e9
+    return measured_cpu_flops(threads, repeats=5) / 1e9
 
 
 def machine() -> list[str]:

@@ -97,42 +97,6 @@ def finetune_states(states: Path | str, seed: int) -> Path:
     return Path(states) / f"seed{seed}" / STATES
 
 
-def finetuned_runs(finetune, seeds, compared: bool = True) -> list[FinetunedRun]:
-    """Every fine-tuning run of a task (FinetuneParams `finetune`, params.yaml's `seeds`): finetune.method's, then,
-    unless `compared` is False, each of finetune.compare_methods' with the same seeds."""
-    return ([FinetunedRun(finetune.method, seed) for seed in seeds]
-            + [FinetunedRun(method, seed, primary=False) for method in (finetune.compare_methods if compared else ())
-               for seed in seeds])
-
-
-def as_runs(entries) -> list[FinetunedRun]:
-    """`entries` as runs: each a FinetunedRun, or a seed (an int: finetune.method's run of that seed)."""
-    return [entry if isinstance(entry, FinetunedRun) else FinetunedRun("", int(entry)) for entry in entries]
-
-
-def run_labels(entries) -> dict[str, str]:
-    """Run name → figure label of each run of `entries` (:func:`as_runs`), numbered by seed within its method:
-    seed0, seed1, lora-seed0 → FT[1], FT[2], LoRA[1]."""
-    counts: dict[tuple[bool, str], int] = {}
-    labels = {}
-    for run in as_runs(entries):
-        key = (run.primary, run.method if not run.primary else "")
-        counts[key] = counts.get(key, 0) + 1
-        labels[run.name] = run.label(counts[key])
-    return labels
-
-
-def finetuned(checkpoints: Path | str, seed: int) -> Path:
-    """A seed's checkpoint of finetune.method, in the folder of one task's (data/checkpoints/<model>/<task>)."""
-    return Path(checkpoints) / f"seed{seed}" / CHECKPOINT
-
-
-def finetune_states(checkpoints: Path | str, seed: int) -> Path:
-    """A seed's kept intermediate states (finetune.keep_states: one ``step<N>`` folder each, and their index), in the
-    folder of one task's checkpoints, beside its final checkpoint (:func:`finetuned`)."""
-    return Path(checkpoints) / f"seed{seed}" / STATES
-
-
 def finetuned_run(checkpoints: Path | str, run: str) -> Path:
     """A fine-tuned run's checkpoint by the name its activation tables carry (``seed<k>``, ``<method>-seed<k>``)."""
     method, _, seed = run.rpartition("-")
