@@ -38,11 +38,12 @@ class StageCost:
     heatmaps: int = 0      # figures with a value written in every cell
     host_flops: float = 0.0   # the part of flops that numpy runs on the host CPU (similarity measures, SVDs)
     small_flops: float = 0.0  # the part of host_flops in products too small for more than one thread
+    svd_flops: float = 0.0    # the part of host_flops in float64 LAPACK SVDs (the weights stage)
     notes: list[str] = field(default_factory=list)
 
     def add(self, other: "StageCost") -> None:
         for name in ("rows", "bytes", "flops", "passes", "train_flops", "processes", "loads", "load_bytes",
-                     "evaluations", "heatmaps", "host_flops", "small_flops"):
+                     "evaluations", "heatmaps", "host_flops", "small_flops", "svd_flops"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
@@ -181,8 +182,8 @@ def weights(params, model: ModelSize, task: TaskSize) -> StageCost:
     each (both matrices' singular vectors, both spectra, the update's); no example is read."""
     h, f = model.shape.hidden, model.shape.intermediate
     per_layer = 5 * (4 * svd_flops(h, h) + 2 * svd_flops(f, h))
-    runs = fine_tuned_runs(params)
-    return host(StageCost("weights", flops=runs * model.shape.num_layers * per_layer, processes=1,
+    runs, flops = fine_tuned_runs(params), fine_tuned_runs(params) * model.shape.num_layers * per_layer
+    return host(StageCost("weights", flops=flops, svd_flops=flops, processes=1, heatmaps=runs,  # a valued panel a run
                           **loaded(model, 1 + runs)), f * h * h)
 
 
@@ -198,7 +199,10 @@ def dynamics(params, model: ModelSize, task: TaskSize) -> StageCost:
     states, s = fine_tuned_runs(params) * params.finetune.keep_states, task.tokens(params.finetune.max_length)
     points = fine_tuned_runs(params) * (2 + params.finetune.keep_states)
     pairs = points * 2 * (L(model) + 1) * (1 + params.similarity.bootstrap)
+    # Each point against each reference and layer, and its resamples: a measure call each; per run a heatmap and a
+    # panel of curves.
     return StageCost("dynamics", rows=states * n, processes=1, **loaded(model, fine_tuned_runs(params) if states else 0),
+                     evaluations=pairs, heatmaps=2 * fine_tuned_runs(params),
                      flops=states * n * forward(model, s)
                      + pairs * measure_flops("linear_cka", n, model.shape.hidden),
                      passes=states * L(model) * math.ceil(n / params.extract.batch_size))

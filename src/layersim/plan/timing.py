@@ -42,6 +42,9 @@ CPU_FORWARD_EFFICIENCY = 0.9
 CPU_PASS_SECONDS = 1.0e-3
 EVALUATION_SECONDS = 0.5e-3
 HEATMAP_SECONDS = 0.3        # a heatmap with a value written in each cell (matplotlib lays out every label)
+# numpy's float64 SVD (LAPACK gesdd) against the float32 matmul on the same threads: 0.36 of its FLOP/s at 384 × 384,
+# 0.22 at 1536 × 384 (measured, 2 threads): half for float64, the rest LAPACK's bidiagonalization (half BLAS-2).
+SVD_EFFICIENCY = 0.3
 CPU_BANDWIDTH = 10e9          # bytes/s a core streams (a checkpoint read from the page cache)
 
 # Measured on an H200 by benchmarks/gpu_check.py (bf16 autocast, torch 2.11; docs/paper-configuration.md): a training
@@ -120,7 +123,7 @@ def terms(cost: StageCost, on: Device) -> dict[str, float]:
     forward = cost.flops - cost.host_flops - cost.train_flops
     compute = (cost.train_flops / on.train_efficiency + forward / on.forward_efficiency) / on.flops + \
         (cost.small_flops / on.cpu_thread_flops if cost.small_flops else 0.0) + \
-        (cost.host_flops - cost.small_flops) / on.cpu_flops
+        (cost.host_flops - cost.small_flops - cost.svd_flops) / on.cpu_flops + cost.svd_flops / (on.cpu_flops * SVD_EFFICIENCY)
     start = cost.processes * START_SECONDS[STACK.get(cost.stage, "model")]
     if cost.stage == "download" and cost.processes:  # download_model imports the model stack (it checks the model)
         start += START_SECONDS["model"] - START_SECONDS["light"]
