@@ -41,7 +41,8 @@ def run(args, params, spec, pretrained: Path, seed: int, out: Path, live_dir, re
         keep.publish(states, out, params.finetune.max_steps)
     if args.timings:  # wall clock: kept out of every output DVC hashes
         write_json({"train_seconds": timing["train_seconds"]}, args.timings)
-    resume and resume.clear()  # the run is finished: later stages need only the checkpoint (and the kept states)
+    if resume:  # the run is finished: later stages need only the checkpoint (and the kept states)
+        resume.clear()
     cli.log.info("wrote %s: %s", out, json.dumps(metrics))
     return metrics | {"convergence": convergence}  # task and seed are in the path, steps in params
 

@@ -112,8 +112,8 @@ def extract_rows(params, spec, rows: dict[str, int], runs: int, head: str) -> in
 def extract_runs(params) -> int:
     """The runs extract writes tables of, per task: ORIG, every fine-tuned run (finetune.compare_methods' too) and
     the random-init control (similarity.random_control)."""
-    return 1 + len(params.seeds) * (1 + len(params.finetune.compare_methods)) + validation_only_runs(params) - \
-        len(params.seeds) * len(params.finetune.compare_methods)
+    return 1 + len(params.seeds) * (1 + len(params.finetune.compare_methods)) + (params.similarity.random_control
+                                                                                is not None)
 
 
 def validation_only_runs(params) -> int:
