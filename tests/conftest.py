@@ -35,10 +35,19 @@ SLOWEST_FIRST = ("test_dvc_workflows.py", "test_pipeline.py", "test_launch.py", 
 FORK_SERVER_USERS = ("test_resume.py", "test_launch.py", "test_bad_params.py", "test_integrity.py", "test_lock.py")
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker more than cores. The integration tests spend a fifth of their time waiting (Ray nodes
+    starting, stages that sleep on purpose, DVC's and git's I/O), which a spare worker fills. A count the user
+    set (PYTEST_XDIST_AUTO_NUM_WORKERS) goes to xdist's own hook."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return len(os.sched_getaffinity(0)) + 1
+
+
 def pytest_collection_modifyitems(items):
     integration = any(item.get_closest_marker("integration") for item in items)
-    # Without integration tests (the fast tier) the fork server's users wait for it: its imports take the first
-    # ten seconds or so, and a stage run before it is ready starts a fresh interpreter.
+    # Without integration tests (the fast tier) the fork server's users come last: its imports take the first
+    # ten seconds or so, and a stage run before it is ready waits for it.
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST) if integration or name not in FORK_SERVER_USERS}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     if integration or any(item.path.name in FORK_SERVER_USERS for item in items):

@@ -15,10 +15,11 @@ What the child differs in from a fresh interpreter, and why that is safe for the
   while the server imported them (HF_*, HOME, TMPDIR, MPLCONFIGDIR, LANG, SKLEARN_*, ...: recorded then), and
   every HF_*, TORCH*, OMP_*, ... (C code reads these, unseen by the recording). The shim only uses the server when
   the command's values equal the server's, and runs the real interpreter otherwise (a test with a hub endpoint
-  of its own, say), as it does for any command that is not `python <script>` or `python -m <module>`, and while
-  the server is still starting. Every such fresh start is logged with its reason (FORK_LOG; tests/conftest.py
-  prints the counts after the run). Two kinds a child honours itself: torch's thread count from
-  OMP_NUM_THREADS / MKL_NUM_THREADS (Ray sets it for each task), and CUDA_VISIBLE_DEVICES;
+  of its own, say), as it does for any command that is not `python <script>` or `python -m <module>`. While the
+  server is still importing, a shim waits for it (up to READY_SECONDS). Every fresh start is logged with its reason (FORK_LOG; tests/conftest.py
+  prints the counts after the run). Three kinds a child honours itself: torch's thread count from
+  OMP_NUM_THREADS / MKL_NUM_THREADS (Ray sets it for each task), CUDA_VISIBLE_DEVICES, and PYTHONBREAKPOINT (read
+  at each breakpoint(); Ray sets it too);
 - the hash secret is the server's: a fork cannot change it. The server starts with a PYTHONHASHSEED drawn at
   random for each test run (or the one the test process has), logged in FORK_LOG, so string-set order still
   differs from run to run, a failure can be replayed (PYTHONHASHSEED=<seed> python -m pytest ...), and a test
@@ -52,9 +53,14 @@ IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORC
 # torch.set_num_threads, as torch does at start from these), and the GPUs a process may see (read when CUDA
 # starts, which the server never does).
 CHILD_SETS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+# Read when used, from the child's own environment, not at start: sys.breakpointhook looks PYTHONBREAKPOINT up at
+# each breakpoint() (Ray sets it in every worker, so without this every stage a Ray node ran started afresh).
+READ_WHEN_USED = ("PYTHONBREAKPOINT",)
 # Never compared: what differs from command to command and a child takes from its own command (where it runs,
 # its path, its streams' buffering), and PYTHONHASHSEED, which the shim judges by itself (see SHIM).
-PER_COMMAND = ("PATH", "PWD", "OLDPWD", "SHLVL", "_", "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONHASHSEED", *CHILD_SETS)
+PER_COMMAND = ("PATH", "PWD", "OLDPWD", "SHLVL", "_", "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONHASHSEED", *CHILD_SETS,
+               *READ_WHEN_USED)
+READY_SECONDS = 120.0  # how long a shim waits for the server's imports (they take 10–30 s) before running fresh
 FORK_LOG = "LAYERSIM_TEST_FORK_LOG"  # a file: one JSON line per server started (its hash seed) and per fresh start
 FORKED = "LAYERSIM_TEST_FORKED"  # "<child pid>:<shim pid>" in a forked child's environment (see ancestors())
 # The families of the tiny models the tests build (layersim.models.tiny_configs): transformers imports a
@@ -118,8 +124,9 @@ def _names_looked_up(action) -> set[str]:
 
 SHIM = '''#!{python} -S
 # `python` for the integration tests' stage commands: runs them in a fork of tests/fork_server.py's server.
-import json, os, signal, socket, struct, sys
+import json, os, signal, socket, struct, sys, time
 REAL, SOCKET, LOG, PREFIXES, PER_COMMAND = {python!r}, {socket!r}, {log!r}, {prefixes!r}, {per_command!r}
+SERVER_PID, READY_SECONDS = {server_pid!r}, {ready_seconds!r}
 args = sys.argv[1:]
 
 def fresh(why):
@@ -132,11 +139,26 @@ if not plain:
     fresh("not `python <script>` or `python -m <module>`")
 if os.environ.get("LAYERSIM_TEST_FORK_SERVER") == "0":
     fresh("LAYERSIM_TEST_FORK_SERVER=0")
-try:
-    with open(SOCKET + ".env") as file:
-        server = json.load(file)
-except OSError:
-    fresh("the server is still importing")
+# While the server imports (its first seconds), wait for it: a fresh interpreter would spend as long importing the
+# same stack, beside the server's own imports on the same cores.
+deadline = time.monotonic() + READY_SECONDS
+while True:
+    try:
+        with open(SOCKET + ".env") as file:
+            server = json.load(file)
+        break
+    except OSError:
+        pass
+    try:
+        with open(f"/proc/{{SERVER_PID}}/stat") as stat:
+            alive = stat.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        alive = False
+    if not alive:
+        fresh("the server is gone")
+    if time.monotonic() > deadline:
+        fresh(f"the server was still importing after {{READY_SECONDS}} s")
+    time.sleep(0.1)
 names = set(server["compared"]) | {{k for k in os.environ if k.startswith(PREFIXES)}}
 differ = sorted(k for k in names - set(server["set_by_imports"]) - set(PER_COMMAND)
                 if os.environ.get(k) != server["compared"].get(k))
@@ -409,7 +431,7 @@ class ForkServer:
         return str(self.folder / "server.sock")
 
     def shim_folder(self, environ: dict) -> str:
-        """Start the server (in the background: until it is ready the shim runs real processes) with the
+        """Start the server (in the background: until it is ready, a shim waits for it) with the
         import-time variables of `environ`, and return the folder of the `python` shim."""
         if self.process is None:
             self.folder = Path(tempfile.mkdtemp(prefix="layersim-fork-"))
@@ -426,7 +448,8 @@ class ForkServer:
             shim = self.folder / "bin" / "python"
             shim.parent.mkdir()
             shim.write_text(SHIM.format(python=sys.executable, socket=self.socket, log=str(self.log),
-                                        prefixes=IMPORT_TIME_PREFIXES, per_command=PER_COMMAND))
+                                        prefixes=IMPORT_TIME_PREFIXES, per_command=PER_COMMAND,
+                                        server_pid=self.process.pid, ready_seconds=READY_SECONDS))
             shim.chmod(0o755)
             import atexit
             atexit.register(self.stop)

@@ -31,6 +31,9 @@ sys.exit(int(sys.argv[1]))
 """
 
 
+STARTED_EARLY: dict[str, object] = {}  # shim_env's first command, started while its server still imported
+
+
 @pytest.fixture(scope="module")
 def shim_env(tmp_path_factory) -> Iterator[dict]:
     folder = tmp_path_factory.mktemp("fork")
@@ -40,9 +43,12 @@ def shim_env(tmp_path_factory) -> Iterator[dict]:
     # its own server (the test process's one has the environment of its first user) and log
     server = fork_server.ForkServer(log=folder / "fork.log")
     env = server.environment({**os.environ, "HF_HUB_OFFLINE": "1", "LAYERSIM_TEST_FORK_SERVER": "1"})
-    server.wait_ready(240)
-    yield {**env, "PYTHONPATH": str(folder / "lib"), "STAGE_VAR": "set", "CWD": str(folder),
+    env = {**env, "PYTHONPATH": str(folder / "lib"), "STAGE_VAR": "set", "CWD": str(folder),
            "HASH_SEED": str(server.hash_seed), "FORK_LOG": str(server.log)}
+    STARTED_EARLY.update(ready_before=os.path.exists(server.socket + ".env"),
+                         result=shell("python stage.py 0", env, input=""))
+    server.wait_ready(240)
+    yield env
     server.stop()
 
 
@@ -62,6 +68,36 @@ def test_a_script_sees_its_arguments_folder_environment_and_streams(shim_env):
     assert result.stdout.splitlines() == ["argv ['3'] cwd " + Path(shim_env["CWD"]).name + " var set 42",
                                           "stdin hello", "child ok", "forked True"]
     assert result.stderr == "to stderr\n"
+
+
+def test_a_command_started_while_the_server_imports_waits_and_runs_forked(shim_env):
+    result = STARTED_EARLY["result"]
+    assert STARTED_EARLY["ready_before"] is False  # the server had not finished importing when it started
+    assert result.returncode == 0 and result.stdout.splitlines()[-1] == "forked True", result.stdout + result.stderr
+
+
+def test_a_shim_whose_server_died_while_importing_runs_a_fresh_interpreter(tmp_path):
+    server = fork_server.ForkServer(log=tmp_path / "fork.log")
+    env = server.environment({**os.environ, "LAYERSIM_TEST_FORK_SERVER": "1"})
+    server.process.kill()  # before its imports end
+    server.process.wait()
+    (tmp_path / "probe.py").write_text("import sys\nprint('torch' in sys.modules)\n")
+    try:
+        result = subprocess.run(["python", "probe.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                timeout=60)
+    finally:
+        server.stop()
+    assert result.stdout.strip() == "False", result.stderr
+    assert [entry["why"] for entry in map(json.loads, (tmp_path / "fork.log").read_text().splitlines())
+            if "fresh" in entry] == ["the server is gone"]
+
+
+def test_pythonbreakpoint_is_read_by_the_child_at_each_breakpoint(shim_env):
+    """Ray sets PYTHONBREAKPOINT in its workers: a command with another value keeps the fork, and the child's
+    breakpoint() calls the hook that value names, as in a fresh interpreter."""
+    (Path(shim_env["CWD"]) / "hook.py").write_text("import sys\nbreakpoint('hooked')\nprint('forked', 'torch' in sys.modules)\n")
+    result = shell("python hook.py", {**shim_env, "PYTHONBREAKPOINT": "builtins.print"}, input="")
+    assert result.stdout.splitlines() == ["hooked", "forked True"], result.stdout + result.stderr
 
 
 def test_an_uncaught_exception_prints_its_traceback_and_exits_1(shim_env):
