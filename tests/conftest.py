@@ -23,9 +23,11 @@ import pytest
 # The slowest test modules (measured), first. With `--dist loadfile` a module goes whole to one worker, in
 # collection order (pyproject.toml turns off xdist's reordering by test count, which put these last): started
 # first, they end close together, and the modules that copy a project another one builds (test_incremental,
-# test_sharing: dvc_project.built_project) come after its builder. The others keep pytest's order.
-SLOWEST_FIRST = ("test_dvc_workflows.py", "test_pipeline.py", "test_launch.py", "test_incremental.py",
-                 "test_launch_cluster.py", "test_architecture_pipeline.py", "test_user_task_pipeline.py",
+# test_sharing: dvc_project.built_project) come after its builder. The two Ray modules, which wait most, start
+# apart (the second about when the first ends), so that the spare worker fills one's waits, not both. The others
+# keep pytest's order.
+SLOWEST_FIRST = ("test_launch.py", "test_dvc_workflows.py", "test_pipeline.py", "test_incremental.py",
+                 "test_architecture_pipeline.py", "test_launch_cluster.py", "test_user_task_pipeline.py",
                  "test_sharing.py", "test_fresh_interpreters.py", "test_browser.py", "test_hub_server.py",
                  "test_resume.py", "test_shell_safety.py",
                  "test_align.py", "test_fork_server.py", "test_rotation_null.py", "test_calibration.py")
@@ -36,12 +38,14 @@ FORK_SERVER_USERS = ("test_resume.py", "test_launch.py", "test_bad_params.py", "
 
 
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: one worker more than cores. The integration tests spend a fifth of their time waiting (Ray nodes
-    starting, stages that sleep on purpose, DVC's and git's I/O), which a spare worker fills. A count the user
-    set (PYTEST_XDIST_AUTO_NUM_WORKERS) goes to xdist's own hook."""
+    """`-n auto`: one worker more than cores where integration tests run. They spend a fifth of their time waiting
+    (Ray nodes starting, stages that sleep on purpose, DVC's and git's I/O), which a spare worker fills (full tier on
+    2 cores: 8 min 24 s with two workers, 7 min 49 s with three); the fast tier computes throughout. A count the
+    user set (PYTEST_XDIST_AUTO_NUM_WORKERS) goes to xdist's own hook."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None
-    return len(os.sched_getaffinity(0)) + 1
+    cores = len(os.sched_getaffinity(0))
+    return cores if "not integration" in (config.option.markexpr or "") else cores + 1
 
 
 def pytest_collection_modifyitems(items):
@@ -144,13 +148,20 @@ def pytest_sessionfinish(session, exitstatus):
 
 def pytest_configure(config):
     """One fork-server log for the run (tests/fork_server.py's FORK_LOG): every xdist worker inherits the variable,
-    so each worker's server writes its hash seed and its fresh starts there, for pytest_terminal_summary."""
-    from fork_server import FORK_LOG
+    so the server writes its hash seed and its shims their fresh starts there, for pytest_terminal_summary. Under
+    xdist the controller starts the one server every worker's shims use (SHARED_SERVER): it imports the stack while
+    the workers collect, once instead of once per worker."""
+    import fork_server
 
-    if not hasattr(config, "workerinput") and not os.environ.get(FORK_LOG):
+    if hasattr(config, "workerinput"):
+        return
+    if not os.environ.get(fork_server.FORK_LOG):
         import tempfile
 
-        os.environ[FORK_LOG] = str(Path(tempfile.mkdtemp(prefix="layersim-fork-log-")) / "fork.log")
+        os.environ[fork_server.FORK_LOG] = str(Path(tempfile.mkdtemp(prefix="layersim-fork-log-")) / "fork.log")
+    if getattr(config.option, "numprocesses", None) and os.environ.get("LAYERSIM_TEST_FORK_SERVER") != "0":
+        fork_server.SERVER.shim_folder(dict(os.environ))
+        os.environ[fork_server.SHARED_SERVER] = fork_server.SERVER.shared()
 
 
 def pytest_terminal_summary(terminalreporter, config):

@@ -2,7 +2,7 @@
 
 Every DVC stage is its own `python stages/<stage>.py` process, and a tiny stage spends most of its CPU
 importing torch, transformers and scipy (seconds each time; the integration tier starts ~170 of them). Here
-one server process per test worker imports that third-party stack once and forks a child per stage command:
+one server process per test run (started by the xdist controller) imports that third-party stack once and forks a child per stage command:
 the child takes the command's stdin/stdout/stderr, working directory, environment and arguments, and runs
 the script as `python` would. `dvc repro` stays real: DVC runs each stage's `python ...` through the shell,
 and a `python` shim first on PATH (dvc_project.project_env) hands the command to the server; the tests'
@@ -17,9 +17,9 @@ What the child differs in from a fresh interpreter, and why that is safe for the
   the command's values equal the server's, and runs the real interpreter otherwise (a test with a hub endpoint
   of its own, say), as it does for any command that is not `python <script>` or `python -m <module>`. While the
   server is still importing, a shim waits for it (up to READY_SECONDS). Every fresh start is logged with its reason (FORK_LOG; tests/conftest.py
-  prints the counts after the run). Three kinds a child honours itself: torch's thread count from
-  OMP_NUM_THREADS / MKL_NUM_THREADS (Ray sets it for each task), CUDA_VISIBLE_DEVICES, and PYTHONBREAKPOINT (read
-  at each breakpoint(); Ray sets it too);
+  prints the counts after the run). Kinds a child honours itself: torch's thread count from
+  OMP_NUM_THREADS / MKL_NUM_THREADS (Ray sets it for each task), CUDA_VISIBLE_DEVICES, and those read when used
+  (READ_WHEN_USED: PYTHONBREAKPOINT, the terminal size);
 - the hash secret is the server's: a fork cannot change it. The server starts with a PYTHONHASHSEED drawn at
   random for each test run (or the one the test process has), logged in FORK_LOG, so string-set order still
   differs from run to run, a failure can be replayed (PYTHONHASHSEED=<seed> python -m pytest ...), and a test
@@ -54,14 +54,17 @@ IMPORT_TIME_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORC
 # starts, which the server never does).
 CHILD_SETS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 # Read when used, from the child's own environment, not at start: sys.breakpointhook looks PYTHONBREAKPOINT up at
-# each breakpoint() (Ray sets it in every worker, so without this every stage a Ray node ran started afresh).
-READ_WHEN_USED = ("PYTHONBREAKPOINT",)
+# each breakpoint() (Ray sets it in every worker, so without this every stage a Ray node ran started afresh), and
+# shutil.get_terminal_size COLUMNS and LINES at each call (xdist's workers have them, its controller not; the one
+# preloaded module that keeps the size from import time is accelerate's interactive `accelerate config` menu).
+READ_WHEN_USED = ("PYTHONBREAKPOINT", "COLUMNS", "LINES")
 # Never compared: what differs from command to command and a child takes from its own command (where it runs,
 # its path, its streams' buffering), and PYTHONHASHSEED, which the shim judges by itself (see SHIM).
 PER_COMMAND = ("PATH", "PWD", "OLDPWD", "SHLVL", "_", "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONHASHSEED", *CHILD_SETS,
                *READ_WHEN_USED)
 READY_SECONDS = 120.0  # how long a shim waits for the server's imports (they take 10–30 s) before running fresh
 FORK_LOG = "LAYERSIM_TEST_FORK_LOG"  # a file: one JSON line per server started (its hash seed) and per fresh start
+SHARED_SERVER = "LAYERSIM_TEST_FORK_SERVER_SHARED"  # JSON {folder, pid, hash_seed}: the xdist controller's server
 FORKED = "LAYERSIM_TEST_FORKED"  # "<child pid>:<shim pid>" in a forked child's environment (see ancestors())
 # The families of the tiny models the tests build (layersim.models.tiny_configs): transformers imports a
 # family's modules when a model of it is first loaded.
@@ -75,7 +78,8 @@ PRELOAD = ("torch", "torch._dynamo", "torch.utils.flop_counter", "transformers",
            "scipy.stats", "scipy.linalg", "sklearn.linear_model", "pandas", "pyarrow", "pyarrow.parquet",
            "matplotlib", "matplotlib.pyplot", "matplotlib.backends.backend_agg", "PIL.Image", "safetensors.torch",
            "huggingface_hub.serialization", "datasets", "dvclive", "yaml", "tqdm", "tqdm.contrib.logging",
-           "filelock", "numpy", "cProfile",
+           "filelock", "numpy", "cProfile", "peft", "transformers.models.bert.tokenization_bert_fast",
+           "PIL.PngImagePlugin", "PIL.JpegImagePlugin", "PIL.GifImagePlugin", "PIL.BmpImagePlugin", "PIL.PpmImagePlugin",
            # `python -m dvc` (dvc_project.dvc runs DVC through the server too)
            "dvc.cli", "dvc.cli.parser", "dvc.repo", "dvc.repo.reproduce", "dvc.repo.fetch", "dvc.repo.plots",
            "dvc.repo.index", "dvc.repo.experiments", "dvc.repo.metrics.show", "dvc.repo.params.show", "dvc.lock",
@@ -418,13 +422,20 @@ def _hash_seed(environ: dict) -> int:
 
 
 class ForkServer:
-    """One server per test process (xdist worker), started on first use and stopped at exit."""
+    """A server started on first use and stopped at exit; or, with `adopt`, the one SHARED_SERVER names (started
+    by pytest-xdist's controller for all its workers: one import of the stack per run instead of one per worker)."""
 
-    def __init__(self, log: Path | None = None) -> None:
+    def __init__(self, log: Path | None = None, adopt: bool = False) -> None:
         self.folder: Path | None = None  # made when the server starts
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen | None = None  # None for an adopted server: another process owns it
         self.log = log  # FORK_LOG's file; unset: the test process's FORK_LOG, else one in the server's folder
         self.hash_seed: int | None = None  # the server's, and so every child's, PYTHONHASHSEED
+        self.pid: int | None = None
+        self.adopt = adopt
+
+    def shared(self) -> str:
+        """SHARED_SERVER's value for this (started) server."""
+        return json.dumps({"folder": str(self.folder), "pid": self.pid, "hash_seed": self.hash_seed})
 
     @property
     def socket(self) -> str:
@@ -433,7 +444,10 @@ class ForkServer:
     def shim_folder(self, environ: dict) -> str:
         """Start the server (in the background: until it is ready, a shim waits for it) with the
         import-time variables of `environ`, and return the folder of the `python` shim."""
-        if self.process is None:
+        if self.folder is None and self.adopt and os.environ.get(SHARED_SERVER):
+            shared = json.loads(os.environ[SHARED_SERVER])
+            self.folder, self.pid, self.hash_seed = Path(shared["folder"]), shared["pid"], shared["hash_seed"]
+        if self.folder is None:
             self.folder = Path(tempfile.mkdtemp(prefix="layersim-fork-"))
             self.log = Path(self.log or os.environ.get(FORK_LOG) or self.folder / "fork.log")
             self.hash_seed = _hash_seed(environ)
@@ -445,6 +459,7 @@ class ForkServer:
             self.process = subprocess.Popen([sys.executable, __file__, self.socket], env=env,
                                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                             stderr=subprocess.DEVNULL, start_new_session=True)
+            self.pid = self.process.pid
             shim = self.folder / "bin" / "python"
             shim.parent.mkdir()
             shim.write_text(SHIM.format(python=sys.executable, socket=self.socket, log=str(self.log),
@@ -466,8 +481,10 @@ class ForkServer:
 
         deadline = time.monotonic() + timeout
         while not os.path.exists(self.socket + ".env"):
-            if self.process.poll() is not None:
+            if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"the fork server exited ({self.process.returncode})")
+            if self.process is None and not os.path.exists(f"/proc/{self.pid}"):
+                raise RuntimeError(f"the shared fork server (pid {self.pid}) is gone")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the fork server was not ready in {timeout} s")
             time.sleep(0.2)
@@ -481,7 +498,7 @@ class ForkServer:
             self.process = None
 
 
-SERVER = ForkServer()
+SERVER = ForkServer(adopt=True)
 
 
 # The process-tree lookup for a script run as a stage: pasted into such scripts (they cannot import tests/).
@@ -497,7 +514,7 @@ def ancestors():
 def python() -> str:
     """The interpreter for a command run with dvc_project.project_env's environment: the shim once the test
     process's server is started (it runs the real interpreter itself when it must), else this one."""
-    if SERVER.process is None or os.environ.get("LAYERSIM_TEST_FORK_SERVER") == "0":
+    if SERVER.folder is None or os.environ.get("LAYERSIM_TEST_FORK_SERVER") == "0":
         return sys.executable
     return str(SERVER.folder / "bin" / "python")
 

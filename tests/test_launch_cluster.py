@@ -165,9 +165,12 @@ def test_a_clone_mode_launch_of_the_tiny_pipeline_ends_with_the_report(tmp_path,
     (similarity, align, report, …) included, and nothing is left to run (issue 48)."""
     root = tmp_path / "project"
 
-    def configure(params):
+    def configure(params):  # every stage runs, each on little: the launch is under test, the stages elsewhere
         tiny_params(params, seeds=[1])
-        params["compare"].update(probe_examples=10)
+        params["similarity"].update(measures={"cls": ["linear_cka"]}, attention_measures=[])
+        params["compare"].update(models=[], probe_examples=10)
+        params["align"].update(methods=["linear"])
+        params["freeze"].update(layers=[])
     env = {**make_project(root, configure, share_cache=False), **cluster.env, "LAUNCH_NODE": "driver"}
     cluster.start("worker-pipeline", cpus=1, gpus=1)
     cluster.wait_until_alive(2)
