@@ -2,11 +2,11 @@
 
 Every DVC stage is its own `python stages/<stage>.py` process, and a tiny stage spends most of its CPU
 importing torch, transformers and scipy (seconds each time; the integration tier starts ~170 of them). Here
-one server process per test run (started by the xdist controller) imports that third-party stack once and forks a child per stage command:
-the child takes the command's stdin/stdout/stderr, working directory, environment and arguments, and runs
-the script as `python` would. `dvc repro` stays real: DVC runs each stage's `python ...` through the shell,
-and a `python` shim first on PATH (dvc_project.project_env) hands the command to the server; the tests'
-own `python -m dvc` commands (dvc_project.dvc) go through the shim too.
+one server process per test run (under xdist, started by its controller) imports that third-party stack once
+and forks a child per stage command: the child takes the command's stdin/stdout/stderr, working directory,
+environment and arguments, and runs the script as `python` would. `dvc repro` stays real: DVC runs each stage's
+`python ...` through the shell, and a `python` shim first on PATH (dvc_project.project_env) hands the command to
+the server; the tests' own `python -m dvc` commands (dvc_project.dvc) go through the shim too.
 
 What the child differs in from a fresh interpreter, and why that is safe for the stages:
 - the third-party modules are imported already (never `layersim`: each project copy has its own on
@@ -16,10 +16,10 @@ What the child differs in from a fresh interpreter, and why that is safe for the
   every HF_*, TORCH*, OMP_*, ... (C code reads these, unseen by the recording). The shim only uses the server when
   the command's values equal the server's, and runs the real interpreter otherwise (a test with a hub endpoint
   of its own, say), as it does for any command that is not `python <script>` or `python -m <module>`. While the
-  server is still importing, a shim waits for it (up to READY_SECONDS). Every fresh start is logged with its reason (FORK_LOG; tests/conftest.py
-  prints the counts after the run). Kinds a child honours itself: torch's thread count from
-  OMP_NUM_THREADS / MKL_NUM_THREADS (Ray sets it for each task), CUDA_VISIBLE_DEVICES, and those read when used
-  (READ_WHEN_USED: PYTHONBREAKPOINT, the terminal size);
+  server is still importing, a shim waits for it (up to READY_SECONDS). Every fresh start is logged with its
+  reason (FORK_LOG; tests/conftest.py prints the counts after the run). Kinds a child honours itself: torch's
+  thread count from OMP_NUM_THREADS / MKL_NUM_THREADS (Ray sets it for each task), CUDA_VISIBLE_DEVICES, and those
+  read when used (READ_WHEN_USED: PYTHONBREAKPOINT, the terminal size);
 - the hash secret is the server's: a fork cannot change it. The server starts with a PYTHONHASHSEED drawn at
   random for each test run (or the one the test process has), logged in FORK_LOG, so string-set order still
   differs from run to run, a failure can be replayed (PYTHONHASHSEED=<seed> python -m pytest ...), and a test
@@ -79,7 +79,8 @@ PRELOAD = ("torch", "torch._dynamo", "torch.utils.flop_counter", "transformers",
            "matplotlib", "matplotlib.pyplot", "matplotlib.backends.backend_agg", "PIL.Image", "safetensors.torch",
            "huggingface_hub.serialization", "datasets", "dvclive", "yaml", "tqdm", "tqdm.contrib.logging",
            "filelock", "numpy", "cProfile", "peft", "transformers.models.bert.tokenization_bert_fast",
-           "PIL.PngImagePlugin", "PIL.JpegImagePlugin", "PIL.GifImagePlugin", "PIL.BmpImagePlugin", "PIL.PpmImagePlugin",
+           "PIL.PngImagePlugin", "PIL.JpegImagePlugin", "PIL.GifImagePlugin", "PIL.BmpImagePlugin",
+           "PIL.PpmImagePlugin",
            # `python -m dvc` (dvc_project.dvc runs DVC through the server too)
            "dvc.cli", "dvc.cli.parser", "dvc.repo", "dvc.repo.reproduce", "dvc.repo.fetch", "dvc.repo.plots",
            "dvc.repo.index", "dvc.repo.experiments", "dvc.repo.metrics.show", "dvc.repo.params.show", "dvc.lock",
@@ -421,6 +422,15 @@ def _hash_seed(environ: dict) -> int:
     return random.SystemRandom().randrange(1, 2 ** 32)  # 0 would turn hash randomization off
 
 
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, exited but not yet reaped, does not), as the shim judges its server."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 class ForkServer:
     """A server started on first use and stopped at exit; or, with `adopt`, the one SHARED_SERVER names (started
     by pytest-xdist's controller for all its workers: one import of the stack per run instead of one per worker)."""
@@ -464,7 +474,7 @@ class ForkServer:
             shim.parent.mkdir()
             shim.write_text(SHIM.format(python=sys.executable, socket=self.socket, log=str(self.log),
                                         prefixes=IMPORT_TIME_PREFIXES, per_command=PER_COMMAND,
-                                        server_pid=self.process.pid, ready_seconds=READY_SECONDS))
+                                        server_pid=self.pid, ready_seconds=READY_SECONDS))
             shim.chmod(0o755)
             import atexit
             atexit.register(self.stop)
@@ -481,10 +491,8 @@ class ForkServer:
 
         deadline = time.monotonic() + timeout
         while not os.path.exists(self.socket + ".env"):
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"the fork server exited ({self.process.returncode})")
-            if self.process is None and not os.path.exists(f"/proc/{self.pid}"):
-                raise RuntimeError(f"the shared fork server (pid {self.pid}) is gone")
+            if not _alive(self.pid):  # its own or, adopted, the controller's
+                raise RuntimeError(f"the fork server (pid {self.pid}) is gone")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the fork server was not ready in {timeout} s")
             time.sleep(0.2)

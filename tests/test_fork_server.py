@@ -95,7 +95,8 @@ def test_a_shim_whose_server_died_while_importing_runs_a_fresh_interpreter(tmp_p
 def test_pythonbreakpoint_is_read_by_the_child_at_each_breakpoint(shim_env):
     """Ray sets PYTHONBREAKPOINT in its workers: a command with another value keeps the fork, and the child's
     breakpoint() calls the hook that value names, as in a fresh interpreter."""
-    (Path(shim_env["CWD"]) / "hook.py").write_text("import sys\nbreakpoint('hooked')\nprint('forked', 'torch' in sys.modules)\n")
+    (Path(shim_env["CWD"]) / "hook.py").write_text(
+        "import sys\nbreakpoint('hooked')\nprint('forked', 'torch' in sys.modules)\n")
     result = shell("python hook.py", {**shim_env, "PYTHONBREAKPOINT": "builtins.print"}, input="")
     assert result.stdout.splitlines() == ["hooked", "forked True"], result.stdout + result.stderr
 
