@@ -39,6 +39,23 @@ def test_the_launch_params_name_every_stage_of_the_pipeline():
     assert set(STAGES) == set(stages)
 
 
+def test_a_clone_takes_the_workspace_cache_dvc_reads_back(tmp_path):
+    """Each clone-mode node points its clone at the workspace's cache (runner.use_cache, DVC's own config code):
+    `dvc cache dir` there reads back the path the head found, spaces and a comment sign included."""
+    from layersim_launch.runner import cache_dir, use_cache
+
+    workspace, clone = tmp_path / "workspace", tmp_path / "clone"
+    env = make_launch_project(workspace, ["a"], seconds=0)
+    cache = tmp_path / "a cache #1"
+    run(dvc("cache", "dir", "--local", str(cache)), workspace, env)
+    assert cache_dir(workspace) == str(cache)
+    run(["git", "clone", "-q", str(workspace), str(clone)], tmp_path, env)
+    use_cache(clone, cache_dir(workspace))
+    assert run(dvc("cache", "dir"), clone, env).stdout.strip() == str(cache)
+    with pytest.raises(ValueError, match="--workspace clone needs the workspace's DVC cache, but `dvc cache dir` in "):
+        cache_dir(tmp_path)  # not a DVC project
+
+
 @pytest.fixture(scope="module")
 def serial(tmp_path_factory):
     root = tmp_path_factory.mktemp("serial")

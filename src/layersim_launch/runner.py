@@ -87,11 +87,12 @@ def dvc_command() -> list[str]:
     return [sys.executable, "-m", "dvc"]
 
 
-def run_node(address: str, root: str, workspace: str, commit: str | None, clones: str | None,
+def run_node(address: str, root: str, workspace: str, commit: str | None, clones: str | None, cache: str | None,
              *upstream: NodeResult) -> NodeResult:
     """The body of one Ray task (Ray passes the upstream results once they exist). A node whose upstream
     did not finish is skipped: results, not exceptions, carry failures (they cross processes as plain data).
-    Clone workspace: `commit` is what the clone checks out, `clones` the folder its clone goes in."""
+    Clone workspace: `commit` is what the clone checks out, `clones` the folder its clone goes in, `cache` the
+    workspace's DVC cache, which the clone uses."""
     import socket
 
     import ray
@@ -113,7 +114,7 @@ def run_node(address: str, root: str, workspace: str, commit: str | None, clones
             code = _run_group([*dvc_command(), "--wait-for-lock", "repro", "-s", address], Path(root), out,
                               record, host)
         else:
-            code = _run_in_clone(address, Path(root), commit, Path(clones), out, record, host)
+            code = _run_in_clone(address, Path(root), commit, Path(clones), cache, out, record, host)
     return NodeResult(address, "done" if code == 0 else "failed", time.perf_counter() - start, devices, host,
                       str(log), None if code == 0 else f"exit status {code}", node)
 
@@ -153,30 +154,51 @@ def _stop_earlier_attempt(record: Path, host: str, timeout: float = 60.0) -> Non
         time.sleep(0.2)
 
 
-def _run_in_clone(address: str, root: Path, commit: str, clones: Path, out, record: Path, host: str) -> int:
+def _run_in_clone(address: str, root: Path, commit: str, clones: Path, cache: str, out, record: Path,
+                  host: str) -> int:
     """`dvc repro <node>` in a throwaway clone of `commit` that uses the workspace's cache: upstream stages
     are restored from the shared run-cache, this node runs and its outputs and run-cache entry land in
     the shared cache. The clone is removed however the attempt ends, except when its worker dies: then the
     head removes it (:func:`launch`)."""
-    cache = subprocess.run([*dvc_command(), "cache", "dir"], cwd=root, capture_output=True, text=True, check=True)
+    from dvc.config import ConfigError
+
     clones.mkdir(parents=True, exist_ok=True)
     clone = Path(tempfile.mkdtemp(prefix=f"{address}-", dir=clones))
     try:
-        steps = [
-            (["git", "clone", "--quiet", "--shared", "--no-checkout", str(root), str(clone)], clones),
-            (["git", "checkout", "--quiet", commit], clone),
-            (["cp", str(clones / PARAMS), str(clone / PARAMS)], clone),  # HEAD's, or with `layersim launch -S`
-            ([*dvc_command(), "cache", "dir", "--local", cache.stdout.strip()], clone),
-            ([*dvc_command(), "--wait-for-lock", "repro", address], clone),
-        ]
-        for argv, cwd in steps:
+        for argv, cwd in [(["git", "clone", "--quiet", "--shared", "--no-checkout", str(root), str(clone)], clones),
+                          (["git", "checkout", "--quiet", commit], clone)]:
             out.flush()
             code = _run_group(argv, cwd, out, record, host)
             if code != 0:
                 return code
-        return 0
+        try:
+            shutil.copy2(clones / PARAMS, clone / PARAMS)  # HEAD's, or with `layersim launch -S`
+            use_cache(clone, cache)
+        except (OSError, ConfigError) as error:
+            out.write(f"layersim launch: cannot prepare the clone {clone}: {error}\n")
+            return 1
+        out.flush()
+        return _run_group([*dvc_command(), "--wait-for-lock", "repro", address], clone, out, record, host)
     finally:
         shutil.rmtree(clone, ignore_errors=True)
+
+
+def cache_dir(root: Path) -> str:
+    """The workspace's DVC cache folder (`dvc cache dir`), which every clone of a launch shares."""
+    found = subprocess.run([*dvc_command(), "cache", "dir"], cwd=root, capture_output=True, text=True)
+    if found.returncode != 0 or not found.stdout.strip():
+        raise ValueError(f"--workspace clone needs the workspace's DVC cache, but `dvc cache dir` in {root} failed: "
+                         f"{(found.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return found.stdout.strip()
+
+
+def use_cache(project: Path, cache: str) -> None:
+    """`dvc cache dir --local <cache>` in `project`, through DVC's own config code (which quotes the path) instead
+    of a second DVC process per node."""
+    from dvc.config import Config
+
+    with Config(dvc_dir=str(project / ".dvc")).edit("local") as conf:
+        conf["cache"]["dir"] = cache
 
 
 def launch(root: Path, nodes: list[Node], resources: Resources, *, workspace: str = "shared",
@@ -194,14 +216,14 @@ def launch(root: Path, nodes: list[Node], resources: Resources, *, workspace: st
 
     if workspace not in WORKSPACES:
         raise ValueError(f"workspace must be one of {', '.join(WORKSPACES)}, got {workspace!r}")
-    commit = clones = None
+    commit = clones = cache = None
     if workspace == "clone":
-        commit = commit or committed_head(root)
+        commit, cache = commit or committed_head(root), cache_dir(root)
         (root / CLONES).mkdir(parents=True, exist_ok=True)
         clones = Path(tempfile.mkdtemp(prefix="", dir=root / CLONES))  # this launch's
         shutil.copy2(root / PARAMS, clones / PARAMS)  # HEAD's, or with the -S values the head set
     try:
-        results = _run_all(ray, root, nodes, resources, workspace, commit, clones, report)
+        results = _run_all(ray, root, nodes, resources, workspace, commit, clones, cache, report)
     finally:
         if clones is not None:  # what the attempts whose worker died left there
             shutil.rmtree(clones, ignore_errors=True)
@@ -219,14 +241,14 @@ def launch(root: Path, nodes: list[Node], resources: Resources, *, workspace: st
 
 
 def _run_all(ray, root: Path, nodes: list[Node], resources: Resources, workspace: str, commit: str | None,
-             clones: Path | None, report: Callable[[str], None]) -> list[NodeResult]:
+             clones: Path | None, cache: str | None, report: Callable[[str], None]) -> list[NodeResult]:
     remote = ray.remote(run_node)
     refs, address_of = {}, {}
     for node in nodes:
         upstream = [refs[name] for name in node.upstream if name in refs]
         ref = remote.options(name=node.address, max_retries=resources.retries, retry_exceptions=False,
                              **resources.of(node)).remote(node.address, str(root), workspace, commit,
-                                                          clones and str(clones), *upstream)
+                                                          clones and str(clones), cache, *upstream)
         refs[node.address], address_of[ref] = ref, node.address
     results, pending = [], list(refs.values())
     while pending:
