@@ -101,6 +101,17 @@ def test_pythonbreakpoint_is_read_by_the_child_at_each_breakpoint(shim_env):
     assert result.stdout.splitlines() == ["hooked", "forked True"], result.stdout + result.stderr
 
 
+def test_the_preloaded_objects_are_frozen_and_a_stage_s_own_cycles_are_collected(shim_env):
+    """The server froze its imports' objects (gc.freeze, so a child's collections do not copy its heap); a cycle
+    the stage makes is still collected, its finalizer run, as in a fresh interpreter."""
+    (Path(shim_env["CWD"]) / "cycle.py").write_text(
+        "import gc, sys, weakref\nclass Node:\n    pass\n"
+        "a, b = Node(), Node()\na.other, b.other = b, a\nweakref.finalize(a, print, 'collected')\ndel a, b\n"
+        "print('frozen', gc.get_freeze_count() > 100_000)\ngc.collect()\nprint('forked', 'torch' in sys.modules)\n")
+    result = shell("python cycle.py", shim_env, input="")
+    assert result.stdout.splitlines() == ["frozen True", "collected", "forked True"], result.stdout + result.stderr
+
+
 def test_an_uncaught_exception_prints_its_traceback_and_exits_1(shim_env):
     result = shell("python stage.py 0 fail", shim_env, input="")
     assert result.returncode == 1
