@@ -48,9 +48,10 @@ def test_a_clone_takes_the_workspace_cache_dvc_reads_back(tmp_path):
     env = make_launch_project(workspace, ["a"], seconds=0)
     cache = tmp_path / "a cache #1"
     run(dvc("cache", "dir", "--local", str(cache)), workspace, env)
-    assert cache_dir(workspace) == str(cache)
+    found = cache_dir(workspace)
+    assert found == str(cache)
     run(["git", "clone", "-q", str(workspace), str(clone)], tmp_path, env)
-    use_cache(clone, cache_dir(workspace))
+    use_cache(clone, found)
     assert run(dvc("cache", "dir"), clone, env).stdout.strip() == str(cache)
     with pytest.raises(ValueError, match="--workspace clone needs the workspace's DVC cache, but `dvc cache dir` in "):
         cache_dir(tmp_path)  # not a DVC project

@@ -68,6 +68,15 @@ class NodeResult:
     node: str | None = None   # the Ray node (its id) that ran it
 
 
+@dataclass(frozen=True)
+class Clones:
+    """What a clone-workspace node needs (None in the shared workspace): the commit its clone checks out, the
+    folder of this launch's clones (on the filesystem every host shares) and the workspace's DVC cache."""
+    commit: str
+    folder: str
+    cache: str
+
+
 class NodeFailed(RuntimeError):
     def __init__(self, result: NodeResult):
         super().__init__(f"{result.address} failed ({result.cause}); its log: {result.log}")
@@ -87,12 +96,10 @@ def dvc_command() -> list[str]:
     return [sys.executable, "-m", "dvc"]
 
 
-def run_node(address: str, root: str, workspace: str, commit: str | None, clones: str | None, cache: str | None,
-             *upstream: NodeResult) -> NodeResult:
+def run_node(address: str, root: str, clones: Clones | None, *upstream: NodeResult) -> NodeResult:
     """The body of one Ray task (Ray passes the upstream results once they exist). A node whose upstream
     did not finish is skipped: results, not exceptions, carry failures (they cross processes as plain data).
-    Clone workspace: `commit` is what the clone checks out, `clones` the folder its clone goes in, `cache` the
-    workspace's DVC cache, which the clone uses."""
+    It runs in the workspace at `root` (shared workspace) or in a clone of its own (`clones`)."""
     import socket
 
     import ray
@@ -110,11 +117,11 @@ def run_node(address: str, root: str, workspace: str, commit: str | None, clones
         out.write(f"--- {address} on {host} (Ray node {node}), CUDA_VISIBLE_DEVICES={devices}\n")
         out.flush()
         _stop_earlier_attempt(record, host)
-        if workspace == "shared":
+        if clones is None:
             code = _run_group([*dvc_command(), "--wait-for-lock", "repro", "-s", address], Path(root), out,
                               record, host)
         else:
-            code = _run_in_clone(address, Path(root), commit, Path(clones), cache, out, record, host)
+            code = _run_in_clone(address, Path(root), clones, out, record, host)
     return NodeResult(address, "done" if code == 0 else "failed", time.perf_counter() - start, devices, host,
                       str(log), None if code == 0 else f"exit status {code}", node)
 
@@ -154,26 +161,26 @@ def _stop_earlier_attempt(record: Path, host: str, timeout: float = 60.0) -> Non
         time.sleep(0.2)
 
 
-def _run_in_clone(address: str, root: Path, commit: str, clones: Path, cache: str, out, record: Path,
-                  host: str) -> int:
-    """`dvc repro <node>` in a throwaway clone of `commit` that uses the workspace's cache: upstream stages
+def _run_in_clone(address: str, root: Path, clones: Clones, out, record: Path, host: str) -> int:
+    """`dvc repro <node>` in a throwaway clone of the commit that uses the workspace's cache: upstream stages
     are restored from the shared run-cache, this node runs and its outputs and run-cache entry land in
     the shared cache. The clone is removed however the attempt ends, except when its worker dies: then the
     head removes it (:func:`launch`)."""
     from dvc.config import ConfigError
 
-    clones.mkdir(parents=True, exist_ok=True)
-    clone = Path(tempfile.mkdtemp(prefix=f"{address}-", dir=clones))
+    folder = Path(clones.folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    clone = Path(tempfile.mkdtemp(prefix=f"{address}-", dir=folder))
     try:
-        for argv, cwd in [(["git", "clone", "--quiet", "--shared", "--no-checkout", str(root), str(clone)], clones),
-                          (["git", "checkout", "--quiet", commit], clone)]:
+        for argv, cwd in [(["git", "clone", "--quiet", "--shared", "--no-checkout", str(root), str(clone)], folder),
+                          (["git", "checkout", "--quiet", clones.commit], clone)]:
             out.flush()
             code = _run_group(argv, cwd, out, record, host)
             if code != 0:
                 return code
         try:
-            shutil.copy2(clones / PARAMS, clone / PARAMS)  # HEAD's, or with `layersim launch -S`
-            use_cache(clone, cache)
+            shutil.copy2(folder / PARAMS, clone / PARAMS)  # HEAD's, or with `layersim launch -S`
+            use_cache(clone, clones.cache)
         except (OSError, ConfigError) as error:
             out.write(f"layersim launch: cannot prepare the clone {clone}: {error}\n")
             return 1
@@ -216,17 +223,17 @@ def launch(root: Path, nodes: list[Node], resources: Resources, *, workspace: st
 
     if workspace not in WORKSPACES:
         raise ValueError(f"workspace must be one of {', '.join(WORKSPACES)}, got {workspace!r}")
-    commit = clones = cache = None
+    clones = None
     if workspace == "clone":
         commit, cache = commit or committed_head(root), cache_dir(root)
         (root / CLONES).mkdir(parents=True, exist_ok=True)
-        clones = Path(tempfile.mkdtemp(prefix="", dir=root / CLONES))  # this launch's
-        shutil.copy2(root / PARAMS, clones / PARAMS)  # HEAD's, or with the -S values the head set
+        clones = Clones(commit, tempfile.mkdtemp(prefix="", dir=root / CLONES), cache)  # this launch's folder
+        shutil.copy2(root / PARAMS, Path(clones.folder) / PARAMS)  # HEAD's, or with the -S values the head set
     try:
-        results = _run_all(ray, root, nodes, resources, workspace, commit, clones, cache, report)
+        results = _run_all(ray, root, nodes, resources, clones, report)
     finally:
         if clones is not None:  # what the attempts whose worker died left there
-            shutil.rmtree(clones, ignore_errors=True)
+            shutil.rmtree(clones.folder, ignore_errors=True)
             with contextlib.suppress(OSError):
                 (root / CLONES).rmdir()  # unless another launch's clones are there
     failed = [r for r in results if r.status == "failed"]
@@ -240,15 +247,14 @@ def launch(root: Path, nodes: list[Node], resources: Resources, *, workspace: st
     return results
 
 
-def _run_all(ray, root: Path, nodes: list[Node], resources: Resources, workspace: str, commit: str | None,
-             clones: Path | None, cache: str | None, report: Callable[[str], None]) -> list[NodeResult]:
+def _run_all(ray, root: Path, nodes: list[Node], resources: Resources, clones: Clones | None,
+             report: Callable[[str], None]) -> list[NodeResult]:
     remote = ray.remote(run_node)
     refs, address_of = {}, {}
     for node in nodes:
         upstream = [refs[name] for name in node.upstream if name in refs]
         ref = remote.options(name=node.address, max_retries=resources.retries, retry_exceptions=False,
-                             **resources.of(node)).remote(node.address, str(root), workspace, commit,
-                                                          clones and str(clones), cache, *upstream)
+                             **resources.of(node)).remote(node.address, str(root), clones, *upstream)
         refs[node.address], address_of[ref] = ref, node.address
     results, pending = [], list(refs.values())
     while pending:
