@@ -8,6 +8,15 @@
    the evaluation batch with every layer's hidden states copied back, fp32 and bf16, per sequence length;
    effective TFLOP/s = 6 · parameters · tokens / step time (training), 2 · parameters · tokens (forward).
 
+3. The similarity nulls' engines on the GPU (`layersim.compute.device.analysis_on`): every engine measure's null on
+   small layers equal to the CPU's for the same permutations (same p-values), and a cell with its null at paper size
+   (10,000 rows × 768, ORIG and FT stacked: 26 layers, 100 permutations) timed per measure: the float64 FLOP/s the
+   plan's `analysis_flops` is, and, from a null on tiny layers, the seconds a cell costs besides its FLOPs
+   (`analysis_cell_seconds`). With `--figures` the measured figures go into src/layersim/plan/gpu_figures.json under
+   `--name` (e.g. h200), dated, which `python -m layersim.plan --device h200` then reads: commit that file.
+
+In all it takes about 4 minutes on an H200 (`--only analysis`: about one).
+
 Inputs are made on a machine with layersim installed (`--prepare DIR`: a tiny-bert snapshot and the task's
 tables), then `python benchmarks/gpu_check.py --inputs DIR --out OUT.json` on the GPU machine, with
 PYTHONPATH=src (layersim's code only: torch, transformers, pyarrow and numpy of that machine).
@@ -201,12 +210,96 @@ def _throughput_of(size: str, config) -> list[dict]:
     return rows
 
 
+ANALYSIS_MEASURES = ("linear_cka", "svcca", "pwcca", "neuronsim", "mean_cca", "debiased_cka")
+
+
+def analysis_on_gpu(device: str = "cuda", n: int = 10_000, d: int = 768) -> dict:
+    """The nulls' engines on the GPU: parity with the CPU on small layers, then timings at paper size (`device`, `n`,
+    `d`: for a smoke test of this function on a CPU)."""
+    import numpy as np
+    import torch
+
+    from layersim.compute.device import analysis_batch, analysis_on
+    from layersim.plan.stages import measure_flops
+    from layersim.similarity import permutation_matrix
+    from layersim.similarity.inference._null_engines import ENGINES
+
+    cuda, report = torch.device(device), {"parity": {}, "paper_size": {}}
+    sync = torch.cuda.synchronize if cuda.type == "cuda" else (lambda: None)
+    rng = np.random.default_rng(0)
+    small = [rng.normal(size=(300, 48)) for _ in range(4)]
+    for name in ANALYSIS_MEASURES:
+        options = {"exact": False} if name == "linear_cka" else {}
+        cpu = permutation_matrix(name, small, permutations=50, seed=3, **options)
+        with analysis_on(cuda):
+            gpu = permutation_matrix(name, small, permutations=50, seed=3, **options)
+        report["parity"][name] = {"null_mean_max_abs_diff": float(np.nanmax(np.abs(cpu.null_mean - gpu.null_mean))),
+                                  "same_p_values": bool(np.array_equal(cpu.p_value, gpu.p_value))}
+    layers, permutations = 26, 100
+    base = rng.normal(size=(n, d)).astype(np.float32)
+    stacked = [(base + 0.3 * k * rng.normal(size=(n, d))).astype(np.float32) for k in range(layers)]
+    cells = np.zeros((layers, layers), dtype=bool)
+    cells[13:, :13] = True  # FT's layers against ORIG's: the cells Phang et al.'s FT–ORIG reports
+    rates = []
+    named = [(f"layers[{k}]", a) for k, a in enumerate(stacked)]
+    for name in ("linear_cka", "svcca", "pwcca", "neuronsim"):  # the default measures (the others share their code)
+        options = {"method": "feature"} if name == "linear_cka" else {}
+        with analysis_on(cuda):
+            start = time.perf_counter()
+            engine = ENGINES[name](named, None, cells, **options)  # each layer's statistics: numpy on the host
+            prepared = time.perf_counter() - start
+            perms = np.stack([rng.permutation(n) for _ in range(permutations)])
+            batch = analysis_batch(engine.bytes_per_permutation(), permutations)
+            sync()
+            start = time.perf_counter()
+            for first in range(0, permutations, batch):
+                engine.values_batch(perms[first : first + batch])
+            sync()
+            seconds = time.perf_counter() - start
+        flops = measure_flops(name, n, d) * cells.sum() * permutations
+        rates.append(flops / seconds)
+        report["paper_size"][name] = {"host_prepare_seconds": round(prepared, 2), "permutations_seconds": round(seconds, 2),
+                                      "batch": batch, "tflops": round(flops / seconds / 1e12, 2)}
+    # The per-cell cost besides FLOPs: the permutations of tiny layers, whose arithmetic is nothing.
+    tiny = [(f"tiny[{k}]", rng.normal(size=(64, 8))) for k in range(layers)]
+    with analysis_on(cuda):
+        engine = ENGINES["svcca"](tiny, None, cells)
+        perms = np.stack([rng.permutation(64) for _ in range(permutations)])
+        sync()
+        start = time.perf_counter()
+        engine.values_batch(perms)
+        sync()
+        per_cell = (time.perf_counter() - start) / (cells.sum() * permutations)
+    report["analysis_flops"] = statistics.median(rates)
+    report["analysis_cell_seconds"] = per_cell
+    return report
+
+
+def write_figures(path: Path, name: str, report: dict) -> None:
+    """The measured figures of this run into the plan's figures file, under `name`, dated today."""
+    import datetime
+
+    figures = json.loads(path.read_text(encoding="utf-8"))
+    entry = figures.setdefault(name, {})
+    today = datetime.date.today().isoformat()
+    analysis = report.get("analysis", {})
+    for key in ("analysis_flops", "analysis_cell_seconds"):
+        if isinstance(analysis, dict) and key in analysis:
+            entry.setdefault(key, {})
+            entry[key] |= {"value": analysis[key], "measured": today}
+    entry["machine"] = f"{report['device']}, torch {report['torch']}"
+    path.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--prepare", type=Path, help="write the inputs into this folder and stop")
     p.add_argument("--inputs", type=Path)
     p.add_argument("--out", type=Path)
-    p.add_argument("--only", nargs="*", help="run only these checks (layersim, layersim_base, throughput)")
+    p.add_argument("--only", nargs="*", help="run only these checks (layersim, layersim_base, throughput, analysis)")
+    p.add_argument("--figures", type=Path, help="write the measured figures into this plan figures file "
+                   "(src/layersim/plan/gpu_figures.json)")
+    p.add_argument("--name", default="h200", help="the GPU's name in the figures file")
     args = p.parse_args()
     if args.prepare:
         prepare(args.prepare)
@@ -217,7 +310,7 @@ def main() -> int:
     report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "transformers": transformers.__version__, "python": platform.python_version()}
     checks = {"layersim": lambda: layersim_on_gpu(args.inputs), "layersim_base": lambda: layersim_base_size(args.inputs),
-              "throughput": throughput}
+              "throughput": throughput, "analysis": analysis_on_gpu}
     for name in args.only or list(checks):
         check = checks[name]
         try:
@@ -226,6 +319,8 @@ def main() -> int:
             report[name] = {"error": traceback.format_exc()}
         print(json.dumps({name: report[name]}, indent=1), flush=True)
     args.out.write_text(json.dumps(report, indent=1))
+    if args.figures:
+        write_figures(args.figures, args.name, report)
     return 0
 
 

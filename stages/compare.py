@@ -33,4 +33,4 @@ if __name__ == "__main__":
     parser.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.reporting.headlines)")
     parser.add_argument("--plots", type=Path, required=True, help="folder for figures and plot data")
     parser.add_argument("--localization", type=Path, required=True, help="folder for localization curves")
-    cli.run_stage(main, parser.parse_args())
+    cli.run_stage(main, parser.parse_args(), analysis=True)

@@ -34,4 +34,4 @@ if __name__ == "__main__":
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON to write")
     p.add_argument("--details", type=Path, required=True, help="plot data JSON of every value (layersim.reporting.headlines)")
     p.add_argument("--plots", type=Path, required=True, help="folder for curves/ (rows per layer) and dynamics.png")
-    cli.run_stage(main, p.parse_args())
+    cli.run_stage(main, p.parse_args(), analysis=True)

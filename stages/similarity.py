@@ -40,4 +40,4 @@ if __name__ == "__main__":
                         help="folder for the per-layer diagonals with their null and intervals")
     parser.add_argument("--pruning", type=Path, help="folder for each run's Block Influence and angular distances "
                         "(layersim.similarity.pruning); not computed when left out")
-    cli.run_stage(main, parser.parse_args(), quiet_transformers=False)  # loads no model
+    cli.run_stage(main, parser.parse_args(), quiet_transformers=False, analysis=True)  # loads no model

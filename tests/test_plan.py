@@ -122,6 +122,7 @@ def test_the_cli_applies_dvc_style_overrides(tmp_path, capsys):
                      "-S", "finetune.max_length=64", "-S", "tasks=[synth-choice]"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("layersim plan: tiny-bert, 1 task(s)") and "not measured on an H100" in out
+    assert cli.main(["--params", str(params), "--gpus", "0"]) == 1
     assert cli.main(["--params", str(params), "-S", "model"]) == 1
 
 
@@ -183,3 +184,72 @@ def test_every_stage_process_of_the_tiny_pipeline_is_counted():
     assert processes == {"check_params": 1, "download": 3 + 2, "finetune": 6, "finetune_pretrained": 2, "extract": 2,
                          "similarity": 2, "compare": 1, "truncate": 2, "skip": 2, "export": 2, "align": 2, "freeze": 2,
                          "weights": 2, "dynamics": 2, "summary": 1, "report": 1}
+
+
+def test_the_nulls_permutations_are_the_analysis_engines_and_blocks_sample_linear_cka():
+    from layersim.similarity.inference.exchangeability import LINEAR_CKA_BLOCK_PERMUTATIONS
+
+    assert stages.LINEAR_CKA_BLOCK_PERMUTATIONS == LINEAR_CKA_BLOCK_PERMUTATIONS  # the plan's copy (it imports no torch)
+    plain = stages.measured(["linear_cka", "svcca"], 600, 384, 10, 5, resamples=3)
+    words = stages.measured(["linear_cka", "svcca"], 600, 384, 10, 5, resamples=3, blocks=True)
+    svcca, cka = stages.measure_flops("svcca", 600, 384), stages.measure_flops("linear_cka", 600, 384)
+    # Each permutation of each pair is one engine cell; the observed cells and resamples stay on the host.
+    assert plain.analysis_evaluations == 10 * 5 and plain.analysis_flops == pytest.approx(10 * 5 * svcca)
+    assert words.analysis_evaluations == 10 * 5 + 10 * LINEAR_CKA_BLOCK_PERMUTATIONS
+    assert words.analysis_flops == pytest.approx(10 * 5 * svcca + 10 * LINEAR_CKA_BLOCK_PERMUTATIONS * cka)
+    assert words.evaluations == words.analysis_evaluations + 2 * (10 + 3)
+
+
+def test_a_gpu_plan_runs_the_engines_on_the_device_and_says_unmeasured_where_no_figure_was_measured(tmp_path):
+    from layersim.plan import timing
+
+    cost = stages.measured(["svcca"], 10_000, 768, 100, 100)
+    cost.processes, cost.stage = 1, "similarity"
+    unmeasured = timing.device("h200")
+    assert unmeasured.analysis_flops.value is None  # gpu_figures.json as committed: never measured on an H200
+    assert seconds(cost, unmeasured) is None and terms(cost, unmeasured)["analysis"] is None
+    known = timing.known_seconds(cost, unmeasured)
+    assert 0 < known < seconds(cost, timing.device("cpu", flops=1e12))  # only the host part is counted
+    figures = json.loads(timing.FIGURES_FILE.read_text())
+    figures["h200"]["analysis_flops"] = {"value": 5e13, "measured": "2026-12-01"}
+    figures["h200"]["analysis_cell_seconds"] = {"value": 1e-5, "measured": "2026-12-01"}
+    path = tmp_path / "figures.json"
+    path.write_text(json.dumps(figures))
+    measured = timing.Figure(5e13, "2026-12-01"), timing.Figure(1e-5, "2026-12-01")
+    on = timing.Device("h200", 150e12, 0.8e-3, 1e12, "test", analysis_flops=measured[0],
+                       analysis_cell_seconds=measured[1], cpu_thread_flops=1e11)
+    assert timing.gpu_figures(path)["h200"]["analysis_flops"]["value"] == 5e13
+    assert terms(cost, on)["analysis"] == pytest.approx(cost.analysis_flops / 5e13 + 100 * 100 * 1e-5)
+    assert seconds(cost, on) == pytest.approx(known + terms(cost, on)["analysis"])  # the host part as before
+    assert timing.where(cost, on) == "device+host" and timing.where(cost, timing.device("cpu", flops=1e12)) == "host"
+
+
+def test_the_cli_prints_where_each_stage_runs_and_its_time_on_several_devices(tmp_path, capsys):
+    params = tmp_path / "params.yaml"
+    params.write_text(repository_params_text())
+    assert cli.main(["--params", str(params), "--root", str(tmp_path), "--device", "h200", "--gpus", "4"]) == 0
+    out = capsys.readouterr().out
+    header, rows = out.splitlines()[1], {line.split()[0]: line for line in out.splitlines()[2:] if line.strip()}
+    assert "runs on" in header and "on 4 devices" in header
+    assert "unmeasured" in rows["similarity"] and "device+host" in rows["similarity"]
+    assert "≥" in rows["total"] and "unmeasured: similarity, compare" in out
+
+
+@pytest.mark.parametrize("items, workers, wall", [([5, 3, 3, 2], 2, 7), ([4, 4, 4], 3, 4), ([4, 4, 4], 1, 12),
+                                                  ([10, 1, 1], 8, 10)])
+def test_a_stages_tasks_spread_over_devices_longest_first(items, workers, wall):
+    from layersim.plan import makespan
+
+    assert makespan(items, workers) == wall
+
+
+def test_the_stage_items_add_up_to_the_plan():
+    from layersim.plan import plan_items
+
+    params = parse_params(yaml.safe_load(repository_params_text()))
+    items, costs = plan_items(params, REPO), {c.stage: c for c in plan(params, REPO)}
+    assert list(items) == list(costs)
+    assert len(items["finetune"]) == len(params.tasks) * len(params.seeds)  # finetune@task-seed
+    for stage, parts in items.items():
+        assert sum(p.flops for p in parts) == pytest.approx(costs[stage].flops)
+        assert sum(p.bytes for p in parts) == costs[stage].bytes

@@ -64,11 +64,12 @@ def _remove_stale_temporaries(args: argparse.Namespace) -> None:
 
 
 def run_stage(main: Callable[[argparse.Namespace, Params], None], args: argparse.Namespace, *,
-              quiet_transformers: bool = True) -> None:
+              quiet_transformers: bool = True, analysis: bool = False) -> None:
     """Validate params.yaml, then run `main`; a LayersimError becomes one line on stderr and exit code 1.
 
     Validation comes first, before any library set-up, so that bad params fail before the stage reads
-    or writes anything."""
+    or writes anything. `analysis`: the stage computes similarity nulls, which then run on the `device` param's
+    device (layersim.compute.device.analysis_on: the GPU under `auto` when there is one)."""
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     try:
         params = load_params(args.params)
@@ -79,7 +80,13 @@ def run_stage(main: Callable[[argparse.Namespace, Params], None], args: argparse
 
             transformers.logging.set_verbosity_error()
             transformers.logging.disable_progress_bar()
-        main(args, params)
+        if analysis:
+            from layersim.compute.device import analysis_on, resolve_device
+
+            with analysis_on(resolve_device(params.device)):
+                main(args, params)
+        else:
+            main(args, params)
         # After the outputs, so that the record describes a finished run (docs/outputs.md, "Environment").
         from layersim.data.run_environment import write_environment_record
 

@@ -10,11 +10,15 @@
   :func:`grad_scaler` gives fp16 its loss scaler (bf16 and fp32 need none).
 - :func:`to_device` copies a batch of host tensors to the device: from pinned memory and without
   blocking on a GPU, a plain move on the CPU.
+- :func:`analysis_on` sets, for the code inside it, the device on which the similarity measures' permutation nulls
+  run (:func:`analysis_device` reads it; the CPU unless a stage says otherwise), and :func:`analysis_batch` how many
+  permutations of a given size fit that device's memory at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 
 import torch
 
@@ -80,3 +84,40 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
     if device.type == "cuda":
         return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
     return {k: v.to(device) for k, v in batch.items()}
+
+
+_ANALYSIS_DEVICE: contextvars.ContextVar[torch.device] = contextvars.ContextVar("analysis_device",
+                                                                             default=torch.device("cpu"))
+# Bytes one batch of permutations may take on the CPU: the permuted copy of the stacked y-side layers and one row
+# layer's products with it stay within the last-level caches' reach of a few hundred MB, as numpy's loop over single
+# permutations did (quickstart: 16 permutations of 600 word rows × 7 layers × 384 at a time).
+CPU_BATCH_BYTES = 256 << 20
+# The share of a GPU's free memory one batch may take (the rest: the stage's tables and torch's workspace).
+GPU_BATCH_SHARE = 0.25
+
+
+@contextlib.contextmanager
+def analysis_on(device: torch.device):
+    """Inside this context the similarity measures' null engines compute on `device` (float64 throughout)."""
+    token = _ANALYSIS_DEVICE.set(torch.device(device))
+    try:
+        yield
+    finally:
+        _ANALYSIS_DEVICE.reset(token)
+
+
+def analysis_device() -> torch.device:
+    """The device :func:`analysis_on` set (the CPU outside any such context)."""
+    return _ANALYSIS_DEVICE.get()
+
+
+def analysis_batch(bytes_per_item: float, items: int, device: torch.device | None = None) -> int:
+    """How many of `items` (permutations, resamples) of `bytes_per_item` each to compute at once on `device`
+    (default :func:`analysis_device`): at least one, at most `items`."""
+    device = analysis_device() if device is None else device
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = GPU_BATCH_SHARE * free
+    else:
+        budget = CPU_BATCH_BYTES
+    return int(max(1, min(items, budget // max(1.0, bytes_per_item))))

@@ -22,7 +22,7 @@ import pyarrow as pa
 import torch
 from torch import nn
 
-from layersim.compute.device import resolve_device, to_device
+from layersim.compute.device import analysis_on, resolve_device, to_device
 from layersim.data.batching import encode_task, sequential_batches
 from layersim.data.tasks import TaskSpec
 from layersim.data.words import align_rows
@@ -176,8 +176,9 @@ def compare_models(model_a, model_b, inputs, measures: Sequence[str] = ("linear_
         models, groups = aligned, keys[:, 0]
     else:
         models = {side.label: layers for side, (layers, _) in zip(sides, extracted)}
-    return _compare(models, sides, measures, pooling, options, uncertainty, permutations is not None,
-                    _cells(cells, sides, models), groups)
+    with analysis_on(where):  # the nulls on the device the models ran on
+        return _compare(models, sides, measures, pooling, options, uncertainty, permutations is not None,
+                        _cells(cells, sides, models), groups)
 
 
 def _checked(measures, pooling, cells, permutations, bootstrap, seed, similarity) -> tuple[list[str], dict]:

@@ -358,8 +358,8 @@ STAGES = ("check_params", "download_model", "download_compared", "download_paire
 
 @dataclass(frozen=True)
 class LaunchParams:  # `layersim launch`: the pipeline's nodes as Ray tasks (not read by any stage)
-    gpu_stages: tuple[str, ...] = knob(("finetune", "finetune_compared", "finetune_pretrained", "extract", "truncate",
-                                        "skip", "align", "freeze", "export", "dynamics"),
+    gpu_stages: tuple[str, ...] = knob(("finetune", "finetune_compared", "finetune_pretrained", "extract", "similarity",
+                                        "compare", "truncate", "skip", "align", "freeze", "export", "dynamics"),
                                        "stages whose tasks ask Ray for num_gpus (the others for num_cpus)",
                                        names=lambda: (STAGES, True))
     num_gpus: float = knob(1.0, "GPUs per task of a GPU stage (a fraction shares a GPU between tasks)", POSITIVE,

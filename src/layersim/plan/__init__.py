@@ -17,7 +17,7 @@ from layersim.params.model_kind import own_head_pooling
 from layersim.plan import stages
 from layersim.plan.sizes import model_size, task_size
 from layersim.plan.stages import StageCost
-from layersim.plan.timing import GPUS, Device, device, seconds, terms  # noqa: F401 (the plan's API)
+from layersim.plan.timing import GPUS, Device, device, known_seconds, seconds, terms, where  # noqa: F401 (the plan's API)
 
 ORDER = ("check_params", "download", "finetune", "finetune_compared", "finetune_pretrained", "extract", "similarity", "compare", "truncate",
          "skip", "export", "align", "freeze", "weights", "dynamics", "summary",
@@ -26,29 +26,52 @@ ORDER = ("check_params", "download", "finetune", "finetune_compared", "finetune_
 
 def plan(params, root: Path = Path(".")) -> list[StageCost]:
     """Every stage's cost (summed over its matrix items) for `params` in the project at `root`."""
+    return [total_of(name, items) for name, items in plan_items(params, root).items()]
+
+
+def total_of(stage: str, items: list[StageCost]) -> StageCost:
+    """One stage's matrix items summed (the first item's notes: every item of a stage notes the same)."""
+    whole = StageCost(stage, notes=items[0].notes)
+    for item in items:
+        whole.add(item)
+    return whole
+
+
+def plan_items(params, root: Path = Path(".")) -> dict[str, list[StageCost]]:
+    """Each stage's matrix items (what `layersim launch` runs as separate tasks: a task, or a task and seed), by stage,
+    in :data:`ORDER`; stages without a matrix are one item."""
     model = model_size(params.model, root)
     sizes = {name: task_size(params, name, root) for name in params.tasks}
     named = list(params.compare.models) + stages.paired_models(params)
     others = {name: model_size(name, root) for name in named}
     head = own_head_pooling(params.model)
-    costs = {"download": stages.download(params, model, sizes, others)}
+    items: dict[str, list[StageCost]] = {"download": [stages.download(params, model, sizes, others)]}
     for name, task in sizes.items():
         spec = get_task(name)
-        compared = [replace(stages.finetune(params, model, task, len(params.seeds) * len(params.finetune.compare_methods)),
-                            stage="finetune_compared")] if params.finetune.compare_methods else []
-        per_task = [stages.finetune(params, model, task, len(params.seeds)), *compared,
+        runs = [stages.finetune(params, model, task, 1) for _ in params.seeds]  # finetune@task-seed: one item a seed
+        compared = [replace(stages.finetune(params, model, task, len(params.finetune.compare_methods)),
+                            stage="finetune_compared") for _ in params.seeds] if params.finetune.compare_methods else []
+        per_task = [*runs, *compared,
                     stages.extract(params, spec, model, task, head), stages.similarity(params, model, task),
                     stages.truncate(params, model, task, spec.num_labels), stages.skip(params, model, task),
                     stages.export(params, model, task), stages.align(params, model, task),
                     stages.freeze(params, model, task), stages.weights(params, model, task),
                     stages.dynamics(params, model, task)]
-        for name_of, cost in [("finetune_pretrained", c) for c in _pretrained(params, others, task)] + \
-                [(c.stage, c) for c in per_task]:
-            costs.setdefault(name_of, StageCost(name_of, notes=cost.notes)).add(cost)
-    costs["compare"] = stages.compare(params, model, sizes, others)
+        for cost in [replace(c, stage="finetune_pretrained") for c in _pretrained(params, others, task)] + per_task:
+            items.setdefault(cost.stage, []).append(cost)
+    items["compare"] = [stages.compare(params, model, sizes, others)]
     for cost in stages.bookends(params, len(sizes)):
-        costs.setdefault(cost.stage, StageCost(cost.stage)).add(cost)
-    return [costs[name] for name in ORDER if name in costs]
+        items.setdefault(cost.stage, []).append(cost)
+    return {name: items[name] for name in ORDER if name in items}
+
+
+def makespan(seconds: list[float], workers: int) -> float:
+    """The wall time of independent items of these `seconds` on `workers` (each item on one, longest first, each to the
+    least loaded: `layersim launch`'s tasks of one stage in parallel)."""
+    loads = [0.0] * max(1, workers)
+    for value in sorted(seconds, reverse=True):
+        loads[loads.index(min(loads))] += value
+    return max(loads)
 
 
 def _pretrained(params, others, task) -> list[StageCost]:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from layersim.errors import LayersimError
 from layersim.params import parse_params, parse_yaml
-from layersim.plan import GPUS, copies, device, human, plan, seconds, total
+from layersim.plan import GPUS, copies, device, human, known_seconds, makespan, plan_items, seconds, total, total_of, where
 
-COLUMNS = ("stage", "rows", "workspace", "DVC cache", "FLOPs", "time")
+COLUMNS = ("stage", "runs on", "rows", "workspace", "DVC cache", "FLOPs", "time")
 
 
 def overridden(path: Path, overrides: list[str]) -> dict:
@@ -43,33 +43,62 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", type=Path, default=Path("."), help="the project (its .dvc/config, data/)")
     p.add_argument("--device", default="cpu", choices=("cpu", *GPUS),
                    help="cpu: this machine, its throughput measured now by a torch float32 2048² matmul (torch's "
-                        "threads); h200: measured figures, h100: the same (docs)")
+                        "threads); h200: the figures benchmarks/gpu_check.py measured on one "
+                        "(src/layersim/plan/gpu_figures.json, each dated; unmeasured ones printed so); h100: the "
+                        "H200's")
+    p.add_argument("--gpus", type=int, default=1,
+                   help="devices `layersim launch` spreads each stage's tasks over (a column of times on that many)")
     p.add_argument("--device-flops", type=float, help="effective FLOP/s of the device, instead of its default")
     p.add_argument("--pass-seconds", type=float,
                    help="fixed seconds per batch and layer (dispatch; GPU launches), instead of the device's default")
     p.add_argument("--reflinks", action="store_true", help="the volume has reflinks (XFS, Btrfs): no cache copy")
     args = p.parse_args(argv)
     try:
+        if args.gpus < 1:
+            raise LayersimError(f"--gpus {args.gpus}: the number of devices must be at least 1.")
         params = parse_params(overridden(args.params, args.overrides))
-        costs = plan(params, args.root)
+        items = plan_items(params, args.root)
     except LayersimError as err:
         print(f"layersim plan: {err}", file=sys.stderr)
         return 1
     on = device(args.device, args.device_flops, args.pass_seconds)
     n = copies(args.root, args.reflinks)
-    rows = [(c.stage, f"{c.rows:,}", human(c.bytes), human(c.bytes * (n - 1)), human(c.flops, "FLOP"),
-             duration(seconds(c, on))) for c in costs]
+    costs = [total_of(name, stage_items) for name, stage_items in items.items()]
+    columns = COLUMNS + ((f"on {args.gpus} devices",) if args.gpus > 1 else ())
+    rows, known, spread, unmeasured = [], 0.0, 0.0, []
+    for c in costs:
+        time_of = seconds(c, on)
+        known += known_seconds(c, on)
+        if time_of is None:
+            unmeasured.append(c.stage)
+        row = (c.stage, where(c, on), f"{c.rows:,}", human(c.bytes), human(c.bytes * (n - 1)), human(c.flops, "FLOP"),
+               "unmeasured" if time_of is None else duration(time_of))
+        if args.gpus > 1:
+            times = [seconds(item, on) for item in items[c.stage]]
+            wall = None if None in times else makespan(times, args.gpus)
+            spread += makespan([known_seconds(item, on) for item in items[c.stage]], args.gpus)
+            row += ("unmeasured" if wall is None else duration(wall),)
+        rows.append(row)
     whole = total(costs)
-    rows.append(("total", "", human(whole.bytes), human(whole.bytes * (n - 1)), human(whole.flops, "FLOP"),
-                 duration(sum(seconds(c, on) for c in costs))))
-    widths = [max(len(r[i]) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
+    bound = "≥ " if unmeasured else ""
+    last = ("total", "", "", human(whole.bytes), human(whole.bytes * (n - 1)), human(whole.flops, "FLOP"),
+            bound + duration(known))
+    rows.append(last + ((bound + duration(spread),) if args.gpus > 1 else ()))
+    widths = [max(len(r[i]) for r in [columns, *rows]) for i in range(len(columns))]
     print(f"layersim plan: {params.model}, {len(params.tasks)} task(s), {len(params.seeds)} seed(s), "
           f"{params.finetune.max_steps} steps")
-    for row in [COLUMNS, *rows]:
-        print("  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
+    for row in [columns, *rows]:
+        print("  " + "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
     print(f"  on disk in all: {human(whole.bytes * n)} (DVC cache {'copies' if n > 1 else 'links'} each output; "
           f"cache.type {cache_note(args.root)}); metrics and plots, a few MB a task, not counted")
     print(f"  time: {device_note(on)}")
+    if args.gpus > 1:
+        print(f"  on {args.gpus} devices: each stage's tasks spread over them (longest first), stages one after another "
+              "(layersim launch starts a stage's task as soon as its inputs exist, so this is an upper bound)")
+    if unmeasured:
+        print(f"  unmeasured: {', '.join(unmeasured)} rest on figures never measured on {on.name} (the total counts "
+              "only what is measured: a lower bound); run benchmarks/gpu_check.py on one, which writes them into "
+              "src/layersim/plan/gpu_figures.json")
     for c in costs:
         for note in c.notes:
             print(f"  {c.stage}: {note}")
@@ -83,8 +112,11 @@ def device_note(on) -> str:
     shares = (f" × {on.train_efficiency:.0%} in training steps, × {on.forward_efficiency:.0%} in forward passes"
               if on.train_efficiency != 1 or on.forward_efficiency != 1 else "")
     starts = ", ".join(f"{k} {v * on.start_scale:.1f} s" for k, v in START_SECONDS.items())
+    analysis = ("" if on.analysis_flops is None else
+                f"; the similarity nulls' engines (torch float64) on the device at "
+                f"{on.analysis_flops.note('FLOP/s')} + {on.analysis_cell_seconds.note('s')} a cell")
     return (f"{on.name} at {human(on.flops, 'FLOP/s')} ({on.basis}){shares}, + {on.pass_seconds * 1e3:.1f} ms a "
-            f"layer pass; numpy (similarity measures, SVDs) on the host CPU at {human(on.cpu_flops, 'FLOP/s')} "
+            f"layer pass{analysis}; numpy (similarity measures, SVDs) on the host CPU at {human(on.cpu_flops, 'FLOP/s')} "
             f"(small products on one thread: {human(on.cpu_thread_flops, 'FLOP/s')}) "
             f"+ {EVALUATION_SECONDS * 1e3:.2f} ms a similarity cell; a stage process starts in {starts} (+ "
             f"{FIRST_LOAD_SECONDS * on.start_scale:.1f} s at its first model load); models read at "

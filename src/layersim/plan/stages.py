@@ -39,11 +39,16 @@ class StageCost:
     host_flops: float = 0.0   # the part of flops that numpy runs on the host CPU (similarity measures, SVDs)
     small_flops: float = 0.0  # the part of host_flops in products too small for more than one thread
     svd_flops: float = 0.0    # the part of host_flops in float64 LAPACK SVDs (the weights stage)
+    # The part of host_flops and evaluations that the permutation nulls' engines run (torch, float64): on the host
+    # in a CPU plan, on the GPU in a GPU plan (layersim.compute.device.analysis_on).
+    analysis_flops: float = 0.0
+    analysis_evaluations: int = 0
     notes: list[str] = field(default_factory=list)
 
     def add(self, other: "StageCost") -> None:
         for name in ("rows", "bytes", "flops", "passes", "train_flops", "processes", "loads", "load_bytes",
-                     "evaluations", "heatmaps", "host_flops", "small_flops", "svd_flops"):
+                     "evaluations", "heatmaps", "host_flops", "small_flops", "svd_flops", "analysis_flops",
+                     "analysis_evaluations"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
@@ -122,6 +127,8 @@ def extract(params, spec, model: ModelSize, task: TaskSize, head: str) -> StageC
 
 
 EXACT_NULL = ("linear_cka",)  # its null's moments are exact (layersim.similarity.inference.null): no permutations
+LINEAR_CKA_BLOCK_PERMUTATIONS = 199  # …while rows are exchangeable; with blocks it samples at least these
+# (layersim.similarity.inference.exchangeability.LINEAR_CKA_BLOCK_PERMUTATIONS)
 SMALL_PRODUCT = 1e8  # layersim.similarity._common: below rows × width² multiply-adds a product runs on one thread
 
 
@@ -138,14 +145,20 @@ def measure_flops(measure: str, n: int, d: int) -> float:
     return 2 * n * d * d
 
 
-def measured(measures, n: int, d: int, pairs: int, permutations: int, resamples: int = 0) -> StageCost:
+def measured(measures, n: int, d: int, pairs: int, permutations: int, resamples: int = 0,
+             blocks: bool = False) -> StageCost:
     """`pairs` layer pairs of each measure on n points of width d, over the observed matrix, each permutation of the
-    null (none for an exact null) and `resamples` bootstrap cells: numpy on the host, on one thread where the
-    products are small."""
+    null (none for an exact null; with `blocks`, rows of one example together, linear CKA samples at least
+    LINEAR_CKA_BLOCK_PERMUTATIONS) and `resamples` bootstrap cells: numpy on the host, on one thread where the
+    products are small; the permutations are the nulls' engines' (analysis_flops: on the GPU of a GPU plan)."""
     cost = StageCost("similarity")
     for m in measures:
-        cells = pairs * (1 + (0 if m in EXACT_NULL else permutations)) + resamples
-        cost.add(StageCost("similarity", flops=measure_flops(m, n, d) * cells, evaluations=cells))
+        drawn = 0 if m in EXACT_NULL and not blocks else max(permutations, LINEAR_CKA_BLOCK_PERMUTATIONS) \
+            if m in EXACT_NULL else permutations
+        cells = pairs * (1 + drawn) + resamples
+        flops = measure_flops(m, n, d)
+        cost.add(StageCost("similarity", flops=flops * cells, evaluations=cells, analysis_flops=flops * pairs * drawn,
+                           analysis_evaluations=pairs * drawn))
     return host(cost, n * d * d)
 
 
@@ -167,7 +180,7 @@ def similarity(params, model: ModelSize, task: TaskSize) -> StageCost:
     for pooling, measures in s.measures.items():
         n = min(params.extract.max_tokens, rows["words"]) if pooling == "tokens" else rows["validation"] * task.choices
         cost.rows += n
-        cost.add(measured(measures, n, model.shape.hidden, pairs, s.permutations, resamples))
+        cost.add(measured(measures, n, model.shape.hidden, pairs, s.permutations, resamples, pooling == "tokens"))
     return cost
 
 
@@ -321,5 +334,6 @@ def compare(params, model: ModelSize, tasks: dict[str, TaskSize], others: dict[s
     stacked = sum(L(m) + 1 for m in models)
     for pooling, measures in s.measures.items():
         rows = min(params.extract.max_tokens, words) if pooling == "tokens" else n
-        cost.add(measured(measures, rows, model.shape.hidden, stacked * (stacked + 1) // 2, s.permutations))
+        cost.add(measured(measures, rows, model.shape.hidden, stacked * (stacked + 1) // 2, s.permutations,
+                          pooling == "tokens"))
     return cost

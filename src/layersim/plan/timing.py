@@ -20,8 +20,10 @@ numpy keeps them on the calling thread)."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from layersim.plan.stages import StageCost
 
@@ -48,14 +50,33 @@ HEATMAP_SECONDS = 0.3        # a heatmap with a value written in each cell (matp
 SVD_EFFICIENCY = 0.3
 CPU_BANDWIDTH = 10e9          # bytes/s a core streams (a checkpoint read from the page cache)
 
-# Measured on an H200 by benchmarks/gpu_check.py (bf16 autocast, torch 2.11; docs/paper-configuration.md): a training
-# step of batch 4 through RoBERTa-base (3 × 12 layer passes) takes 29–36 ms at 128–256 tokens, RoBERTa-large's
-# (3 × 24) 53–60 ms, whatever the FLOPs: launch-bound, about 0.8 ms a layer pass; the forward pass at batch 32 with
-# every layer copied back reaches 147 TFLOP/s (base) to 198 (large) at 256 tokens. An H100 has the same bf16 peak
-# and launch costs; its figures are the H200's, not measured.
-_MEASURED = "measured on an H200 by benchmarks/gpu_check.py, 2026-11-27"
-GPUS = {"h100": (150e12, 0.8e-3, "the H200's measured figures, not measured on an H100"),
-        "h200": (150e12, 0.8e-3, _MEASURED)}
+# What a GPU does, each figure as benchmarks/gpu_check.py measured it on one (gpu_figures.json beside this module: the
+# value, the date, what was timed; null for a figure never measured, printed as unmeasured). On an H200 (2026-11-27,
+# bf16 autocast, torch 2.11) a training step of batch 4 through RoBERTa-base (3 × 12 layer passes) took 29–36 ms at
+# 128–256 tokens, RoBERTa-large's (3 × 24) 53–60 ms, whatever the FLOPs: launch-bound, about 0.8 ms a layer pass; the
+# forward pass at batch 32 with every layer copied back reached 147 TFLOP/s (base) to 198 (large) at 256 tokens.
+FIGURES_FILE = Path(__file__).with_name("gpu_figures.json")
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured figure of a GPU: its value (None: never measured) and the date it was measured."""
+    value: float | None
+    measured: str | None
+
+    def note(self, unit: str) -> str:
+        return "unmeasured" if self.value is None else f"{_human(self.value, unit)} (measured {self.measured})"
+
+
+def gpu_figures(path: Path = FIGURES_FILE) -> dict[str, dict]:
+    """Each GPU's figures by name (an entry "same_as" another GPU takes that one's, its machine line saying so)."""
+    entries = {name: entry for name, entry in json.loads(path.read_text(encoding="utf-8")).items()
+               if not name.startswith("_")}
+    return {name: entries[entry["same_as"]] | {"machine": entry["machine"]} if "same_as" in entry else entry
+            for name, entry in entries.items()}
+
+
+GPUS = tuple(gpu_figures())
 ASSUMED_GPU_CPU_FLOPS = 1e12  # a GPU machine's host CPU (16 cores or more) on numpy matmuls
 ASSUMED_GPU_CPU_THREAD_FLOPS = 1e11  # … on one of its threads (this CPU's: 105 GFLOP/s)
 
@@ -76,6 +97,10 @@ class Device:
     bandwidth: float = CPU_BANDWIDTH  # the host's, which reads the checkpoints (on a GPU machine too)
     cpu_thread_flops: float = 0.0     # the host CPU's on one thread (numpy's small products)
     start_scale: float = 1.0
+    # Where the similarity nulls' engines run (layersim.compute.device.analysis_on): None on a CPU plan (with the host's
+    # numpy terms); on a GPU, its float64 throughput and per-cell cost there, each a Figure (possibly unmeasured).
+    analysis_flops: Figure | None = None
+    analysis_cell_seconds: Figure | None = None
 
 
 def measured_cpu_flops(threads: int | None = None, size: int = 2048, repeats: int = 3) -> float:
@@ -99,13 +124,19 @@ def measured_cpu_flops(threads: int | None = None, size: int = 2048, repeats: in
 
 
 def device(name: str = "cpu", flops: float | None = None, pass_seconds: float | None = None) -> Device:
-    """`flops` given: that throughput (a GPU's name, if given too, keeps its pass time); "cpu": this machine's matmul,
-    measured now, with the CPU's efficiencies and pass time; "h100", "h200": the figures above."""
+    """`flops` given: that throughput (a GPU's name, if given too, keeps its other figures); "cpu": this machine's
+    matmul, measured now, with the CPU's efficiencies and pass time; a GPU's name: its figures (gpu_figures.json)."""
     if name in GPUS:
-        effective, overhead, basis = GPUS[name]
-        return Device(name, flops or effective, overhead if pass_seconds is None else pass_seconds,
-                      ASSUMED_GPU_CPU_FLOPS, basis if flops is None else "given",
-                      cpu_thread_flops=ASSUMED_GPU_CPU_THREAD_FLOPS)
+        figures = gpu_figures()[name]
+        training, passes = (Figure(**{k: figures[key][k] for k in ("value", "measured")})
+                            for key in ("training_flops", "pass_seconds"))
+        basis = f"{figures['machine']}; training {training.note('FLOP/s')}, a layer pass {passes.note('s')}"
+        return Device(name, flops or training.value, passes.value if pass_seconds is None else pass_seconds,
+                      ASSUMED_GPU_CPU_FLOPS, basis if flops is None and pass_seconds is None else "given",
+                      cpu_thread_flops=ASSUMED_GPU_CPU_THREAD_FLOPS,
+                      analysis_flops=Figure(**{k: figures["analysis_flops"][k] for k in ("value", "measured")}),
+                      analysis_cell_seconds=Figure(**{k: figures["analysis_cell_seconds"][k]
+                                                      for k in ("value", "measured")}))
     cpu = measured_cpu_flops() if flops is None else flops
     one = measured_cpu_flops(1) if flops is None else flops / max(1, _threads())
     return Device(name, cpu, CPU_PASS_SECONDS if pass_seconds is None else pass_seconds, cpu,
@@ -119,21 +150,57 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
-def terms(cost: StageCost, on: Device) -> dict[str, float]:
-    """The seconds of each term of `cost` on `on` (the module's docstring)."""
+def terms(cost: StageCost, on: Device) -> dict[str, float | None]:
+    """The seconds of each term of `cost` on `on` (the module's docstring); None for a term that rests on a figure
+    never measured (the nulls' engines on a GPU before benchmarks/gpu_check.py timed them there)."""
     forward = cost.flops - cost.host_flops - cost.train_flops
+    on_gpu = on.analysis_flops is not None  # the nulls' engines run on the device, the rest of the numpy on the host
+    host_flops = cost.host_flops - (cost.analysis_flops if on_gpu else 0.0)
+    small_flops = max(0.0, cost.small_flops - (cost.analysis_flops if on_gpu else 0.0))
     compute = (cost.train_flops / on.train_efficiency + forward / on.forward_efficiency) / on.flops + \
-        (cost.small_flops / on.cpu_thread_flops if cost.small_flops else 0.0) + \
-        (cost.host_flops - cost.small_flops - cost.svd_flops) / on.cpu_flops + cost.svd_flops / (on.cpu_flops * SVD_EFFICIENCY)
+        (small_flops / on.cpu_thread_flops if small_flops else 0.0) + \
+        (host_flops - small_flops - cost.svd_flops) / on.cpu_flops + cost.svd_flops / (on.cpu_flops * SVD_EFFICIENCY)
     start = cost.processes * START_SECONDS[STACK.get(cost.stage, "model")]
     if cost.stage == "download" and cost.processes:  # download_model imports the model stack (it checks the model)
         start += START_SECONDS["model"] - START_SECONDS["light"]
     first = cost.processes * FIRST_LOAD_SECONDS * on.start_scale if cost.loads else 0.0
-    return {"start": start * on.start_scale,
-            "loads": first + cost.loads * LOAD_SECONDS + cost.load_bytes / on.bandwidth,
-            "compute": compute, "passes": cost.passes * on.pass_seconds,
-            "evaluations": cost.evaluations * EVALUATION_SECONDS + cost.heatmaps * HEATMAP_SECONDS}
+    host_evaluations = cost.evaluations - (cost.analysis_evaluations if on_gpu else 0)
+    out = {"start": start * on.start_scale,
+           "loads": first + cost.loads * LOAD_SECONDS + cost.load_bytes / on.bandwidth,
+           "compute": compute, "passes": cost.passes * on.pass_seconds,
+           "evaluations": host_evaluations * EVALUATION_SECONDS + cost.heatmaps * HEATMAP_SECONDS}
+    if on_gpu and cost.analysis_evaluations:
+        rate, per_cell = on.analysis_flops.value, on.analysis_cell_seconds.value
+        out["analysis"] = None if rate is None or per_cell is None else \
+            cost.analysis_flops / rate + cost.analysis_evaluations * per_cell
+    return out
 
 
-def seconds(cost: StageCost, on: Device) -> float:
-    return sum(terms(cost, on).values())
+def seconds(cost: StageCost, on: Device) -> float | None:
+    """The stage's time on `on`, or None when a term rests on an unmeasured figure."""
+    values = terms(cost, on).values()
+    return None if None in values else sum(values)
+
+
+def known_seconds(cost: StageCost, on: Device) -> float:
+    """The part of the stage's time that rests on measured figures only (all of it where :func:`seconds` is not None)."""
+    return sum(value for value in terms(cost, on).values() if value is not None)
+
+
+def where(cost: StageCost, on: Device) -> str:
+    """Where the stage's work runs on `on`: the device (models, nulls' engines), the host (numpy), or both."""
+    device_work = cost.flops - cost.host_flops + (cost.analysis_flops if on.analysis_flops is not None else 0.0)
+    host_work = cost.host_flops - (cost.analysis_flops if on.analysis_flops is not None else 0.0)
+    if on.analysis_flops is None and not cost.train_flops and device_work == 0:
+        return "host" if cost.flops else "-"
+    parts = [name for name, work in (("device", device_work), ("host", host_work)) if work > 0]
+    return "+".join(parts) or "-"
+
+
+def _human(value: float, unit: str) -> str:
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:.1f} {prefix}{unit}"
+    if unit == "s" and value < 1:
+        return f"{value * 1e3:.2f} ms"
+    return f"{value:g} {unit}"

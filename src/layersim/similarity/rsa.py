@@ -153,4 +153,4 @@ def rsa_engine(x_named: Named, y_named: Named | None, cells: np.ndarray, *, rdm:
     stats = _stats(x_named + (y_named or []), rdm, compare, sources)
     kx = np.stack(stats[: len(x_named)])
     ky = kx if y_named is None else np.stack(stats[len(x_named):])
-    return KernelEngine(cells, kx, ky, lambda inner, perm: np.clip(inner, -1.0, 1.0))
+    return KernelEngine(cells, kx, ky, lambda inner, perms: inner.clamp(-1.0, 1.0))

@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from layersim.errors import LayersimError
 from layersim.similarity._common import Named, centre, named_lists, validated
@@ -138,7 +139,7 @@ def shape_engine(x_named: Named, y_named: Named | None, cells: np.ndarray, *, al
     stats = _stats(x_named + (y_named or []), alpha)
     sx = stats[: len(x_named)]
     sy = sx if y_named is None else stats[len(x_named):]
-    return ProductEngine(cells, sx, sy, lambda i, j, block: _nuclear(block))
+    return ProductEngine(cells, sx, sy, lambda i, j, blocks: torch.linalg.svdvals(blocks).sum(dim=-1).clamp(0.0, 1.0))
 
 
 def procrustes_engine(x_named: Named, y_named: Named | None, cells: np.ndarray) -> ProductEngine:

@@ -6,14 +6,23 @@ engine computes every layer's statistics ONCE, and a permutation ``π`` only row
 statistics (a basis ``Q[π]``, a kernel ``K[π][:, π]``) before the cheap per-pair work:
 
 * *product* engines (linear and debiased CKA in feature space, the CCA family, neuronsim,
-  mixedsim): the y-side matrices of all layers are stacked into one ``(n, Σ b_j)`` array, permuted
-  once per permutation, and each x layer's ``A_iᵀ B[π]`` is one GEMM against the whole stack; each
+  mixedsim, the shape metrics): the y-side matrices of all layers are stacked into one ``(n, Σ b_j)`` array,
+  permuted once per permutation, and each x layer's ``A_iᵀ B[π]`` is one GEMM against the whole stack; each
   cell then reduces its block (sum of squares, singular values, max |r|, column norms);
-* *kernel* engines (linear and debiased CKA in sample space, RBF CKA): the centred ``n x n`` kernels
+* *kernel* engines (linear and debiased CKA in sample space, RBF CKA, RSA): the centred ``n x n`` kernels
   are permuted as ``K[π][:, π]`` and all inner products are one GEMM of the flattened kernels.
 
+The per-permutation work runs in torch, float64, on the analysis device (:func:`layersim.compute.device.analysis_on`:
+the GPU in a stage whose ``device`` is one, the CPU otherwise), a batch of permutations at a time
+(``values_batch``: as many as :func:`~layersim.compute.device.analysis_batch` lets fit), so that a GPU's thousands of
+cores see products of ``P`` permutations at once and the CPU pays Python's per-call cost once per batch. The layers'
+statistics are prepared once, in numpy float64, on the host. Float64 throughout: the values equal the measures'
+own functions (:func:`layersim.similarity.similarity_matrix` on ``ys[j][π]``) to rounding, so a seed gives the same
+p-values on every device (tests/test_device_null.py).
+
 ``values(perm)`` returns the ``(len(xs), len(ys))`` array of the measure between ``xs[i]`` and
-``ys[j][perm]`` for the requested cells (NaN elsewhere); ``perm=None`` is the observed matrix.
+``ys[j][perm]`` for the requested cells (NaN elsewhere); ``perm=None`` is the observed matrix;
+``values_batch(perms)`` the ``(P, len(xs), len(ys))`` array for ``P`` permutations (rows of ``perms``).
 """
 
 from __future__ import annotations
@@ -21,7 +30,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import torch
 
+from layersim.compute.device import analysis_device
 from layersim.errors import LayersimError, unknown_name
 import layersim.similarity.cca as cca
 import layersim.similarity.cka as cka
@@ -29,19 +40,24 @@ import layersim.similarity.kernels as kernels
 import layersim.similarity.neurons as neurons
 from layersim.similarity._common import Named, centre, check_rtol, validated
 
-Reduce = Callable[[int, int, np.ndarray], float]
+# A cell's reduction of its blocks: (i, j, blocks of shape (P, a_i, b_j)) -> the P values, as a tensor.
+Reduce = Callable[[int, int, torch.Tensor], torch.Tensor]
+# A whole-matrix finish of raw per-cell values (P, rows, cols), given the permutations (P, n) or None.
+Finish = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
 def _offsets(widths) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(widths)]).astype(np.int64)
 
 
-def _stack(mats: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    return np.ascontiguousarray(np.concatenate(mats, axis=1)), _offsets([m.shape[1] for m in mats])
+def on_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A float64 copy of `a` on `device` (the engines' only precision)."""
+    return torch.as_tensor(np.ascontiguousarray(a, dtype=np.float64), device=device)
 
 
 class _Engine:
-    """Base: the boolean ``cells`` mask and the ``values(perm)`` contract."""
+    """Base: the boolean ``cells`` mask and the ``values(perm)`` / ``values_batch(perms)`` contract (a subclass
+    defines one of the two)."""
 
     def __init__(self, cells: np.ndarray):
         self.cells = cells
@@ -49,53 +65,103 @@ class _Engine:
         self.cols = np.flatnonzero(cells.any(axis=0))
 
     def values(self, perm: np.ndarray | None) -> np.ndarray:
+        return self.values_batch(None if perm is None else np.asarray(perm)[None])[0]
+
+    def values_batch(self, perms: np.ndarray | None) -> np.ndarray:
+        """``(P, len(xs), len(ys))`` for the ``P`` rows of `perms` (``(1, …)`` for None: the observed matrix)."""
+        if perms is None:
+            return self.values(None)[None]
+        return np.stack([self.values(perm) for perm in perms])
+
+    def bytes_per_permutation(self) -> float:
+        """Device memory one permutation of a batch takes (0: the engine computes one at a time)."""
+        return 0.0
+
+
+class _DeviceEngine(_Engine):
+    """An engine whose per-permutation work is torch on the analysis device: ``raw(perms)`` gives the
+    ``(P, rows, cols)`` tensor there (NaN outside the cells); one copy back to the host per batch."""
+
+    def __init__(self, cells: np.ndarray):
+        super().__init__(cells)
+        self.device = analysis_device()
+
+    def values_batch(self, perms: np.ndarray | None) -> np.ndarray:
+        index = None if perms is None else torch.as_tensor(np.asarray(perms, dtype=np.int64), device=self.device)
+        out = self.raw(index)
+        out[:, torch.as_tensor(~self.cells, device=self.device)] = torch.nan
+        return out.cpu().numpy()
+
+    def raw(self, perms: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
 
+    def _empty(self, count: int) -> torch.Tensor:
+        return torch.full((count, *self.cells.shape), torch.nan, dtype=torch.float64, device=self.device)
 
-class ProductEngine(_Engine):
-    """Cells from the blocks ``A_iᵀ B_j[π]``: x-side matrices ``a[i]`` (n, a_i), y-side ``b[j]``."""
+
+class ProductEngine(_DeviceEngine):
+    """Cells from the blocks ``A_iᵀ B_j[π]``: x-side matrices ``a[i]`` (n, a_i), y-side ``b[j]``; ``reduce`` takes a
+    cell's blocks for a batch of permutations, ``(P, a_i, b_j)``, to its ``P`` values."""
 
     def __init__(self, cells: np.ndarray, a: list[np.ndarray], b: list[np.ndarray], reduce: Reduce):
         super().__init__(cells)
-        self.a = a
-        self.stack, self.offsets = _stack(b)
+        self.a = {int(i): on_device(a[i], self.device) for i in self.rows}  # only the layers a cell uses
+        self.stack = on_device(np.concatenate(b, axis=1), self.device)
+        self.offsets = _offsets([m.shape[1] for m in b])
         self.reduce = reduce
 
-    def values(self, perm: np.ndarray | None) -> np.ndarray:
-        bp = self.stack if perm is None else self.stack[perm]
-        out = np.full(self.cells.shape, np.nan)
+    def bytes_per_permutation(self) -> float:
+        n, width = self.stack.shape
+        widest = max((a.shape[1] for a in self.a.values()), default=0)
+        return 8.0 * (n + widest) * width  # the permuted stack and one row layer's products with it
+
+    def raw(self, perms: torch.Tensor | None) -> torch.Tensor:
+        bp = self.stack.unsqueeze(0) if perms is None else self.stack[perms]  # (P, n, Σ b_j)
+        out = self._empty(len(bp))
         off = self.offsets
         for i in self.rows:
             js = np.flatnonzero(self.cells[i])
+            at = self.a[int(i)].T
             if 2 * len(js) >= self.cells.shape[1]:
-                prod = self.a[i].T @ bp  # one GEMM against every y layer at once
-                for j in js:
-                    out[i, j] = self.reduce(i, j, prod[:, off[j] : off[j + 1]])
+                prod = torch.matmul(at, bp)  # one batched GEMM against every y layer at once
+                blocks = [prod[:, :, off[j] : off[j + 1]] for j in js]
             else:
-                for j in js:
-                    out[i, j] = self.reduce(i, j, self.a[i].T @ bp[:, off[j] : off[j + 1]])
+                blocks = [torch.matmul(at, bp[:, :, off[j] : off[j + 1]]) for j in js]
+            values = [self.reduce(int(i), int(j), blk) for j, blk in zip(js, blocks)]
+            out[:, int(i), torch.as_tensor(js, device=self.device)] = torch.stack(values, dim=1)
         return out
 
 
-class KernelEngine(_Engine):
-    """Cells from ``<K_i, L_j[π][:, π]>_F`` of centred ``n x n`` kernels, then ``finish(inner, perm)``."""
+class KernelEngine(_DeviceEngine):
+    """Cells from ``<K_i, L_j[π][:, π]>_F`` of centred ``n x n`` kernels, then ``finish(inner, perms)``."""
 
-    def __init__(self, cells: np.ndarray, kx: np.ndarray, ky: np.ndarray,
-                 finish: Callable[[np.ndarray, np.ndarray | None], np.ndarray]):
+    def __init__(self, cells: np.ndarray, kx: np.ndarray, ky: np.ndarray, finish: Finish):
         super().__init__(cells)
         n = kx.shape[-1]
-        self.kx = kx.reshape(len(kx), n * n)[self.rows]
-        self.ky = ky.reshape(len(ky), n, n)[self.cols]
+        self.n = n
+        self.kx = on_device(kx.reshape(len(kx), n * n)[self.rows], self.device)
+        self.ky = on_device(ky.reshape(len(ky), n, n)[self.cols], self.device)
         self.finish = finish
 
-    def values(self, perm: np.ndarray | None) -> np.ndarray:
-        # Rows then columns: two plain gathers run ~2.5x faster than one np.ix_ gather of the same entries.
-        ky = self.ky if perm is None else self.ky[:, perm][:, :, perm]
-        inner = np.full(self.cells.shape, np.nan)
-        inner[np.ix_(self.rows, self.cols)] = self.kx @ ky.reshape(len(ky), -1).T
-        out = self.finish(inner, perm)
-        out[~self.cells] = np.nan
-        return out
+    def bytes_per_permutation(self) -> float:
+        return 8.0 * 2 * len(self.cols) * self.n * self.n  # the permuted kernels, and their gather's index
+
+    def raw(self, perms: torch.Tensor | None) -> torch.Tensor:
+        if perms is None:
+            ky = self.ky.unsqueeze(0)
+        else:  # K[π][:, π] for every permutation and kernel: (P, kernels, n, n)
+            ky = self.ky[:, perms[:, :, None], perms[:, None, :]].transpose(0, 1)
+        count = len(ky)
+        inner = self._empty(count)
+        flat = ky.reshape(count, len(self.cols), -1)
+        rows = torch.as_tensor(self.rows, device=self.device)
+        cols = torch.as_tensor(self.cols, device=self.device)
+        inner[:, rows[:, None], cols[None, :]] = torch.matmul(self.kx, flat.transpose(1, 2))
+        return self.finish(inner, perms)
+
+
+def _sum_of_squares(i: int, j: int, blocks: torch.Tensor) -> torch.Tensor:
+    return blocks.square().sum(dim=(-2, -1))
 
 
 # --- linear and debiased CKA ---
@@ -128,43 +194,50 @@ def cka_engine(x_named: Named, y_named: Named | None, cells: np.ndarray, *, meth
     rows_x = np.stack([np.einsum("ij,ij->i", c, c) for c in xc])
     rows_y = rows_x if y_named is None else np.stack([np.einsum("ij,ij->i", c, c) for c in yc])
 
+    device = analysis_device()
+    rows_x_t = on_device(rows_x, device)
+    rows_y_t = rows_x_t if y_named is None else on_device(rows_y, device)
     if debiased:
-        def unbiased(cross, kx, ky):  # n(n-3)·HSIC_1, as kernels._debiased_cka
-            return cross - n / (n - 2.0) * (kx @ ky.T) + np.outer(kx.sum(1), ky.sum(1)) / ((n - 1.0) * (n - 2.0))
-        den_x = kernels._checked_self(np.diag(unbiased(np.diag(self_x), rows_x, rows_x)), self_x, checked)
-        den_y = den_x if y_named is None else kernels._checked_self(
-            np.diag(unbiased(np.diag(self_y), rows_y, rows_y)), self_y, checked[len(x_named):])
-        norm = np.sqrt(den_x)[:, None] * np.sqrt(den_y)[None, :]
+        def unbiased(cross, kx, ky):  # n(n-3)·HSIC_1, as kernels._debiased_cka; ky (…, layers, n), batched or not
+            return cross - n / (n - 2.0) * torch.matmul(kx, ky.transpose(-1, -2)) + \
+                kx.sum(-1)[:, None] * ky.sum(-1)[..., None, :] / ((n - 1.0) * (n - 2.0))
 
-        def finish(cross: np.ndarray, perm) -> np.ndarray:
-            ky = rows_y if perm is None else rows_y[:, perm]
-            return np.clip(unbiased(cross, rows_x, ky) / norm, -1.0, 1.0)
+        def self_terms(self_hsic, rows):
+            return torch.diagonal(unbiased(torch.diag(on_device(self_hsic, device)), rows, rows)).cpu().numpy()
+        den_x = kernels._checked_self(self_terms(self_x, rows_x_t), self_x, checked)
+        den_y = den_x if y_named is None else kernels._checked_self(self_terms(self_y, rows_y_t), self_y,
+                                                                    checked[len(x_named):])
+        norm = on_device(np.sqrt(den_x)[:, None] * np.sqrt(den_y)[None, :], device)
+
+        def finish(cross: torch.Tensor, perms: torch.Tensor | None) -> torch.Tensor:
+            ky = rows_y_t if perms is None else rows_y_t[:, perms].transpose(0, 1)  # (P, layers, n)
+            return (unbiased(cross, rows_x_t, ky) / norm).clamp(-1.0, 1.0)
     else:
-        norm = np.sqrt(self_x)[:, None] * np.sqrt(self_y)[None, :]
+        norm = on_device(np.sqrt(self_x)[:, None] * np.sqrt(self_y)[None, :], device)
 
-        def finish(cross: np.ndarray, perm) -> np.ndarray:
-            return np.clip(cross / norm, 0.0, 1.0)
+        def finish(cross: torch.Tensor, perms: torch.Tensor | None) -> torch.Tensor:
+            return (cross / norm).clamp(0.0, 1.0)
 
     widths_x, widths_y = [c.shape[1] for c in xc], [c.shape[1] for c in yc]
     if _use_gram(method, n, widths_x, widths_y, len(xc), len(yc)):
         kx = np.stack([c @ c.T for c in xc])
         ky = kx if y_named is None else np.stack([c @ c.T for c in yc])
         return KernelEngine(cells, kx, ky, finish)
-    engine = ProductEngine(cells, xc, yc, lambda i, j, block: float(np.einsum("ij,ij->", block, block)))
-    return _Finished(engine, finish)
+    return _Finished(ProductEngine(cells, xc, yc, _sum_of_squares), finish)
 
 
-class _Finished(_Engine):
+class _Finished(_DeviceEngine):
     """A product engine whose raw per-cell values are finished by a whole-matrix function."""
 
-    def __init__(self, inner: ProductEngine, finish):
+    def __init__(self, inner: ProductEngine, finish: Finish):
         super().__init__(inner.cells)
         self.inner, self.finish = inner, finish
 
-    def values(self, perm):
-        out = self.finish(self.inner.values(perm), perm)
-        out[~self.cells] = np.nan
-        return out
+    def bytes_per_permutation(self) -> float:
+        return self.inner.bytes_per_permutation()
+
+    def raw(self, perms: torch.Tensor | None) -> torch.Tensor:
+        return self.finish(self.inner.raw(perms), perms)
 
 
 def rbf_engine(x_named: Named, y_named: Named | None, cells: np.ndarray, *, sigma_scale: float = 1.0,
@@ -185,8 +258,8 @@ def rbf_engine(x_named: Named, y_named: Named | None, cells: np.ndarray, *, sigm
         [kernels.centred_rbf_kernel(name, a, sigma_scale) for name, a in checked[len(x_named):]])
     norm_x = np.sqrt(np.einsum("kij,kij->k", kx, kx))
     norm_y = norm_x if y_named is None else np.sqrt(np.einsum("kij,kij->k", ky, ky))
-    norm = norm_x[:, None] * norm_y[None, :]
-    return KernelEngine(cells, kx, ky, lambda inner, perm: np.clip(inner / norm, 0.0, 1.0))
+    norm = on_device(norm_x[:, None] * norm_y[None, :], analysis_device())
+    return KernelEngine(cells, kx, ky, lambda inner, perms: (inner / norm).clamp(0.0, 1.0))
 
 
 # --- CCA family ---
@@ -210,8 +283,8 @@ def svcca_engine(x_named, y_named, cells, *, variance_threshold: float = 0.99, r
     bx, by = _cca_bases(x_named, y_named, "SVCCA", method="svd", variance_threshold=variance_threshold, rtol=rtol,
                         max_dims=max_dims)
 
-    def reduce(i, j, block):
-        return float(np.clip(np.linalg.svd(block, compute_uv=False), 0.0, 1.0).mean())
+    def reduce(i, j, blocks):
+        return torch.linalg.svdvals(blocks).clamp(0.0, 1.0).mean(dim=-1)
 
     return ProductEngine(cells, [b.q for b in bx], [b.q for b in by], reduce)
 
@@ -222,9 +295,9 @@ def mean_cca_engine(x_named, y_named, cells, *, method: str = "svd", rtol: float
     check_rtol(rtol)
     bx, by = _cca_bases(x_named, y_named, "CCA", method=method, rtol=rtol, max_dims=max_dims)
 
-    def reduce(i, j, block):
+    def reduce(i, j, blocks):
         # Σ ρ² = ||Qxᵀ Qy||_F²: no SVD needed.
-        return min(float(np.einsum("ij,ij->", block, block)) / min(block.shape), 1.0)
+        return (_sum_of_squares(i, j, blocks) / min(blocks.shape[-2:])).clamp(max=1.0)
 
     return ProductEngine(cells, [b.q for b in bx], [b.q for b in by], reduce)
 
@@ -237,10 +310,15 @@ def pwcca_engine(x_named, y_named, cells, *, method: str = "svd", variance_thres
     bx, by = _cca_bases(x_named, y_named, "PWCCA", method=method, variance_threshold=variance_threshold,
                         rtol=rtol, keep_coords=True, max_dims=max_dims)
 
-    def reduce(i, j, block):
-        # Weights from x's neurons, whose coordinates do not move under a permutation of y.
-        u, rho, _ = np.linalg.svd(block, full_matrices=False)
-        return cca._pw_weighted(u.T @ bx[i].coords, np.clip(rho, 0.0, 1.0))
+    device = analysis_device()
+    coords = {i: on_device(bx[i].coords, device) for i in np.flatnonzero(cells.any(axis=1))}
+
+    def reduce(i, j, blocks):
+        # Weights from x's neurons, whose coordinates do not move under a permutation of y: Σ α_k ρ_k / Σ α_k with
+        # α_k = Σ_j |h_kᵀ xc_j| (cca._pw_weighted, batched).
+        u, rho, _ = torch.linalg.svd(blocks, full_matrices=False)
+        alpha = torch.matmul(u.transpose(-1, -2), coords[i]).abs().sum(dim=-1)
+        return ((alpha * rho.clamp(0.0, 1.0)).sum(dim=-1) / alpha.sum(dim=-1)).clamp(0.0, 1.0)
 
     return ProductEngine(cells, [b.q for b in bx], [b.q for b in by], reduce)
 
@@ -253,8 +331,8 @@ def neuronsim_engine(x_named, y_named, cells):
     zx = [neurons.standardise(name, a, "neuronsim").z for name, a in checked[: len(x_named)]]
     zy = zx if y_named is None else [neurons.standardise(name, a, "neuronsim").z for name, a in checked[len(x_named):]]
 
-    def reduce(i, j, block):
-        return min(float(np.abs(block).max(axis=1).mean()), 1.0)
+    def reduce(i, j, blocks):
+        return blocks.abs().amax(dim=-1).mean(dim=-1).clamp(max=1.0)
 
     return ProductEngine(cells, zx, zy, reduce)
 
@@ -271,9 +349,9 @@ def mixedsim_engine(x_named, y_named, cells, *, method: str = "svd", rtol: float
     qy = [neurons._regressor_basis(name, a, method, rtol).q if j in cols else np.zeros((a.shape[0], 0))
           for j, (name, a) in enumerate(y_checked)]
 
-    def reduce(i, j, block):
-        # block = Zxᵀ Qy[π]: row k holds the coordinates of neuron k's least-squares prediction.
-        return float(np.minimum(np.sqrt(np.einsum("ij,ij->i", block, block)), 1.0).mean())
+    def reduce(i, j, blocks):
+        # blocks = Zxᵀ Qy[π]: row k holds the coordinates of neuron k's least-squares prediction.
+        return blocks.square().sum(dim=-1).sqrt().clamp(max=1.0).mean(dim=-1)
 
     return ProductEngine(cells, zx, qy, reduce)
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from layersim.compute.device import analysis_batch
 from layersim.errors import LayersimError, unknown_name
 import layersim.similarity._cka_kernels as _cka_kernels
 import layersim.similarity.inference._rv as _rv
@@ -232,8 +233,10 @@ def _null(name: str, x_named, y_named, cells, permutations, seed, exact, options
         return NullMatrix(observed, nan, nan.copy(), nan.copy(), int(permutations), method)
     rng = np.random.default_rng(seed)
     null = np.empty((int(permutations), int(cells.sum())))
-    for p in range(int(permutations)):
-        null[p] = engine.values(blocks.draw(rng))[cells]
+    batch = analysis_batch(engine.bytes_per_permutation(), int(permutations))
+    for start in range(0, int(permutations), batch):  # the draws in order, so every batch size gives the same null
+        perms = np.stack([blocks.draw(rng) for _ in range(min(batch, int(permutations) - start))])
+        null[start : start + len(perms)] = engine.values_batch(perms)[:, cells]
     return dataclasses.replace(_summary(observed, null, cells, int(permutations)), method=method)
 
 
