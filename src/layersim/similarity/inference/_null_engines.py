@@ -30,9 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import torch
 
-from layersim.compute.device import analysis_device
 from layersim.errors import LayersimError, unknown_name
 import layersim.similarity.cca as cca
 import layersim.similarity.cka as cka
@@ -41,9 +39,28 @@ import layersim.similarity.neurons as neurons
 from layersim.similarity._common import Named, centre, check_rtol, validated
 
 # A cell's reduction of its blocks: (i, j, blocks of shape (P, a_i, b_j)) -> the P values, as a tensor.
-Reduce = Callable[[int, int, torch.Tensor], torch.Tensor]
+Reduce = Callable[[int, int, "torch.Tensor"], "torch.Tensor"]
 # A whole-matrix finish of raw per-cell values (P, rows, cols), given the permutations (P, n) or None.
-Finish = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+Finish = Callable[["torch.Tensor", "torch.Tensor | None"], "torch.Tensor"]
+
+
+class _Torch:
+    """torch, imported at its first use here (an engine built): the stages that only name the measures (the gate, the
+    downloads, summary, report) start without it."""
+
+    def __getattr__(self, name: str):
+        import torch as module
+
+        return getattr(module, name)
+
+
+torch = _Torch()
+
+
+def analysis_device():
+    from layersim.compute.device import analysis_device as current
+
+    return current()
 
 
 def _offsets(widths) -> np.ndarray:

@@ -44,7 +44,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from layersim.compute.device import analysis_batch
 from layersim.errors import LayersimError, unknown_name
 import layersim.similarity._cka_kernels as _cka_kernels
 import layersim.similarity.inference._rv as _rv
@@ -231,6 +230,8 @@ def _null(name: str, x_named, y_named, cells, permutations, seed, exact, options
     if not cells.any():
         nan = np.full(shape, np.nan)
         return NullMatrix(observed, nan, nan.copy(), nan.copy(), int(permutations), method)
+    from layersim.compute.device import analysis_batch  # torch: only once a null is drawn
+
     rng = np.random.default_rng(seed)
     null = np.empty((int(permutations), int(cells.sum())))
     batch = analysis_batch(engine.bytes_per_permutation(), int(permutations))
