@@ -34,8 +34,9 @@ measure's upward bias is larger there: the chance-adjusted value is conservative
 Clusters above the example: examples that share a text (MNLI's premise with several hypotheses, QNLI's question,
 BoolQ's passage, a context with several questions, a user task's ``group``) share a component in every model, like
 the words of one sentence, so they are not exchangeable one by one either: 100 premises × 3 hypotheses, d = 20,
-nothing shared but the premise (sd 0.5 / 1), gave p < 0.05 in 25 % / 100 % of draws with the example as the unit,
-4.5 % / 3.5 % with the premise (benchmarks/calibration.py --structured). So the stages pass each row's *cluster*
+nothing shared but the premise (sd 0.5 / 1), gave p < 0.05 in 19–27 % / 100 % of draws with the example as the
+unit, 3.0–6.5 % with the premise (the stage's default measures, 200 draws: benchmarks/calibration.py --structured
+--premises; docs/reading-the-numbers.md). So the stages pass each row's *cluster*
 (the activation tables' ``cluster_id``: all rows of all examples sharing a text; an example alone by default) as
 `groups`: a cluster moves as one block, the words of each of its examples with it, and the bootstrap resamples
 whole clusters (layersim.similarity.inference.bootstrap). :func:`null_units` records what moved.
