@@ -17,6 +17,10 @@ mixedsim needs more examples than neurons and is skipped where n ≤ d. ``--quic
 
     python benchmarks/calibration.py --quick        # ~2 min on 2 cores
     python benchmarks/calibration.py                # 400 draws, 99 permutations
+
+``--structured`` runs grouped rows (words, choices); ``--structured --premises`` examples that share a premise
+(100 premises × 3 hypotheses) through the similarity stage's own null and bootstrap, with and without the
+clusters, and the share of word rows a cluster null can move (:func:`premise_calibration`, :func:`movable_shares`).
 """
 
 from __future__ import annotations
@@ -234,6 +238,39 @@ def premise_calibration(draws: int, measures, coverage_draws: int) -> None:
             print(f"| {name} | {sd} | " + " | ".join(cells) + f" | {time.perf_counter() - start:.0f} |", flush=True)
 
 
+def movable_shares(seed: int = 0) -> None:
+    """Word rows (``tokens``) of NLI-like clusters: how many rows a block null can move with examples, then with
+    clusters as blocks, and with each block cut to a multiple of 5 or 10 rows (coarser length classes; the rows
+    kept). Premises of negative-binomial length (sd = mean / 2) with 1–3 hypotheses each, each example's words its
+    premise's and its hypothesis', up to extract.max_tokens' 20,000 words."""
+    from layersim.similarity.inference.exchangeability import block_permutations
+
+    rng = np.random.default_rng(seed)
+
+    def lengths(mean, size):
+        p = 4 / mean  # negative binomial with variance (mean / 2)²
+        return np.maximum(1, rng.negative_binomial(mean * p / (1 - p), p, size))
+
+    print("| design | blocks | rows kept, multiple 1 / 5 / 10 | rows movable, multiple 1 / 5 / 10 |\n|---|---|---|---|")
+    for name, premise_words, hypothesis_words in (("MNLI-like", 22, 11), ("QNLI-like", 10, 28)):
+        hypotheses = rng.integers(1, 4, 300)
+        premise = lengths(premise_words, 300)
+        words = np.concatenate([premise[i] + lengths(hypothesis_words, k) for i, k in enumerate(hypotheses)])
+        cluster = np.repeat(np.arange(300), hypotheses)
+        kept = np.cumsum(words) <= 20_000
+        words, cluster = words[kept], cluster[kept]
+        for unit, label in (("examples", np.arange(len(words))), ("clusters", cluster)):
+            rows = np.repeat(label, words)
+            sizes = np.bincount(np.unique(rows, return_inverse=True)[1])
+            shares, movable = [], []
+            for multiple in (1, 5, 10):
+                trimmed = sizes // multiple * multiple
+                shares.append(trimmed.sum() / sizes.sum())
+                movable.append(block_permutations(int(trimmed.sum()), np.repeat(np.arange(len(sizes)), trimmed)).movable)
+            print(f"| {name} | {unit} ({len(sizes)}) | " + " / ".join(f"{v:.2f}" for v in shares) + " | "
+                  + " / ".join(f"{v:.2f}" for v in movable) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
@@ -254,6 +291,7 @@ def main() -> None:
         return compare_probe(args.draws or (200 if args.quick else 400), args.permutations or 99, chosen)
     if args.structured and args.premises:
         chosen = args.measures if args.measures != MEASURES else STAGE_MEASURES
+        movable_shares()
         return premise_calibration(args.draws or 200, chosen, args.coverage_draws)
     if args.structured:
         chosen = args.measures if args.measures != MEASURES else STRUCTURED_MEASURES
