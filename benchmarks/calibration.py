@@ -266,7 +266,8 @@ def movable_shares(seed: int = 0) -> None:
             for multiple in (1, 5, 10):
                 trimmed = sizes // multiple * multiple
                 shares.append(trimmed.sum() / sizes.sum())
-                movable.append(block_permutations(int(trimmed.sum()), np.repeat(np.arange(len(sizes)), trimmed)).movable)
+                blocks = np.repeat(np.arange(len(sizes)), trimmed)
+                movable.append(block_permutations(int(trimmed.sum()), blocks).movable)
             print(f"| {name} | {unit} ({len(sizes)}) | " + " / ".join(f"{v:.2f}" for v in shares) + " | "
                   + " / ".join(f"{v:.2f}" for v in movable) + " |")
 

@@ -95,8 +95,8 @@ class ActivationWriter:
         clusters = example_id if cluster_id is None else cluster_id
         if len(clusters) != rows:
             raise LayersimError(f"{len(clusters)} cluster ids for {rows} rows of table {self._path}; give one per row.")
-        columns = [pa.array(example_id, pa.int64()), pa.array(clusters, pa.int64()), pa.array(choice, pa.int16()), *keys,
-                   pa.array(label, self.schema.field("label").type)]
+        columns = [pa.array(example_id, pa.int64()), pa.array(clusters, pa.int64()), pa.array(choice, pa.int16()),
+                   *keys, pa.array(label, self.schema.field("label").type)]
         for k, values in enumerate(layers):
             values = np.ascontiguousarray(values, dtype=np.float32)
             if values.shape != (rows, self.hidden_size):
