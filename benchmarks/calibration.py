@@ -17,6 +17,10 @@ mixedsim needs more examples than neurons and is skipped where n ≤ d. ``--quic
 
     python benchmarks/calibration.py --quick        # ~2 min on 2 cores
     python benchmarks/calibration.py                # 400 draws, 99 permutations
+
+``--structured`` runs grouped rows (words, choices); ``--structured --premises`` examples that share a premise
+(100 premises × 3 hypotheses) through the similarity stage's own null and bootstrap, with and without the
+clusters, and the share of word rows a cluster null can move (:func:`premise_calibration`, :func:`movable_shares`).
 """
 
 from __future__ import annotations
@@ -146,6 +150,128 @@ def structured(draws: int, permutations: int, measures, streamed: bool) -> None:
                   flush=True)
 
 
+# The similarity stage's default measures (params.yaml: head [linear_cka], tokens [linear_cka, svcca, pwcca,
+# neuronsim]): the shared-premise design checks each of them.
+STAGE_MEASURES = ["linear_cka", "svcca", "pwcca", "neuronsim"]
+PREMISES, HYPOTHESES, WIDTH = 100, 3, 20
+
+
+def shared_premise(rng: np.random.Generator, premise_sd: float, premises: int = PREMISES, signal: float = 0.0,
+                   mixing: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`premises` × 3 hypotheses, one row each (cls), d = 20: x = a_p + e, y = signal·x·A + b_p + f, with a, b
+    (premise sd `premise_sd`), e, f (sd 1) independent; at signal 0, x and y share nothing but the premise (H0
+    true). Returns x, y and each row's premise (the task table's cluster_id)."""
+    premise = np.repeat(np.arange(premises), HYPOTHESES)
+    x = premise_sd * rng.normal(size=(premises, WIDTH))[premise] + rng.normal(size=(len(premise), WIDTH))
+    y = premise_sd * rng.normal(size=(premises, WIDTH))[premise] + rng.normal(size=(len(premise), WIDTH))
+    if signal:
+        y = y + signal * x @ mixing
+    return x, y, premise
+
+
+def stage_numbers(measure: str, x: np.ndarray, y: np.ndarray, groups: np.ndarray | None, seed: int,
+                  bootstrap: int = 200):
+    """FT–ORIG's p-value and bootstrap interval of one layer pair as the similarity stage computes them
+    (``phang_result`` with the stage's default similarity params; ``groups``: the tables' cluster ids, or None
+    for one example per row as before clusters)."""
+    import dataclasses as dc
+
+    from layersim.params.schema import SimilarityParams
+    from layersim.similarity.comparisons import stacked_matrix
+    from layersim.similarity.results import phang_result, settings
+
+    options, uncertainty = settings(SimilarityParams())
+    uncertainty = dc.replace(uncertainty, seed=seed, bootstrap=bootstrap)
+    models, sizes = {"ORIG": [x], "FT[1]": [y]}, {"ORIG": 1, "FT[1]": 1}
+    o = options.get(measure, {})
+    result = phang_result(measure, stacked_matrix(measure, models, **o), sizes, models=models,
+                          uncertainty=uncertainty, groups=groups, options=o)
+    found = next(c for c in result.comparisons if c.key == "ft_orig")
+    low, high = (np.nan, np.nan) if found.interval is None else (found.interval[0][0], found.interval[1][0])
+    return float(found.p_value[0, 0]), float(low), float(high)
+
+
+def premise_population(measure: str, premise_sd: float, signal: float, mixing: np.ndarray,
+                       premises: int = 20_000) -> float:
+    """The measure on a large sample of the coverage design (60,000 rows): the value its intervals should cover."""
+    from layersim.params.schema import SimilarityParams
+    from layersim.similarity import similarity
+    from layersim.similarity.results import settings
+
+    x, y, _ = shared_premise(np.random.default_rng(123), premise_sd, premises, signal, mixing)
+    return similarity(measure, x, y, **settings(SimilarityParams())[0].get(measure, {}))
+
+
+def premise_calibration(draws: int, measures, coverage_draws: int) -> None:
+    """The shared-premise design (issue 63; the fidelity review's §1): 100 premises × 3 hypotheses, d = 20,
+    premise sd 0.5 and 1. False-positive rate at α = 0.05 of the similarity stage's null (``phang_result``,
+    default params: 100 permutations, linear CKA's block null ≥ 199) with one example per block, as before
+    clusters, and with the premises as blocks (the tables' cluster_id); then, for the measures the stage gives an
+    interval (linear CKA's basic), the coverage of the population value (60,000 rows) by the stage's 95% bootstrap
+    interval (200 resamples) on y = 0.5·x·A + b_p + f, with and without the clusters.
+    ``python benchmarks/calibration.py --structured --premises [--draws 200]``"""
+    from layersim.similarity.inference.bootstrap import chosen_interval
+
+    print(f"shared premises: {PREMISES} × {HYPOTHESES} hypotheses, d = {WIDTH}; {draws} null draws, "
+          f"{coverage_draws} coverage draws")
+    print("| measure | premise sd | false positives, examples | false positives, premises | coverage, examples "
+          "| coverage, premises | s |\n|---|---|---|---|---|---|---|")
+    mixing = np.random.default_rng(7).normal(size=(WIDTH, WIDTH)) / np.sqrt(WIDTH)
+    for name in measures:
+        for sd in (0.5, 1.0):
+            start, rng = time.perf_counter(), np.random.default_rng(63)
+            p = {"examples": [], "premises": []}
+            for k in range(draws):
+                x, y, premise = shared_premise(rng, sd)
+                for unit, groups in (("examples", None), ("premises", premise)):
+                    p[unit].append(stage_numbers(name, x, y, groups, k, bootstrap=0)[0])
+            covered = {"examples": [], "premises": []}
+            if chosen_interval(name, "auto"):
+                truth = premise_population(name, sd, 0.5, mixing)
+                for k in range(coverage_draws):
+                    x, y, premise = shared_premise(rng, sd, signal=0.5, mixing=mixing)
+                    for unit, groups in (("examples", None), ("premises", premise)):
+                        _, low, high = stage_numbers(name, x, y, groups, k)
+                        covered[unit].append(low <= truth <= high)
+            cells = [f"{np.mean(np.array(p[u]) <= 0.05):.3f}" for u in p] + [
+                f"{np.mean(covered[u]):.3f}" if covered[u] else "— (no interval)" for u in covered]
+            print(f"| {name} | {sd} | " + " | ".join(cells) + f" | {time.perf_counter() - start:.0f} |", flush=True)
+
+
+def movable_shares(seed: int = 0) -> None:
+    """Word rows (``tokens``) of NLI-like clusters: how many rows a block null can move with examples, then with
+    clusters as blocks, and with each block cut to a multiple of 5 or 10 rows (coarser length classes; the rows
+    kept). Premises of negative-binomial length (sd = mean / 2) with 1–3 hypotheses each, each example's words its
+    premise's and its hypothesis', up to extract.max_tokens' 20,000 words."""
+    from layersim.similarity.inference.exchangeability import block_permutations
+
+    rng = np.random.default_rng(seed)
+
+    def lengths(mean, size):
+        p = 4 / mean  # negative binomial with variance (mean / 2)²
+        return np.maximum(1, rng.negative_binomial(mean * p / (1 - p), p, size))
+
+    print("| design | blocks | rows kept, multiple 1 / 5 / 10 | rows movable, multiple 1 / 5 / 10 |\n|---|---|---|---|")
+    for name, premise_words, hypothesis_words in (("MNLI-like", 22, 11), ("QNLI-like", 10, 28)):
+        hypotheses = rng.integers(1, 4, 300)
+        premise = lengths(premise_words, 300)
+        words = np.concatenate([premise[i] + lengths(hypothesis_words, k) for i, k in enumerate(hypotheses)])
+        cluster = np.repeat(np.arange(300), hypotheses)
+        kept = np.cumsum(words) <= 20_000
+        words, cluster = words[kept], cluster[kept]
+        for unit, label in (("examples", np.arange(len(words))), ("clusters", cluster)):
+            rows = np.repeat(label, words)
+            sizes = np.bincount(np.unique(rows, return_inverse=True)[1])
+            shares, movable = [], []
+            for multiple in (1, 5, 10):
+                trimmed = sizes // multiple * multiple
+                shares.append(trimmed.sum() / sizes.sum())
+                blocks = np.repeat(np.arange(len(sizes)), trimmed)
+                movable.append(block_permutations(int(trimmed.sum()), blocks).movable)
+            print(f"| {name} | {unit} ({len(sizes)}) | " + " / ".join(f"{v:.2f}" for v in shares) + " | "
+                  + " / ".join(f"{v:.2f}" for v in movable) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
@@ -157,10 +283,17 @@ def main() -> None:
     parser.add_argument("--measures", nargs="+", default=MEASURES, choices=sorted(set(MEASURES) | {
         "debiased_cka", "rbf_cka", "procrustes", "shape_metric", "rsa", "knn_jaccard"}))
     parser.add_argument("--compare-probe", action="store_true", help="only the compare stage's 12-task probe")
+    parser.add_argument("--premises", action="store_true", help="with --structured: only the shared-premise design "
+                        "(100 premises × 3 hypotheses) through the similarity stage's null and bootstrap")
+    parser.add_argument("--coverage-draws", type=int, default=200, help="with --premises: coverage repeats")
     args = parser.parse_args()
     if args.compare_probe:
         chosen = args.measures if args.measures != MEASURES else ("linear_cka", "neuronsim", "svcca")
         return compare_probe(args.draws or (200 if args.quick else 400), args.permutations or 99, chosen)
+    if args.structured and args.premises:
+        chosen = args.measures if args.measures != MEASURES else STAGE_MEASURES
+        movable_shares()
+        return premise_calibration(args.draws or 200, chosen, args.coverage_draws)
     if args.structured:
         chosen = args.measures if args.measures != MEASURES else STRUCTURED_MEASURES
         return structured(args.draws or 200, args.permutations or 99, chosen, args.streamed)

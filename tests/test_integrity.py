@@ -186,7 +186,7 @@ def test_num_layers_disagreeing_with_the_columns_is_refused(tmp_path):
     write_activations(path)
     _rewrite(path, pq.read_table(path), num_layers=NUM_LAYERS + 1)
     message = refusal(ActivationTable, path)
-    assert "has columns ['example_id', 'choice', 'label', 'layer_00', 'layer_01', 'layer_02']" in message
+    assert "has columns ['example_id', 'cluster_id', 'choice', 'label', 'layer_00', 'layer_01', 'layer_02']" in message
     assert "'layer_03']" in message and "num_layers 3" in message, message
 
 
@@ -197,13 +197,13 @@ def test_wrong_types_are_refused(tmp_path, change):
     table = pq.read_table(path)
     if change == "float64_layer":
         column = table.column("layer_01").cast(pa.list_(pa.float64(), HIDDEN))
-        table = table.set_column(4, "layer_01", column)
+        table = table.set_column(5, "layer_01", column)
         expected = "column layer_01 has type fixed_size_list<double>[4], expected fixed_size_list<float>[4]"
     elif change == "int32_ids":
         table = table.set_column(0, "example_id", table.column("example_id").cast(pa.int32()))
         expected = "column example_id has type int32, expected int64"
     elif change == "string_label":
-        table = table.set_column(2, "label", table.column("label").cast(pa.string()))
+        table = table.set_column(3, "label", table.column("label").cast(pa.string()))
         expected = "column label has type string, expected int64"
     else:
         _rewrite(path, table, num_layers="2")
@@ -219,7 +219,7 @@ def test_task_table_types_and_values_are_checked(tmp_path):
     table = generated_table(spec, "validation", 12, seed=0)
     path = tmp_path / "validation.parquet"
 
-    io.write_parquet(table.set_column(3, "label", pa.array(np.arange(12))), path)
+    io.write_parquet(table.set_column(4, "label", pa.array(np.arange(12))), path)
     assert "column label has type int64, expected double for task 'synth-similarity'" in refusal(
         read_task_table, tmp_path, spec, "validation")
 
@@ -231,14 +231,14 @@ def test_task_table_types_and_values_are_checked(tmp_path):
 
     labels = table.column("label").to_numpy().copy()
     labels[7] = np.nan
-    io.write_parquet(table.set_column(3, "label", pa.array(labels)), path)
+    io.write_parquet(table.set_column(4, "label", pa.array(labels)), path)
     assert refusal(read_task_table, tmp_path, spec, "validation") == (
         f"task table {path} holds a non-finite label at example_id 7, expected a number; re-run the download_task "
         "stage.")
 
     texts = table.column("text_a").to_pylist()
     texts[4] = None
-    io.write_parquet(table.set_column(1, "text_a", pa.array(texts, pa.string())), path)
+    io.write_parquet(table.set_column(2, "text_a", pa.array(texts, pa.string())), path)
     assert refusal(read_task_table, tmp_path, spec, "validation") == (
         f"task table {path} column text_a has 1 missing values, expected none; re-run the download_task stage.")
 

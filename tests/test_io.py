@@ -95,17 +95,47 @@ def test_activation_round_trip_two_row_groups(tmp_path):
     np.testing.assert_array_equal(layers[2], table.layer(2))
 
 
+def test_clusters_round_trip_and_default_to_the_example(tmp_path):
+    """cluster_id as written (examples sharing a text); without one, each example its own; the unit's words."""
+    rng = np.random.default_rng(3)
+    shared, alone = tmp_path / "shared.parquet", tmp_path / "alone.parquet"
+    batch = _batch(rng, [0, 1, 2, 3])
+    with ActivationWriter(shared, num_layers=NUM_LAYERS, hidden_size=HIDDEN, label_type=pa.int64(),
+                          metadata={**META, "shared": "premise"}) as writer:
+        writer.write(batch["example_id"], batch["choice"], batch["label"], batch["layers"],
+                     cluster_id=np.array([0, 0, 2, 0]))
+    _write(alone, [batch])
+    np.testing.assert_array_equal(ActivationTable(shared).cluster_id, [0, 0, 2, 0])
+    np.testing.assert_array_equal(ActivationTable(alone).cluster_id, [0, 1, 2, 3])
+    assert ActivationTable(shared).null_unit() == "examples sharing their premise"
+    assert ActivationTable(alone).null_unit() == "example"
+    with pytest.raises(LayersimError, match="row 1 is in cluster 0 vs 1"):
+        ActivationTable(shared).check_comparable(ActivationTable(alone))
+
+
+def test_a_table_without_clusters_asks_for_a_re_run(tmp_path):
+    """A table written before cluster_id existed is refused in one sentence that names the stages to re-run."""
+    path = tmp_path / "old.parquet"
+    _write(path, [_batch(np.random.default_rng(4), [0, 1])])
+    old = pq.read_table(path)
+    pq.write_table(old.drop_columns(["cluster_id"]).replace_schema_metadata(old.schema.metadata), path)
+    with pytest.raises(LayersimError, match="no cluster_id column.*re-run the download_task and extract stages"):
+        ActivationTable(path)
+
+
 def test_activation_schema_types(tmp_path):
     path = tmp_path / "acts.parquet"
     _write(path, [_batch(np.random.default_rng(1), [0, 1])])
     schema = pq.read_schema(path)
-    assert schema.names == ["example_id", "choice", "label", "layer_00", "layer_01", "layer_02", "layer_03"]
+    assert schema.names == ["example_id", "cluster_id", "choice", "label", "layer_00", "layer_01", "layer_02",
+                            "layer_03"]
     assert schema.field("example_id").type == pa.int64()
+    assert schema.field("cluster_id").type == pa.int64()
     assert schema.field("choice").type == pa.int16()
     assert schema.field("label").type == pa.int64()
     expected = pa.list_(pa.float32(), HIDDEN)
     assert pa.types.is_fixed_size_list(schema.field("layer_00").type)
-    for name in schema.names[3:]:
+    for name in schema.names[4:]:
         assert schema.field(name).type == expected, name
     assert json.loads(schema.metadata[b"layersim"])["num_layers"] == NUM_LAYERS
 

@@ -279,8 +279,11 @@ def test_normalize_hub_table(name: str, tmp_path: Path) -> None:
     table = normalize_hub_table(spec, loaded, "validation")
 
     n = hub.num_rows
-    assert table.column_names == ["example_id", *spec.text_columns, "label"]
+    assert table.column_names == ["example_id", "cluster_id", *spec.text_columns, "label"]
     assert table.num_rows == n
+    shared = hub.column(spec.shared).to_pylist() if spec.shared else list(range(n))
+    clusters = table.column("cluster_id").to_pylist()
+    assert all((shared[i] == shared[j]) == (clusters[i] == clusters[j]) for i in range(n) for j in range(n))
     assert table.schema.field("example_id").type == pa.int64()
     assert table.column("example_id").to_pylist() == list(range(n))  # not the hub's idx/ind/id
     assert table.schema.field("label").type == (pa.float64() if name == "stsb" else pa.int64())
@@ -307,6 +310,26 @@ def test_normalize_hub_table(name: str, tmp_path: Path) -> None:
     assert meta["source"]["hub"] == spec.hub.path
     # The hub's own schema metadata (e.g. b"huggingface") is not carried over.
     assert set(table.schema.metadata) == {b"layersim"}
+
+
+@pytest.mark.parametrize("name, column", [("mnli", "premise"), ("qnli", "question")])
+def test_examples_sharing_a_text_share_a_cluster(name: str, column: str) -> None:
+    """Several hypotheses of one premise (or sentences of one question) form one cluster, keyed by the first
+    example that has the text; other examples stay clusters of their own."""
+    hub, _ = HUB_TABLES[name]()
+    shared = ["one premise", "another", "one premise", "one premise"]
+    hub = hub.set_column(hub.column_names.index(column), column, pa.array(shared, S))
+    table = normalize_hub_table(get_task(name), hub, "validation")
+    assert table.column("cluster_id").to_pylist() == [0, 1, 0, 0]
+    assert _meta(table)["shared"] == column
+
+
+def test_clusters_count_only_the_declared_column() -> None:
+    """A task that declares nothing shared (RTE) keeps every example its own cluster, repeated texts or not."""
+    hub, _ = HUB_TABLES["rte"]()
+    hub = hub.set_column(0, "sentence1", pa.array(["same"] * 4, S))
+    table = normalize_hub_table(get_task("rte"), hub, "validation")
+    assert table.column("cluster_id").to_pylist() == table.column("example_id").to_pylist()
 
 
 def test_normalize_hub_table_records_given_split_and_source() -> None:
@@ -366,7 +389,8 @@ def test_normalize_hub_table_refuses_generated_task() -> None:
 def test_generated_table(name: str, split: str) -> None:
     spec = get_task(name)
     table = generated_table(spec, split, 12, seed=3)
-    assert table.column_names == ["example_id", *spec.text_columns, "label"]
+    assert table.column_names == ["example_id", "cluster_id", *spec.text_columns, "label"]
+    assert table.column("cluster_id").to_pylist() == list(range(12))  # generated examples share nothing
     assert table.num_rows == 12
     assert table.column("example_id").type == pa.int64()
     assert table.column("example_id").to_pylist() == list(range(12))
@@ -498,6 +522,15 @@ def test_read_task_table_refuses_wrong_columns(tmp_path: Path) -> None:
     table = generated_table(spec, "validation", 5, seed=0)
     io.write_parquet(table.drop_columns(["text_b"]), tmp_path / "validation.parquet")
     with pytest.raises(LayersimError, match="text_b"):
+        io.read_task_table(tmp_path, spec, "validation")
+
+
+def test_read_task_table_refuses_a_table_without_clusters(tmp_path: Path) -> None:
+    """A task table written before cluster_id existed: one sentence naming the column and the stage to re-run."""
+    spec = get_task("synth-roles")
+    io.write_parquet(generated_table(spec, "validation", 5, seed=0).drop_columns(["cluster_id"]),
+                     tmp_path / "validation.parquet")
+    with pytest.raises(LayersimError, match="cluster_id.*re-run the download_task stage"):
         io.read_task_table(tmp_path, spec, "validation")
 
 

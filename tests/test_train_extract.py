@@ -306,9 +306,11 @@ def test_extraction_matches_unpadded_single_example_runs(tiny_model_dir, tmp_pat
     labels = np.asarray(table.column("label").to_pylist())
     for pooling, path in outputs.items():
         acts = ActivationTable(path)
-        assert acts.metadata == {**metadata, "pooling": pooling, "num_layers": 3, "hidden_size": 32}
+        assert acts.metadata == {**metadata, "pooling": pooling, "num_layers": 3, "hidden_size": 32,
+                                 "shared": spec.shared}
         assert acts.num_rows == n * choices
         np.testing.assert_array_equal(acts.example_id, np.repeat(example_ids, choices))
+        np.testing.assert_array_equal(acts.cluster_id, np.repeat(table.column("cluster_id").to_numpy(), choices))
         np.testing.assert_array_equal(acts.choice, np.tile(np.arange(choices), n))
         np.testing.assert_array_equal(acts.labels(), np.repeat(labels, choices))
         for k in range(4):

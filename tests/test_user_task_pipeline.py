@@ -24,6 +24,7 @@ pytestmark = pytest.mark.integration
 
 WORDS = ["good", "bad", "fine", "awful", "great", "poor", "nice", "dull"]
 TASKS = ("reviews", "pairs")
+PER_PREMISE = 3  # pairs rows per premise: one cluster of the nulls and intervals (user_tasks.pairs.group)
 LARGE = 100 * 2**20  # bytes of the reviews training file: over what git hosts take (GitHub: 100 MB)
 
 
@@ -41,7 +42,7 @@ def _configure(params: dict) -> None:
         "reviews": {"train": "user_data/reviews_train.csv", "validation": "user_data/reviews_dev.csv",
                     "text": ["review"], "label": "sentiment"},
         "pairs": {"train": "user_data/pairs_train.tsv", "validation": "user_data/pairs_dev.tsv", "format": "pair",
-                  "text": ["first", "second"], "label": "score", "regression": True},
+                  "text": ["first", "second"], "label": "score", "regression": True, "group": "premise"},
     }
 
 
@@ -59,10 +60,12 @@ def _write_files(root: Path) -> None:
                              for k in range(20_000))
             while split == "train" and out.tell() < LARGE:  # rows past the first 48: the same file, larger
                 out.write(filler)
-        rows = ["first\tsecond\tscore"]
-        for _ in range(n):
-            a, b = rng.sample(WORDS, 2), rng.sample(WORDS, 2)
-            rows.append(f"it is {' '.join(a)}\tit is {' '.join(b)}\t{len(set(a) & set(b)) * 2.5}")
+        rows = ["first\tsecond\tscore\tpremise"]  # three pairs share each first sentence (their premise)
+        for k in range(n):
+            if k % PER_PREMISE == 0:
+                a = rng.sample(WORDS, 2)
+            b = rng.sample(WORDS, 2)
+            rows.append(f"it is {' '.join(a)}\tit is {' '.join(b)}\t{len(set(a) & set(b)) * 2.5}\tp{k // PER_PREMISE}")
         (root / f"user_data/pairs_{split}.tsv").write_text("\n".join(rows) + "\n")
 
 
@@ -131,6 +134,14 @@ def test_the_pipeline_runs_on_user_files(project):
                        f"export/{task}/export.png", f"skip/{task}/skip.png", f"align/{task}/errors.png"):
             assert_figure(root / "plots" / figure, min_size=(400, 300))
             assert base64.b64encode((root / "plots" / figure).read_bytes()).decode("ascii") in page, figure
+    # The pairs' premise (user_tasks.pairs.group) reaches the similarity stage's null through the task and
+    # activation tables: 8 premises of 3 pairs are its blocks; the reviews, one row per example, are permuted as rows.
+    units = {task: {row["metric"].split(".")[-1]: row["value"] for row in json.loads(
+        (root / f"plots/details/similarity/{task}/values.json").read_text()) if row["metric"].startswith("cls.null_unit.")}
+        for task in TASKS}
+    assert units["pairs"] == {"unit": "examples sharing their premise", "blocks": 24 // PER_PREMISE, "rows": 24,
+                              "movable": 1.0}
+    assert units["reviews"] == {"unit": "row", "blocks": 24, "rows": 24, "movable": 1.0}
     for task in TASKS:
         assert (root / f"metrics/similarity/{task}/metrics.json").is_file() and (root / f"metrics/export/{task}/metrics.json").is_file()
     assert stale_stages(root) == set(), "up to date after the repro"

@@ -122,6 +122,25 @@ def test_jsonl_multiple_choice_and_parquet_with_declared_names(project):
     assert len(rows["validation"]) == 12 and sorted(rows["train"] + rows["validation"]) == list(range(40))
 
 
+def test_a_group_column_or_a_shared_text_makes_the_clusters(project):
+    """user_tasks.<name>.group: rows with equal values share a cluster (the first such example's id), whether the
+    column is a group label or one of the text columns (a premise repeated across hypotheses)."""
+    rows = [[f"premise {i // 3}", f"hypothesis {i}", f"g{i // 3}", i % 2] for i in range(24)]
+    header = ("premise", "hypothesis", "group", "label")
+    _write({"train.csv": _csv(rows, header), "dev.csv": _csv(rows[:12], header)})
+    task = {"train": "user_data/train.csv", "validation": "user_data/dev.csv", "format": "pair",
+            "text": ["premise", "hypothesis"]}
+    params = _params({"by_group": {**task, "group": "group"}, "by_text": {**task, "group": "premise"},
+                      "alone": task})
+    for name in ("by_group", "by_text", "alone"):
+        _download(name, params)
+    clusters = {name: read_task_table(task_tables("data/tasks", name), get_task(name), "validation")
+                .column("cluster_id").to_pylist() for name in ("by_group", "by_text", "alone")}
+    assert clusters["by_group"] == clusters["by_text"] == [3 * (i // 3) for i in range(12)]
+    assert clusters["alone"] == list(range(12))
+    assert get_task("by_text").shared == "premise" and get_task("alone").shared is None
+
+
 def test_the_seeded_split_is_reproducible_and_the_seed_matters(project):
     _write({"all.csv": _csv([[f"s {i}", i % 2] for i in range(40)])})
 
@@ -244,6 +263,12 @@ BAD_FILES = [
     ("tsv extra tab", {"train.tsv": "sentence\tlabel\n" + "".join(f"s{i}\t{i % 2}\n" for i in range(5)) + "a\tb\t1\n",
                        "dev.csv": _csv(DEV)}, {"train": "user_data/train.tsv"},
      ["user_data/train.tsv line 7 has 3 field(s), the header 2", "a tab too many"]),
+    ("group value missing", {"train.csv": _csv([[f"s{i}", i % 2, "" if i == 4 else i // 3] for i in range(12)],
+                                               ("sentence", "label", "g")),
+                             "dev.csv": _csv([[f"d{i}", i % 2, i] for i in range(12)], ("sentence", "label", "g"))},
+     {"group": "g"}, ["train.csv row 5 has no value in the group column 'g'"]),
+    ("group column absent", {"train.csv": _csv(TRAIN), "dev.csv": _csv(DEV)}, {"group": "premise"},
+     ["user_data/train.csv has no column 'premise'"]),
     ("choice index out of range", {"t.jsonl": "".join(json.dumps({"q": "q", "a": "x", "b": "y", "label": i % 3}) + "\n"
                                                       for i in range(12))},
      {"train": "user_data/t.jsonl", "validation": None, "validation_fraction": 0.5, "format": "multiple_choice",
@@ -304,6 +329,8 @@ BAD_DECLARATIONS = [
     ({"m": {**CSV_TASK, "label_names": ["a", "b", "c"], "metrics": ["f1"]}}, "f1, which scores two classes"),
     ({"m": {**CSV_TASK, "validation_fraction": 1.0, "validation": None}}, "a number in (0, 1)"),
     ({"m": {**CSV_TASK, "lable": "y"}}, "unknown key 'user_tasks.m.lable'"),
+    ({"m": {**CSV_TASK, "group": "label"}}, "group = 'label' is the label column"),
+    ({"m": {**CSV_TASK, "group": ["a"]}}, "user_tasks.m.group = ['a'] is invalid"),
     ({"m": {"validation_fraction": 0.2}}, "either train: user_data/<file>"),
     ([1, 2], "user_tasks = [1, 2] is invalid"),
 ]

@@ -335,7 +335,7 @@ def test_tokens_table_round_trip_and_integrity(tmp_path):
     _write_tokens(tmp_path / "a.parquet", keys)
     table = ActivationTable(tmp_path / "a.parquet")
     assert table.words and table.keys().tolist() == keys
-    assert table._reader.schema.names[:5] == ["example_id", "choice", "segment", "word", "label"]
+    assert table._reader.schema.names[:6] == ["example_id", "cluster_id", "choice", "segment", "word", "label"]
     assert [a.shape for a in table.layers()] == [(5, 4), (5, 4)]
     assert sum(len(b[0]) for b in table.iter_batches(2)) == 5
     np.testing.assert_array_equal(table.labels(), [0, 0, 0, 0, 1])
@@ -361,6 +361,7 @@ def test_tokens_table_round_trip_and_integrity(tmp_path):
         writer.write(np.array([1]), np.array([0]), np.array([0]), [np.zeros((1, 2), np.float32)])
     raw = pq.read_table(tmp_path / "g.parquet")
     write_parquet(with_metadata(raw, {"pooling": "tokens", "num_layers": 0, "hidden_size": 2}), tmp_path / "h.parquet")
-    with pytest.raises(LayersimError, match=r"has columns \['example_id', 'choice', 'label', 'layer_00'\], expected "
-                                            r"\['example_id', 'choice', 'segment', 'word', 'label', 'layer_00'\]"):
+    with pytest.raises(LayersimError, match=r"has columns \['example_id', 'cluster_id', 'choice', 'label', 'layer_00'\], "
+                                            r"expected \['example_id', 'cluster_id', 'choice', 'segment', 'word', "
+                                            r"'label', 'layer_00'\]"):
         ActivationTable(tmp_path / "h.parquet")

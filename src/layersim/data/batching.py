@@ -31,6 +31,18 @@ class EncodedTask:
     words: list[list[np.ndarray]] | None = None
     word_features: list[list[dict[str, list[int]]]] | None = None
     word_units: list[list[np.ndarray]] | None = None
+    # Each example's cluster (the task table's cluster_id: examples sharing a premise, question or context);
+    # None: every example its own.
+    cluster_id: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.cluster_id is None:
+            self.cluster_id = np.asarray(self.example_id, dtype=np.int64).copy()
+
+    def clusters_of(self, example_id: np.ndarray) -> np.ndarray:
+        """The cluster of each of `example_id` (examples of this task, e.g. the example of each word row)."""
+        order = np.argsort(self.example_id, kind="stable")
+        return self.cluster_id[order[np.searchsorted(self.example_id, example_id, sorter=order)]]
 
     def __len__(self) -> int:
         return len(self.features)
@@ -39,7 +51,7 @@ class EncodedTask:
         """The first `count` examples (all when there are fewer)."""
         words = [None if part is None else part[:count] for part in (self.words, self.word_features, self.word_units)]
         return EncodedTask(self.features[:count], self.labels[:count], self.example_id[:count], self.num_choices,
-                           *words)
+                           *words, cluster_id=self.cluster_id[:count])
 
 
 def encode_task(table: pa.Table, spec: TaskSpec, tokenizer, max_length: int, words: bool = False) -> EncodedTask:
@@ -77,7 +89,9 @@ def encode_task(table: pa.Table, spec: TaskSpec, tokenizer, max_length: int, wor
         located, word_features, units = ([part[i:i + groups] for i in range(0, len(part), groups)]
                                          for part in (located, word_rows, units))
     example_id = np.asarray(columns["example_id"], dtype=np.int64)
-    return EncodedTask(features, labels, example_id, num_choices, located, word_features, units)
+    clusters = columns.get("cluster_id")  # absent from a table built in memory: every example its own
+    return EncodedTask(features, labels, example_id, num_choices, located, word_features, units,
+                       None if clusters is None else np.asarray(clusters, dtype=np.int64))
 
 
 _PAD_KEYS = {"input_ids", "token_type_ids", "attention_mask"}

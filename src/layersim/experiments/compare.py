@@ -57,8 +57,11 @@ from layersim.data.layout import finetuned, task_tables
 @dataclass
 class Probe(Pooled):
     """One model's layers over the probe (:class:`Pooled`, word keys led by the task's index) and where each
-    per-example row (cls, mean, last: one per example and choice) comes from: (rows, 2) task index, example id."""
+    per-example row (cls, mean, last: one per example and choice) comes from: (rows, 2) task index, example id;
+    and each example's cluster (examples sharing a premise, question or context: the task table's cluster_id),
+    (examples, 3) task index, example id, cluster id."""
     example_keys: np.ndarray | None = None
+    clusters: np.ndarray | None = None
 
 
 def probe_representations(folder: Path, params: Params, task_dirs: dict[str, Path], device, encoder=None) -> Probe:
@@ -68,7 +71,7 @@ def probe_representations(folder: Path, params: Params, task_dirs: dict[str, Pat
     the task and example of every per-example row."""
     tokenizer, encoder = load_tokenizer(folder), load_encoder(folder) if encoder is None else encoder
     poolings = params.similarity.poolings
-    per_task, keys = [], []
+    per_task, keys, clusters = [], [], []
     for k, (task, task_dir) in enumerate(task_dirs.items()):
         spec = get_task(task)
         table = read_task_table(task_dir, spec, "validation", params.compare.probe_examples)
@@ -77,8 +80,10 @@ def probe_representations(folder: Path, params: Params, task_dirs: dict[str, Pat
                                       max_tokens=params.extract.max_tokens))
         example = np.repeat(encoded.example_id, encoded.num_choices)  # pooled_batches' row order
         keys.append(np.column_stack([np.full(len(example), k), example]))
+        clusters.append(np.column_stack([np.full(len(encoded), k), encoded.example_id, encoded.cluster_id]))
     pooled = concatenate_pooled(per_task)
-    return Probe(pooled.layers, pooled.word_keys, np.concatenate(keys).astype(np.int64))
+    return Probe(pooled.layers, pooled.word_keys, np.concatenate(keys).astype(np.int64),
+                 np.concatenate(clusters).astype(np.int64))
 
 
 def probe_attention(folder: Path, params: Params, task_dirs: dict[str, Path], device, scratch: Path,
@@ -216,7 +221,8 @@ def probe_rows(representations: dict[str, Probe | Pooled], pooling: str
                ) -> tuple[dict[str, list[np.ndarray]], np.ndarray | None, np.ndarray | None]:
     """Label → per-layer arrays of one pooling, rows lined up across the models (word rows on their keys,
     :func:`layersim.data.words.align_rows`: the words every model's truncation kept), each row's task (None for a
-    probe of one task) and each row's example (None when every row is an example of its own, as before)."""
+    probe of one task) and each row's block: its cluster of examples sharing a text within its task (its example
+    when the probe records no clusters; None when every row is a block of its own, as before)."""
     first = next(iter(representations.values()))
     if pooling == "tokens":
         keys, models = align_rows({label: (reps.word_keys, reps.layers[pooling])
@@ -229,6 +235,11 @@ def probe_rows(representations: dict[str, Probe | Pooled], pooling: str
     if keys is None:
         return models, None, None
     strata = keys[:, 0] if len(np.unique(keys[:, 0])) > 1 else None
+    clusters = getattr(first, "clusters", None)
+    if clusters is not None:  # (task, example) → (task, cluster): examples sharing a text move as one block
+        cluster_of = {(task, example): cluster for task, example, cluster in clusters.tolist()}
+        keys = np.array([(task, cluster_of[task, example]) for task, example in keys.tolist()],
+                        dtype=np.int64).reshape(-1, 2)
     groups = np.unique(keys, axis=0, return_inverse=True)[1].reshape(-1)
     return models, strata, None if len(np.unique(groups)) == len(groups) else groups
 

@@ -25,6 +25,7 @@ from layersim.errors import LayersimError
 from layersim.params.model_kind import own_head_pooling
 from layersim.similarity.comparisons import block_slices, stacked_null
 from layersim.similarity.inference.bootstrap import bootstrap_pairs
+from layersim.similarity.inference.exchangeability import null_units
 from layersim.similarity.results import Uncertainty, settings
 from layersim.training.convergence import checkpoint_flags
 from layersim.training.states import read_index, step_folder
@@ -118,10 +119,11 @@ def task_dynamics(activations: Path, checkpoints: Path, states: Path, task_dir: 
             "task": task, "split": "validation", "run": run, "pooling": pooling, **known[run]})
 
     orig = table("orig")
-    orig_layers, groups = orig.layers(), orig.example_id
+    orig_layers, groups = orig.layers(), orig.cluster_id  # clusters of examples sharing a text move as one
     flags = checkpoint_flags(checkpoints, finetuned)
     out, encoded = DynamicsOutputs(), None  # (tokenizer, validation rows), once a kept state needs them
-    out.full = {"pooling": pooling, "rows": orig.num_rows, "measure": MEASURE}
+    out.full = {"pooling": pooling, "rows": orig.num_rows, "measure": MEASURE,
+                "null_unit": null_units(orig.num_rows, groups, unit=orig.null_unit())}
     runs = {}
     for run, label in zip(finetuned, run_labels(finetuned).values()):
         final_table = table(run.name)

@@ -119,6 +119,7 @@ class PooledBatch:
     """One batch of extracted rows: one row per (example, choice), each pooling's per-layer arrays; with
     the "tokens" pooling, its rows are the batch's words, keyed by `word_keys`."""
     example_id: np.ndarray
+    cluster_id: np.ndarray  # each per-example row's cluster (EncodedTask.cluster_id)
     choice: np.ndarray
     labels: np.ndarray
     layers: dict[str, list[np.ndarray]]  # pooling → [(rows, hidden) float32 per layer 0 … L]
@@ -205,6 +206,7 @@ def pooled_batches(encoder, tokenizer, encoded: EncodedTask, poolings, batch_siz
             layers["tokens"] = [np.zeros((0, encoder.config.hidden_size), np.float32)] * (num_layers + 1)
         yield PooledBatch(
             example_id=np.repeat(encoded.example_id[indices], choices),
+            cluster_id=np.repeat(encoded.cluster_id[indices], choices),
             choice=np.tile(np.arange(choices, dtype=np.int16), len(indices)),
             labels=np.repeat(encoded.labels[indices], choices),
             layers=layers, word_keys=word_keys, word_labels=word_labels)
@@ -239,16 +241,18 @@ def extract_activations(encoder, tokenizer, spec: TaskSpec, encoded: EncodedTask
         # Every table appears under its final name only if the whole extraction succeeds.
         writers = {pooling: stack.enter_context(ActivationWriter(
             path, num_layers=config.num_hidden_layers, hidden_size=config.hidden_size, label_type=spec.label_type,
-            metadata={**metadata, "pooling": pooling}, precision=precision)) for pooling, path in outputs.items()}
+            metadata={**metadata, "pooling": pooling, "shared": spec.shared}, precision=precision))
+            for pooling, path in outputs.items()}
         for batch in pooled_batches(encoder, tokenizer, encoded, list(outputs), batch_size, device,
                                     desc=f"extract {metadata['run']}", max_tokens=max_tokens, pruning=pruning):
             for pooling, writer in writers.items():
                 if pooling == "tokens":
                     keys = batch.word_keys
                     writer.write(keys[:, 0], keys[:, 1], batch.word_labels, batch.layers[pooling],
-                                 segment=keys[:, 2], word=keys[:, 3])
+                                 segment=keys[:, 2], word=keys[:, 3], cluster_id=encoded.clusters_of(keys[:, 0]))
                 else:
-                    writer.write(batch.example_id, batch.choice, batch.labels, batch.layers[pooling])
+                    writer.write(batch.example_id, batch.choice, batch.labels, batch.layers[pooling],
+                                 cluster_id=batch.cluster_id)
         if pruning is not None:
             shape = {"num_layers": config.num_hidden_layers, "hidden_size": config.hidden_size}  # as the tables'
             write_json({**metadata, **shape, **pruning.record()}, pruning_path)

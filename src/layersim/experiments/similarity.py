@@ -31,7 +31,8 @@ from layersim.similarity.comparisons import (RANDOM, attention_maps, moments_sta
                                              per_layer, phang_cells, stacked_matrix, stream_layers, stream_rows,
                                              streamed_moments)
 from layersim.similarity.comparisons import stacked_null
-from layersim.similarity.inference.exchangeability import STREAMED_SAMPLE_ROWS, block_permutations, example_sample, unmovable
+from layersim.similarity.inference.exchangeability import (STREAMED_SAMPLE_ROWS, block_permutations, example_sample,
+                                                           null_units, unmovable)
 from layersim.similarity.moments import LayerMoments
 from layersim.similarity.inference.null import NullMatrix
 from layersim.experiments.pruning_states import measured_rows, read_pruning_record
@@ -91,19 +92,19 @@ def layer_sources(tables: dict, labels: dict, measures, options, log=lambda *arg
             matrices[measure] = moments_stacked_matrix(measure, sums, moments=bases, **options.get(measure, {}))
         return matrices[measure]
 
-    groups = next(iter(tables.values())).example_id
+    groups = next(iter(tables.values())).cluster_id  # the null's blocks: clusters of examples sharing a text
     sample = {}
 
     def examples(seed):
         """A random sample of whole examples in memory: a block null needs the rows (exchangeability module)."""
         if not sample:
             rows = example_sample(groups, STREAMED_SAMPLE_ROWS, seed)
-            log("block nulls from a sample of %d rows of whole examples", len(rows))
+            log("block nulls from a sample of %d rows of whole clusters of examples", len(rows))
             sample.update(rows=rows, models={labels[run]: _rows_of(table, rows) for run, table in tables.items()})
         return sample["rows"], sample["models"]
 
     def streamed_null(measure, cells, permutations, seed):
-        if not block_permutations(num_rows, groups).plain:  # rows of one example: whole examples, from a sample
+        if not block_permutations(num_rows, groups).plain:  # rows of one cluster: whole clusters, from a sample
             rows, models = examples(seed)
             if unmovable(len(rows), groups[rows]):
                 return None
@@ -194,13 +195,17 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
                                   f"similarity ({pooling})", streamed=layers is None)
         if shortfall:
             warn("%s", shortfall)
-        blocks = block_permutations(orig.num_rows, orig.example_id)  # rows of one example move together
-        if not unmovable(orig.num_rows, orig.example_id) and blocks.note(uncertainty.significance):
+        # Rows of one cluster (the words and choices of an example, and every example sharing its premise,
+        # question or context) move together in the nulls and are resampled together in the intervals.
+        clusters = orig.cluster_id
+        blocks = block_permutations(orig.num_rows, clusters)
+        if not unmovable(orig.num_rows, clusters) and blocks.note(uncertainty.significance):
             warn("similarity (%s): %s", pooling, blocks.note(uncertainty.significance))
         report = phang_report(sizes, matrix_of, measures, f"{pooling.upper()} representations — {model} on {task}{flagged}",
-                              layers=layers, options=options, uncertainty=uncertainty, groups=orig.example_id,
+                              layers=layers, options=options, uncertainty=uncertainty, groups=clusters,
                               streamed_null=streamed_null, flagged=set(flags))
         metrics = out.metrics[pooling] = report.metrics
+        metrics["null_unit"] = null_units(orig.num_rows, clusters, unit=orig.null_unit())
         for measure in measures:
             if metrics[measure].get("no_null"):
                 warn("%s: no null and no bootstrap interval for %s: %s", pooling, measure, metrics[measure]["no_null"])

@@ -91,6 +91,10 @@ def _column(key: str, value: Any) -> str:
     return value
 
 
+def _group(key: str, value: Any) -> str | None:
+    return None if value is None else _column(key, value)
+
+
 def _text(key: str, value: Any) -> tuple[str, ...] | None:
     if value is None:
         return None
@@ -146,6 +150,9 @@ class UserTaskParams:
     regression: bool = knob(False, "the label is a number to predict (scored by pearson, spearman)")
     label_names: tuple[str, ...] | None = knob(None, "class names, class 0 first (null: the training rows' "
                                                      "distinct labels, sorted)", check=_label_names)
+    group: str | None = knob(None, "a column whose equal values mark examples that share a text (a premise id, or "
+                                   "the premise column itself): the nulls and intervals move them together (null: "
+                                   "every example independent)", check=_group)
     metrics: tuple[str, ...] | None = knob(None, "scores, the first the headline: accuracy, f1 (two classes), mcc; "
                                                  "pearson, spearman for regression (null: accuracy, or pearson and "
                                                  "spearman)", check=_metrics)
@@ -201,9 +208,9 @@ def _spec(key: str, name: str, raw: Any):
                             "it was not trained on: give another file or use validation_fraction.")
     text, metrics = _columns_and_metrics(key, d)
     multiple = d.format == "multiple_choice"
-    source = UserSource(d.train, d.validation, tuple(text), d.label, d.validation_fraction, d.split_seed)
+    source = UserSource(d.train, d.validation, tuple(text), d.label, d.validation_fraction, d.split_seed, d.group)
     return TaskSpec(name, d.format, tuple(metrics), d.label_names or (), regression=d.regression,
-                    num_choices=len(text) - 1 if multiple else 0, user=source)
+                    num_choices=len(text) - 1 if multiple else 0, user=source, shared=d.group)
 
 
 def _hub_spec(key: str, name: str, d: UserTaskParams):
@@ -219,7 +226,7 @@ def _hub_spec(key: str, name: str, d: UserTaskParams):
     columns: dict = dict(zip(targets, text)) if targets else {"context": text[0], "choices": tuple(text[1:])}
     hub = HubSource(d.dataset, d.config, {**columns, "label": d.label}, splits=dict(d.splits), revision=d.revision)
     return TaskSpec(name, d.format, tuple(metrics), d.label_names or (), regression=d.regression,
-                    num_choices=len(text) - 1 if multiple else 0, hub=hub)
+                    num_choices=len(text) - 1 if multiple else 0, hub=hub, shared=d.group)
 
 
 def _columns_and_metrics(key: str, d: UserTaskParams) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -235,6 +242,9 @@ def _columns_and_metrics(key: str, d: UserTaskParams) -> tuple[tuple[str, ...], 
     if d.label in text:
         raise LayersimError(f"params.yaml: {key}.label = {d.label!r} is also a text column; name the column that "
                             "holds the label.")
+    if d.group is not None and d.group == d.label:
+        raise LayersimError(f"params.yaml: {key}.group = {d.group!r} is the label column; name the column whose equal "
+                            "values mark examples that share a text (e.g. a premise id or the premise itself).")
     kind, allowed = (("regression", REGRESSION_METRICS) if d.regression else ("multiple choice", ("accuracy", "mcc"))
                      if multiple else ("classification", CLASSIFICATION_METRICS))
     metrics = d.metrics or (REGRESSION_METRICS if d.regression else ("accuracy",))

@@ -40,7 +40,10 @@ def activation_schema(num_layers: int, hidden_size: int, label_type: pa.DataType
                       precision: str = "float32") -> pa.Schema:
     # A "tokens" table (layersim.data.words) has one row per word, keyed by segment and word too.
     words = list(WORD_FIELDS) if metadata.get("pooling") == "tokens" else []
-    fields = [pa.field("example_id", pa.int64()), pa.field("choice", pa.int16()), *words, pa.field("label", label_type)]
+    # cluster_id: the examples that share a text (the task table's, layersim.data.tasks.spec.cluster_ids), the unit
+    # every null and bootstrap moves (layersim.similarity.inference.exchangeability).
+    fields = [pa.field("example_id", pa.int64()), pa.field("cluster_id", pa.int64()), pa.field("choice", pa.int16()),
+              *words, pa.field("label", label_type)]
     value = VALUE_TYPES[precision]
     fields += [pa.field(layer_column(k), pa.list_(value, hidden_size)) for k in range(num_layers + 1)]
     return pa.schema(fields, metadata={METADATA_KEY: json.dumps(metadata, sort_keys=True)})
@@ -77,9 +80,10 @@ class ActivationWriter:
         return self
 
     def write(self, example_id: np.ndarray, choice: np.ndarray, label: np.ndarray,
-              layers: list[np.ndarray], segment: np.ndarray | None = None, word: np.ndarray | None = None) -> None:
+              layers: list[np.ndarray], segment: np.ndarray | None = None, word: np.ndarray | None = None,
+              cluster_id: np.ndarray | None = None) -> None:
         """Append rows; `layers[k]` is a (rows, hidden) float32 array for layer k. A "tokens" table (and only
-        one) takes each row's `segment` and `word` too."""
+        one) takes each row's `segment` and `word` too. `cluster_id`: each row's cluster (None: its example)."""
         if len(layers) != self.num_layers + 1:
             raise LayersimError(f"expected {self.num_layers + 1} layer arrays, got {len(layers)}.")
         words = "word" in self.schema.names
@@ -88,8 +92,11 @@ class ActivationWriter:
                                 "they are given for, and only for, pooling 'tokens'.")
         rows = len(example_id)
         keys = [pa.array(segment, pa.int16()), pa.array(word, pa.int32())] if words else []
-        columns = [pa.array(example_id, pa.int64()), pa.array(choice, pa.int16()), *keys,
-                   pa.array(label, self.schema.field("label").type)]
+        clusters = example_id if cluster_id is None else cluster_id
+        if len(clusters) != rows:
+            raise LayersimError(f"{len(clusters)} cluster ids for {rows} rows of table {self._path}; give one per row.")
+        columns = [pa.array(example_id, pa.int64()), pa.array(clusters, pa.int64()), pa.array(choice, pa.int16()),
+                   *keys, pa.array(label, self.schema.field("label").type)]
         for k, values in enumerate(layers):
             values = np.ascontiguousarray(values, dtype=np.float32)
             if values.shape != (rows, self.hidden_size):
@@ -154,20 +161,34 @@ class ActivationTable:
         first = layer_column(0)
         stored = self._reader.schema.field(first).type if first in self._reader.schema.names else None
         value = next((t for t in VALUE_TYPES.values() if stored == pa.list_(t, self.hidden_size)), pa.float32())
+        if "example_id" in self._reader.schema.names and "cluster_id" not in self._reader.schema.names:
+            raise LayersimError(f"activation table {self.path} has no cluster_id column (it was written before the "
+                                "tables recorded which examples share a premise, question or context); re-run the "
+                                "download_task and extract stages.")
         self._reader.check_types(
-            {"example_id": pa.int64(), "choice": pa.int16(), **{f.name: f.type for f in WORD_FIELDS if self.words},
+            {"example_id": pa.int64(), "cluster_id": pa.int64(), "choice": pa.int16(), **{f.name: f.type for f in WORD_FIELDS if self.words},
              "label": label}
             | {layer_column(k): pa.list_(value, self.hidden_size) for k in range(self.num_layers + 1)},
             f" for num_layers {self.num_layers} and hidden_size {self.hidden_size} in its metadata")
         self.check(expect)
-        ids = self._reader.read(["example_id", "choice", *(["segment", "word"] if self.words else [])])
+        ids = self._reader.read(["example_id", "cluster_id", "choice", *(["segment", "word"] if self.words else [])])
         self.example_id = ids.column("example_id").to_numpy()
+        # The unit of every null and bootstrap: the rows of all examples that share a text (one example by default).
+        self.cluster_id = ids.column("cluster_id").to_numpy()
         self.choice = ids.column("choice").to_numpy()
         # Word rows (pooling "tokens"): segment and word index, unique per (example_id, choice, segment, word).
         self.segment = ids.column("segment").to_numpy() if self.words else None
         self.word = ids.column("word").to_numpy() if self.words else None
         if self.words:
             check_keys(self.keys(), lambda row: f"activation table {self.path} row {row}")
+
+    def null_unit(self) -> str:
+        """What the nulls and intervals move as one block, in words: examples sharing the text the task declares
+        shared (metadata's ``shared``, from the task table) when any do; an example otherwise."""
+        shared = self.metadata.get("shared")
+        clustered = len(np.unique(self.cluster_id)) < len(np.unique(self.example_id))
+        return f"examples sharing their {shared}" if clustered and shared else "examples sharing a cluster" if \
+            clustered else "example"
 
     def keys(self) -> np.ndarray:
         """(rows, 2) example_id, choice; (rows, 4) with segment and word for a tokens table, as int64."""
@@ -271,6 +292,11 @@ class ActivationTable:
             what = "word keys (example_id, choice, segment, word)" if self.words else "example_id order"
             raise LayersimError(f"cannot compare {self.path} and {other.path}: their {what} differs "
                                 f"({detail}); re-run the extract stage.")
+        if not np.array_equal(self.cluster_id, other.cluster_id):
+            row = int(np.flatnonzero(self.cluster_id != other.cluster_id)[0])
+            raise LayersimError(f"cannot compare {self.path} and {other.path}: row {row} is in cluster "
+                                f"{int(self.cluster_id[row])} vs {int(other.cluster_id[row])} (examples sharing a "
+                                "text); re-run the extract stage.")
 
     def iter_batches(self, rows: int = 4096, layers: list[int] | tuple[int, ...] | None = None
                      ) -> Iterator[list[np.ndarray]]:

@@ -76,7 +76,10 @@ def read_task_table(folder: str | os.PathLike, task, split: str, max_examples: i
         raise LayersimError(f"{path} holds task {meta.get('task')!r} split {meta.get('split')!r}, "
                             f"expected task {task.name!r} split {split!r}; re-run the download_task stage.")
     text = {name: pa.list_(pa.string()) if name == "choices" else pa.string() for name in task.text_columns}
-    reader.check_types({"example_id": pa.int64(), **text, "label": task.label_type}, f" for task {task.name!r}")
+    # cluster_id: which examples share a text (layersim.data.tasks.spec.cluster_ids); a table written before it
+    # existed is refused here with the advice to re-run download_task.
+    reader.check_types({"example_id": pa.int64(), "cluster_id": pa.int64(), **text, "label": task.label_type},
+                       f" for task {task.name!r}")
     table = reader.read(reader.schema.names)
     for name in table.column_names:
         if table.column(name).null_count:

@@ -1,7 +1,9 @@
 """The task registry: what "rte" or "synth-negation" means, and how to build its normalized table.
 
-A normalized task table (docs/architecture.md, "Data contracts") has `example_id` (int64, stable), the text
-columns of its format, and `label` (int64, or float64 for regression):
+A normalized task table (docs/architecture.md, "Data contracts") has `example_id` (int64, stable), `cluster_id`
+(int64: the first example_id of the examples that share what the task declares shared, ``TaskSpec.shared``: MNLI's
+premise, QNLI's question, BoolQ's passage, HellaSwag's and CosmosQA's context, a user task's ``group`` column; the
+example's own id otherwise), the text columns of its format, and `label` (int64, or float64 for regression):
 
 ==================  ==========================================
 format              text columns
@@ -49,11 +51,11 @@ _PAPER_TASKS = [
              hub=_glue("cola", {"text": "sentence", "label": "label"})),
     TaskSpec("mnli", "pair", ("accuracy",), ("entailment", "neutral", "contradiction"),
              hub=_glue("mnli", {"text_a": "premise", "text_b": "hypothesis", "label": "label"},
-                       splits={"train": "train", "validation": "validation_matched"})),
+                       splits={"train": "train", "validation": "validation_matched"}), shared="premise"),
     TaskSpec("mrpc", "pair", ("f1", "accuracy"), ("not_equivalent", "equivalent"),
              hub=_glue("mrpc", {"text_a": "sentence1", "text_b": "sentence2", "label": "label"})),
     TaskSpec("qnli", "pair", ("accuracy",), ("entailment", "not_entailment"),
-             hub=_glue("qnli", {"text_a": "question", "text_b": "sentence", "label": "label"})),
+             hub=_glue("qnli", {"text_a": "question", "text_b": "sentence", "label": "label"}), shared="question"),
     TaskSpec("qqp", "pair", ("f1", "accuracy"), ("not_duplicate", "duplicate"),
              hub=_glue("qqp", {"text_a": "question1", "text_b": "question2", "label": "label"})),
     TaskSpec("rte", "pair", ("accuracy",), ("entailment", "not_entailment"),
@@ -63,18 +65,21 @@ _PAPER_TASKS = [
     TaskSpec("stsb", "pair", ("pearson", "spearman"), regression=True,
              hub=_glue("stsb", {"text_a": "sentence1", "text_b": "sentence2", "label": "label"})),
     TaskSpec("boolq", "pair", ("accuracy",), ("false", "true"),
-             hub=HubSource("aps/super_glue", "boolq", {"text_a": "question", "text_b": "passage", "label": "label"})),
+             hub=HubSource("aps/super_glue", "boolq", {"text_a": "question", "text_b": "passage", "label": "label"}),
+             shared="passage"),
     # Yelp Polarity has no validation split, so its test split stands in for one. Phang et al. say only that they use
     # each task's validation examples, not which rows that meant for Yelp.
     TaskSpec("yelp_polarity", "single", ("accuracy",), ("negative", "positive"),
              hub=HubSource("fancyzhx/yelp_polarity", "plain_text", {"text": "text", "label": "label"},
                            splits={"train": "train", "validation": "test"})),
     TaskSpec("hellaswag", "multiple_choice", ("accuracy",), num_choices=4,
-             hub=HubSource("Rowan/hellaswag", None, {"context": "ctx", "choices": "endings", "label": "label"})),
+             hub=HubSource("Rowan/hellaswag", None, {"context": "ctx", "choices": "endings", "label": "label"}),
+             shared="ctx"),
     TaskSpec("cosmosqa", "multiple_choice", ("accuracy",), num_choices=4,
              hub=HubSource("allenai/cosmos_qa", None,
                            {"context": ("context", "question"),
-                            "choices": ("answer0", "answer1", "answer2", "answer3"), "label": "label"})),
+                            "choices": ("answer0", "answer1", "answer2", "answer3"), "label": "label"}),
+             shared="context"),  # the passage alone: several questions are asked on one
 ]
 
 _GENERATED_TASKS = [
@@ -132,7 +137,7 @@ def normalize_hub_table(spec: TaskSpec, hub_table: pa.Table, split: str, source:
     if spec.hub is None:
         raise LayersimError(f"task {spec.name!r} is generated offline and has no hub source.")
     missing = sorted({c for v in spec.hub.columns.values() for c in ((v,) if isinstance(v, str) else v)}
-                     - set(hub_table.column_names))
+                     - set(hub_table.column_names) | ({spec.shared} - set(hub_table.column_names) - {None}))
     if missing:
         raise LayersimError(f"the hub table for task {spec.name!r} lacks columns {missing}; "
                             f"it has {hub_table.column_names}.")
@@ -156,7 +161,7 @@ def normalize_hub_table(spec: TaskSpec, hub_table: pa.Table, split: str, source:
         bad = [len(c) for c in columns["choices"] if len(c) != spec.num_choices]
         if bad:
             raise LayersimError(f"task {spec.name!r} expects {spec.num_choices} choices per example, found {bad[0]}.")
-    return _normalized(spec, columns, split, source)
+    return _normalized(spec, columns, split, source, shared=None if spec.shared is None else rows[spec.shared])
 
 
 def _check_texts(spec: TaskSpec, rows: dict[str, list], where: str) -> None:

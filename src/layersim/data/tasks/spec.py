@@ -50,6 +50,7 @@ class UserSource:
     label: str
     validation_fraction: float | None = None
     split_seed: int = 0
+    group: str | None = None  # a column whose identical values mark examples that share a text (TaskSpec.shared)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,10 @@ class TaskSpec:
     num_choices: int = 0
     hub: HubSource | None = None
     user: UserSource | None = None  # a task declared in params.yaml (user_tasks), read from the user's files
+    # What examples share, so that they are not independent (a premise with several hypotheses, a question with
+    # several sentences, a context with several questions): the source column (hub or user file) whose identical
+    # values make one cluster (:func:`cluster_ids`). None: every example its own cluster.
+    shared: str | None = None
 
     @property
     def num_labels(self) -> int:
@@ -85,13 +90,28 @@ class TaskSpec:
 
 def task_metadata(spec: TaskSpec, split: str, source: dict) -> dict:
     return {"task": spec.name, "format": spec.format, "split": split, "label_names": list(spec.label_names),
-            "metrics": list(spec.metrics), "regression": spec.regression, "source": source}
+            "metrics": list(spec.metrics), "regression": spec.regression, "shared": spec.shared, "source": source}
+
+
+def cluster_ids(example_id: np.ndarray, shared: list | None = None) -> np.ndarray:
+    """Each example's cluster (int64): the example_id of the first example, in table order, whose `shared` value
+    (one per example: a premise, a question, a group label) is the same; with None, every example its own. The
+    nulls and bootstrap intervals move a cluster's rows together (layersim.similarity.inference.exchangeability)."""
+    example_id = np.asarray(example_id, dtype=np.int64)
+    if shared is None:
+        return example_id.copy()
+    first: dict = {}
+    return np.array([first.setdefault(value, e) for value, e in zip(shared, example_id.tolist())], dtype=np.int64)
 
 
 def _normalized(spec: TaskSpec, columns: dict[str, list], split: str, source: dict,
-                example_id: np.ndarray | None = None) -> pa.Table:
+                example_id: np.ndarray | None = None, shared: list | None = None) -> pa.Table:
+    """The normalized table of `columns` (text columns and label); `shared`: each example's value of what it
+    shares with others (spec.shared's column), None when the task declares nothing."""
     n = len(columns["label"])
-    arrays = {"example_id": pa.array(np.arange(n) if example_id is None else example_id, pa.int64())}
+    example_id = np.arange(n) if example_id is None else np.asarray(example_id)
+    arrays = {"example_id": pa.array(example_id, pa.int64()),
+              "cluster_id": pa.array(cluster_ids(example_id, shared), pa.int64())}
     for name in spec.text_columns:
         arrays[name] = pa.array(columns[name], pa.list_(pa.string()) if name == "choices" else pa.string())
     arrays["label"] = pa.array(columns["label"], spec.label_type)

@@ -44,6 +44,19 @@ def _check_text(path: Path, values: dict[str, list], text: tuple[str, ...]) -> N
                                     "string.")
 
 
+def _check_group(path: Path, column: list, name: str) -> None:
+    """Every row names its group (user_tasks.<name>.group): a row without one would silently be a group alone."""
+    for row, value in enumerate(column, 1):
+        if _missing(value):
+            raise LayersimError(f"{path} row {row} has no value in the group column {name!r}; fill it (rows with the "
+                                "same value share a text) or remove the row.")
+
+
+def _group_key(value):
+    """A group value as a dictionary key: itself, or its JSON text (a list or object read from JSON lines)."""
+    return value if isinstance(value, (str, int, float, bool)) else json.dumps(value, sort_keys=True)
+
+
 def _label_kind(value) -> tuple[str, object]:
     """('text', name) or ('number', int | float) of one label as read (CSV gives strings)."""
     if isinstance(value, bool):
@@ -156,7 +169,7 @@ def _source(spec: TaskSpec, files: dict[str, Path]) -> dict:
 
     source = spec.user
     record = {"user_files": {split: {"path": str(path), "sha256": file_digest(path)} for split, path in files.items()},
-              "text_columns": list(source.text), "label_column": source.label}
+              "text_columns": list(source.text), "label_column": source.label, "group_column": source.group}
     if source.validation is None:
         record["split"] = {"validation_fraction": source.validation_fraction, "seed": source.split_seed}
     return record
@@ -168,7 +181,7 @@ def user_tables(spec: TaskSpec) -> dict[str, pa.Table]:
     their file (0-based), so they stay the same when other rows change."""
     source = spec.user
     files = _files(spec)
-    wanted = (*source.text, source.label)
+    wanted = tuple(dict.fromkeys((*source.text, source.label, *([source.group] if source.group else []))))
     raw = {split: read_columns(path, wanted, f"user_tasks.{spec.name}.{split}") for split, path in files.items()}
     for split, values in raw.items():
         rows = len(values[source.label])
@@ -176,6 +189,8 @@ def user_tables(spec: TaskSpec) -> dict[str, pa.Table]:
             raise LayersimError(f"{files[split]} holds no rows (the {split} split of {spec.name!r} would be empty); "
                                 "add rows.")
         _check_text(files[split], values, source.text)
+        if source.group:
+            _check_group(files[split], values[source.group], source.group)
     parsed = {split: _labels(files[split], values[source.label], source.label) for split, values in raw.items()}
     kinds = {kind for kind, _ in parsed.values()}
     if len(kinds) > 1:
@@ -211,7 +226,8 @@ def user_tables(spec: TaskSpec) -> dict[str, pa.Table]:
             columns = {"context": columns["context"],
                        "choices": [list(c) for c in zip(*(raw[split][c] for c in source.text[1:]))]}
         columns["label"] = ids[split].tolist()
-        tables[split] = _normalized(spec, columns, split, record, example_id=where[split])
+        shared = [_group_key(v) for v in raw[split][source.group]] if source.group else None
+        tables[split] = _normalized(spec, columns, split, record, example_id=where[split], shared=shared)
     return tables
 
 

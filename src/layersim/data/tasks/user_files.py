@@ -52,7 +52,7 @@ def _missing_columns(path: Path, found: Sequence[str], wanted: Sequence[str]) ->
     if missing:
         shown = ", ".join(map(repr, list(found)[:30])) or "none"
         raise LayersimError(f"{path} has no column {missing[0]!r}; its columns are {shown}: rename the column or "
-                            "name one of those in params.yaml (text / label).")
+                            "name one of those in params.yaml (text / label / group).")
 
 
 def _check_utf8(path: Path) -> None:

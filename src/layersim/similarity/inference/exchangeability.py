@@ -31,6 +31,16 @@ computed on the sample, so the p-value is exact for the sample (a test of the sa
 power); the value reported stays the whole table's, and the null mean is the sample's (at fewer rows, so a
 measure's upward bias is larger there: the chance-adjusted value is conservative).
 
+Clusters above the example: examples that share a text (MNLI's premise with several hypotheses, QNLI's question,
+BoolQ's passage, a context with several questions, a user task's ``group``) share a component in every model, like
+the words of one sentence, so they are not exchangeable one by one either: 100 premises × 3 hypotheses, d = 20,
+nothing shared but the premise (sd 0.5 / 1), gave p < 0.05 in 19–27 % / 100 % of draws with the example as the
+unit, 3.0–6.5 % with the premise (the stage's default measures, 200 draws: benchmarks/calibration.py --structured
+--premises; docs/reading-the-numbers.md). So the stages pass each row's *cluster*
+(the activation tables' ``cluster_id``: all rows of all examples sharing a text; an example alone by default) as
+`groups`: a cluster moves as one block, the words of each of its examples with it, and the bootstrap resamples
+whole clusters (layersim.similarity.inference.bootstrap). :func:`null_units` records what moved.
+
 When every example has one row and there is one stratum, a draw is ``rng.permutation(n)``: today's row
 permutation, the same draws for a seed, and linear CKA keeps its exact moments (layersim.similarity.inference._rv, which
 are moments of the row-permutation distribution; with blocks it falls back to sampled block permutations).
@@ -95,7 +105,8 @@ class BlockPermutations:
         fewer than half the rows movable (examples whose size is unique in their stratum stay in place)."""
         if self.plain:
             return None
-        share = f"{self.movable:.0%} of the rows can move (examples whose size is unique in their stratum stay put)"
+        share = (f"{self.movable:.0%} of the rows can move (examples, or clusters of examples sharing a text, whose "
+                 "size is unique in their stratum stay put)")
         if self.log10_arrangements < math.log10(1.0 / significance):
             return (f"the block null has only {10 ** self.log10_arrangements:.0f} distinct permutations of whole "
                     f"examples, so no p-value can be below {significance}; {share}")
@@ -134,6 +145,16 @@ def block_permutations(num_rows: int, groups: np.ndarray | None = None,
         members = starts[np.flatnonzero(inverse.ravel() == k)]
         classes.append(order[members[:, None] + np.arange(size)[None, :]])
     return BlockPermutations(num_rows, tuple(classes), False)
+
+
+def null_units(num_rows: int, groups: np.ndarray | None = None, strata: np.ndarray | None = None,
+               unit: str = "example") -> dict:
+    """What a null over these blocks moves, for the stage's records: the `unit` ("row" when every row is its own),
+    how many blocks (distinct `groups`) there are, the rows, and the share of rows that can move."""
+    blocks = block_permutations(num_rows, groups, strata)
+    count = num_rows if groups is None else len(np.unique(groups))
+    return {"unit": "row" if blocks.plain else unit, "blocks": int(count), "rows": int(num_rows),
+            "movable": round(float(blocks.movable), 4)}
 
 
 def example_sample(groups: np.ndarray, max_rows: int, seed: int) -> np.ndarray:
