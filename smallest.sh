@@ -24,8 +24,9 @@ params=(
   -S export.selection_examples=100 -S export.timing_examples=8 -S export.timing_repeats=1
 )
 
-# What these params will cost, per stage, before anything runs (docs/paper-configuration.md).
-python -m layersim.plan "${params[@]}"
+# What these params will cost, per stage, before anything runs (docs/paper-configuration.md); the -S among this
+# script's own arguments apply to the plan too.
+python -m layersim.plan "${params[@]}" -- "$@"
 echo
 
 dvc exp run "${params[@]}" "$@"

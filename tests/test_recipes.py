@@ -1,12 +1,15 @@
 """The README's two recipes, quickstart.sh and smallest.sh, set params that the pipeline accepts: their `-S`
 overrides applied to params.yaml as `dvc exp run` applies them, then validated as a stage would."""
 
+import os
 import re
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
-from dvc_project import repository_params
+from dvc_project import repository_params, repository_params_text
 from ruamel.yaml import YAML
 
 from layersim.models.registry import MODELS
@@ -46,7 +49,7 @@ def test_the_recipe_sets_valid_params(script):
     params = parse_params(applied(script))
     assert params.tasks and params.seeds
     text = (REPO / script).read_text()  # the plan of the same params, printed before the run (issue 53)
-    assert 'python -m layersim.plan "${params[@]}"' in text and 'dvc exp run "${params[@]}" "$@"' in text
+    assert 'python -m layersim.plan "${params[@]}" -- "$@"' in text and 'dvc exp run "${params[@]}" "$@"' in text
 
 
 def test_the_quickstart_has_seeds_enough_for_an_interval_and_a_pretrained_model():
@@ -85,3 +88,23 @@ def test_every_offline_model_runs_the_recipe_with_no_other_setting(script, model
     assert head in params.extract.poolings and head in params.similarity.measures
     assert "cls" not in params.extract.poolings or head == "cls"
     assert params.truncate.head == ("own" if architecture(model) in OWN_HEAD_ARCHITECTURES else "fresh")
+
+
+@pytest.mark.parametrize("script", ["quickstart.sh", "smallest.sh"])
+def test_the_scripts_settings_reach_the_plan_it_prints_as_well_as_the_run(script, tmp_path):
+    """Issue 64: `bash quickstart.sh -S model=tiny-gpt2` printed the plan of minilm-l6. The script runs in a folder of
+    its own (params.yaml as committed), with a `dvc` that records its arguments instead of running."""
+    shutil.copy2(REPO / script, tmp_path / script)
+    (tmp_path / "params.yaml").write_text(repository_params_text())
+    bin_folder = tmp_path / "bin"
+    bin_folder.mkdir()
+    (bin_folder / "dvc").write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$(dirname "$0")/dvc.args"\n')
+    (bin_folder / "dvc").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_folder}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
+    given = ["-S", "model=tiny-gpt2", "--set-param=seeds=[1]", "--name", "gpt2", "-S", "params.yaml:finetune.max_steps=300"]
+    result = subprocess.run(["bash", str(tmp_path / script), *given], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "layersim plan: tiny-gpt2, 1 task(s), 1 seed(s), 300 steps" in result.stdout, result.stdout
+    assert (bin_folder / "dvc.args").read_text().splitlines()[-len(given):] == given  # dvc exp run gets them as given
