@@ -54,7 +54,8 @@ params=(
 python -m layersim.plan "${params[@]}" -- "$@"
 echo
 
-dvc exp run "${params[@]}" "$@"
+# `dvc exp run`, less DVC's warning for each output no run has made yet (a fresh clone's first run: tools/exp_run.py).
+python tools/exp_run.py "${params[@]}" "$@"
 
 echo
 echo "Done. Figures: plots/{similarity,localization,compare,truncate,skip,export,align,freeze,weights,summary}/   every number: plots/details/"

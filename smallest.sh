@@ -29,4 +29,5 @@ params=(
 python -m layersim.plan "${params[@]}" -- "$@"
 echo
 
-dvc exp run "${params[@]}" "$@"
+# `dvc exp run`, less DVC's warning for each output no run has made yet (a fresh clone's first run: tools/exp_run.py).
+python tools/exp_run.py "${params[@]}" "$@"
