@@ -6,6 +6,7 @@ import json
 import re
 
 import matplotlib.pyplot as plt
+import pytest
 
 from layersim.data.layout import finetune_metrics, stage_details
 from layersim.reporting.headlines import metrics_to_details
@@ -103,6 +104,23 @@ def test_a_skipped_span_survives_the_details_round_trip(tmp_path):
                         Layout(tmp_path / "metrics", details, tmp_path / "plots"))
     assert "here it skipped layers 2–2 instead" in page and "layers 2-2 of 3 skipped" in page
     assert "2 / 3" in page and "<td>75%</td>" in page
+
+
+@pytest.mark.parametrize("model, noun", [("tiny-gpt2", "decoder"), ("tiny-bert", "encoder"), ("minilm-l6", "encoder"),
+                                         ("someone/not-downloaded", "model")])
+def test_the_truncation_caption_names_the_models_kind(tmp_path, monkeypatch, model, noun):
+    """Issue 64: the caption said "encoder" for a decoder. (A hub model's kind is read from its download under the
+    working folder: an empty one here.)"""
+    from layersim.reporting.page import truncation_figure
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plots/truncate/rte").mkdir(parents=True)
+    (tmp_path / "plots/truncate/rte/truncate.json").write_text(json.dumps(
+        [{"variant": v, "seed": 1, "layer": k, "score": 0.5 + 0.1 * k} for v in ("untuned", "tuned") for k in range(3)]))
+    truncate = {"metric": "accuracy", "full": 0.8, "majority_baseline": 0.5}
+    figure = truncation_figure(Layout(tmp_path / "metrics", tmp_path / "details", tmp_path / "plots"), "rte", truncate,
+                               None, model=model)
+    assert figure.caption.startswith(f"Score when the {noun} exits after layer k (Phang et al. Fig. 3)")
 
 
 def test_the_page_names_the_runs_that_did_not_converge(tmp_path):
