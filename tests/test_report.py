@@ -140,3 +140,32 @@ def test_the_page_names_the_runs_that_did_not_converge(tmp_path):
     assert "Seed 1 (FT[1]) did not converge: its final training loss 3.1 is 99% of the trivial predictor" in page
     assert "0.569 (1 of 2 runs not converged: seed 1)" in page
     assert "Seed 2 (FT[2]) did not converge" not in page
+
+
+@pytest.mark.parametrize("comparisons", [1, 4, 5, 8])
+def test_heatmap_and_curve_panels_wrap_four_to_a_row(comparisons):
+    """Issue 64: a row of 8 heatmap panels was too wide for a 1,400 px page (shrunk below legibility). Past four,
+    a measure's panels wrap onto further rows, sharing its colour bar; the per-layer curves likewise."""
+    import numpy as np
+
+    from layersim.reporting.plots import PANELS_PER_ROW, Curve, diagonal_curves, measure_grid
+
+    names = [f"C{k}" for k in range(comparisons)]
+    panels = {name: (np.full((3, 3), 0.5), "y layer", "x layer") for name in names}
+    figure = measure_grid({"linear_cka": (panels, (0, 1)), "svcca": (panels, None)}, "t")
+    heatmaps = [ax for ax in figure.axes if ax.get_title() in names]
+    columns = min(comparisons, PANELS_PER_ROW)
+    rows_per_measure = -(-comparisons // PANELS_PER_ROW)
+    assert sorted(ax.get_title() for ax in heatmaps) == sorted(names * 2)
+    assert len({round(ax.get_position().x0, 3) for ax in heatmaps}) == columns
+    assert len({round(ax.get_position().y0, 3) for ax in heatmaps}) == 2 * rows_per_measure
+    assert len(figure.axes) == 2 * rows_per_measure * columns + 2  # the grid, and a colour bar a measure
+    assert figure.get_size_inches()[0] == pytest.approx(3.4 * columns + 0.8)
+    plt.close(figure)
+
+    curves = diagonal_curves({name: {"FT–ORIG": Curve(np.linspace(0, 1, 4))} for name in names}, "t")
+    drawn = [ax for ax in curves.axes if ax.get_visible()]
+    assert sorted(ax.get_title() for ax in drawn) == sorted(names)
+    assert len({round(ax.get_position().x0, 3) for ax in drawn}) == columns
+    assert curves.get_size_inches()[0] == pytest.approx(4.4 * columns)
+    plt.close(curves)

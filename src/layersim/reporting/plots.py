@@ -173,10 +173,16 @@ def chance_note(significance: float, null: str, how: str = "rows of the column l
     return f"hatched grey: not above chance — {tested} ≥ {significance:g}; the {null}, {how}"
 
 
+# Panels side by side at most: a wider figure is shrunk below legibility on a 1,400 px page (the report, `dvc plots
+# show`); more panels (comparisons of several fine-tuning methods, many measures) wrap onto further rows.
+PANELS_PER_ROW = 4
+
+
 def measure_grid(rows: dict[str, tuple[dict[str, tuple], tuple[float, float] | None]],
                  title: str, *, first_layer: int = 0, note: str | None = None):
     """One row of heatmaps per similarity measure, one column per comparison (Phang et al. Figure 1's
-    panels side by side; Wu et al. Figure 2's one-heatmap-per-measure view).
+    panels side by side; Wu et al. Figure 2's one-heatmap-per-measure view); past PANELS_PER_ROW comparisons a
+    measure's panels wrap onto further rows, which share its colour bar.
 
     `rows` maps a measure label to (panels, bounds): panels as in :func:`heatmap_grid`, each optionally with
     a fourth element, a boolean mask of the cells not above chance (greyed and hatched, explained by
@@ -184,12 +190,16 @@ def measure_grid(rows: dict[str, tuple[dict[str, tuple], tuple[float, float] | N
     `first_layer` is the layer the first row/column stands for (1 for attention maps, which have no
     embedding layer).
     """
-    ncols = max(len(panels) for panels, _ in rows.values())
-    fig, axes = plt.subplots(len(rows), ncols, figsize=(3.4 * ncols + 0.8, 3.1 * len(rows)), squeeze=False,
-                             constrained_layout=True)
+    ncols = min(PANELS_PER_ROW, max(len(panels) for panels, _ in rows.values()))
+    lines = {measure: -(-len(panels) // ncols) for measure, (panels, _) in rows.items()}  # a measure's grid rows
+    fig, grid = plt.subplots(sum(lines.values()), ncols, figsize=(3.4 * ncols + 0.8, 3.1 * sum(lines.values())),
+                             squeeze=False, constrained_layout=True)
     cmap = plt.get_cmap("magma").with_extremes(bad="lightgrey")
     undefined = hatched = outlined = False
-    for row_axes, (measure, (panels, bounds)) in zip(axes, rows.items()):
+    starts = np.cumsum([0, *lines.values()])
+    for start, (measure, (panels, bounds)) in zip(starts, rows.items()):
+        row_axes = list(grid[start:start + lines[measure]].flat)
+        first_column = set(grid[start:start + lines[measure], 0])
         values = np.concatenate([p[0][np.isfinite(p[0])] for p in panels.values()] or [np.zeros(1)])
         vmin, vmax = bounds if bounds is not None else (values.min(initial=0.0), values.max(initial=1.0))
         image = None
@@ -205,7 +215,7 @@ def measure_grid(rows: dict[str, tuple[dict[str, tuple], tuple[float, float] | N
             hatched |= chance is not None and bool((chance & np.isfinite(matrix)).any())
             ax.set_title(panel, fontsize=10)
             ax.set_xlabel(xlabel, fontsize=8)
-            ax.set_ylabel(f"{measure}\n{ylabel}" if ax is row_axes[0] else ylabel, fontsize=8)
+            ax.set_ylabel(f"{measure}\n{ylabel}" if ax in first_column else ylabel, fontsize=8)
             for axis, size in ((ax.xaxis, matrix.shape[1]), (ax.yaxis, matrix.shape[0])):
                 axis.set_ticks(range(size))
                 labels = layer_tick_labels(size + first_layer)[first_layer:]
@@ -213,7 +223,7 @@ def measure_grid(rows: dict[str, tuple[dict[str, tuple], tuple[float, float] | N
         for ax in row_axes[len(panels):]:
             ax.axis("off")
         if image is not None:
-            fig.colorbar(image, ax=list(row_axes), shrink=0.85, label=measure)
+            fig.colorbar(image, ax=row_axes, shrink=0.85, label=measure)
     notes = []
     if undefined:
         notes.append("grey: undefined — that layer's representation is the same for every example "
@@ -298,9 +308,14 @@ def diagonal_curves(panels: dict[str, dict[str, Curve]], title: str, *, first_la
                     bounds: dict[str, tuple[float, float] | None] | None = None):
     """The diagonals of the comparisons (layer k against layer k), one panel per measure, one line per
     comparison with its band (bootstrap interval, or ± sd over seed pairs) and the permutation null's
-    mean as a dotted line of the same colour: how far each layer's similarity is above chance."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 4.2), squeeze=False, layout="constrained")
-    for ax, (measure, curves) in zip(axes[0], panels.items()):
+    mean as a dotted line of the same colour: how far each layer's similarity is above chance; PANELS_PER_ROW
+    panels to a row."""
+    ncols = min(PANELS_PER_ROW, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.4 * ncols, 4.2 * nrows), squeeze=False, layout="constrained")
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (measure, curves) in zip(axes.flat, panels.items()):
         for n, (label, curve) in enumerate(curves.items()):
             colour = f"C{n}"
             layers = np.arange(first_layer, first_layer + len(curve.values))
