@@ -49,11 +49,13 @@ params=(
   -S export.selection_examples=500
 )
 
-# What these params will cost, per stage, before anything runs (docs/paper-configuration.md).
-python -m layersim.plan "${params[@]}"
+# What these params will cost, per stage, before anything runs (docs/paper-configuration.md); the -S among this
+# script's own arguments apply to the plan too.
+python -m layersim.plan "${params[@]}" -- "$@"
 echo
 
-dvc exp run "${params[@]}" "$@"
+# `dvc exp run`, less DVC's warning for each output no run has made yet (a fresh clone's first run: tools/exp_run.py).
+python tools/exp_run.py "${params[@]}" "$@"
 
 echo
 echo "Done. Figures: plots/{similarity,localization,compare,truncate,skip,export,align,freeze,weights,summary}/   every number: plots/details/"

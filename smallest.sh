@@ -24,8 +24,10 @@ params=(
   -S export.selection_examples=100 -S export.timing_examples=8 -S export.timing_repeats=1
 )
 
-# What these params will cost, per stage, before anything runs (docs/paper-configuration.md).
-python -m layersim.plan "${params[@]}"
+# What these params will cost, per stage, before anything runs (docs/paper-configuration.md); the -S among this
+# script's own arguments apply to the plan too.
+python -m layersim.plan "${params[@]}" -- "$@"
 echo
 
-dvc exp run "${params[@]}" "$@"
+# `dvc exp run`, less DVC's warning for each output no run has made yet (a fresh clone's first run: tools/exp_run.py).
+python tools/exp_run.py "${params[@]}" "$@"

@@ -1,7 +1,7 @@
 """Helpers for integration tests that run the real DVC pipeline in a temporary git repository.
 
-``make_project(dest, configure)`` copies this repository (its git-tracked and not-ignored files) into
-``dest``, lets ``configure`` edit the parsed params.yaml, and commits the copy to a fresh git repo.
+``make_project(dest, configure)`` copies this repository (what git tracks, and the untracked files it does not
+ignore outside the folders a pipeline run writes: never what a user's run left) into ``dest``, lets ``configure`` edit the parsed params.yaml, and commits the copy to a fresh git repo.
 ``run`` and ``dvc`` run commands with their output captured and shown when they fail.
 """
 
@@ -77,9 +77,9 @@ def tiny_params(params: dict, *, model: str = "tiny-bert", tasks: list[str] = ("
     return params
 
 
-def _committed(name: str) -> str | None:
+def _committed(name: str, root: Path = REPO) -> str | None:
     """The file as HEAD holds it, or None outside a git checkout or for a file HEAD lacks."""
-    found = subprocess.run(["git", "show", f"HEAD:{name}"], cwd=REPO, capture_output=True, text=True)
+    found = subprocess.run(["git", "show", f"HEAD:{name}"], cwd=root, capture_output=True, text=True)
     return found.stdout if found.returncode == 0 else None
 
 
@@ -90,12 +90,12 @@ def _key_paths(doc, prefix: str = "") -> set[str]:
                                                 for path in _key_paths(value, f"{prefix}{key}.")}
 
 
-def repository_params_text() -> str:
+def repository_params_text(root: Path = REPO) -> str:
     """params.yaml as committed. `bash quickstart.sh` is a DVC experiment: it leaves its own values (and its
     dvc.lock) in the working tree, which the tests must not inherit. A working tree whose params.yaml declares
     other keys than HEAD's (a key being added or removed) is read as it is."""
-    working = (REPO / "params.yaml").read_text()
-    committed = _committed("params.yaml")
+    working = (root / "params.yaml").read_text()
+    committed = _committed("params.yaml", root)
     if committed is None or _key_paths(yaml.safe_load(committed)) != _key_paths(yaml.safe_load(working)):
         return working
     return committed
@@ -105,22 +105,45 @@ def repository_params() -> dict:
     return yaml.safe_load(repository_params_text())
 
 
-def copy_repository(dest: Path) -> None:
-    """Copy this repository's git-tracked and not-ignored files into ``dest``, with params.yaml as
-    :func:`repository_params` reads it and dvc.lock as committed (an experiment run here rewrites both)."""
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                           capture_output=True, text=True, check=True).stdout.split("\0")
-    for name in filter(None, files):
-        src = REPO / name
-        if src.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / name)
-    lock = _committed("dvc.lock")
+def run_output_folders(root: Path = REPO) -> set[str]:
+    """The top folders a pipeline run writes into: those of every path dvc.yaml declares (each stage's outs,
+    metrics and plots, and the top-level metrics and plots: timings/, environment/)."""
+    pipeline = yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8"))
+    declared = [entry for stage in pipeline["stages"].values() for kind in ("outs", "metrics", "plots")
+                for entry in stage.get(kind) or ()]
+    declared += [*(pipeline.get("metrics") or ()), *(pipeline.get("plots") or ())]
+    paths = [entry if isinstance(entry, str) else next(iter(entry)) for entry in declared]
+    return {Path(path).parts[0] for path in paths}
+
+
+def repository_files(root: Path = REPO) -> list[str]:
+    """The files of the repository at `root` a test project is made of: what git tracks (as the working tree holds
+    it: a change being made is tested), and untracked files git does not ignore (a new module not yet added)
+    except in the folders a run writes into (:func:`run_output_folders`). `bash quickstart.sh` leaves there
+    records that are no output, so that no .gitignore of DVC's hides them (environment/*.json, timings/), and
+    DVC's own .gitignore files: a copy holding them would start with a user's run."""
+    def listed(*options: str) -> list[str]:
+        found = subprocess.run(["git", "ls-files", "-z", *options], cwd=root, capture_output=True, text=True,
+                               check=True).stdout.split("\0")
+        return [name for name in found if name and (root / name).is_file()]
+
+    outputs = run_output_folders(root)
+    untracked = [name for name in listed("--others", "--exclude-standard") if Path(name).parts[0] not in outputs]
+    return sorted({*listed("--cached"), *untracked})
+
+
+def copy_repository(dest: Path, root: Path = REPO) -> None:
+    """Copy :func:`repository_files` of the repository at `root` into ``dest``, with params.yaml as
+    :func:`repository_params_text` reads it and dvc.lock as committed (an experiment run here rewrites both)."""
+    for name in repository_files(root):
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / name, dest / name)
+    lock = _committed("dvc.lock", root)
     if lock is not None:
         (dest / "dvc.lock").write_text(lock)
     elif (dest / "dvc.lock").exists():
         (dest / "dvc.lock").unlink()
-    (dest / "params.yaml").write_text(repository_params_text())
+    (dest / "params.yaml").write_text(repository_params_text(root))
 
 
 def make_project(dest: Path, configure: Callable[[dict], object], *, share_cache: bool = True) -> dict:

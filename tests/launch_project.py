@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 import fork_server
-from dvc_project import REPO, dvc, project_env, run
+from dvc_project import REPO, dvc, project_env, repository_params_text, run
 
 WORK = '''"""Stage commands of the launch test project."""
 import json, os, sys, time
@@ -74,7 +74,7 @@ def make_launch_project(dest: Path, items: list[str], seconds: float) -> dict:
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "work.py").write_text(WORK)
     (dest / "sleep.txt").write_text(f"{seconds}\n")
-    shutil.copy2(REPO / "params.yaml", dest / "params.yaml")  # `layersim launch` reads its `launch` section
+    (dest / "params.yaml").write_text(repository_params_text())  # `layersim launch` reads its `launch` section
     (dest / ".gitignore").write_text("/data/\n/logs/\n/fail-*\n/kill-*\n/killed-*\n")
     stages = {
         "download": {"cmd": "python work.py download", "deps": ["work.py"], "outs": ["data/corpus.txt"]},

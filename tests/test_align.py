@@ -15,6 +15,7 @@ import torch
 from layersim.align import (MAPS, CCAMap, CouplingFlow, INNMap, LinearRegressionMap, MLPMap, PWCCAMap, SVCCAMap,
                             alignment_errors, fit_maps, layer_alignment_matrix, make_map, map_representations, mse,
                             random_flow, relative_error, synthetic_recovery, train_test_split_rows)
+from layersim.align.flows import check_loss_history
 from layersim.align.neural import shrunk_whitening
 from layersim.errors import LayersimError
 from layersim.compute.linalg import Standardizer, thin_svd
@@ -265,11 +266,40 @@ def test_inn_with_and_without_whitening_is_a_bijection_of_the_same_rows(rng):
         INNMap(whiten="yes")
 
 
-def test_a_training_that_blows_up_without_nan_fails_loudly(rng):
+def test_a_loss_that_blows_up_without_nan_fails_loudly():
+    """The detector on constructed histories (steady stretches, so that its 5 % moving means are exact): a real
+    run's late losses at a too-high learning rate are chaotic (at lr 1 one CPU ended near 1e7, another near 1e3,
+    another passed)."""
+    def history(*stretches):
+        return np.concatenate([np.full(100, value) for value in stretches])
+
+    with pytest.raises(LayersimError) as raised:
+        check_loss_history(history(8.0, 0.5, 1000.0), learning_rate=1.0)  # fell, then rose 2,000-fold, finite
+    assert str(raised.value) == ("training blew up: the loss ended at 1000 after falling to 0.5 (it started at 8), so "
+                                 "the map is worse than the network had been; lower align.learning_rate (now 1).")
+    # Below its start but 50 times above its lowest (at width 768 a run once jumped from 0.0009 to 0.5).
+    with pytest.raises(LayersimError, match=r"^training blew up \(network 2 of 3\): the loss ended at 0\.5 after "
+                                            r"falling to 0\.01 \(it started at 8\).* \(now 0\.1\)\.$"):
+        check_loss_history(history(8.0, 0.01, 0.5), 0.1, " (network 2 of 3)")
+    with pytest.raises(LayersimError, match=r"^training blew up: the loss ended at 3 after falling to 1 "):
+        check_loss_history(history(1.0, 1.0, 3.0), 0.1)  # never fell, ended 3 times its start
+    with pytest.raises(LayersimError, match=r"^training diverged: the loss became inf at step 251 of 300; "):
+        check_loss_history(np.concatenate([history(8.0, 0.5), np.full(50, 1.0), [np.inf], np.full(49, 1.0)]), 1.0)
+
+
+def test_a_sound_or_negligible_loss_passes_the_blow_up_detector():
+    check_loss_history(np.geomspace(8.7, 0.5, 300), 0.1)  # a fit that only falls
+    check_loss_history(np.concatenate([np.full(100, 8.0), np.full(100, 0.5), np.full(100, 4.9)]), 0.1)  # < 10x lowest
+    check_loss_history(np.concatenate([np.full(200, 1e-15), np.full(100, 1e-7)]), 0.1)  # float32 drift of an exact map
+
+
+def test_a_training_that_blows_up_fails_loudly(rng):
+    """End to end: a learning rate that is absurd in any rounding (100: Adam moves every weight by ~100 a step, so
+    the loss ends some 20 orders of magnitude above its start) fails, finite or not; a sound fit passes."""
     x = _correlated(rng, 400, 8)
     y = np.tanh(x) @ rng.normal(size=(8, 8))
-    with pytest.raises(LayersimError, match=r"training blew up: the loss ended at .* lower align.learning_rate \(now 1\)"):
-        INNMap(depth=2, hidden=32, steps=300, batch_size=64, learning_rate=1.0).fit(x, y)  # loss 8.7 → 1e7, finite
+    with pytest.raises(LayersimError, match=r"training (blew up|diverged): the loss .* lower align.learning_rate"):
+        INNMap(depth=2, hidden=32, steps=20, batch_size=64, learning_rate=100.0, schedule="constant").fit(x, y)
     INNMap(depth=2, hidden=32, steps=300, batch_size=64, learning_rate=0.1).fit(x, y)  # a fast but sound fit passes
 
 

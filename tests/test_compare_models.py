@@ -194,10 +194,12 @@ def test_what_a_module_cannot_give_is_refused(one_torch_thread):
     ("data/checkpoints/minilm-l6/synth-similarity/seed1/model", "…/seed1/model"),
     ("/home/me/runs/2026-11-27/minilm-finetuned-on-sst2", "…/2026-11-27/minilm-finetuned-on-sst2"),
 ])
-def test_a_model_is_labelled_as_the_user_named_it(given, label):
-    """Issue 50: the plot named a fine-tuned folder by its last part (the task's folder)."""
+def test_a_model_is_labelled_as_the_user_named_it(given, label, tmp_path, monkeypatch):
+    """Issue 50: the plot named a fine-tuned folder by its last part (the task's folder). Relative paths are read
+    from an empty folder: the repository's own may hold a user's run (the quickstart's seed1/model)."""
     from layersim.models.any_model import model_label
 
+    monkeypatch.chdir(tmp_path)
     assert model_label(given) == label
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +18,6 @@ from layersim.data.tasks import generated_table, get_task
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = ("tiny-bert", "tiny-roberta", "tiny-albert", "tiny-electra")
 L = 3
 
@@ -381,9 +379,10 @@ def test_bad_freeze_params_are_one_sentence(tmp_path, key, value, message):
 
     import yaml
 
+    from dvc_project import repository_params
     from layersim.params import load_params
 
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = repository_params()
     params["freeze"][key] = value
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     with pytest.raises(LayersimError, match=f"^{re.escape(message)}$"):

@@ -7,7 +7,6 @@ import ast
 import csv
 import io
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -16,7 +15,8 @@ import fork_server
 import pytest
 import yaml
 
-from dvc_project import REPO, dvc, make_project, output, project_env, run, tiny_params, with_venv_commands
+from dvc_project import (REPO, dvc, make_project, output, project_env, repository_params_text, run, tiny_params,
+                         with_venv_commands)
 from launch_project import make_launch_project, parsed_lock
 from layersim.params.schema import STAGES
 
@@ -142,7 +142,7 @@ def test_bad_flags_and_params_fail_before_ray_starts(tmp_path):
 
     result = launch()
     assert result.returncode == 2 and "launch.gpu_stages" in result.stderr and "finetune" in result.stderr
-    shutil.copy2(REPO / "params.yaml", root / "params.yaml")
+    (root / "params.yaml").write_text(repository_params_text())
     dry = launch("--dry")
     assert dry.returncode == 0 and "finetune@a  {'num_gpus': 1.0, 'num_cpus': 0}" in dry.stdout, output(dry)
     assert "compare  {'num_cpus': 1.0}" in dry.stdout

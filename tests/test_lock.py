@@ -216,3 +216,70 @@ def test_a_lock_that_cannot_be_written_or_nests_too_deep_is_one_sentence(tmp_pat
     deep.write_text("[" * 200_000 + "]" * 200_000)
     with pytest.raises(LayersimError, match=r"deep.lock cannot be read \(RecursionError\); restore it from git"):
         read_lock(deep)
+
+
+def test_sync_locks_what_it_can_and_names_what_it_could_not(tmp_path, hub, monkeypatch, capsys):
+    """Issue 64: a hub dataset as a user's task, under a default model the user's hub (a mirror) does not hold: the
+    task is locked, the model named with its cause, and the command fails."""
+    def resolve(repo_id, repo_type, revision, kind, name):
+        if kind == "model":
+            raise LayersimError(f"could not download model {name!r} from the Hugging Face hub: 404 Not Found; "
+                                "without network use an offline model: tiny-bert.")
+        return B
+
+    monkeypatch.setattr(lockfile, "hub_commit", resolve)
+    lock = tmp_path / "layersim.lock"
+    with pytest.raises(lockfile.NotLocked) as error:
+        update(_params(tmp_path), lock)
+    assert error.value.changes == [f"task rte: {B[:12]} ({EXPORT})"]
+    assert str(error.value) == (f"1 hub entry of params.yaml could not be locked ({lock} holds the 1 written and the "
+                                "rest as they were): could not download model 'roberta-base' from the Hugging Face "
+                                "hub: 404 Not Found; without network use an offline model: tiny-bert.")
+    assert read_lock(lock)["tasks"]["rte"]["commit"] == B and read_lock(lock)["models"] == {}
+
+    assert lockfile.main(["sync", "--params", str(tmp_path / "params.yaml"), "--lock", str(lock)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: 1 hub entry of params.yaml could not be locked")  # rte: locked before
+
+
+def test_sync_needs_only_the_names_params_yaml_reads(tmp_path, hub, capsys):
+    """A params.yaml the stages refuse for another reason (a max_length too long for the model) is locked all the
+    same, with that reason noted."""
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"model": "tiny-bert", "tasks": ["rte"], "seeds": [1],
+                                      "finetune": {"max_length": 4096}}))
+    lock = tmp_path / "layersim.lock"
+    assert lockfile.main(["sync", "--params", str(params), "--lock", str(lock)]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] == f"task rte: {B[:12]} ({EXPORT})" and read_lock(lock)["tasks"]["rte"]["commit"] == B
+    assert err.startswith("note: params.yaml: finetune.max_length = 4096 is too long for model 'tiny-bert'")
+    params.write_text(yaml.safe_dump({"model": "tiny-bert", "tasks": ["no-such-task"], "seeds": [1]}))
+    assert lockfile.main(["sync", "--params", str(params), "--lock", str(lock)]) == 1  # a name it cannot read
+    assert "error: params.yaml: tasks has 'no-such-task', which is not a known task" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mirror", [None, "/srv/hub"])
+def test_a_download_with_the_hub_switched_off_names_the_switch_and_the_mirror(monkeypatch, mirror):
+    """Issue 64: under smallest.sh (HF_HUB_OFFLINE=1) a hub task said only "Couldn't reach ... (OfflineModeIsEnabled)"."""
+    import datasets
+
+    from layersim.data.tasks import hub_table
+
+    def offline(path, **kwargs):  # what datasets raises offline (a dataset in its cache would load instead)
+        raise ConnectionError(f"Couldn't reach '{path}' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    if mirror:
+        monkeypatch.setenv(HUB_MIRROR_ENV, mirror)
+    else:
+        monkeypatch.delenv(HUB_MIRROR_ENV, raising=False)
+    with pytest.raises(LayersimError) as error:
+        hub_table(get_task("rte"), "validation")
+    message = str(error.value)
+    switched_off = ("HF_HUB_OFFLINE=1 and HF_DATASETS_OFFLINE=1 are set (quickstart.sh and smallest.sh set them), so "
+                    f"the hub is never asked: unset it to download, or set {HUB_MIRROR_ENV} to a folder laid out like "
+                    "the hub; without network use an offline task: ")
+    assert (switched_off in message) == (mirror is None), message  # a mirror folder is no hub: the switch is no cause
+    assert "\n" not in message

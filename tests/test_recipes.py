@@ -1,12 +1,17 @@
 """The README's two recipes, quickstart.sh and smallest.sh, set params that the pipeline accepts: their `-S`
 overrides applied to params.yaml as `dvc exp run` applies them, then validated as a stage would."""
 
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from dvc_project import repository_params
+import yaml
+from dvc_project import repository_params, repository_params_text
 from ruamel.yaml import YAML
 
 from layersim.models.registry import MODELS
@@ -46,7 +51,7 @@ def test_the_recipe_sets_valid_params(script):
     params = parse_params(applied(script))
     assert params.tasks and params.seeds
     text = (REPO / script).read_text()  # the plan of the same params, printed before the run (issue 53)
-    assert 'python -m layersim.plan "${params[@]}"' in text and 'dvc exp run "${params[@]}" "$@"' in text
+    assert 'python -m layersim.plan "${params[@]}" -- "$@"' in text and 'python tools/exp_run.py "${params[@]}" "$@"' in text
 
 
 def test_the_quickstart_has_seeds_enough_for_an_interval_and_a_pretrained_model():
@@ -85,3 +90,50 @@ def test_every_offline_model_runs_the_recipe_with_no_other_setting(script, model
     assert head in params.extract.poolings and head in params.similarity.measures
     assert "cls" not in params.extract.poolings or head == "cls"
     assert params.truncate.head == ("own" if architecture(model) in OWN_HEAD_ARCHITECTURES else "fresh")
+
+
+@pytest.mark.parametrize("script", ["quickstart.sh", "smallest.sh"])
+def test_the_scripts_settings_reach_the_plan_it_prints_as_well_as_the_run(script, tmp_path):
+    """Issue 64: `bash quickstart.sh -S model=tiny-gpt2` printed the plan of minilm-l6. The script runs in a folder of
+    its own (params.yaml as committed), with a tools/exp_run.py that records its arguments instead of running."""
+    shutil.copy2(REPO / script, tmp_path / script)
+    (tmp_path / "params.yaml").write_text(repository_params_text())
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "exp_run.py").write_text("import pathlib, sys\n"
+                                                  "pathlib.Path('exp_run.args').write_text('\\n'.join(sys.argv[1:]))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
+    given = ["-S", "model=tiny-gpt2", "--set-param=seeds=[1]", "--name", "gpt2", "-S", "params.yaml:finetune.max_steps=300"]
+    result = subprocess.run(["bash", str(tmp_path / script), *given], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "layersim plan: tiny-gpt2, 1 task(s), 1 seed(s), 300 steps" in result.stdout, result.stdout
+    assert (tmp_path / "exp_run.args").read_text().splitlines()[-len(given):] == given  # the run gets them as given
+
+
+@pytest.mark.integration
+def test_a_first_experiment_prints_no_warning_about_outputs_never_made(tmp_path):
+    """Issue 64: a fresh clone's `dvc exp run` opened with a "No file hash info found for '<path>'. It won't be
+    created." per output (its checkout, before the run, of outputs that dvc.lock does not list yet); through
+    tools/exp_run.py the experiment runs and is listed as before, without them."""
+    from dvc_project import dvc, output, project_env, run
+
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
+        "a": {"cmd": "mkdir -p data && echo ${x} > data/a.txt", "params": ["x"], "outs": ["data/a.txt"]},
+        "b": {"cmd": "cp data/a.txt data/b.txt", "deps": ["data/a.txt"], "outs": ["data/b.txt"]}}}))
+    (tmp_path / "params.yaml").write_text("x: 1\n")
+    (tmp_path / ".gitignore").write_text("/data/\n")
+    env = project_env(tmp_path)
+    run(["git", "init", "-q", "-b", "main"], tmp_path, env)
+    run(dvc("init", "-q"), tmp_path, env)
+    run(["git", "add", "-A"], tmp_path, env)
+    run(["git", "commit", "-qm", "fresh clone"], tmp_path, env)
+    result = run([sys.executable, str(REPO / "tools" / "exp_run.py"), "-S", "x=2", "--name", "first"], tmp_path, env)
+    assert "Running stage 'b'" in result.stdout and "No file hash info" not in output(result), output(result)
+    assert (tmp_path / "data" / "b.txt").read_text() == "2\n"
+    shown = run(dvc("exp", "show", "--json"), tmp_path, env).stdout
+    assert '"first"' in shown
+    # The same run straight through DVC warns, once per output: what the filter hides is DVC's message, as written.
+    run(["git", "checkout", "-q", "--", "."], tmp_path, env)
+    run(["rm", "-rf", "data", "dvc.lock"], tmp_path, env)
+    plain = run(dvc("exp", "run", "-S", "x=3"), tmp_path, env)
+    assert output(plain).count("No file hash info found for ") == 2, output(plain)

@@ -6,6 +6,7 @@ import json
 import re
 
 import matplotlib.pyplot as plt
+import pytest
 
 from layersim.data.layout import finetune_metrics, stage_details
 from layersim.reporting.headlines import metrics_to_details
@@ -105,6 +106,23 @@ def test_a_skipped_span_survives_the_details_round_trip(tmp_path):
     assert "2 / 3" in page and "<td>75%</td>" in page
 
 
+@pytest.mark.parametrize("model, noun", [("tiny-gpt2", "decoder"), ("tiny-bert", "encoder"), ("minilm-l6", "encoder"),
+                                         ("someone/not-downloaded", "model")])
+def test_the_truncation_caption_names_the_models_kind(tmp_path, monkeypatch, model, noun):
+    """Issue 64: the caption said "encoder" for a decoder. (A hub model's kind is read from its download under the
+    working folder: an empty one here.)"""
+    from layersim.reporting.page import truncation_figure
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plots/truncate/rte").mkdir(parents=True)
+    (tmp_path / "plots/truncate/rte/truncate.json").write_text(json.dumps(
+        [{"variant": v, "seed": 1, "layer": k, "score": 0.5 + 0.1 * k} for v in ("untuned", "tuned") for k in range(3)]))
+    truncate = {"metric": "accuracy", "full": 0.8, "majority_baseline": 0.5}
+    figure = truncation_figure(Layout(tmp_path / "metrics", tmp_path / "details", tmp_path / "plots"), "rte", truncate,
+                               None, model=model)
+    assert figure.caption.startswith(f"Score when the {noun} exits after layer k (Phang et al. Fig. 3)")
+
+
 def test_the_page_names_the_runs_that_did_not_converge(tmp_path):
     """A stuck seed (its own check) and the overview's mean say which run did not converge and why."""
     from layersim.training.convergence import check_run
@@ -122,3 +140,32 @@ def test_the_page_names_the_runs_that_did_not_converge(tmp_path):
     assert "Seed 1 (FT[1]) did not converge: its final training loss 3.1 is 99% of the trivial predictor" in page
     assert "0.569 (1 of 2 runs not converged: seed 1)" in page
     assert "Seed 2 (FT[2]) did not converge" not in page
+
+
+@pytest.mark.parametrize("comparisons", [1, 4, 5, 8])
+def test_heatmap_and_curve_panels_wrap_four_to_a_row(comparisons):
+    """Issue 64: a row of 8 heatmap panels was too wide for a 1,400 px page (shrunk below legibility). Past four,
+    a measure's panels wrap onto further rows, sharing its colour bar; the per-layer curves likewise."""
+    import numpy as np
+
+    from layersim.reporting.plots import PANELS_PER_ROW, Curve, diagonal_curves, measure_grid
+
+    names = [f"C{k}" for k in range(comparisons)]
+    panels = {name: (np.full((3, 3), 0.5), "y layer", "x layer") for name in names}
+    figure = measure_grid({"linear_cka": (panels, (0, 1)), "svcca": (panels, None)}, "t")
+    heatmaps = [ax for ax in figure.axes if ax.get_title() in names]
+    columns = min(comparisons, PANELS_PER_ROW)
+    rows_per_measure = -(-comparisons // PANELS_PER_ROW)
+    assert sorted(ax.get_title() for ax in heatmaps) == sorted(names * 2)
+    assert len({round(ax.get_position().x0, 3) for ax in heatmaps}) == columns
+    assert len({round(ax.get_position().y0, 3) for ax in heatmaps}) == 2 * rows_per_measure
+    assert len(figure.axes) == 2 * rows_per_measure * columns + 2  # the grid, and a colour bar a measure
+    assert figure.get_size_inches()[0] == pytest.approx(3.4 * columns + 0.8)
+    plt.close(figure)
+
+    curves = diagonal_curves({name: {"FT–ORIG": Curve(np.linspace(0, 1, 4))} for name in names}, "t")
+    drawn = [ax for ax in curves.axes if ax.get_visible()]
+    assert sorted(ax.get_title() for ax in drawn) == sorted(names)
+    assert len({round(ax.get_position().x0, 3) for ax in drawn}) == columns
+    assert curves.get_size_inches()[0] == pytest.approx(4.4 * columns)
+    plt.close(curves)

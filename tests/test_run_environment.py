@@ -14,7 +14,7 @@ import yaml
 from dvc.repo.metrics.show import _extract_metrics
 
 import layersim
-from dvc_project import REPO, dvc, make_project, output, run, tiny_params
+from dvc_project import REPO, dvc, make_project, output, repository_params_text, run, tiny_params
 from layersim import cli
 from layersim.data.run_environment import PACKAGES, record_path, write_environment_record
 
@@ -35,9 +35,10 @@ def test_a_stage_run_records_the_running_interpreters_versions(tmp_path, monkeyp
     stage name DVC passes in DVC_STAGE."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DVC_STAGE", "finetune@synth-negation-1")
+    (tmp_path / "params.yaml").write_text(repository_params_text())
     ran = []
     cli.run_stage(lambda args, params: ran.append(not (tmp_path / "environment").exists()),
-                  argparse.Namespace(params=REPO / "params.yaml"), quiet_transformers=False)
+                  argparse.Namespace(params=tmp_path / "params.yaml"), quiet_transformers=False)
     assert ran == [True]  # written after the stage's own work, never before it
     record = _read(tmp_path / "environment" / "finetune@synth-negation-1.json")
     assert record["stage"] == "finetune@synth-negation-1"

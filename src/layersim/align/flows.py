@@ -234,17 +234,22 @@ def train_networks(modules: Sequence[nn.Module], xs: Sequence[np.ndarray], ys: S
             module.eval()
     losses = losses.double().cpu().numpy()
     for k, history in enumerate(losses):
-        which = f" (network {k + 1} of {len(modules)})" if len(modules) > 1 else ""
-        bad = np.flatnonzero(~np.isfinite(history))
-        if len(bad):
-            raise LayersimError(f"training diverged{which}: the loss became {history[bad[0]]} at step {bad[0] + 1} "
-                                f"of {steps}; lower align.learning_rate (or the coupling clamp).")
-        first, lowest, last = _loss_windows(history)
-        if last > _NEGLIGIBLE_LOSS and (last > _BLOWUP * lowest or last > 2.0 * first):
-            raise LayersimError(f"training blew up{which}: the loss ended at {last:.4g} after falling to {lowest:.4g} "
-                                f"(it started at {first:.4g}), so the map is worse than the network had been; lower "
-                                f"align.learning_rate (now {learning_rate:g}).")
+        check_loss_history(history, learning_rate, f" (network {k + 1} of {len(modules)})" if len(modules) > 1 else "")
     return losses
+
+
+def check_loss_history(history: np.ndarray, learning_rate: float, which: str = "") -> None:
+    """Raise a LayersimError when a training loss history (one value per step) went non-finite, or ended far above
+    where it had been (a blow-up that stayed finite); `which` names the network in the message."""
+    bad = np.flatnonzero(~np.isfinite(history))
+    if len(bad):
+        raise LayersimError(f"training diverged{which}: the loss became {history[bad[0]]} at step {bad[0] + 1} "
+                            f"of {len(history)}; lower align.learning_rate (or the coupling clamp).")
+    first, lowest, last = _loss_windows(history)
+    if last > _NEGLIGIBLE_LOSS and (last > _BLOWUP * lowest or last > 2.0 * first):
+        raise LayersimError(f"training blew up{which}: the loss ended at {last:.4g} after falling to {lowest:.4g} "
+                            f"(it started at {first:.4g}), so the map is worse than the network had been; lower "
+                            f"align.learning_rate (now {learning_rate:g}).")
 
 
 # Training "blew up" when its loss ends this many times above its lowest (both averaged over 5% of the steps):

@@ -27,7 +27,8 @@ from layersim.data.layout import finetuned_run
 from layersim.models.registry import load_encoder, load_tokenizer, model_shape, verified_info
 from layersim.params import Params, aligned_pairs, pair_member
 from layersim.params.model_kind import head_pooling
-from layersim.reporting.plots import alignment_error_curves, heatmap_grid, method_bars
+from layersim.reporting.align_plots import alignment_error_curves
+from layersim.reporting.plots import heatmap_grid, method_bars
 from layersim.data.tasks import TaskSpec
 from layersim.compute.device import resolve_device, resolve_precision
 from layersim.experiments.truncation import full_score, load_for_validation

@@ -35,7 +35,8 @@ from layersim.experiments.truncation import full_score, initial_head, load_for_v
 from layersim.models.registry import load_encoder, load_tokenizer, model_info, model_shape, verified_info
 from layersim.params import Params, pretraining_pairs
 from layersim.params.model_kind import own_head_pooling
-from layersim.reporting.plots import alignment_error_curves, method_bars
+from layersim.reporting.align_plots import alignment_error_curves
+from layersim.reporting.plots import method_bars
 from layersim.compute.runs import converged_mean
 from layersim.training.convergence import run_flags, title_note
 

@@ -6,7 +6,8 @@ to the commit its revision resolved to when the lock was written; the download s
 commit and never resolve a branch themselves, so a rerun (``dvc repro -f``, a fresh clone, a colleague) reads
 what this run read, and nothing moves unless the lock is refreshed:
 
-    python -m layersim.params.lockfile sync       # record what params.yaml names and the lock lacks (keeps the rest)
+    python -m layersim.params.lockfile sync       # record what params.yaml names and the lock lacks (keeps the rest;
+                                                  # what the hub cannot resolve is named, the others written)
     python -m layersim.params.lockfile refresh    # move every entry (or the names given) to its revision's commit now
 
 The download stages depend on the file (dvc.yaml), so a refresh reruns them; an entry whose commit did not
@@ -116,11 +117,12 @@ def hub_commit(repo_id: str, repo_type: str, revision: str, kind: str, name: str
 
     where = f"the Hugging Face hub ({repo_id} at revision {revision!r})"
     offline = OFFLINE_CHOICES if kind == "model" else _offline_tasks()
+    mirror = HUB_MIRROR_ENV if kind == "task" else None  # a mirror folder stands in for hub datasets only
     api = HfApi()
     try:
         refs = api.list_repo_refs(repo_id, repo_type=repo_type, include_pull_requests=revision.startswith("refs/pr/"))
     except Exception as err:  # noqa: BLE001 - HTTP, offline-mode and connection errors of whichever HTTP client
-        raise hub_unreachable(kind, name, err, offline, where) from err
+        raise hub_unreachable(kind, name, err, offline, where, mirror) from err
     # Branches and tags answer to their short name too (main, v1.0); refs/convert/*, refs/pr/* only in full.
     named = {ref.ref: ref.target_commit for ref in [*refs.converts, *(refs.pull_requests or [])]}
     named |= {key: ref.target_commit for ref in [*refs.branches, *refs.tags] for key in (ref.ref, ref.name)}
@@ -133,7 +135,7 @@ def hub_commit(repo_id: str, repo_type: str, revision: str, kind: str, name: str
     try:
         info = api.repo_info(repo_id, repo_type=repo_type, revision=revision)
     except Exception as err:  # noqa: BLE001 - as above; an unknown commit is the hub's 404
-        raise hub_unreachable(kind, name, err, offline, where) from err
+        raise hub_unreachable(kind, name, err, offline, where, mirror) from err
     if not info.sha or not info.sha.startswith(revision):
         raise LayersimError(f"{kind} {name!r}: {where} answered commit {info.sha!r}, which is not {revision!r}.")
     return info.sha
@@ -203,7 +205,7 @@ def update(params, path: str | Path = LOCK_FILE, refresh: bool = False, names: t
     if unknown:
         raise LayersimError(f"{unknown[0]!r} is not a hub model or hub task of params.yaml; the ones it names are: "
                             f"{', '.join([*want['models'], *want['tasks']]) or 'none'}.")
-    changes = []
+    changes, failures = [], []
     for section in ("models", "tasks"):
         for name, asked in want[section].items():
             entry = _entry(lock, section, name)
@@ -211,14 +213,30 @@ def update(params, path: str | Path = LOCK_FILE, refresh: bool = False, names: t
                        and isinstance(entry.get("commit"), str) and bool(_COMMIT.fullmatch(entry["commit"])))
             if current and not (refresh and (not names or name in names)):
                 continue
-            new = _resolve(section, name, asked)
+            try:
+                new = _resolve(section, name, asked)
+            except LayersimError as err:  # the others are locked all the same (a mirror may hold one dataset only)
+                failures.append(str(err).rstrip("."))
+                continue
             if new != entry:
                 before = f"{str(entry.get('commit'))[:12]} -> " if entry and entry.get("commit") else ""
                 changes.append(f"{section[:-1]} {name}: {before}{new['commit'][:12]} ({asked['revision']})")
             lock[section][name] = new
     if changes or not path.exists():
         write_lock(lock, path)
+    if failures:
+        raise NotLocked(changes, f"{len(failures)} hub entr{'y' if len(failures) == 1 else 'ies'} of params.yaml "
+                                 f"could not be locked ({path} holds the {len(changes)} written and the rest as they "
+                                 f"were): {'; '.join(failures)}.")
     return changes
+
+
+class NotLocked(LayersimError):
+    """Some entries could not be resolved; `changes` lists those written all the same."""
+
+    def __init__(self, changes: list[str], message: str):
+        super().__init__(message)
+        self.changes = changes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,11 +249,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lock", type=Path, default=LOCK_FILE, help=f"lock file (default: {LOCK_FILE})")
     args = p.parse_args(argv)
     from layersim.params import load_params
+    from layersim.params.validate import parse_sources
 
     try:
         if args.names and args.command == "sync":
             raise LayersimError("sync takes no names (it records every missing entry); use `refresh NAME` to move one.")
-        changes = update(load_params(args.params), args.lock, args.command == "refresh", tuple(args.names))
+        try:
+            params = load_params(args.params)
+        except LayersimError as invalid:  # the lock needs only the names of what is read: lock them all the same
+            params = load_params(args.params, parse_sources)
+            print(f"note: {invalid} The stages will refuse params.yaml for that; the lock does not depend on it, "
+                  "so it is written all the same.", file=sys.stderr)
+        changes = update(params, args.lock, args.command == "refresh", tuple(args.names))
+    except NotLocked as err:
+        print(*err.changes, sep="\n", end="\n" if err.changes else "")
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except LayersimError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -73,6 +73,13 @@ def family(name: str) -> str | None:
     return None
 
 
+def model_noun(name: str) -> str:
+    """What a sentence calls model `name`: "decoder" (DECODERS), "encoder" (every other family), or "model" while
+    its family is unknown (a hub model not downloaded yet)."""
+    kind = family(name)
+    return "model" if kind is None else "decoder" if kind in DECODERS else "encoder"
+
+
 def own_head_pooling(name: str) -> str:
     """What ``head`` means for model `name`: "last" for decoders and XLNet, "cls" otherwise."""
     return _pooling_of(family(name))

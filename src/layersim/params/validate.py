@@ -8,6 +8,7 @@ import dataclasses
 import difflib
 import math
 import re
+from types import SimpleNamespace
 from typing import Any
 
 from layersim.errors import LayersimError
@@ -80,6 +81,32 @@ def _build_section(name: str, cls: type, raw: Any) -> Any:
 
 def parse_params(raw: Any) -> Params:
     """Validate a parsed params.yaml document and return typed params."""
+    model, tasks, seeds, user_tasks = _parse_runs(raw)
+    device = raw.get("device", "auto")
+    if not isinstance(device, str) or not re.fullmatch(DEVICE, device):
+        raise fail("device", device, "auto, cpu, cuda or cuda:N (auto: the first GPU if there is one, else the CPU)")
+    sections = {name: _build_section(name, cls, raw.get(name)) for name, cls in SECTIONS.items()}
+    sections = resolve_model_kind(model, sections)  # 'head' poolings and truncate.head 'auto' for this model
+    _check_across_sections(model, {**sections, "tasks": tasks, "seeds": seeds})
+    return Params(model=model, tasks=tuple(tasks), seeds=tuple(seeds), device=device, user_tasks=user_tasks,
+                  **sections)
+
+
+# The sections that name what an experiment reads from the hub (layersim.params.lockfile.wanted).
+SOURCE_SECTIONS = ("download", "compare", "align")
+
+
+def parse_sources(raw: Any) -> SimpleNamespace:
+    """What `raw` names to read: model, tasks, seeds, user_tasks and the sections SOURCE_SECTIONS, each checked on
+    its own, without the rules that tie them to the rest of params.yaml (a max_length too long for the model, a
+    pooling not extracted: the stages' business, not the lock's)."""
+    model, tasks, seeds, user_tasks = _parse_runs(raw)
+    return SimpleNamespace(model=model, tasks=tuple(tasks), seeds=tuple(seeds), user_tasks=user_tasks,
+                           **{name: _build_section(name, SECTIONS[name], raw.get(name)) for name in SOURCE_SECTIONS})
+
+
+def _parse_runs(raw: Any) -> tuple[str, list[str], list[int], Any]:
+    """The checked model, tasks, seeds and user tasks of a parsed params.yaml (its user tasks registered)."""
     if not isinstance(raw, dict):
         empty = " (an empty document)" if raw is None else ""
         raise LayersimError(f"params.yaml must be a mapping of sections, got {type(raw).__name__}{empty}.")
@@ -112,14 +139,7 @@ def parse_params(raw: Any) -> Params:
     same = repeated(seeds)
     if same is not None:
         raise fail("seeds", seeds, f"a list without repeated seeds ({same} is given twice)")
-    device = raw.get("device", "auto")
-    if not isinstance(device, str) or not re.fullmatch(DEVICE, device):
-        raise fail("device", device, "auto, cpu, cuda or cuda:N (auto: the first GPU if there is one, else the CPU)")
-    sections = {name: _build_section(name, cls, raw.get(name)) for name, cls in SECTIONS.items()}
-    sections = resolve_model_kind(model, sections)  # 'head' poolings and truncate.head 'auto' for this model
-    _check_across_sections(model, {**sections, "tasks": tasks, "seeds": seeds})
-    return Params(model=model, tasks=tuple(tasks), seeds=tuple(seeds), device=device, user_tasks=user_tasks,
-                  **sections)
+    return model, tasks, seeds, user_tasks
 
 
 def _check_across_sections(model: str, sections: dict[str, Any]) -> None:

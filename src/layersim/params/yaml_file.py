@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -123,12 +124,12 @@ def parse_yaml(path: Path, text: str) -> Any:
                             "than a few digits.") from err
 
 
-def load_params(path: str | Path = "params.yaml") -> Params:
-    """Read and validate params.yaml."""
+def load_params(path: str | Path = "params.yaml", parse: Callable[[Any], Any] = parse_params) -> Params:
+    """Read and validate params.yaml (with `parse`: validate.parse_sources checks only what it names to read)."""
     path = Path(path)
     raw = parse_yaml(path, _read_text(path))
     try:
-        return parse_params(raw)
+        return parse(raw)
     except LayersimError as err:
         # parse_params knows no file name; name the file actually read (`--params other.yaml`).
         message = str(err)

@@ -1,5 +1,6 @@
-"""`python -m layersim.plan [-S key=value ...] [--device cpu|h100|h200] [--device-flops F]`: what params.yaml (with
-DVC's -S overrides applied, as `dvc exp run -S` would) will cost, per stage, before anything runs."""
+"""`python -m layersim.plan [-S key=value ...] [--device cpu|h100|h200] [--device-flops F] [-- <dvc exp run args>]`:
+what params.yaml (with DVC's -S overrides applied, as `dvc exp run -S` would) will cost, per stage, before anything
+runs. After `--`, the arguments a recipe script passes on to `dvc exp run`: their -S apply too, after the others."""
 
 from __future__ import annotations
 
@@ -32,6 +33,15 @@ def overridden(path: Path, overrides: list[str]) -> dict:
     return doc
 
 
+def exp_run_overrides(words: list[str]) -> list[str]:
+    """The -S (--set-param) values among `dvc exp run`'s arguments, in order; its other arguments are its own. A value
+    DVC would apply to params.yaml named explicitly (params.yaml:key=value) loses the file's name."""
+    picker = argparse.ArgumentParser(prog="dvc exp run", add_help=False, allow_abbrev=False)
+    picker.add_argument("-S", "--set-param", dest="overrides", action="append", default=[])
+    overrides = picker.parse_known_args(words)[0].overrides
+    return [item.removeprefix("params.yaml:") for item in overrides]
+
+
 def duration(s: float) -> str:
     return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{s:.1f} s"
 
@@ -52,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pass-seconds", type=float,
                    help="fixed seconds per batch and layer (dispatch; GPU launches), instead of the device's default")
     p.add_argument("--reflinks", action="store_true", help="the volume has reflinks (XFS, Btrfs): no cache copy")
-    args = p.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    own, exp_run = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    args = p.parse_args(own)
+    args.overrides += exp_run_overrides(exp_run)
     try:
         if args.gpus < 1:
             raise LayersimError(f"--gpus {args.gpus}: the number of devices must be at least 1.")

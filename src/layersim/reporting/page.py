@@ -227,9 +227,10 @@ def convergence_facts(flags: Mapping[int, str], seeds: Sequence[int]) -> list[st
 
 
 def truncation_figure(layout: Layout, task: str, truncate: Mapping, export: Mapping | None,
-                      flagged: Sequence[str] = ()) -> Figure | None:
+                      flagged: Sequence[str] = (), model: str = "") -> Figure | None:
     """The truncation curve (Phang Fig. 3) redrawn from the truncate stage's rows with the export's exit marked;
-    the title names the `flagged` runs (e.g. "seed 1") that did not converge, which its band includes."""
+    the title names the `flagged` runs (e.g. "seed 1") that did not converge, which its band includes; the caption
+    names `model`'s kind (encoder or decoder)."""
     from layersim.reporting.plots import truncation_curves
 
     path = layout.plots / "truncate" / task / "truncate.json"
@@ -245,7 +246,9 @@ def truncation_figure(layout: Layout, task: str, truncate: Mapping, export: Mapp
     exit_layer = chosen.get("exit_layer") if not chosen.get("skipped_first") else None
     figure = truncation_curves(curves, [truncate["full"]], truncate["majority_baseline"], truncate["metric"],
                                f"truncation — {task}{title_note(flagged)}", exported_exit=exit_layer)
-    caption = ("Score when the encoder exits after layer k (Phang et al. Fig. 3): mean over seeds, the band their "
+    from layersim.params.model_kind import model_noun
+
+    caption = (f"Score when the {model_noun(model)} exits after layer k (Phang et al. Fig. 3): mean over seeds, the band their "
                "range; the dotted black line is the exit the export stage chose")
     if chosen.get("skipped_first"):
         caption += f" (here it skipped layers {chosen['skipped_first']}–{chosen['skipped_last']} instead)"
@@ -300,7 +303,7 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
         if figure:
             section.figures.append(figure)
     if truncate:
-        figure = truncation_figure(layout, task, truncate, export, [f"seed {seed}" for seed in flags])
+        figure = truncation_figure(layout, task, truncate, export, [f"seed {seed}" for seed in flags], model)
         if figure:
             section.figures.append(figure)
     for relative, caption in ((f"export/{task}/export.png", "The exported model's choice: the score with n layers kept, on "

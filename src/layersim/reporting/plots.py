@@ -173,10 +173,16 @@ def chance_note(significance: float, null: str, how: str = "rows of the column l
     return f"hatched grey: not above chance — {tested} ≥ {significance:g}; the {null}, {how}"
 
 
+# Panels side by side at most: a wider figure is shrunk below legibility on a 1,400 px page (the report, `dvc plots
+# show`); more panels (comparisons of several fine-tuning methods, many measures) wrap onto further rows.
+PANELS_PER_ROW = 4
+
+
 def measure_grid(rows: dict[str, tuple[dict[str, tuple], tuple[float, float] | None]],
                  title: str, *, first_layer: int = 0, note: str | None = None):
     """One row of heatmaps per similarity measure, one column per comparison (Phang et al. Figure 1's
-    panels side by side; Wu et al. Figure 2's one-heatmap-per-measure view).
+    panels side by side; Wu et al. Figure 2's one-heatmap-per-measure view); past PANELS_PER_ROW comparisons a
+    measure's panels wrap onto further rows, which share its colour bar.
 
     `rows` maps a measure label to (panels, bounds): panels as in :func:`heatmap_grid`, each optionally with
     a fourth element, a boolean mask of the cells not above chance (greyed and hatched, explained by
@@ -184,12 +190,16 @@ def measure_grid(rows: dict[str, tuple[dict[str, tuple], tuple[float, float] | N
     `first_layer` is the layer the first row/column stands for (1 for attention maps, which have no
     embedding layer).
     """
-    ncols = max(len(panels) for panels, _ in rows.values())
-    fig, axes = plt.subplots(len(rows), ncols, figsize=(3.4 * ncols + 0.8, 3.1 * len(rows)), squeeze=False,
-                             constrained_layout=True)
+    ncols = min(PANELS_PER_ROW, max(len(panels) for panels, _ in rows.values()))
+    lines = {measure: -(-len(panels) // ncols) for measure, (panels, _) in rows.items()}  # a measure's grid rows
+    fig, grid = plt.subplots(sum(lines.values()), ncols, figsize=(3.4 * ncols + 0.8, 3.1 * sum(lines.values())),
+                             squeeze=False, constrained_layout=True)
     cmap = plt.get_cmap("magma").with_extremes(bad="lightgrey")
     undefined = hatched = outlined = False
-    for row_axes, (measure, (panels, bounds)) in zip(axes, rows.items()):
+    starts = np.cumsum([0, *lines.values()])
+    for start, (measure, (panels, bounds)) in zip(starts, rows.items()):
+        row_axes = list(grid[start:start + lines[measure]].flat)
+        first_column = set(grid[start:start + lines[measure], 0])
         values = np.concatenate([p[0][np.isfinite(p[0])] for p in panels.values()] or [np.zeros(1)])
         vmin, vmax = bounds if bounds is not None else (values.min(initial=0.0), values.max(initial=1.0))
         image = None
@@ -205,7 +215,7 @@ def measure_grid(rows: dict[str, tuple[dict[str, tuple], tuple[float, float] | N
             hatched |= chance is not None and bool((chance & np.isfinite(matrix)).any())
             ax.set_title(panel, fontsize=10)
             ax.set_xlabel(xlabel, fontsize=8)
-            ax.set_ylabel(f"{measure}\n{ylabel}" if ax is row_axes[0] else ylabel, fontsize=8)
+            ax.set_ylabel(f"{measure}\n{ylabel}" if ax in first_column else ylabel, fontsize=8)
             for axis, size in ((ax.xaxis, matrix.shape[1]), (ax.yaxis, matrix.shape[0])):
                 axis.set_ticks(range(size))
                 labels = layer_tick_labels(size + first_layer)[first_layer:]
@@ -213,7 +223,7 @@ def measure_grid(rows: dict[str, tuple[dict[str, tuple], tuple[float, float] | N
         for ax in row_axes[len(panels):]:
             ax.axis("off")
         if image is not None:
-            fig.colorbar(image, ax=list(row_axes), shrink=0.85, label=measure)
+            fig.colorbar(image, ax=row_axes, shrink=0.85, label=measure)
     notes = []
     if undefined:
         notes.append("grey: undefined — that layer's representation is the same for every example "
@@ -298,9 +308,14 @@ def diagonal_curves(panels: dict[str, dict[str, Curve]], title: str, *, first_la
                     bounds: dict[str, tuple[float, float] | None] | None = None):
     """The diagonals of the comparisons (layer k against layer k), one panel per measure, one line per
     comparison with its band (bootstrap interval, or ± sd over seed pairs) and the permutation null's
-    mean as a dotted line of the same colour: how far each layer's similarity is above chance."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 4.2), squeeze=False, layout="constrained")
-    for ax, (measure, curves) in zip(axes[0], panels.items()):
+    mean as a dotted line of the same colour: how far each layer's similarity is above chance; PANELS_PER_ROW
+    panels to a row."""
+    ncols = min(PANELS_PER_ROW, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.4 * ncols, 4.2 * nrows), squeeze=False, layout="constrained")
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (measure, curves) in zip(axes.flat, panels.items()):
         for n, (label, curve) in enumerate(curves.items()):
             colour = f"C{n}"
             layers = np.arange(first_layer, first_layer + len(curve.values))
@@ -328,42 +343,6 @@ def diagonal_curves(panels: dict[str, dict[str, Curve]], title: str, *, first_la
         ax.set_title(measure)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=min(3, len(labels)), fontsize=7, frameon=False)
-    fig.suptitle(title)
-    return fig
-
-
-def alignment_error_curves(errors: dict[str, dict[str, list[float] | tuple[list[float], list[float]]]], title: str,
-                           ylabel: str = "held-out relative error"):
-    """Alignment error (y) per layer (x), one line per method, one panel per model pair or kind of pair
-    (Ren et al. Figure 2); a (mean, sd) value draws the mean with a ± sd band over pairs."""
-    ncols = min(len(errors), 3)
-    nrows = -(-len(errors) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.8 * ncols, 3.8 * nrows), squeeze=False, sharey=True,
-                             constrained_layout=True)
-    for ax in axes.flat[len(errors):]:
-        ax.set_visible(False)
-    # As Ren's Table 4 is echoed: pwcca is layersim's rule; least squares is CCA's correlation-scaled map (ω = ρ).
-    legend = {"linear": "linear (= CCA with ω = ρ)", "pwcca": "pwcca (layersim's map, not Ren's)"}
-    for ax, (pair, per_method) in zip(axes.flat, errors.items()):
-        # Distinct line styles and markers keep coinciding methods visible (pwcca coincides with cca when its weights are equal).
-        for n, (method, values) in enumerate(per_method.items()):
-            values, sd = values if isinstance(values, tuple) else (values, None)
-            line, = ax.plot(range(len(values)), values, marker="os^vDx"[n % 6], ms=4, ls=("-", "--", ":", "-.")[n % 4],
-                            label=legend.get(method, method))
-            if sd is not None and any(sd):
-                low, high = np.asarray(values) - np.asarray(sd), np.asarray(values) + np.asarray(sd)
-                ax.fill_between(range(len(values)), low, high, color=line.get_color(), alpha=0.15, lw=0)
-        # Relative error 1 is what predicting every row as Y's mean gives: a map above it learnt nothing.
-        ax.axhline(1.0, color="grey", ls=":", lw=1.0, label="chance (Y's mean)" if ax is axes.flat[0] else None)
-        num = max(len(v[0] if isinstance(v, tuple) else v) for v in per_method.values())
-        ax.set_xticks(range(num))
-        ax.set_xticklabels(layer_tick_labels(num))
-        ax.set_xlabel("layer")
-        ax.set_title(pair)
-    for row in axes:
-        row[0].set_ylabel(ylabel)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    axes.flat[len(errors) - 1].legend(handles, labels, fontsize=8, loc="best", framealpha=0.9)
     fig.suptitle(title)
     return fig
 

@@ -244,8 +244,8 @@ def hub_table(spec: TaskSpec, split: str, revision: str | None = None) -> pa.Tab
     except (ConnectionError, OSError, ValueError) as err:
         place = (f"the hub mirror {where} ({HUB_MIRROR_ENV})" if mirror else
                  f"the Hugging Face hub ({hub.path} at revision {revision!r})")
-        raise hub_unreachable("task", spec.name, err, generated.GENERATED_TASKS,
-                              f"{place}, files {pattern}") from err
+        raise hub_unreachable("task", spec.name, err, generated.GENERATED_TASKS, f"{place}, files {pattern}",
+                              mirror_env=HUB_MIRROR_ENV, from_hub=not mirror) from err
     source = {"hub": hub.path, "config": hub.config, "split": hub.splits[split], "files": pattern,
               "revision": f"mirror {mirror}" if mirror else _commit(hub.path, revision)}
     return normalize_hub_table(spec, dataset.data.table, split, source)
