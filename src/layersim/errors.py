@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import operator
+import re
 
 from collections.abc import Iterable
 
@@ -12,12 +14,33 @@ class LayersimError(Exception):
 
 
 def unknown_name(kind: str, name: object, valid: Iterable[str], hint: str = "") -> LayersimError:
-    """Build the error for a name that is not in a registry, listing the valid names."""
-    choices = ", ".join(sorted(valid))
-    message = f"unknown {kind} {name!r}; valid {kind}s are: {choices}"
+    """Build the error for a name that is not in a registry: a close valid name if there is one, and every valid
+    name (a numbered family written as its range)."""
+    valid = list(valid)
+    message = f"unknown {kind} {name!r}{did_you_mean(name, valid)}; valid {kind}s are: {', '.join(compact(valid))}"
     if hint:
         message += f" ({hint})"
     return LayersimError(message + ".")
+
+
+def did_you_mean(name: object, valid: Iterable[str]) -> str:
+    """' (did you mean …?)' with the valid name closest to a mistyped `name` (difflib's), or ''."""
+    close = difflib.get_close_matches(name, list(valid), n=1) if isinstance(name, str) else []
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def compact(names: Iterable[str]) -> list[str]:
+    """Sorted names, a numbered family of three or more (multiberts-0 … multiberts-24) written as its range."""
+    names = list(names)
+    numbered: dict[str, list[int]] = {}
+    for name in names:
+        match = re.fullmatch(r"(.*-)([0-9]+)", name)
+        if match:
+            numbered.setdefault(match.group(1), []).append(int(match.group(2)))
+    families = {prefix: sorted(n) for prefix, n in numbered.items() if len(n) >= 3}
+    shown_names = [name for name in names if not any(name.startswith(p) and name[len(p):].isdigit() for p in families)]
+    shown_names += [f"{p}{n[0]} … {p}{n[-1]}" for p, n in families.items()]
+    return sorted(shown_names)
 
 
 def hub_unreachable(kind: str, name: str, err: Exception, offline: Iterable[str],
