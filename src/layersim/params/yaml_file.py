@@ -123,10 +123,15 @@ def parse_yaml(path: Path, text: str) -> Any:
                             "than a few digits.") from err
 
 
+def read_yaml(path: str | Path) -> Any:
+    """params.yaml's document as DVC parses it; a missing, unreadable or invalid file is one sentence."""
+    return parse_yaml(Path(path), _read_text(Path(path)))
+
+
 def load_params(path: str | Path = "params.yaml") -> Params:
     """Read and validate params.yaml."""
     path = Path(path)
-    raw = parse_yaml(path, _read_text(path))
+    raw = read_yaml(path)
     try:
         return parse_params(raw)
     except LayersimError as err:
