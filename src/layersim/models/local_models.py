@@ -19,15 +19,16 @@ LOADABLE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorc
                     "pytorch_model.bin.index.json")
 
 
-def local_model_dir(name: str) -> Path:
-    """The folder of the local model `name` (``local/<folder>``): ``models/<folder>`` under the working directory
-    (the repository root, where stages run); refused if it is missing or leads outside models/ (a symbolic link)."""
-    folder = LOCAL_MODELS_DIR / name[len(LOCAL_PREFIX):]
+def local_model_dir(name: str, root: Path = Path()) -> Path:
+    """The folder of the local model `name` (``local/<folder>``): ``models/<folder>`` under `root` (the working
+    directory: the repository root, where stages run); refused if it is missing or leads outside models/ (a symbolic
+    link)."""
+    folder = root / LOCAL_MODELS_DIR / name[len(LOCAL_PREFIX):]
     if not (folder / "config.json").is_file():
         raise LayersimError(f"model {name!r} needs a transformers model folder at {folder}/ (config.json, "
                             "weights, tokenizer files), which does not exist; save one there with "
                             "save_pretrained.")
-    if not folder.resolve().is_relative_to(LOCAL_MODELS_DIR.resolve()):
+    if not folder.resolve().is_relative_to((root / LOCAL_MODELS_DIR).resolve()):
         raise LayersimError(f"model {name!r}: {folder} leads outside {LOCAL_MODELS_DIR}/ (a symbolic link); "
                             "copy the model into the folder instead.")
     return folder
