@@ -13,6 +13,19 @@ class LayersimError(Exception):
     """A user-facing error; stage scripts print its message and exit non-zero."""
 
 
+class DiskFullError(LayersimError):
+    """No space left while writing `path`. `atomic`: an atomic write (layersim.data.io), which removed its partial
+    file and replaces nothing until it succeeds; `after` says what else holds (default: that earlier outputs are
+    intact, as they are outside DVC; a stage under DVC says otherwise: layersim.cli.run_stage)."""
+
+    def __init__(self, path: object, atomic: bool = True, after: str = "earlier outputs are intact"):
+        self.path, self.atomic = path, atomic
+        where = f" while writing {path}" if path else ""
+        left = "the partial file was removed" if atomic else "a file it was writing may be cut short"
+        super().__init__(f"no space left on the device{where}; free some space and run the stage again ({left}, "
+                         f"{after}).")
+
+
 def unknown_name(kind: str, name: object, valid: Iterable[str], hint: str = "") -> LayersimError:
     """Build the error for a name that is not in a registry: a close valid name if there is one, and every valid
     name (a numbered family written as its range)."""
