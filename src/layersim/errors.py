@@ -37,8 +37,9 @@ def unknown_name(kind: str, name: object, valid: Iterable[str], hint: str = "") 
 
 
 def did_you_mean(name: object, valid: Iterable[str]) -> str:
-    """' (did you mean …?)' with the valid name closest to a mistyped `name` (difflib's), or ''."""
-    close = difflib.get_close_matches(name, list(valid), n=1) if isinstance(name, str) else []
+    """' (did you mean …?)' with the valid name closest to a mistyped `name`, or '': difflib's closest at a ratio of
+    0.75 or more, a slip of a letter or two ('tiny-brt'), not another name that shares a part ('cka': rbf_cka?)."""
+    close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.75) if isinstance(name, str) else []
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

@@ -20,7 +20,7 @@ from torch import nn
 
 from layersim.errors import LayersimError, did_you_mean, hub_unreachable, unknown_name
 from layersim.models.local_models import load_model_folder
-from layersim.models.registry import (MODEL_INFO_FILE, MODELS, OFFLINE_MODELS, _is_path, ensure_pad_token, get_model,
+from layersim.models.registry import (MODEL_INFO_FILE, MODELS, OFFLINE_MODELS, ensure_pad_token, get_model, is_path,
                                       load_encoder, load_tokenizer, snapshot_model)
 
 _LISTED = 12  # module names an error lists
@@ -45,7 +45,7 @@ def load_model(name: str | Path, tokenizer: bool = True):
             if found.tokenizer is not None:
                 ensure_pad_token(found.model, found.tokenizer)
             return found.model, found.tokenizer
-        if isinstance(name, Path) or _is_path(str(name)) or (path.parent != Path() and path.parent.is_dir()):
+        if isinstance(name, Path) or is_path(str(name)) or (path.parent != Path() and path.parent.is_dir()):
             raise _missing_folder(path)
         if "/" not in str(name) and str(name) not in MODELS:
             raise unknown_name("model", str(name), MODELS, hint="or a Hugging Face hub id written owner/name, or a "
@@ -98,41 +98,49 @@ def _from_hub(spec, tokenizer: bool):
     return model, found
 
 
-_REPORT_ROW = re.compile(r"^\s*(\S+)\s*\|\s*(MISSING|MISMATCH)\b", re.MULTILINE)
+_REPORT_ROW = re.compile(r"^\s*(\S+)\s*\|\s*(UNEXPECTED|MISSING|MISMATCH|CONVERSION)\b", re.MULTILINE)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @contextlib.contextmanager
 def _quiet_loading(what: str) -> Iterator[None]:
     """transformers' progress bars and LOAD REPORT table silenced while a model loads: a checkpoint's dropped task
-    head (UNEXPECTED keys) is expected. Weights it initialised at random (MISSING, MISMATCH) are a real problem for
-    a comparison: one warning names them (the pooler aside, which no hidden state goes through)."""
-    import transformers
+    head (UNEXPECTED keys) is expected. Weights it initialised at random (MISSING) are a real problem for a
+    comparison: one warning names them (the pooler aside, which no hidden state goes through). A report of weights of
+    another shape or a failed conversion, which transformers raises on next, is left as it is: its error points to it."""
     from transformers.utils import logging as hf_logging
 
-    reports: list[str] = []
+    missing: list[str] = []
+
+    logger = logging.getLogger("transformers.modeling_utils")  # where from_pretrained logs its report
+    shown, level = logger.getEffectiveLevel(), logger.level  # the report is read even where the user silenced it
 
     def keep(record: logging.LogRecord) -> bool:
-        if "LOAD REPORT" in str(record.msg):
-            reports.append(_ANSI.sub("", record.getMessage()))
-            return False
-        return True
+        if "LOAD REPORT" not in str(record.msg):
+            return record.levelno >= shown
+        rows = _REPORT_ROW.findall(_ANSI.sub("", record.getMessage()))
+        if any(status in ("MISMATCH", "CONVERSION") for _, status in rows):
+            return record.levelno >= shown
+        missing.extend(key for key, status in rows if status == "MISSING" and not key.startswith("pooler."))
+        return False
 
-    logger = logging.getLogger(transformers.modeling_utils.__name__)
     bars = hf_logging.is_progress_bar_enabled()
     logger.addFilter(keep)
+    # Below WARNING, not at it: transformers verifies a tensor-parallel plan (and warns of every layer not sharded)
+    # when this logger's own level is WARNING or above; `keep` applies the user's level to every other record.
+    logger.setLevel(min(shown, logging.INFO))
     hf_logging.disable_progress_bar()
     try:
         yield
     finally:
         logger.removeFilter(keep)
+        logger.setLevel(level)
         if bars:
             hf_logging.enable_progress_bar()
-    random = [key for report in reports for key, _ in _REPORT_ROW.findall(report) if not key.startswith("pooler.")]
-    if random:
-        warnings.warn(f"model {what!r}: transformers initialised {len(random)} weights at random that its checkpoint "
-                      f"lacks or holds in another shape ({', '.join(random[:4])}{' …' if len(random) > 4 else ''}); "
-                      "those layers are not the saved model's.", stacklevel=4)
+    if missing:
+        warnings.warn(f"model {what!r}: transformers initialised {len(missing)} weights at random that its checkpoint "
+                      f"lacks ({', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}); those layers are not the "
+                      "saved model's.", stacklevel=4)
 
 
 def module_names(model: nn.Module) -> list[str]:
