@@ -250,3 +250,51 @@ def test_the_finetune_stage_on_a_full_disk_is_one_line_and_leaves_no_checkpoint(
     assert "Traceback" not in "\n".join(lines)
     left = sorted(path.name for path in tmp_path.iterdir())
     assert left == ["live", "params.yaml", "task"], "no checkpoint, no metrics, no temporary"
+
+
+def test_a_full_disk_under_dvc_says_what_dvc_removed(tmp_path, monkeypatch, capsys) -> None:
+    """DVC removes a stage's outputs before its command runs (dvc.stage.Stage.run → remove_outs): under DVC the
+    sentence must not call them intact, and names the command that brings back the ones dvc.lock records."""
+    params = tiny_params(repository_params(), tasks=[TASK])
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DVC_STAGE", "check_params")
+    monkeypatch.setattr(Path, "write_text", _disk_full)
+    monkeypatch.setattr(sys, "argv", [str(REPO / "stages/check_params.py"), "data/params.checked"])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    assert exited.value.code == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: no space left on the device while writing data/params.checked; free some space and run the stage "
+        "again (the partial file was removed, and DVC had removed this stage's earlier outputs before it ran: `dvc "
+        "checkout check_params` restores the ones dvc.lock records from the cache).")
+
+
+@pytest.mark.parametrize("stage, after", [
+    (None, "which running it again rewrites"),
+    ("finetune@synth-negation-1", "and DVC had removed this stage's earlier outputs before it ran: `dvc checkout "
+                                  "finetune@synth-negation-1` restores"),
+])
+def test_a_full_disk_outside_an_atomic_write_claims_no_partial_file_removed(stage, after, tmp_path, monkeypatch,
+                                                                           capsys) -> None:
+    """An OSError that did not pass through layersim.data.io (a library writing its own file): nothing removed it."""
+    import argparse
+    import errno
+
+    from layersim.cli import run_stage
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_params(repository_params(), tasks=[TASK])))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    if stage:
+        monkeypatch.setenv("DVC_STAGE", stage)
+
+    def main(args, params):
+        raise OSError(errno.ENOSPC, "No space left on device", "dvclive/plots/metrics/train/loss.tsv")
+
+    with pytest.raises(SystemExit):
+        run_stage(main, argparse.Namespace(params=Path("params.yaml")), quiet_transformers=False)
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("error: no space left on the device while writing dvclive/plots/metrics/train/loss.tsv; "
+                           "free some space and run the stage again (a file it was writing may be cut short, ")
+    assert after in line and "intact" not in line and "was removed" not in line

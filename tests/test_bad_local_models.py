@@ -123,3 +123,31 @@ def test_the_download_stage_refuses_a_broken_local_folder_in_one_line(folder: Pa
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {message}"
     written = [path for path in (tmp_path / "data").rglob("*") if path.is_file() or path.suffix == ".tmp"]
     assert written == [], "no output and no temporary beside it"
+
+
+@pytest.mark.parametrize("breakage", ["config not JSON", "config not an object"])
+def test_the_gate_refuses_a_broken_local_config_in_one_line(folder: Path, tmp_path: Path, monkeypatch, capsys,
+                                                            breakage: str) -> None:
+    """check_params (the gate every stage waits for) reads a local model's config.json for the disk plan: a broken
+    one was a JSONDecodeError traceback; it is the download stage's sentence, and the gate writes nothing."""
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_params(repository_params(), model=NAME)))
+    breaks, message = BREAKAGES[breakage]
+    breaks(folder)
+    out = tmp_path / "data" / "params_checked.txt"
+    monkeypatch.setattr(sys, "argv", [str(REPO / "stages/check_params.py"), str(out)])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    assert exited.value.code == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: {message}"
+    assert not out.exists()
+
+
+def test_the_gate_refuses_a_missing_local_folder_in_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_params(repository_params(), model=NAME)))
+    monkeypatch.setattr(sys, "argv", [str(REPO / "stages/check_params.py"), str(tmp_path / "checked.txt")])
+    with pytest.raises(SystemExit):
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: model '{NAME}' needs a transformers model folder at {FOLDER}/ (config.json, weights, tokenizer "
+        "files), which does not exist; save one there with save_pretrained.")

@@ -41,6 +41,21 @@ def test_skewness_equals_full_enumeration_at_n7(dx, dy, power):
     assert skew == pytest.approx(np.mean((values - values.mean()) ** 3) / values.var() ** 1.5, rel=1e-8)
 
 
+@pytest.mark.parametrize("n", [4, 5])
+def test_skewness_equals_full_enumeration_below_six_rows_without_a_warning(n):
+    """Patterns of more distinct indices than rows have no instance (their (n)_k is 0): their terms are left out,
+    not divided by zero (numpy's warning, and a non-finite skewness the Pearson fit replaced by 0)."""
+    import warnings
+
+    rng = np.random.default_rng(n)
+    x, y = rng.standard_t(3, size=(n, 2)), rng.standard_t(3, size=(n, 3)) ** 2
+    values = _rv_values(x, y, itertools.permutations(range(n)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, var, skew = _exact_moments(x, y)
+    assert skew == pytest.approx(np.mean((values - values.mean()) ** 3) / values.var() ** 1.5, rel=1e-8)
+
+
 def test_skewness_matches_sampled_permutations_at_n200():
     rng = np.random.default_rng(3)
     x, y = rng.standard_t(3, size=(200, 10)), rng.standard_t(3, size=(200, 6))

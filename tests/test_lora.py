@@ -104,3 +104,16 @@ def test_lora_trains_at_its_own_learning_rate_when_one_is_set(tiny_model_dir, me
         model = with_adapters(model, settings.lora)
     optimizer = train.make_optimizer(model, settings)
     assert {group["lr"] for group in optimizer.param_groups} == {expected}
+
+
+def test_a_rank_wider_than_the_adapted_matrices_is_refused_before_training(tiny_model_dir):
+    """The rank params cannot check (a model it does not know the width of) is checked on the matrices themselves:
+    tiny-bert's query and value are 32 × 32, so rank 32 adapts and 33 is one sentence naming the matrix."""
+    from layersim.errors import LayersimError
+    from layersim.training.adapters import with_adapters
+
+    model = load_task_model(tiny_model_dir("tiny-bert"), get_task("synth-negation"))
+    with pytest.raises(LayersimError, match=r"finetune.lora.rank = 33 is larger than the narrowest adapted matrix "
+                                            r"\(.*\.query, 32 wide\).*use a rank from 1 to 32\."):
+        with_adapters(model, dataclasses.replace(LORA.lora, rank=33))
+    assert with_adapters(model, dataclasses.replace(LORA.lora, rank=32)).peft_config["default"].r == 32

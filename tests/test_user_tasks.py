@@ -41,6 +41,7 @@ def _csv(rows: list[list], header=("sentence", "label")) -> str:
 TRAIN = [[f"sentence number {i}", "pos" if i % 2 else "neg"] for i in range(20)]
 DEV = [[f"held out {i}", "neg" if i % 3 else "pos"] for i in range(12)]
 CSV_TASK = {"train": "user_data/train.csv", "validation": "user_data/dev.csv", "text": ["sentence"]}
+HUB_TASK = {"dataset": "owner/reviews", "text": ["sentence"], "label_names": ["neg", "pos"]}
 
 
 @pytest.fixture
@@ -332,6 +333,9 @@ BAD_DECLARATIONS = [
     ({"m": {**CSV_TASK, "group": "label"}}, "group = 'label' is the label column"),
     ({"m": {**CSV_TASK, "group": ["a"]}}, "user_tasks.m.group = ['a'] is invalid"),
     ({"m": {"validation_fraction": 0.2}}, "either train: user_data/<file>"),
+    ({"m": {**HUB_TASK, "splits": {"train": "train", "validation": "train"}}},
+     "user_tasks.m.splits reads the split 'train' as both train and validation; a task is scored on rows it was not "
+     "trained on: name two different splits"),
     ([1, 2], "user_tasks = [1, 2] is invalid"),
 ]
 
@@ -365,3 +369,9 @@ def test_declared_vocabularies_are_the_librarys():
     assert declared.FORMATS == FORMATS and declared.USER_DATA == user_module.USER_DATA
     assert user_module.MIN_ROWS == MIN_EXAMPLES
     assert not any(__import__("re").fullmatch(declared.NAME, name) is None for name in TASKS)  # registry-shaped names
+
+
+def test_a_hub_task_with_two_different_splits_is_accepted():
+    """The boundary of the same-split refusal: any two different split names pass."""
+    spec = _params({"m": {**HUB_TASK, "splits": {"train": "train", "validation": "test"}}}).user_tasks["m"]
+    assert spec.hub.splits == {"train": "train", "validation": "test"}

@@ -231,8 +231,8 @@ def test_attention_between_words_is_written_per_unit(tokenizers, tiny_model_dir,
     stored = np.stack(words.column("layer_02").to_pylist()[:n * n]).reshape(n, n, -1).transpose(2, 0, 1)
     np.testing.assert_allclose(stored, word_attention(token_map, encoded.word_units[0][0]), atol=1e-6)
     np.testing.assert_allclose(stored.sum(-1), 1.0, atol=1e-5)
-    with pytest.raises(LayersimError, match=r"unknown attention unit 'subwords'; valid attention units are: "
-                                            r"tokens, words"):
+    with pytest.raises(LayersimError, match=r"unknown attention unit 'subwords' \(did you mean 'words'\?\); valid "
+                                            r"attention units are: tokens, words"):
         extract_attention(model, tokenizer, encoded, tmp_path / "x.parquet", {"run": "orig"}, 2, CPU, unit="subwords")
     with pytest.raises(LayersimError, match=r"encode_task\(\.\.\., words=True\)"):
         extract_attention(model, tokenizer, encode_task(_table("synth-roles", 3), spec, tokenizer, 64),

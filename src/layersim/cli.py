@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from layersim.errors import LayersimError
+from layersim.errors import DiskFullError, LayersimError
 from layersim.params import Params, load_params
 
 log = logging.getLogger("layersim")
@@ -91,13 +91,27 @@ def run_stage(main: Callable[[argparse.Namespace, Params], None], args: argparse
         from layersim.data.run_environment import write_environment_record
 
         write_environment_record()
+    except DiskFullError as err:
+        print(f"error: {_disk_full(err.path, err.atomic)}", file=sys.stderr)
+        sys.exit(1)
     except LayersimError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
     except OSError as err:
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        where = f" while writing {err.filename}" if err.filename else ""
-        print(f"error: no space left on the device{where}; free some space and run the stage again (what it was "
-              "writing was removed, earlier outputs are intact).", file=sys.stderr)
+        print(f"error: {_disk_full(err.filename, atomic=False)}", file=sys.stderr)  # not through layersim.data.io
         sys.exit(1)
+
+
+def _disk_full(path, atomic: bool) -> DiskFullError:
+    """The full-disk sentence, claiming only what holds: under DVC (DVC_STAGE set) DVC removed the stage's outputs
+    before its command started, so none is intact, but `dvc checkout` restores those dvc.lock records; outside DVC an
+    atomic write leaves earlier outputs intact, any other write perhaps a file cut short (the next run rewrites it)."""
+    from layersim.data.run_environment import STAGE_ENV
+
+    stage = os.environ.get(STAGE_ENV)
+    if stage:
+        return DiskFullError(path, atomic, f"and DVC had removed this stage's earlier outputs before it ran: `dvc "
+                                           f"checkout {stage}` restores the ones dvc.lock records from the cache")
+    return DiskFullError(path, atomic, "earlier outputs are intact" if atomic else "which running it again rewrites")

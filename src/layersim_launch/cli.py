@@ -206,6 +206,11 @@ def set_params(path: Path, overrides: list[str]) -> str | None:
         raise
     except Exception as error:  # noqa: BLE001 - Hydra's grammar and DVC's errors: the override is what is wrong
         path.write_text(before, encoding="utf-8")
+        from layersim.params.overrides import refused_override
+
+        explained = refused_override(path, list(overrides))  # an unknown key's did-you-mean, a key to add with +
+        if explained is not None:
+            raise explained from None
         raise LayersimError(f"-S {' -S '.join(overrides)} cannot be applied to {path.name}: "
                             f"{str(error).strip().splitlines()[0]}; write KEY=VALUE as for `dvc exp run -S`.") from None
     return before

@@ -64,6 +64,10 @@ def check_inputs(inputs) -> None:
                                     "(text_a, text_b) pairs, or batches (dicts of tensors, tensors).")
             if isinstance(item, str) and not item.strip():
                 raise LayersimError(f"inputs[{k}] is an empty text; every text needs at least one word.")
+        texts = [tuple(item) if isinstance(item, list) else item for item in inputs]
+        if len(texts) > 1 and all(isinstance(t, (str, tuple)) for t in texts) and len(set(texts)) == 1:
+            raise LayersimError(f"inputs are {len(texts)} copies of one text ({str(texts[0])[:60]!r}): every layer "
+                                "would be the same for each and no similarity is defined; pass texts that differ.")
 
 
 def max_length_for(model, asked: int | None, default: int, name: str) -> int:
@@ -102,6 +106,14 @@ def check_batch(model, batch, name: str, index: int) -> None:
                 raise LayersimError(f"{where}: {unknown[0]!r} is not an input of {type(model).__name__}; its inputs "
                                     f"are: {', '.join(k for k, p in takes.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))}.")
         ids, mask = batch.get("input_ids"), batch.get("attention_mask")
+        rows = next((value for value in batch.values() if value.ndim), None)
+        if rows is not None and not len(rows):
+            raise LayersimError(f"{where} has 0 rows (shape {tuple(rows.shape)}); every batch needs at least one input.")
+        if mask is not None and mask.ndim == 2 and not mask.any(dim=1).all():
+            row = int((~mask.any(dim=1)).nonzero()[0, 0])
+            raise LayersimError(f"{where}: attention_mask row {row} is all zeros, so that input has no token to pool; "
+                                "every row needs at least one 1.")
+        _check_token_types(model, batch.get("token_type_ids"), where, name)
         if ids is not None:
             if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
                 raise LayersimError(f"{where}: input_ids are {ids.dtype}; token ids are integers (torch.long).")
@@ -118,6 +130,58 @@ def check_batch(model, batch, name: str, index: int) -> None:
     if not isinstance(first, torch.Tensor):
         raise LayersimError(f"{where} is a {type(batch).__name__}; a batch is a dict of tensors, a tensor, or a tuple "
                             "whose first element is the input tensor.")
+    if first.ndim and not len(first):
+        raise LayersimError(f"{where} has 0 rows (shape {tuple(first.shape)}); every batch needs at least one input.")
+
+
+def _check_token_types(model, types, where: str, name: str) -> None:
+    """token_type_ids within the model's segment embedding (BERT's type_vocab_size), integers as token ids are."""
+    size = getattr(getattr(model, "config", None), "type_vocab_size", None)
+    if types is None or not types.numel() or not isinstance(size, int):
+        return
+    if types.is_floating_point() or types.dtype == torch.bool:
+        raise LayersimError(f"{where}: token_type_ids are {types.dtype}; segment ids are integers (torch.long).")
+    if not (0 <= int(types.min()) and int(types.max()) < size):
+        raise LayersimError(f"{where}: token_type_ids run from {int(types.min())} to {int(types.max())}, outside "
+                            f"{name}'s {size} segment types (0 … {size - 1}); encode with its own tokenizer.")
+
+
+def cell_indices(cell, names_a: list[str], names_b: list[str]) -> tuple[int, int]:
+    """A bootstrap cell (layer of a, layer of b), each given by its index (0 …) or its name (``layer_names``:
+    'emb', '1', …), as a pair of indices."""
+    found = []
+    for value, names in zip(cell, (names_a, names_b)):
+        if isinstance(value, str) and value in names:
+            found.append(names.index(value))
+        elif isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= value < len(names):
+            found.append(int(value))
+    if len(found) < 2:
+        def listed(names):
+            return ", ".join(names) if len(names) <= 4 else f"{names[0]}, {names[1]} … {names[-1]}"
+        raise LayersimError(f"cell {tuple(cell)!r} is outside the {len(names_a)} × {len(names_b)} layer matrix; valid "
+                            f"cells are (0 … {len(names_a) - 1}, 0 … {len(names_b) - 1}), or by layer name "
+                            f"({listed(names_a)} of model_a; {listed(names_b)} of model_b).")
+    return found[0], found[1]
+
+
+def constant_layers(models: dict[str, list[np.ndarray]], names: dict[str, list[str]], pooling: str) -> str | None:
+    """A note naming the layers that are the same for every input (their rows and columns are NaN: e.g. the
+    embedding layer's [CLS] state); refused when every layer of a model is (the inputs say nothing to it)."""
+    from layersim.similarity import is_constant
+
+    constant = {label: [name for name, layer in zip(names[label], layers) if is_constant(layer)]
+                for label, layers in models.items()}
+    for label, found in constant.items():
+        if len(found) == len(models[label]):
+            raise LayersimError(f"every layer of {label} is the same for each of the {len(models[label][0])} inputs, "
+                                "so no similarity is defined (NaN); pass inputs that the model tells apart (e.g. "
+                                "texts that differ, a mask that keeps their tokens).")
+    listed = [f"{label} {name}" for label, found in constant.items() for name in found]
+    if not listed:
+        return None
+    why = " (with cls pooling the embedding layer holds the same first-token embedding for every input)" if (
+        pooling == "cls" and any(name == "emb" for found in constant.values() for name in found)) else ""
+    return f"NaN where a layer is the same for every input (no similarity is defined): {', '.join(listed)}{why}."
 
 
 def few_rows_note(num_rows: int) -> str | None:

@@ -12,6 +12,7 @@ are read by forward hooks on named modules (:mod:`layersim.models.any_model`) ov
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -27,8 +28,8 @@ from layersim.data.batching import encode_task, sequential_batches
 from layersim.data.tasks import TaskSpec
 from layersim.data.words import align_rows
 from layersim.errors import LayersimError, unknown_name
-from layersim.experiments.compare_inputs import (check_arguments, check_batch, check_inputs, few_rows_note,
-                                                 max_length_for)
+from layersim.experiments.compare_inputs import (cell_indices, check_arguments, check_batch, check_inputs,
+                                                 constant_layers, few_rows_note, max_length_for)
 from layersim.experiments.extract import (check_poolings, last_content_position, pool, pool_layers, pooled_layers,
                                           reads_last_token)
 from layersim.models.any_model import (captured_outputs, load_any_tokenizer, load_model, model_label, module_names,
@@ -41,6 +42,7 @@ from layersim.similarity.comparisons import block_slices, stacked_matrix, stacke
 from layersim.similarity.inference.exchangeability import unmovable
 from layersim.similarity.registry import MEASURES, check_computable
 from layersim.similarity.results import null_unavailable, reach_warning, settings
+from layersim.training.states import refuse_kept_state
 
 _LABEL_KEYS = ("labels", "label")  # batch entries that are targets, not model inputs
 _SETTINGS = {f.name: f for f in dataclasses.fields(SimilarityParams)
@@ -102,8 +104,9 @@ class ModelComparison:
 
         m, label = self[measure], MEASURES[measure].label
         low, high = MEASURES[measure].bounded or (np.nanmin(self[measure].matrix), np.nanmax(self[measure].matrix))
-        fig = heatmap_grid({label: (m.matrix, f"{self.labels[0]} layer", f"{self.labels[1]} layer")},
-                           f"{label}, {self.pooling.upper()} — {self.labels[0]} vs {self.labels[1]}", ncols=1,
+        # Wrapped to the one column's 4.2 inches (about 7 points a character): a long title was cut at both edges.
+        title = textwrap.fill(f"{label}, {self.pooling.upper()} — {self.labels[0]} vs {self.labels[1]}", 43)
+        fig = heatmap_grid({label: (m.matrix, f"{self.labels[0]} layer", f"{self.labels[1]} layer")}, title, ncols=1,
                            vmin=low, vmax=high, colorbar_label=label)
         fig.axes[0].set_yticklabels(self.layer_names[0], fontsize=7)
         fig.axes[0].set_xticklabels(self.layer_names[1], fontsize=7)
@@ -161,6 +164,7 @@ def compare_models(model_a, model_b, inputs, measures: Sequence[str] = ("linear_
     _label(sides, labels)
     for side, name in zip(sides, ("model_a", "model_b")):
         _check_side(side, name, pooling, texts is not None)
+    chosen_cells = _cells(cells, sides)
     extract = ExtractParams()
     batch_size = batch_size or extract.batch_size
     if texts is not None:
@@ -178,7 +182,7 @@ def compare_models(model_a, model_b, inputs, measures: Sequence[str] = ("linear_
         models = {side.label: layers for side, (layers, _) in zip(sides, extracted)}
     with analysis_on(where):  # the nulls on the device the models ran on
         return _compare(models, sides, measures, pooling, options, uncertainty, permutations is not None,
-                        _cells(cells, sides, models), groups)
+                        chosen_cells, groups)
 
 
 def _checked(measures, pooling, cells, permutations, bootstrap, seed, similarity) -> tuple[list[str], dict]:
@@ -193,7 +197,8 @@ def _checked(measures, pooling, cells, permutations, bootstrap, seed, similarity
         raise unknown_name("pooling", pooling, POOLINGS)
     if cells != "diagonal" and (isinstance(cells, str) or not all(
             isinstance(c, (tuple, list)) and len(c) == 2 for c in cells)):
-        raise LayersimError(f"cells {cells!r} must be 'diagonal' or a list of (layer of model_a, layer of model_b).")
+        raise LayersimError(f"cells {cells!r} must be 'diagonal' or a list of (layer of model_a, layer of model_b), "
+                            "each an index or a layer name.")
     chosen = dict(similarity, bootstrap=bootstrap, seed=seed) | ({} if permutations is None else
                                                                  {"permutations": permutations})
     for key, value in chosen.items():
@@ -226,7 +231,8 @@ def _side(model, tokenizer, layers, name: str) -> _Side:
     if isinstance(model, nn.Module):
         module, found = model, None
     elif isinstance(model, (str, Path)):
-        module, found = load_model(model)
+        refuse_kept_state(model, name)
+        module, found = load_model(model, tokenizer=tokenizer is None)
     else:
         raise LayersimError(f"{name} is a {type(model).__name__}; pass a model name (registry or Hugging Face hub), "
                             "a model folder, or an nn.Module.")
@@ -333,16 +339,12 @@ def _pooled(out: torch.Tensor, ids, mask, pooling: str, special: list[int], last
     return out.reshape(len(out), -1).float().cpu().numpy()
 
 
-def _cells(cells, sides: list[_Side], models: dict[str, list]) -> list[tuple[int, int]]:
-    sizes = [len(models[side.label]) for side in sides]
+def _cells(cells, sides: list[_Side]) -> list[tuple[int, int]]:
+    """The (layer of a, layer of b) cells to bootstrap, by index or layer name; checked before any forward pass."""
+    names = [side.layer_names for side in sides]
     if cells == "diagonal":
-        return [(k, k) for k in range(sizes[0])] if sizes[0] == sizes[1] else []
-    chosen = [tuple(int(v) for v in cell) for cell in cells]
-    for i, j in chosen:
-        if not (0 <= i < sizes[0] and 0 <= j < sizes[1]):
-            raise LayersimError(f"cell {(i, j)} is outside the {sizes[0]} × {sizes[1]} layer matrix; valid cells are "
-                                f"(0 … {sizes[0] - 1}, 0 … {sizes[1] - 1}).")
-    return chosen
+        return [(k, k) for k in range(len(names[0]))] if len(names[0]) == len(names[1]) else []
+    return [cell_indices(cell, *names) for cell in cells]
 
 
 def _compare(models: dict[str, list], sides: list[_Side], measures: list[str], pooling: str, options: dict,
@@ -353,6 +355,8 @@ def _compare(models: dict[str, list], sides: list[_Side], measures: list[str], p
         check_computable(measure, num_rows, {f"{label} layer {k}": layer.shape[1]
                                              for label, layers in models.items() for k, layer in enumerate(layers)})
     result = ModelComparison((a, b), (sides[0].layer_names, sides[1].layer_names), pooling, num_rows, {})
+    if (constant := constant_layers(models, {side.label: side.layer_names for side in sides}, pooling)) is not None:
+        result.notes.append(constant)
     if (few := few_rows_note(num_rows)) is not None:
         warnings.warn(few, stacklevel=3)
         result.notes.append(few)

@@ -8,34 +8,74 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import re
 import tempfile
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from layersim.errors import LayersimError, hub_unreachable
-from layersim.models.registry import (MODEL_INFO_FILE, OFFLINE_CHOICES, ensure_pad_token, get_model, load_encoder,
-                                      load_tokenizer, snapshot_model)
+from layersim.errors import LayersimError, did_you_mean, hub_unreachable, unknown_name
+from layersim.models.local_models import load_model_folder
+from layersim.models.registry import (MODEL_INFO_FILE, MODELS, OFFLINE_MODELS, ensure_pad_token, get_model, is_path,
+                                      load_encoder, load_tokenizer, snapshot_model)
 
 _LISTED = 12  # module names an error lists
 
 
-def load_model(name: str | Path):
-    """(bare encoder, tokenizer) of a model folder (one layersim wrote is verified first: its digest), a registry
-    name (a tiny or packaged model is snapshotted to a temporary folder first) or a Hugging Face hub id."""
+# What works without network in compare_models: the offline registry and any model folder on disk.
+_OFFLINE_CHOICES = (*OFFLINE_MODELS, "or a model folder's path (any save_pretrained folder)")
+
+
+def load_model(name: str | Path, tokenizer: bool = True):
+    """(bare encoder, tokenizer) of a model folder (one layersim wrote is verified first: its digest; any other
+    folder's files are checked as a local model's are), a registry name (a tiny or packaged model is snapshotted to a
+    temporary folder first) or a Hugging Face hub id; the tokenizer is None unless `tokenizer`. transformers' loading
+    report and progress bars are kept quiet; weights it had to initialise at random are warned about in one line."""
     path = Path(name)
-    if path.is_dir():
-        if (path / MODEL_INFO_FILE).is_file():
-            return load_encoder(path), load_tokenizer(path)
-        return _pretrained(path, f"folder {str(path)!r}")
-    spec = get_model(str(name))  # one sentence for anything that is neither
-    if spec.source == "hub":
-        return _pretrained(spec.hub_id, f"model {spec.name!r}", hub=True)
-    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as folder:
-        snapshot_model(spec.name, folder)
-        return load_encoder(folder), load_tokenizer(folder)
+    with _quiet_loading(str(name)):
+        if path.is_dir():
+            if (path / MODEL_INFO_FILE).is_file():
+                return load_encoder(path), load_tokenizer(path) if tokenizer else None
+            _check_folder(path)
+            found = load_model_folder(path, f"model folder {str(path)!r}", tokenizer)
+            if found.tokenizer is not None:
+                ensure_pad_token(found.model, found.tokenizer)
+            return found.model, found.tokenizer
+        if isinstance(name, Path) or is_path(str(name)) or (path.parent != Path() and path.parent.is_dir()):
+            raise _missing_folder(path)
+        if "/" not in str(name) and str(name) not in MODELS:
+            raise unknown_name("model", str(name), MODELS, hint="or a Hugging Face hub id written owner/name, or a "
+                                                                "model folder's path")
+        spec = get_model(str(name))
+        if spec.source == "hub":
+            return _from_hub(spec, tokenizer)
+        with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as folder:
+            snapshot_model(spec.name, folder)
+            return load_encoder(folder), load_tokenizer(folder) if tokenizer else None
+
+
+def _check_folder(path: Path) -> None:
+    """A folder without config.json is not a transformers model folder: one sentence naming what it holds."""
+    if (path / "config.json").is_file():
+        return
+    inside = sorted(p.name for p in path.iterdir())[:6]
+    raise LayersimError(f"folder {str(path)!r} is not a transformers model folder: it has no config.json (it holds "
+                        f"{', '.join(inside) or 'nothing'}); pass a folder written by save_pretrained.")
+
+
+def _missing_folder(path: Path) -> LayersimError:
+    """The error for a path that names no folder: a file, or nothing (with a close sibling's name if there is one)."""
+    if path.exists():
+        return LayersimError(f"model {str(path)!r} is a file, not a model folder; pass the folder that holds it "
+                             f"({str(path.parent)!r}), written by save_pretrained.")
+    parent = path.parent if path.parent.is_dir() else None
+    close = did_you_mean(path.name, [p.name for p in parent.iterdir() if p.is_dir()]) if parent else ""
+    return LayersimError(f"no model folder at {str(path)!r}{close}; a model is a folder's path (any save_pretrained "
+                         "folder), a registry name or a Hugging Face hub id (owner/name).")
 
 
 def load_any_tokenizer(source: str | Path):
@@ -45,18 +85,62 @@ def load_any_tokenizer(source: str | Path):
     return AutoTokenizer.from_pretrained(source)
 
 
-def _pretrained(source, what: str, hub: bool = False):
+def _from_hub(spec, tokenizer: bool):
     from transformers import AutoModel
 
     try:
-        model, tokenizer = AutoModel.from_pretrained(source), load_any_tokenizer(source)
+        model = AutoModel.from_pretrained(spec.hub_id)
+        found = load_any_tokenizer(spec.hub_id) if tokenizer else None
     except OSError as err:
-        if hub:
-            raise hub_unreachable("model", str(source), err, OFFLINE_CHOICES) from err
-        raise LayersimError(f"{what} is not a transformers model ({str(err).splitlines()[0][:200]}); give a folder "
-                            "written by save_pretrained.") from None
-    ensure_pad_token(model, tokenizer)
-    return model, tokenizer
+        raise hub_unreachable("model", spec.name, err, _OFFLINE_CHOICES) from err
+    if found is not None:
+        ensure_pad_token(model, found)
+    return model, found
+
+
+_REPORT_ROW = re.compile(r"^\s*(\S+)\s*\|\s*(UNEXPECTED|MISSING|MISMATCH|CONVERSION)\b", re.MULTILINE)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@contextlib.contextmanager
+def _quiet_loading(what: str) -> Iterator[None]:
+    """transformers' progress bars and LOAD REPORT table silenced while a model loads: a checkpoint's dropped task
+    head (UNEXPECTED keys) is expected. Weights it initialised at random (MISSING) are a real problem for a
+    comparison: one warning names them (the pooler aside, which no hidden state goes through). A report of weights of
+    another shape or a failed conversion, which transformers raises on next, is left as it is: its error points to it."""
+    from transformers.utils import logging as hf_logging
+
+    missing: list[str] = []
+
+    logger = logging.getLogger("transformers.modeling_utils")  # where from_pretrained logs its report
+    shown, level = logger.getEffectiveLevel(), logger.level  # the report is read even where the user silenced it
+
+    def keep(record: logging.LogRecord) -> bool:
+        if "LOAD REPORT" not in str(record.msg):
+            return record.levelno >= shown
+        rows = _REPORT_ROW.findall(_ANSI.sub("", record.getMessage()))
+        if any(status in ("MISMATCH", "CONVERSION") for _, status in rows):
+            return record.levelno >= shown
+        missing.extend(key for key, status in rows if status == "MISSING" and not key.startswith("pooler."))
+        return False
+
+    bars = hf_logging.is_progress_bar_enabled()
+    logger.addFilter(keep)
+    # Below WARNING, not at it: transformers verifies a tensor-parallel plan (and warns of every layer not sharded)
+    # when this logger's own level is WARNING or above; `keep` applies the user's level to every other record.
+    logger.setLevel(min(shown, logging.INFO))
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+        logger.setLevel(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+    if missing:
+        warnings.warn(f"model {what!r}: transformers initialised {len(missing)} weights at random that its checkpoint "
+                      f"lacks ({', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}); those layers are not the "
+                      "saved model's.", stacklevel=4)
 
 
 def module_names(model: nn.Module) -> list[str]:

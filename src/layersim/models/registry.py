@@ -102,7 +102,7 @@ def get_model(name: object) -> ModelSpec:
     if not isinstance(name, str) or "/" not in name:
         raise unknown_name("model", name, MODELS, hint="or a Hugging Face hub id written owner/name, or "
                                                        "local/<folder> for a folder of models/")
-    if not name.startswith(LOCAL_PREFIX) and _is_path(name):
+    if not name.startswith(LOCAL_PREFIX) and is_path(name):
         raise LayersimError(_path_refusal(name))
     problem = _name_problem(name)
     if name.startswith(LOCAL_PREFIX):
@@ -117,7 +117,7 @@ def get_model(name: object) -> ModelSpec:
     return ModelSpec(name, "hub", name)
 
 
-def _is_path(name: str) -> bool:
+def is_path(name: str) -> bool:
     """Whether `name`, given where a hub id is expected, is a path: transformers loads an existing folder of
     that name instead of the hub's repository, and the run would record a local folder as a hub model."""
     if name.startswith(("./", "../", "/", "~")) or "\\" in name:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import difflib
 import re
 from typing import Any
 
-from layersim.errors import LayersimError
+from layersim.errors import LayersimError, compact, did_you_mean
 from layersim.models.registry import MODELS, get_model
 from layersim.params.rules import fail, repeated, shown
 from layersim.data.tasks import get_task, known_tasks
@@ -20,24 +19,10 @@ def known_name(key: str, value: Any, kind: str, lookup, valid, hint: str = "", e
         return lookup(value)
     except LayersimError:
         pass
-    close = difflib.get_close_matches(value, list(valid), n=1) if isinstance(value, str) else []
-    mean = f" (did you mean {close[0]!r}?)" if close else ""
+    mean = did_you_mean(value, valid)
     what = f"{key} has {shown(value)}, which" if entry else f"{key} = {shown(value)}"
     raise LayersimError(f"params.yaml: {what} is not a known {kind}{mean}; valid {kind}s are: "
                         f"{', '.join(compact(valid))}{hint}.")
-
-
-def compact(names) -> list[str]:
-    """Sorted names, a numbered family of three or more (multiberts-0 … multiberts-24) written as its range."""
-    numbered: dict[str, list[int]] = {}
-    for name in names:
-        match = re.fullmatch(r"(.*-)([0-9]+)", name)
-        if match:
-            numbered.setdefault(match.group(1), []).append(int(match.group(2)))
-    families = {prefix: sorted(n) for prefix, n in numbered.items() if len(n) >= 3}
-    shown_names = [name for name in names if not any(name.startswith(p) and name[len(p):].isdigit() for p in families)]
-    shown_names += [f"{p}{n[0]} … {p}{n[-1]}" for p, n in families.items()]
-    return sorted(shown_names)
 
 
 def check_model(key: str, name: Any, entry: bool = False):

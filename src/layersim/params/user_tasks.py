@@ -75,6 +75,10 @@ def _splits(key: str, value: Any) -> dict[str, str]:
     if not ok:
         raise fail(key, value, "a mapping of train and validation to the dataset's split names, e.g. {train: train, "
                                "validation: test}")
+    if value["train"] == value["validation"]:
+        raise LayersimError(f"params.yaml: {key} reads the split {value['train']!r} as both train and validation; a "
+                            "task is scored on rows it was not trained on: name two different splits of the dataset, "
+                            "e.g. {train: train, validation: test}.")
     return dict(value)
 
 

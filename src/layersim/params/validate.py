@@ -166,6 +166,11 @@ def _check_across_sections(model: str, sections: dict[str, Any]) -> None:
         raise LayersimError(f"params.yaml: finetune method lora cannot adapt model {model!r}: XLNet keeps its "
                             "attention weights as bare tensors, not modules an adapter wraps; use method: full "
                             "(and no lora in compare_methods).")
+    width = MODEL_HIDDEN_SIZE.get(model)
+    if "lora" in (finetune.method, *finetune.compare_methods) and width and finetune.lora.rank > width:
+        raise LayersimError(f"params.yaml: finetune.lora.rank = {finetune.lora.rank} is larger than the hidden size "
+                            f"{width} of model {model!r}; an update B·A of a matrix {width} wide has rank at most {width}, so "
+                            f"use a rank from 1 to {width} (Hu et al.: 1 to 64).")
     if finetune.method == "lora" and sections["freeze"].recipe == "finetune":
         raise LayersimError("params.yaml: freeze.recipe = finetune reuses the finetune stage's runs as the unfrozen "
                             "ones, but freezing layers is an experiment of full fine-tuning and finetune.method = "

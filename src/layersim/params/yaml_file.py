@@ -124,10 +124,15 @@ def parse_yaml(path: Path, text: str) -> Any:
                             "than a few digits.") from err
 
 
+def read_yaml(path: str | Path) -> Any:
+    """params.yaml's document as DVC parses it; a missing, unreadable or invalid file is one sentence."""
+    return parse_yaml(Path(path), _read_text(Path(path)))
+
+
 def load_params(path: str | Path = "params.yaml", parse: Callable[[Any], Any] = parse_params) -> Params:
     """Read and validate params.yaml (with `parse`: validate.parse_sources checks only what it names to read)."""
     path = Path(path)
-    raw = parse_yaml(path, _read_text(path))
+    raw = read_yaml(path)
     try:
         return parse(raw)
     except LayersimError as err:

@@ -13,6 +13,7 @@ from pathlib import Path
 from layersim.compute import disk
 from layersim.data.tasks import get_task
 from layersim.errors import LayersimError
+from layersim.models.model_files import LOCAL_PREFIX
 from layersim.params.model_kind import own_head_pooling
 from layersim.plan import stages
 from layersim.plan.sizes import model_size, task_size
@@ -126,10 +127,13 @@ def check_fits(params, root: Path = Path(".")) -> str:
     `root` (its DVC-cached outputs, and DVC's cache copy of them where cache.type copies) is more than the free space
     of the volume; return what was compared, for the log. Outputs already in data/ are subtracted: a params change
     after a finished run rewrites some of them, not all (extract checks its own tables again before writing). A
-    model whose size is known only once downloaded skips the check; so do tasks of unknown size."""
+    model whose size is known only once downloaded skips the check; so do tasks of unknown size. A local model's
+    folder that cannot be read is refused here, before any stage (its config.json broken or missing)."""
     try:
         costs = plan(known_tasks(params, root), root)
     except LayersimError as err:
+        if params.model.startswith(LOCAL_PREFIX):  # a local folder is there to read: what fails is the folder
+            raise
         return f"the disk plan is skipped: {err}"
     n = copies(root)
     needed = max(0, total(costs).bytes - written_bytes(Path(root) / "data")) * n

@@ -9,28 +9,11 @@ import sys
 from pathlib import Path
 
 from layersim.errors import LayersimError
-from layersim.params import parse_params, parse_yaml
+from layersim.params import parse_params
+from layersim.params.overrides import overridden
 from layersim.plan import GPUS, copies, device, human, known_seconds, makespan, plan_items, seconds, total, total_of, where
 
 COLUMNS = ("stage", "runs on", "rows", "workspace", "DVC cache", "FLOPs", "time")
-
-
-def overridden(path: Path, overrides: list[str]) -> dict:
-    """params.yaml's document with each `key.sub=value` set (the value read as YAML 1.2, as DVC reads -S: 1e-4 is a
-    number)."""
-    from ruamel.yaml import YAML
-
-    doc, value_of = parse_yaml(path, path.read_text(encoding="utf-8")), YAML(typ="safe").load
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise LayersimError(f"-S {item!r}: expected key=value, as for dvc exp run -S.")
-        *parents, last = key.split(".")
-        node = doc
-        for part in parents:
-            node = node.setdefault(part, {}) if isinstance(node, dict) else {}
-        node[last] = value_of(value)
-    return doc
 
 
 def exp_run_overrides(words: list[str]) -> list[str]:
@@ -69,12 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.gpus < 1:
             raise LayersimError(f"--gpus {args.gpus}: the number of devices must be at least 1.")
+        on = device(args.device, args.device_flops, args.pass_seconds)
         params = parse_params(overridden(args.params, args.overrides))
         items = plan_items(params, args.root)
     except LayersimError as err:
         print(f"layersim plan: {err}", file=sys.stderr)
         return 1
-    on = device(args.device, args.device_flops, args.pass_seconds)
     n = copies(args.root, args.reflinks)
     costs = [total_of(name, stage_items) for name, stage_items in items.items()]
     columns = COLUMNS + ((f"on {args.gpus} devices",) if args.gpus > 1 else ())

@@ -15,6 +15,8 @@ from layersim.compute.flops import LayerShape, layer_shape
 from layersim.data.layout import task_tables
 from layersim.data.tasks import TASKS_DIR, generated, get_task
 from layersim.errors import LayersimError
+from layersim.models.local_models import local_model_dir
+from layersim.models.model_files import read_json
 from layersim.models.registry import LOCAL_PREFIX, MODELS, WEIGHTS_FILE
 from layersim.models.tiny_configs import HIDDEN as TINY_HIDDEN, LAYERS as TINY_LAYERS
 from layersim.models.tiny_tokenizers import BYTE_BPE, TOKENIZER_KINDS
@@ -128,13 +130,14 @@ def model_size(name: str, root: Path = Path(".")) -> ModelSize:
         vocab = TINY_VOCAB.get(kind, TINY_UNIGRAM_VOCAB)
         shape = LayerShape(layers, hidden, 2 * hidden)
         return ModelSize(shape, TINY_HEADS, bert_parameters(shape, vocab, TINY_POSITIONS), vocab * TOKENIZER_BYTES_PER_ENTRY)
-    folder = root / "models" / name[len(LOCAL_PREFIX):] if name.startswith(LOCAL_PREFIX) else \
-        root / "data" / "models" / name / "pretrained"
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except OSError:
+    local = name.startswith(LOCAL_PREFIX)
+    folder = local_model_dir(name, root) if local else root / "data" / "models" / name / "pretrained"
+    if not (folder / "config.json").is_file():
         raise LayersimError(f"the plan does not know the size of model {name!r}: run `dvc repro download_model` "
-                            "first (the plan then reads its config).") from None
+                            "first (the plan then reads its config).")
+    remedy = f"save the model there again with model.save_pretrained('{folder}')" if local else \
+        "run `dvc repro download_model` again"
+    config = read_json(folder / "config.json", f"model {name!r}: its config", remedy)
     weights = folder / WEIGHTS_FILE
     parameters = weights.stat().st_size // BYTES_PER_PARAMETER if weights.exists() else 0
     heads = next((config[k] for k in ("num_attention_heads", "n_head", "n_heads") if config.get(k)), 1)

@@ -21,10 +21,12 @@ numpy keeps them on the calling thread)."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from layersim.errors import LayersimError
 from layersim.plan.stages import StageCost
 
 # Seconds from a stage process's start to its first line of work, by the stack it imports: measured on the 2-core
@@ -125,7 +127,15 @@ def measured_cpu_flops(threads: int | None = None, size: int = 2048, repeats: in
 
 def device(name: str = "cpu", flops: float | None = None, pass_seconds: float | None = None) -> Device:
     """`flops` given: that throughput (a GPU's name, if given too, keeps its other figures); "cpu": this machine's
-    matmul, measured now, with the CPU's efficiencies and pass time; a GPU's name: its figures (gpu_figures.json)."""
+    matmul, measured now, with the CPU's efficiencies and pass time; a GPU's name: its figures (gpu_figures.json). A
+    throughput that is not a positive finite number, or a negative or non-finite pass time, is one sentence (the times
+    would be negative, NaN or a division by zero)."""
+    if flops is not None and not (isinstance(flops, (int, float)) and 0 < flops < math.inf):
+        raise LayersimError(f"--device-flops {flops:g} is invalid; give the device's effective FLOP/s, a positive "
+                            "finite number (e.g. 1e11 for a CPU, 5e14 for an H200).")
+    if pass_seconds is not None and not (isinstance(pass_seconds, (int, float)) and 0 <= pass_seconds < math.inf):
+        raise LayersimError(f"--pass-seconds {pass_seconds:g} is invalid; give the fixed seconds per batch and layer, a "
+                            "finite number of at least 0 (e.g. 0.001).")
     if name in GPUS:
         figures = gpu_figures()[name]
         training, passes = (Figure(**{k: figures[key][k] for k in ("value", "measured")})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from layersim.errors import LayersimError
 from layersim.models.matrix_roles import ADAPTER_ROLES_AUTO
 from layersim.models.weight_matrices import adapter_targets
 
@@ -32,12 +33,27 @@ def with_adapters(model: nn.Module, settings) -> nn.Module:
     pooler = getattr(model.base_model, "pooler", None)
     head = [p for p in model.parameters() if not any(p is q for q in model.base_model.parameters())]
     head += list(pooler.parameters()) if isinstance(pooler, nn.Module) else []
+    targets = adapter_targets(model, adapter_roles(settings.target_modules))
+    check_rank(model, targets, settings.rank)
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout, bias="none",
-                        target_modules=adapter_targets(model, adapter_roles(settings.target_modules)))
+                        target_modules=targets)
     adapted = get_peft_model(model, config)  # freezes every weight but the adapters'
     for param in head:
         param.requires_grad_(True)
     return adapted
+
+
+def check_rank(model: nn.Module, targets: list[str], rank: int) -> None:
+    """finetune.lora.rank within the narrowest adapted matrix (params.yaml checks the hidden size of the models it
+    knows; a key or value matrix of grouped-query attention, or a local model's, can be narrower): a wider update
+    has no more rank, only more parameters."""
+    modules = dict(model.named_modules())
+    widths = {name: min(modules[name].weight.shape) for name in targets if hasattr(modules[name], "weight")}
+    if widths and rank > min(widths.values()):
+        name = min(widths, key=widths.get)
+        raise LayersimError(f"finetune.lora.rank = {rank} is larger than the narrowest adapted matrix ({name}, "
+                            f"{widths[name]} wide): an update B·A of it has rank at most {widths[name]}; use a rank "
+                            f"from 1 to {widths[name]}.")
 
 
 def is_adapted(model: nn.Module) -> bool:

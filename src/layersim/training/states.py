@@ -134,3 +134,16 @@ def read_index(states: str | Path, checkpoint_digest: str) -> dict:
         raise LayersimError(f"the kept states in {states} belong to another checkpoint than the one beside them; "
                             "re-run the finetune stage.")
     return index
+
+
+def refuse_kept_state(folder: str | Path, name: str) -> None:
+    """A kept state (``step<N>``: the encoder's weights only) or a run's folder of them, given where a model folder
+    is expected, refused in one sentence that says how to compare it: loaded onto its run's final checkpoint."""
+    folder = Path(folder)
+    if (folder / INDEX).is_file() or ((folder / WEIGHTS).is_file() and (folder.parent / INDEX).is_file()
+                                      and not (folder / "config.json").is_file()):
+        state = folder if (folder / WEIGHTS).is_file() else folder / "step<N>"
+        raise LayersimError(f"{name} {str(folder)!r} is a fine-tuning run's kept state{'' if state == folder else 's'} "
+                            "(the encoder's weights only, no config or tokenizer); pass the state loaded onto its run's "
+                            f"checkpoint, load_state(load_encoder(checkpoint), '{state}') from layersim.training.states, "
+                            "and the checkpoint folder (data/checkpoints/<model>/<task>/seed<k>/model) as its tokenizer.")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 
-from layersim.errors import LayersimError
+from layersim.errors import DiskFullError
 
 
 # Read once at import (single-threaded then): os.umask can only be read by setting it.
@@ -151,8 +151,7 @@ def atomic_path(path: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
         full = _disk_full(err, path.parent)  # before the partial file is removed, which frees its space
         _remove(tmp)
         if full:
-            raise LayersimError(f"no space left on the device while writing {path}; free some space and run the "
-                                "stage again (the partial file was removed, earlier outputs are intact).") from err
+            raise DiskFullError(path) from err
         raise
 
 

@@ -192,7 +192,9 @@ def sampled_cubic_invariants(sample: np.ndarray, mean: np.ndarray, n: int, trace
 def skewness(n: int, invariants_x: np.ndarray, invariants_y: np.ndarray, var: np.ndarray) -> np.ndarray:
     """The exact permutation skewness of RV for every pair (x layers × y layers), from the scale-free
     invariants of :func:`cubic_invariants` and the exact variance (x × y) of :func:`moments`."""
-    terms = third_moment_coefficients().items()
+    # A pattern of k distinct indices has no instance among n < k rows: its term is exactly 0 (its sums are empty,
+    # (n)_k = 0), not 0/0.
+    terms = [(k, m) for k, m in third_moment_coefficients().items() if k <= n]
     third = sum(invariants_x @ m @ invariants_y.T / float(math.perm(n, k)) for k, m in terms)
     with np.errstate(divide="ignore", invalid="ignore"):
         return third / np.asarray(var) ** 1.5
