@@ -94,9 +94,39 @@ def _over_seeds(entry: Mapping, pairs: Mapping | None = None) -> str:
         values = ", ".join(fmt(_last(v)) for v in (entry.get("seed_values") or {}).values())
         return f"{values} (range {fmt(_last(entry['seed_range']))}; an interval needs ≥ 3 seeds){beside}"
     if pairs:
-        return (f"{fmt(_last(pairs['mean']))} ± {fmt(_last(pairs['sd']))} over {pairs.get('pairs')} seed pairs "
-                "(no interval: the pairs share seeds)")
+        return _over_pairs(pairs)
     return "1 seed: no spread" if entry.get("seeds") == 1 else "–"
+
+
+def _over_pairs(pairs: Mapping) -> str:
+    """A comparison over pairs of runs of different seeds at the top layer: the mean, the pairs' sd, the jackknife
+    interval over seeds (layersim.similarity.inference.seeds.over_seed_pairs) or why there is none."""
+    text = fmt(_last(pairs["mean"])) + (f" ± {fmt(_last(pairs['sd']))}" if pairs.get("sd") else "")
+    if pairs.get("ci_low"):
+        return (f"{text} [{fmt(_last(pairs['ci_low']))}, {fmt(_last(pairs['ci_high']))}] over {pairs.get('pairs')} "
+                f"seed pairs ({pairs.get('seeds')} seeds; jackknife over seeds: the pairs share seeds)")
+    return f"{text} over {pairs.get('pairs')} seed pairs (no interval: fewer than 3 seeds)"
+
+
+def seed_pair_rows(measure: str, result: Mapping) -> list[list[str]]:
+    """Per compared method (finetune.compare_methods): its runs against FT's of other seeds, beside FT's seeds
+    against each other, their difference, and the same-seed pairs, which share a seed (the comparisons of
+    layersim.similarity.comparisons.seed_pair_spreads, read at the top layer)."""
+    rows = []
+    for key in result:
+        if not key.endswith("_ft_other_seed"):
+            continue
+        method = key.removesuffix("_ft_other_seed")
+        label = METHOD_LABELS.get(method, method)
+        for name, shares, entry in (
+                ("FT[i]–FT[j], i ≠ j", "no seed", result.get("ft_pairs")),
+                (f"{label}[i]–FT[j], j ≠ i", "no seed", result[key]),
+                (f"{label}[i]–FT[j] − FT[i]–FT[j]", "the difference of the two above", result.get(f"{key}_minus_ft_pairs")),
+                (f"{label}[i]–FT[i]", f"seed i: the head's initialisation and the order of the training data",
+                 result.get(f"{method}_ft_same_seed"))):
+            if entry:
+                rows.append([measure, name, _over_pairs(entry), shares])
+    return rows
 
 
 def similarity_tables(details: Mapping, significance: float) -> list[Table]:
@@ -107,11 +137,11 @@ def similarity_tables(details: Mapping, significance: float) -> list[Table]:
     for pooling, measures in details.items():
         if pooling == "attention" or not isinstance(measures, Mapping):
             continue
-        rows = []
-        block_rows = []
+        rows, block_rows, pair_rows = [], [], []
         for measure, result in measures.items():
             if not isinstance(result, Mapping) or "ft_orig" not in result:
                 continue
+            pair_rows += seed_pair_rows(measure, result)
             for key in (*DIAGONAL_COMPARISONS, *compared_keys(result)):  # and finetune.compare_methods' runs
                 if key not in result and key in ("ft_random", "orig_random"):
                     continue  # no random-init control
@@ -144,6 +174,14 @@ def similarity_tables(details: Mapping, significance: float) -> list[Table]:
                                 "what unrelated representations of this size score; a value near its null mean says "
                                 "nothing about the layers. The p-value is corrected over the heatmap's cells "
                                 "(fdr_bh: Benjamini–Hochberg q; holm: Holm-adjusted p; none: per cell)."))
+        if pair_rows:
+            tables.append(Table(f"{pooling}: runs of different seeds, top layer", [
+                "measure", "comparison", "mean over seed pairs ± sd [95% interval]", "the two runs share"], pair_rows,
+                "Run i of every method is fine-tuned with seed i: LoRA[i] and FT[i] share the head's initialisation and "
+                "the order of the training data, so LoRA[i]–FT[i] (and the heatmaps' LoRA–FT, LoRA[1]–FT[1]) may be "
+                "close for that reason alone. LoRA[i]–FT[j ≠ i] shares no seed: read it beside FT[i]–FT[j], how close "
+                "full fine-tuning's own seeds end. The interval is the jackknife over seeds (each seed left out with "
+                "every pair that uses it; t with n − 1 df), as pairs that share a seed are not independent."))
         if block_rows:
             tables.append(Table(f"{pooling}: blocks of layers", ["measure", "matrix", "blocks (layers)",
                                 "last block starts", "within − between", "stability (bootstrap)"], block_rows,
