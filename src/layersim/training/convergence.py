@@ -135,11 +135,18 @@ def check_run(metric: str, score: float, baseline: float, final_train_loss: floa
                        " and ".join(reasons), n, p_value)
 
 
-def advice(max_steps: int, learning_rate: float, warmup_steps: int) -> str:
-    """What to change in params.yaml, with the values now set."""
+def advice(finetune) -> str:
+    """What to change in params.yaml for a run of `finetune` (FinetuneParams; for a run of finetune.compare_methods,
+    its method's), with the values now set: a LoRA run trains at finetune.lora.learning_rate when that is set."""
+    max_steps, warmup_steps = finetune.max_steps, finetune.warmup_steps
+    name, rate, now = "finetune.learning_rate", finetune.learning_rate, f"now {finetune.learning_rate:g}"
+    if finetune.method == "lora":
+        name, own = "finetune.lora.learning_rate", finetune.lora.learning_rate
+        rate = rate if own is None else own
+        now = f"now {rate:g}" if own is not None else f"now null: finetune.learning_rate's {rate:g}"
     return (f"train longer (finetune.max_steps = {max_steps}, e.g. {2 * max_steps}) or try another "
-            f"finetune.learning_rate (now {learning_rate:g}; a loss stuck at the trivial predictor's often needs a "
-            f"lower rate, e.g. {learning_rate / 2:g}, with a longer warm-up than finetune.warmup_steps = "
+            f"{name} ({now}; a loss stuck at the trivial predictor's often needs a "
+            f"lower rate, e.g. {rate / 2:g}, with a longer warm-up than finetune.warmup_steps = "
             f"{warmup_steps})")
 
 
@@ -219,7 +226,7 @@ def enforce(check: Convergence, what: str, finetune, log) -> None:
     if check.converged:
         return
     message = (f"{what} did not converge: {check.reason}; "
-               f"{advice(finetune.max_steps, finetune.learning_rate, finetune.warmup_steps)}")
+               f"{advice(finetune)}")
     if finetune.require_convergence:
         raise LayersimError(f"{message}.")
     log.warning("%s (finetune.require_convergence: true makes this an error)", message)
