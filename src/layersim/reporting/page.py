@@ -16,7 +16,7 @@ from layersim.errors import LayersimError
 from layersim.training.convergence import NOT_CONVERGED, marked, title_note
 from layersim.reporting.headlines import compared_keys, details_to_metrics, finetune_flags, read_metrics_file
 from layersim.reporting.html import Figure, Section, Table, png, render  # noqa: F401 (png, render: the API)
-from layersim.data.layout import METHOD_LABELS, finetune_metrics, stage_details
+from layersim.data.layout import METHOD_LABELS, finetune_metrics, stage_details, stage_metrics
 
 COMPARISON_NAMES = {"orig_orig": "ORIG–ORIG", "ft_orig": "FT–ORIG", "ft_ft": "FT–FT", "ft1_ft2": "FT[1]–FT[2]",
                     "ft_random": "FT–RANDOM", "orig_random": "ORIG–RANDOM"}
@@ -243,11 +243,13 @@ OVERVIEW_HEADER = ["task", "fine-tuned score", "FT–FT blocks", "FT–ORIG top 
                    "droppable top layers (Tuned)", "exported layers", "validation: full → exported", "exported parameters"]
 
 
-def _finetuned_runs(layout: Layout, task: str, metric: str, seeds: Sequence[int]) -> dict[int, dict]:
-    """Seed → its finetune metrics file, for the seeds whose file holds a score."""
+def _finetuned_runs(layout: Layout, task: str, metric: str, seeds: Sequence[int],
+                    method: str | None = None) -> dict[int, dict]:
+    """Seed → its finetune metrics file, for the seeds whose file holds a score; with `method`, the runs of that
+    method of finetune.compare_methods."""
     runs = {}
     for seed in seeds:
-        path = finetune_metrics(layout.metrics / "finetune" / task, seed)
+        path = finetune_metrics(layout.metrics / "finetune" / task, seed, method)
         if path.is_file():
             metrics = read_metrics_file(path)
             if isinstance(metrics, dict) and isinstance(metrics.get(metric), (int, float)):
@@ -255,13 +257,34 @@ def _finetuned_runs(layout: Layout, task: str, metric: str, seeds: Sequence[int]
     return runs
 
 
-def convergence_facts(flags: Mapping[int, str], seeds: Sequence[int]) -> list[str]:
-    """One sentence per flagged seed: why, and which results rest on the run."""
+def convergence_facts(flags: Mapping[int, str], seeds: Sequence[int], method: str | None = None) -> list[str]:
+    """One sentence per flagged seed: why, and which results rest on the run; with `method`, the runs of that
+    method of finetune.compare_methods (LoRA[i])."""
     position = {seed: i for i, seed in enumerate(seeds, start=1)}
-    return [f"Seed {seed} (FT[{position[seed]}]) did not converge: {reason}. Every result that uses it (FT–ORIG, "
-            f"FT[1]–FT[2], truncation, skipping, alignment, freezing, the export of the first seed) describes the "
-            f"failed run rather than fine-tuning; its figures say \"{NOT_CONVERGED}\"."
+    if method is None:
+        label, uses = "FT", ("FT–ORIG, FT[1]–FT[2], truncation, skipping, alignment, freezing, the export of the first "
+                             "seed")
+    else:
+        label = METHOD_LABELS.get(method, method)
+        uses = f"{label}–ORIG, {label}–FT, its weights and dynamics"
+    return [f"Seed {seed} ({label}[{position[seed]}]) did not converge: {reason}. Every result that uses it ({uses}) "
+            f"describes the failed run rather than fine-tuning; its figures say \"{NOT_CONVERGED}\"."
             for seed, reason in flags.items()]
+
+
+def score_facts(layout: Layout, task: str, metric: str, seeds: Sequence[int],
+                method: str | None = None) -> tuple[list[str], list[float], dict[int, str]]:
+    """The fine-tuned runs' validation scores (finetune.method's, or with `method` a compared method's) as a sentence
+    naming the runs that did not converge, then one sentence per such run; and the scores and flags themselves."""
+    runs = _finetuned_runs(layout, task, metric, seeds, method)
+    scores = [float(metrics[metric]) for metrics in runs.values()]
+    flags = {list(runs)[k]: reason for k, reason in finetune_flags(runs.values(), metric).items()}
+    if not scores:
+        return [], scores, flags
+    who = "Fine-tuned" if method is None else f"{METHOD_LABELS.get(method, method)} fine-tuning (finetune.compare_methods)"
+    facts = [f"{who} {metric}: " + ", ".join(
+        marked(f"seed {seed} {fmt(score)}", seed in flags) for seed, score in zip(runs, scores)) + "."]
+    return facts + convergence_facts(flags, seeds, method), scores, flags
 
 
 def truncation_figure(layout: Layout, task: str, truncate: Mapping, export: Mapping | None,
@@ -290,12 +313,41 @@ def truncation_figure(layout: Layout, task: str, truncate: Mapping, export: Mapp
     return Figure(caption + ".", png(figure))
 
 
+def weights_table(weights: Mapping | None) -> Table | None:
+    """The weights stage's intruder counts per method and adapted role against the rotated-update null
+    (metrics/weights/<task>/metrics.json), with the roles every method adapted first: None without the null."""
+    if not weights or "intruders_p_value" not in weights:
+        return None
+    methods = {weights["method"]: weights, **(weights.get("compared") or {})}
+    rows = []
+    shared = weights.get("shared_roles")
+    for method, found in methods.items():
+        label = METHOD_LABELS.get(method, method)
+        if shared is not None:
+            rows.append([label, f"roles every method adapted ({', '.join(shared) or 'none'})", "",
+                         fmt(found.get("intruders_per_shared_role_matrix")),
+                         fmt(found.get("intruders_per_shared_role_matrix_null")),
+                         fmt(found.get("intruders_shared_roles_p_value"))])
+        rows.append([label, "every adapted matrix", "", fmt(found.get("intruders_per_adapted_matrix")),
+                     fmt(found.get("intruders_per_adapted_matrix_null")), fmt(found.get("intruders_p_value"))])
+        for role, test in (found.get("by_role") or {}).items():
+            rows.append([label, role, fmt(test.get("matrices")), fmt(test.get("intruders_per_matrix")),
+                         fmt(test.get("null_per_matrix")), fmt(test.get("p_value"))])
+    return Table("weights: intruder dimensions against a structureless update of the same size", [
+        "method", "matrices", "count", "intruders per matrix", "the null expects", "p (one-sided)"], rows,
+        "The null keeps each adapted matrix's update singular values and draws its singular vectors at random "
+        "(weights.null_draws); p counts the null's totals at least the observed total over seeds and layers. Compare "
+        "methods on the roles both adapted: full fine-tuning adapts all six roles, LoRA only its target modules.")
+
+
 POINTS = {"cls": "CLS", "last": "last-token (the decoder's head token)", "mean": "mean-pooled"}
 
 
 def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: float,
-                 first_measure: tuple[str, str], model: str) -> tuple[Section, list[str]]:
-    """One task's section, and its row of the overview table."""
+                 first_measure: tuple[str, str], model: str,
+                 compare_methods: Sequence[str] = ()) -> tuple[Section, list[str]]:
+    """One task's section, and its row of the overview table; each method of finetune.compare_methods gets its
+    runs' scores and convergence beside the full runs'."""
     from layersim.data.tasks import get_task
 
     spec = get_task(task)
@@ -303,14 +355,11 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
     truncate = layout.details_of("truncate", task)
     skip = layout.details_of("skip", task)
     export = layout.details_of("export", task)
-    runs = _finetuned_runs(layout, task, spec.primary_metric, seeds)
-    scores = [float(metrics[spec.primary_metric]) for metrics in runs.values()]
-    flags = {list(runs)[k]: reason for k, reason in finetune_flags(runs.values(), spec.primary_metric).items()}
     section = Section(task)
-    if scores:
-        section.facts.append(f"Fine-tuned {spec.primary_metric}: " + ", ".join(
-            marked(f"seed {seed} {fmt(score)}", seed in flags) for seed, score in zip(runs, scores)) + ".")
-    section.facts += convergence_facts(flags, seeds)
+    facts, scores, flags = score_facts(layout, task, spec.primary_metric, seeds)
+    section.facts += facts
+    for method in compare_methods:
+        section.facts += score_facts(layout, task, spec.primary_metric, seeds, method)[0]
     if truncate:
         section.facts.append(f"Top layers that can go within {truncate['tolerance']:g} of the full model "
                              f"({fmt(truncate['full'])}): {truncate['droppable_top_layers_untuned']} with the "
@@ -327,6 +376,10 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
         section.facts.append(f"Load it with transformers alone: {loader}.from_pretrained(\"data/export/{model}/{task}/model\").")
     if similarity:
         section.tables += similarity_tables(similarity, significance)
+    weights_path = stage_metrics(layout.metrics, "weights", task)
+    weights = weights_table(read_metrics_file(weights_path) if weights_path.is_file() else None)
+    if weights:
+        section.tables.append(weights)
     head = first_measure[0]  # the model's own head token: cls, or last for a decoder
     for relative, caption in ((f"similarity/{task}/heatmaps/{head}.png", "Each measure between every pair of layers, "
                                f"{POINTS.get(head, head)} points, in Phang et al.'s layout; cyan outlines: blocks of "
@@ -359,11 +412,12 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
 
 
 def build_report(model: str, tasks: Sequence[str], seeds: Sequence[int], significance: float,
-                 first_measure: tuple[str, str], layout: Layout) -> str:
-    """The experiment's page: an overview row per task, the summary figure, then one section per task."""
+                 first_measure: tuple[str, str], layout: Layout, compare_methods: Sequence[str] = ()) -> str:
+    """The experiment's page: an overview row per task, the summary figure, then one section per task (with the
+    runs of finetune.compare_methods' `compare_methods` beside finetune.method's)."""
     sections, rows = [], []
     for task in tasks:
-        section, row = task_section(task, layout, seeds, significance, first_measure, model)
+        section, row = task_section(task, layout, seeds, significance, first_measure, model, compare_methods)
         sections.append(section)
         rows.append(row)
     pooling, measure = first_measure
