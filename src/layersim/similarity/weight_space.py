@@ -99,9 +99,9 @@ def _top_left_vectors(matrix: np.ndarray, k: int) -> np.ndarray:
     out, inner = matrix.shape
     k = min(k, out, inner)
     if out <= inner:
-        values, vectors = eigh(matrix @ matrix.T, subset_by_index=[out - k, out - 1])
+        _, vectors = eigh(matrix @ matrix.T, subset_by_index=[out - k, out - 1])
         return vectors[:, ::-1]
-    values, right = eigh(matrix.T @ matrix, subset_by_index=[inner - k, inner - 1])
+    _, right = eigh(matrix.T @ matrix, subset_by_index=[inner - k, inner - 1])
     left = matrix @ right[:, ::-1]
     return left / np.maximum(np.linalg.norm(left, axis=0), np.finfo(np.float64).tiny)
 
