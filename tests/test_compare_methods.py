@@ -227,3 +227,4 @@ def test_the_page_puts_other_seed_pairs_beside_ft_pairs_and_says_which_runs_shar
                                               "LoRA[i]–FT[j] − FT[i]–FT[j]", "LoRA[i]–FT[i]"]
     assert "jackknife" in pairs.rows[0][2] and "no interval" in pairs.rows[1][2]  # 3 FT seeds; 2 LoRA seeds
     assert "head's initialisation" in pairs.rows[3][3] and "LoRA[i] and FT[i] share" in pairs.note
+    assert "the two share seed 1, so the head's" in tables["cls: top layer against chance"].note

@@ -137,11 +137,12 @@ def similarity_tables(details: Mapping, significance: float) -> list[Table]:
     for pooling, measures in details.items():
         if pooling == "attention" or not isinstance(measures, Mapping):
             continue
-        rows, block_rows, pair_rows = [], [], []
+        rows, block_rows, pair_rows, compared = [], [], [], False
         for measure, result in measures.items():
             if not isinstance(result, Mapping) or "ft_orig" not in result:
                 continue
             pair_rows += seed_pair_rows(measure, result)
+            compared = compared or bool(compared_keys(result))
             for key in (*DIAGONAL_COMPARISONS, *compared_keys(result)):  # and finetune.compare_methods' runs
                 if key not in result and key in ("ft_random", "orig_random"):
                     continue  # no random-init control
@@ -173,7 +174,12 @@ def similarity_tables(details: Mapping, significance: float) -> list[Table]:
                                 " examples alone. RANDOM: random-init weights. The null shuffles the rows of one side: "
                                 "what unrelated representations of this size score; a value near its null mean says "
                                 "nothing about the layers. The p-value is corrected over the heatmap's cells "
-                                "(fdr_bh: Benjamini–Hochberg q; holm: Holm-adjusted p; none: per cell)."))
+                                "(fdr_bh: Benjamini–Hochberg q; holm: Holm-adjusted p; none: per cell)."
+                                + (" A compared method against FT (e.g. LoRA–FT) is its first run against FT[1]: the "
+                                   "two share seed 1, so the head's initialisation and the data order"
+                                   + ("; see the runs of different seeds below." if pair_rows else
+                                      " (with 3 seeds or more, runs of different seeds are compared too).")
+                                   if compared else "")))
         if pair_rows:
             tables.append(Table(f"{pooling}: runs of different seeds, top layer", [
                 "measure", "comparison", "mean over seed pairs ± sd [95% interval]", "the two runs share"], pair_rows,
