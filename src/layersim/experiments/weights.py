@@ -120,7 +120,9 @@ def weights_headline(rows: list[dict], method: str,
                                 for role in roles}
         return found
 
-    by_method = {row.get("method"): [r for r in rows if r.get("method") == row.get("method")] for row in rows}
+    by_method: dict[str | None, list[dict]] = {}  # finetune.method's rows under None
+    for row in rows:
+        by_method.setdefault(row.get("method"), []).append(row)
     shared = None
     if len(by_method) > 1:
         roles = [{row["matrix"] for row in chosen if row["adapted"]} for chosen in by_method.values()]
