@@ -207,3 +207,14 @@ def test_a_lora_runs_advice_names_its_own_learning_rate(caplog, own_rate, expect
         enforce(stuck, "fine-tuning synth-similarity seed 1 with LoRA", lora, logging.getLogger("layersim"))
     assert expected in caplog.text and f"e.g. {(own_rate or 1e-4) / 2:g}" in caplog.text
     assert "try another finetune.learning_rate" not in caplog.text
+
+
+def test_the_learning_rate_a_run_trains_at_is_named_by_its_own_key():
+    """One place says which key sets a run's rate (the optimizer, the divergence hint and the advice read it)."""
+    from layersim.training.convergence import learning_rate_setting
+
+    lora = lambda own: SimpleNamespace(**{**vars(FINETUNE), "method": "lora",  # noqa: E731
+                                          "lora": SimpleNamespace(learning_rate=own)})
+    assert learning_rate_setting(FINETUNE) == ("finetune.learning_rate", 1e-4)
+    assert learning_rate_setting(lora(None)) == ("finetune.lora.learning_rate", 1e-4)
+    assert learning_rate_setting(lora(1e-3)) == ("finetune.lora.learning_rate", 1e-3)

@@ -135,15 +135,23 @@ def check_run(metric: str, score: float, baseline: float, final_train_loss: floa
                        " and ".join(reasons), n, p_value)
 
 
+def learning_rate_setting(finetune) -> tuple[str, float]:
+    """The params.yaml key that sets a run's learning rate (FinetuneParams `finetune`; a run of
+    finetune.compare_methods has its method's), and the rate the run trains at: under LoRA
+    finetune.lora.learning_rate, or finetune.learning_rate's when that is null."""
+    if finetune.method != "lora":
+        return "finetune.learning_rate", finetune.learning_rate
+    own = finetune.lora.learning_rate
+    return "finetune.lora.learning_rate", finetune.learning_rate if own is None else own
+
+
 def advice(finetune) -> str:
-    """What to change in params.yaml for a run of `finetune` (FinetuneParams; for a run of finetune.compare_methods,
-    its method's), with the values now set: a LoRA run trains at finetune.lora.learning_rate when that is set."""
+    """What to change in params.yaml for a run of `finetune` (:func:`learning_rate_setting`), with the values now
+    set."""
     max_steps, warmup_steps = finetune.max_steps, finetune.warmup_steps
-    name, rate, now = "finetune.learning_rate", finetune.learning_rate, f"now {finetune.learning_rate:g}"
-    if finetune.method == "lora":
-        name, own = "finetune.lora.learning_rate", finetune.lora.learning_rate
-        rate = rate if own is None else own
-        now = f"now {rate:g}" if own is not None else f"now null: finetune.learning_rate's {rate:g}"
+    name, rate = learning_rate_setting(finetune)
+    fallback = finetune.method == "lora" and finetune.lora.learning_rate is None
+    now = f"now null: finetune.learning_rate's {rate:g}" if fallback else f"now {rate:g}"
     return (f"train longer (finetune.max_steps = {max_steps}, e.g. {2 * max_steps}) or try another "
             f"{name} ({now}; a loss stuck at the trivial predictor's often needs a "
             f"lower rate, e.g. {rate / 2:g}, with a longer warm-up than finetune.warmup_steps = "
