@@ -34,6 +34,7 @@ params=(
   -S "similarity.measures.tokens=[linear_cka,svcca,neuronsim]"
   -S similarity.permutations=20
   -S similarity.bootstrap=20
+  -S weights.null_draws=20
   -S compare.probe_examples=30
   -S truncate.head_epochs=10
   -S align.steps=100

@@ -33,7 +33,9 @@ def run(args, params, spec, pretrained: Path, seed: int, out: Path, live_dir, re
                                   device=resolve_device(params.device))
     # Before any output: with finetune.require_convergence an unconverged run leaves no checkpoint or metrics.
     convergence = checks["convergence"].record()
-    enforce(checks["convergence"], f"fine-tuning {spec.name} seed {seed} from {pretrained}", params.finetune, cli.log)
+    method = "" if params.finetune.method == "full" else f" with {params.finetune.method}"  # the advice names its params
+    enforce(checks["convergence"], f"fine-tuning {spec.name} seed {seed} from {pretrained}{method}", params.finetune,
+            cli.log)
     with atomic_path(out, is_dir=True) as tmp:
         save_checkpoint(model, tokenizer, tmp, base_dir=pretrained, task=spec.name, seed=seed, method=params.finetune.method,
                         task_digest=task_tables_digest(args.task_dir), convergence=convergence)

@@ -16,7 +16,7 @@ def main(args, params):
     pooling = head if head in measures else next(iter(measures))
     layout = Layout(metrics=args.metrics_dir, details=args.details_dir, plots=args.plots_dir)
     page = build_report(params.model, params.tasks, params.seeds, params.similarity.significance,
-                        (pooling, measures[pooling][0]), layout)
+                        (pooling, measures[pooling][0]), layout, params.finetune.compare_methods)
     with atomic_path(args.out) as tmp:
         tmp.write_text(page, encoding="utf-8")
     cli.log.info("wrote %s (%d kB): open it in a browser", args.out, len(page.encode()) // 1024)

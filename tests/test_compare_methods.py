@@ -176,3 +176,55 @@ def test_the_report_names_and_the_headline_reads_the_compared_comparisons(stacke
     assert headline["lora_orig_top"] == pytest.approx(1.0) and headline["lora_ft_top"] == details["lora_ft"]["last_layer"]
     # one line per diagonal in the curve data, the compared ones included
     assert {row["series"] for row in report.diagonal_rows} >= {"linear CKA LoRA–ORIG", "linear CKA LoRA–FT"}
+
+
+def test_lora_is_compared_with_other_seeds_ft_beside_ft_against_itself(stacked):
+    """LoRA[i]–FT[j ≠ i] (no shared seed) beside FT[i]–FT[j], with their difference and the confounded LoRA[i]–FT[i]:
+    here LoRA = ORIG, so LoRA[i]–FT[j] is FT[j]'s FT–ORIG diagonal."""
+    from layersim.similarity.comparisons import block
+
+    result, sizes = _result(stacked)
+    spreads = result.pair_spreads
+    assert set(spreads) == {"ft_pairs", "lora_ft_other_seed", "lora_ft_other_seed_minus_ft_pairs", "lora_ft_same_seed"}
+    to_orig = {j: np.diag(block(result.matrix, sizes, f"FT[{j + 1}]", "ORIG")) for j in range(3)}
+    # Two LoRA runs: pairs (LoRA[1], FT[2]) and (LoRA[2], FT[1]); the same-seed ones (LoRA[1], FT[1]), (LoRA[2], FT[2]).
+    np.testing.assert_allclose(spreads["lora_ft_other_seed"].mean, (to_orig[1] + to_orig[0]) / 2, atol=1e-12)
+    assert spreads["lora_ft_other_seed"].pairs == 2 and spreads["lora_ft_other_seed"].low is None  # 2 seeds
+    assert spreads["ft_pairs"].pairs == 3 and spreads["ft_pairs"].low is not None  # 3 FT seeds: an interval
+    np.testing.assert_allclose(spreads["lora_ft_other_seed_minus_ft_pairs"].mean,
+                               spreads["lora_ft_other_seed"].mean - spreads["ft_pairs"].mean, atol=1e-12)
+
+
+def test_the_compared_methods_top_layers_are_claims_of_the_headline_family(stacked):
+    from layersim.reporting.headlines import similarity_headline
+    from layersim.reporting.similarity import phang_summary
+    from layersim.similarity.results import Uncertainty, correct_claims
+
+    result, sizes = _result(stacked)
+    details = phang_summary([result], sizes, "t", uncertainty=Uncertainty(permutations=99, bootstrap=50,
+                                                                          seed=0)).metrics["linear_cka"]
+    layers = len(details["ft_orig"]["diagonal"])
+    # FT–ORIG's every layer, the top layer of FT[1]–FT[2], LoRA–ORIG and LoRA–FT (no RANDOM here).
+    assert correct_claims({"cls": {"linear_cka": details}}, "holm") == layers + 3
+    headline = similarity_headline({"cls": {"linear_cka": details}}, 0.05)["cls"]["linear_cka"]
+    assert {"lora_orig_top_p_adjusted", "lora_ft_top_p_adjusted"} <= set(headline)
+    assert headline["ft_pairs_top"] == pytest.approx(details["ft_pairs"]["mean"][max(details["ft_pairs"]["mean"])])
+    assert headline["ft_pairs_top_ci_low"] <= headline["ft_pairs_top"] <= headline["ft_pairs_top_ci_high"]
+    assert "lora_ft_other_seed_top" in headline and "lora_ft_other_seed_top_ci_low" not in headline  # 2 LoRA seeds
+
+
+def test_the_page_puts_other_seed_pairs_beside_ft_pairs_and_says_which_runs_share_a_seed(stacked):
+    from layersim.reporting.page import similarity_tables
+    from layersim.reporting.similarity import phang_summary
+    from layersim.similarity.results import Uncertainty
+
+    result, sizes = _result(stacked)
+    details = phang_summary([result], sizes, "t", uncertainty=Uncertainty(permutations=99, bootstrap=50,
+                                                                          seed=0)).metrics
+    tables = {table.title: table for table in similarity_tables({"cls": details}, 0.05)}
+    pairs = tables["cls: runs of different seeds, top layer"]
+    assert [row[1] for row in pairs.rows] == ["FT[i]–FT[j], i ≠ j", "LoRA[i]–FT[j], j ≠ i",
+                                              "LoRA[i]–FT[j] − FT[i]–FT[j]", "LoRA[i]–FT[i]"]
+    assert "jackknife" in pairs.rows[0][2] and "no interval" in pairs.rows[1][2]  # 3 FT seeds; 2 LoRA seeds
+    assert "head's initialisation" in pairs.rows[3][3] and "LoRA[i] and FT[i] share" in pairs.note
+    assert "the two share seed 1, so the head's" in tables["cls: top layer against chance"].note

@@ -17,7 +17,8 @@ from layersim.training.convergence import (Convergence, check_run, enforce, fina
 from layersim.training.evaluate import METRICS
 from layersim.errors import LayersimError
 
-FINETUNE = SimpleNamespace(max_steps=120, learning_rate=1e-4, warmup_steps=20, require_convergence=False)
+FINETUNE = SimpleNamespace(max_steps=120, learning_rate=1e-4, warmup_steps=20, require_convergence=False, method="full",
+                           lora=SimpleNamespace(learning_rate=None))
 
 
 def _regression_labels(n=2000, seed=0):
@@ -192,3 +193,28 @@ def test_enforce_warns_by_default_and_raises_when_convergence_is_required(caplog
                                             r"training loss .*finetune\.warmup_steps = 20\)\.$"):
         enforce(stuck, "fine-tuning synth-similarity seed 1", required, logging.getLogger("layersim"))
     enforce(check_run("pearson", 0.8, 0.0, 0.5, 3.125), "x", required, logging.getLogger("layersim"))  # no error
+
+
+@pytest.mark.parametrize("own_rate, expected", [(1e-3, "finetune.lora.learning_rate (now 0.001; "),
+                                                (None, "finetune.lora.learning_rate (now null: "
+                                                       "finetune.learning_rate's 0.0001; ")])
+def test_a_lora_runs_advice_names_its_own_learning_rate(caplog, own_rate, expected):
+    """A LoRA run (finetune.method: lora, or a run of finetune.compare_methods) trains at finetune.lora.learning_rate
+    when set: the advice names that key, its value and half of it, not finetune.learning_rate's."""
+    stuck = Convergence(False, "pearson", 0.369, 0.0, 3.1, 3.125, "its final training loss 3.1 is 99% of 3.125")
+    lora = SimpleNamespace(**{**vars(FINETUNE), "method": "lora", "lora": SimpleNamespace(learning_rate=own_rate)})
+    with caplog.at_level(logging.WARNING, logger="layersim"):
+        enforce(stuck, "fine-tuning synth-similarity seed 1 with LoRA", lora, logging.getLogger("layersim"))
+    assert expected in caplog.text and f"e.g. {(own_rate or 1e-4) / 2:g}" in caplog.text
+    assert "try another finetune.learning_rate" not in caplog.text
+
+
+def test_the_learning_rate_a_run_trains_at_is_named_by_its_own_key():
+    """One place says which key sets a run's rate (the optimizer, the divergence hint and the advice read it)."""
+    from layersim.training.convergence import learning_rate_setting
+
+    lora = lambda own: SimpleNamespace(**{**vars(FINETUNE), "method": "lora",  # noqa: E731
+                                          "lora": SimpleNamespace(learning_rate=own)})
+    assert learning_rate_setting(FINETUNE) == ("finetune.learning_rate", 1e-4)
+    assert learning_rate_setting(lora(None)) == ("finetune.lora.learning_rate", 1e-4)
+    assert learning_rate_setting(lora(1e-3)) == ("finetune.lora.learning_rate", 1e-3)

@@ -185,3 +185,20 @@ def test_the_dynamics_use_the_similarity_headlines_points():
     assert dynamics_pooling("tiny-gpt2", ("last", "tokens")) == "last"
     with pytest.raises(LayersimError, match="add head to it"):
         dynamics_pooling("tiny-bert", ("mean", "tokens"))
+
+
+def test_the_headline_gives_the_size_of_the_move_beside_the_half_way_step():
+    """Full fine-tuning's top layer ends at CKA 0.04 to ORIG, LoRA's at 0.84: both half-way at step 2, but LoRA's
+    move is 0.16 against 0.96, and the headline says so per method."""
+    from layersim.experiments.dynamics import DynamicsOutputs, _summarise
+
+    def run(method, label, cka_top):
+        values = {step: {"ORIG": {"linear_cka": np.array([1.0, top])}} for step, top in zip((0, 2, 4), cka_top)}
+        return {"seed": 1, "label": label, "method": method, "steps": [0, 2, 4], "values": values}
+
+    out = DynamicsOutputs(full={"pooling": "cls"})
+    _summarise(out, {"seed1": run(None, "FT[1]", (1.0, 0.4, 0.04)),
+                     "lora-seed1": run("lora", "LoRA[1]", (1.0, 0.9, 0.84))}, num_layers=2)
+    assert out.headline["top_layer_half_way_step"] == out.headline["compared"]["lora"]["top_layer_half_way_step"] == 2
+    assert out.headline["top_layer_final_distance"] == pytest.approx(0.96)
+    assert out.headline["compared"]["lora"]["top_layer_final_distance"] == pytest.approx(0.16)

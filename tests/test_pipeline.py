@@ -510,19 +510,35 @@ def test_weights_compares_every_seeds_matrices_with_the_pretrained_ones(project)
         if row.get("method") == "lora" and row["adapted"]:
             singular = np.linalg.svd(after - before, compute_uv=False)
             assert int((singular > singular[0] * 1e-3).sum()) <= 2, row
-    # The headline, from the rows: full fine-tuning's every matrix adapted, none frozen; LoRA's under `compared`.
+    # The headline, from the rows: full fine-tuning's every matrix adapted, none frozen; LoRA's under `compared`;
+    # each count beside what the rotated-update null expects (the rows' means) and its p; the roles both adapted.
     headline = json.loads((root / f"metrics/weights/{TASK}/metrics.json").read_text())
-    adapted = [row for row in lora if row["adapted"]]
-    assert headline == {"method": "full",
-                        "intruders_per_adapted_matrix": pytest.approx(_mean(row["intruders"] for row in full), abs=2e-6),
-                        "max_relative_update_norm": max(row["relative_update_norm"] for row in full),
-                        "max_update_rank_adapted": max(row["update_rank"] for row in full),
-                        "compared": {"lora": {
-                            "intruders_per_adapted_matrix": pytest.approx(_mean(row["intruders"] for row in adapted),
-                                                                          abs=2e-6),
-                            "intruders_per_frozen_matrix": 0.0,
-                            "max_relative_update_norm": max(row["relative_update_norm"] for row in lora),
-                            "max_update_rank_adapted": max(row["update_rank"] for row in adapted)}}}
+    assert headline["method"] == "full" and headline["shared_roles"] == ["query", "value"]
+    assert list(headline["compared"]) == ["lora"] and "intruders_per_frozen_matrix" not in headline
+    draws = _params(root)["weights"]["null_draws"]
+    for found, runs in ((headline, full), (headline["compared"]["lora"], lora)):
+        adapted = [row for row in runs if row["adapted"]]
+        shared = [row for row in adapted if row["matrix"] in ("query", "value")]
+        assert found["intruders_per_adapted_matrix"] == pytest.approx(_mean(r["intruders"] for r in adapted), abs=2e-6)
+        assert found["intruders_per_adapted_matrix_null"] == pytest.approx(
+            _mean(r["intruders_null_mean"] for r in adapted), abs=2e-6)
+        assert found["intruders_per_shared_role_matrix"] == pytest.approx(_mean(r["intruders"] for r in shared),
+                                                                          abs=2e-6)
+        assert 1 / (draws + 1) <= found["intruders_p_value"] <= 1 and 0 < found["intruders_shared_roles_p_value"] <= 1
+        assert sorted(found["by_role"]) == sorted({r["matrix"] for r in adapted})  # the file's keys are sorted
+        for role, test in found["by_role"].items():
+            chosen = [r for r in adapted if r["matrix"] == role]
+            assert test["matrices"] == len(chosen) and 0 < test["p_value"] <= 1
+            assert test["intruders_per_matrix"] == pytest.approx(_mean(r["intruders"] for r in chosen), abs=2e-6)
+        assert found["max_relative_update_norm"] == max(row["relative_update_norm"] for row in runs)
+        assert found["max_update_rank_adapted"] == max(row["update_rank"] for row in adapted)
+        assert all(0 <= r["intruders_p_value"] <= 1 and r["intruders_null_mean"] >= 0 for r in adapted)
+    assert headline["compared"]["lora"]["intruders_per_frozen_matrix"] == 0.0
+    # Every per-matrix value in the details: run label → role → value → layer.
+    details = _details(root, "weights", TASK)
+    for row in rows:
+        entry = details[row["run"]][row["matrix"]]
+        assert entry["intruders"][f"layer_{row['layer']:02d}"] == row["intruders"]
     assert_figure(root / f"plots/weights/{TASK}/intruders.png", min_size=(600, 300))
 
 
@@ -555,6 +571,9 @@ def test_compared_method_runs_reach_similarity_with_nulls_and_intervals(project)
     assert headline["cls"]["linear_cka"]["lora_orig_top"] == details["cls"]["linear_cka"]["lora_orig"]["last_layer"]
     page = (root / "report/index.html").read_text()
     assert "LoRA–ORIG" in page and "LoRA–FT" in page
+    # LoRA's scores and convergence beside the full runs', and the weights' counts against their null.
+    assert "LoRA fine-tuning (finetune.compare_methods) accuracy: seed 1 " in page
+    assert "weights: intruder dimensions against a structureless update of the same size" in page
 
 
 def test_dynamics_follow_every_kept_state_from_orig_to_the_final_model(project):
@@ -590,6 +609,10 @@ def test_dynamics_follow_every_kept_state_from_orig_to_the_final_model(project):
     headline = json.loads((root / f"metrics/dynamics/{TASK}/metrics.json").read_text())
     assert headline["points"] == 4 and headline["pooling"] == "cls"
     assert headline["top_layer_half_way_step"] in (None, 2, 3, 4, 5, 6)  # a mean over the seeds' kept points
+    # Beside it, the size of the move: the top layer's final 1 − CKA to ORIG, mean over each method's seeds.
+    for found, prefix in ((headline, "seed"), (headline["compared"]["lora"], "lora-seed")):
+        assert found["top_layer_final_distance"] == pytest.approx(_mean(
+            1 - details[f"{prefix}{seed}"]["to_orig"]["step6"]["linear_cka"]["layer_03"] for seed in SEEDS), abs=2e-6)
     assert (root / f"plots/dynamics/{TASK}/dynamics.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -616,8 +639,8 @@ MEASURE_LABELS = {"linear_cka": "linear CKA", "svcca": "SVCCA", "pwcca": "PWCCA"
 def _similarity_headline(root: Path, significance: float) -> dict:
     """metrics/similarity/<task>/metrics.json as docs/outputs.md defines it, from the heatmaps' plot rows (FT–ORIG,
     FT–RANDOM and FT[1]–FT[2] of the first seed's model) and the details' per-seed values, with the headline claims'
-    p-values (every defined FT–ORIG diagonal layer, and the top layer of FT[1]–FT[2], ORIG–RANDOM and FT–RANDOM, of
-    every measure with a null and every pooling) Benjamini–Hochberg corrected here as one family."""
+    p-values (every defined FT–ORIG diagonal layer, and the top layer of FT[1]–FT[2], ORIG–RANDOM, FT–RANDOM, LoRA–ORIG
+    and LoRA–FT, of every measure with a null and every pooling) Benjamini–Hochberg corrected here as one family."""
     details = _details(root, "similarity", TASK)
     measures = _params(root)["similarity"]["measures"]
     claims = []  # (pooling, measure, comparison key, layer, whether the top layer, raw p)
@@ -645,7 +668,8 @@ def _similarity_headline(root: Path, significance: float) -> dict:
                 claims += [(pooling, measure, "ft_orig", layer, layer == top, p) for (comparison, layer), p
                            in sorted(p_values.items()) if comparison == "FT–ORIG" and p is not None]
                 claims += [(pooling, measure, key, top, True, p_values[comparison, top]) for key, comparison in
-                           (("ft1_ft2", "FT[1]–FT[2]"), ("orig_random", "ORIG–RANDOM"), ("ft_random", "FT–RANDOM"))]
+                           (("ft1_ft2", "FT[1]–FT[2]"), ("orig_random", "ORIG–RANDOM"), ("ft_random", "FT–RANDOM"),
+                            ("lora_orig", "LoRA–ORIG"), ("lora_ft", "LoRA–FT"))]  # compared methods': claims too
             expected.setdefault(pooling, {})[measure] = entry
     adjusted = _benjamini_hochberg([p for *_, p in claims])
     for (pooling, measure, key, layer, is_top, _), q in zip(claims, adjusted):
@@ -668,7 +692,7 @@ def test_metrics_files_hold_their_headline_and_details_hold_the_rest(project):
     root, _ = project
     params = _params(root)
     similarity = _similarity_headline(root, params["similarity"]["significance"])
-    assert similarity["family"]["tests"] == 52  # cls: 4 measures x (3 layers + 3 tops); tokens: 4 x (4 + 3)
+    assert similarity["family"]["tests"] == 68  # cls: 4 measures x (3 layers + 5 tops); tokens: 4 x (4 + 5)
     full = _mean([_finetuned(root, seed)["accuracy"] for seed in SEEDS])
     truncate_rows = _json(root, f"plots/truncate/{TASK}/truncate.json")
     truncate = {variant: droppable_top_layers(truncate_rows, variant, full, params["truncate"]["tolerance"])

@@ -169,3 +169,48 @@ def test_heatmap_and_curve_panels_wrap_four_to_a_row(comparisons):
     assert len({round(ax.get_position().x0, 3) for ax in drawn}) == columns
     assert curves.get_size_inches()[0] == pytest.approx(4.4 * columns)
     plt.close(curves)
+
+
+def test_the_page_shows_a_compared_methods_scores_and_convergence_beside_the_full_runs(tmp_path):
+    """finetune.compare_methods: [lora]: LoRA's runs (metrics/finetune/<task>/lora/seed<k>) get their scores and
+    their own convergence sentences, LoRA[i] named; the full runs' sentences are unchanged."""
+    from layersim.training.convergence import check_run
+
+    folder = tmp_path / "metrics/finetune/synth-similarity"
+    for method, scores in ((None, {1: (0.748, 0.9), 2: (0.787, 0.8)}), ("lora", {1: (0.775, 0.9), 2: (0.369, 3.1)})):
+        for seed, (score, loss) in scores.items():
+            path = finetune_metrics(folder, seed, method)
+            path.parent.mkdir(parents=True)
+            path.write_text(json.dumps({"pearson": score, "convergence": check_run("pearson", score, 0.0, loss,
+                                                                                   3.125).record()}))
+    layout = Layout(tmp_path / "metrics", tmp_path / "plots/details", tmp_path / "plots")
+    page = build_report("m", ["synth-similarity"], [1, 2], 0.05, ("cls", "linear_cka"), layout, ("lora",))
+    assert "Fine-tuned pearson: seed 1 0.748, seed 2 0.787." in page
+    assert ("LoRA fine-tuning (finetune.compare_methods) pearson: seed 1 0.775, seed 2 0.369 (not converged)."
+            in page)
+    assert "Seed 2 (LoRA[2]) did not converge: its final training loss 3.1" in page and "(FT[2]) did not" not in page
+    assert "LoRA fine-tuning" not in build_report("m", ["synth-similarity"], [1, 2], 0.05, ("cls", "linear_cka"),
+                                                  layout)
+
+
+def test_the_page_gives_the_intruder_counts_against_their_null_per_method_and_role(tmp_path):
+    from layersim.data.layout import stage_metrics
+
+    role = {"matrices": 6, "intruders_per_matrix": 0.333333, "null_per_matrix": 0.05, "p_value": 0.0099}
+    headline = {"method": "full", "shared_roles": ["query", "value"], "intruders_per_adapted_matrix": 0.0,
+                "intruders_per_adapted_matrix_null": 0.0, "intruders_p_value": 1.0,
+                "intruders_per_shared_role_matrix": 0.0, "intruders_per_shared_role_matrix_null": 0.0,
+                "intruders_shared_roles_p_value": 1.0,
+                "compared": {"lora": {"intruders_per_adapted_matrix": 0.333333,
+                                      "intruders_per_adapted_matrix_null": 0.05, "intruders_p_value": 0.0099,
+                                      "intruders_per_shared_role_matrix": 0.333333,
+                                      "intruders_per_shared_role_matrix_null": 0.05,
+                                      "intruders_shared_roles_p_value": 0.0099, "by_role": {"query": role}}}}
+    path = stage_metrics(tmp_path / "metrics", "weights", "rte")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(headline))
+    page = build_report("m", ["rte"], [1], 0.05, ("cls", "linear_cka"),
+                        Layout(tmp_path / "metrics", tmp_path / "plots/details", tmp_path / "plots"))
+    assert "weights: intruder dimensions against a structureless update of the same size" in page
+    assert "<td>LoRA</td><td>query</td><td>6</td><td>0.333</td><td>0.050</td><td>0.010</td>" in page
+    assert "roles every method adapted (query, value)" in page

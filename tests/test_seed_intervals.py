@@ -138,3 +138,46 @@ def test_one_seed_says_there_is_no_spread():
     summary, _ = _summary(1)
     assert summary["ft_orig"]["seeds"] == 1 and "seed_mean" not in summary["ft_orig"]
     assert "no spread over seeds" in summary["ft_orig"]["seed_interval"]
+
+
+# --- pairs of runs of different seeds (over_seed_pairs: the jackknife over seeds) ---
+
+
+def test_the_jackknife_of_one_value_per_seed_is_the_t_interval():
+    """Pairs (i, i), one per seed: leaving a seed out leaves the mean of the others, and the jackknife's se is sd/√n,
+    so the interval is over_seeds' t-interval exactly."""
+    from layersim.similarity.inference.seeds import over_seed_pairs
+
+    values = np.array([[0.2, 0.5], [0.4, 0.55], [0.9, 0.6], [0.3, 0.52]])
+    found, expected = over_seed_pairs({(i, i): row for i, row in enumerate(values)}), over_seeds(values)
+    np.testing.assert_allclose(found.mean, expected.mean)
+    np.testing.assert_allclose(found.low, expected.low)
+    np.testing.assert_allclose(found.high, expected.high)
+    assert found.seeds == 4 and found.pairs == 4
+
+
+def test_pairs_sharing_seeds_get_a_jackknife_interval_and_a_difference_moves_with_a_shift():
+    """FT[i]–FT[j] built from seed effects (value = e_i + e_j): the left-out means are hand-computable; a baseline
+    shifted by c gives a difference of exactly −c with the same jackknife spread as the pairs' own."""
+    from scipy.stats import t as student_t
+
+    from layersim.similarity.inference.seeds import over_seed_pairs
+
+    effects = np.array([0.1, 0.3, 0.8])
+    pairs = {(i, j): np.array([effects[i] + effects[j]]) for i in range(3) for j in range(i + 1, 3)}
+    found = over_seed_pairs(pairs)
+    left_out = np.array([effects[1] + effects[2], effects[0] + effects[2], effects[0] + effects[1]])
+    se = np.sqrt(2 / 3 * np.sum((left_out - left_out.mean()) ** 2))
+    assert found.mean[0] == pytest.approx(2 * effects.mean())
+    assert found.high[0] - found.mean[0] == pytest.approx(student_t.ppf(0.975, 2) * se)
+    shifted = {key: value + 0.25 for key, value in pairs.items()}
+    difference = over_seed_pairs(pairs, baseline=shifted)
+    assert difference.mean[0] == pytest.approx(-0.25) and difference.sd is None
+    assert difference.high[0] - difference.low[0] == pytest.approx(0.0, abs=1e-12)  # the same pairs: no spread left
+
+
+def test_two_seeds_give_no_interval_over_pairs():
+    from layersim.similarity.inference.seeds import over_seed_pairs
+
+    found = over_seed_pairs({(0, 1): np.array([0.5]), (1, 0): np.array([0.7])})
+    assert found.low is None and "needs at least 3" in found.note and found.mean[0] == pytest.approx(0.6)

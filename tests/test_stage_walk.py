@@ -23,7 +23,8 @@ SHARED_EXPERIMENTS = {
 
 # What only layersim.similarity computes: reporting modules summarise results and never call these.
 COMPUTING = {"stacked_matrix", "stacked_null", "diagonal_intervals", "permutation_matrix", "bootstrap_pairs",
-             "localization", "seed_spread", "phang_result", "stacked_result", "find_blocks", "stability",
+             "localization", "seed_spread", "seed_pair_spreads", "over_seed_pairs", "rotated_update_counts",
+             "phang_result", "stacked_result", "find_blocks", "stability",
              "layer_blocks", "adjusted_p_values", "at_chance", "moments_stacked_matrix", "moments_stacked_null"}
 
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from layersim.similarity.weight_space import (THRESHOLD, TOP_K, best_cosines, count_intruders, matrix_change,
-                                              update_rank)
+from layersim.similarity.weight_space import (THRESHOLD, TOP_K, best_cosines, count_intruders, haar_frame,
+                                              matrix_change, null_p_value, rotated_update_counts, update_rank)
 
 
 def _orthonormal(rng, n, k):
@@ -115,3 +115,77 @@ def test_scale_free_and_bounded(shape, seed, scale):
 def test_mismatched_shapes_are_refused():
     with pytest.raises(ValueError, match="one shape"):
         matrix_change(np.zeros((3, 4)), np.zeros((4, 3)))
+
+
+# --- the rotated-update null (rotated_update_counts) ---
+
+
+def _gapped(rng, n=16, top=3):
+    """A square W0 with `top` singular values near 3 and the rest at most 0.3, and its singular vectors."""
+    x, y = haar_frame(rng, n, n), haar_frame(rng, n, n)
+    spectrum = np.concatenate([np.linspace(3, 2.8, top), np.linspace(0.3, 0.05, n - top)])
+    return (x * spectrum) @ y.T, x, y
+
+
+def test_haar_frames_are_orthonormal_and_unbiased():
+    rng = np.random.default_rng(0)
+    frames = [haar_frame(rng, 12, 3) for _ in range(400)]
+    for frame in frames[:5]:
+        np.testing.assert_allclose(frame.T @ frame, np.eye(3), atol=1e-12)
+    # Haar: E[Q Q^T] = (3 / 12) I, whatever the coordinates (a biased frame, e.g. one that favours the first
+    # axes, fails this by far more than the sampling error of 400 draws, about 0.02 per entry).
+    np.testing.assert_allclose(np.mean([f @ f.T for f in frames], axis=0), 0.25 * np.eye(12), atol=0.06)
+
+
+def test_an_unchanged_matrix_has_a_null_of_zeros_and_p_one():
+    w0 = np.random.default_rng(1).standard_normal((10, 14))
+    change = matrix_change(w0, w0.copy(), k=3, null_draws=9, rng=np.random.default_rng(0))
+    assert change.null_intruders == (0,) * 9 and change.null_mean == 0 and change.p_value == 1.0
+
+
+def test_the_null_is_reproducible_from_its_generator_and_absent_without_draws():
+    rng = np.random.default_rng(2)
+    w0 = rng.standard_normal((12, 12))
+    w = w0 + 2 * np.outer(rng.standard_normal(12), rng.standard_normal(12))
+    first, again = (rotated_update_counts(w0, w, 3, 0.5, 20, np.random.default_rng(7)) for _ in range(2))
+    np.testing.assert_array_equal(first, again)
+    change = matrix_change(w0, w, k=3)
+    assert change.null_intruders == () and change.null_mean is None and change.p_value is None
+
+
+def test_a_structureless_update_is_what_the_null_expects_and_its_p_value_is_not_small_too_often():
+    """Updates drawn from the null itself (Haar singular vectors, fixed singular values) on W0s with a smooth
+    spectrum: the null's expected count matches the counts found (within sampling error), and the p-values are
+    valid, P(p ≤ α) ≤ α, up to 3 binomial standard errors over the 100 planted matrices; they also spread (the
+    counts vary, so P(p ≤ 0.5) is far from 0). Fixed seeds: the numbers are the same on every run."""
+    rng, n, values, planted = np.random.default_rng(0), 20, np.array([3.0, 2.5]), 100
+    found, expected, p_values = [], [], []
+    for i in range(planted):
+        x, y = haar_frame(rng, n, n), haar_frame(rng, n, n)
+        w0 = (x * np.linspace(3, 0.3, n)) @ y.T
+        update = (haar_frame(rng, n, 2) * values) @ haar_frame(rng, n, 2).T
+        change = matrix_change(w0, w0 + update, k=3, null_draws=19, rng=np.random.default_rng(1000 + i))
+        found.append(change.intruders), expected.append(change.null_mean), p_values.append(change.p_value)
+    found, p_values = np.array(found), np.array(p_values)
+    assert 0.2 < found.mean() < 2  # intruders occur, and not in every slot
+    assert abs(found.mean() - np.mean(expected)) < 3 * found.std() / np.sqrt(planted)
+    for alpha in (0.1, 0.2, 0.5):
+        assert np.mean(p_values <= alpha) <= alpha + 3 * np.sqrt(alpha * (1 - alpha) / planted)
+    assert np.mean(p_values <= 0.5) >= 0.1
+
+
+def test_a_planted_intruder_direction_has_a_small_p_value():
+    """W0 with a gapped spectrum; the update s u v^T with u, v spread evenly (|cos| = 1/√13 with each) over the
+    singular vectors outside W0's top 3 and s within the top 3's range: u is a new top direction, an intruder. A
+    random direction of the same size overlaps W0's top pairs and rarely is one, so the null expects about 0.01."""
+    rng = np.random.default_rng(1)
+    counts, nulls = [], []
+    for i in range(5):
+        w0, x, y = _gapped(rng)
+        spread = lambda: np.linalg.qr(rng.choice([-1.0, 1.0], size=(13, 1)))[0]  # noqa: E731
+        w = w0 + 2.85 * (x[:, 3:] @ spread()) @ (y[:, 3:] @ spread()).T
+        change = matrix_change(w0, w, k=3, null_draws=99, rng=np.random.default_rng(i))
+        assert change.intruders == 1 and change.null_mean < 0.1 and change.p_value < 0.1
+        counts.append(change.intruders), nulls.append(change.null_intruders)
+    # The five matrices together (one role over layers: draws summed index by index): p at its floor, 1/100.
+    assert null_p_value(sum(counts), np.sum(nulls, axis=0)) == pytest.approx(1 / 100)

@@ -37,13 +37,15 @@ def _planted(model):
     return edited, strength / np.linalg.norm(w0)
 
 
-def _run(monkeypatch, models, method="full", target_modules="auto"):
+def _run(monkeypatch, models, method="full", target_modules="auto", runs=(3, 5), null_draws=0):
     """task_weights with load_encoder replaced by a lookup of the folders it must read (layersim.data.layout)."""
     import layersim.models.registry as registry
 
     monkeypatch.setattr(registry, "load_encoder", lambda folder: models[Path(folder)])
     finetune = SimpleNamespace(method=method, lora=SimpleNamespace(target_modules=target_modules))
-    return task_weights(Path("pre"), Path("ckpt"), [3, 5], finetune, 10, 0.5, lambda *a: None)
+    out = task_weights(Path("pre"), Path("ckpt"), list(runs), finetune, 10, 0.5, lambda *a: None,
+                       null_draws=null_draws)
+    return out.rows, out.headline, out.figure
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +83,57 @@ def test_lora_counts_the_matrices_it_adapted_apart(monkeypatch, planted):
     assert headline["method"] == "lora" and headline["intruders_per_adapted_matrix"] == 0.0
     assert headline["max_update_rank_adapted"] == 0
     assert headline["intruders_per_frozen_matrix"] == round(1 / 24, 6)
+
+
+def _spread_intruder(model, layer, role):
+    """`model` with W = W0 + s u v^T in `role` of layer index `layer`, u and v spread evenly over W0's singular
+    vectors (|cos| = 1/√d with each) and s ten times W0's top singular value: the new top vector is nearly u, an
+    intruder, whatever the matrix's shape."""
+    edited = copy.deepcopy(model)
+    matrix = layer_matrices(edited, (role,))[(layer, role)]
+    w0 = matrix.double().numpy()
+    left, spectrum, right_t = np.linalg.svd(w0, full_matrices=False)
+    u, v = left.sum(axis=1) / np.sqrt(left.shape[1]), right_t.sum(axis=0) / np.sqrt(right_t.shape[0])
+    with torch.no_grad():
+        matrix.add_(torch.from_numpy(10 * spectrum[0] * np.outer(u, v)).float())
+    return edited
+
+
+def test_every_adapted_count_has_its_null_and_the_totals_add_the_draws(monkeypatch, planted):
+    rows, headline, _ = _run(monkeypatch, planted[0], null_draws=19)
+    again = _run(monkeypatch, planted[0], null_draws=19)[0]
+    assert rows == again  # the draws' streams are fixed by the run and the matrix
+    hit = next(row for row in rows if row["intruders"])
+    assert 0 <= hit["intruders_null_mean"] <= 10 and 1 / 20 <= hit["intruders_p_value"] <= 1
+    unchanged = [row for row in rows if row is not hit]
+    assert all(row["intruders_null_mean"] == 0 and row["intruders_p_value"] == 1 for row in unchanged)
+    # Every other matrix's null is 0: the total's null is the planted matrix's, so are its mean and p.
+    assert headline["intruders_per_adapted_matrix_null"] == pytest.approx(hit["intruders_null_mean"] / 36, abs=1e-6)
+    assert headline["intruders_p_value"] == hit["intruders_p_value"]
+    assert list(headline["by_role"]) == list(MATRIX_TYPES)
+    intermediate = headline["by_role"]["intermediate"]
+    assert intermediate["matrices"] == 2 * LAYERS and intermediate["intruders_per_matrix"] == round(1 / 6, 6)
+    assert intermediate["p_value"] == hit["intruders_p_value"]
+    assert all(found["p_value"] == 1 and found["null_per_matrix"] == 0
+               for role, found in headline["by_role"].items() if role != "intermediate")
+
+
+def test_methods_are_compared_on_the_roles_both_adapted(monkeypatch, planted):
+    """Full fine-tuning (seed 3: the planted intermediate intruder) beside LoRA (seed 3: one in layer 1's query):
+    per adapted matrix the two average over different roles (6 and 2); on the roles both adapted they do not."""
+    from layersim.data.layout import FinetunedRun
+
+    models = dict(planted[0])
+    lora = FinetunedRun("lora", 3, primary=False)
+    models[lora.folder("ckpt")] = _spread_intruder(models[Path("pre")], 0, "query")
+    rows, headline, _ = _run(monkeypatch, models, runs=(FinetunedRun("full", 3), lora), null_draws=9)
+    assert headline["shared_roles"] == ["query", "value"]
+    assert headline["intruders_per_adapted_matrix"] == round(1 / (6 * LAYERS), 6)
+    assert headline["intruders_per_shared_role_matrix"] == 0.0 and headline["intruders_shared_roles_p_value"] == 1
+    compared = headline["compared"]["lora"]
+    assert compared["intruders_per_adapted_matrix"] == compared["intruders_per_shared_role_matrix"] == \
+        round(1 / (2 * LAYERS), 6)
+    assert list(compared["by_role"]) == ["query", "value"]
+    assert 0 < compared["intruders_shared_roles_p_value"] <= 1
+    # LoRA's frozen matrices did not train: no null is drawn for them.
+    assert all("intruders_p_value" not in row for row in rows if row.get("method") == "lora" and not row["adapted"])

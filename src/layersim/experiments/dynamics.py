@@ -217,6 +217,21 @@ def _summarise(out: DynamicsOutputs, runs: dict, num_layers: int) -> None:
                     **scalars(*half_way.get(None, ([], [])))}
     if any(method is not None for method in half_way):
         out.headline["compared"] = {method: scalars(*found) for method, found in half_way.items() if method}
+    _move_sizes(out.headline, runs, top)
+
+
+def _move_sizes(headline: dict, runs: dict, top: int) -> None:
+    """Beside each method's half-way step, the size of the move it is half of: ``top_layer_final_distance``, the top
+    layer's 1 − CKA to ORIG at the run's last point, mean over the method's runs (a LoRA run can reach half of a far
+    smaller move at the same step as full fine-tuning)."""
+    distances: dict = {}
+    for run in runs.values():
+        value = run["values"][run["steps"][-1]]["ORIG"]["linear_cka"][top]
+        if np.isfinite(value):
+            distances.setdefault(run["method"], []).append(1.0 - float(value))
+    for method, found in distances.items():
+        entry = headline if method is None else headline.setdefault("compared", {}).setdefault(method, {})
+        entry["top_layer_final_distance"] = _number(np.mean(found))
 
 
 def _number(value) -> float | None:

@@ -348,6 +348,9 @@ class WeightsParams:  # Shuttleworth et al. 2025, "LoRA vs Full Fine-tuning: An 
     threshold: float = knob(0.5, "a top singular vector is an intruder when its largest |cosine| with every "
                                  "pretrained singular vector is below this (Shuttleworth et al.: 0.5)",
                             Bound(lambda v: 0 < v <= 1, "a number in (0, 1]"))
+    null_draws: int = knob(100, "draws of the intruder count's null per adapted matrix: the update's singular values "
+                                "kept, its singular vectors drawn at random (0: no null; p resolves 1 / (draws + 1))",
+                           NON_NEGATIVE, at_most(100_000, "draws"))
 
 
 # The pipeline's stages (dvc.yaml's names; tests/test_launch.py keeps the two in step), for launch.gpu_stages.

@@ -102,15 +102,21 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
     pooling of the stage (layersim.similarity.results.correct_claims, which the similarity stage runs and whose
     ``p_family`` values and ``family`` note its details hold), not within one heatmap: ``ft_orig_chance_from``
     reads the FT–ORIG diagonal's p-values adjusted in that family, and ``<comparison>_top_p_adjusted`` gives the top
-    layer's adjusted p-value of FT–ORIG, FT[1]–FT[2], ORIG–RANDOM and FT–RANDOM (the page's above-chance
-    marks); ``family`` says which correction and how many tests. Details without a named correction (older
+    layer's adjusted p-value of FT–ORIG, FT[1]–FT[2], ORIG–RANDOM, FT–RANDOM and the compared methods' (the page's
+    above-chance marks); ``family`` says which correction and how many tests. Details without a named correction (older
     stages) keep the raw p-values.
 
     Seeds as the unit (layersim.similarity.inference.seeds): FT–ORIG's top layer over the seeds' models, ``ft_orig_top_seed_mean``
     and with three seeds or more ``…_seed_sd`` and the t-interval ``…_seed_ci_low``/``…_seed_ci_high``, with two
     ``…_seed_range``. With the random-init control: ``ft_orig_above_random_top``, FT–ORIG's top layer minus
     FT–RANDOM's (what an untrained network of the same architecture scores). With finetune.compare_methods, each
-    compared method's top layer against ORIG and against FT (e.g. ``lora_orig_top``, ``lora_ft_top``)."""
+    compared method's top layer against ORIG and against FT (e.g. ``lora_orig_top``, ``lora_ft_top``: in the
+    headline family, with ``…_top_p_adjusted``). Runs of different seeds (three seeds or more:
+    layersim.similarity.comparisons.seed_pair_spreads), each top layer's mean over the pairs with the jackknife
+    interval over seeds (``…_top_ci_low``/``…_top_ci_high``): ``ft_pairs_top`` (FT[i]–FT[j]) and, per compared
+    method, ``lora_ft_other_seed_top`` (LoRA[i]–FT[j ≠ i], which share no seed),
+    ``lora_ft_other_seed_minus_ft_pairs_top`` (its difference from FT[i]–FT[j]) and ``lora_ft_same_seed_top``
+    (LoRA[i]–FT[i], which share the head's initialisation and the data order)."""
     headline: dict = {}
     family = None
     for pooling, measures in full.items():
@@ -143,6 +149,12 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
                     entry[f"{key}_top_p_adjusted"] = _top(values)
             for key in compared_keys(result):  # finetune.compare_methods' runs: e.g. lora_orig_top, lora_ft_top
                 entry[f"{key}_top"] = result[key].get("last_layer")
+            for key, pairs in result.items():  # runs of different seeds: ft_pairs, lora_ft_other_seed, …
+                if isinstance(pairs, Mapping) and {"mean", "pairs", "seeds"} <= set(pairs):
+                    entry[f"{key}_top"] = _top(pairs["mean"])
+                    if pairs.get("ci_low"):
+                        entry[f"{key}_top_ci_low"], entry[f"{key}_top_ci_high"] = (_top(pairs["ci_low"]),
+                                                                                   _top(pairs["ci_high"]))
             headline.setdefault(pooling, {})[measure] = entry
     if family:
         headline["family"] = {"correction": family["correction"], "tests": family["tests"]}

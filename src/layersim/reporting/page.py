@@ -16,7 +16,7 @@ from layersim.errors import LayersimError
 from layersim.training.convergence import NOT_CONVERGED, marked, title_note
 from layersim.reporting.headlines import compared_keys, details_to_metrics, finetune_flags, read_metrics_file
 from layersim.reporting.html import Figure, Section, Table, png, render  # noqa: F401 (png, render: the API)
-from layersim.data.layout import METHOD_LABELS, finetune_metrics, stage_details
+from layersim.data.layout import METHOD_LABELS, finetune_metrics, stage_details, stage_metrics
 
 COMPARISON_NAMES = {"orig_orig": "ORIG–ORIG", "ft_orig": "FT–ORIG", "ft_ft": "FT–FT", "ft1_ft2": "FT[1]–FT[2]",
                     "ft_random": "FT–RANDOM", "orig_random": "ORIG–RANDOM"}
@@ -94,9 +94,39 @@ def _over_seeds(entry: Mapping, pairs: Mapping | None = None) -> str:
         values = ", ".join(fmt(_last(v)) for v in (entry.get("seed_values") or {}).values())
         return f"{values} (range {fmt(_last(entry['seed_range']))}; an interval needs ≥ 3 seeds){beside}"
     if pairs:
-        return (f"{fmt(_last(pairs['mean']))} ± {fmt(_last(pairs['sd']))} over {pairs.get('pairs')} seed pairs "
-                "(no interval: the pairs share seeds)")
+        return _over_pairs(pairs)
     return "1 seed: no spread" if entry.get("seeds") == 1 else "–"
+
+
+def _over_pairs(pairs: Mapping) -> str:
+    """A comparison over pairs of runs of different seeds at the top layer: the mean, the pairs' sd, the jackknife
+    interval over seeds (layersim.similarity.inference.seeds.over_seed_pairs) or why there is none."""
+    text = fmt(_last(pairs["mean"])) + (f" ± {fmt(_last(pairs['sd']))}" if pairs.get("sd") else "")
+    if pairs.get("ci_low"):
+        return (f"{text} [{fmt(_last(pairs['ci_low']))}, {fmt(_last(pairs['ci_high']))}] over {pairs.get('pairs')} "
+                f"seed pairs ({pairs.get('seeds')} seeds; jackknife over seeds: the pairs share seeds)")
+    return f"{text} over {pairs.get('pairs')} seed pairs (no interval: fewer than 3 seeds)"
+
+
+def seed_pair_rows(measure: str, result: Mapping) -> list[list[str]]:
+    """Per compared method (finetune.compare_methods): its runs against FT's of other seeds, beside FT's seeds
+    against each other, their difference, and the same-seed pairs, which share a seed (the comparisons of
+    layersim.similarity.comparisons.seed_pair_spreads, read at the top layer)."""
+    rows = []
+    for key in result:
+        if not key.endswith("_ft_other_seed"):
+            continue
+        method = key.removesuffix("_ft_other_seed")
+        label = METHOD_LABELS.get(method, method)
+        for name, shares, entry in (
+                ("FT[i]–FT[j], i ≠ j", "no seed", result.get("ft_pairs")),
+                (f"{label}[i]–FT[j], j ≠ i", "no seed", result[key]),
+                (f"{label}[i]–FT[j] − FT[i]–FT[j]", "the difference of the two above", result.get(f"{key}_minus_ft_pairs")),
+                (f"{label}[i]–FT[i]", f"seed i: the head's initialisation and the order of the training data",
+                 result.get(f"{method}_ft_same_seed"))):
+            if entry:
+                rows.append([measure, name, _over_pairs(entry), shares])
+    return rows
 
 
 def similarity_tables(details: Mapping, significance: float) -> list[Table]:
@@ -107,11 +137,12 @@ def similarity_tables(details: Mapping, significance: float) -> list[Table]:
     for pooling, measures in details.items():
         if pooling == "attention" or not isinstance(measures, Mapping):
             continue
-        rows = []
-        block_rows = []
+        rows, block_rows, pair_rows, compared = [], [], [], False
         for measure, result in measures.items():
             if not isinstance(result, Mapping) or "ft_orig" not in result:
                 continue
+            pair_rows += seed_pair_rows(measure, result)
+            compared = compared or bool(compared_keys(result))
             for key in (*DIAGONAL_COMPARISONS, *compared_keys(result)):  # and finetune.compare_methods' runs
                 if key not in result and key in ("ft_random", "orig_random"):
                     continue  # no random-init control
@@ -143,7 +174,20 @@ def similarity_tables(details: Mapping, significance: float) -> list[Table]:
                                 " examples alone. RANDOM: random-init weights. The null shuffles the rows of one side: "
                                 "what unrelated representations of this size score; a value near its null mean says "
                                 "nothing about the layers. The p-value is corrected over the heatmap's cells "
-                                "(fdr_bh: Benjamini–Hochberg q; holm: Holm-adjusted p; none: per cell)."))
+                                "(fdr_bh: Benjamini–Hochberg q; holm: Holm-adjusted p; none: per cell)."
+                                + (" A compared method against FT (e.g. LoRA–FT) is its first run against FT[1]: the "
+                                   "two share seed 1, so the head's initialisation and the data order"
+                                   + ("; see the runs of different seeds below." if pair_rows else
+                                      " (with 3 seeds or more, runs of different seeds are compared too).")
+                                   if compared else "")))
+        if pair_rows:
+            tables.append(Table(f"{pooling}: runs of different seeds, top layer", [
+                "measure", "comparison", "mean over seed pairs ± sd [95% interval]", "the two runs share"], pair_rows,
+                "Run i of every method is fine-tuned with seed i: LoRA[i] and FT[i] share the head's initialisation and "
+                "the order of the training data, so LoRA[i]–FT[i] (and the heatmaps' LoRA–FT, LoRA[1]–FT[1]) may be "
+                "close for that reason alone. LoRA[i]–FT[j ≠ i] shares no seed: read it beside FT[i]–FT[j], how close "
+                "full fine-tuning's own seeds end. The interval is the jackknife over seeds (each seed left out with "
+                "every pair that uses it; t with n − 1 df), as pairs that share a seed are not independent."))
         if block_rows:
             tables.append(Table(f"{pooling}: blocks of layers", ["measure", "matrix", "blocks (layers)",
                                 "last block starts", "within − between", "stability (bootstrap)"], block_rows,
@@ -205,11 +249,13 @@ OVERVIEW_HEADER = ["task", "fine-tuned score", "FT–FT blocks", "FT–ORIG top 
                    "droppable top layers (Tuned)", "exported layers", "validation: full → exported", "exported parameters"]
 
 
-def _finetuned_runs(layout: Layout, task: str, metric: str, seeds: Sequence[int]) -> dict[int, dict]:
-    """Seed → its finetune metrics file, for the seeds whose file holds a score."""
+def _finetuned_runs(layout: Layout, task: str, metric: str, seeds: Sequence[int],
+                    method: str | None = None) -> dict[int, dict]:
+    """Seed → its finetune metrics file, for the seeds whose file holds a score; with `method`, the runs of that
+    method of finetune.compare_methods."""
     runs = {}
     for seed in seeds:
-        path = finetune_metrics(layout.metrics / "finetune" / task, seed)
+        path = finetune_metrics(layout.metrics / "finetune" / task, seed, method)
         if path.is_file():
             metrics = read_metrics_file(path)
             if isinstance(metrics, dict) and isinstance(metrics.get(metric), (int, float)):
@@ -217,13 +263,34 @@ def _finetuned_runs(layout: Layout, task: str, metric: str, seeds: Sequence[int]
     return runs
 
 
-def convergence_facts(flags: Mapping[int, str], seeds: Sequence[int]) -> list[str]:
-    """One sentence per flagged seed: why, and which results rest on the run."""
+def convergence_facts(flags: Mapping[int, str], seeds: Sequence[int], method: str | None = None) -> list[str]:
+    """One sentence per flagged seed: why, and which results rest on the run; with `method`, the runs of that
+    method of finetune.compare_methods (LoRA[i])."""
     position = {seed: i for i, seed in enumerate(seeds, start=1)}
-    return [f"Seed {seed} (FT[{position[seed]}]) did not converge: {reason}. Every result that uses it (FT–ORIG, "
-            f"FT[1]–FT[2], truncation, skipping, alignment, freezing, the export of the first seed) describes the "
-            f"failed run rather than fine-tuning; its figures say \"{NOT_CONVERGED}\"."
+    if method is None:
+        label, uses = "FT", ("FT–ORIG, FT[1]–FT[2], truncation, skipping, alignment, freezing, the export of the first "
+                             "seed")
+    else:
+        label = METHOD_LABELS.get(method, method)
+        uses = f"{label}–ORIG, {label}–FT, its weights and dynamics"
+    return [f"Seed {seed} ({label}[{position[seed]}]) did not converge: {reason}. Every result that uses it ({uses}) "
+            f"describes the failed run rather than fine-tuning; its figures say \"{NOT_CONVERGED}\"."
             for seed, reason in flags.items()]
+
+
+def score_facts(layout: Layout, task: str, metric: str, seeds: Sequence[int],
+                method: str | None = None) -> tuple[list[str], list[float], dict[int, str]]:
+    """The fine-tuned runs' validation scores (finetune.method's, or with `method` a compared method's) as a sentence
+    naming the runs that did not converge, then one sentence per such run; and the scores and flags themselves."""
+    runs = _finetuned_runs(layout, task, metric, seeds, method)
+    scores = [float(metrics[metric]) for metrics in runs.values()]
+    flags = {list(runs)[k]: reason for k, reason in finetune_flags(runs.values(), metric).items()}
+    if not scores:
+        return [], scores, flags
+    who = "Fine-tuned" if method is None else f"{METHOD_LABELS.get(method, method)} fine-tuning (finetune.compare_methods)"
+    facts = [f"{who} {metric}: " + ", ".join(
+        marked(f"seed {seed} {fmt(score)}", seed in flags) for seed, score in zip(runs, scores)) + "."]
+    return facts + convergence_facts(flags, seeds, method), scores, flags
 
 
 def truncation_figure(layout: Layout, task: str, truncate: Mapping, export: Mapping | None,
@@ -255,12 +322,41 @@ def truncation_figure(layout: Layout, task: str, truncate: Mapping, export: Mapp
     return Figure(caption + ".", png(figure))
 
 
+def weights_table(weights: Mapping | None) -> Table | None:
+    """The weights stage's intruder counts per method and adapted role against the rotated-update null
+    (metrics/weights/<task>/metrics.json), with the roles every method adapted first: None without the null."""
+    if not weights or "intruders_p_value" not in weights:
+        return None
+    methods = {weights["method"]: weights, **(weights.get("compared") or {})}
+    rows = []
+    shared = weights.get("shared_roles")
+    for method, found in methods.items():
+        label = METHOD_LABELS.get(method, method)
+        if shared is not None:
+            rows.append([label, f"roles every method adapted ({', '.join(shared) or 'none'})", "",
+                         fmt(found.get("intruders_per_shared_role_matrix")),
+                         fmt(found.get("intruders_per_shared_role_matrix_null")),
+                         fmt(found.get("intruders_shared_roles_p_value"))])
+        rows.append([label, "every adapted matrix", "", fmt(found.get("intruders_per_adapted_matrix")),
+                     fmt(found.get("intruders_per_adapted_matrix_null")), fmt(found.get("intruders_p_value"))])
+        for role, test in (found.get("by_role") or {}).items():
+            rows.append([label, role, fmt(test.get("matrices")), fmt(test.get("intruders_per_matrix")),
+                         fmt(test.get("null_per_matrix")), fmt(test.get("p_value"))])
+    return Table("weights: intruder dimensions against a structureless update of the same size", [
+        "method", "matrices", "count", "intruders per matrix", "the null expects", "p (one-sided)"], rows,
+        "The null keeps each adapted matrix's update singular values and draws its singular vectors at random "
+        "(weights.null_draws); p counts the null's totals at least the observed total over seeds and layers. Compare "
+        "methods on the roles both adapted: full fine-tuning adapts all six roles, LoRA only its target modules.")
+
+
 POINTS = {"cls": "CLS", "last": "last-token (the decoder's head token)", "mean": "mean-pooled"}
 
 
 def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: float,
-                 first_measure: tuple[str, str], model: str) -> tuple[Section, list[str]]:
-    """One task's section, and its row of the overview table."""
+                 first_measure: tuple[str, str], model: str,
+                 compare_methods: Sequence[str] = ()) -> tuple[Section, list[str]]:
+    """One task's section, and its row of the overview table; each method of finetune.compare_methods gets its
+    runs' scores and convergence beside the full runs'."""
     from layersim.data.tasks import get_task
 
     spec = get_task(task)
@@ -268,14 +364,11 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
     truncate = layout.details_of("truncate", task)
     skip = layout.details_of("skip", task)
     export = layout.details_of("export", task)
-    runs = _finetuned_runs(layout, task, spec.primary_metric, seeds)
-    scores = [float(metrics[spec.primary_metric]) for metrics in runs.values()]
-    flags = {list(runs)[k]: reason for k, reason in finetune_flags(runs.values(), spec.primary_metric).items()}
     section = Section(task)
-    if scores:
-        section.facts.append(f"Fine-tuned {spec.primary_metric}: " + ", ".join(
-            marked(f"seed {seed} {fmt(score)}", seed in flags) for seed, score in zip(runs, scores)) + ".")
-    section.facts += convergence_facts(flags, seeds)
+    facts, scores, flags = score_facts(layout, task, spec.primary_metric, seeds)
+    section.facts += facts
+    for method in compare_methods:
+        section.facts += score_facts(layout, task, spec.primary_metric, seeds, method)[0]
     if truncate:
         section.facts.append(f"Top layers that can go within {truncate['tolerance']:g} of the full model "
                              f"({fmt(truncate['full'])}): {truncate['droppable_top_layers_untuned']} with the "
@@ -292,6 +385,10 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
         section.facts.append(f"Load it with transformers alone: {loader}.from_pretrained(\"data/export/{model}/{task}/model\").")
     if similarity:
         section.tables += similarity_tables(similarity, significance)
+    weights_path = stage_metrics(layout.metrics, "weights", task)
+    weights = weights_table(read_metrics_file(weights_path) if weights_path.is_file() else None)
+    if weights:
+        section.tables.append(weights)
     head = first_measure[0]  # the model's own head token: cls, or last for a decoder
     for relative, caption in ((f"similarity/{task}/heatmaps/{head}.png", "Each measure between every pair of layers, "
                                f"{POINTS.get(head, head)} points, in Phang et al.'s layout; cyan outlines: blocks of "
@@ -324,11 +421,12 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
 
 
 def build_report(model: str, tasks: Sequence[str], seeds: Sequence[int], significance: float,
-                 first_measure: tuple[str, str], layout: Layout) -> str:
-    """The experiment's page: an overview row per task, the summary figure, then one section per task."""
+                 first_measure: tuple[str, str], layout: Layout, compare_methods: Sequence[str] = ()) -> str:
+    """The experiment's page: an overview row per task, the summary figure, then one section per task (with the
+    runs of finetune.compare_methods' `compare_methods` beside finetune.method's)."""
     sections, rows = [], []
     for task in tasks:
-        section, row = task_section(task, layout, seeds, significance, first_measure, model)
+        section, row = task_section(task, layout, seeds, significance, first_measure, model, compare_methods)
         sections.append(section)
         rows.append(row)
     pooling, measure = first_measure

@@ -19,8 +19,9 @@ from layersim.reporting.plots import (Curve, block_heatmap, chance_note, diagona
 from layersim.similarity.blocks import Blocks
 from layersim.similarity.comparisons import (LOCALIZATION_LABELS, PHANG_KEYS, Comparison, attention_measure_bounds,
                                              attention_measure_label, number, pair_summary, per_layer, summarize)
+from layersim.similarity.inference.seeds import PairSpread
 from layersim.similarity.registry import MEASURES
-from layersim.similarity.results import MeasureResult, StackedResult, Uncertainty, finetuned_labels
+from layersim.similarity.results import MeasureResult, StackedResult, Uncertainty
 
 # What the hatching tests, by similarity.correction (the figures' note says it), and over which family: each
 # heatmap's cells but a layer with itself and a model's own block in a stacked heatmap (not tested, never
@@ -85,7 +86,6 @@ def phang_summary(results: Sequence[MeasureResult], sizes: dict[str, int], title
     per-layer diagonals with their null, interval and spread over seed pairs as curves, for measures with a null.
     Row/column 0 is layer `first_layer` (1 for attention maps); `flagged`: labels of runs that did not converge,
     left out of the seed means' converged-only column."""
-    finetuned = finetuned_labels(sizes)
     grid, rows, metrics, curves, curve_bounds, notes = {}, [], {}, {}, {}, {}
     for result in results:
         measure, comparisons = result.measure, result.comparisons
@@ -115,10 +115,8 @@ def phang_summary(results: Sequence[MeasureResult], sizes: dict[str, int], title
             if result.kept_dimensions is not None:
                 entry["kept_dimensions"] = result.kept_dimensions
             curves[label], curve_bounds[label] = _diagonal_curves(comparisons, result.seed_spread), bounds
-            if result.seed_spread is not None:
-                mean, sd = result.seed_spread
-                entry["ft_pairs"] = {"mean": per_layer(mean, first_layer), "sd": per_layer(sd, first_layer),
-                                     "pairs": len(finetuned) * (len(finetuned) - 1) // 2}
+            for key, spread in result.pair_spreads.items():  # FT[i]–FT[j], LoRA[i]–FT[j ≠ i], …
+                entry[key] = pair_metrics(spread, first_layer)
     figure = measure_grid(grid, title, first_layer=first_layer, note="\n".join(notes.values()) or None)
     diagonal_figure = (diagonal_curves(curves, f"per-layer similarity and chance — {title}", first_layer=first_layer,
                                        bounds=curve_bounds) if curves else None)
@@ -129,6 +127,19 @@ def phang_summary(results: Sequence[MeasureResult], sizes: dict[str, int], title
                      for k in range(len(curve.values))]
     return PoolingReport(figure, rows, diagonal_figure, diagonal_rows, metrics,
                          {result.measure: result.matrix for result in results})
+
+
+def pair_metrics(spread: PairSpread, first_layer: int = 0) -> dict:
+    """A comparison over pairs of runs of different seeds (layersim.similarity.inference.seeds.over_seed_pairs) for
+    the metrics: ``mean`` per layer, ``sd`` over the pairs (not for a difference), ``ci_low``/``ci_high`` (the
+    jackknife interval over seeds, ≥ 3 seeds), ``pairs``, ``seeds`` and what the interval is (``interval``)."""
+    entry = {"mean": per_layer(spread.mean, first_layer), "pairs": spread.pairs, "seeds": spread.seeds,
+             "interval": spread.note}
+    if spread.sd is not None:
+        entry["sd"] = per_layer(spread.sd, first_layer)
+    if spread.low is not None:
+        entry["ci_low"], entry["ci_high"] = per_layer(spread.low, first_layer), per_layer(spread.high, first_layer)
+    return entry
 
 
 def blocks_metrics(found: Blocks, first_layer: int = 0) -> dict:

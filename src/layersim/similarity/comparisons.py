@@ -40,7 +40,7 @@ from layersim.similarity.inference.exchangeability import LINEAR_CKA_BLOCK_PERMU
 from layersim.similarity.stacked_moments import (LINEAR_CKA_PRECISION, STREAMABLE, moments_stacked_matrix,  # noqa: F401
                                                  moments_stacked_null, on_layers, stream_layers, stream_rows,
                                                  streamed_linear_cka, streamed_moments)
-from layersim.similarity.inference.seeds import seed_metrics
+from layersim.similarity.inference.seeds import PairSpread, over_seed_pairs, seed_metrics
 
 RANDOM = "RANDOM"  # the label of the random-init control (layersim.models.random_control.random_encoder)
 
@@ -254,6 +254,32 @@ def seed_spread(matrix: np.ndarray, sizes: dict[str, int], finetuned: Sequence[s
     """Per layer, mean and standard deviation (ddof 1) of the FT[i]–FT[j] diagonal over every pair of seeds."""
     diagonals = np.array([np.diag(block(matrix, sizes, a, b)) for a, b in itertools.combinations(finetuned, 2)])
     return diagonals.mean(axis=0), diagonals.std(axis=0, ddof=1)
+
+
+def seed_pair_spreads(matrix: np.ndarray, sizes: dict[str, int], finetuned: Sequence[str],
+                      bounds: tuple[float, float] | None = None) -> dict[str, PairSpread]:
+    """The layer-k-against-layer-k comparisons of runs of different seeds, each over its pairs with a jackknife
+    interval over seeds (layersim.similarity.inference.seeds.over_seed_pairs): ``ft_pairs``, FT[i]–FT[j] (i < j);
+    and for each method of finetune.compare_methods (e.g. LoRA), ``<method>_ft_other_seed``, LoRA[i]–FT[j] for
+    j ≠ i, its difference from FT[i]–FT[j] (``<method>_ft_other_seed_minus_ft_pairs``: does the other method end as
+    close to FT as FT's own seeds end to each other?) and ``<method>_ft_same_seed``, LoRA[i]–FT[i]. LoRA[i] and FT[i]
+    share seed i: the head's initialisation and the order of the training data (layersim.training.train), so the
+    same-seed pairs are confounded; the other-seed pairs are not."""
+    def diagonal(row_model: str, column_model: str) -> np.ndarray:
+        return np.diag(block(matrix, sizes, row_model, column_model))
+
+    ft_pairs = {(i, j): diagonal(finetuned[i], finetuned[j])
+                for i, j in itertools.combinations(range(len(finetuned)), 2)}
+    spreads = {"ft_pairs": over_seed_pairs(ft_pairs, bounds=bounds)}
+    for method, runs in compared_labels(sizes).items():
+        seeds = range(min(len(runs), len(finetuned)))
+        other = {(i, j): diagonal(runs[i], finetuned[j]) for i in seeds for j in seeds if i != j}
+        key = f"{method.lower()}_ft"
+        spreads |= {f"{key}_other_seed": over_seed_pairs(other, bounds=bounds),
+                    f"{key}_other_seed_minus_ft_pairs": over_seed_pairs(other, baseline=ft_pairs),
+                    f"{key}_same_seed": over_seed_pairs({(i, i): diagonal(runs[i], finetuned[i]) for i in seeds},
+                                                        bounds=bounds)}
+    return spreads
 
 
 def localization(neuronsim: np.ndarray, svcca: np.ndarray, sizes: dict[str, int], *,

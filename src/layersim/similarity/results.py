@@ -18,8 +18,8 @@ from layersim.similarity.blocks import Blocks, find_blocks, stability
 from layersim.similarity.inference.bootstrap import chosen_interval, no_interval_note
 from layersim.similarity.cca import CAPPED_MEASURES, kept_dimensions
 from layersim.similarity.cka import is_constant
-from layersim.similarity.comparisons import (RANDOM, Comparison, block, compared_labels, diagonal_intervals, localization,
-                                             measure_options, phang_cells, phang_comparisons, seed_spread,
+from layersim.similarity.comparisons import (PHANG_KEYS, RANDOM, Comparison, block, compared_labels, diagonal_intervals, localization,
+                                             measure_options, phang_cells, phang_comparisons, seed_pair_spreads, seed_spread,
                                              stacked_matrix, stacked_null)
 from layersim.similarity.inference.correction import (adjusted_p_values, at_chance, between_model_cells, cells_needed, declares,
                                             permutations_needed, self_comparison_cells)
@@ -28,6 +28,7 @@ from layersim.similarity.kernels import RBF_EXACT_MAX_ROWS
 from layersim.similarity.moments import MOMENT_MEASURES
 from layersim.similarity.registry import MEASURES
 from layersim.similarity.inference.null import NullMatrix
+from layersim.similarity.inference.seeds import PairSpread
 
 # The comparisons whose matrices are segmented into blocks of layers (Phang et al.'s block-diagonal
 # structure): one model's layers against themselves, and the two seeds' (symmetrised).
@@ -152,6 +153,8 @@ class MeasureResult:
     seed_stability: float | None = None      # do the other seeds' FT–FT matrices split the same way?
     kept_dimensions: dict[str, list[int | None]] | None = None
     seed_spread: tuple[np.ndarray, np.ndarray] | None = None  # FT[i]–FT[j] diagonals' mean and sd (> 2 seeds)
+    # Pairs of runs of different seeds, with jackknife intervals over seeds (> 2 seeds): comparisons.seed_pair_spreads
+    pair_spreads: dict[str, PairSpread] = field(default_factory=dict)
     no_interval: str | None = None           # why the diagonals have no bootstrap interval, when they have none
 
 
@@ -202,6 +205,8 @@ def phang_result(measure: str, matrix: np.ndarray, sizes: dict[str, int], *, mod
         result.kept_dimensions = kept_dimensions_per_layer(models, measure, **options)
     if len(finetuned) > 2:
         result.seed_spread = seed_spread(matrix, sizes, finetuned)
+        result.pair_spreads = seed_pair_spreads(matrix, sizes, finetuned,
+                                                MEASURES[measure].bounded if measure in MEASURES else None)
     return result
 
 
@@ -278,13 +283,25 @@ def trained_labels(sizes: dict[str, int]) -> list[str]:
     return ["ORIG", *finetuned_labels(sizes)] if "ORIG" in sizes else finetuned_labels(sizes)
 
 
-# The comparisons whose top layer the report marks above chance or not; FT–ORIG's whole diagonal is read too.
+# The comparisons whose top layer the report marks above chance or not; FT–ORIG's whole diagonal is read too. The
+# comparisons of finetune.compare_methods' runs (e.g. lora_orig, lora_ft: headlines lora_orig_top, lora_ft_top)
+# join them: :func:`headline_comparisons`.
 HEADLINE_COMPARISONS = ("ft_orig", "ft1_ft2", "orig_random", "ft_random")
+
+
+def headline_comparisons(result: dict) -> list[str]:
+    """The comparisons of one measure's summary whose claims the headline states: :data:`HEADLINE_COMPARISONS` and
+    every comparison of a compared method's run (any comparison entry, with a ``diagonal``, that is not one of
+    Phang et al.'s: layersim.similarity.comparisons.PHANG_KEYS)."""
+    compared = [key for key, value in result.items()
+                if key not in PHANG_KEYS and isinstance(value, dict) and "diagonal" in value]
+    return [*HEADLINE_COMPARISONS, *compared]
 
 
 def correct_claims(metrics: dict, correction: str) -> int:
     """The similarity stage's headline claims corrected as one family, in place: every FT–ORIG diagonal layer and
-    the top layer of FT[1]–FT[2], ORIG–RANDOM and FT–RANDOM, of every measure with a null and every pooling of
+    the top layer of FT[1]–FT[2], ORIG–RANDOM, FT–RANDOM and of each compared method's comparisons (LoRA–ORIG,
+    LoRA–FT: :func:`headline_comparisons`), of every measure with a null and every pooling of
     `metrics` ({pooling: {measure: summary}}, as layersim.reporting.similarity summarises them). Each such
     comparison gains ``p_family`` ({"layer_NN": adjusted p}) and each measure ``family`` (the correction and the
     family's size), which the headline metrics read; a heatmap's own correction (``p_adjusted``) is unchanged.
@@ -296,7 +313,7 @@ def correct_claims(metrics: dict, correction: str) -> int:
         for result in measures.values():
             if not (isinstance(result, dict) and "ft_orig" in result and "p_value" in result["ft_orig"]):
                 continue
-            for key in HEADLINE_COMPARISONS:
+            for key in headline_comparisons(result):
                 p_values = (result.get(key) or {}).get("p_value") or {}
                 layers = sorted(p_values)  # "layer_NN": zero-padded, so sorted by number
                 for layer in layers if key == "ft_orig" else layers[-1:]:

@@ -135,11 +135,26 @@ def check_run(metric: str, score: float, baseline: float, final_train_loss: floa
                        " and ".join(reasons), n, p_value)
 
 
-def advice(max_steps: int, learning_rate: float, warmup_steps: int) -> str:
-    """What to change in params.yaml, with the values now set."""
+def learning_rate_setting(finetune) -> tuple[str, float]:
+    """The params.yaml key that sets a run's learning rate (FinetuneParams `finetune`; a run of
+    finetune.compare_methods has its method's), and the rate the run trains at: under LoRA
+    finetune.lora.learning_rate, or finetune.learning_rate's when that is null."""
+    if finetune.method != "lora":
+        return "finetune.learning_rate", finetune.learning_rate
+    own = finetune.lora.learning_rate
+    return "finetune.lora.learning_rate", finetune.learning_rate if own is None else own
+
+
+def advice(finetune) -> str:
+    """What to change in params.yaml for a run of `finetune` (:func:`learning_rate_setting`), with the values now
+    set."""
+    max_steps, warmup_steps = finetune.max_steps, finetune.warmup_steps
+    name, rate = learning_rate_setting(finetune)
+    fallback = finetune.method == "lora" and finetune.lora.learning_rate is None
+    now = f"now null: finetune.learning_rate's {rate:g}" if fallback else f"now {rate:g}"
     return (f"train longer (finetune.max_steps = {max_steps}, e.g. {2 * max_steps}) or try another "
-            f"finetune.learning_rate (now {learning_rate:g}; a loss stuck at the trivial predictor's often needs a "
-            f"lower rate, e.g. {learning_rate / 2:g}, with a longer warm-up than finetune.warmup_steps = "
+            f"{name} ({now}; a loss stuck at the trivial predictor's often needs a "
+            f"lower rate, e.g. {rate / 2:g}, with a longer warm-up than finetune.warmup_steps = "
             f"{warmup_steps})")
 
 
@@ -219,7 +234,7 @@ def enforce(check: Convergence, what: str, finetune, log) -> None:
     if check.converged:
         return
     message = (f"{what} did not converge: {check.reason}; "
-               f"{advice(finetune.max_steps, finetune.learning_rate, finetune.warmup_steps)}")
+               f"{advice(finetune)}")
     if finetune.require_convergence:
         raise LayersimError(f"{message}.")
     log.warning("%s (finetune.require_convergence: true makes this an error)", message)

@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from layersim.data.batching import EncodedTask, collate, encode_task
-from layersim.training.convergence import Convergence, check_run, final_loss, trivial_loss
+from layersim.training.convergence import Convergence, check_run, final_loss, learning_rate_setting, trivial_loss
 from layersim.compute.device import autocast, default_device, grad_scaler, resolve_precision, to_device
 from layersim.models.freezing import frozen_layers
 from layersim.errors import LayersimError
@@ -66,8 +66,7 @@ def make_optimizer(model: torch.nn.Module, params: FinetuneParams) -> torch.opti
             (no_decay if param.ndim < 2 else decay).append(param)
     groups = [{"params": decay, "weight_decay": params.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    lora_rate = params.lora.learning_rate if params.method == "lora" else None
-    return torch.optim.AdamW(groups, lr=params.learning_rate if lora_rate is None else lora_rate, fused=True)
+    return torch.optim.AdamW(groups, lr=learning_rate_setting(params)[1], fused=True)
 
 
 def linear_warmup_decay(optimizer: torch.optim.Optimizer, warmup_steps: int, max_steps: int):
@@ -151,7 +150,8 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
     order = DataOrder(len(train), params.batch_size, seed)
     sink = log or (lambda step, values: None)
     what = f"fine-tuning {spec.name} seed {seed}"
-    hint = f"lower finetune.learning_rate (now {params.learning_rate:g}) or add warm-up steps"
+    rate_key, rate = learning_rate_setting(params)  # a LoRA run's own, finetune.lora.learning_rate
+    hint = f"lower {rate_key} (now {rate:g}) or add warm-up steps"
     history: list[tuple[int, dict[str, float]]] = []
 
     def log(step: int, values: dict[str, float]) -> None:

@@ -20,7 +20,8 @@ the mean over the others, is reported beside it (``seed_mean_converged``) by eve
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import warnings
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,3 +107,57 @@ def seed_metrics(per_seed: dict[str, np.ndarray], layer_values, *, flagged: Coll
         return entry | {"seed_range": layer_values(spread.range)}
     return entry | {"seed_sd": layer_values(spread.sd), "seed_ci_low": layer_values(spread.low),
                     "seed_ci_high": layer_values(spread.high)}
+
+
+@dataclass(frozen=True)
+class PairSpread:
+    """Per layer, over pairs of runs of different seeds (NaN where undefined)."""
+
+    seeds: int                     # the seeds the pairs draw on
+    pairs: int
+    mean: np.ndarray               # the mean over the pairs (or the difference of two such means)
+    sd: np.ndarray | None          # the pairs' sample sd (descriptive: the pairs share seeds); None for a difference
+    low: np.ndarray | None         # the jackknife t-interval over seeds; None with fewer than 3 seeds
+    high: np.ndarray | None
+    note: str
+
+
+def over_seed_pairs(pairs: Mapping[tuple[int, int], np.ndarray], confidence: float = 0.95,
+                    bounds: tuple[float, float] | None = None,
+                    baseline: Mapping[tuple[int, int], np.ndarray] | None = None) -> PairSpread:
+    """The mean of per-layer values over pairs of runs, `pairs`: (seed a, seed b) → the values of a run of seed a
+    against a run of seed b, a ≠ b (e.g. FT[i]–FT[j], or LoRA[i]–FT[j]); with `baseline` (pairs of the same form),
+    the difference mean(pairs) − mean(baseline). Pairs that share a seed are not independent, so the interval is
+    the jackknife over seeds: each seed left out in turn with every pair that uses it, the mean recomputed,
+    se² = (n − 1)/n · Σ (θ₍ₛ₎ − θ̄)², and mean ± t(1 − α/2, n − 1)·se (n seeds ≥ 3; clipped to `bounds` for a mean,
+    not for a difference)."""
+    from scipy.stats import t as student_t
+
+    def mean_of(chosen: Mapping[tuple[int, int], np.ndarray], without=None) -> np.ndarray:
+        kept = [np.asarray(v, dtype=float) for key, v in chosen.items() if without not in key]
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a layer undefined in every pair: NaN
+            return np.nanmean(kept, axis=0) if kept else np.full(len(next(iter(chosen.values()))), np.nan)
+
+    def statistic(without=None) -> np.ndarray:
+        found = mean_of(pairs, without)
+        return found if baseline is None else found - mean_of(baseline, without)
+
+    seeds = sorted({seed for key in (*pairs, *(baseline or {})) for seed in key})
+    values = np.array([np.asarray(v, dtype=float) for v in pairs.values()])
+    mean = statistic()
+    sd = None if baseline is not None or len(values) < 2 else np.nanstd(values, axis=0, ddof=1)
+    if len(seeds) < MIN_SEEDS_FOR_INTERVAL:
+        return PairSpread(len(seeds), len(pairs), mean, sd, None, None,
+                          f"{len(seeds)} seeds: no interval over seeds (the jackknife over seeds needs at least "
+                          f"{MIN_SEEDS_FOR_INTERVAL})")
+    left_out = np.array([statistic(seed) for seed in seeds])
+    n = len(seeds)
+    se = np.sqrt((n - 1) / n * np.sum((left_out - left_out.mean(axis=0)) ** 2, axis=0))
+    half = student_t.ppf(0.5 + confidence / 2, n - 1) * se
+    low, high = mean - half, mean + half
+    if bounds is not None and baseline is None:
+        low, high = np.clip(low, *bounds), np.clip(high, *bounds)
+    return PairSpread(n, len(pairs), mean, sd, low, high,
+                      f"{confidence:.0%} jackknife t-interval over the {n} seeds (each left out with every pair that "
+                      f"uses it; t with {n - 1} df): the pairs share seeds, so they are not independent draws")
