@@ -145,7 +145,27 @@ def _parser() -> argparse.ArgumentParser:
                    help="set a params.yaml value first, as `dvc exp run -S` does (Hydra override syntax, e.g. "
                         "-S model=tiny-gpt2 -S 'seeds=[1,2]'); --dry leaves the file as it was")
     p.add_argument("targets", nargs="*", help="only these nodes (e.g. finetune@rte-1) and what they read from")
+    p = commands.add_parser("push", help="`dvc push` once DVC's cache is checked against dvc.lock (no output was "
+                                         "edited in place through its link into the cache); other arguments go to "
+                                         "dvc push")
+    p.add_argument("--root", default=".", help="the DVC workspace (default: here)")
     return top
+
+
+def push(root: Path, dvc_args: list[str]) -> int:
+    """`dvc push` with `dvc_args`, refused in one sentence when a cache object dvc.lock names holds other bytes
+    than its name (layersim.dvc_cache): DVC would upload them as they are."""
+    import subprocess
+
+    from layersim.dvc_cache import refuse_damaged
+    from layersim.errors import LayersimError
+
+    try:
+        refuse_damaged(root, "dvc push")
+    except LayersimError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return subprocess.run([*dvc_command(), "push", *dvc_args], cwd=root).returncode
 
 
 def _cluster_gpus(args) -> float:
@@ -165,10 +185,15 @@ def _cluster_gpus(args) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    root = Path(args.root).resolve()
+    if args.command == "push":
+        return push(root, extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from layersim.errors import LayersimError
 
-    root = Path(args.root).resolve()
     try:
         commit = committed_head(root) if args.workspace == "clone" and not args.dry else None  # before any -S
     except ValueError as error:
