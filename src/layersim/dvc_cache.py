@@ -13,7 +13,8 @@ again: :func:`damaged_files` does, for every file of every output that dvc.lock 
 (the remote's ``verify = true`` rehashes what it downloads and keeps no object whose bytes do not match its name).
 
 A verified object's stamp (inode, size, modification and change times) is kept in the cache folder, so that an
-object is hashed again only after something wrote to it: the change time cannot be set back by a user.
+object is hashed again only after something wrote to it: the change time cannot be set back by a user. As git does
+for its index, an object changed within the last seconds (the file system's clock is coarse) is not remembered.
 
 This module and layersim.cli are the library's only readers of DVC's files (dvc.lock, .dvc/config).
 """
@@ -24,6 +25,7 @@ import hashlib
 import json
 import os
 import shlex
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from layersim.errors import LayersimError
 OBJECTS = Path("files") / "md5"  # DVC 3's objects, named by the md5 of their bytes
 STAMPS = "layersim-verified.json"  # in the cache folder: one record for every workspace that shares the cache
 DIR_SUFFIX = ".dir"
+RACY_NS = 2_000_000_000  # an object changed this recently is hashed again next time: a write in the same clock tick
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,8 @@ def damaged_files(root: str | os.PathLike) -> list[Damaged]:
         if stamps.get(key) == stamp:
             continue
         if file_md5(obj) == (obj.parent.name + obj.name).removesuffix(DIR_SUFFIX):
-            remembered[key] = stamp
+            if time.time_ns() - max(stamp[2:]) > RACY_NS:
+                remembered[key] = stamp
         else:
             remembered.pop(key, None)
             damaged += [Damaged(path, obj) for path in paths]
