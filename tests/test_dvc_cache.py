@@ -131,6 +131,22 @@ def test_the_cache_folder_follows_the_config(project, tmp_path_factory):
     assert damaged_files(project) == [Damaged("report/index.html", obj)]
 
 
+def test_layersim_push_checks_first_and_passes_its_other_arguments_to_dvc_push(project, monkeypatch, capsys):
+    import subprocess
+    from types import SimpleNamespace
+
+    from layersim_launch import cli
+
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda command, cwd: calls.append(command) or SimpleNamespace(returncode=0))
+    assert cli.main(["push", "--root", str(project), "-r", "shared", "--jobs", "2"]) == 0
+    assert calls[0][-5:] == ["push", "-r", "shared", "--jobs", "2"]
+    _object(project, b'{"a": 1}\n').write_bytes(b'{"a": 2}\n')
+    assert cli.main(["push", "--root", str(project)]) == 1 and len(calls) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("error: DVC's cache holds other bytes") and "data/model/config.json" in error
+
+
 TASK = "synth-negation"
 
 
