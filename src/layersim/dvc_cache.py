@@ -45,17 +45,19 @@ class Damaged:
 
 
 def cache_folder(root: str | os.PathLike) -> Path:
-    """DVC's cache folder of the project at `root`: ``cache.dir`` of .dvc/config.local, else of .dvc/config
-    (relative to .dvc/), else .dvc/cache."""
+    """DVC's cache folder of the project at `root`: ``cache.dir`` of the first of DVC's config files that sets it
+    (.dvc/config.local, .dvc/config, the user's, the system's: DVC's precedence; relative to the file's folder),
+    else .dvc/cache."""
     from configobj import ConfigObj
+    from dvc.dirs import global_config_dir, system_config_dir  # where DVC looks: two functions, no DVC repo code
 
     dvc_dir = Path(root) / ".dvc"
-    for name in ("config.local", "config"):
-        path = dvc_dir / name
+    for path in (dvc_dir / "config.local", dvc_dir / "config", Path(global_config_dir()) / "config",
+                 Path(system_config_dir()) / "config"):
         if path.is_file():
             folder = ConfigObj(str(path)).get("cache", {}).get("dir")
             if folder:
-                return (dvc_dir / folder).resolve()
+                return (path.parent / folder).resolve()
     return dvc_dir / "cache"
 
 
@@ -71,7 +73,9 @@ def locked_files(root: str | os.PathLike, cache: Path) -> dict[Path, list[str]]:
     lock = Path(root) / "dvc.lock"
     if not lock.is_file():
         return {}
-    stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+    # libyaml's loader where PyYAML has it: the paper configuration's dvc.lock is read before every stage
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    stages = (yaml.load(lock.read_text(), Loader=loader) or {}).get("stages", {})
     found: dict[Path, list[str]] = {}
     for entry in stages.values():
         for out in entry.get("outs", []):
