@@ -224,8 +224,9 @@ def test_a_state_file_safetensors_cannot_read_is_one_sentence_too(two_runs, tmp_
     (lambda index: index | {"max_steps": "6"}, "not the evenly spaced ascending steps"),
     (lambda index: {k: v for k, v in index.items() if k != "digests"}, "no digest for every state"),
     (lambda index: index | {"digests": {"step2": index["digests"]["step2"]}}, "no digest for every state"),
+    (lambda index: [index], "holds no JSON object"),
 ], ids=["steps out of order", "steps not kept", "max_steps not a number", "an index without digests",
-        "a digest missing"])
+        "a digest missing", "a list"])
 def test_an_index_whose_steps_or_digests_do_not_fit_is_refused(two_runs, tmp_path, edit, refusal):
     states, digest = _copy_runs(two_runs, tmp_path)
     index = json.loads((states / INDEX).read_text())

@@ -140,7 +140,9 @@ def read_index(states: str | Path, checkpoint_digest: str) -> dict:
         index = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise LayersimError(f"the kept states' index {path} cannot be read ({type(err).__name__}); {rerun}.") from None
-    if not isinstance(index, dict) or index.get("checkpoint_digest") != checkpoint_digest:
+    if not isinstance(index, dict):
+        raise LayersimError(f"the kept states' index {path} holds no JSON object; {rerun}.")
+    if index.get("checkpoint_digest") != checkpoint_digest:
         raise LayersimError(f"the kept states in {states} belong to another checkpoint than the one beside them; "
                             f"{rerun}.")
     steps, max_steps, digests = index.get("steps"), index.get("max_steps"), index.get("digests")
