@@ -1,4 +1,6 @@
-"""`layersim launch`: the pipeline's stale nodes as Ray tasks (see layersim_launch.runner)."""
+"""`layersim launch` (the stale nodes as Ray tasks) and `layersim push` (`dvc push`, DVC's cache checked first).
+
+launch: see layersim_launch.runner; push: layersim.dvc_cache."""
 
 from __future__ import annotations
 
