@@ -94,6 +94,13 @@ def test_objects_not_in_the_cache_and_uncached_outputs_are_skipped(project):
     assert damaged_files(project) == []
 
 
+def test_a_dvc_lock_that_stays_unreadable_is_one_sentence(project, monkeypatch):
+    monkeypatch.setattr(dvc_cache.time, "sleep", lambda seconds: None)
+    (project / "dvc.lock").write_text("stages: {download: [")
+    with pytest.raises(LayersimError, match="dvc.lock cannot be read .*run dvc status"):
+        damaged_files(project)
+
+
 def test_an_object_is_hashed_again_only_after_a_write(project, monkeypatch):
     monkeypatch.setattr(dvc_cache, "RACY_NS", -1)  # the objects were written just now
     read = []

@@ -34,6 +34,7 @@ from layersim.errors import LayersimError
 OBJECTS = Path("files") / "md5"  # DVC 3's objects, named by the md5 of their bytes
 STAMPS = "layersim-verified.json"  # in the cache folder: one record for every workspace that shares the cache
 DIR_SUFFIX = ".dir"
+LOCK_READS = 5
 RACY_NS = 2_000_000_000  # an object changed this recently is hashed again next time: a write in the same clock tick
 
 
@@ -75,7 +76,15 @@ def locked_files(root: str | os.PathLike, cache: Path) -> dict[Path, list[str]]:
         return {}
     # libyaml's loader where PyYAML has it: the paper configuration's dvc.lock is read before every stage
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    stages = (yaml.load(lock.read_text(), Loader=loader) or {}).get("stages", {})
+    for attempt in range(LOCK_READS):  # DVC rewrites dvc.lock in place: a stage run beside it may catch it half-written
+        try:
+            stages = (yaml.load(lock.read_text(), Loader=loader) or {}).get("stages", {})
+            break
+        except yaml.YAMLError as err:
+            if attempt == LOCK_READS - 1:
+                raise LayersimError(f"{lock} cannot be read ({str(err).splitlines()[0]}), so DVC's cache cannot be "
+                                    "checked against it; run dvc status to see what DVC makes of it.") from None
+            time.sleep(0.5)
     found: dict[Path, list[str]] = {}
     for entry in stages.values():
         for out in entry.get("outs", []):
