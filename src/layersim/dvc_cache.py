@@ -16,7 +16,8 @@ A verified object's stamp (inode, size, modification and change times) is kept i
 object is hashed again only after something wrote to it: the change time cannot be set back by a user. As git does
 for its index, an object changed within the last seconds (the file system's clock is coarse) is not remembered.
 
-This module and layersim.cli are the library's only readers of DVC's files (dvc.lock, .dvc/config).
+It reads DVC's files (dvc.lock, the config files, the cache folder) and imports nothing of DVC but where its config
+files live, so a stage pays milliseconds for it.
 """
 
 from __future__ import annotations
@@ -34,13 +35,13 @@ from layersim.errors import LayersimError
 OBJECTS = Path("files") / "md5"  # DVC 3's objects, named by the md5 of their bytes
 STAMPS = "layersim-verified.json"  # in the cache folder: one record for every workspace that shares the cache
 DIR_SUFFIX = ".dir"
-LOCK_READS = 5
+LOCK_READS = 5  # tries at a dvc.lock that DVC may be rewriting
 RACY_NS = 2_000_000_000  # an object changed this recently is hashed again next time: a write in the same clock tick
 
 
 @dataclass(frozen=True)
 class Damaged:
-    """An output file (workspace path) whose cache object holds other bytes than its name, the md5 it had."""
+    """An output file (its workspace path) whose cache object no longer hashes to its name."""
     path: str
     cache_object: Path
 
