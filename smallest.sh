@@ -28,4 +28,6 @@ params=(
 python -m layersim.plan "${params[@]}"
 echo
 
+# No output edited in place through its link into DVC's cache (docs/experiments.md, "Sharing results").
+python -m layersim.dvc_cache
 dvc exp run "${params[@]}" "$@"

@@ -138,6 +138,13 @@ def test_the_cache_folder_follows_the_config(project, tmp_path_factory):
     assert damaged_files(project) == [Damaged("report/index.html", obj)]
 
 
+def test_the_check_on_its_own_is_an_exit_status(project, capsys):
+    assert dvc_cache.main([str(project)]) == 0
+    _object(project, b"<html></html>").write_bytes(b"<html>edited</html>")
+    assert dvc_cache.main([str(project)]) == 1
+    assert "report/index.html" in capsys.readouterr().err
+
+
 def test_layersim_push_checks_first_and_passes_its_other_arguments_to_dvc_push(project, monkeypatch, capsys):
     import subprocess
     from types import SimpleNamespace
@@ -200,11 +207,16 @@ def test_an_output_edited_in_place_is_refused_by_the_next_run_and_push_and_never
     assert table.stat().st_ino == inode and table.read_bytes() != originals[table]  # written through the link
     named = [str(path.relative_to(root)) for path in (config, table)]
 
-    repro = run(dvc("repro"), root, env, check=False)
-    assert repro.returncode != 0, output(repro)
+    # The next stage that runs: fine-tuning, which reads both (DVC first restores their stages from the run-cache,
+    # running no code: the damaged objects are linked back as they are).
+    repro = run(dvc("repro", f"finetune@{TASK}-1"), root, env, check=False)
+    assert repro.returncode != 0 and f"Running stage 'finetune@{TASK}-1'" in repro.stdout, output(repro)
     refusal = next(line for line in repro.stderr.splitlines() if line.startswith("error: DVC's cache"))
     assert all(name in refusal for name in named), refusal
     assert "refused before this stage runs" in refusal
+    assert not (root / f"data/checkpoints/tiny-bert/{TASK}/seed1/model").exists()
+    check = run([sys.executable, "-m", "layersim.dvc_cache"], root, env, check=False)  # the run scripts' check
+    assert check.returncode == 1 and all(name in check.stderr for name in named), output(check)
 
     layersim = [sys.executable, "-m", "layersim_launch.cli"]
     push = run([*layersim, "push"], root, env, check=False)

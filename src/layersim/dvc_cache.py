@@ -9,8 +9,11 @@ bytes back, ``dvc status`` is clean, and ``dvc push`` uploads them (its ``cache.
 outputs are committed). A cache object is named by the md5 of its bytes, so its damage is found by hashing it
 again: :func:`damaged_files` does, for every file of every output that dvc.lock records, and
 :func:`refuse_damaged` turns what it finds into one sentence. Every stage DVC runs checks before it starts
-(layersim.cli.run_stage), and ``layersim push`` before ``dvc push``; the colleague's pull is guarded by DVC itself
-(the remote's ``verify = true`` rehashes what it downloads and keeps no object whose bytes do not match its name).
+(layersim.cli.run_stage), ``layersim push`` before ``dvc push``, ``layersim launch`` and the run scripts before they
+start (:func:`main`); a stage DVC restores from its run-cache runs no code, so a ``dvc repro`` that only restores does
+not look. The colleague's pull is guarded by DVC itself (the remote's ``verify = true`` rehashes what it downloads
+and keeps no object whose bytes do not match its name). DVC's own check of a local object trusts its read-only mode,
+which root's edit leaves as it was.
 
 A verified object's stamp (inode, size, modification and change times) is kept in the cache folder, so that an
 object is hashed again only after something wrote to it: the change time cannot be set back by a user. As git does
@@ -179,3 +182,21 @@ def refuse_damaged(root: str | os.PathLike, before: str) -> None:
         f"its link into the cache (refused before {before}, which would pass the changed bytes on); remove the "
         f"damaged copies "
         f"(rm -f {removal}) and run dvc repro (or dvc pull, where a remote holds good ones) to write them again.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m layersim.dvc_cache [ROOT]``: the check on its own (quickstart.sh and smallest.sh run it before
+    `dvc exp run`, whose stages restored from the run-cache run no stage code); exit status 1 with the sentence."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        refuse_damaged(args[0] if args else ".", "dvc exp run")
+    except LayersimError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -243,8 +243,12 @@ def _launch(args, root: Path, commit: str | None) -> int:
     from layersim.params import load_params
     from layersim_launch.graph import pipeline, stale, upstream_of
 
+    from layersim.dvc_cache import refuse_damaged
+
     try:
         settings = load_params(root / args.params).launch
+        # Nodes DVC restores from the run-cache run no stage code, so none of them would check DVC's cache.
+        refuse_damaged(root, "layersim launch")
         for flag, value in (("--gpus", args.gpus), ("--cpus", args.cpus)):
             if value is not None and not value >= 0:
                 raise LayersimError(f"{flag} must be a non-negative number, got {value}.")
