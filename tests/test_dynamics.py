@@ -98,7 +98,11 @@ def test_kept_states_rebuild_the_encoder_and_are_published_with_their_index(tmp_
     keeper.publish(tmp_path / "states", tmp_path / "model", FULL.max_steps)
     assert not keeper.staging.exists()
     digest = json.loads((tmp_path / "model" / "layersim_model.json").read_text())["digest"]
-    assert read_index(tmp_path / "states", digest) == {"steps": [2, 4], "max_steps": 6, "checkpoint_digest": digest}
+    from layersim.models.registry import file_digest
+
+    assert read_index(tmp_path / "states", digest) == {
+        "steps": [2, 4], "max_steps": 6, "checkpoint_digest": digest,
+        "digests": {f"step{s}": file_digest(step_folder(tmp_path / "states", s) / "model.safetensors") for s in (2, 4)}}
     with pytest.raises(LayersimError, match="belong to another checkpoint"):
         read_index(tmp_path / "states", "0" * 64)
     before, final = load_encoder(pretrained).state_dict(), model.base_model.state_dict()
@@ -129,6 +133,117 @@ def test_a_lora_runs_states_are_its_merged_weights(tmp_path, tiny_model_dir):
     # the adapted matrices and the pooler, which LoRA trains with the head (layersim.training.adapters)
     assert changed == sorted([f"encoder.layer.{i}.attention.self.{role}.weight" for i in range(3)
                               for role in ("query", "value")] + ["pooler.dense.bias", "pooler.dense.weight"])
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory, tiny_model_dir):
+    """Two seeds' published states (steps 2 and 4 of 6) beside their checkpoints, as the finetune stage writes them;
+    each test tampers with a copy."""
+    from layersim.models.registry import load_tokenizer
+    from layersim.training.train import save_checkpoint
+
+    root, pretrained = tmp_path_factory.mktemp("kept"), tiny_model_dir("tiny-bert")
+    for seed in (1, 2):
+        run = root / f"seed{seed}"
+        keeper = StateKeeper.for_run(FULL, run / "states", run / "resume")
+        model, _ = _finetune(pretrained, FULL, keeper, seed=seed)
+        save_checkpoint(model, load_tokenizer(pretrained), run / "model", base_dir=pretrained, task="synth-negation",
+                        seed=seed)
+        keeper.publish(run / "states", run / "model", FULL.max_steps)
+    return root
+
+
+def _copy_runs(two_runs, tmp_path):
+    import shutil
+
+    from layersim.models.registry import model_info
+
+    shutil.copytree(two_runs, tmp_path / "runs")
+    states = tmp_path / "runs" / "seed1" / "states"
+    return states, model_info(tmp_path / "runs" / "seed1" / "model")["digest"]
+
+
+def _swap_steps(states, other):
+    a, b = (step_folder(states, s) / "model.safetensors" for s in (2, 4))
+    data = a.read_bytes()
+    a.write_bytes(b.read_bytes())
+    b.write_bytes(data)
+
+
+def _other_seeds_state(states, other):
+    (step_folder(states, 2) / "model.safetensors").write_bytes((step_folder(other, 2) / "model.safetensors").read_bytes())
+
+
+def _zero_weights(states, other):
+    from safetensors.torch import load_file, save_file
+
+    path = step_folder(states, 2) / "model.safetensors"
+    save_file({name: torch.zeros_like(value) for name, value in load_file(str(path)).items()}, str(path))
+
+
+def _garbage(states, other):
+    (step_folder(states, 2) / "model.safetensors").write_bytes(np.random.default_rng(0).bytes(4096))
+
+
+def _cut_short(states, other):
+    path = step_folder(states, 2) / "model.safetensors"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("tamper", [_swap_steps, _other_seeds_state, _zero_weights, _garbage, _cut_short],
+                         ids=["swapped steps", "another seed's state", "all-zero weights", "garbage bytes",
+                              "a cut-short file"])
+def test_a_tampered_kept_state_is_refused_in_one_sentence_naming_it(two_runs, tmp_path, tamper):
+    """Each of these was accepted (a different dynamics headline, exit 0) or ended in a traceback (issue 62): now the
+    state's digest, recorded when the run kept it, refuses it before the dynamics stage measures anything."""
+    states, digest = _copy_runs(two_runs, tmp_path)
+    read_index(states, digest)  # untouched: accepted
+    tamper(states, tmp_path / "runs" / "seed2" / "states")
+    with pytest.raises(LayersimError) as refused:
+        read_index(states, digest)
+    message = str(refused.value)
+    assert f"{step_folder(states, 2) / 'model.safetensors'}" in message and "re-run the finetune stage" in message
+    assert message.count(". ") == 0 and message.endswith(".") and "\n" not in message  # one sentence
+
+
+@pytest.mark.parametrize("tamper", [_garbage, _cut_short], ids=["garbage bytes", "a cut-short file"])
+def test_a_state_file_safetensors_cannot_read_is_one_sentence_too(two_runs, tmp_path, tamper):
+    """load_state on its own (no index read first) turns safetensors' header error into the same kind of answer."""
+    from layersim.models.registry import load_encoder
+
+    states, _ = _copy_runs(two_runs, tmp_path)
+    tamper(states, None)
+    with pytest.raises(LayersimError, match=r"the kept state .*step2/model.safetensors cannot be loaded into .*re-run the "
+                                            "finetune stage"):
+        load_state(load_encoder(tmp_path / "runs" / "seed1" / "model"), step_folder(states, 2))
+
+
+@pytest.mark.parametrize("edit, refusal", [
+    (lambda index: index | {"steps": [4, 2]}, "not the evenly spaced ascending steps"),
+    (lambda index: index | {"steps": [2, 3]}, "not the evenly spaced ascending steps"),
+    (lambda index: index | {"max_steps": "6"}, "not the evenly spaced ascending steps"),
+    (lambda index: {k: v for k, v in index.items() if k != "digests"}, "no digest for every state"),
+    (lambda index: index | {"digests": {"step2": index["digests"]["step2"]}}, "no digest for every state"),
+    (lambda index: [index], "holds no JSON object"),
+], ids=["steps out of order", "steps not kept", "max_steps not a number", "an index without digests",
+        "a digest missing", "a list"])
+def test_an_index_whose_steps_or_digests_do_not_fit_is_refused(two_runs, tmp_path, edit, refusal):
+    states, digest = _copy_runs(two_runs, tmp_path)
+    index = json.loads((states / INDEX).read_text())
+    (states / INDEX).write_text(json.dumps(edit(index)))
+    with pytest.raises(LayersimError, match=f"{refusal}.*re-run the finetune stage"):
+        read_index(states, digest)
+
+
+def test_another_runs_states_are_refused_whole(two_runs, tmp_path):
+    """The other seed's whole states folder (its own index and states, all consistent) belongs to its checkpoint."""
+    import shutil
+
+    states, digest = _copy_runs(two_runs, tmp_path)
+    shutil.rmtree(states)
+    shutil.copytree(tmp_path / "runs" / "seed2" / "states", states)
+    with pytest.raises(LayersimError, match="belong to another checkpoint"):
+        read_index(states, digest)
 
 
 def _layers(rng, n=40, widths=(6, 8, 8)):

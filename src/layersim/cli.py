@@ -73,6 +73,10 @@ def run_stage(main: Callable[[argparse.Namespace, Params], None], args: argparse
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     try:
         params = load_params(args.params)
+        if os.environ.get("DVC_STAGE"):  # run by DVC: no output was edited in place through its cache link
+            from layersim.dvc_cache import refuse_damaged
+
+            refuse_damaged(os.environ.get("DVC_ROOT", "."), "this stage runs")
         _remove_stale_temporaries(args)
         if quiet_transformers:  # seconds of import: only for the stages that load models
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,4 +1,6 @@
-"""`layersim launch`: the pipeline's stale nodes as Ray tasks (see layersim_launch.runner)."""
+"""`layersim launch` (the stale nodes as Ray tasks) and `layersim push` (`dvc push`, DVC's cache checked first).
+
+launch: see layersim_launch.runner; push: layersim.dvc_cache."""
 
 from __future__ import annotations
 
@@ -145,7 +147,27 @@ def _parser() -> argparse.ArgumentParser:
                    help="set a params.yaml value first, as `dvc exp run -S` does (Hydra override syntax, e.g. "
                         "-S model=tiny-gpt2 -S 'seeds=[1,2]'); --dry leaves the file as it was")
     p.add_argument("targets", nargs="*", help="only these nodes (e.g. finetune@rte-1) and what they read from")
+    p = commands.add_parser("push", help="`dvc push` once DVC's cache is checked against dvc.lock (no output was "
+                                         "edited in place through its link into the cache); other arguments go to "
+                                         "dvc push")
+    p.add_argument("--root", default=".", help="the DVC workspace (default: here)")
     return top
+
+
+def push(root: Path, dvc_args: list[str]) -> int:
+    """`dvc push` with `dvc_args`, refused in one sentence when a cache object dvc.lock names holds other bytes
+    than its name (layersim.dvc_cache): DVC would upload them as they are."""
+    import subprocess
+
+    from layersim.dvc_cache import refuse_damaged
+    from layersim.errors import LayersimError
+
+    try:
+        refuse_damaged(root, "dvc push")
+    except LayersimError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return subprocess.run([*dvc_command(), "push", *dvc_args], cwd=root).returncode
 
 
 def _cluster_gpus(args) -> float:
@@ -165,10 +187,15 @@ def _cluster_gpus(args) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    root = Path(args.root).resolve()
+    if args.command == "push":
+        return push(root, extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from layersim.errors import LayersimError
 
-    root = Path(args.root).resolve()
     try:
         commit = committed_head(root) if args.workspace == "clone" and not args.dry else None  # before any -S
     except ValueError as error:
@@ -221,8 +248,12 @@ def _launch(args, root: Path, commit: str | None) -> int:
     from layersim.params import load_params
     from layersim_launch.graph import pipeline, stale, upstream_of
 
+    from layersim.dvc_cache import refuse_damaged
+
     try:
         settings = load_params(root / args.params).launch
+        # Nodes DVC restores from the run-cache run no stage code, so none of them would check DVC's cache.
+        refuse_damaged(root, "layersim launch")
         for flag, value in (("--gpus", args.gpus), ("--cpus", args.cpus)):
             if value is not None and not value >= 0:
                 raise LayersimError(f"{flag} must be a non-negative number, got {value}.")

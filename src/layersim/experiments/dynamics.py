@@ -118,6 +118,8 @@ def task_dynamics(activations: Path, checkpoints: Path, states: Path, task_dir: 
         return ActivationTable(activations / f"{run}.{pooling}.parquet", expect={
             "task": task, "split": "validation", "run": run, "pooling": pooling, **known[run]})
 
+    # Every run's kept states checked (digests, steps, the run they belong to) before any of them is measured.
+    indexes = {run.name: read_index(run.states(states), known[run.name]["model_digest"]) for run in finetuned}
     orig = table("orig")
     orig_layers, groups = orig.layers(), orig.cluster_id  # clusters of examples sharing a text move as one
     flags = checkpoint_flags(checkpoints, finetuned)
@@ -129,7 +131,7 @@ def task_dynamics(activations: Path, checkpoints: Path, states: Path, task_dir: 
         final_table = table(run.name)
         orig.check_comparable(final_table)
         final = final_table.layers()
-        index = read_index(run.states(states), known[run.name]["model_digest"])
+        index = indexes[run.name]
         steps = [0, *index["steps"], index["max_steps"]]
         points = {0: orig_layers, index["max_steps"]: final}
         if index["steps"]:

@@ -2,8 +2,11 @@
 
 A run keeps `keep_states` states evenly spaced over its steps (:func:`kept_steps`); the final model, its end point,
 is the checkpoint itself. Each state is the encoder's weights only (safetensors, ``step<N>/model.safetensors``),
-which the final checkpoint's config and tokenizer rebuild (:func:`load_state`); ``states.json`` indexes them and
-names the checkpoint they lead to (its weights digest). Nothing wall-clock goes in: a rerun writes the same bytes.
+which the final checkpoint's config and tokenizer rebuild (:func:`load_state`); ``states.json`` indexes them: their
+steps, each state's SHA-256, and the checkpoint they lead to (its weights digest), so that the dynamics stage reads
+only states this run kept, in their order (:func:`read_index`: a swapped, replaced, zeroed or cut-short state is
+refused as a model folder is, layersim.models.registry.verified_info). Nothing wall-clock goes in: a rerun writes
+the same bytes.
 
 While the run trains, the states are staged outside the stage's DVC outputs — beside the resumable training state
 (layersim.training.resume) when there is one — so that a run killed and started again keeps the states written
@@ -63,6 +66,7 @@ def save_state(model, folder: str | Path) -> None:
 
 def load_state(encoder, folder: str | Path):
     """`encoder` (the final checkpoint's, layersim.models.registry.load_encoder) with a kept state's weights."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     path = Path(folder) / WEIGHTS
@@ -70,8 +74,8 @@ def load_state(encoder, folder: str | Path):
         raise LayersimError(f"the kept state {path} is missing; re-run the finetune stage.")
     try:
         encoder.load_state_dict(load_file(str(path)), strict=True)
-    except (RuntimeError, OSError) as err:
-        raise LayersimError(f"the kept state {path} does not fit the checkpoint's encoder "
+    except (RuntimeError, OSError, SafetensorError) as err:
+        raise LayersimError(f"the kept state {path} cannot be loaded into the checkpoint's encoder "
                             f"({str(err).splitlines()[0][:200]}); re-run the finetune stage.") from None
     return encoder
 
@@ -114,25 +118,52 @@ class StateKeeper:
         if missing:
             raise LayersimError(f"the states of steps {', '.join(map(str, missing))} were not kept in {self.staging}; "
                                 "re-run the finetune stage.")
+        from layersim.models.registry import file_digest
+
         with atomic_path(out, is_dir=True) as tmp:
             for step in self.steps:
                 shutil.copytree(step_folder(self.staging, step), step_folder(tmp, step))
-            index = {"steps": list(self.steps), "max_steps": max_steps, "checkpoint_digest": model_info(checkpoint)["digest"]}
+            index = {"steps": list(self.steps), "max_steps": max_steps, "checkpoint_digest": model_info(checkpoint)["digest"],
+                     "digests": {f"step{step}": file_digest(step_folder(tmp, step) / WEIGHTS) for step in self.steps}}
             (Path(tmp) / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         shutil.rmtree(self.staging, ignore_errors=True)
 
 
 def read_index(states: str | Path, checkpoint_digest: str) -> dict:
-    """A run's kept states' index (``steps``, ``max_steps``), checked against the final checkpoint's digest."""
-    path = Path(states) / INDEX
+    """A run's kept states' index (``steps``, ``max_steps``, ``digests``), checked as a checkpoint is before anything
+    reads a state: it names the final checkpoint's digest (the run the states belong to), its steps are those the run
+    keeps (:func:`kept_steps`, ascending), and each state's file hashes to the digest recorded when it was kept."""
+    from layersim.models.registry import file_digest
+
+    path, rerun = Path(states) / INDEX, "re-run the finetune stage"
     try:
         index = json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        raise LayersimError(f"the kept states' index {path} cannot be read ({type(err).__name__}); re-run the finetune "
-                            "stage.") from None
+        raise LayersimError(f"the kept states' index {path} cannot be read ({type(err).__name__}); {rerun}.") from None
+    if not isinstance(index, dict):
+        raise LayersimError(f"the kept states' index {path} holds no JSON object; {rerun}.")
     if index.get("checkpoint_digest") != checkpoint_digest:
         raise LayersimError(f"the kept states in {states} belong to another checkpoint than the one beside them; "
-                            "re-run the finetune stage.")
+                            f"{rerun}.")
+    steps, max_steps, digests = index.get("steps"), index.get("max_steps"), index.get("digests")
+    try:
+        expected = kept_steps(max_steps, len(steps))
+    except (TypeError, LayersimError):
+        expected = None
+    if expected is None or list(expected) != steps:
+        raise LayersimError(f"the kept states' index {path} lists steps {steps} of {max_steps}, not the evenly spaced "
+                            f"ascending steps a run keeps; {rerun}.")
+    if not isinstance(digests, dict) or set(digests) != {f"step{step}" for step in steps}:
+        raise LayersimError(f"the kept states' index {path} records no digest for every state (written before kept "
+                            f"states were checked, or edited); {rerun}.")
+    for step in steps:
+        weights = step_folder(states, step) / WEIGHTS
+        if not weights.is_file():
+            raise LayersimError(f"the kept state {weights} is missing; {rerun}.")
+        if file_digest(weights) != digests[f"step{step}"]:
+            raise LayersimError(f"the kept state {weights} is not the state of step {step} its run kept (its digest "
+                                f"differs from the recorded one: changed, cut short, swapped or replaced since the "
+                                f"finetune stage wrote it); {rerun}.")
     return index
 
 

@@ -1,0 +1,247 @@
+"""A cache that in-place edits poison (issue 62): DVC's cache checked against dvc.lock (layersim.dvc_cache) before every
+stage DVC runs and before `layersim push`, and the remote's `verify` keeping damaged bytes from a colleague's pull.
+
+The unit tests build a cache and a dvc.lock by hand, as DVC 3 lays them out; the integration test runs the real
+project under its default cache settings (hardlinks), edits outputs in place as root, and runs, pushes and pulls."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from layersim import dvc_cache
+from layersim.dvc_cache import Damaged, damaged_files, refuse_damaged
+from layersim.errors import LayersimError
+
+
+def _md5(data: bytes) -> str:
+    return hashlib.md5(data).hexdigest()
+
+
+def _store(cache: Path, data: bytes, suffix: str = "") -> str:
+    oid = _md5(data) + suffix
+    path = cache / "files" / "md5" / oid[:2] / oid[2:]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return oid
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    """A project whose dvc.lock records a file output, a directory output of two files and an uncached metric,
+    with the objects in .dvc/cache."""
+    cache = tmp_path / ".dvc" / "cache"
+    (tmp_path / ".dvc").mkdir()
+    (tmp_path / ".dvc" / "config").write_text("[cache]\n    type = hardlink,symlink\n")
+    files = {"config.json": b'{"a": 1}\n', "train.parquet": b"PAR1 rows PAR1"}
+    listing = [{"md5": _store(cache, data), "relpath": name} for name, data in files.items()]
+    folder = _store(cache, json.dumps(listing).encode(), ".dir")
+    report = _store(cache, b"<html></html>")
+    lock = {"schema": "2.0", "stages": {
+        "download": {"cmd": "x", "outs": [{"path": "data/model", "hash": "md5", "md5": folder, "nfiles": 2}]},
+        "report": {"cmd": "y", "deps": [{"path": "data/model", "hash": "md5", "md5": folder}],
+                   "outs": [{"path": "report/index.html", "hash": "md5", "md5": report},
+                            {"path": "metrics.json", "hash": "md5", "md5": _md5(b"{}")}]}}}
+    (tmp_path / "dvc.lock").write_text(yaml.safe_dump(lock))
+    return tmp_path
+
+
+def _object(project: Path, data: bytes) -> Path:
+    oid = _md5(data)
+    return project / ".dvc" / "cache" / "files" / "md5" / oid[:2] / oid[2:]
+
+
+def test_an_intact_cache_passes(project):
+    assert damaged_files(project) == []
+    refuse_damaged(project, "dvc push")
+
+
+def test_an_object_edited_in_place_is_named_by_its_output_file(project):
+    obj = _object(project, b'{"a": 1}\n')
+    with obj.open("ab") as handle:  # what `echo >> config.json` does through a hardlink
+        handle.write(b"\n")
+    assert damaged_files(project) == [Damaged("data/model/config.json", obj)]
+    with pytest.raises(LayersimError) as refused:
+        refuse_damaged(project, "dvc push")
+    message = str(refused.value)
+    assert "data/model/config.json" in message and "refused before dvc push" in message
+    assert f"rm -f data/model/config.json {obj.relative_to(project)}" in message
+
+
+def test_a_rewritten_file_output_and_a_damaged_listing_are_found(project):
+    _object(project, b"<html></html>").write_bytes(b"<html>changed</html>")  # pandas-style rewrite to the same path
+    listing = next((project / ".dvc" / "cache" / "files" / "md5").rglob("*.dir"))
+    listing.write_bytes(listing.read_bytes()[:-5])
+    found = damaged_files(project)
+    assert [d.path for d in found] == ["data/model", "report/index.html"]
+    with pytest.raises(LayersimError) as refused:
+        refuse_damaged(project, "this stage runs")
+    removal = str(refused.value).split("rm -f ")[1].split(")")[0].split()
+    assert "data/model" not in removal  # a listing is no workspace file: only its object is removed
+    assert "report/index.html" in removal and str(listing.relative_to(project)) in removal
+
+
+def test_objects_not_in_the_cache_and_uncached_outputs_are_skipped(project):
+    shutil.rmtree(project / ".dvc" / "cache" / "files" / "md5")  # a fresh clone before `dvc pull`
+    assert damaged_files(project) == []
+    (project / "dvc.lock").unlink()
+    assert damaged_files(project) == []
+
+
+def test_a_dvc_lock_that_stays_unreadable_is_one_sentence(project, monkeypatch):
+    monkeypatch.setattr(dvc_cache.time, "sleep", lambda seconds: None)
+    (project / "dvc.lock").write_text("stages: {download: [")
+    with pytest.raises(LayersimError, match="dvc.lock cannot be read .*run dvc status"):
+        damaged_files(project)
+
+
+def test_an_object_is_hashed_again_only_after_a_write(project, monkeypatch):
+    monkeypatch.setattr(dvc_cache, "RACY_NS", -1)  # the objects were written just now
+    read = []
+    hashing = dvc_cache.file_md5
+    monkeypatch.setattr(dvc_cache, "file_md5", lambda path: read.append(path) or hashing(path))
+    assert damaged_files(project) == [] and len(read) == 4  # the listing, its two files, the report
+    read.clear()
+    assert damaged_files(project) == [] and read == []
+    obj = _object(project, b"PAR1 rows PAR1")
+    obj.write_bytes(b"PAR1 rows PAR2")  # same size: the stamp's times and change time tell
+    assert damaged_files(project) == [Damaged("data/model/train.parquet", obj)] and read == [obj]
+    obj.write_bytes(b"PAR1 rows PAR1")
+    assert damaged_files(project) == []
+
+
+def test_a_just_written_object_is_not_remembered(project, monkeypatch):
+    """Git's racy-clean rule: an edit within the file system's clock tick could leave the times as they were."""
+    read = []
+    hashing = dvc_cache.file_md5
+    monkeypatch.setattr(dvc_cache, "file_md5", lambda path: read.append(path) or hashing(path))
+    damaged_files(project)
+    damaged_files(project)
+    assert len(read) == 8
+
+
+def test_the_cache_folder_follows_the_config(project, tmp_path_factory):
+    elsewhere = tmp_path_factory.mktemp("shared-cache")
+    shutil.copytree(project / ".dvc" / "cache", elsewhere, dirs_exist_ok=True)
+    shutil.rmtree(project / ".dvc" / "cache")
+    assert damaged_files(project) == []  # nothing at .dvc/cache: nothing checked
+    (project / ".dvc" / "config.local").write_text(f"[cache]\n    dir = {os.path.relpath(elsewhere, project / '.dvc')}\n")
+    assert dvc_cache.cache_folder(project) == elsewhere.resolve()
+    obj = elsewhere / "files" / "md5" / _md5(b"<html></html>")[:2] / _md5(b"<html></html>")[2:]
+    obj.write_bytes(b"edited")
+    assert damaged_files(project) == [Damaged("report/index.html", obj)]
+
+
+def test_the_check_on_its_own_is_an_exit_status(project, capsys):
+    assert dvc_cache.main([str(project)]) == 0
+    _object(project, b"<html></html>").write_bytes(b"<html>edited</html>")
+    assert dvc_cache.main([str(project)]) == 1
+    assert "report/index.html" in capsys.readouterr().err
+
+
+def test_layersim_push_checks_first_and_passes_its_other_arguments_to_dvc_push(project, monkeypatch, capsys):
+    import subprocess
+    from types import SimpleNamespace
+
+    from layersim_launch import cli
+
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda command, cwd: calls.append(command) or SimpleNamespace(returncode=0))
+    assert cli.main(["push", "--root", str(project), "-r", "shared", "--jobs", "2"]) == 0
+    assert calls[0][-5:] == ["push", "-r", "shared", "--jobs", "2"]
+    _object(project, b'{"a": 1}\n').write_bytes(b'{"a": 2}\n')
+    assert cli.main(["push", "--root", str(project)]) == 1 and len(calls) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("error: DVC's cache holds other bytes") and "data/model/config.json" in error
+
+
+TASK = "synth-negation"
+
+
+def _tiny(params: dict) -> None:
+    from dvc_project import tiny_params
+
+    tiny_params(params, tasks=[TASK], seeds=[1])
+
+
+@pytest.mark.integration
+def test_an_output_edited_in_place_is_refused_by_the_next_run_and_push_and_never_reaches_a_pull(tmp_path):
+    """Under the project's default cache settings (hardlinks; the test projects' copy setting removed), as root:
+    `echo >> config.json` on the pretrained model's folder and pandas rewriting a task table to its own path change
+    DVC's cache objects. The next `dvc repro` and `layersim push` refuse, naming both files; the bytes a plain
+    `dvc push` uploads anyway never reach a colleague whose remote has the docs' `verify true`; the repair the
+    message names gives back the original bytes and a push that passes."""
+    import subprocess
+    import sys
+
+    import pandas as pd
+    from dvc_project import dvc, make_project, output, run, with_venv_commands
+
+    if os.geteuid() != 0:
+        pytest.skip("as an ordinary user the read-only link refuses the edit (issue 62): nothing to poison")
+    root, remote = tmp_path / "project", tmp_path / "remote"
+    root.mkdir()
+    env = make_project(root, _tiny, share_cache=False)
+    (root / ".dvc" / "config.local").unlink()  # the project's own cache settings
+    env = with_venv_commands(env)
+    run(dvc("repro", "download_model", f"download_task@{TASK}"), root, env)
+    config = root / "data/models/tiny-bert/pretrained/config.json"
+    table = root / f"data/tasks/{TASK}/splits/train.parquet"
+    assert config.stat().st_nlink == 2 and table.stat().st_nlink == 2  # each output is its cache object
+    originals = {path: path.read_bytes() for path in (config, table)}
+    run(dvc("remote", "add", "-d", "shared", remote), root, env)
+    run(dvc("remote", "modify", "shared", "verify", "true"), root, env)
+    run(["git", "add", "-A"], root, env)
+    run(["git", "commit", "-qm", "results"], root, env)
+
+    inode = table.stat().st_ino
+    with config.open("a") as handle:
+        handle.write("\n")
+    pd.read_parquet(table).to_parquet(table)
+    assert table.stat().st_ino == inode and table.read_bytes() != originals[table]  # written through the link
+    named = [str(path.relative_to(root)) for path in (config, table)]
+
+    # The next stage that runs: fine-tuning, which reads both (DVC first restores their stages from the run-cache,
+    # running no code: the damaged objects are linked back as they are).
+    repro = run(dvc("repro", f"finetune@{TASK}-1"), root, env, check=False)
+    assert repro.returncode != 0 and f"Running stage 'finetune@{TASK}-1'" in repro.stdout, output(repro)
+    refusal = next(line for line in repro.stderr.splitlines() if line.startswith("error: DVC's cache"))
+    assert all(name in refusal for name in named), refusal
+    assert "refused before this stage runs" in refusal
+    assert not (root / f"data/checkpoints/tiny-bert/{TASK}/seed1/model").exists()
+    check = run([sys.executable, "-m", "layersim.dvc_cache"], root, env, check=False)  # the run scripts' check
+    assert check.returncode == 1 and all(name in check.stderr for name in named), output(check)
+
+    layersim = [sys.executable, "-m", "layersim_launch.cli"]
+    push = run([*layersim, "push"], root, env, check=False)
+    assert push.returncode == 1 and all(name in push.stderr for name in named), output(push)
+    assert not remote.exists() or not any(remote.rglob("*")), "nothing may reach the remote"
+
+    # Pushed anyway by plain `dvc push`: the colleague's pull (the remote's `verify` came with .dvc/config) rehashes
+    # what it downloads and keeps none of the damaged bytes.
+    run(dvc("push"), root, env)
+    desk = tmp_path / "colleague"
+    run(["git", "clone", "-q", str(root), str(desk)], tmp_path, env)
+    pull = run(dvc("pull"), desk, env, check=False)
+    assert pull.returncode != 0, output(pull)
+    for path, data in originals.items():
+        theirs = desk / path.relative_to(root)
+        assert not theirs.exists() or theirs.read_bytes() == data, theirs
+    assert damaged_files(desk) == []
+    for obj in (desk / ".dvc" / "cache" / "files" / "md5").rglob("*"):
+        if obj.is_file():
+            assert _md5(obj.read_bytes()) == (obj.parent.name + obj.name).removesuffix(".dir"), obj
+
+    # The repair the refusal names, then the same run: the original bytes, and a push that passes.
+    removal = refusal.split("(rm -f ")[1].split(")")[0]
+    subprocess.run(f"rm -f {removal}", shell=True, cwd=root, check=True)
+    run(dvc("repro", "download_model", f"download_task@{TASK}"), root, env)
+    assert {path: path.read_bytes() for path in originals} == originals
+    assert damaged_files(root) == []
+    assert run([*layersim, "push"], root, env).returncode == 0
