@@ -74,6 +74,8 @@ def _stages() -> dict[str, tuple[Path, list[str]]]:
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     found = {}
     for name, stage in stages.items():
+        if stage.get("frozen"):  # guard_model: DVC never runs its command (docs/params-safety.md)
+            continue
         argv = shlex.split(stage["cmd"])
         assert argv[0] == "python" and argv[1].startswith("stages/"), stage["cmd"]
         found[name] = (REPO / argv[1], stage.get("deps", []))

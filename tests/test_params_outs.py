@@ -2,15 +2,21 @@
 before any command, the params gate included, can refuse a value, at the paths it makes from `${model}`,
 `${item.task}` and `${item.seed}`. Every such path ends in a fixed leaf after its last `${…}`
 (layersim.data.layout, docs/params-safety.md), so a value such as `../../user_data` names `user_data/splits`,
-never `user_data/` itself. Checked on dvc.yaml, and with the real commands of issue 49 on untracked user files."""
+never `user_data/` itself; and the path guard (dvc.yaml's wdir through params-guard/) stops DVC for a value that
+climbs out of its folder at all, before it removes anything. Checked on dvc.yaml (with a model of DVC's resolution),
+with the real commands of issue 49 on untracked user files, and with those of issue 62 on files of the leaves' names
+in the project's own folders, a sibling folder and a second layersim clone."""
 
 from __future__ import annotations
 
+import functools
+import posixpath
 import re
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings, strategies as st
 
 from dvc_project import dvc, make_project, output, run, tiny_params
 
@@ -34,6 +40,92 @@ def test_every_output_named_by_a_params_value_ends_in_a_fixed_leaf():
     loose = sorted((name, path) for name, path in interpolated
                    if not re.fullmatch(r"/[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*", INTERPOLATION.split(path)[-1]))
     assert loose == [], f"outputs whose last part holds a params value: {loose}"
+
+
+# The path guard (dvc.yaml's top comment, docs/params-safety.md): each matrix stage's wdir passes its matrix values
+# through params-guard/ and back up to the root, where DVC must find the stage's vars file.
+GUARD = "params-guard"
+MARKER = f"{GUARD}/inside.yaml"
+ITEM = re.compile(r"\$\{item\.[a-z]+\}")
+
+
+def _composite(path: str) -> str | None:
+    """The part of a declared path from its first ${item.…} to its last one (`${item.task}/seed${item.seed}`)."""
+    found = list(ITEM.finditer(path))
+    return path[found[0].start():found[-1].end()] if found else None
+
+
+@functools.cache
+def _stages() -> dict:
+    return yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+
+
+def test_every_matrix_value_in_an_output_passes_through_the_path_guard():
+    stages = _stages()
+    guarded = 0
+    for name, stage in stages.items():
+        composites = {_composite(path) for path in _declared_paths(stage)} - {None}
+        if not composites:
+            assert "matrix" not in stage or "wdir" not in stage, name
+            continue
+        # One composite per stage, the same in every output: the guard checks exactly what the paths hold.
+        assert len(composites) == 1, f"{name}: outputs hold different matrix values: {composites}"
+        (composite,) = composites
+        ups = "/".join([".."] * (composite.count("/") + 2))
+        assert stage.get("wdir") == f"{GUARD}/{composite}/{ups}", name
+        assert stage.get("vars") == [MARKER], name
+        for path in _declared_paths(stage):
+            # At least two fixed folders before the values: one more than the guard's one (params-guard), so that
+            # a value that climbs back to the root in the guard still ends inside data/, metrics/, plots/, dvclive/.
+            before = path[:path.index("${")]
+            assert before.count("/") >= 2 and not before.startswith((".", "/")), (name, path)
+        guarded += 1
+    assert guarded >= 12  # download_task, finetune, finetune_compared and every per-task stage after them
+    model = stages["guard_model"]
+    assert model["frozen"] and model["wdir"] == f"{GUARD}/owner/${{model}}/../.." and model["vars"] == ["inside.yaml"]
+    # `${model}` comes right after two fixed folders in every output, as in the guard (params-guard/owner).
+    for name, stage in stages.items():
+        for path in _declared_paths(stage):
+            if "${model}" in path:
+                assert re.fullmatch(r"[a-z]+/[a-z]+/\$\{model\}/.*", path), (name, path)
+    markers = sorted(str(p.relative_to(REPO)) for p in (REPO / GUARD).rglob("*") if p.is_file())
+    assert markers == [MARKER, f"{GUARD}/owner/inside.yaml"]  # nothing else may live there
+
+
+# A model of how DVC resolves a stage (dvc/parsing, dvc/output.py): the wdir and every path are joined to the
+# project root and normalised lexically; the stage resolves only if its vars file exists from that wdir. Layersim
+# projects (which hold params-guard/inside.yaml) sit beside the project, one level up, and inside it. The values
+# are made of `..`, `.`, empty parts and names, but none of the names on the way to a project's root: a value that
+# spells out such a path can pass (docs/params-safety.md, caveats).
+ROOT = "/h/u/w/project"
+CLONES = (ROOT, "/h/u/w/clone2", "/h/u/clone3", f"{ROOT}/vendor/clone4")
+OWNED = ("data", "metrics", "plots", "dvclive")
+PARTS = ["..", "..", "..", ".", "", "sibling", "data", "tasks", "src", "layersim", "models", "user_data", GUARD,
+         "owner", "synth-negation", "seed1", "x"]
+value = st.builds(lambda parts, absolute: ("/" if absolute else "") + "/".join(parts),
+                  st.lists(st.sampled_from(PARTS), max_size=12), st.booleans())
+
+
+def _resolve(template: str, values: dict) -> str:
+    for key, text in values.items():
+        template = template.replace("${" + key + "}", text)
+    return template
+
+
+@settings(max_examples=300, deadline=None)
+@given(task=value, seed=value, method=value, model=st.sampled_from(["tiny-bert", "owner/name"]))
+def test_a_value_that_passes_the_guard_names_a_path_inside_a_layersim_folder(task, seed, method, model) -> None:
+    values = {"item.task": task, "item.seed": seed, "item.method": method, "model": model}
+    for name, stage in _stages().items():
+        if "wdir" not in stage or "matrix" not in stage:
+            continue
+        wdir = posixpath.normpath(posixpath.join(ROOT, _resolve(stage["wdir"], values)))
+        if posixpath.normpath(posixpath.join(wdir, MARKER)) not in {f"{clone}/{MARKER}" for clone in CLONES}:
+            continue  # DVC stops: "failed to parse stage …: '…/params-guard/inside.yaml' does not exist"
+        for template in _declared_paths(stage):
+            named = posixpath.normpath(posixpath.join(wdir, _resolve(template, values)))
+            parts = named[len(ROOT) + 1:].split("/") if named.startswith(ROOT + "/") else []
+            assert len(parts) > 2 and parts[0] in OWNED, (name, template, values, named)
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +171,135 @@ def test_no_command_with_a_hostile_value_deletes_a_user_file(project, changes, c
     for relative in USER_FILES:
         assert (root / relative).read_text() == f"the user's own {relative}\n", f"{relative} lost: {output(result)}"
     assert sorted(str(p.relative_to(root)) for p in (root / "user_data").rglob("*")) == before  # nothing lost or added
+
+
+# Issue 62: values that climb (`..`) out of their folder to where a user keeps files of the leaves' names. The
+# project sits two folders deep in the test's folder, beside a plain folder and a second layersim clone, so that
+# every climb lands inside the test's own folder.
+LEAVES = ("splits", "model", "models", "pretrained", "tables", "states", "metrics.json", "values.json")
+CLONE_FILES = ("data/checkpoints/tiny-bert/synth-negation/seed1/model/model.safetensors",
+               "data/models/tiny-bert/pretrained/config.json",
+               "data/tasks/synth-negation/splits/train.parquet",
+               "metrics/finetune/synth-negation/seed1/metrics.json",
+               "metrics/similarity/synth-negation/metrics.json",
+               "plots/details/similarity/synth-negation/values.json")
+
+
+def _leaf_files(folder: str) -> list[str]:
+    """A file or folder of each leaf's name in `folder` (a folder leaf holds one file)."""
+    return [f"{folder}/{leaf}" if "." in leaf else f"{folder}/{leaf}/kept.txt" for leaf in LEAVES]
+
+
+# Relative to the test's folder: the project is outer/inner/project.
+PLANTED_UNTRACKED = (*_leaf_files("outer/inner/project/models"), *_leaf_files("outer/inner/project/user_data"),
+                     *_leaf_files("outer/inner/project/src"), *_leaf_files("outer/inner/sibling"),
+                     "outer/inner/project/models/pretrained/config.json", "outer/inner/project/models/model/config.json",
+                     *(f"outer/inner/clone2/{name}.untracked" for name in CLONE_FILES))
+CLONE_TRACKED = tuple(f"outer/inner/clone2/{name}" for name in CLONE_FILES)
+
+
+def _snapshot(base: Path) -> dict[str, bytes]:
+    """Every file the climbs aim at: the planted ones, the project's own models/, src/ and user_data/ (tracked:
+    src/layersim/models is one), the sibling folder and the second clone."""
+    folders = ("outer/inner/project/models", "outer/inner/project/src", "outer/inner/project/user_data",
+               "outer/inner/sibling", "outer/inner/clone2")
+    return {str(path.relative_to(base)): path.read_bytes() for folder in folders
+            for path in sorted((base / folder).rglob("*")) if path.is_file() and ".git" not in path.parts}
+
+
+def _plant_leaves(base: Path) -> None:
+    for relative in (*PLANTED_UNTRACKED, *CLONE_TRACKED):
+        (base / relative).parent.mkdir(parents=True, exist_ok=True)
+        (base / relative).write_text(f"the user's own {relative}\n")
+
+
+@pytest.fixture(scope="module")
+def climbing(tmp_path_factory) -> tuple[Path, Path, dict]:
+    base = tmp_path_factory.mktemp("climb")
+    root = base / "outer" / "inner" / "project"
+    root.mkdir(parents=True)
+    env = make_project(root, lambda params: tiny_params(params, seeds=[1]))
+    run(dvc("repro", "download_model", "download_task"), root, env)  # `repro -s` of later stages finds its deps
+    run(["git", "commit", "-qam", "downloads"], root, env)  # what each case's cleanup puts back
+    _plant_leaves(base)
+    clone = base / "outer" / "inner" / "clone2"
+    run(["git", "init", "-q", "-b", "main"], clone, env)
+    run(["git", "add", *(str(Path(name).relative_to("outer/inner/clone2")) for name in CLONE_TRACKED)], clone, env)
+    run(["git", "commit", "-qm", "a second clone's outputs"], clone, env)
+    return base, root, env
+
+
+UP_TO_SIBLING = "../../../sibling"   # from data/<x>/ or metrics/<stage>/ to the project's sibling folder
+CLONE = "../../../clone2"            # the same, to the second clone
+JUMP = "../" * 24 + "{root}"         # to the file system's root and down again to the project, by its absolute path
+CLIMBS = [
+    # dvc exp run -S, the README's way to set params: the experiment's checkout resets outputs before any command.
+    ({}, ["exp", "run", "-S", 'tasks=["../../.."]']),                        # finetune_pretrained: models/
+    ({}, ["exp", "run", "-S", 'tasks=["../../../src/layersim"]']),           # src/layersim/models (tracked)
+    ({}, ["exp", "run", "-S", "model='../../models'"]),                      # download_model: models/pretrained
+    ({}, ["exp", "run", "-S", "model='../..'", "-S", 'tasks=["models"]']),   # export: models/model
+    ({}, ["exp", "run", "-S", 'tasks=["../../user_data"]']),                 # download_task: user_data/splits
+    ({}, ["exp", "run", "-S", f'tasks=["{UP_TO_SIBLING}"]']),                # metrics/<stage>/…: sibling/metrics.json
+    # Plain dvc repro: the gate runs first.
+    ({"tasks": ["../../.."]}, ["repro"]),
+    ({"model": "../../models"}, ["repro"]),
+    # dvc repro -s / --single-item: no gate; DVC removes the stage's outputs before its command.
+    ({"tasks": ["../../user_data"]}, ["repro", "-s", "download_task@../../user_data"]),
+    ({"tasks": ["../../../src/layersim"]}, ["repro", "-s", "finetune_pretrained@../../../src/layersim"]),
+    ({"tasks": [f"{CLONE}/data/tasks/synth-negation"]},
+     ["repro", "--single-item", f"download_task@{CLONE}/data/tasks/synth-negation"]),
+    ({"tasks": [UP_TO_SIBLING]}, ["repro", "-s", f"similarity@{UP_TO_SIBLING}"]),               # sibling/metrics.json
+    ({"tasks": [f"../{UP_TO_SIBLING}"]}, ["repro", "--single-item", f"similarity@../{UP_TO_SIBLING}"]),  # values.json
+    ({"seeds": [f"1/../../../../../../clone2/data/checkpoints/tiny-bert/synth-negation/seed1"]},
+     ["repro", "-s", "finetune"]),                                                              # the clone's model
+    ({"finetune": {"compare_methods": ["../../../../../clone2/data/checkpoints/tiny-bert/synth-negation"]}},
+     ["repro", "--single-item", "finetune_compared"]),                                          # the clone's model
+    # Open (docs/params-safety.md, caveats). `repro -s` resolves only its stage, whose wdir cannot pass `model`
+    # through the guard: a registry name is one folder, owner/name two, and the wdir must be the root for both.
+    *(pytest.param(*case, marks=pytest.mark.xfail(strict=True, reason="`-s` with a climbing model: open"))
+      for case in [({"model": "../../models"}, ["repro", "-s", "download_model"]),                # models/pretrained
+                   ({"model": UP_TO_SIBLING}, ["repro", "--single-item", "download_model"]),     # sibling/pretrained
+                   ({"model": f"{CLONE}/data/checkpoints/tiny-bert"}, ["repro", "-s", "finetune"]),  # the clone's model
+                   ({"model": "../..", "tasks": ["models"]}, ["repro", "-s", "export@models"])]),  # models/model
+    # A value that names its target's absolute path lands its wdir on the root, whatever it climbed: the guard
+    # then lets through a folder as deep below the root as the stage's values (here src/layersim + /models).
+    pytest.param({"tasks": [JUMP + "/src/layersim"]}, ["repro", "-s", f"finetune_pretrained@{JUMP}/src/layersim"],
+                 marks=pytest.mark.xfail(strict=True, reason="an absolute climb to a folder two below the root")),
+]
+
+
+def _at(data, root: Path):
+    """`data` with {root} in its strings replaced by the project's absolute path, without its leading /."""
+    if isinstance(data, dict):
+        return {key: _at(value, root) for key, value in data.items()}
+    if isinstance(data, list):
+        return [_at(value, root) for value in data]
+    return data.replace("{root}", str(root).lstrip("/")) if isinstance(data, str) else data
+
+
+def _merged(params: dict, changes: dict) -> dict:
+    return {**params, **{key: ({**params[key], **value} if isinstance(value, dict) else value)
+                         for key, value in changes.items()}}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("changes, command", [
+    pytest.param(*values, marks=getattr(case, "marks", ()), id=" ".join([*values[1], *map(str, values[0].values())]))
+    for case in CLIMBS for values in [getattr(case, "values", case)]])
+def test_no_value_that_climbs_removes_a_file_outside_layersim_folders(climbing, changes, command) -> None:
+    base, root, env = climbing
+    changes, command = _at(changes, root), _at(command, root)
+    before = _snapshot(base)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    (root / "params.yaml").write_text(yaml.safe_dump(_merged(params, changes), sort_keys=False))
+    try:
+        result = run(dvc(*command), root, env, check=False)
+    finally:  # put back what a failing case removed, for the next case
+        after = _snapshot(base)
+        run(["git", "checkout", "--", "."], root, env)
+        run(["git", "checkout", "--", "."], base / "outer" / "inner" / "clone2", env)
+        _plant_leaves(base)
+    lost = sorted(set(before) - set(after))
+    changed = sorted(name for name in set(before) & set(after) if before[name] != after[name])
+    assert (lost, changed) == ([], []), f"{len(lost)} files removed: {lost[:8]}\n{output(result)}"
+    assert result.returncode != 0, output(result)  # refused: by DVC, by the gate or by the stage

@@ -3,9 +3,9 @@
 Every path that holds a task, model or seed name ends in a fixed leaf after that name: `data/tasks/<task>/splits`,
 `data/checkpoints/<model>/<task>/seed<k>/model` (a run of finetune.compare_methods: `<task>/<method>/seed<k>/model`),
 `metrics/<stage>/<task>/metrics.json`. DVC removes a stage's
-outputs before its command (or the params gate) runs, at the paths it makes from the params values, and a value
-such as `../../user_data` would otherwise name a user's own folder; with a fixed leaf it can only name a path of
-one of these names (docs/params-safety.md).
+outputs before its command (or the params gate) runs, at the paths it makes from the params values: with a fixed
+leaf a value such as `../../user_data` can only name a path of one of these names, and dvc.yaml's path guard stops
+DVC for a value that climbs out of its folder at all (docs/params-safety.md).
 """
 
 from __future__ import annotations

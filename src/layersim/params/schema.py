@@ -354,7 +354,8 @@ class WeightsParams:  # Shuttleworth et al. 2025, "LoRA vs Full Fine-tuning: An 
 
 
 # The pipeline's stages (dvc.yaml's names; tests/test_launch.py keeps the two in step), for launch.gpu_stages.
-STAGES = ("check_params", "download_model", "download_compared", "download_paired", "download_task", "finetune",
+# guard_model never runs (frozen: the path guard of docs/params-safety.md), so no task ever asks for its resources.
+STAGES = ("check_params", "guard_model", "download_model", "download_compared", "download_paired", "download_task", "finetune",
           "finetune_compared", "finetune_pretrained", "extract", "similarity", "compare", "truncate", "skip", "align", "freeze", "export",
           "weights", "dynamics", "summary", "report")
 
