@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from scipy import stats
 
 from dvc_project import (PIPELINE_SEEDS, PIPELINE_TASK, assert_figure, built_project, check_freeze_outputs,
                          command_output, configure_pipeline, droppable_top_layers, dry_run_stages, dvc,
@@ -717,6 +718,14 @@ def test_metrics_files_hold_their_headline_and_details_hold_the_rest(project):
                    if entry["spearman"] is not None]
         skip_headline[f"skip_prediction_{suffix}"] = (sum(rho * weight for rho, weight in defined)
                                                       / sum(weight for _, weight in defined)) if defined else None
+    # depth alone: rho of the single layers' seed-mean scores with their position (the one length of 3 spans); no
+    # length has the 4 spans a rho partial on position needs
+    singles = sorted(measured[1].items())
+    skip_headline |= {"skip_prediction_position_only": None if len({round(float(np.mean(v)), 6) for _, v in singles}) == 1
+                      else float(stats.spearmanr([np.mean(v) for _, v in singles], [1, 2, 3])[0]),
+                      "skip_prediction_angular_beyond_position": None,
+                      "skip_prediction_block_influence_beyond_position": None,
+                      "skip_prediction_random_layer_beyond_position_high": None}
     metrics = {stage: json.loads((stage_metrics(root / "metrics", stage, TASK)).read_text())
                for stage in ("similarity", "truncate", "skip", "align")}
     assert metrics["similarity"] == _approx_tree(similarity)

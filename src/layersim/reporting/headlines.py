@@ -177,18 +177,28 @@ def skip_headline(full: Mapping[str, Any]) -> dict:
     """The length of the longest span of layers that can be skipped within tolerance (0: none); with the
     similarity predictions, ``skip_prediction_angular`` / ``…_block_influence``: the within-length Spearman rho
     (layersim.similarity.pruning.within_length) between the measured score and the droppability Gromov et al.'s
-    angular distance / ShortGPT's Block Influence predict, beside its null, ``skip_prediction_random_layer``
-    and ``…_random_layer_high`` (the mean and 97.5 % quantile of random per-layer scores' within-length rho);
-    None where undefined."""
+    angular distance / ShortGPT's Block Influence predict, beside its nulls, ``skip_prediction_random_layer``
+    and ``…_random_layer_high`` (the mean and 97.5 % quantile of random per-layer scores' within-length rho) and
+    ``skip_prediction_position_only`` (the rho of the span's depth alone, which a rule matching it says no more
+    than); and ``skip_prediction_angular_beyond_position`` / ``…_block_influence_beyond_position``, the same rho
+    partial on the span's position, beside its null ``skip_prediction_random_layer_beyond_position_high``
+    (97.5 % quantile for random per-layer scores). None where undefined."""
     span = full.get("largest_span_within_tolerance")
     headline = {"longest_skippable_span": 0 if span is None else span["length"]}
     prediction = full.get("prediction")
     if isinstance(prediction, Mapping):
         for suffix, key in SKIP_PREDICTORS.items():
             headline[f"skip_prediction_{suffix}"] = (prediction.get(key) or {}).get("within_length")
-        random_layer = (prediction.get("baselines") or {}).get("random_layer") or {}
+        baselines = prediction.get("baselines") or {}
+        random_layer = baselines.get("random_layer") or {}
         headline["skip_prediction_random_layer"] = random_layer.get("within_length")
         headline["skip_prediction_random_layer_high"] = random_layer.get("within_length_high")
+        if "position_only" in baselines:  # details written before the position baseline have neither
+            headline["skip_prediction_position_only"] = baselines["position_only"].get("within_length")
+            for suffix, key in SKIP_PREDICTORS.items():
+                headline[f"skip_prediction_{suffix}_beyond_position"] = (
+                    (prediction.get(key) or {}).get("beyond_position"))
+            headline["skip_prediction_random_layer_beyond_position_high"] = random_layer.get("beyond_position_high")
     return headline
 
 
