@@ -590,7 +590,20 @@ def test_dynamics_follow_every_kept_state_from_orig_to_the_final_model(project):
         _details(root, "similarity", TASK)["cls"]["linear_cka"]["ft_orig"]["diagonal"]["layer_03"], abs=1e-6)
     headline = json.loads((root / f"metrics/dynamics/{TASK}/metrics.json").read_text())
     assert headline["points"] == 4 and headline["pooling"] == "cls"
-    assert headline["top_layer_half_way_step"] in (None, 2, 3, 4, 5, 6)  # a mean over the seeds' kept points
+    # interpolated between the kept points (0, 2, 4, 6), a mean over the seeds with its sd and the grid beside it;
+    # absent where no seed's top layer moved
+    halves = [details[f"seed{seed}"]["half_way_step"]["layer_03"] for seed in SEEDS]
+    found = [h for h in halves if h is not None]
+    assert all(0 < h <= 6 for h in found)
+    assert headline.get("top_layer_half_way_step") == (pytest.approx(np.mean(found), abs=2e-6) if found else None)
+    if found:
+        assert headline["top_layer_half_way_grid"] == 2
+        assert ("top_layer_half_way_step_sd" in headline) == (len(found) >= 2)
+    # the per-point p-values are adjusted as one family; the points that are their reference are no test
+    assert details["family"]["correction"] == "fdr_bh" and details["family"]["tests"] > 0
+    assert details["seed1"]["to_orig"]["step0"]["p_adjusted"]["layer_03"] is None
+    assert details["seed1"]["to_orig"]["step2"]["p_adjusted"]["layer_03"] >= details["seed1"]["to_orig"]["step2"][
+        "p_value"]["layer_03"]
     assert (root / f"plots/dynamics/{TASK}/dynamics.png").read_bytes()[:4] == b"\x89PNG"
 
 
