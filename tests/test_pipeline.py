@@ -125,6 +125,7 @@ def test_repro_writes_every_declared_output(project):
 
     similarity = _details(root, "similarity", TASK)
     assert set(similarity) == {"cls", "tokens", "attention"}
+    assert "no permutation null and no bootstrap interval" in similarity["attention"]["jensen_shannon"]["no_uncertainty"]
     for pooling in ("cls", "tokens"):
         assert set(similarity[pooling]) == {"linear_cka", "svcca", "pwcca", "neuronsim", "localization", "rows"}
         for measure in ("linear_cka", "svcca", "pwcca", "neuronsim"):
@@ -132,8 +133,10 @@ def test_repro_writes_every_declared_output(project):
             cca = {"kept_dimensions"} if measure in ("svcca", "pwcca") else set()
             # "family": the headline claims' correction; "no_interval": no interval method covers for the measure.
             uncovered = {"no_interval"} if AUTO_INTERVAL[measure] is None else set()
+            # "ft_orig_above_random": FT–ORIG's top minus FT–RANDOM's with its paired interval, where one covers
+            above = set() if uncovered else {"ft_orig_above_random"}
             assert set(summary) == {"orig_orig", "ft_orig", "ft_ft", "ft1_ft2", "orig_random", "ft_random", "null",
-                                    "blocks", "correction", "family", "lora_orig", "lora_ft"} | cca | uncovered
+                                    "blocks", "correction", "family", "lora_orig", "lora_ft"} | cca | uncovered | above
             assert summary["correction"] == "fdr_bh"  # the default: hatching corrected over each heatmap's cells
             assert summary["ft_orig"]["seeds"] == 2 and "seed_range" in summary["ft_orig"]  # no interval: 2 seeds
             assert 0.0 <= summary["orig_random"]["p_value"]["layer_03"] <= 1.0
@@ -650,6 +653,14 @@ def _similarity_headline(root: Path, significance: float) -> dict:
             entry = {"ft_orig_top": diagonal["ft_orig"][top], "ft_orig_top_seed_mean": np.mean(per_seed),
                      "ft_orig_top_seed_range": max(per_seed) - min(per_seed),
                      "ft_orig_above_random_top": diagonal["ft_orig"][top] - diagonal["ft_random"][top]}
+            # its paired bootstrap interval (the same resamples for both tops), for measures with an interval method
+            above = details[pooling][measure].get("ft_orig_above_random")
+            assert (above is not None) == (pooling != "attention" and AUTO_INTERVAL.get(measure) is not None)
+            if above is not None:
+                assert above["value"] == pytest.approx(entry["ft_orig_above_random_top"], abs=2e-6)
+                assert above["ci_low"] < above["ci_high"] and above["ci_method"] == AUTO_INTERVAL[measure]
+                entry |= {"ft_orig_above_random_top_ci_low": above["ci_low"],
+                          "ft_orig_above_random_top_ci_high": above["ci_high"]}
             for key, comparison in (("lora_orig", "LoRA–ORIG"), ("lora_ft", "LoRA–FT")):  # finetune.compare_methods
                 entry[f"{key}_top"] = heatmap_diagonal(rows, comparison, label)[top]
             if pooling != "attention":

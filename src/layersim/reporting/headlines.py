@@ -109,7 +109,9 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
     Seeds as the unit (layersim.similarity.inference.seeds): FT–ORIG's top layer over the seeds' models, ``ft_orig_top_seed_mean``
     and with three seeds or more ``…_seed_sd`` and the t-interval ``…_seed_ci_low``/``…_seed_ci_high``, with two
     ``…_seed_range``. With the random-init control: ``ft_orig_above_random_top``, FT–ORIG's top layer minus
-    FT–RANDOM's (what an untrained network of the same architecture scores). With finetune.compare_methods, each
+    FT–RANDOM's (what an untrained network of the same architecture scores), with its paired bootstrap interval
+    over examples ``…_ci_low``/``…_ci_high`` where the details hold one
+    (layersim.similarity.comparisons.above_random_interval; one draw of random weights). With finetune.compare_methods, each
     compared method's top layer against ORIG and against FT (e.g. ``lora_orig_top``, ``lora_ft_top``)."""
     headline: dict = {}
     family = None
@@ -129,6 +131,10 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
             random_top = (result.get("ft_random") or {}).get("last_layer")
             if random_top is not None and entry["ft_orig_top"] is not None:
                 entry["ft_orig_above_random_top"] = round(entry["ft_orig_top"] - random_top, 6)
+                above = result.get("ft_orig_above_random") or {}
+                if above.get("ci_low") is not None and above.get("ci_high") is not None:
+                    entry["ft_orig_above_random_top_ci_low"] = above["ci_low"]
+                    entry["ft_orig_above_random_top_ci_high"] = above["ci_high"]
             if pooling != "attention":
                 if "p_value" in result["ft_orig"]:
                     # Corrected in the headline family when the details name a correction.
