@@ -241,10 +241,10 @@ def _summarise(out: DynamicsOutputs, runs: dict, num_layers: int, correction: st
 
 
 def half_way_headline(runs: Sequence[tuple[float | None, Sequence[int]]]) -> dict:
-    """From each run's (top layer's half-way step, its points' steps): ``top_layer_half_way_step``, the mean over the
-    runs that have one, with ``…_share`` (of the run's length), ``…_sd`` over those runs (two or more) and ``…_grid``
-    (the widest gap between kept points, the resolution the interpolation works at). Absent, all of them, when no
-    run kept states (:func:`half_way_step`): the value would be fixed by the grid, not by the run."""
+    """From each run's (top layer's half-way step, its points' steps): ``top_layer_half_way_step``, the mean over
+    the runs that have one, with ``…_share`` (of the run's length), ``…_sd`` over those runs (two or more) and
+    ``…_grid`` (the widest gap between kept points, the resolution the interpolation works at). Absent, all of
+    them, when no run kept states (:func:`half_way_step`): the value would be fixed by the grid, not by the run."""
     found = [(step, steps) for step, steps in runs if step is not None]
     if not found:
         return {}

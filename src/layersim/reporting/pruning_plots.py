@@ -50,10 +50,10 @@ def prediction_scatter(scores: Mapping[Span, float], predicted: Mapping[str, Map
 
 
 def rank_caption(prediction: Mapping[str, Any], name: str) -> str:
-    """Predictor `name`'s within-length rho with the random-layer 95 % range and the depth-alone rho; its rho
-    beyond position (partial on the span's first layer) with the random-layer range; and its all-spans rho with the
-    length-only rho ("undefined" where a value is None; the first and last lines only, for details written before
-    the position baseline)."""
+    """Predictor `name`'s within-length rho with the random-layer 95 % range; the depth-alone (position-only) rho
+    and the rule's rho beyond depth (partial on the span's first layer) with its random-layer range; and its
+    all-spans rho with the length-only rho ("undefined" where a value is None; the first and last lines only, for
+    details written before the position baseline)."""
     baselines = prediction.get("baselines") or {}
     chance = baselines.get("random_layer") or {}
     own = prediction.get(name) or {}
@@ -62,12 +62,11 @@ def rank_caption(prediction: Mapping[str, Any], name: str) -> str:
         return "undefined" if value is None else f"{value:.2f}"
 
     lines = [f"within-length ρ = {fmt(own.get('within_length'))} (random layers 95 %: "
-             f"{fmt(chance.get('within_length_low'))} to {fmt(chance.get('within_length_high'))}"
-             + (f"; depth alone: {fmt(baselines['position_only'].get('within_length'))})"
-                if "position_only" in baselines else ")")]
-    if "beyond_position" in own:
-        lines.append(f"beyond position ρ = {fmt(own.get('beyond_position'))} (random layers 95 %: "
-                     f"{fmt(chance.get('beyond_position_low'))} to {fmt(chance.get('beyond_position_high'))})")
+             f"{fmt(chance.get('within_length_low'))} to {fmt(chance.get('within_length_high'))})"]
+    if "position_only" in baselines and "beyond_position" in own:
+        lines.append(f"depth alone {fmt(baselines['position_only'].get('within_length'))}; beyond depth ρ = "
+                     f"{fmt(own.get('beyond_position'))} (random {fmt(chance.get('beyond_position_low'))} to "
+                     f"{fmt(chance.get('beyond_position_high'))})")
     lines.append(f"all spans ρ = {fmt(own.get('all_spans'))} (length alone: "
                  f"{fmt((baselines.get('length_only') or {}).get('all_spans'))})")
     return "\n".join(lines)

@@ -17,20 +17,20 @@ Per run (:func:`check_run`, recorded in the run's metrics file and checkpoint in
   against the reverse); F1 by a paired randomization test of F1(run) − F1(constant) (each example's two
   predictions swapped at random, Yeh 2000) together with Fisher's exact test of the run's skill, p the larger of
   the two (a paired bootstrap of the difference passed a run without skill in 8 % of samples, on a handful of
-  disagreements; the randomization test alone in 8 % too, where the constant is right on fewer than half of them);
+  disagreements; the randomization test alone in 8 % too, where the constant is right on fewer than half of
+  them);
   MCC, Pearson and Spearman by z = score·√(n − 1), since the constant's value is 0 on every sample, so that
   pairing changes nothing, and a predictor independent of the labels has mean 0 and variance exactly 1/(n − 1)
-  under permutation. Why paired: treating the sample's
-  majority rate b̂ as a known population rate charges the run for b̂'s own sampling noise, which the constant
-  shares with it example for example. A run at 0.97 over a 96 % majority (right on a quarter of the minority,
-  never wrong on the majority) passed the unpaired binomial in 42 % of 1,000-example validation sets and passes
-  McNemar in ≥ 90 %; a run without skill still passes in ≤ α (tests/test_convergence.py, fidelity review
-  2026-11-28 §2). Why a test, not a fixed margin: an additive margin (formerly 0.05) cannot be met at a 96 %
-  majority and is trivially met by a correlation; the test's margin shrinks where the metric is precise.
-  A caller with the score and n but no predictions gets the unpaired test (:func:`score_p_value`): accuracy
-  the exact binomial tail P(Bin(n, b) ≥ score·n); F1 a normal tail with the best constant's own sampling sd
-  2/(1 + π)²·√(π(1 − π)/n), π = b/(2 − b); the correlations as above. Without n either, the score must merely
-  exceed the baseline.
+  under permutation. Why paired: treating the sample's majority rate b̂ as a known population rate charges the
+  run for b̂'s own sampling noise, which the constant shares with it example for example. A run at 0.97 over a
+  96 % majority (right on a quarter of the minority, never wrong on the majority) passed the unpaired binomial
+  in 42 % of 1,000-example validation sets and passes McNemar in ≥ 90 %; a run without skill still passes in
+  ≤ α (tests/test_convergence.py, fidelity review 2026-11-28 §2). Why a test, not a fixed margin: an additive
+  margin (formerly 0.05) cannot be met at a 96 % majority and is trivially met by a correlation; the test's
+  margin shrinks where the metric is precise. A caller with the score and n but no predictions gets the
+  unpaired test (:func:`score_p_value`): accuracy the exact binomial tail P(Bin(n, b) ≥ score·n); F1 a normal
+  tail with the best constant's own sampling sd 2/(1 + π)²·√(π(1 − π)/n), π = b/(2 − b); the correlations as
+  above. Without n either, the score must merely exceed the baseline.
 
 Across seeds (:func:`run_flags`, where the runs meet: the report, the summary, the freeze stage), a seed is
 flagged when its score is more than ``max(SEED_GAP, SEED_SPREADS × s)`` below the median of the *other*
@@ -124,8 +124,8 @@ def final_loss(losses: Sequence[float], share: float = LOSS_SHARE) -> float | No
     return float(np.mean(losses[-tail:]))
 
 
-TESTS = {"accuracy": "McNemar exact", "f1": "paired randomization and Fisher exact", "mcc": "permutation", "pearson": "permutation",
-         "spearman": "permutation"}  # the paired test of each metric (module docstring)
+TESTS = {"accuracy": "McNemar exact", "f1": "paired randomization and Fisher exact", "mcc": "permutation",
+         "pearson": "permutation", "spearman": "permutation"}  # the paired test of each metric (module docstring)
 
 
 def paired_p_value(metric: str, score: float, sample: Predictions, draws: int = PAIRED_DRAWS,
@@ -154,12 +154,13 @@ def _paired_f1_randomization(labels: np.ndarray, predictions: np.ndarray, consta
                              seed: int) -> float:
     """Approximate randomization (Noreen 1989; Yeh 2000, the paired test for F-score differences): under the null
     that the run's and the constant's predictions are exchangeable example by example, each example's two
-    predictions are swapped with probability ½; p is the share of `draws` swapped samples whose F1(run) − F1(constant)
-    is at least the observed, (1 + #)/(1 + draws). Swapping matters only where the two disagree, and both F1s
-    depend only on how many of those disagreements, by label, the run's side predicts positive: two binomial draws
-    per sample. It assumes each disagreement is as likely to favour either side; where they are not (always
-    positive at 37 % positives against a run saying negative on 1 % of random examples, which wins 63 % of them
-    yet loses F1) it passed that run without skill in 8 % of samples, hence :func:`_skill_p_value` beside it."""
+    predictions are swapped with probability ½; p is the share of `draws` swapped samples whose
+    F1(run) − F1(constant) is at least the observed, (1 + #)/(1 + draws). Swapping matters only where the two
+    disagree, and both F1s depend only on how many of those disagreements, by label, the run's side predicts
+    positive: two binomial draws per sample. It assumes each disagreement is as likely to favour either side;
+    where they are not (always positive at 37 % positives against a run saying negative on 1 % of random
+    examples, which wins 63 % of them yet loses F1) it passed that run without skill in 8 % of samples, hence
+    :func:`_skill_p_value` beside it."""
     positive_label, positive_run = labels == 1, predictions == 1
     positive_constant = constant == 1
     agree = positive_run == positive_constant
