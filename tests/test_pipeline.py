@@ -414,12 +414,14 @@ def test_report_is_one_offline_page_that_states_the_stage_results(project):
     # Every figure of the task's section and the summary's, embedded as the stage wrote it, and the truncation
     # curves (redrawn with the exported model's exit): one image each.
     figures = [f"similarity/{TASK}/heatmaps/cls.png", f"diagonals/{TASK}/curves/cls.png",
-               f"similarity/{TASK}/heatmaps/tokens.png", f"export/{TASK}/export.png", f"skip/{TASK}/skip.png",
+               f"similarity/{TASK}/heatmaps/tokens.png", f"similarity/{TASK}/heatmaps/attention.png",
+               f"export/{TASK}/export.png", f"skip/{TASK}/skip.png",
                f"align/{TASK}/errors.png", f"freeze/{TASK}/freeze.png", f"weights/{TASK}/intruders.png",
                f"dynamics/{TASK}/dynamics.png", "summary/last_block.png"]
     for figure in figures:
         assert base64.b64encode((root / "plots" / figure).read_bytes()).decode("ascii") in page, figure
     assert len(re.findall(r'src="data:image/png;base64,', page)) == len(figures) + 1
+    assert "Attention maps layer against layer. No uncertainty" in page  # no null, no interval: said so
     export = _details(root, "export", TASK)
     assert f"{export['exported']['layers']} / {export['full']['layers']}" in page
     assert f"{export['exported']['parameters'] / export['full_parameters']:.0%}" in page
