@@ -3,6 +3,7 @@ seeds are flagged, converged runs are not, and finetune.require_convergence turn
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from types import SimpleNamespace
@@ -12,8 +13,10 @@ import pytest
 
 from layersim.data.tasks import get_task
 from layersim.training import train
-from layersim.training.convergence import (Convergence, check_run, enforce, final_loss, marked, metrics_record,
-                                           run_flags, score_p_value, seed_outliers, title_note, trivial_loss)
+from layersim.training import convergence
+from layersim.training.convergence import (Convergence, Predictions, check_run, enforce, final_loss, marked,
+                                           metrics_record, paired_p_value, run_flags, score_p_value, seed_outliers,
+                                           title_note, trivial_loss)
 from layersim.training.evaluate import METRICS
 from layersim.errors import LayersimError
 
@@ -93,38 +96,149 @@ def test_an_always_positive_run_on_a_qqp_like_f1_task_is_flagged():
     assert check_run("f1", 0.75, baseline, 0.3, 0.66, n=len(validation)).converged
 
 
-def test_accuracy_just_above_a_96_percent_majority_passes_when_the_run_learned():
-    """Review §5b: the additive 0.05 margin asked for 1.01. A run at 0.97 whose training loss is 30 % of the
-    trivial loss passes at 2,000 validation examples (binomial P(X ≥ 1,940 | 2,000, 0.96) = 0.011); at 1,000
-    (p = 0.058) a point above the majority is within chance and stays flagged."""
+def test_the_unpaired_test_treats_the_majority_rate_as_known():
+    """For a caller with only the score and n (no predictions): a run at 0.97 over a 96 % majority passes at 2,000
+    examples (binomial P(X ≥ 1,940 | 2,000, 0.96) = 0.011) and not at 1,000 (p = 0.058): the sample majority's own
+    noise is charged to the run. The pipeline has the predictions and pairs them (the next tests)."""
     trivial = trivial_loss(np.array([0] * 96 + [1] * 4), regression=False)
     assert trivial == pytest.approx(0.168, abs=5e-4)
     check = check_run("accuracy", 0.97, 0.96, 0.05, trivial, n=2000)
-    assert check.converged and check.p_value == pytest.approx(0.0106, abs=5e-4)
+    assert check.converged and check.p_value == pytest.approx(0.0106, abs=5e-4) and check.test == "unpaired"
     small = check_run("accuracy", 0.97, 0.96, 0.05, trivial, n=1000)
     assert not small.converged and "p = 0.058" in small.reason
 
 
-def test_the_score_test_holds_its_level_for_a_predictor_without_skill():
-    """Calibration: a predictor without skill passes the test in about α of validation samples. Accuracy and
-    F1: the population's best constant (always the 96 % majority; always positive at 37 % positives) scored on
-    fresh samples of n; the binomial is discrete, hence conservative (≤ α). MCC and Pearson: predictions
-    independent of the labels."""
+def _accuracy_check(labels, predictions, n_train=100):
+    """check_run as the pipeline calls it: the best constant found on the sample (train.best_constant) and paired
+    with the run's predictions; the training loss is a learned one, so the score test decides."""
+    constant, baseline = train.best_constant(get_task("sst2"), labels[:n_train], labels)
+    return check_run("accuracy", float(np.mean(predictions == labels)), baseline, 0.05, 0.168, sample=
+                     Predictions(labels, predictions, constant))
+
+
+def _planted_runs(rng, n, minority_right, majority_wrong, minority=0.04):
+    """The fidelity review's (2026-11-28 §2) imbalanced design: a 4 % minority class 1; the run says 1 on
+    `minority_right` of the minority and `majority_wrong` of the majority examples, at random."""
+    labels = (rng.random(n) < minority).astype(np.int64)
+    says_minority = rng.random(n) < np.where(labels == 1, minority_right, majority_wrong)
+    return labels, says_minority.astype(np.int64)
+
+
+def test_the_baseline_is_the_samples_own_best_constant():
+    labels = np.array([0] * 950 + [1] * 50)
+    assert train.best_constant(get_task("sst2"), np.array([1, 1, 0]), labels) == (0, 0.95)  # not the train majority
+    assert train.best_constant(get_task("mrpc"), np.array([0, 0, 1]), labels)[0] == 1        # always positive
+    # the constant run itself: every example concordant, p = 1
+    check = _accuracy_check(labels, np.zeros(1000, np.int64))
+    assert not check.converged and check.p_value == 1.0 and check.test == "McNemar exact"
+
+
+def test_mcnemar_counts_only_the_examples_where_run_and_constant_disagree():
+    labels = np.array([0] * 90 + [1] * 10)
+    predictions = np.zeros(100, np.int64)
+    predictions[90:96] = 1     # 6 minority examples right
+    predictions[:1] = 1        # 1 majority example wrong
+    check = _accuracy_check(labels, predictions)
+    assert check.p_value == pytest.approx(8 / 128)   # P(Bin(7, ½) ≥ 6) = (7 + 1)/128
+    assert check.n == 100 and check.score == pytest.approx(0.95) and check.baseline == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize("n, minority_right, majority_wrong, least", [(1000, 0.25, 0.0, 0.90), (2000, 0.40, 0.006, 0.85)])
+def test_a_learned_run_over_a_96_percent_majority_passes_the_paired_test(n, minority_right, majority_wrong, least):
+    """Review §2, runs A and B (population accuracy 0.970 over a 96 % majority): the paired test passes A in at
+    least 90 % of 1,000-example validation sets (the unpaired test: about 42 %), and passes each run more often
+    than the unpaired test does."""
+    rng = np.random.default_rng(3)
+    paired = unpaired = 0
+    draws = 400
+    for _ in range(draws):
+        labels, predictions = _planted_runs(rng, n, minority_right, majority_wrong)
+        check = _accuracy_check(labels, predictions)
+        paired += check.converged
+        unpaired += check_run("accuracy", check.score, check.baseline, 0.05, 0.168, n=n).converged
+    assert paired / draws >= least and paired > unpaired, (paired / draws, unpaired / draws)
+
+
+def test_the_paired_test_holds_its_level_for_runs_without_skill():
+    """Calibration on the pipeline's null: the constant scores exactly the sample's best (not a population rate,
+    as this test formerly assumed, a null the pipeline never meets: there the constant cannot pass). Accuracy:
+    the review's no-skill run (the minority said on 2 % of examples at random) and, at the test's boundary, a run
+    that leaves the constant on 30 % of an exactly balanced sample's examples at random (right there half
+    the time). F1
+    (37 % positives): runs guessing positive at random at rates 0.5–0.99, the last nearly the always-positive
+    constant. MCC and Pearson: predictions independent of the labels."""
     rng = np.random.default_rng(0)
-    n, draws = 400, 2000
-    majority = rng.random((draws, n)) < 0.96
+    n, draws = 400, 1000
+    rates = {"no skill": np.mean([_accuracy_check(*_planted_runs(rng, 1000, 0.02, 0.02)).converged
+                                  for _ in range(draws)])}
+    boundary = []
+    for _ in range(draws):
+        labels = rng.permutation(np.arange(n) % 2)   # exactly balanced: both constants score ½
+        constant = 0
+        predictions = np.where(rng.random(n) < 0.3, 1 - constant, constant)
+        boundary.append(paired_p_value("accuracy", float(np.mean(predictions == labels)),
+                                       Predictions(labels, predictions, constant)) <= 0.05)
+    rates["boundary"] = np.mean(boundary)
+    # McNemar's own level, where each disagreement is a fair coin: i.i.d. balanced labels, the constant 0
+    coins = []
+    for _ in range(draws):
+        labels, predictions = (rng.random(n) < 0.5).astype(np.int64), (rng.random(n) < 0.3).astype(np.int64)
+        coins.append(paired_p_value("accuracy", float(np.mean(predictions == labels)),
+                                    Predictions(labels, predictions, 0)) <= 0.05)
+    level = np.mean(coins)
+    for guess in (0.5, 0.9, 0.99):
+        passed = []
+        for _ in range(draws // 4):
+            labels = (rng.random(n) < 0.37).astype(np.int64)
+            predictions = (rng.random(n) < guess).astype(np.int64)
+            sample = Predictions(labels, predictions, 1)
+            passed.append(paired_p_value("f1", _f1_score(labels, predictions), sample, draws=999) <= 0.05)
+        rates[f"f1 {guess}"] = np.mean(passed)
     positives = (rng.random((draws, n)) < 0.37).astype(int)
     guesses = (rng.random((draws, n)) < 0.2).astype(int)
-    rates = {
-        "accuracy": np.mean([score_p_value("accuracy", rate, 0.96, n) <= 0.05 for rate in majority.mean(axis=1)]),
-        "f1": np.mean([score_p_value("f1", METRICS["f1"](y, np.ones(n)), 2 * 0.37 / 1.37, n) <= 0.05
-                       for y in positives]),
-        "mcc": np.mean([score_p_value("mcc", METRICS["mcc"](y, g), 0.0, n) <= 0.05 for y, g in zip(positives, guesses)]),
-        "pearson": np.mean([score_p_value("pearson", METRICS["pearson"](rng.normal(size=n), rng.normal(size=n)),
-                                          0.0, n) <= 0.05 for _ in range(draws)]),
-    }
-    assert 0.02 <= rates["accuracy"] <= 0.06, rates
-    assert all(0.03 <= rates[metric] <= 0.07 for metric in ("f1", "mcc", "pearson")), rates
+    rates["mcc"] = np.mean([score_p_value("mcc", METRICS["mcc"](y, g), 0.0, n) <= 0.05 for y, g in zip(positives, guesses)])
+    rates["pearson"] = np.mean([score_p_value("pearson", METRICS["pearson"](rng.normal(size=n), rng.normal(size=n)),
+                                              0.0, n) <= 0.05 for _ in range(draws)])
+    assert all(rate <= 0.05 for key, rate in rates.items() if key not in ("mcc", "pearson")), rates
+    assert all(0.03 <= rates[m] <= 0.07 for m in ("mcc", "pearson")), rates
+    assert 0.02 <= level <= 0.06, level
+
+
+def _f1_score(labels, predictions):
+    true_pos = np.count_nonzero((labels == 1) & (predictions == 1))
+    return 2 * true_pos / (2 * true_pos + np.count_nonzero(labels != predictions))
+
+
+def test_a_learned_f1_run_passes_the_paired_test_where_the_unpaired_one_misses_it():
+    """QQP-like, 37 % positives, n = 400: a run that says positive except on 15 % of the negatives and 2 % of the
+    positives (F1 about 0.57 against always positive's 0.54) passes the paired test in ≥ 90 % of samples; the
+    unpaired test, which charges the constant's own noise to the run, in far fewer."""
+    rng = np.random.default_rng(4)
+    n, draws, paired, unpaired = 400, 200, 0, 0
+    for _ in range(draws):
+        labels = (rng.random(n) < 0.37).astype(np.int64)
+        predictions = np.where(labels == 1, rng.random(n) > 0.02, rng.random(n) > 0.15).astype(np.int64)
+        constant, baseline = train.best_constant(get_task("qqp"), labels, labels)
+        score = _f1_score(labels, predictions)
+        paired += paired_p_value("f1", score, Predictions(labels, predictions, constant), draws=999) <= 0.05
+        unpaired += score > baseline and score_p_value("f1", score, baseline, n) <= 0.05
+    assert paired / draws >= 0.9 and unpaired / draws < 0.5, (paired / draws, unpaired / draws)
+
+
+def test_the_f1_randomization_test_matches_every_swap_enumerated():
+    rng = np.random.default_rng(5)
+    labels, predictions = (rng.random(12) < 0.4).astype(int), (rng.random(12) < 0.7).astype(int)
+    disagree = np.flatnonzero(predictions != 1)
+    observed = _f1_score(labels, predictions) - _f1_score(labels, np.ones(12, int))
+    extreme = []
+    for swaps in itertools.product([False, True], repeat=disagree.size):
+        run, other = predictions.copy(), np.ones(12, int)
+        run[disagree[list(swaps)]], other[disagree[list(swaps)]] = 1, predictions[disagree[list(swaps)]]
+        extreme.append(_f1_score(labels, run) - _f1_score(labels, other) >= observed - 1e-12)
+    assert convergence._paired_f1_randomization(labels, predictions, 1, 200_000, 0) == pytest.approx(
+        np.mean(extreme), abs=0.005)
+    with pytest.raises(LayersimError, match="one prediction per validation label"):
+        Predictions(labels, predictions[:5], 1)
 
 
 def test_a_multiple_choice_runs_trivial_loss_is_that_of_tied_answers():

@@ -287,12 +287,64 @@ def test_a_hand_built_case():
     assert not np.allclose(blocked["null_mean"], found["null_mean"])  # their null: whole examples permuted
 
 
-def test_the_half_way_step_is_the_first_point_past_half_the_final_distance():
-    assert half_way_step([0, 2, 4, 6], [1.0, 0.9, 0.6, 0.5]) == 4  # distances 0, .1, .4, .5: half is .25
-    assert half_way_step([0, 2, 4, 6], [1.0, 0.7, 0.8, 0.6]) == 2  # moved early, came back part of the way
-    assert half_way_step([0, 6], [1.0, 0.8]) == 6                  # no kept state: the end point
-    assert half_way_step([0, 6], [1.0, 1.0]) is None               # never moved
-    assert half_way_step([0, 6], [float("nan")] * 2) is None       # undefined (a constant layer)
+def test_the_half_way_step_is_interpolated_between_the_kept_points():
+    assert half_way_step([0, 2, 4, 6], [1.0, 0.9, 0.6, 0.5]) == pytest.approx(3.0)  # distances 0, .1, .4, .5: .25 at 3
+    assert half_way_step([0, 2, 4, 6], [1.0, 0.7, 0.8, 0.6]) == pytest.approx(4 / 3)  # moved early (.3 ≥ .2 by 2)
+    assert half_way_step([0, 2, 4], [1.0, 0.8, 0.6]) == pytest.approx(2.0)  # exactly half at a kept point
+    assert half_way_step([0, 6], [1.0, 0.8]) is None               # no kept state: the grid, not the run, decides
+    assert half_way_step([0, 3, 6], [1.0, 1.0, 1.0]) is None       # never moved
+    assert half_way_step([0, 3, 6], [float("nan")] * 3) is None    # undefined (a constant layer)
+    assert half_way_step([0, 3, 6], [1.0, float("nan"), 0.8]) == pytest.approx(3.0)  # an undefined point skipped
+
+
+@pytest.mark.parametrize("true_step, noise", [(53, 0.02), (53, 0.05), (39, 0.05)])
+def test_a_half_way_step_between_kept_points_is_not_snapped_to_the_grid(true_step, noise):
+    """The fidelity review's §5 design: smooth exponential moves to CKA 0.3 over 200 steps, states kept every 40,
+    noise of sd 0.02–0.05 on each measured point. The first kept point past half read a true 53 as 80 in 98 % of
+    draws; interpolated, it is 53 on average within a few steps and never the grid's 80 as a rule."""
+    from scipy.optimize import brentq
+
+    grid = np.arange(0, 201, 40)
+
+    def moved(t, tau):
+        return (1 - np.exp(-t / tau)) / (1 - np.exp(-200 / tau))
+
+    tau = brentq(lambda tau: moved(true_step, tau) - 0.5, 1, 1e4)
+    rng = np.random.default_rng(52)
+    found = np.array([half_way_step(grid, 1 - 0.7 * moved(grid, tau) + np.r_[0, rng.normal(0, noise, 5)])
+                      for _ in range(500)])
+    assert abs(found.mean() - true_step) < 5 and abs(np.median(found) - true_step) < 5, (found.mean(), np.median(found))
+    assert np.mean(found == 80) < 0.05 and np.mean(np.abs(found - true_step) < 20) > 0.9
+
+
+def test_the_half_way_headline_is_absent_without_kept_states_and_has_a_seed_spread():
+    from layersim.experiments.dynamics import half_way_headline
+
+    assert half_way_headline([(None, [0, 200]), (None, [0, 200])]) == {}
+    headline = half_way_headline([(50.0, [0, 40, 80, 120, 160, 200]), (70.0, [0, 40, 80, 120, 160, 200]),
+                                  (None, [0, 40, 80, 120, 160, 200])])
+    assert headline == {"top_layer_half_way_step": 60.0, "top_layer_half_way_share": 0.3,
+                        "top_layer_half_way_step_sd": pytest.approx(np.std([50, 70], ddof=1)),
+                        "top_layer_half_way_grid": 40}
+    assert "top_layer_half_way_step_sd" not in half_way_headline([(50.0, [0, 40, 100])])  # one run: no spread
+
+
+def test_the_dynamics_p_values_are_corrected_as_one_family_without_the_trivial_points():
+    from layersim.experiments.dynamics import _corrected
+
+    p = {step: {"ORIG": {"p_value": np.array([0.01, 0.04])}, "final": {"p_value": np.array([0.03, 0.5])}}
+         for step in (0, 5, 10)}
+    runs = {"seed1": {"steps": [0, 5, 10], "values": p}}
+    family = _corrected(runs, "fdr_bh")
+    assert family == {"correction": "fdr_bh", "tests": 8}  # 12 cells less step 0 to ORIG and step 10 to final
+    assert np.isnan(p[0]["ORIG"]["p_adjusted"]).all() and np.isnan(p[10]["final"]["p_adjusted"]).all()
+    # BH over the 8: sorted 0.01, 0.01, 0.03, 0.03, 0.04, 0.04, 0.5, 0.5 → p·8/rank 0.08, 0.04, 0.08, 0.06, 0.064,
+    # 0.0533, 0.571, 0.5, made monotone from the top: 0.04, 0.04, then 0.0533 up to rank 6, then 0.5
+    assert p[5]["ORIG"]["p_adjusted"] == pytest.approx([0.04, 0.04 * 8 / 6])
+    assert p[10]["ORIG"]["p_adjusted"] == pytest.approx([0.04, 0.04 * 8 / 6])
+    assert p[0]["final"]["p_adjusted"] == pytest.approx([0.04 * 8 / 6, 0.5])
+    assert _corrected({"seed1": {"steps": [0, 5], "values": {0: {"ORIG": {"linear_cka": np.ones(2)}}}}},
+                      "fdr_bh") == {}
 
 
 def test_the_dynamics_use_the_similarity_headlines_points():

@@ -178,3 +178,12 @@ def test_skip_headline_reports_the_similarity_predictions():
     assert headline == {"longest_skippable_span": 0, "skip_prediction_angular": 0.62,
                         "skip_prediction_block_influence": None, "skip_prediction_random_layer": 0.01,
                         "skip_prediction_random_layer_high": 0.2}
+    # with the depth baseline and the rho beyond position (details written before them have neither)
+    prediction["angular_distance"]["beyond_position"] = 0.05
+    prediction["block_influence"]["beyond_position"] = None
+    prediction["baselines"]["position_only"] = {"within_length": 0.6}
+    prediction["baselines"]["random_layer"]["beyond_position_high"] = 0.3
+    assert skip_headline({"largest_span_within_tolerance": None, "prediction": prediction}) == {
+        **headline, "skip_prediction_position_only": 0.6, "skip_prediction_angular_beyond_position": 0.05,
+        "skip_prediction_block_influence_beyond_position": None,
+        "skip_prediction_random_layer_beyond_position_high": 0.3}

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from scipy import stats
 
 from dvc_project import (PIPELINE_SEEDS, PIPELINE_TASK, assert_figure, built_project, check_freeze_outputs,
                          command_output, configure_pipeline, droppable_top_layers, dry_run_stages, dvc,
@@ -124,6 +125,7 @@ def test_repro_writes_every_declared_output(project):
 
     similarity = _details(root, "similarity", TASK)
     assert set(similarity) == {"cls", "tokens", "attention"}
+    assert "no permutation null and no bootstrap interval" in similarity["attention"]["jensen_shannon"]["no_uncertainty"]
     for pooling in ("cls", "tokens"):
         assert set(similarity[pooling]) == {"linear_cka", "svcca", "pwcca", "neuronsim", "localization", "rows"}
         for measure in ("linear_cka", "svcca", "pwcca", "neuronsim"):
@@ -131,8 +133,10 @@ def test_repro_writes_every_declared_output(project):
             cca = {"kept_dimensions"} if measure in ("svcca", "pwcca") else set()
             # "family": the headline claims' correction; "no_interval": no interval method covers for the measure.
             uncovered = {"no_interval"} if AUTO_INTERVAL[measure] is None else set()
+            # "ft_orig_above_random": FT–ORIG's top minus FT–RANDOM's with its paired interval, where one covers
+            above = set() if uncovered else {"ft_orig_above_random"}
             assert set(summary) == {"orig_orig", "ft_orig", "ft_ft", "ft1_ft2", "orig_random", "ft_random", "null",
-                                    "blocks", "correction", "family", "lora_orig", "lora_ft"} | cca | uncovered
+                                    "blocks", "correction", "family", "lora_orig", "lora_ft"} | cca | uncovered | above
             assert summary["correction"] == "fdr_bh"  # the default: hatching corrected over each heatmap's cells
             assert summary["ft_orig"]["seeds"] == 2 and "seed_range" in summary["ft_orig"]  # no interval: 2 seeds
             assert 0.0 <= summary["orig_random"]["p_value"]["layer_03"] <= 1.0
@@ -410,12 +414,14 @@ def test_report_is_one_offline_page_that_states_the_stage_results(project):
     # Every figure of the task's section and the summary's, embedded as the stage wrote it, and the truncation
     # curves (redrawn with the exported model's exit): one image each.
     figures = [f"similarity/{TASK}/heatmaps/cls.png", f"diagonals/{TASK}/curves/cls.png",
-               f"similarity/{TASK}/heatmaps/tokens.png", f"export/{TASK}/export.png", f"skip/{TASK}/skip.png",
+               f"similarity/{TASK}/heatmaps/tokens.png", f"similarity/{TASK}/heatmaps/attention.png",
+               f"export/{TASK}/export.png", f"skip/{TASK}/skip.png",
                f"align/{TASK}/errors.png", f"freeze/{TASK}/freeze.png", f"weights/{TASK}/intruders.png",
                f"dynamics/{TASK}/dynamics.png", "summary/last_block.png"]
     for figure in figures:
         assert base64.b64encode((root / "plots" / figure).read_bytes()).decode("ascii") in page, figure
     assert len(re.findall(r'src="data:image/png;base64,', page)) == len(figures) + 1
+    assert "Attention maps layer against layer. No uncertainty" in page  # no null, no interval: said so
     export = _details(root, "export", TASK)
     assert f"{export['exported']['layers']} / {export['full']['layers']}" in page
     assert f"{export['exported']['parameters'] / export['full_parameters']:.0%}" in page
@@ -608,7 +614,20 @@ def test_dynamics_follow_every_kept_state_from_orig_to_the_final_model(project):
         _details(root, "similarity", TASK)["cls"]["linear_cka"]["ft_orig"]["diagonal"]["layer_03"], abs=1e-6)
     headline = json.loads((root / f"metrics/dynamics/{TASK}/metrics.json").read_text())
     assert headline["points"] == 4 and headline["pooling"] == "cls"
-    assert headline["top_layer_half_way_step"] in (None, 2, 3, 4, 5, 6)  # a mean over the seeds' kept points
+    # interpolated between the kept points (0, 2, 4, 6), a mean over the seeds with its sd and the grid beside it;
+    # absent where no seed's top layer moved
+    halves = [details[f"seed{seed}"]["half_way_step"]["layer_03"] for seed in SEEDS]
+    found = [h for h in halves if h is not None]
+    assert all(0 < h <= 6 for h in found)
+    assert headline.get("top_layer_half_way_step") == (pytest.approx(np.mean(found), abs=2e-6) if found else None)
+    if found:
+        assert headline["top_layer_half_way_grid"] == 2
+        assert ("top_layer_half_way_step_sd" in headline) == (len(found) >= 2)
+    # the per-point p-values are adjusted as one family; the points that are their reference are no test
+    assert details["family"]["correction"] == "fdr_bh" and details["family"]["tests"] > 0
+    assert details["seed1"]["to_orig"]["step0"]["p_adjusted"]["layer_03"] is None
+    assert details["seed1"]["to_orig"]["step2"]["p_adjusted"]["layer_03"] >= details["seed1"]["to_orig"]["step2"][
+        "p_value"]["layer_03"]
     # Beside it, the size of the move: the top layer's final 1 − CKA to ORIG, mean over each method's seeds.
     for found, prefix in ((headline, "seed"), (headline["compared"]["lora"], "lora-seed")):
         assert found["top_layer_final_distance"] == pytest.approx(_mean(
@@ -659,6 +678,14 @@ def _similarity_headline(root: Path, significance: float) -> dict:
             entry = {"ft_orig_top": diagonal["ft_orig"][top], "ft_orig_top_seed_mean": np.mean(per_seed),
                      "ft_orig_top_seed_range": max(per_seed) - min(per_seed),
                      "ft_orig_above_random_top": diagonal["ft_orig"][top] - diagonal["ft_random"][top]}
+            # its paired bootstrap interval (the same resamples for both tops), for measures with an interval method
+            above = details[pooling][measure].get("ft_orig_above_random")
+            assert (above is not None) == (pooling != "attention" and AUTO_INTERVAL.get(measure) is not None)
+            if above is not None:
+                assert above["value"] == pytest.approx(entry["ft_orig_above_random_top"], abs=2e-6)
+                assert above["ci_low"] < above["ci_high"] and above["ci_method"] == AUTO_INTERVAL[measure]
+                entry |= {"ft_orig_above_random_top_ci_low": above["ci_low"],
+                          "ft_orig_above_random_top_ci_high": above["ci_high"]}
             for key, comparison in (("lora_orig", "LoRA–ORIG"), ("lora_ft", "LoRA–FT")):  # finetune.compare_methods
                 entry[f"{key}_top"] = heatmap_diagonal(rows, comparison, label)[top]
             if pooling != "attention":
@@ -741,6 +768,14 @@ def test_metrics_files_hold_their_headline_and_details_hold_the_rest(project):
                    if entry["spearman"] is not None]
         skip_headline[f"skip_prediction_{suffix}"] = (sum(rho * weight for rho, weight in defined)
                                                       / sum(weight for _, weight in defined)) if defined else None
+    # depth alone: rho of the single layers' seed-mean scores with their position (the one length of 3 spans); no
+    # length has the 4 spans a rho partial on position needs
+    singles = sorted(measured[1].items())
+    skip_headline |= {"skip_prediction_position_only": None if len({round(float(np.mean(v)), 6) for _, v in singles}) == 1
+                      else float(stats.spearmanr([np.mean(v) for _, v in singles], [1, 2, 3])[0]),
+                      "skip_prediction_angular_beyond_position": None,
+                      "skip_prediction_block_influence_beyond_position": None,
+                      "skip_prediction_random_layer_beyond_position_high": None}
     metrics = {stage: json.loads((stage_metrics(root / "metrics", stage, TASK)).read_text())
                for stage in ("similarity", "truncate", "skip", "align")}
     assert metrics["similarity"] == _approx_tree(similarity)

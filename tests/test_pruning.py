@@ -7,12 +7,13 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from layersim.errors import LayersimError
 from layersim.compute import angles
 from layersim.similarity.pruning import (PruningAccumulator, angular_distance, block_influence, gromov_span,
                                          length_only_baseline, predicted_spans, prediction_rank_correlation,
-                                         pruning_measures, random_layer_baseline, shortgpt_layers, shortgpt_span,
+                                         position_only_baseline, pruning_measures, random_layer_baseline, shortgpt_layers, shortgpt_span,
                                          span_droppability, streamed_pruning_measures, within_length)
 
 # Two rows, two dimensions, layers 0 … 2. Row 1 turns by 90° then 90°; row 2 turns by 45° then stays.
@@ -203,6 +204,58 @@ def test_informative_predictor_scores_high_within_length():
     assert result["within_length"] > 0.8
     assert result["within_length"] > random_layer_baseline(measured)["within_length_high"]
     assert abs(result["all"]["spearman"]) < 0.5  # over all spans length swamps it
+
+
+def _depth_driven_design(rng) -> tuple[dict, dict, dict]:
+    """The fidelity review's (2026-11-28 §3b) position design on L12: a layer's weight falls with depth,
+    w_l = e^(−(l−1)/4) times this model's jitter e^N(0, 0.5²), and skipping a span costs its summed weight
+    (score 0.9 − 0.1·Σw + N(0, 0.02²)). Returns the measured scores and two predictors' droppability: one that
+    knows only the generic depth trend (e^(−(l−1)/4) + N(0, 0.05²) per layer, blind to the jitter) and the
+    oracle (this model's w)."""
+    trend = np.exp(-np.arange(12) / 4)
+    weight = trend * np.exp(rng.normal(0, 0.5, 12))
+    measured = {(i, j): 0.9 - 0.1 * weight[i - 1:j].sum() + rng.normal(0, 0.02) for i, j in L12}
+    depth = trend + rng.normal(0, 0.05, 12)
+    return (measured, {(i, j): -depth[i - 1:j].sum() for i, j in L12},
+            {(i, j): -weight[i - 1:j].sum() for i, j in L12})
+
+
+def test_a_depth_trend_scores_like_position_within_length_and_nothing_beyond_it():
+    """Review §3b: within length, a predictor that knows only "deeper layers matter less" scores as high as
+    position alone (review: 0.872 against 0.874), above the random-layer range; partial on position it scores
+    ≈ 0 (within ±0.15), inside the random layers' range, while the oracle keeps a clear positive rho."""
+    rng = np.random.default_rng(11)
+    rows = []
+    for _ in range(200):
+        measured, depth, oracle = _depth_driven_design(rng)
+        by_depth, by_oracle = prediction_rank_correlation(measured, depth), prediction_rank_correlation(measured, oracle)
+        rows.append((by_depth["within_length"], position_only_baseline(measured), by_depth["beyond_position"],
+                     by_oracle["beyond_position"]))
+    within, position, beyond, oracle_beyond = np.array(rows).T
+    assert abs(np.mean(within) - np.mean(position)) < 0.03 and np.mean(position) > 0.8, (within.mean(), position.mean())
+    assert abs(np.mean(beyond)) < 0.15 and abs(np.median(beyond)) < 0.15, (beyond.mean(), np.median(beyond))
+    assert np.mean(oracle_beyond) > 0.2 and np.mean(oracle_beyond > beyond) > 0.75, oracle_beyond.mean()
+    chance = random_layer_baseline(measured)
+    assert chance["within_length_high"] < np.mean(within)  # the random-layer range does not catch depth …
+    assert chance["beyond_position_low"] < np.mean(beyond) < chance["beyond_position_high"]  # … partial on position does
+    assert abs(chance["beyond_position"]) < 0.05
+
+
+def test_the_rho_beyond_position_is_a_partial_rank_correlation():
+    """Small exact cases: a predictor ranked as position is 0 beyond it; measured ranks that are position's
+    leave it undefined; otherwise it is the textbook partial correlation of the ranks."""
+    spans = [(i, i) for i in range(1, 7)]
+    measured = dict(zip(spans, [0.3, 0.9, 0.2, 0.8, 0.4, 0.7]))
+    assert prediction_rank_correlation(measured, {s: float(s[0]) for s in spans})["beyond_position"] == 0.0
+    assert math.isnan(prediction_rank_correlation({s: -float(s[0]) for s in spans}, measured)["beyond_position"])
+    predicted = dict(zip(spans, [0.1, 0.5, 0.3, 0.9, 0.2, 0.6]))
+    r = np.corrcoef([stats.rankdata(list(measured.values())), stats.rankdata(list(predicted.values())), range(6)])
+    partial = (r[0, 1] - r[0, 2] * r[1, 2]) / np.sqrt((1 - r[0, 2] ** 2) * (1 - r[1, 2] ** 2))
+    assert prediction_rank_correlation(measured, predicted)["beyond_position"] == pytest.approx(partial, rel=1e-12)
+    # three spans leave one degree of freedom: undefined, as within_length is for two
+    first3 = spans[:3]
+    assert math.isnan(prediction_rank_correlation({s: measured[s] for s in first3},
+                                                  {s: predicted[s] for s in first3})["beyond_position"])
 
 
 def test_random_layer_baseline_is_seeded_and_checked():

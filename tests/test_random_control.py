@@ -148,3 +148,29 @@ def test_the_similarity_stage_reads_the_control_checked_against_its_seed(tmp_pat
         task_similarity(tmp_path, tmp_path, "synth", params(1))
     assert "orig_random" not in task_similarity(tmp_path, tmp_path, "synth", params(None)).metrics["cls"]["linear_cka"]
     plt.close("all")
+
+
+def test_above_random_has_a_paired_bootstrap_interval_over_examples():
+    """FT–ORIG's top layer minus FT–RANDOM's, both on the same resamples of the examples: its interval is of the
+    difference. Planted: the top layer keeps ORIG's (with noise) in one case, is unrelated to it in the other; the
+    first difference's interval lies above 0, the second's covers 0, and both hold the value's basic interval."""
+    from layersim.similarity.comparisons import above_random_interval
+    from layersim.similarity.inference.bootstrap import bootstrap_pairs
+
+    rng = np.random.default_rng(7)
+    models = _planted(rng)
+    kept = {**models, "FT[1]": [*models["FT[1]"][:-1], models["ORIG"][-1] + 0.5 * rng.normal(size=(N, D))]}
+    found = above_random_interval("linear_cka", kept, resamples=200, seed=0)
+    assert found["ci_method"] == "basic" and found["resamples"] == 200
+    assert 0 < found["ci_low"] < found["value"] < found["ci_high"]
+    unrelated = above_random_interval("linear_cka", models, resamples=200, seed=0)
+    assert unrelated["ci_low"] < 0 < unrelated["ci_high"]
+    # paired: the difference's resamples are those of the two tops drawn together
+    pairs = bootstrap_pairs("linear_cka", [kept["FT[1]"][-1]] * 2, [kept["ORIG"][-1], kept[RANDOM][-1]],
+                            resamples=200, seed=0, interval="basic")
+    differences = pairs.values[:, 0] - pairs.values[:, 1]
+    assert found["value"] == pytest.approx(pairs.estimate[0] - pairs.estimate[1])
+    assert found["ci_high"] == pytest.approx(2 * found["value"] - np.quantile(differences, 0.025))
+    assert above_random_interval("svcca", kept, resamples=20, seed=0) is None  # no interval method covers svcca
+    assert above_random_interval("linear_cka", {k: v for k, v in kept.items() if k != RANDOM}, resamples=20,
+                                 seed=0) is None

@@ -487,6 +487,7 @@ def test_a_real_fine_tune_ends_with_its_convergence_check(tiny_model_dir, tmp_pa
     assert check.final_train_loss == pytest.approx([v["train/loss"] for v in logs if "train/loss" in v][-1])
     assert check.score == metrics["pearson"] and check.baseline == 0.0 and check.metric == "pearson"
     assert not check.converged and "training loss" in check.reason
+    assert check.n == 16 and check.test == "permutation"  # paired with the run's own validation predictions
     assert list(metrics) == ["pearson", "spearman"]  # the returned metrics stay the validation metrics
 
     record = check.record()

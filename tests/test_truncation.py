@@ -237,7 +237,10 @@ def test_skip_predictions_of_a_constructed_model():
     assert angular["within_length"] == 1.0  # the one length with a rho
     baselines = prediction["baselines"]
     assert baselines["length_only"]["all_spans"] > 0.5  # longer spans score worse here, as in any model
-    assert {"within_length", "within_length_low", "within_length_high", "all_spans"} == set(baselines["random_layer"])
+    assert {"within_length", "within_length_low", "within_length_high", "all_spans", "beyond_position",
+            "beyond_position_low", "beyond_position_high"} == set(baselines["random_layer"])
+    assert baselines["position_only"]["within_length"] == -0.5  # single layers scored 0.75, 0.875, 0.6 by depth
+    assert angular["beyond_position"] is None  # no length has the 4 spans a partial rho needs
     # Summed BI orders the single layers as the angles do, so it ranks them perfectly too.
     assert prediction["block_influence"]["by_length"]["length_1"]["spearman"] == 1.0
     picked = prediction["picked"]
@@ -255,7 +258,10 @@ def test_skip_predictions_of_a_constructed_model():
         "longest_skippable_span": 0, "skip_prediction_angular": 1.0,
         "skip_prediction_block_influence": prediction["block_influence"]["within_length"],
         "skip_prediction_random_layer": baselines["random_layer"]["within_length"],
-        "skip_prediction_random_layer_high": baselines["random_layer"]["within_length_high"]}
+        "skip_prediction_random_layer_high": baselines["random_layer"]["within_length_high"],
+        "skip_prediction_position_only": -0.5, "skip_prediction_angular_beyond_position": None,
+        "skip_prediction_block_influence_beyond_position": None,
+        "skip_prediction_random_layer_beyond_position_high": None}
     import matplotlib.pyplot as plt
 
     figure = prediction_scatter({s: float(np.mean([p[s] for p in per_seed])) for s in spans}, mean_values,

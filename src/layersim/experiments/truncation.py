@@ -29,7 +29,7 @@ from layersim.training.heads import HeadParams, Rows, majority_baseline, train_h
 from layersim.data.io import ActivationTable
 from layersim.models.registry import load_finetuned, load_task_model, load_tokenizer
 from layersim.similarity.pruning import (PruningMeasures, length_only_baseline, mean_measures,
-                                         predicted_spans, prediction_rank_correlation,
+                                         position_only_baseline, predicted_spans, prediction_rank_correlation,
                                          random_layer_baseline, span_droppability)
 from layersim.similarity.inference.seeds import seed_metrics
 from layersim.models.task_heads import has_own_head, own_head
@@ -188,10 +188,12 @@ def skip_predictions(measures: list[PruningMeasures], per_seed: list[dict[tuple[
     predictor, between the seed-mean score of every
     span and its seed-mean predicted droppability: ``within_length``, the headline (the mean of the per-length
     Spearman rho, weighted by spans − 1: does the rule pick the right n layers among spans of n?),
+    ``beyond_position`` (the same, partial on the span's first layer: what the rule knows beyond depth),
     ``all_spans`` (rho over all spans, mostly span length) and ``by_length``; ``baselines``: ``length_only``
-    (the all-spans rho of span length alone) and ``random_layer`` (random per-layer scores summed over the span,
-    :data:`~layersim.similarity.pruning.RANDOM_LAYER_DRAWS` seeded draws: the within-length mean and 95 % range
-    chance gives, and the all-spans mean); and per n the span each rule picks (on the seed-mean measures) with
+    (the all-spans rho of span length alone), ``position_only`` (the within-length rho of the span's depth alone)
+    and ``random_layer`` (random per-layer scores summed over the span,
+    :data:`~layersim.similarity.pruning.RANDOM_LAYER_DRAWS` seeded draws: the within-length and beyond-position
+    means and 95 % ranges chance gives, and the all-spans mean); and per n the span each rule picks (on the seed-mean measures) with
     its measured score beside the best span's — then per seed and span the predicted values (angular distance,
     summed Block Influence) for the plot rows, and per predictor and span the seed-mean value the correlation
     uses (for the figure). No p-value: spans share layers, so they are not independent."""
@@ -202,9 +204,11 @@ def skip_predictions(measures: list[PruningMeasures], per_seed: list[dict[tuple[
     for name in PREDICTORS:
         rank = prediction_rank_correlation(scores, droppable[name])
         prediction[name] = {"within_length": _rounded(rank["within_length"]),
+                            "beyond_position": _rounded(rank["beyond_position"]),
                             "all_spans": _rounded(rank["all"]["spearman"]), "spans": rank["all"]["spans"],
                             "by_length": {f"length_{n}": _finite(r) for n, r in rank["by_length"].items()}}
     prediction["baselines"] = {"length_only": {"all_spans": _rounded(length_only_baseline(scores))},
+                               "position_only": {"within_length": _rounded(position_only_baseline(scores))},
                                "random_layer": {key: _rounded(value)
                                                 for key, value in random_layer_baseline(scores).items()}}
     picked = {}

@@ -109,8 +109,10 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
     Seeds as the unit (layersim.similarity.inference.seeds): FT–ORIG's top layer over the seeds' models, ``ft_orig_top_seed_mean``
     and with three seeds or more ``…_seed_sd`` and the t-interval ``…_seed_ci_low``/``…_seed_ci_high``, with two
     ``…_seed_range``. With the random-init control: ``ft_orig_above_random_top``, FT–ORIG's top layer minus
-    FT–RANDOM's (what an untrained network of the same architecture scores). With finetune.compare_methods, each
-    compared method's top layer against ORIG and against FT (e.g. ``lora_orig_top``, ``lora_ft_top``: in the
+    FT–RANDOM's (what an untrained network of the same architecture scores), with its paired bootstrap interval
+    over examples ``…_ci_low``/``…_ci_high`` where the details hold one
+    (layersim.similarity.comparisons.above_random_interval; one draw of random weights). With finetune.compare_methods,
+    each compared method's top layer against ORIG and against FT (e.g. ``lora_orig_top``, ``lora_ft_top``: in the
     headline family, with ``…_top_p_adjusted``). Runs of different seeds (three seeds or more:
     layersim.similarity.comparisons.seed_pair_spreads), each top layer's mean over the pairs with the jackknife
     interval over seeds (``…_top_ci_low``/``…_top_ci_high``): ``ft_pairs_top`` (FT[i]–FT[j]) and, per compared
@@ -135,6 +137,10 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
             random_top = (result.get("ft_random") or {}).get("last_layer")
             if random_top is not None and entry["ft_orig_top"] is not None:
                 entry["ft_orig_above_random_top"] = round(entry["ft_orig_top"] - random_top, 6)
+                above = result.get("ft_orig_above_random") or {}
+                if above.get("ci_low") is not None and above.get("ci_high") is not None:
+                    entry["ft_orig_above_random_top_ci_low"] = above["ci_low"]
+                    entry["ft_orig_above_random_top_ci_high"] = above["ci_high"]
             if pooling != "attention":
                 if "p_value" in result["ft_orig"]:
                     # Corrected in the headline family when the details name a correction.
@@ -189,18 +195,28 @@ def skip_headline(full: Mapping[str, Any]) -> dict:
     """The length of the longest span of layers that can be skipped within tolerance (0: none); with the
     similarity predictions, ``skip_prediction_angular`` / ``…_block_influence``: the within-length Spearman rho
     (layersim.similarity.pruning.within_length) between the measured score and the droppability Gromov et al.'s
-    angular distance / ShortGPT's Block Influence predict, beside its null, ``skip_prediction_random_layer``
-    and ``…_random_layer_high`` (the mean and 97.5 % quantile of random per-layer scores' within-length rho);
-    None where undefined."""
+    angular distance / ShortGPT's Block Influence predict, beside its nulls, ``skip_prediction_random_layer``
+    and ``…_random_layer_high`` (the mean and 97.5 % quantile of random per-layer scores' within-length rho) and
+    ``skip_prediction_position_only`` (the rho of the span's depth alone, which a rule matching it says no more
+    than); and ``skip_prediction_angular_beyond_position`` / ``…_block_influence_beyond_position``, the same rho
+    partial on the span's position, beside its null ``skip_prediction_random_layer_beyond_position_high``
+    (97.5 % quantile for random per-layer scores). None where undefined."""
     span = full.get("largest_span_within_tolerance")
     headline = {"longest_skippable_span": 0 if span is None else span["length"]}
     prediction = full.get("prediction")
     if isinstance(prediction, Mapping):
         for suffix, key in SKIP_PREDICTORS.items():
             headline[f"skip_prediction_{suffix}"] = (prediction.get(key) or {}).get("within_length")
-        random_layer = (prediction.get("baselines") or {}).get("random_layer") or {}
+        baselines = prediction.get("baselines") or {}
+        random_layer = baselines.get("random_layer") or {}
         headline["skip_prediction_random_layer"] = random_layer.get("within_length")
         headline["skip_prediction_random_layer_high"] = random_layer.get("within_length_high")
+        if "position_only" in baselines:  # details written before the position baseline have neither
+            headline["skip_prediction_position_only"] = baselines["position_only"].get("within_length")
+            for suffix, key in SKIP_PREDICTORS.items():
+                headline[f"skip_prediction_{suffix}_beyond_position"] = (
+                    (prediction.get(key) or {}).get("beyond_position"))
+            headline["skip_prediction_random_layer_beyond_position_high"] = random_layer.get("beyond_position_high")
     return headline
 
 

@@ -155,6 +155,11 @@ def similarity_tables(details: Mapping, significance: float) -> list[Table]:
                              _interval(entry),
                              fmt(_last(entry.get("null_mean") or {})), fmt(p), str(result.get("correction", "none")),
                              "–" if p is None else ("yes" if p < significance else "no: chance")])
+            above = result.get("ft_orig_above_random")
+            if isinstance(above, Mapping):  # the paired difference, on the same resamples of the examples
+                rows.append([measure, "FT–ORIG minus FT–RANDOM", "–", fmt(above.get("value")),
+                             f"[{fmt(above.get('ci_low'))}, {fmt(above.get('ci_high'))}] ({above.get('ci_method')}, "
+                             "paired)", "–", "–", "–", "–"])
             for key, blocks in (result.get("blocks") or {}).items():
                 if isinstance(blocks, Mapping) and "block_of_layer" in blocks:
                     block_rows.append([measure, comparison_name(key), block_spans(blocks["block_of_layer"]),
@@ -395,7 +400,10 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
                                "layers; hatched cells: not above chance."),
                               (f"diagonals/{task}/curves/{head}.png", "Layer k against layer k, with the permutation null's "
                                "mean and 95% bootstrap intervals."),
-                              (f"similarity/{task}/heatmaps/tokens.png", "The same on word points (Wu et al.)."),):
+                              (f"similarity/{task}/heatmaps/tokens.png", "The same on word points (Wu et al.)."),
+                              (f"similarity/{task}/heatmaps/attention.png", "Attention maps layer against layer. No "
+                               "uncertainty: attention similarities have no permutation null and no bootstrap "
+                               "interval; read them as descriptive."),):
         figure = layout.figure(relative, caption)
         if figure:
             section.figures.append(figure)

@@ -50,8 +50,10 @@ def prediction_scatter(scores: Mapping[Span, float], predicted: Mapping[str, Map
 
 
 def rank_caption(prediction: Mapping[str, Any], name: str) -> str:
-    """Two lines: predictor `name`'s within-length rho with the random-layer 95 % range, and its all-spans rho
-    with the length-only rho ("undefined" where a value is None)."""
+    """Predictor `name`'s within-length rho with the random-layer 95 % range; the depth-alone (position-only) rho
+    and the rule's rho beyond depth (partial on the span's first layer) with its random-layer range; and its
+    all-spans rho with the length-only rho ("undefined" where a value is None; the first and last lines only, for
+    details written before the position baseline)."""
     baselines = prediction.get("baselines") or {}
     chance = baselines.get("random_layer") or {}
     own = prediction.get(name) or {}
@@ -59,10 +61,15 @@ def rank_caption(prediction: Mapping[str, Any], name: str) -> str:
     def fmt(value) -> str:
         return "undefined" if value is None else f"{value:.2f}"
 
-    return (f"within-length ρ = {fmt(own.get('within_length'))} (random layers 95 %: "
-            f"{fmt(chance.get('within_length_low'))} to {fmt(chance.get('within_length_high'))})\n"
-            f"all spans ρ = {fmt(own.get('all_spans'))} (length alone: "
-            f"{fmt((baselines.get('length_only') or {}).get('all_spans'))})")
+    lines = [f"within-length ρ = {fmt(own.get('within_length'))} (random layers 95 %: "
+             f"{fmt(chance.get('within_length_low'))} to {fmt(chance.get('within_length_high'))})"]
+    if "position_only" in baselines and "beyond_position" in own:
+        lines.append(f"depth alone {fmt(baselines['position_only'].get('within_length'))}; beyond depth ρ = "
+                     f"{fmt(own.get('beyond_position'))} (random {fmt(chance.get('beyond_position_low'))} to "
+                     f"{fmt(chance.get('beyond_position_high'))})")
+    lines.append(f"all spans ρ = {fmt(own.get('all_spans'))} (length alone: "
+                 f"{fmt((baselines.get('length_only') or {}).get('all_spans'))})")
+    return "\n".join(lines)
 
 
 def angular_grid(measures: PruningMeasures) -> np.ndarray:

@@ -65,6 +65,11 @@ def null_note(uncertainty: Uncertainty, method: str, permutations: int | None = 
     return chance_note(uncertainty.significance, null, tested=TESTED[uncertainty.correction])
 
 
+# Attention maps get no permutation null and no bootstrap interval (the similarity stage tests representations only).
+ATTENTION_NO_UNCERTAINTY = ("no uncertainty: attention similarities have no permutation null and no bootstrap "
+                            "interval; read them as descriptive")
+
+
 @dataclass
 class PoolingReport:
     """One pooling's results: the grid figure and its plot rows, the diagonal curves and their rows, metrics,
@@ -103,6 +108,11 @@ def phang_summary(results: Sequence[MeasureResult], sizes: dict[str, int], title
             entry["no_null"] = result.unavailable
         if result.no_interval:
             entry["no_interval"] = result.no_interval
+        if result.above_random is not None:
+            entry["ft_orig_above_random"] = {key: round(value, 6) if isinstance(value, float) else value
+                                             for key, value in result.above_random.items()}
+        if attention:
+            entry["no_uncertainty"] = ATTENTION_NO_UNCERTAINTY
         entry["blocks"] = {key: blocks_metrics(found, first_layer) for key, found in result.blocks.items()
                            if found is not None}
         for key, value in result.bootstrap_stability.items():
@@ -117,6 +127,8 @@ def phang_summary(results: Sequence[MeasureResult], sizes: dict[str, int], title
             curves[label], curve_bounds[label] = _diagonal_curves(comparisons, result.seed_spread), bounds
             for key, spread in result.pair_spreads.items():  # FT[i]–FT[j], LoRA[i]–FT[j ≠ i], …
                 entry[key] = pair_metrics(spread, first_layer)
+    if attention:
+        notes["attention"] = ATTENTION_NO_UNCERTAINTY
     figure = measure_grid(grid, title, first_layer=first_layer, note="\n".join(notes.values()) or None)
     diagonal_figure = (diagonal_curves(curves, f"per-layer similarity and chance — {title}", first_layer=first_layer,
                                        bounds=curve_bounds) if curves else None)

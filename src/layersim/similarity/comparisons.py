@@ -33,7 +33,7 @@ from layersim.similarity.cka import cka_matrix, is_constant
 from layersim.similarity.localization import localization_scores
 from layersim.similarity.registry import MEASURES, similarity_matrix
 from layersim.similarity._common import blas_threads_for
-from layersim.similarity.inference.bootstrap import bootstrap_pairs, chosen_interval
+from layersim.similarity.inference.bootstrap import bootstrap_pairs, chosen_interval, interval_of
 from layersim.similarity.inference.null import NullMatrix, chance_adjusted, permutation_matrix
 from layersim.similarity.inference.exchangeability import LINEAR_CKA_BLOCK_PERMUTATIONS, block_permutations
 # The streamed route (tables larger than memory), here for the stages and tests that import it from this module.
@@ -248,6 +248,31 @@ def diagonal_intervals(measure: str, models: dict[str, Sequence], comparisons: S
     return [dataclasses.replace(c, interval=bounds[c.key], interval_method=result.method,
                                 interval_centre=centres[c.key]) if c.key in bounds else c
             for c in comparisons], resampled
+
+
+def above_random_interval(measure: str, models: dict[str, Sequence], *, resamples: int, seed: int,
+                          groups: np.ndarray | None = None, **options) -> dict | None:
+    """FT–ORIG's top layer minus FT–RANDOM's (FT[1]'s top layer against ORIG's and against the random-init
+    control's: what fine-tuning kept beyond what an untrained network of the same architecture gives), with a paired
+    bootstrap interval: both values on each of the same `resamples` of the examples (whole `groups` of rows), so the
+    interval is of the difference, not two intervals side by side. The interval is the measure's own method
+    (bootstrap.AUTO_INTERVAL; its coverage was measured for the measure, not for this difference), unclipped, since a
+    difference may be negative. None without the random-init control, or for a measure no interval method covers.
+    RANDOM is one draw of random weights: the interval is over examples, not over random initialisations."""
+    method = chosen_interval(measure, "auto")
+    if method is None or RANDOM not in models or "FT[1]" not in models:
+        return None
+    top = models["FT[1]"][-1]
+    found = bootstrap_pairs(measure, [top, top], [models["ORIG"][-1], models[RANDOM][-1]], resamples=resamples,
+                            seed=seed, groups=groups, interval=method, **options)
+    estimate = float(found.estimate[0] - found.estimate[1])
+    differences = found.values[:, 0] - found.values[:, 1]
+    differences = differences[np.isfinite(differences)]
+    if not np.isfinite(estimate) or not differences.size:
+        return None
+    low, high, _ = interval_of(estimate, differences, None, found.level, method)
+    return {"value": estimate, "ci_low": float(low), "ci_high": float(high), "ci_method": method,
+            "resamples": int(differences.size)}
 
 
 def seed_spread(matrix: np.ndarray, sizes: dict[str, int], finetuned: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

@@ -210,24 +210,29 @@ def prediction_rank_correlation(measured: Mapping[Span, float], predicted: Mappi
     """How well `predicted` droppability ranks the `measured` skip scores (same spans on both sides).
 
     ``by_length`` (keyed by n): Spearman's rho among the spans of length n, each ``{"spearman", "spans"}``;
-    ``within_length``: their mean weighted by ``spans − 1`` (the headline, :func:`within_length`); ``all``:
+    ``within_length``: their mean weighted by ``spans − 1`` (the headline, :func:`within_length`);
+    ``beyond_position``: the same mean of the per-length rho partial on the span's position (its first layer),
+    each weighted by ``spans − 2``: what the rule knows beyond "deeper spans are more (or less) droppable", which a
+    predictor of depth alone also knows (:func:`position_only_baseline`); ``all``:
     rho over all spans at once, which mostly measures span length (longer spans score worse and are farther
     apart for any model: compare :func:`length_only_baseline`). Positive: spans predicted droppable keep more
     of the score. Spans with a NaN on either side are left out; fewer than ``MIN_SPANS_FOR_RANK`` spans, or a
     side that is constant, give NaN. No p-value: overlapping spans share layers, so they are not independent
     draws (:func:`random_layer_baseline` gives what a predictor without information gets instead)."""
     spans = _checked_spans(measured, predicted)
-    by_length = {n: _spearman(group, measured, predicted) for n, group in _by_length(spans).items()}
-    return {"within_length": within_length(by_length), "all": _spearman(spans, measured, predicted),
-            "by_length": by_length}
+    groups = _by_length(spans)
+    by_length = {n: _spearman(group, measured, predicted) for n, group in groups.items()}
+    beyond = {n: _partial_spearman(group, measured, predicted) for n, group in groups.items()}
+    return {"within_length": within_length(by_length), "beyond_position": within_length(beyond, fitted=2),
+            "all": _spearman(spans, measured, predicted), "by_length": by_length}
 
 
-def within_length(by_length: Mapping[int, Mapping[str, float]]) -> float:
-    """The mean of the per-length rho, each weighted by its ``spans − 1`` (lengths with rho undefined left out;
-    NaN when none is defined). Spearman's rho over m pairs without association has variance 1/(m − 1), so
-    these are the inverse-variance weights: the least noisy mean, in which a length of 3 spans (rho can only
-    be ±1 or ±0.5) counts a sixth as much as one of 13."""
-    pairs = [(r["spearman"], r["spans"] - 1) for r in by_length.values() if np.isfinite(r["spearman"])]
+def within_length(by_length: Mapping[int, Mapping[str, float]], fitted: int = 1) -> float:
+    """The mean of the per-length rho, each weighted by its ``spans − fitted`` (lengths with rho undefined left out;
+    NaN when none is defined). Spearman's rho over m pairs without association has variance 1/(m − 1), and partial
+    on one covariate 1/(m − 2) (``fitted`` = 2), so these are the inverse-variance weights: the least noisy mean,
+    in which a length of 3 spans (rho can only be ±1 or ±0.5) counts a sixth as much as one of 13."""
+    pairs = [(r["spearman"], r["spans"] - fitted) for r in by_length.values() if np.isfinite(r["spearman"])]
     if not pairs:
         return float("nan")
     rho, weight = np.array(pairs, dtype=float).T
@@ -240,32 +245,47 @@ def length_only_baseline(measured: Mapping[Span, float]) -> float:
     return prediction_rank_correlation(measured, {(i, j): float(i - j) for i, j in measured})["all"]["spearman"]
 
 
+def position_only_baseline(measured: Mapping[Span, float]) -> float:
+    """Within-length rho of a predictor that knows only where a span sits (its first layer; deeper: more
+    droppable): what any rule that has learnt "deeper layers matter less" gets without knowing this model's layers.
+    A rule's ``within_length`` at this level says no more than depth does; its ``beyond_position`` says what it
+    adds (the fidelity review 2026-11-28 §3: a generic depth trend scored 0.87 within length, position alone 0.874)."""
+    return prediction_rank_correlation(measured, {(i, j): float(i) for i, j in measured})["within_length"]
+
+
 def random_layer_baseline(measured: Mapping[Span, float], draws: int = RANDOM_LAYER_DRAWS, seed: int = 0) -> dict:
     """What a predictor without information gets: per draw, a score for each layer from U(0, 1), summed over
     each span (as Block Influence is) and negated as droppability, ranked against `measured`. Returns the mean
     over `draws` seeded draws of ``within_length`` (≈ 0 whatever the length effect) with its 2.5 % and 97.5 %
     quantiles (``within_length_low`` / ``_high``: the range chance gives), and the mean rho over all spans
-    (``all_spans``: the length effect alone, high when longer spans score worse)."""
+    (``all_spans``: the length effect alone, high when longer spans score worse); and the same mean and quantiles of
+    ``beyond_position`` (``beyond_position``, ``beyond_position_low`` / ``_high``): the null of the rho partial on
+    position."""
     if isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or draws < 1:
         raise LayersimError(f"draws must be a positive integer, got {draws!r}.")
     spans = [s for s in _checked_spans(measured, measured) if np.isfinite(measured[s])]
+    keys = [f"{name}{suffix}" for name in ("within_length", "beyond_position") for suffix in ("", "_low", "_high")]
     if not spans:
-        return {"within_length": float("nan"), "within_length_low": float("nan"),
-                "within_length_high": float("nan"), "all_spans": float("nan")}
+        return {**dict.fromkeys(keys, float("nan")), "all_spans": float("nan")}
     layers = np.random.default_rng(seed).uniform(size=(draws, max(j for _, j in spans)))
     cumulative = np.concatenate([np.zeros((draws, 1)), np.cumsum(layers, axis=1)], axis=1)
 
-    def rho(group: list[Span]) -> np.ndarray:
+    def rho(group: list[Span], partial: bool = False) -> np.ndarray:
         first, last = np.array(group).T
-        return _spearman_rows(np.array([measured[s] for s in group]), cumulative[:, first - 1] - cumulative[:, last])
+        x, y = np.array([measured[s] for s in group]), cumulative[:, first - 1] - cumulative[:, last]
+        return _partial_spearman_rows(x, y, first) if partial else _spearman_rows(x, y)
 
     groups = _by_length(spans)
-    weighted = [(r, len(group) - 1) for group in groups.values() for r in [rho(group)] if np.isfinite(r).all()]
-    per_draw = (sum(r * w for r, w in weighted) / sum(w for _, w in weighted) if weighted
-                else np.full(draws, np.nan))
-    low, high = np.quantile(per_draw, [0.025, 0.975])
-    return {"within_length": float(np.mean(per_draw)), "within_length_low": float(low),
-            "within_length_high": float(high), "all_spans": float(np.mean(rho(spans)))}
+    result = {}
+    for name, partial, lost in (("within_length", False, 1), ("beyond_position", True, 2)):
+        weighted = [(r, len(group) - lost) for group in groups.values() for r in [rho(group, partial)]
+                    if np.isfinite(r).all()]
+        per_draw = (sum(r * w for r, w in weighted) / sum(w for _, w in weighted) if weighted
+                    else np.full(draws, np.nan))
+        low, high = np.quantile(per_draw, [0.025, 0.975])
+        result |= {name: float(np.mean(per_draw)), f"{name}_low": float(low), f"{name}_high": float(high)}
+    return {**{key: result[key] for key in keys[:3]}, "all_spans": float(np.mean(rho(spans))),
+            **{key: result[key] for key in keys[3:]}}
 
 
 def _by_length(spans: list[Span]) -> dict[int, list[Span]]:
@@ -280,6 +300,43 @@ def _spearman(spans: list[Span], measured: Mapping[Span, float], predicted: Mapp
     y = np.array([float(predicted[s]) for s in spans])
     keep = ~(np.isnan(x) | np.isnan(y))
     return {"spearman": float(_spearman_rows(x[keep], y[keep][None])[0]), "spans": int(np.count_nonzero(keep))}
+
+
+def _partial_spearman(spans: list[Span], measured: Mapping[Span, float], predicted: Mapping[Span, float]) -> dict:
+    """Spearman's rho of the spans' measured and predicted values partial on their first layer (NaN pairs left
+    out), as ``{"spearman", "spans"}``."""
+    keep = [s for s in spans if not (np.isnan(float(measured[s])) or np.isnan(float(predicted[s])))]
+    x = np.array([float(measured[s]) for s in keep])
+    y = np.array([float(predicted[s]) for s in keep])
+    first = np.array([s[0] for s in keep])
+    return {"spearman": float(_partial_spearman_rows(x, y[None], first)[0]) if keep else float("nan"),
+            "spans": len(keep)}
+
+
+def _partial_spearman_rows(x: np.ndarray, y: np.ndarray, position: np.ndarray) -> np.ndarray:
+    """Spearman's rho of `x` (m,) with each row of `y` (draws, m) partial on `position` (m,): Pearson's r of the
+    ranks after each rank vector's least-squares line on the ranks of `position` is taken out. NaN with fewer than
+    ``MIN_SPANS_FOR_RANK`` + 1 pairs (three points leave one degree of freedom: ±1 whatever the data) or measured
+    ranks that position explains entirely; 0 for a row that position explains entirely (it ranks the spans as
+    depth does, so it knows nothing beyond it: a predictor of depth alone)."""
+    if x.size < MIN_SPANS_FOR_RANK + 1:
+        return np.full(y.shape[0], np.nan)
+    centre = (x.size + 1) / 2
+    z = stats.rankdata(position) - centre
+    if not np.any(z):
+        return _spearman_rows(x, y)
+
+    def residual(ranks: np.ndarray) -> np.ndarray:
+        ranks = ranks - centre
+        return ranks - np.outer(ranks @ z / (z @ z), z) if ranks.ndim == 2 else ranks - (ranks @ z / (z @ z)) * z
+
+    rx, ry = residual(stats.rankdata(x)), residual(stats.rankdata(y, axis=1))
+    scale = x.size ** 2 * 1e-12  # residuals this small are rounding: position explained the ranks
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho = (ry @ rx) / np.sqrt(np.sum(ry ** 2, axis=1) * np.sum(rx ** 2))
+    if not np.sum(rx ** 2) > scale:
+        return np.full(y.shape[0], np.nan)
+    return np.where(np.sum(ry ** 2, axis=1) > scale, rho, 0.0)
 
 
 def _spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:

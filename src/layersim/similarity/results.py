@@ -18,8 +18,9 @@ from layersim.similarity.blocks import Blocks, find_blocks, stability
 from layersim.similarity.inference.bootstrap import chosen_interval, no_interval_note
 from layersim.similarity.cca import CAPPED_MEASURES, kept_dimensions
 from layersim.similarity.cka import is_constant
-from layersim.similarity.comparisons import (PHANG_KEYS, RANDOM, Comparison, block, compared_labels, diagonal_intervals, localization,
-                                             measure_options, phang_cells, phang_comparisons, seed_pair_spreads, seed_spread,
+from layersim.similarity.comparisons import (PHANG_KEYS, RANDOM, Comparison, above_random_interval, block, compared_labels,
+                                             diagonal_intervals, localization, measure_options, phang_cells,
+                                             phang_comparisons, seed_pair_spreads, seed_spread,
                                              stacked_matrix, stacked_null)
 from layersim.similarity.inference.correction import (adjusted_p_values, at_chance, between_model_cells, cells_needed, declares,
                                             permutations_needed, self_comparison_cells)
@@ -156,6 +157,7 @@ class MeasureResult:
     # Pairs of runs of different seeds, with jackknife intervals over seeds (> 2 seeds): comparisons.seed_pair_spreads
     pair_spreads: dict[str, PairSpread] = field(default_factory=dict)
     no_interval: str | None = None           # why the diagonals have no bootstrap interval, when they have none
+    above_random: dict | None = None         # FT–ORIG's top minus FT–RANDOM's, paired interval (above_random_interval)
 
 
 def phang_result(measure: str, matrix: np.ndarray, sizes: dict[str, int], *, models: dict[str, list] | None = None,
@@ -190,6 +192,9 @@ def phang_result(measure: str, matrix: np.ndarray, sizes: dict[str, int], *, mod
     bootstrapped = models is not None and uncertainty is not None and not unavailable and uncertainty.bootstrap
     if bootstrapped and chosen_interval(measure, "auto") is None:
         result.no_interval = no_interval_note(measure)
+    if bootstrapped:
+        result.above_random = above_random_interval(measure, models, resamples=uncertainty.bootstrap,
+                                                    seed=uncertainty.seed, groups=groups, **options)
     for key, per_resample in resampled.items():
         if result.blocks.get(key) is not None:
             # How far bootstrap resamples of the examples split the layers the same way (Rand index).

@@ -49,7 +49,11 @@ def predictions_from_logits(spec: TaskSpec, logits: np.ndarray) -> np.ndarray:
 
 def compute_metrics(spec: TaskSpec, logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     """Every metric of the task, in percent-free [0, 1] / [-1, 1] units as scikit-learn reports them."""
-    predictions = predictions_from_logits(spec, logits)
+    return prediction_metrics(spec, predictions_from_logits(spec, logits), labels)
+
+
+def prediction_metrics(spec: TaskSpec, predictions: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Every metric of the task for `predictions` (:func:`predictions_from_logits`) of `labels`."""
     unknown = [m for m in spec.metrics if m not in METRICS]
     if unknown:
         raise LayersimError(f"task {spec.name!r} asks for unknown metric {unknown[0]!r}; known: {', '.join(METRICS)}.")

@@ -20,12 +20,13 @@ import torch
 from tqdm.auto import tqdm
 
 from layersim.data.batching import EncodedTask, collate, encode_task
-from layersim.training.convergence import Convergence, check_run, final_loss, learning_rate_setting, trivial_loss
+from layersim.training.convergence import (Convergence, Predictions, check_run, final_loss, learning_rate_setting,
+                                          trivial_loss)
 from layersim.compute.device import autocast, default_device, grad_scaler, resolve_precision, to_device
 from layersim.models.freezing import frozen_layers
 from layersim.errors import LayersimError
 from layersim.compute.training_steps import GradientSteps
-from layersim.training.evaluate import METRICS, score
+from layersim.training.evaluate import METRICS, predict, prediction_metrics, predictions_from_logits, score
 from layersim.models.registry import (MODEL_INFO_FILE, file_digest, load_task_model, load_tokenizer, model_info,
                                       verified_info, weights_digest)
 from layersim.params import FinetuneParams
@@ -213,36 +214,46 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
             timing["train_seconds"] = round(time.perf_counter() - started - paused, 3)
     if is_adapted(model):  # the checkpoint, and the score reported for it, are of the plain merged model
         model = merged(model)
-    final = evaluate_model(model, spec, validation, tokenizer, params, device)
+    predictions = predictions_from_logits(spec, predict(model, validation, tokenizer, params.eval_batch_size, device,
+                                                        precision=resolve_precision(params.precision, device)))
+    final = prediction_metrics(spec, predictions, validation.labels)
     log(params.max_steps, _prefixed(final))
     if checks is not None:  # the history holds every logged loss, those replayed from a resumed state included
         losses = [values["train/loss"] for _, values in history if "train/loss" in values]
-        checks["convergence"] = convergence_of(spec, train, validation, losses, final)
+        checks["convergence"] = convergence_of(spec, train, validation, losses, final, predictions)
     return model, final
 
 
-def trivial_score(spec: TaskSpec, train_labels: np.ndarray, validation_labels: np.ndarray) -> float:
-    """The primary metric of the best constant predictor on the validation labels: the highest over every
-    constant class (answer position for multiple choice) — the majority rate for accuracy, always the positive
-    class for F1 (QQP: 0.538, where the majority "not duplicate" scores 0) — and for MCC and regression's
-    correlations the 0 that METRICS gives a constant (undefined; the train split's mean stands in)."""
+def best_constant(spec: TaskSpec, train_labels: np.ndarray, validation_labels: np.ndarray) -> tuple[float, float]:
+    """The best constant predictor on the validation labels, as (its prediction, its primary metric): the
+    highest-scoring constant class (answer position for multiple choice; the first on a tie) — the majority for
+    accuracy, always the positive class for F1 (QQP: 0.538, where the majority "not duplicate" scores 0) — and for
+    regression the train split's mean, whose correlations METRICS gives as 0 (undefined for a constant)."""
     labels = np.asarray(validation_labels)
     if spec.regression:
         constants = [float(np.mean(train_labels))]
     else:
         constants = np.unique(np.concatenate([np.asarray(train_labels), labels]).astype(np.int64)).tolist()
-    return max(float(METRICS[spec.primary_metric](labels, np.full(len(labels), constant))) for constant in constants)
+    scores = [float(METRICS[spec.primary_metric](labels, np.full(len(labels), constant))) for constant in constants]
+    best = int(np.argmax(scores))
+    return constants[best], scores[best]
+
+
+def trivial_score(spec: TaskSpec, train_labels: np.ndarray, validation_labels: np.ndarray) -> float:
+    """The primary metric of the best constant predictor on the validation labels (:func:`best_constant`)."""
+    return best_constant(spec, train_labels, validation_labels)[1]
 
 
 def convergence_of(spec: TaskSpec, train: EncodedTask, validation: EncodedTask, losses: list[float],
-                   metrics: dict[str, float]) -> Convergence:
-    """The run's convergence check (layersim.training.convergence.check_run) from its logged training losses and its
-    validation `metrics`, against the trivial predictor fitted on the train split."""
-    return check_run(spec.primary_metric, metrics[spec.primary_metric],
-                     trivial_score(spec, train.labels, validation.labels), final_loss(losses),
+                   metrics: dict[str, float], predictions: np.ndarray) -> Convergence:
+    """The run's convergence check (layersim.training.convergence.check_run) from its logged training losses, its
+    validation `metrics` and the `predictions` they score, against the trivial predictor fitted on the train split
+    and the best constant's predictions of the same validation examples (the paired test)."""
+    constant, baseline = best_constant(spec, train.labels, validation.labels)
+    return check_run(spec.primary_metric, metrics[spec.primary_metric], baseline, final_loss(losses),
                      trivial_loss(train.labels, spec.regression,
                                   spec.num_choices if spec.format == "multiple_choice" else None),
-                     n=len(validation.labels))
+                     sample=Predictions(np.asarray(validation.labels), np.asarray(predictions), constant))
 
 
 def encoded_splits(task_dir: str | Path, spec: TaskSpec, tokenizer, max_length: int) -> tuple[EncodedTask, EncodedTask]:
