@@ -30,6 +30,6 @@ python -m layersim.plan "${params[@]}" -- "$@"
 echo
 
 # No output edited in place through its link into DVC's cache (docs/experiments.md, "Sharing results").
-python -m layersim.dvc_cache
+python -m layersim_launch.dvc_cache
 # `dvc exp run`, less DVC's warning for each output no run has made yet (a fresh clone's first run: tools/exp_run.py).
 python tools/exp_run.py "${params[@]}" "$@"

@@ -8,7 +8,7 @@ from pathlib import Path
 from dvclive import Live
 
 from layersim import cli
-from layersim.training.convergence import enforce
+from layersim.training.run_convergence import checked_convergence
 from layersim.compute.device import resolve_device
 from layersim.data.io import atomic_path, task_tables_digest, write_json
 from layersim.models.registry import load_tokenizer
@@ -32,10 +32,7 @@ def run(args, params, spec, pretrained: Path, seed: int, out: Path, live_dir, re
                                   keep=keep, resume=resume, timing=timing, checks=checks,
                                   device=resolve_device(params.device))
     # Before any output: with finetune.require_convergence an unconverged run leaves no checkpoint or metrics.
-    convergence = checks["convergence"].record()
-    method = "" if params.finetune.method == "full" else f" with {params.finetune.method}"  # the advice names its params
-    enforce(checks["convergence"], f"fine-tuning {spec.name} seed {seed} from {pretrained}{method}", params.finetune,
-            cli.log)
+    convergence = checked_convergence(checks["convergence"], spec.name, seed, pretrained, params.finetune, cli.log)
     with atomic_path(out, is_dir=True) as tmp:
         save_checkpoint(model, tokenizer, tmp, base_dir=pretrained, task=spec.name, seed=seed, method=params.finetune.method,
                         task_digest=task_tables_digest(args.task_dir), convergence=convergence)

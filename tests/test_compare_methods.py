@@ -162,7 +162,7 @@ def test_compared_cells_get_the_null_and_intervals_of_phangs_cells(stacked):
 
 def test_the_report_names_and_the_headline_reads_the_compared_comparisons(stacked):
     from layersim.reporting.headlines import compared_keys, similarity_headline
-    from layersim.reporting.page import comparison_name
+    from layersim.reporting.similarity_tables import comparison_name
     from layersim.reporting.similarity import phang_summary
     from layersim.similarity.results import Uncertainty
 
@@ -214,7 +214,7 @@ def test_the_compared_methods_top_layers_are_claims_of_the_headline_family(stack
 
 
 def test_the_page_puts_other_seed_pairs_beside_ft_pairs_and_says_which_runs_share_a_seed(stacked):
-    from layersim.reporting.page import similarity_tables
+    from layersim.reporting.similarity_tables import similarity_tables
     from layersim.reporting.similarity import phang_summary
     from layersim.similarity.results import Uncertainty
 

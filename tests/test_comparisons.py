@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from layersim.similarity.comparison_intervals import seed_spread
 from layersim.similarity.comparisons import (attention_measure_bounds, attention_measure_label, block, localization,
-                                             measure_options, pair_summary, phang_cells, phang_comparisons, seed_spread,
+                                             measure_options, pair_summary, phang_cells, phang_comparisons,
                                              stacked_matrix, summarize)
 from layersim.similarity import AttentionMaps, attention_similarity_matrix, similarity_matrix
 

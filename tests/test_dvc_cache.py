@@ -1,4 +1,4 @@
-"""A cache that in-place edits poison (issue 62): DVC's cache checked against dvc.lock (layersim.dvc_cache) before every
+"""A cache that in-place edits poison (issue 62): DVC's cache checked against dvc.lock (layersim_launch.dvc_cache) before every
 stage DVC runs and before `layersim push`, and the remote's `verify` keeping damaged bytes from a colleague's pull.
 
 The unit tests build a cache and a dvc.lock by hand, as DVC 3 lays them out; the integration test runs the real
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from layersim import dvc_cache
-from layersim.dvc_cache import Damaged, damaged_files, refuse_damaged
+from layersim_launch import dvc_cache
+from layersim_launch.dvc_cache import Damaged, damaged_files, refuse_damaged
 from layersim.errors import LayersimError
 
 
@@ -215,7 +215,7 @@ def test_an_output_edited_in_place_is_refused_by_the_next_run_and_push_and_never
     assert all(name in refusal for name in named), refusal
     assert "refused before this stage runs" in refusal
     assert not (root / f"data/checkpoints/tiny-bert/{TASK}/seed1/model").exists()
-    check = run([sys.executable, "-m", "layersim.dvc_cache"], root, env, check=False)  # the run scripts' check
+    check = run([sys.executable, "-m", "layersim_launch.dvc_cache"], root, env, check=False)  # the run scripts' check
     assert check.returncode == 1 and all(name in check.stderr for name in named), output(check)
 
     layersim = [sys.executable, "-m", "layersim_launch.cli"]

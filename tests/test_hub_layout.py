@@ -86,7 +86,7 @@ def test_each_paper_task_loads_from_the_hub_layout(mirror, task):
     for split in ("train", "validation"):
         table = hub_table(spec, split)
         assert table.column("example_id").to_pylist() == [0, 1, 2]
-        assert table.column_names == ["example_id", *spec.text_columns, "label"]
+        assert table.column_names == ["example_id", "cluster_id", *spec.text_columns, "label"]
         assert table.schema.field("label").type == spec.label_type
         source = json.loads(table.schema.metadata[b"layersim"])["source"]
         assert source == {"hub": repository, "config": spec.hub.config, "split": renamed.get(split, split),

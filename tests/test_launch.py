@@ -18,7 +18,7 @@ import yaml
 from dvc_project import (REPO, dvc, make_project, output, project_env, repository_params_text, run, tiny_params,
                          with_venv_commands)
 from launch_project import make_launch_project, parsed_lock
-from layersim.params.schema import STAGES
+from layersim.params.launch import STAGES
 
 ITEMS = ["a", "b", "c", "d"]
 SECONDS = 1.5  # each fine-tune's wait: long enough that two run at once on two fake GPUs
@@ -145,7 +145,8 @@ def test_bad_flags_and_params_fail_before_ray_starts(tmp_path):
     (root / "params.yaml").write_text(repository_params_text())
     dry = launch("--dry")
     assert dry.returncode == 0 and "finetune@a  {'num_gpus': 1.0, 'num_cpus': 0}" in dry.stdout, output(dry)
-    assert "compare  {'num_cpus': 1.0}" in dry.stdout
+    assert "compare  {'num_gpus': 1.0, 'num_cpus': 0}" in dry.stdout  # its nulls run on the GPU
+    assert "download  {'num_cpus': 1.0}" in dry.stdout
     no_gpus = launch("--gpus", "0")
     assert no_gpus.returncode == 2 and "ask for 1 GPU per task, but the Ray cluster has 0" in no_gpus.stderr
     assert not (root / "data").exists()  # nothing ran

@@ -154,7 +154,7 @@ def test_above_random_has_a_paired_bootstrap_interval_over_examples():
     """FT–ORIG's top layer minus FT–RANDOM's, both on the same resamples of the examples: its interval is of the
     difference. Planted: the top layer keeps ORIG's (with noise) in one case, is unrelated to it in the other; the
     first difference's interval lies above 0, the second's covers 0, and both hold the value's basic interval."""
-    from layersim.similarity.comparisons import above_random_interval
+    from layersim.similarity.comparison_intervals import above_random_interval
     from layersim.similarity.inference.bootstrap import bootstrap_pairs
 
     rng = np.random.default_rng(7)

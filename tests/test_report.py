@@ -10,8 +10,9 @@ import pytest
 
 from layersim.data.layout import finetune_metrics, stage_details
 from layersim.reporting.headlines import metrics_to_details
-from layersim.reporting.page import (Layout, block_spans, build_report, export_facts, png, render, similarity_tables,
-                                     Table)
+from layersim.reporting.cells import block_spans
+from layersim.reporting.page import Layout, build_report, export_facts, png, render, Table
+from layersim.reporting.similarity_tables import similarity_tables
 
 
 def _similarity(p_top: float) -> dict:

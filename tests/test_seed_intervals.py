@@ -11,7 +11,7 @@ import pytest
 
 from layersim.similarity.comparisons import phang_comparisons, stacked_matrix, summarize
 from layersim.reporting.headlines import similarity_headline
-from layersim.reporting.page import similarity_tables
+from layersim.reporting.similarity_tables import similarity_tables
 from layersim.compute.runs import converged_mean
 from layersim.similarity.inference.seeds import over_seeds, seed_metrics
 

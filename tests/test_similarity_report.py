@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from matplotlib.patches import Rectangle
 
-from layersim.similarity.comparisons import diagonal_intervals, phang_comparisons, stacked_matrix
+from layersim.similarity.comparison_intervals import diagonal_intervals
+from layersim.similarity.comparisons import phang_comparisons, stacked_matrix
 from layersim.similarity import cka_matrix, permutation_test
 from layersim.similarity.inference.bootstrap import AUTO_INTERVAL, resample_rows
 from layersim.experiments.compare import stacked_report

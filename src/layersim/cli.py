@@ -74,7 +74,7 @@ def run_stage(main: Callable[[argparse.Namespace, Params], None], args: argparse
     try:
         params = load_params(args.params)
         if os.environ.get("DVC_STAGE"):  # run by DVC: no output was edited in place through its cache link
-            from layersim.dvc_cache import refuse_damaged
+            from layersim_launch.dvc_cache import refuse_damaged
 
             refuse_damaged(os.environ.get("DVC_ROOT", "."), "this stage runs")
         _remove_stale_temporaries(args)

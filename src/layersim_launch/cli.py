@@ -1,6 +1,6 @@
 """`layersim launch` (the stale nodes as Ray tasks) and `layersim push` (`dvc push`, DVC's cache checked first).
 
-launch: see layersim_launch.runner; push: layersim.dvc_cache."""
+launch: see layersim_launch.runner; push: layersim_launch.dvc_cache."""
 
 from __future__ import annotations
 
@@ -156,10 +156,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def push(root: Path, dvc_args: list[str]) -> int:
     """`dvc push` with `dvc_args`, refused in one sentence when a cache object dvc.lock names holds other bytes
-    than its name (layersim.dvc_cache): DVC would upload them as they are."""
+    than its name (layersim_launch.dvc_cache): DVC would upload them as they are."""
     import subprocess
 
-    from layersim.dvc_cache import refuse_damaged
+    from layersim_launch.dvc_cache import refuse_damaged
     from layersim.errors import LayersimError
 
     try:
@@ -248,7 +248,7 @@ def _launch(args, root: Path, commit: str | None) -> int:
     from layersim.params import load_params
     from layersim_launch.graph import pipeline, stale, upstream_of
 
-    from layersim.dvc_cache import refuse_damaged
+    from layersim_launch.dvc_cache import refuse_damaged
 
     try:
         settings = load_params(root / args.params).launch

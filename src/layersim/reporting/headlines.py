@@ -111,10 +111,10 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
     ``…_seed_range``. With the random-init control: ``ft_orig_above_random_top``, FT–ORIG's top layer minus
     FT–RANDOM's (what an untrained network of the same architecture scores), with its paired bootstrap interval
     over examples ``…_ci_low``/``…_ci_high`` where the details hold one
-    (layersim.similarity.comparisons.above_random_interval; one draw of random weights). With finetune.compare_methods,
+    (layersim.similarity.comparison_intervals.above_random_interval; one draw of random weights). With finetune.compare_methods,
     each compared method's top layer against ORIG and against FT (e.g. ``lora_orig_top``, ``lora_ft_top``: in the
     headline family, with ``…_top_p_adjusted``). Runs of different seeds (three seeds or more:
-    layersim.similarity.comparisons.seed_pair_spreads), each top layer's mean over the pairs with the jackknife
+    layersim.similarity.comparison_intervals.seed_pair_spreads), each top layer's mean over the pairs with the jackknife
     interval over seeds (``…_top_ci_low``/``…_top_ci_high``): ``ft_pairs_top`` (FT[i]–FT[j]) and, per compared
     method, ``lora_ft_other_seed_top`` (LoRA[i]–FT[j ≠ i], which share no seed),
     ``lora_ft_other_seed_minus_ft_pairs_top`` (its difference from FT[i]–FT[j]) and ``lora_ft_same_seed_top``

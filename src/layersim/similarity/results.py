@@ -18,10 +18,11 @@ from layersim.similarity.blocks import Blocks, find_blocks, stability
 from layersim.similarity.inference.bootstrap import chosen_interval, no_interval_note
 from layersim.similarity.cca import CAPPED_MEASURES, kept_dimensions
 from layersim.similarity.cka import is_constant
-from layersim.similarity.comparisons import (PHANG_KEYS, RANDOM, Comparison, above_random_interval, block, compared_labels,
-                                             diagonal_intervals, localization, measure_options, phang_cells,
-                                             phang_comparisons, seed_pair_spreads, seed_spread,
-                                             stacked_matrix, stacked_null)
+from layersim.similarity.comparison_intervals import (above_random_interval, diagonal_intervals, seed_pair_spreads,
+                                                      seed_spread)
+from layersim.similarity.comparisons import (PHANG_KEYS, RANDOM, Comparison, block, compared_labels, localization,
+                                             measure_options, phang_cells, phang_comparisons, stacked_matrix,
+                                             stacked_null)
 from layersim.similarity.inference.correction import (adjusted_p_values, at_chance, between_model_cells, cells_needed, declares,
                                             permutations_needed, self_comparison_cells)
 from layersim.similarity.inference.exchangeability import unmovable
@@ -154,7 +155,7 @@ class MeasureResult:
     seed_stability: float | None = None      # do the other seeds' FT–FT matrices split the same way?
     kept_dimensions: dict[str, list[int | None]] | None = None
     seed_spread: tuple[np.ndarray, np.ndarray] | None = None  # FT[i]–FT[j] diagonals' mean and sd (> 2 seeds)
-    # Pairs of runs of different seeds, with jackknife intervals over seeds (> 2 seeds): comparisons.seed_pair_spreads
+    # Pairs of runs of different seeds, with jackknife intervals over seeds (> 2 seeds): comparison_intervals.seed_pair_spreads
     pair_spreads: dict[str, PairSpread] = field(default_factory=dict)
     no_interval: str | None = None           # why the diagonals have no bootstrap interval, when they have none
     above_random: dict | None = None         # FT–ORIG's top minus FT–RANDOM's, paired interval (above_random_interval)

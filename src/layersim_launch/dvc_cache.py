@@ -185,7 +185,7 @@ def refuse_damaged(root: str | os.PathLike, before: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m layersim.dvc_cache [ROOT]``: the check on its own (quickstart.sh and smallest.sh run it before
+    """``python -m layersim_launch.dvc_cache [ROOT]``: the check on its own (quickstart.sh and smallest.sh run it before
     `dvc exp run`, whose stages restored from the run-cache run no stage code); exit status 1 with the sentence."""
     import sys
 
