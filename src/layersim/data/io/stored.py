@@ -1,0 +1,125 @@
+"""How the tables' floating-point values are stored (extract.table_precision), the one place that knows it: float32
+as is, or float16 times a power-of-two scale per column (a neuron of an activation table, a head of an attention
+table) and block of rows, the scales kept in the file's footer. Every reader gets float32 back.
+
+Why scaled: plain float16 spans 6e-8 … 65504, and activations leave that range at both ends. A LayerNorm output with
+a near-zero gain holds neurons of magnitude 1e-8 that float16 flushes to exact zeros (all-MiniLM-L6-v2's last layer
+has three: neuronsim then correlates a constant), and an unnormalised residual stream can exceed 65504. Scaled so
+that each column's largest magnitude lands in [2^14, 2^15), every value of the column keeps float16's 11 significant
+bits down to 2^-29 of that largest one, and nothing overflows. bfloat16 would span the range too, with 3 bits fewer.
+The scale is a power of two, so scaling and unscaling in float32 are exact. docs/paper-configuration.md gives the
+measured effect on every measure, head and map."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pyarrow as pa
+
+from layersim.errors import LayersimError
+
+# What a table's values are stored as (layersim.params.vocabulary.TABLE_PRECISIONS spells the names out, checked by a
+# test). Values are decoded to float32 on reading, before any arithmetic.
+VALUE_TYPES = {"float32": pa.float32(), "float16": pa.float16()}
+# The footer entry of a scaled table: rows per block and each block's exponents per column and width.
+SCALES_KEY = b"layersim.scales"
+# A column's largest magnitude is scaled into [2^14, 2^15): float16's largest finite value is 65504 < 2^16.
+TOP_EXPONENT = 15
+ENCODINGS = {"float32": "float32", "float16": "float16 times a power-of-two scale per column and block of rows",
+             "float16 unscaled": "float16 without scales (written before scales; tiny values may be zeros)"}
+
+
+def exponents(values: np.ndarray) -> np.ndarray:
+    """Per column of (rows, width) `values`, the power of two e such that values / 2^e has its largest finite
+    magnitude in [2^14, 2^15) (0 for a column of zeros), as int16."""
+    finite = np.where(np.isfinite(values), np.abs(values), 0.0)
+    largest = finite.max(axis=0, initial=0.0) if len(values) else np.zeros(values.shape[1:], np.float32)
+    _, power = np.frexp(largest.astype(np.float64))  # largest = m · 2^power, m in [0.5, 1)
+    return np.where(largest > 0, power - TOP_EXPONENT, 0).astype(np.int16)
+
+
+def encode(values: np.ndarray, precision: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """(rows, width) float32 values as stored in `precision`, and the per-column exponents (None: float32)."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    if precision == "float32":
+        return values, None
+    power = exponents(values)
+    return np.ldexp(values, -power.astype(np.int32)).astype(np.float16), power
+
+
+def round_trip(values: np.ndarray, precision: str) -> np.ndarray:
+    """`values` as a reader gets them back from a table stored in `precision` (their rows as one block)."""
+    stored, power = encode(values, precision)
+    return decode(stored, power)
+
+
+def decode(stored: np.ndarray, power: np.ndarray | None) -> np.ndarray:
+    """Stored values (rows, width) as float32, unscaled by the per-column exponents `power` (None: none)."""
+    values = np.asarray(stored, dtype=np.float32)
+    return values if power is None else np.ldexp(values, power.astype(np.int32)).astype(np.float32, copy=False)
+
+
+class Scales:
+    """The exponents of a scaled table: per block of consecutive rows, one int16 per (column, position in the
+    column's list). Written into the footer by the writer that encoded the blocks; read back by the table's reader,
+    which unscales any range of rows with :meth:`decode`."""
+
+    def __init__(self, columns: list[str], width: int):
+        self.columns, self.width = list(columns), width
+        self.rows: list[int] = []
+        self.blocks: list[np.ndarray] = []  # (columns, width) each
+
+    def add(self, rows: int, block: list[np.ndarray]) -> None:
+        self.rows.append(int(rows))
+        self.blocks.append(np.stack(block).astype(np.int16))
+
+    def footer(self) -> dict[bytes, bytes]:
+        data = np.stack(self.blocks) if self.blocks else np.zeros((0, len(self.columns), self.width), np.int16)
+        return {SCALES_KEY: json.dumps({"columns": self.columns, "width": self.width, "rows": self.rows,
+                                        "exponents": base64.b64encode(data.astype("<i2").tobytes()).decode()}).encode()}
+
+    @classmethod
+    def from_footer(cls, footer: dict, path, columns: list[str], width: int, num_rows: int) -> "Scales":
+        """The scales in a table's footer, checked against its columns, width and rows; a LayersimError naming the
+        file and the extract stage if they are missing or do not fit."""
+        raw = footer.get(SCALES_KEY)
+        if raw is None:
+            raise LayersimError(f"{path} stores scaled float16 values without their scales in its footer; it is "
+                                "corrupt, so re-run the extract stage.")
+        try:
+            found = json.loads(raw)
+            scales = cls(found["columns"], int(found["width"]))
+            data = np.frombuffer(base64.b64decode(found["exponents"]), "<i2").astype(np.int16)
+            scales.rows = [int(r) for r in found["rows"]]
+            scales.blocks = list(data.reshape(len(scales.rows), len(scales.columns), scales.width))
+        except (ValueError, KeyError, TypeError) as err:
+            raise LayersimError(f"{path} holds unreadable scales in its footer ({err}); it is corrupt, so re-run the "
+                                "extract stage.") from None
+        if scales.columns != list(columns) or scales.width != width or sum(scales.rows) != num_rows:
+            raise LayersimError(f"{path} holds scales for {sum(scales.rows)} rows of {len(scales.columns)} columns "
+                                f"of width {scales.width}, not its {num_rows} rows of {len(columns)} of width {width}; "
+                                "it is corrupt, so re-run the extract stage.")
+        scales.starts = np.cumsum([0, *scales.rows])
+        return scales
+
+    def decode(self, column: str, stored: np.ndarray, first_row: int = 0) -> np.ndarray:
+        """Rows first_row … of `column`, stored (rows, width), as float32 values."""
+        c, values = self.columns.index(column), np.asarray(stored, dtype=np.float32).copy()
+        last = first_row + len(values)
+        for b in range(np.searchsorted(self.starts, first_row, side="right") - 1, len(self.rows)):
+            start, stop = max(self.starts[b], first_row), min(self.starts[b + 1], last)
+            if start >= last:
+                break
+            if stop > start:
+                part = values[start - first_row:stop - first_row]
+                values[start - first_row:stop - first_row] = np.ldexp(part, self.blocks[b][c].astype(np.int32))
+        return values
+
+
+def encoding(value_type: pa.DataType, scaled: bool) -> str:
+    """The key of ENCODINGS for a table's stored value type (and whether it carries scales)."""
+    if value_type == pa.float32():
+        return "float32"
+    return "float16" if scaled else "float16 unscaled"
