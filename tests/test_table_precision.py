@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+import torch
 
 from layersim.compute import disk
 from layersim.data.io import ActivationTable, ActivationWriter
@@ -114,3 +115,27 @@ def test_params_name_every_stored_type_and_the_plan_counts_its_bytes():
 
     assert TABLE_PRECISIONS == tuple(VALUE_TYPES)
     assert disk.table_bytes(10, 12, 768, "float16") * 2 == disk.table_bytes(10, 12, 768) == 10 * 13 * 768 * 4
+
+
+def test_attention_maps_stored_in_float16_read_back_within_their_rounding(tiny_model_dir, tmp_path):
+    from layersim.data.batching import encode_task
+    from layersim.data.io import AttentionTable
+    from layersim.data.tasks import generated_table, get_task
+    from layersim.experiments.extract import extract_attention
+    from layersim.models.registry import load_encoder, load_tokenizer
+
+    folder, spec = tiny_model_dir("tiny-bert"), get_task("synth-similarity")
+    tokenizer = load_tokenizer(folder)
+    encoded = encode_task(generated_table(spec, "validation", 6, seed=1), spec, tokenizer, max_length=128)
+    tables = {}
+    for precision in VALUE_TYPES:
+        extract_attention(load_encoder(folder), tokenizer, encoded, tmp_path / f"{precision}.parquet",
+                          {"run": "orig", "task": spec.name}, batch_size=2, device=torch.device("cpu"),
+                          precision=precision)
+        tables[precision] = AttentionTable(tmp_path / f"{precision}.parquet")
+    assert [t.precision for t in tables.values()] == ["float32", "float16"]
+    np.testing.assert_array_equal(tables["float32"].index, tables["float16"].index)
+    for k in range(1, tables["float32"].num_layers + 1):
+        full, half = tables["float32"].layer(k), tables["float16"].layer(k)
+        assert half.dtype == np.float32 and (full > 0).all() and (half > 0).all()  # softmax: no weight flushed to 0
+        np.testing.assert_allclose(half, full, rtol=2.0 ** -11, atol=0)
