@@ -68,7 +68,7 @@ def quickstart_params(wide: bool, neural: bool):
         raw["download"]["generated_validation_examples"] = 1000
         raw["extract"]["max_tokens"] = 3000
         raw["extract"]["max_train_examples"] = 3000
-        raw["finetune"]["max_steps"] = WIDE_STEPS
+        raw["finetune"].update(max_steps=WIDE_STEPS, eval_every=0)
     return parse_params(raw)
 
 
