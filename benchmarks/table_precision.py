@@ -16,6 +16,7 @@ scored on its validation rows. The figures are in docs/paper-configuration.md.
 
     python benchmarks/table_precision.py            # the quickstart's model, task and recipe (about 15 min, 2 cores)
     python benchmarks/table_precision.py --wide     # a random-init BERT of width 768
+    python benchmarks/table_precision.py --steps 20 # fewer fine-tuning steps: what a loaded 2-core CPU allows
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from layersim.errors import LayersimError
 from layersim.experiments.align import method_options
 from layersim.experiments.extract import extract_activations, extract_attention
 from layersim.experiments.truncation import head_scores
-from layersim.models.registry import load_encoder, load_tokenizer, snapshot_model
+from layersim.models.registry import MODEL_INFO_FILE, load_encoder, load_tokenizer, snapshot_model, weights_digest
 from layersim.params import parse_params
 from layersim.plan.__main__ import overridden
 from layersim.similarity.comparisons import attention_maps, measure_options, stacked_matrix
@@ -60,15 +61,17 @@ WIDE_STEPS = 60  # the wide model's fine-tuning steps: its seeds' spread, not a 
 FLAT_SD = 1e-6  # a cell the seeds do not move (the embeddings): its Δ is shown, not divided
 
 
-def quickstart_params(wide: bool, neural: bool):
+def quickstart_params(wide: bool, neural: bool, steps: int | None):
     raw = overridden(REPO / "params.yaml", launcher_overrides("quickstart.sh"))
+    if steps:  # fewer steps: the seeds have moved less apart, so Δ / sd errs high (a stricter test), not low
+        raw["finetune"].update(max_steps=steps, warmup_steps=min(steps, raw["finetune"]["warmup_steps"]), eval_every=0)
     if not neural:  # INN and MLP train a network per layer and pair: minutes more on a laptop CPU
         raw["align"]["methods"] = [m for m in raw["align"]["methods"] if m not in ("inn", "mlp")]
     if wide:  # the task of the quickstart, more rows (width 768 needs more points than dimensions), fewer steps
         raw["download"]["generated_validation_examples"] = 1000
         raw["extract"]["max_tokens"] = 3000
         raw["extract"]["max_train_examples"] = 3000
-        raw["finetune"].update(max_steps=WIDE_STEPS, eval_every=0)
+        raw["finetune"].update(max_steps=steps or WIDE_STEPS, eval_every=0)
     return parse_params(raw)
 
 
@@ -82,6 +85,9 @@ def wide_model(folder: Path) -> None:
     (folder / "config.json").write_text(json.dumps(config))
     torch.manual_seed(0)
     AutoModel.from_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)
+    info = json.loads((folder / MODEL_INFO_FILE).read_text())  # the weights are new: so is their digest
+    (folder / MODEL_INFO_FILE).write_text(json.dumps({**info, "digest": weights_digest(folder),
+                                                      "revision": "random-init seed 0, width 768"}))
 
 
 def stored_copy(table: ActivationTable, path: Path, precision: str) -> ActivationTable:
@@ -236,12 +242,16 @@ def maps(runs: Runs) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--wide", action="store_true", help="a random-init BERT of width 768 instead of MiniLM")
+    parser.add_argument("--steps", type=int, help="fine-tuning steps per seed (default: the quickstart's 200; "
+                        "--wide: 60)")
     parser.add_argument("--neural", action="store_true", help="align's INN and MLP maps too (slow on a CPU)")
     parser.add_argument("--out", type=Path, help="write the figures here as JSON too")
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
-    params = quickstart_params(args.wide, args.neural)
+    params = quickstart_params(args.wide, args.neural, args.steps)
+    print(f"{params.model if not args.wide else 'random-init BERT, width 768'}: {params.finetune.max_steps} steps a "
+          f"seed", flush=True)
     spec = get_task(params.tasks[0])
     print("\n".join(machine()), flush=True)
     with tempfile.TemporaryDirectory(prefix="layersim-precision-") as tmp:
