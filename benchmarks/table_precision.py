@@ -64,7 +64,7 @@ FLAT_SD = 1e-6  # a cell the seeds do not move (the embeddings): its Δ is shown
 def quickstart_params(wide: bool, neural: bool, steps: int | None):
     raw = overridden(REPO / "params.yaml", launcher_overrides("quickstart.sh"))
     if steps:  # fewer steps: the seeds have moved less apart, so Δ / sd errs high (a stricter test), not low
-        raw["finetune"].update(max_steps=steps, warmup_steps=min(steps, raw["finetune"]["warmup_steps"]), eval_every=0)
+        raw["finetune"].update(max_steps=steps, eval_every=0)
     if not neural:  # INN and MLP train a network per layer and pair: minutes more on a laptop CPU
         raw["align"]["methods"] = [m for m in raw["align"]["methods"] if m not in ("inn", "mlp")]
     if wide:  # the task of the quickstart, more rows (width 768 needs more points than dimensions), fewer steps
@@ -72,6 +72,8 @@ def quickstart_params(wide: bool, neural: bool, steps: int | None):
         raw["extract"]["max_tokens"] = 3000
         raw["extract"]["max_train_examples"] = 3000
         raw["finetune"].update(max_steps=steps or WIDE_STEPS, eval_every=0)
+    f = raw["finetune"]
+    f["warmup_steps"] = min(f["warmup_steps"], f["max_steps"] // 2)
     return parse_params(raw)
 
 
@@ -118,11 +120,17 @@ class Runs:
         encoders = {"orig": load_encoder(model)}
         self.train_seconds = 0.0
         for seed in SEEDS:
+            kept = folder / f"seed{seed}.encoder.pt"  # a rerun with the same --work folder trains no seed again
+            if kept.exists():
+                encoders[f"seed{seed}"] = load_encoder(model)
+                encoders[f"seed{seed}"].load_state_dict(torch.load(kept))
+                continue
             start = time.perf_counter()
             trained, metrics = finetune(model, spec, splits["train"], splits["validation"], f, seed, device=CPU)
             self.train_seconds += time.perf_counter() - start
             print(f"  seed {seed}: {json.dumps(metrics)}", flush=True)
             encoders[f"seed{seed}"] = trained.base_model
+            torch.save(trained.base_model.state_dict(), kept)
         self.tables: dict[tuple[str, str, str, str], ActivationTable] = {}
         self.attention: dict[tuple[str, str], AttentionTable] = {}
         for run, encoder in encoders.items():
@@ -246,6 +254,8 @@ def main() -> None:
                         "--wide: 60)")
     parser.add_argument("--neural", action="store_true", help="align's INN and MLP maps too (slow on a CPU)")
     parser.add_argument("--out", type=Path, help="write the figures here as JSON too")
+    parser.add_argument("--work", type=Path, help="keep the model, the seeds' weights and the tables here (a rerun "
+                        "reuses the model and the seeds)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
@@ -255,8 +265,11 @@ def main() -> None:
     spec = get_task(params.tasks[0])
     print("\n".join(machine()), flush=True)
     with tempfile.TemporaryDirectory(prefix="layersim-precision-") as tmp:
-        folder = Path(tmp)
-        if args.wide:
+        folder = args.work or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        if (folder / "model").exists():
+            pass
+        elif args.wide:
             wide_model(folder / "model")
         else:
             snapshot_model(params.model, folder / "model")

@@ -349,14 +349,14 @@ def extract_attention(encoder, tokenizer, encoded: EncodedTask, path: Path, meta
     arrays = [pa.array(np.concatenate(columns[name])) for name in columns]
     layers = [layer_column(k) for k in range(1, num_layers + 1)]
     scales = Scales(layers, heads)  # one block: the whole table
-    powers = []
+    per_layer = []
     for layer_weights in weights:
-        stored, power = encode(np.concatenate(layer_weights), precision)
+        stored, scale = encode(np.concatenate(layer_weights), precision)
         arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(stored.reshape(-1)), heads))
-        powers.append(power)
+        per_layer.append(scale)
     table = pa.Table.from_arrays(arrays, names=list(columns) + layers)
     if precision != "float32":
-        scales.add(table.num_rows, powers)
+        scales.add(table.num_rows, per_layer)
     write_parquet(with_metadata(table, {**metadata, "num_layers": num_layers, "num_heads": heads,
                                         "kind": "attention", "attention_unit": unit}), path,
                   scales.footer() if precision != "float32" else None)

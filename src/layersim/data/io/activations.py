@@ -104,13 +104,13 @@ class ActivationWriter:
         # One row group, encoded as a block: its scales are its own columns' (layersim.data.io.stored).
         if self._pending:
             keys = [pa.concat_arrays(parts) for parts in zip(*(k for k, _ in self._pending))]
-            columns, powers = [], []
+            columns, scales = [], []
             for layer in zip(*(v for _, v in self._pending)):
-                stored, power = encode(np.concatenate(layer), self.precision)
+                stored, scale = encode(np.concatenate(layer), self.precision)
                 columns.append(pa.FixedSizeListArray.from_arrays(pa.array(stored.reshape(-1)), self.hidden_size))
-                powers.append(power)
+                scales.append(scale)
             if self.precision != "float32":
-                self._scales.add(len(keys[0]), powers)
+                self._scales.add(len(keys[0]), scales)
             self._writer.write_table(pa.Table.from_arrays(keys + columns, schema=self.schema), row_group_size=1 << 30)
             self._pending = []
 

@@ -1,14 +1,18 @@
 """How the tables' floating-point values are stored (extract.table_precision), the one place that knows it: float32
-as is, or float16 times a power-of-two scale per column (a neuron of an activation table, a head of an attention
-table) and block of rows, the scales kept in the file's footer. Every reader gets float32 back.
+as is, or float16 residuals about a float32 offset, times a power-of-two scale, per column (a neuron of an activation
+table, a head of an attention table) and block of rows; offsets and scales kept in the file's footer. Every reader
+gets float32 back.
 
-Why scaled: plain float16 spans 6e-8 … 65504, and activations leave that range at both ends. A LayerNorm output with
-a near-zero gain holds neurons of magnitude 1e-8 that float16 flushes to exact zeros (all-MiniLM-L6-v2's last layer
-has three: neuronsim then correlates a constant), and an unnormalised residual stream can exceed 65504. Scaled so
-that each column's largest magnitude lands in [2^14, 2^15), every value of the column keeps float16's 11 significant
-bits down to 2^-29 of that largest one, and nothing overflows. bfloat16 would span the range too, with 3 bits fewer.
-The scale is a power of two, so scaling and unscaling in float32 are exact. docs/paper-configuration.md gives the
-measured effect on every measure, head and map."""
+Why not plain float16: it spans 6e-8 … 65504 with 11 significant bits, and activations defeat it three ways. A
+LayerNorm output with a near-zero gain holds neurons of magnitude 1e-8 that it flushes to exact zeros (all-MiniLM-L6-
+v2's last layer has three: neuronsim then correlates a constant); an unnormalised residual stream can exceed 65504;
+and a neuron that sits far from zero and varies little across examples (MiniLM's CLS rows: a mean of about 10, an sd
+of about 1e-3) keeps none of its variation, which is all a similarity measure sees once it centres the column
+(linear CKA moved by 0.03, 22 seed sds, measured). So each column is stored as its block mean (float32) plus
+residuals scaled so that their largest magnitude lands in [2^14, 2^15): every residual keeps 11 significant bits down
+to 2^-29 of the largest, nothing overflows, and the decoded value is offset + 2^e × residual in float32 (the scale is
+a power of two, so scaling is exact). docs/paper-configuration.md gives the measured effect on every measure, head and
+map."""
 
 from __future__ import annotations
 
@@ -27,8 +31,17 @@ VALUE_TYPES = {"float32": pa.float32(), "float16": pa.float16()}
 SCALES_KEY = b"layersim.scales"
 # A column's largest magnitude is scaled into [2^14, 2^15): float16's largest finite value is 65504 < 2^16.
 TOP_EXPONENT = 15
-ENCODINGS = {"float32": "float32", "float16": "float16 times a power-of-two scale per column and block of rows",
+ENCODINGS = {"float32": "float32", "float16": "float16 residuals about a float32 offset, times a power-of-two scale, "
+                                               "per column and block of rows",
              "float16 unscaled": "float16 without scales (written before scales; tiny values may be zeros)"}
+
+
+def offsets(values: np.ndarray) -> np.ndarray:
+    """Per column of (rows, width) `values`, the mean of its finite values in float32 (0 for none): the residuals
+    about it carry the column's variation across rows, which is what every measure reads."""
+    finite = np.isfinite(values)
+    total = np.where(finite, values, 0.0).sum(axis=0, dtype=np.float64)
+    return (total / np.maximum(finite.sum(axis=0), 1)).astype(np.float32)
 
 
 def exponents(values: np.ndarray) -> np.ndarray:
@@ -40,45 +53,57 @@ def exponents(values: np.ndarray) -> np.ndarray:
     return np.where(largest > 0, power - TOP_EXPONENT, 0).astype(np.int16)
 
 
-def encode(values: np.ndarray, precision: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """(rows, width) float32 values as stored in `precision`, and the per-column exponents (None: float32)."""
+def encode(values: np.ndarray, precision: str) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+    """(rows, width) float32 values as stored in `precision`, and the per-column (offsets, exponents) (None:
+    float32, stored as is)."""
     values = np.ascontiguousarray(values, dtype=np.float32)
     if precision == "float32":
         return values, None
-    power = exponents(values)
-    return np.ldexp(values, -power.astype(np.int32)).astype(np.float16), power
+    offset = offsets(values)
+    residual = (values.astype(np.float64) - offset).astype(np.float32)
+    power = exponents(residual)
+    return np.ldexp(residual, -power.astype(np.int32)).astype(np.float16), (offset, power)
 
 
 def round_trip(values: np.ndarray, precision: str) -> np.ndarray:
     """`values` as a reader gets them back from a table stored in `precision` (their rows as one block)."""
-    stored, power = encode(values, precision)
-    return decode(stored, power)
+    stored, scale = encode(values, precision)
+    return decode(stored, scale)
 
 
-def decode(stored: np.ndarray, power: np.ndarray | None) -> np.ndarray:
-    """Stored values (rows, width) as float32, unscaled by the per-column exponents `power` (None: none)."""
+def decode(stored: np.ndarray, scale: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """Stored values (rows, width) as float32: offset + 2^exponent × value per column (`scale`; None: as stored)."""
     values = np.asarray(stored, dtype=np.float32)
-    return values if power is None else np.ldexp(values, power.astype(np.int32)).astype(np.float32, copy=False)
+    if scale is None:
+        return values
+    offset, power = scale
+    return (np.ldexp(values, power.astype(np.int32)) + offset).astype(np.float32, copy=False)
 
 
 class Scales:
-    """The exponents of a scaled table: per block of consecutive rows, one int16 per (column, position in the
-    column's list). Written into the footer by the writer that encoded the blocks; read back by the table's reader,
-    which unscales any range of rows with :meth:`decode`."""
+    """The offsets and exponents of a scaled table: per block of consecutive rows, one float32 offset and one int16
+    exponent per (column, position in the column's list). Written into the footer by the writer that encoded the
+    blocks; read back by the table's reader, which decodes any range of rows with :meth:`decode`."""
 
     def __init__(self, columns: list[str], width: int):
         self.columns, self.width = list(columns), width
         self.rows: list[int] = []
-        self.blocks: list[np.ndarray] = []  # (columns, width) each
+        self.offsets: list[np.ndarray] = []    # (columns, width) float32 each
+        self.exponents: list[np.ndarray] = []  # (columns, width) int16 each
 
-    def add(self, rows: int, block: list[np.ndarray]) -> None:
+    def add(self, rows: int, scales: list[tuple[np.ndarray, np.ndarray]]) -> None:
         self.rows.append(int(rows))
-        self.blocks.append(np.stack(block).astype(np.int16))
+        self.offsets.append(np.stack([offset for offset, _ in scales]).astype(np.float32))
+        self.exponents.append(np.stack([power for _, power in scales]).astype(np.int16))
 
     def footer(self) -> dict[bytes, bytes]:
-        data = np.stack(self.blocks) if self.blocks else np.zeros((0, len(self.columns), self.width), np.int16)
+        shape = (len(self.rows), len(self.columns), self.width)
+        offsets = np.stack(self.offsets) if self.rows else np.zeros(shape, np.float32)
+        powers = np.stack(self.exponents) if self.rows else np.zeros(shape, np.int16)
         return {SCALES_KEY: json.dumps({"columns": self.columns, "width": self.width, "rows": self.rows,
-                                        "exponents": base64.b64encode(data.astype("<i2").tobytes()).decode()}).encode()}
+                                        "offsets": base64.b64encode(offsets.astype("<f4").tobytes()).decode(),
+                                        "exponents": base64.b64encode(powers.astype("<i2").tobytes()).decode()}
+                                       ).encode()}
 
     @classmethod
     def from_footer(cls, footer: dict, path, columns: list[str], width: int, num_rows: int) -> "Scales":
@@ -91,9 +116,12 @@ class Scales:
         try:
             found = json.loads(raw)
             scales = cls(found["columns"], int(found["width"]))
-            data = np.frombuffer(base64.b64decode(found["exponents"]), "<i2").astype(np.int16)
             scales.rows = [int(r) for r in found["rows"]]
-            scales.blocks = list(data.reshape(len(scales.rows), len(scales.columns), scales.width))
+            shape = (len(scales.rows), len(scales.columns), scales.width)
+            scales.offsets = list(np.frombuffer(base64.b64decode(found["offsets"]), "<f4").astype(np.float32)
+                                  .reshape(shape))
+            scales.exponents = list(np.frombuffer(base64.b64decode(found["exponents"]), "<i2").astype(np.int16)
+                                    .reshape(shape))
         except (ValueError, KeyError, TypeError) as err:
             raise LayersimError(f"{path} holds unreadable scales in its footer ({err}); it is corrupt, so re-run the "
                                 "extract stage.") from None
@@ -113,8 +141,8 @@ class Scales:
             if start >= last:
                 break
             if stop > start:
-                part = values[start - first_row:stop - first_row]
-                values[start - first_row:stop - first_row] = np.ldexp(part, self.blocks[b][c].astype(np.int32))
+                rows = slice(start - first_row, stop - first_row)
+                values[rows] = decode(values[rows], (self.offsets[b][c], self.exponents[b][c]))
         return values
 
 
