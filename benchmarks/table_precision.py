@@ -195,6 +195,11 @@ def measures(runs: Runs) -> dict[str, dict]:
                 continue
             found[f"{name} ({pooling}, {rows} × {width})"] = verdict(values) | {"seconds": time.perf_counter() - start}
             print(f"  {name} {pooling}: {found[f'{name} ({pooling}, {rows} × {width})']}", flush=True)
+    return found
+
+
+def attention(runs: Runs) -> dict[str, dict]:
+    found = {}
     maps = {v: {run: attention_maps(runs.attention[run, v]) for run in ("orig", *map("seed{}".format, SEEDS))}
             for v in ("float32", "float16")}
     for name in HEAD_MEASURES:
@@ -254,6 +259,8 @@ def main() -> None:
                         "--wide: 60)")
     parser.add_argument("--neural", action="store_true", help="align's INN and MLP maps too (slow on a CPU)")
     parser.add_argument("--out", type=Path, help="write the figures here as JSON too")
+    parser.add_argument("--parts", nargs="+", default=["measures", "attention", "heads", "maps"],
+                        choices=["measures", "attention", "heads", "maps"], help="what to measure (default: all)")
     parser.add_argument("--work", type=Path, help="keep the model, the seeds' weights and the tables here (a rerun "
                         "reuses the model and the seeds)")
     args = parser.parse_args()
@@ -277,7 +284,10 @@ def main() -> None:
         sizes = {v: sum(t.path.stat().st_size for k, t in runs.tables.items() if k[3] == v) for v in ("float32", "float16")}
         print(f"fine-tuning: {runs.train_seconds:.0f} s; tables {sizes['float32'] / 1e6:.1f} MB as float32, "
               f"{sizes['float16'] / 1e6:.1f} MB as scaled float16", flush=True)
-        found = measures(runs) | heads(runs) | maps(runs)
+        parts = {"measures": measures, "attention": attention, "heads": heads, "maps": maps}
+        found = {}
+        for name in args.parts:
+            found |= parts[name](runs)
     if args.out:
         args.out.write_text(json.dumps(found, indent=1) + "\n")
     print(f"{'':<60} {'seed sd':>8}  " + "  ".join(f"{v + ': Δ, Δ/sd':>26}" for v in STORED))

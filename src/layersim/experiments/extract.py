@@ -351,7 +351,7 @@ def extract_attention(encoder, tokenizer, encoded: EncodedTask, path: Path, meta
     scales = Scales(layers, heads)  # one block: the whole table
     per_layer = []
     for layer_weights in weights:
-        stored, scale = encode(np.concatenate(layer_weights), precision)
+        stored, scale = encode(np.concatenate(layer_weights), precision, centred=False)  # weights stay >= 0
         arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(stored.reshape(-1)), heads))
         per_layer.append(scale)
     table = pa.Table.from_arrays(arrays, names=list(columns) + layers)

@@ -53,13 +53,15 @@ def exponents(values: np.ndarray) -> np.ndarray:
     return np.where(largest > 0, power - TOP_EXPONENT, 0).astype(np.int16)
 
 
-def encode(values: np.ndarray, precision: str) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+def encode(values: np.ndarray, precision: str, centred: bool = True
+           ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
     """(rows, width) float32 values as stored in `precision`, and the per-column (offsets, exponents) (None:
-    float32, stored as is)."""
+    float32, stored as is). `centred` False keeps offsets at 0: for attention weights, whose many tiny values must
+    stay non-negative (a residual about a mean 0.02 rounds a weight of 1e-6 to ±5e-6), each keeps its own 11 bits."""
     values = np.ascontiguousarray(values, dtype=np.float32)
     if precision == "float32":
         return values, None
-    offset = offsets(values)
+    offset = offsets(values) if centred else np.zeros(values.shape[1:], np.float32)
     residual = (values.astype(np.float64) - offset).astype(np.float32)
     power = exponents(residual)
     return np.ldexp(residual, -power.astype(np.int32)).astype(np.float16), (offset, power)
