@@ -239,7 +239,8 @@ def maps(runs: Runs) -> dict:
             target = runs.layers(f"seed{i}", "train", "mean", v)[1:]
             for method in p.align.methods:
                 try:
-                    rows = alignment_errors(source, target, [method], fit, test, **method_options(p))
+                    options = {m: o for m, o in method_options(p).items() if m == method}
+                    rows = alignment_errors(source, target, [method], fit, test, **options)
                 except LayersimError as err:
                     found[f"align map {method}"] = {"not computable": str(err)}
                     continue

@@ -143,7 +143,8 @@ class AlignInputs:
                             "split": split, "task_digest": task_digest}
                 path = out / ("train" if split == "train" else "") / f"{model_run(name)}.{p.align.pooling}.parquet"
                 extract_activations(encoder, tokenizer, spec, encoded, {p.align.pooling: path}, metadata,
-                                    p.extract.batch_size, resolve_device(p.device))
+                                    p.extract.batch_size, resolve_device(p.device),
+                                    precision=p.extract.table_precision)  # as the runs' tables: pairs alike
             if p.align.attention:  # as the extract stage keeps the runs' maps
                 extract_task_attention(encoder, tokenizer, splits["validation"].slice(0, p.extract.attention_examples),
                                        spec, p, out / "attention" / f"{model_run(name)}.parquet",
