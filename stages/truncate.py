@@ -59,6 +59,8 @@ def main(args, params):
     baseline = majority_score(spec, cls("orig", "train"), orig)
     metrics, rows = truncation_summary(per_seed, full, baseline, params.seeds, p.tolerance, spec.primary_metric,
                                        flagged_seeds(args.checkpoints, params.seeds))  # the converged-only means
+    train = cls("orig", "train")  # what the heads saw: extract.max_train_examples' rows, as extract stored them
+    metrics |= {"head_train_rows": train.num_rows, "table_precision": train.precision}
     title = f"truncation — {orig.metadata['model']} on {spec.name}" + checkpoint_note(args.checkpoints, params.seeds)
     write_figure(truncation_curves(per_seed, full, baseline, spec.primary_metric, title), args.plots / "truncate.png")
     write_json(rows, args.plots / "truncate.json")

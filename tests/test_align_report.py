@@ -80,7 +80,7 @@ def test_metrics_of_a_small_report() -> None:
                          matrix_pair=("FT[1]", "FT[2]"), matrix=matrix, injection={"methods": {}}, num_train=30,
                          num_rows=40)
     metrics = report.metrics("mean")
-    assert metrics["train_rows"] == 30 and metrics["validation_rows"] == 10
+    assert metrics["train_rows"] == 30 and metrics["validation_rows"] == 10 and metrics["table_precision"] == "float32"
     assert metrics["alignment"] == {"FT[1]→FT[2]": {"linear": {"layer_00": 0.2, "layer_01": 0.4}}}
     assert metrics["alignment_mean"]["FT[1]→FT[2]"]["linear"] == pytest.approx(0.3)
     assert metrics["layer_matrix_inn"] == {"pair": "FT[1]→FT[2]", "diagonal_mean": 0.2, "offdiagonal_mean": 0.6}

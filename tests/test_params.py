@@ -93,7 +93,7 @@ def test_repository_params_hold_the_paper_configuration(tmp_path: Path) -> None:
     assert isinstance(ft.learning_rate, float) and ft.learning_rate == pytest.approx(1e-5, rel=1e-12)
     assert ft.warmup_steps == 1000
     assert ft.max_steps == 10000
-    assert params.extract.poolings == ("cls", "mean", "last", "tokens")  # head: RoBERTa's <s>
+    assert params.extract.poolings == ("cls", "mean", "tokens")  # head: RoBERTa's <s>; last only where a measure reads it
     assert params.extract.max_tokens == 20000
     assert params.similarity == _defaults("roberta-base")["similarity"]
     assert dict(params.similarity.measures) == {"cls": ("linear_cka",), "tokens": ("linear_cka", "svcca", "pwcca",

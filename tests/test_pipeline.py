@@ -259,6 +259,7 @@ def test_align_reports_every_method_layer_and_reference(project):
     align = _details(root, "align", TASK)
     methods = {"linear", "cca", "svcca", "pwcca", "inn", "mlp"}
     assert align["pooling"] == "mean" and align["train_rows"] == 100 and align["validation_rows"] == 60
+    assert align["table_precision"] == "float16"  # params.yaml's default, scaled per neuron (layersim.data.io.stored)
     assert list(align["alignment"]) == ["FT[1]→FT[2]", "ORIG→FT[1]", "tiny-bert-seed1→tiny-bert-seed2",
                                         "tiny-bert-seed2→ORIG"]
     grouped = align["alignment_over_pairs"]
@@ -310,6 +311,7 @@ def test_truncate_and_skip_agree_with_the_fine_tuned_models(project):
                  for seed in SEEDS]
     truncate = _details(root, "truncate", TASK)
     assert truncate["metric"] == "accuracy"
+    assert truncate["head_train_rows"] == 100 and truncate["table_precision"] == "float16"  # as align's maps saw
     # Exiting after the last layer is the full model: the same score the finetune stage measured.
     assert truncate["full"] == pytest.approx(sum(finetuned) / len(finetuned), abs=1e-6)
     assert truncate["untuned"]["layer_03"] == pytest.approx(truncate["full"], abs=1e-6)

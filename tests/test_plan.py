@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -44,13 +45,28 @@ def test_word_rows_and_attention_bytes_are_counted_exactly():
     params = parse_params({"model": "tiny-bert", "tasks": ["synth-negation"], "seeds": [1],
                            "finetune": {"max_length": 64}, "similarity": {"random_control": None},
                            "extract": {"max_tokens": 50}})
-    spec = get_task("synth-negation")  # poolings cls, mean, last, tokens; train tables cls and mean
+    spec = get_task("synth-negation")  # poolings cls, mean, tokens; train tables cls and mean
     assert disk.extract_rows(params, spec, {"validation": 10, "train": 20, "words": 30}, 2, "cls") == \
-        2 * (10 * 3 + 30) + 2 * 20 * 2  # 30 words, fewer than max_tokens
+        2 * (10 * 2 + 30) + 2 * 20 * 2  # 30 words, fewer than max_tokens
     assert disk.extract_rows(params, spec, {"validation": 10, "train": 20, "words": 80}, 2, "cls") == \
-        2 * (10 * 3 + 50) + 2 * 20 * 2  # capped at max_tokens
-    # 3 maps of 4 units: 16 rows each, every row 2 layers × 2 heads × 4 bytes and 14 bytes of keys.
-    assert disk.attention_bytes(3, 4, 2, 2) == 3 * 16 * (16 + 14)
+        2 * (10 * 2 + 50) + 2 * 20 * 2  # capped at max_tokens
+    # 3 maps of a mean square of 16 units: 16 rows each, every row 2 layers × 2 heads × 4 bytes and 14 bytes of keys;
+    # in float16, 2 bytes a head.
+    assert disk.attention_bytes(3, 16, 2, 2) == 3 * 16 * (16 + 14)
+    assert disk.attention_bytes(3, 16, 2, 2, "float16") == 3 * 16 * (8 + 14)
+
+
+def test_attention_maps_are_counted_by_the_mean_square_of_their_lengths():
+    # Counted lengths (the built-in tasks): words kept under max_length, plus the 2 special tokens as units.
+    counted = TaskSize(train=1, validation=2, words=3.0, choices=1, text_bytes=0, lengths=(1, 5))
+    assert counted.square_units("words", 512) == ((1 + 2) ** 2 + (5 + 2) ** 2) / 2
+    assert counted.square_units("tokens", 512) == pytest.approx(((1.3 + 3) ** 2 + (6.5 + 3) ** 2) / 2)
+    # Assumed lengths (the paper tasks): exponential about the mean, truncated at max_length; against a sample.
+    lengths = np.random.default_rng(0).exponential(40.0, 1_000_000)
+    kept = np.minimum(lengths, (128 - 3) / 1.3)
+    assumed = TaskSize(train=1, validation=2, words=40.0, choices=1, text_bytes=0)
+    assert assumed.square_units("words", 128) == pytest.approx(np.mean((kept + 2) ** 2), rel=5e-3)
+    assert assumed.square_units("words", 128) > (40.0 + 2) ** 2  # the square of the mean would count too few
 
 
 def test_forward_and_training_flops_are_two_and_six_times_params_times_tokens_plus_attention():
@@ -86,7 +102,7 @@ def test_finetune_and_extract_costs_on_a_small_exact_case():
     extract = stages.extract(params, get_task("synth-negation"), SMALL, task, "cls")
     runs = 4  # orig, two seeds, the random control
     assert extract.flops == (runs * 7 + 3 * 10) * stages.forward(SMALL, s)
-    assert extract.bytes == disk.table_bytes(runs * (7 * 3 + 28) + 3 * 10 * 2, 2, 4, "float16")  # the default
+    assert extract.bytes == disk.table_bytes(runs * (7 * 2 + 28) + 3 * 10 * 2, 2, 4, "float16")  # the default
 
 
 def test_the_tiny_models_parameters_are_counted_from_their_shape(tiny_model_dir):
@@ -106,8 +122,11 @@ def test_the_paper_configuration_plan_counts_the_published_sizes():
     assert params.extract.max_train_examples == 20_000 and params.extract.table_precision == "float16"
     assert disk.table_bytes(20_000 * 6, 12, 768, "float16") == 20_000 * 6 * 13 * 768 * 2
     assert costs["extract"].bytes > disk.table_bytes(20_000 * 6, 12, 768, "float16")
-    # Issue 53: the default needs at most 150 GB in all, DVC's cache included (.dvc/config links it).
+    # Issues 53 and 61: the default needs at most 150 GB in all, DVC's cache included (.dvc/config links it), with
+    # the two seeds of Phang et al. and with the three that intervals over seeds need.
     assert copies(REPO) == 1 and total(list(costs.values())).bytes <= 150e9
+    three = parse_params({**yaml.safe_load(repository_params_text()), "seeds": [1, 2, 3]})
+    assert total(plan(three, REPO)).bytes <= 150e9
     assert costs["finetune"].bytes == 24 * model_size("roberta-base").checkpoint_bytes
     download = terms(costs["download"], cli.device("h100"))  # nothing computed: its processes' starts only
     assert mnli.num_choices == 0 and download["compute"] == download["passes"] == 0 and download["start"] > 0

@@ -1,26 +1,43 @@
-"""extract.table_precision (issue 53): activation tables stored in float16 are read back as float32 (upcast before any
-arithmetic), within float16's rounding of what was written; a value beyond float16's range is refused in one sentence
-instead of being stored as inf; and the disk plan counts two bytes a value."""
+"""extract.table_precision (issues 53, 61): activation tables stored in float16 are read back as float32 (decoded before any
+arithmetic), within float16's rounding of each value's distance from its column's offset: each neuron is stored as
+float16 residuals about its mean, scaled by a power of two, per row group (layersim.data.io.stored), so neither a tiny
+neuron (underflow), nor a value beyond 65504 (overflow), nor the small variation of a neuron far from zero is lost;
+tables written before scales stay readable; and the disk plan counts two bytes a value."""
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
 import pytest
+import torch
 
 from layersim.compute import disk
 from layersim.data.io import ActivationTable, ActivationWriter
-from layersim.data.io.activations import VALUE_TYPES
+from layersim.data.io.activations import VALUE_TYPES, activation_schema, layer_column
+from layersim.data.io.parquet import integrity_footer, parquet_writer
+from layersim.data.io.stored import SCALES_KEY, exponents, round_trip
 from layersim.errors import LayersimError
 
 LAYERS, HIDDEN = 2, 16
 
 
-def _write(path, layers, precision):
+def _close(read, written, blocks=(slice(None),)):
+    """`read` within float16's half ulp of each value's residual about its block's column mean (and float32's
+    rounding of the sum)."""
+    for rows in blocks:
+        residual = written[rows] - written[rows].astype(np.float64).mean(axis=0)
+        bound = 2.0 ** -11 * np.abs(residual) + 2.0 ** -23 * np.abs(written[rows])
+        assert (np.abs(read[rows].astype(np.float64) - written[rows]) <= bound * (1 + 1e-6)).all()
+
+
+def _write(path, layers, precision, batch=20):
     rows = len(layers[0])
     with ActivationWriter(path, num_layers=LAYERS, hidden_size=HIDDEN, label_type=pa.int64(),
                           metadata={"pooling": "cls"}, precision=precision, rows_per_group=32) as writer:
-        writer.write(np.arange(rows), np.zeros(rows, np.int16), np.zeros(rows, np.int64), layers)
+        for start in range(0, rows, batch):  # as extract writes, a batch at a time: row groups of 40 rows
+            part = slice(start, start + batch)
+            writer.write(np.arange(rows)[part], np.zeros(rows, np.int16)[part], np.zeros(rows, np.int64)[part],
+                         [x[part] for x in layers])
 
 
 def test_a_float16_table_reads_back_as_float32_within_its_rounding(tmp_path):
@@ -33,18 +50,86 @@ def test_a_float16_table_reads_back_as_float32_within_its_rounding(tmp_path):
         for read in (half.layer(k), half.layer_of_row_groups(k, list(range(len(half.row_groups())))),
                      np.concatenate([b[0] for b in half.iter_batches(rows=30, layers=[k])])):
             assert read.dtype == np.float32
-            np.testing.assert_allclose(read, written, rtol=2.0 ** -11, atol=0)  # float16's half an ulp
+            _close(read, written, [slice(0, 40), slice(40, 80), slice(80, 100)])  # the row groups
         np.testing.assert_array_equal(full.layer(k), written)
-    assert (tmp_path / "half.parquet").stat().st_size < 0.6 * (tmp_path / "full.parquet").stat().st_size
+    for precision in VALUE_TYPES:  # half the bytes, scales included (row groups as large as the values)
+        _write(tmp_path / f"{precision}.parquet", layers, precision, batch=100)
+    assert (tmp_path / "float16.parquet").stat().st_size < 0.6 * (tmp_path / "float32.parquet").stat().st_size
 
 
-def test_a_value_beyond_float16s_range_is_refused_in_one_sentence(tmp_path):
-    layers = [np.zeros((3, HIDDEN), np.float32) for _ in range(LAYERS + 1)]
-    layers[1][2, 5] = -7e4
-    with pytest.raises(LayersimError, match=r"^layer 1 holds a value of magnitude 7e\+04, beyond float16's 65504, so "
-                                            r"table .* cannot be stored in half precision; set extract.table_precision"):
-        _write(tmp_path / "big.parquet", layers, "float16")
-    assert list(tmp_path.iterdir()) == []  # nothing left under the final name
+def _read_every_way(table, k):
+    return (table.layer(k), table.layer_of_row_groups(k, list(range(len(table.row_groups())))),
+            np.concatenate([b[0] for b in table.iter_batches(rows=30, layers=[k])]))
+
+
+def test_tiny_and_huge_neurons_keep_float16s_relative_precision(tmp_path):
+    # Plain float16 flushes magnitudes below 6e-8 to zero and stores those above 65504 as inf; scaled per neuron,
+    # each keeps 11 significant bits, in every row group (whose scales differ: the second group is 1000× larger).
+    rng = np.random.default_rng(1)
+    scale = np.array([1e-9, 1e-30, 1e-3, 1.0, 1e5, 3e30, *np.ones(HIDDEN - 6)], np.float32)
+    layers = [(rng.normal(size=(100, HIDDEN)) * scale).astype(np.float32) for _ in range(LAYERS + 1)]
+    layers[1][50:] *= 1000
+    layers[2][:, 7] = 0.0  # a dead neuron stays exactly zero
+    _write(tmp_path / "half.parquet", layers, "float16")
+    table = ActivationTable(tmp_path / "half.parquet")
+    assert table.precision == "float16" and len(table.row_groups()) == 3
+    for k, written in enumerate(layers):
+        for read in _read_every_way(table, k):
+            assert read.dtype == np.float32 and np.isfinite(read).all()
+            _close(read, written, [slice(0, 40), slice(40, 80), slice(80, 100)])
+            assert (read[:, :6] != 0).all()  # no tiny neuron flushed to zero
+    assert not table.layer(2)[:, 7].any()
+    _close(round_trip(layers[0], "float16"), layers[0])
+
+
+def test_a_neuron_far_from_zero_keeps_its_variation():
+    # MiniLM's CLS rows: neurons about 10 that vary by 1e-3 across examples. Plain float16 (steps of 2^-7 there)
+    # keeps none of that variation; stored about its mean, the centred column is kept to float16's precision.
+    rng = np.random.default_rng(3)
+    values = (10 + 1e-3 * rng.normal(size=(500, 4))).astype(np.float32)
+    centred = values - values.mean(axis=0)
+    kept = round_trip(values, "float16")
+    assert np.abs((kept - kept.mean(axis=0)) - centred).max() <= 2.0 ** -11 * np.abs(centred).max() + 1e-5 * 2 ** -10
+    plain = values.astype(np.float16).astype(np.float32)
+    assert (np.ptp(plain, axis=0) == 0).all()  # every neuron a constant
+
+
+def test_each_residuals_largest_magnitude_is_scaled_to_just_below_two_to_the_fifteen():
+    values = np.array([[3.0, -1e-9, 0.0, 65504.0 * 4]], np.float32)
+    scaled = np.abs(values) / 2.0 ** exponents(values).astype(float)
+    assert ((scaled[0, [0, 1, 3]] >= 2 ** 14) & (scaled[0, [0, 1, 3]] < 2 ** 15)).all() and scaled[0, 2] == 0
+
+
+def test_a_float16_table_written_before_scales_reads_as_stored(tmp_path):
+    rng = np.random.default_rng(2)
+    layers = [rng.normal(size=(40, HIDDEN)).astype(np.float32) for _ in range(LAYERS + 1)]
+    schema = activation_schema(LAYERS, HIDDEN, pa.int64(), {"pooling": "cls", "num_layers": LAYERS,
+                                                           "hidden_size": HIDDEN}, "float16")
+    columns = [pa.array(np.arange(40)), pa.array(np.zeros(40, np.int16)), pa.array(np.zeros(40, np.int64))]
+    columns += [pa.FixedSizeListArray.from_arrays(pa.array(x.astype(np.float16).reshape(-1)), HIDDEN) for x in layers]
+    with parquet_writer(tmp_path / "old.parquet", schema) as writer:
+        writer.write_table(pa.Table.from_arrays(columns, schema=schema))
+        writer.add_key_value_metadata(integrity_footer(40))
+    table = ActivationTable(tmp_path / "old.parquet")
+    assert table.precision == "float16 unscaled"
+    for k, written in enumerate(layers):
+        np.testing.assert_array_equal(table.layer(k), written.astype(np.float16).astype(np.float32))
+
+
+def test_scales_that_do_not_fit_the_table_are_refused_naming_the_extract_stage(tmp_path):
+    layers = [np.ones((40, HIDDEN), np.float32) for _ in range(LAYERS + 1)]
+    _write(tmp_path / "half.parquet", layers, "float16")
+    source = pa.parquet.ParquetFile(tmp_path / "half.parquet")
+    footer = dict(source.metadata.metadata)
+    footer[SCALES_KEY] = footer[SCALES_KEY].replace(b'"rows": [40]', b'"rows": [41]')
+    schema = source.schema_arrow
+    with parquet_writer(tmp_path / "bad.parquet", schema) as writer:
+        writer.write_table(source.read())
+        writer.add_key_value_metadata({k: v for k, v in footer.items() if k != b"ARROW:schema"})
+    with pytest.raises(LayersimError, match=r"bad.parquet holds scales for 41 rows of 3 columns of width 16, not its 40 "
+                                            r"rows of 3 of width 16; it is corrupt, so re-run the extract stage\.$"):
+        ActivationTable(tmp_path / "bad.parquet")
+    assert layer_column(0) in schema.names
 
 
 def test_params_name_every_stored_type_and_the_plan_counts_its_bytes():
@@ -52,3 +137,27 @@ def test_params_name_every_stored_type_and_the_plan_counts_its_bytes():
 
     assert TABLE_PRECISIONS == tuple(VALUE_TYPES)
     assert disk.table_bytes(10, 12, 768, "float16") * 2 == disk.table_bytes(10, 12, 768) == 10 * 13 * 768 * 4
+
+
+def test_attention_maps_stored_in_float16_read_back_within_their_rounding(tiny_model_dir, tmp_path):
+    from layersim.data.batching import encode_task
+    from layersim.data.io import AttentionTable
+    from layersim.data.tasks import generated_table, get_task
+    from layersim.experiments.extract import extract_attention
+    from layersim.models.registry import load_encoder, load_tokenizer
+
+    folder, spec = tiny_model_dir("tiny-bert"), get_task("synth-similarity")
+    tokenizer = load_tokenizer(folder)
+    encoded = encode_task(generated_table(spec, "validation", 6, seed=1), spec, tokenizer, max_length=128)
+    tables = {}
+    for precision in VALUE_TYPES:
+        extract_attention(load_encoder(folder), tokenizer, encoded, tmp_path / f"{precision}.parquet",
+                          {"run": "orig", "task": spec.name}, batch_size=2, device=torch.device("cpu"),
+                          precision=precision)
+        tables[precision] = AttentionTable(tmp_path / f"{precision}.parquet")
+    assert [t.precision for t in tables.values()] == ["float32", "float16"]
+    np.testing.assert_array_equal(tables["float32"].index, tables["float16"].index)
+    for k in range(1, tables["float32"].num_layers + 1):
+        full, half = tables["float32"].layer(k), tables["float16"].layer(k)
+        assert half.dtype == np.float32 and (full > 0).all() and (half > 0).all()  # softmax: no weight flushed to 0
+        np.testing.assert_allclose(half, full, rtol=2.0 ** -11, atol=0)

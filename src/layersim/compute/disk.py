@@ -17,9 +17,8 @@ from layersim.errors import LayersimError
 CACHE_COPIES = 2
 DVC_DEFAULT_CACHE_TYPES = ("reflink", "copy")
 # An attention row's keys besides its floats: example_id (int64), choice, query, key (int16 each); its floats are
-# float32 whatever extract.table_precision says (attention maps are a few GB in all).
+# stored in extract.table_precision, as the activations are.
 ATTENTION_KEY_BYTES = 8 + 3 * 2
-ATTENTION_VALUE_BYTES = 4
 
 
 def cache_copies(types: str | None, reflinks: bool = False) -> int:
@@ -129,7 +128,8 @@ def extract_bytes(params, spec, rows: dict[str, int], runs: int, head: str, shap
                                 params.extract.table_precision)
 
 
-def attention_bytes(maps: int, units: float, layers: int, heads: int) -> int:
-    """The attention tables of `maps` inputs (examples times choices, over runs) of about `units` words or tokens
-    each: a row per (query, key) with every layer's heads in float32."""
-    return round(maps * units * units * (layers * heads * ATTENTION_VALUE_BYTES + ATTENTION_KEY_BYTES))
+def attention_bytes(maps: int, square_units: float, layers: int, heads: int, precision: str = "float32") -> int:
+    """The attention tables of `maps` inputs (examples times choices, over runs) whose number of words or tokens has
+    the mean square `square_units` (a map holds a row per (query, key): the square of its length, so the mean of the
+    squares counts, not the square of the mean): every layer's heads in `precision`, and the row's keys."""
+    return round(maps * square_units * (layers * heads * np.dtype(precision).itemsize + ATTENTION_KEY_BYTES))

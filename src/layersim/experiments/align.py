@@ -144,7 +144,8 @@ class AlignInputs:
                             "split": split, "task_digest": task_digest}
                 path = out / ("train" if split == "train" else "") / f"{model_run(name)}.{p.align.pooling}.parquet"
                 extract_activations(encoder, tokenizer, spec, encoded, {p.align.pooling: path}, metadata,
-                                    p.extract.batch_size, resolve_device(p.device))
+                                    p.extract.batch_size, resolve_device(p.device),
+                                    precision=p.extract.table_precision)  # as the runs' tables: pairs alike
             if p.align.attention:  # as the extract stage keeps the runs' maps
                 extract_task_attention(encoder, tokenizer, splits["validation"].slice(0, p.extract.attention_examples),
                                        spec, p, out / "attention" / f"{model_run(name)}.parquet",
@@ -155,9 +156,10 @@ class AlignInputs:
 
 
 def read_layers(inputs: AlignInputs, sources: dict[str, tuple[str, Path, dict]]
-                ) -> tuple[dict[str, list[np.ndarray]], int]:
+                ) -> tuple[dict[str, list[np.ndarray]], int, str]:
     """Per run label (label → its run name, table folder and expectations; ORIG first), per layer, the train
-    rows followed by the validation rows; and the number of train rows. Every run's tables must hold the
+    rows followed by the validation rows; the number of train rows; and how the tables stored their values
+    (layersim.data.io.stored.ENCODINGS' keys, "; "-joined where they differ). Every run's tables must hold the
     same rows in the same order: maps are fitted row by row."""
     pooling, spec = inputs.params.align.pooling, inputs.spec
     tables = {label: tuple(inputs.table(run, pooling, split, expect, folder) for split in ("train", "validation"))
@@ -170,7 +172,8 @@ def read_layers(inputs: AlignInputs, sources: dict[str, tuple[str, Path, dict]]
     reference[1].check_examples(ids, spec.num_choices or 1, f"{inputs.task_dir}/validation.parquet")
     layers = {label: [np.concatenate([a, b]) for a, b in zip(train.layers(), validation.layers())]
               for label, (train, validation) in tables.items()}
-    return layers, reference[0].num_rows
+    precision = "; ".join(sorted({table.precision for pair in tables.values() for table in pair}))
+    return layers, reference[0].num_rows, precision
 
 
 def model_run(name: str) -> str:
@@ -266,6 +269,7 @@ class AlignReport:
     pairs: list[Pair] = field(default_factory=list)  # in the order of align.pairs; [] → one kind per label
     attention: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # pair → method → error, layers 1…L
     recovery_rows: int = 0                        # rows the random INN was recovered from (80 % fitted)
+    table_precision: str = "float32"              # how the tables stored the maps' rows (extract.table_precision)
 
     def grouped(self) -> dict[str, dict]:
         pairs = self.pairs or [Pair(*label.split("→"), kind=label) for label in self.errors]
@@ -279,7 +283,7 @@ class AlignReport:
                              for method, stats in entry.items() if method != "pairs"}}
                    for kind, entry in self.grouped().items()}
         return {"pooling": pooling, "train_rows": int(self.num_train),
-                "validation_rows": int(self.num_rows - self.num_train),
+                "validation_rows": int(self.num_rows - self.num_train), "table_precision": self.table_precision,
                 "alignment": {pair: {method: {f"layer_{k:02d}": round(v, 6) for k, v in enumerate(values)}
                                      for method, values in per_method.items()} for pair, per_method in self.errors.items()},
                 "alignment_mean": {pair: {method: round(float(np.mean(values)), 6) for method, values in per_method.items()}
@@ -352,7 +356,7 @@ def align_report(inputs: AlignInputs, log=lambda *args: None) -> AlignReport:
             log("encoded the task with %s", ", ".join(models))
         sources = {label: (runs[label], inputs.activations, expect[runs[label]]) if label in runs else
                    (model_run(label), Path(tmp), model_expect[label]) for label in dict.fromkeys(used)}
-        layers, num_train = read_layers(inputs, sources)
+        layers, num_train, precision = read_layers(inputs, sources)
         # 4 (read here, while the registry models' maps exist). Attention weights (Ren Fig. 4 / 5b), behind
         # align.attention: they are far more alike than representations.
         attention = attention_errors(inputs, pairs, sources, options, log) if p.attention else {}
@@ -391,4 +395,4 @@ def align_report(inputs: AlignInputs, log=lambda *args: None) -> AlignReport:
     injection = inject(inputs, injected, options, expect)
     log("injected %s's last layer into %s's head with %s", *injected, ", ".join(injection["methods"]))
     return AlignReport(rows, errors, recovery, (first.source, first.target), matrix, injection, num_train, num_rows,
-                       pairs, attention, recovery_rows=synthetic["num_rows"])
+                       pairs, attention, recovery_rows=synthetic["num_rows"], table_precision=precision)

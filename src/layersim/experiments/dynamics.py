@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from layersim.data.io import ActivationTable, read_task_table, run_expectations
+from layersim.data.io.stored import round_trip
 from layersim.data.layout import finetuned_runs, run_labels
 from layersim.errors import LayersimError
 from layersim.params.model_kind import own_head_pooling
@@ -189,8 +190,7 @@ def _state_layers(checkpoint: Path, states: Path, steps: Sequence[int], encoded,
     for step in steps:
         load_state(encoder, step_folder(states, step))
         layers = pooled_layers(encoder, tokenizer, rows, [pooling], params.extract.batch_size, device).layers[pooling]
-        if params.extract.table_precision == "float16":  # as the extract stage stores them
-            layers = [layer.astype(np.float16).astype(np.float32) for layer in layers]
+        layers = [round_trip(layer, params.extract.table_precision) for layer in layers]  # as extract stores them
         found[step] = layers
         log("ran the state of step %d from %s", step, states)
     return found

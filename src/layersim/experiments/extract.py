@@ -29,6 +29,7 @@ from layersim.data.batching import EncodedTask, collate, collate_words, encode_t
 from layersim.compute.device import to_device
 from layersim.errors import LayersimError, unknown_name
 from layersim.data.io import ActivationWriter, layer_column, with_metadata, write_json, write_parquet
+from layersim.data.io.stored import Scales, encode
 from layersim.experiments.pruning_states import PruningStates
 from layersim.models.encoders import last_block_output
 from layersim.params import POOLINGS
@@ -306,8 +307,9 @@ ATTENTION_UNITS = ("words", "tokens")
 
 @torch.inference_mode()
 def extract_attention(encoder, tokenizer, encoded: EncodedTask, path: Path, metadata: dict, batch_size: int,
-                      device: torch.device, unit: str = "tokens") -> None:
-    """Write the attention maps of every layer and head for the examples in `encoded` to `path`.
+                      device: torch.device, unit: str = "tokens", precision: str = "float32") -> None:
+    """Write the attention maps of every layer and head for the examples in `encoded` to `path`, stored in
+    `precision` (extract.table_precision; float16 scaled per head, layersim.data.io.stored).
 
     One Parquet row per (example, choice, query, key) over non-padding units, in that order; column `layer_k`
     (k = 1 … L) holds that pair's weight in each head of layer k, so each attention row (one query's
@@ -349,13 +351,19 @@ def extract_attention(encoder, tokenizer, encoded: EncodedTask, path: Path, meta
             for layer, m in enumerate(maps):  # (heads, length, length) → (query, key) rows of heads
                 weights[layer].append(m.transpose(1, 2, 0).reshape(-1, heads))
     arrays = [pa.array(np.concatenate(columns[name])) for name in columns]
+    layers = [layer_column(k) for k in range(1, num_layers + 1)]
+    scales = Scales(layers, heads)  # one block: the whole table
+    per_layer = []
     for layer_weights in weights:
-        flat = pa.array(np.concatenate(layer_weights).reshape(-1))
-        arrays.append(pa.FixedSizeListArray.from_arrays(flat, heads))
-    names = list(columns) + [layer_column(k) for k in range(1, num_layers + 1)]
-    table = pa.Table.from_arrays(arrays, names=names)
+        stored, scale = encode(np.concatenate(layer_weights), precision, centred=False)  # weights stay >= 0
+        arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(stored.reshape(-1)), heads))
+        per_layer.append(scale)
+    table = pa.Table.from_arrays(arrays, names=list(columns) + layers)
+    if precision != "float32":
+        scales.add(table.num_rows, per_layer)
     write_parquet(with_metadata(table, {**metadata, "num_layers": num_layers, "num_heads": heads,
-                                        "kind": "attention", "attention_unit": unit}), path)
+                                        "kind": "attention", "attention_unit": unit}), path,
+                  scales.footer() if precision != "float32" else None)
 
 
 def extract_task_attention(encoder, tokenizer, table: pa.Table, spec: TaskSpec, params, path: Path, metadata: dict,
@@ -364,4 +372,5 @@ def extract_task_attention(encoder, tokenizer, table: pa.Table, spec: TaskSpec, 
     (words, as Wu et al., or tokens), encoded as fine-tuning encodes them."""
     unit = params.extract.attention_unit
     encoded = encode_task(table, spec, tokenizer, params.finetune.max_length, words=unit == "words")
-    extract_attention(encoder, tokenizer, encoded, path, metadata, params.extract.batch_size, device, unit)
+    extract_attention(encoder, tokenizer, encoded, path, metadata, params.extract.batch_size, device, unit,
+                      params.extract.table_precision)

@@ -148,9 +148,10 @@ class ExtractParams:
                                         "a word averaged) or the model's tokens", names=("words", "tokens"))
     max_tokens: int = knob(20000, "tokens pooling: word rows per task (validation), the first words in order",
                            POSITIVE, at_most(10**7, "word rows per task"), ENOUGH)
-    table_precision: str = knob("float16", "what the activation tables store (read back as float32 before any "
-                                           "arithmetic): float16 halves their bytes; its measured effect on every "
-                                           "measure, head and map: docs/paper-configuration.md",
+    table_precision: str = knob("float16", "what the activation and attention tables store (read back as float32 "
+                                           "before any arithmetic): float16 halves their bytes, each neuron stored "
+                                           "as residuals about its mean with a power-of-two scale; its measured "
+                                           "effect on every measure, head and map: docs/paper-configuration.md",
                                 names=TABLE_PRECISIONS)
 
 

@@ -15,10 +15,12 @@ POOLINGS = ("cls", "mean", "last", "tokens")
 # What params may name: also "head", the token the model's own head reads (cls, or last for decoders and XLNet),
 # resolved per model when params are read (layersim.params.model_kind).
 POOLING_NAMES = ("head", *POOLINGS)
-DEFAULT_POOLINGS = ("head", "mean", "last", "tokens")
+# What the stages read by default: the head's token (similarity, truncate, dynamics), mean (align's maps; skip without
+# tokens) and words. "last" (one more table per run: 15 GB in the paper configuration) only where a measure names it.
+DEFAULT_POOLINGS = ("head", "mean", "tokens")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # layersim.compute.device (checked by a test)
 FINETUNE_METHODS = ("full", "lora")  # layersim.training.train (lora: layersim.training.adapters)
-TABLE_PRECISIONS = ("float32", "float16")  # activation tables: layersim.data.io.activations.VALUE_TYPES (a test checks)
+TABLE_PRECISIONS = ("float32", "float16")  # activation and attention tables: layersim.data.io.stored.VALUE_TYPES (a test checks)
 HEAD_KINDS = ("own", "fresh")  # layersim.training.heads.HEAD_KINDS (checked by a test)
 TRUNCATE_HEADS = ("auto", *HEAD_KINDS)  # auto: own where the family's head can be copied, else fresh
 EXAMPLE_POOLINGS = ("cls", "mean", "last")  # one row per (example, choice): what align can map

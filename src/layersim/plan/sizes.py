@@ -6,9 +6,11 @@ local folder, is read from its config.json and weights file."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 
 from layersim.compute.flops import LayerShape, layer_shape
@@ -32,6 +34,10 @@ PAPER_TASKS = {"cola": (8_551, 1_043, 9), "mnli": (392_702, 9_815, 30), "mrpc": 
                "cosmosqa": (25_262, 2_985, 88)}
 TOKENS_PER_WORD = 1.3   # sub-words per word, English text (assumption); plus the special tokens
 SPECIAL_TOKENS = 3
+# The lengths of a paper task's inputs about its mean (assumption): exponential, whose coefficient of variation is 1, a
+# tail as long as Yelp's reviews' and longer than most tasks' (so the attention maps' bytes, which go with the square of
+# the length, err high rather than low). The built-in tasks' lengths are counted.
+LENGTH_DISTRIBUTION = "exponential"
 TEXT_BYTES_PER_WORD = 4.0  # a task table's Parquet bytes per word of text (about 6 characters, compressed)
 
 # Hub models: layers, feed-forward width, attention heads, parameters (their published configs; the width of every
@@ -62,10 +68,26 @@ class TaskSize:
     words: float       # per input (per choice)
     choices: int       # inputs per example (1 but for multiple choice)
     text_bytes: int    # the task tables' bytes
+    lengths: tuple[int, ...] | None = None  # words of each input where counted; else LENGTH_DISTRIBUTION about words
 
     def tokens(self, max_length: int) -> float:
         """Tokens of an input, truncated at max_length."""
         return min(max_length, self.words * TOKENS_PER_WORD + SPECIAL_TOKENS)
+
+    def square_units(self, unit: str, max_length: int) -> float:
+        """The mean square of an input's length in attention units (extract.attention_unit: words, each special
+        token a unit of its own, or tokens), truncated at max_length tokens: what an attention map's rows go with."""
+        cap = (max_length - SPECIAL_TOKENS) / TOKENS_PER_WORD  # the words that fit
+        if self.lengths:
+            kept = np.minimum(np.asarray(self.lengths, float), cap)
+            first, second = kept.mean(), (kept ** 2).mean()
+        else:  # E[min(W, c)] and E[min(W, c)²] of an exponential W of mean `words`
+            mean = max(self.words, 1e-9)
+            tail = math.exp(-cap / mean)
+            first, second = mean * (1 - tail), 2 * mean ** 2 * (1 - tail * (1 + cap / mean))
+        if unit == "words":  # units = kept words + the 2 special tokens (a BERT pair's third is rounded away)
+            return second + 4 * first + 4
+        return TOKENS_PER_WORD ** 2 * second + 2 * TOKENS_PER_WORD * SPECIAL_TOKENS * first + SPECIAL_TOKENS ** 2
 
 
 @dataclass(frozen=True)
@@ -82,28 +104,30 @@ class ModelSize:
 
 def task_size(params, name: str, root: Path = Path(".")) -> TaskSize:
     """The rows the download stage keeps of task `name` under `params` (download.max_*_examples applied)."""
-    spec, d = get_task(name), params.download
+    spec, d, lengths = get_task(name), params.download, None
     if name in PAPER_TASKS:
         train, validation, words = PAPER_TASKS[name]
     elif spec.hub is None and spec.user is None:
         train, validation = d.generated_train_examples, d.generated_validation_examples
         columns = generated.generate(name, "validation", min(validation, 200), d.generated_seed)
-        words = _mean_words(columns, spec.format)
+        lengths = _words(columns, spec.format)
+        words = sum(lengths) / max(1, len(lengths))
     else:
         train, validation, words = _downloaded(name, task_tables(root / TASKS_DIR, name))
     train = min(train, d.max_train_examples or train)
     validation = min(validation, d.max_validation_examples or validation)
     choices = spec.num_choices or 1
     return TaskSize(train, validation, words, choices,
-                    round((train + validation) * choices * words * TEXT_BYTES_PER_WORD))
+                    round((train + validation) * choices * words * TEXT_BYTES_PER_WORD), lengths)
 
 
-def _mean_words(columns: dict, form: str) -> float:
+def _words(columns: dict, form: str) -> tuple[int, ...]:
+    """Words of each input (per choice for multiple choice)."""
     if form == "multiple_choice":
         texts = [f"{c} {x}" for c, xs in zip(columns["context"], columns["choices"]) for x in xs]
     else:
         texts = [" ".join(parts) for parts in zip(*(columns[k] for k in ("text", "text_a", "text_b") if k in columns))]
-    return sum(len(t.split()) for t in texts) / max(1, len(texts))
+    return tuple(len(t.split()) for t in texts)
 
 
 def _downloaded(name: str, folder: Path) -> tuple[int, int, float]:

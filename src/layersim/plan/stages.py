@@ -117,8 +117,8 @@ def extract(params, spec, model: ModelSize, task: TaskSize, head: str) -> StageC
     shape = {"num_layers": model.shape.num_layers, "hidden_size": model.shape.hidden}
     tables = disk.extract_bytes(params, spec, rows, runs, head, shape)
     maps = runs * min(p.attention_examples, rows["validation"]) * task.choices
-    units = task.words + 2 if p.attention_unit == "words" else s
-    attention = disk.attention_bytes(maps, min(units, params.finetune.max_length), model.shape.num_layers, model.heads)
+    attention = disk.attention_bytes(maps, task.square_units(p.attention_unit, params.finetune.max_length),
+                                     model.shape.num_layers, model.heads, p.table_precision)
     inputs = (runs * rows["validation"] + (runs - disk.validation_only_runs(params)) * rows["train"]
               ) * task.choices + maps
     return StageCost("extract", rows=disk.extract_rows(params, spec, rows, runs, head), bytes=tables + attention,

@@ -4,6 +4,7 @@
 - :mod:`~layersim.data.io.parquet` — Parquet with layersim's metadata, a finished-writer row count, and the
   checked reader (page CRCs, schema, expected metadata), every failure one line;
 - :mod:`~layersim.data.io.activations`, :mod:`~layersim.data.io.attention` — the activation and attention tables;
+- :mod:`~layersim.data.io.stored` — how their values are stored (float32, or float16 scaled per column), decoded;
 - :mod:`~layersim.data.io.task_tables` — the task tables, their digest, and what the runs' tables must hold;
 - :mod:`~layersim.data.layout` — where each task's and run's files lie (re-exported here).
 """

@@ -1,6 +1,6 @@
 """Activation tables (one file per model, task, run and pooling; a fixed_size_list<float32>[hidden] column per
-layer, or float16 with extract.precision): the streaming writer and the checked, lazily read table
-(docs/architecture.md, "Data contracts"). Every reader gets float32 whatever the file holds."""
+layer, or scaled float16 with extract.table_precision, layersim.data.io.stored): the streaming writer and the checked,
+lazily read table (docs/architecture.md, "Data contracts"). Every reader gets float32 whatever the file holds."""
 
 
 import contextlib
@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from layersim.errors import LayersimError
 from layersim.data.words import WORD_FIELDS, check_keys
 from layersim.data.io.atomic import atomic_path
+from layersim.data.io.stored import SCALES_KEY, VALUE_TYPES, Scales, encode, encoding
 from layersim.data.io.parquet import (METADATA_KEY, ParquetReader, first_non_finite, integrity_footer, metadata_int,
                                       parquet_writer)
 
@@ -29,11 +30,6 @@ def layer_column(layer: int) -> str:
     return f"layer_{layer:02d}"
 
 
-# What a table's values are stored as (extract.precision; layersim.params.vocabulary.TABLE_PRECISIONS spells the names
-# out, checked by a test). float16 halves the paper configuration's tables; docs/paper-configuration.md gives its
-# measured effect on every measure, head and map. Values are upcast to float32 on reading, before any arithmetic.
-VALUE_TYPES = {"float32": pa.float32(), "float16": pa.float16()}
-FLOAT16_MAX = float(np.finfo(np.float16).max)
 
 
 def activation_schema(num_layers: int, hidden_size: int, label_type: pa.DataType, metadata: dict,
@@ -54,7 +50,8 @@ class ActivationWriter:
 
     Use as a context manager; the file appears under its final name only if the block succeeds.
     Rows are buffered into row groups of about `rows_per_group`, so a reader gets few, large chunks.
-    `precision` (a key of VALUE_TYPES) is what the values are stored as.
+    `precision` (a key of VALUE_TYPES) is what the values are stored as; float16 is scaled per neuron and row group
+    (layersim.data.io.stored), its scales written into the footer with the row count.
     """
 
     def __init__(self, path: str | os.PathLike, *, num_layers: int, hidden_size: int,
@@ -69,7 +66,8 @@ class ActivationWriter:
         self._path = path
         self._stack = contextlib.ExitStack()
         self._writer: pq.ParquetWriter | None = None
-        self._pending: list[pa.Table] = []
+        self._pending: list[tuple[list[pa.Array], list[np.ndarray]]] = []  # key columns, float32 layers
+        self._scales = Scales([layer_column(k) for k in range(num_layers + 1)], hidden_size)
         self.num_rows = 0
 
     def __enter__(self) -> "ActivationWriter":
@@ -97,32 +95,30 @@ class ActivationWriter:
             raise LayersimError(f"{len(clusters)} cluster ids for {rows} rows of table {self._path}; give one per row.")
         columns = [pa.array(example_id, pa.int64()), pa.array(clusters, pa.int64()), pa.array(choice, pa.int16()),
                    *keys, pa.array(label, self.schema.field("label").type)]
+        checked = []
         for k, values in enumerate(layers):
-            values = np.ascontiguousarray(values, dtype=np.float32)
+            values = np.array(values, dtype=np.float32)  # a copy: the caller may reuse its buffer before the flush
             if values.shape != (rows, self.hidden_size):
                 raise LayersimError(f"layer {k} has shape {values.shape}, expected ({rows}, {self.hidden_size}) "
                                     f"for {rows} rows of hidden size {self.hidden_size}.")
-            if self.precision == "float16":
-                values = self._half(k, values)
-            columns.append(pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), self.hidden_size))
-        self._pending.append(pa.Table.from_arrays(columns, schema=self.schema))
+            checked.append(values)
+        self._pending.append((columns, checked))
         self.num_rows += rows
-        if sum(t.num_rows for t in self._pending) >= self.rows_per_group:
+        if sum(len(pending[0]) for pending, _ in self._pending) >= self.rows_per_group:
             self._flush()
 
-    def _half(self, k: int, values: np.ndarray) -> np.ndarray:
-        # A value beyond float16's range would be stored as ±inf, which every reader refuses as a diverged run:
-        # say here what it is instead (a model with activations that large needs float32 tables).
-        largest = float(np.abs(values).max(initial=0.0))
-        if largest > FLOAT16_MAX:
-            raise LayersimError(f"layer {k} holds a value of magnitude {largest:.4g}, beyond float16's {FLOAT16_MAX:g}, "
-                                f"so table {self._path} cannot be stored in half precision; set extract.table_precision: "
-                                "float32.")
-        return values.astype(np.float16)
-
     def _flush(self) -> None:
+        # One row group, encoded as a block: its scales are its own columns' (layersim.data.io.stored).
         if self._pending:
-            self._writer.write_table(pa.concat_tables(self._pending), row_group_size=1 << 30)
+            keys = [pa.concat_arrays(parts) for parts in zip(*(k for k, _ in self._pending))]
+            columns, scales = [], []
+            for layer in zip(*(v for _, v in self._pending)):
+                stored, scale = encode(np.concatenate(layer), self.precision)
+                columns.append(pa.FixedSizeListArray.from_arrays(pa.array(stored.reshape(-1)), self.hidden_size))
+                scales.append(scale)
+            if self.precision != "float32":
+                self._scales.add(len(keys[0]), scales)
+            self._writer.write_table(pa.Table.from_arrays(keys + columns, schema=self.schema), row_group_size=1 << 30)
             self._pending = []
 
     def __exit__(self, *exc) -> bool | None:
@@ -131,7 +127,9 @@ class ActivationWriter:
             try:
                 self._flush()
                 # Only a finished file gets its row count: a reader checks it against the footer.
-                self._writer.add_key_value_metadata(integrity_footer(self.num_rows))
+                footer = integrity_footer(self.num_rows)
+                self._writer.add_key_value_metadata(footer | (self._scales.footer() if self.precision != "float32"
+                                                              else {}))
             except BaseException:
                 self._stack.__exit__(*sys.exc_info())
                 raise
@@ -142,7 +140,8 @@ class ActivationTable:
     """A checked, lazily read activation table: metadata and ids up front, layers on demand, as float32.
 
     Opening checks the schema against the contract (one fixed_size_list<float32>[hidden_size] column
-    per layer, or float16 in every layer, as many as the metadata's num_layers), the row count written with the file, and, with
+    per layer, or float16 in every layer, as many as the metadata's num_layers), the row count written with the file, and,
+    with
     `expect`, metadata values the caller knows: e.g. ``{"task": "rte", "split": "validation",
     "run": "seed1", "pooling": "cls", "model_digest": <digest of the weights>}``. Every page is
     checksummed as it is read; a corrupt or truncated file is a LayersimError that says so."""
@@ -170,6 +169,14 @@ class ActivationTable:
              "label": label}
             | {layer_column(k): pa.list_(value, self.hidden_size) for k in range(self.num_layers + 1)},
             f" for num_layers {self.num_layers} and hidden_size {self.hidden_size} in its metadata")
+        # Scaled float16 carries its scales in the footer; float16 tables written before scales have none, and are
+        # read as stored (their tiny values may be zeros: re-run the extract stage to store them scaled).
+        footer = self._file.metadata.metadata or {}
+        columns = [layer_column(k) for k in range(self.num_layers + 1)]
+        scaled = value == pa.float16() and SCALES_KEY in footer
+        self._scales = Scales.from_footer(footer, self.path, columns, self.hidden_size, self._reader.num_rows) \
+            if scaled else None
+        self.precision = encoding(value, scaled)
         self.check(expect)
         ids = self._reader.read(["example_id", "cluster_id", "choice", *(["segment", "word"] if self.words else [])])
         self.example_id = ids.column("example_id").to_numpy()
@@ -250,8 +257,7 @@ class ActivationTable:
         if not 0 <= k <= self.num_layers:
             raise LayersimError(f"layer {k} is out of range for {self.path}; valid layers are 0..{self.num_layers}.")
         column = self._reader.read([layer_column(k)]).column(0).combine_chunks()
-        values = _float32(column.values)
-        return self.check_finite(k, values.reshape(len(column), self.hidden_size))
+        return self.check_finite(k, self._decode(k, column.values, len(column)))
 
     def row_groups(self) -> list[tuple[int, int]]:
         """(first row, rows) of each Parquet row group, in file order: the units read at random."""
@@ -264,13 +270,19 @@ class ActivationTable:
             raise LayersimError(f"layer {k} is out of range for {self.path}; valid layers are 0..{self.num_layers}.")
         with self._reader.translating():
             column = self._file.read_row_groups(groups, columns=[layer_column(k)]).column(0).combine_chunks()
-        values = _float32(column.values).reshape(len(column), self.hidden_size)
-        spans, at = self.row_groups(), 0
-        for g in groups:  # each group checked at its own rows, so an error names the right example
+        spans, at, parts = self.row_groups(), 0, []
+        for g in groups:  # each group unscaled and checked at its own rows, so an error names the right example
             first, size = spans[g]
-            self.check_finite(k, values[at:at + size], first)
+            parts.append(self.check_finite(k, self._decode(k, column.values[at * self.hidden_size:
+                                                                            (at + size) * self.hidden_size],
+                                                           size, first), first))
             at += size
-        return values
+        return np.concatenate(parts) if parts else np.zeros((0, self.hidden_size), np.float32)
+
+    def _decode(self, k: int, values: pa.Array, rows: int, first_row: int = 0) -> np.ndarray:
+        """Rows first_row … first_row + rows of layer k, stored as the flat `values`, as (rows, hidden) float32."""
+        stored = _float32(values).reshape(rows, self.hidden_size)
+        return stored if self._scales is None else self._scales.decode(layer_column(k), stored, first_row)
 
     def layers(self) -> list[np.ndarray]:
         return [self.layer(k) for k in range(self.num_layers + 1)]
@@ -323,8 +335,7 @@ class ActivationTable:
                 arrays = []
                 for k, column in zip(layers, batch.columns):
                     # flatten() honours the slice a batch may be of its chunk; no copy without nulls.
-                    values = _float32(column.flatten())
-                    arrays.append(self.check_finite(k, values.reshape(len(column), self.hidden_size), start))
+                    arrays.append(self.check_finite(k, self._decode(k, column.flatten(), len(column), start), start))
                 start += batch.num_rows
                 if not pending and batch.num_rows == rows:
                     yield arrays

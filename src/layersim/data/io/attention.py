@@ -12,6 +12,7 @@ import pyarrow as pa
 from layersim.errors import LayersimError
 from layersim.data.io.activations import layer_column
 from layersim.data.io.parquet import ParquetReader, first_non_finite, metadata_int
+from layersim.data.io.stored import SCALES_KEY, VALUE_TYPES, Scales, encoding
 
 
 class AttentionTable:
@@ -27,10 +28,20 @@ class AttentionTable:
         self.metadata = self._reader.metadata
         self.num_layers = metadata_int(self._reader, "num_layers", 1)
         self.num_heads = metadata_int(self._reader, "num_heads", 1)
+        first = layer_column(1)
+        stored = self._reader.schema.field(first).type if first in self._reader.schema.names else None
+        value = next((t for t in VALUE_TYPES.values() if stored == pa.list_(t, self.num_heads)), pa.float32())
+        columns = [layer_column(k) for k in range(1, self.num_layers + 1)]
         self._reader.check_types(
             {"example_id": pa.int64(), "choice": pa.int16(), "query": pa.int16(), "key": pa.int16()}
-            | {layer_column(k): pa.list_(pa.float32(), self.num_heads) for k in range(1, self.num_layers + 1)},
+            | {column: pa.list_(value, self.num_heads) for column in columns},
             f" for num_layers {self.num_layers} and num_heads {self.num_heads} in its metadata")
+        # Stored as float32, or float16 scaled per head (layersim.data.io.stored), decoded to float32 on reading.
+        footer = self._file.metadata.metadata or {}
+        scaled = value == pa.float16() and SCALES_KEY in footer
+        self._scales = (Scales.from_footer(footer, self.path, columns, self.num_heads, self._reader.num_rows)
+                        if value == pa.float16() else None)
+        self.precision = encoding(value, scaled)
         self._reader.check_expected(expect)
         keys = self._reader.read(["example_id", "choice", "query"])
         self.index = np.stack([keys.column(name).to_numpy().astype(np.int64) for name in keys.column_names], axis=1)
@@ -48,7 +59,10 @@ class AttentionTable:
             raise LayersimError(f"attention layer {k} is out of range for {self.path}; valid layers are "
                                 f"1..{self.num_layers}.")
         column = self._reader.read([layer_column(k)]).column(0).combine_chunks()
-        weights = column.values.to_numpy(zero_copy_only=False).reshape(len(column), self.num_heads)
+        weights = np.asarray(column.values.to_numpy(zero_copy_only=False), np.float32).reshape(len(column),
+                                                                                               self.num_heads)
+        if self._scales is not None:
+            weights = self._scales.decode(layer_column(k), weights)
         row = first_non_finite(weights)
         if row is not None:
             example, choice, query = (int(v) for v in self.index[row])

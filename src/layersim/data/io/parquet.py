@@ -67,12 +67,13 @@ def parquet_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
     return pq.ParquetWriter(path, schema, write_page_checksum=True, use_dictionary=_dictionary_columns(schema))
 
 
-def write_parquet(table: pa.Table, path: str | os.PathLike) -> None:
-    """Write a whole table atomically, with page checksums and its row count in the footer."""
+def write_parquet(table: pa.Table, path: str | os.PathLike, footer: dict[bytes, bytes] | None = None) -> None:
+    """Write a whole table atomically, with page checksums and its row count (and `footer`'s entries) in the
+    footer."""
     with atomic_path(path) as tmp:
         with parquet_writer(tmp, table.schema) as writer:
             writer.write_table(table)
-            writer.add_key_value_metadata(integrity_footer(table.num_rows))
+            writer.add_key_value_metadata(integrity_footer(table.num_rows) | (footer or {}))
 
 
 # --- checked reading -----------------------------------------------------------------------------
