@@ -8,7 +8,7 @@ from pathlib import Path
 from dvclive import Live
 
 from layersim import cli
-from layersim.training.run_convergence import checked_convergence
+from layersim.training.convergence import checked_convergence
 from layersim.compute.device import resolve_device
 from layersim.data.io import atomic_path, task_tables_digest, write_json
 from layersim.models.registry import load_tokenizer

@@ -165,7 +165,7 @@ def test_bad_flags_and_params_fail_before_ray_starts(tmp_path):
     assert dry_set.returncode == 0 and "finetune@b  {'num_gpus': 0.5, 'num_cpus': 0}" in dry_set.stdout, output(dry_set)
     assert (root / "params.yaml").read_text() == committed
     cpu_only = launch("--dry", "--gpus", "0")
-    assert cpu_only.returncode == 0 and "warning: 8 of these nodes (finetune@" in cpu_only.stderr, output(cpu_only)
+    assert cpu_only.returncode == 0 and "warning: 9 of these nodes (finetune@" in cpu_only.stderr, output(cpu_only)
     assert "ask for 1 GPU each (launch.gpu_stages), but the cluster has 0, so `layersim launch` would refuse to " \
         "start" in cpu_only.stderr
     negative = launch("--gpus", "-1")

@@ -47,6 +47,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -351,3 +352,12 @@ def enforce(check: Convergence, what: str, finetune, log) -> None:
     if finetune.require_convergence:
         raise LayersimError(f"{message}.")
     log.warning("%s (finetune.require_convergence: true makes this an error)", message)
+
+
+def checked_convergence(check: Convergence, task: str, seed: int, pretrained: str | Path, finetune, log) -> dict:
+    """`check`'s record for the checkpoint and metrics, once :func:`enforce` has passed the run, which it names by
+    task, seed and base model, and by method unless it is full fine-tuning (the advice then names that method's
+    params)."""
+    method = "" if finetune.method == "full" else f" with {finetune.method}"
+    enforce(check, f"fine-tuning {task} seed {seed} from {pretrained}{method}", finetune, log)
+    return check.record()
