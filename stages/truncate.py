@@ -1,7 +1,6 @@
-"""truncate: task score when the fine-tuned encoder exits after layer k, for every k (Phang et al. §4):
-Untuned (the fine-tuned head as is), Tuned (the fine-tuned head trained further on the fine-tuned
-encoder's layer k) and TunedOrig (the head fine-tuning starts from, trained on the pretrained encoder's
-layer k); with truncate.head: fresh, Tuned and TunedOrig train a fresh head instead."""
+"""truncate: task score when the fine-tuned encoder exits after layer k, for every k (Phang et al. §4): Untuned (the
+fine-tuned head as is), Tuned (the fine-tuned head trained further on the fine-tuned encoder's layer k) and TunedOrig
+(the head fine-tuning starts from, on the pretrained encoder's layer k); truncate.head: fresh trains new heads."""
 
 from pathlib import Path
 
@@ -55,11 +54,10 @@ def main(args, params):
                                                   initial_head(args.pretrained, spec, seed) if own else None))
         cli.log.info("seed %d: full %s %.4f, untuned by exit layer %s", seed, spec.primary_metric, full[-1],
                      np.round(per_seed["untuned"][-1], 3).tolist())
-    orig = cls("orig")
-    baseline = majority_score(spec, cls("orig", "train"), orig)
+    orig, train = cls("orig"), cls("orig", "train")  # train: the rows the heads saw, as extract stored them
+    baseline = majority_score(spec, train, orig)
     metrics, rows = truncation_summary(per_seed, full, baseline, params.seeds, p.tolerance, spec.primary_metric,
                                        flagged_seeds(args.checkpoints, params.seeds))  # the converged-only means
-    train = cls("orig", "train")  # what the heads saw: extract.max_train_examples' rows, as extract stored them
     metrics |= {"head_train_rows": train.num_rows, "table_precision": train.precision}
     title = f"truncation — {orig.metadata['model']} on {spec.name}" + checkpoint_note(args.checkpoints, params.seeds)
     write_figure(truncation_curves(per_seed, full, baseline, spec.primary_metric, title), args.plots / "truncate.png")

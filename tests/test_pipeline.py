@@ -110,7 +110,8 @@ def test_repro_writes_every_declared_output(project):
     words = ActivationTable(activations / "orig.tokens.parquet")
     assert words.num_rows == sum(len(text.split()) for text in validation)  # max_length 32 cuts no word here
     assert not (activations / "train/orig.tokens.parquet").exists()  # words: validation only
-    for pooling in ("cls", "mean", "last", "tokens"):
+    assert not (activations / "orig.last.parquet").exists()  # extract.poolings' default: no stage reads `last`
+    for pooling in ("cls", "mean", "tokens"):
         reference = ActivationTable(activations / f"orig.{pooling}.parquet")
         for run_name in ("orig", "seed1", "seed2", "random"):
             table = ActivationTable(activations / f"{run_name}.{pooling}.parquet")
