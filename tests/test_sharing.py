@@ -10,6 +10,7 @@ holds a wall-clock or host-specific value.
 
 from __future__ import annotations
 
+import difflib
 import re
 
 import pytest
@@ -73,5 +74,6 @@ def test_two_clean_runs_give_the_same_dvc_lock(shared):
         changed = {stage: sorted(path for path, md5 in paths.items() if lock_outs(shared["root"])[stage][path] != md5)
                    for stage, paths in lock_outs(clone).items()}
         pytest.fail(f"dvc.lock changed on a clean rerun: {({s: p for s, p in changed.items() if p})}\n"
-                    + run(["git", "diff", "--stat"], clone, env).stdout)
+                    + "".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
+                                                   "dvc.lock (before)", "dvc.lock (after)")))
     assert run(["git", "status", "--porcelain", "--", "dvc.lock"], clone, env).stdout == ""
