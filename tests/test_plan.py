@@ -50,10 +50,11 @@ def test_word_rows_and_attention_bytes_are_counted_exactly():
         2 * (10 * 2 + 30) + 2 * 20 * 2  # 30 words, fewer than max_tokens
     assert disk.extract_rows(params, spec, {"validation": 10, "train": 20, "words": 80}, 2, "cls") == \
         2 * (10 * 2 + 50) + 2 * 20 * 2  # capped at max_tokens
-    # 3 maps of a mean square of 16 units: 16 rows each, every row 2 layers × 2 heads × 4 bytes and 14 bytes of keys;
-    # in float16, 2 bytes a head.
-    assert disk.attention_bytes(3, 16, 2, 2) == 3 * 16 * (16 + 14)
-    assert disk.attention_bytes(3, 16, 2, 2, "float16") == 3 * 16 * (8 + 14)
+    # 3 maps of a mean square of 16 units: 16 rows each, every row 2 layers × 2 heads × 4 bytes and the key column's
+    # dictionary index (maps of at most 16 units: 4 bits; the other keys are runs); in float16, 2 bytes a head.
+    assert disk.attention_bytes(3, 16, 2, 2, max_units=16) == 3 * 16 * (16 + 0.5)
+    assert disk.attention_bytes(3, 16, 2, 2, "float16", max_units=16) == 3 * 16 * (8 + 0.5)
+    assert disk.attention_key_bytes(512) == 9 / 8 and disk.attention_key_bytes(1) == 1 / 8
 
 
 def test_attention_maps_are_counted_by_the_mean_square_of_their_lengths():

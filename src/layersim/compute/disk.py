@@ -5,6 +5,7 @@ are hundreds of GB; a full disk found after hours of work is the worst way to le
 from __future__ import annotations
 
 import configparser
+import math
 import shutil
 from pathlib import Path
 
@@ -16,9 +17,14 @@ from layersim.errors import LayersimError
 # written twice; `dvc cache dir` on another volume, or cache.type hardlink/symlink, avoids that (docs/performance.md).
 CACHE_COPIES = 2
 DVC_DEFAULT_CACHE_TYPES = ("reflink", "copy")
-# An attention row's keys besides its floats: example_id (int64), choice, query, key (int16 each); its floats are
-# stored in extract.table_precision, as the activations are.
-ATTENTION_KEY_BYTES = 8 + 3 * 2
+# An attention row's keys besides its floats (stored in extract.table_precision, as the activations are): example_id
+# (int64), choice, query, key (int16 each), which Parquet dictionary-encodes (data/io/parquet.py: every column but the
+# floats). A map's rows run over (query, key) with its example and choice fixed, and each query over its keys, so
+# example_id, choice and query are runs that RLE stores in a few bytes a map or a query; the key column is left: a
+# dictionary index a row, of the bits that the longest input's units need (assumption: the index's bit-packed width,
+# before Snappy, which shrinks the repeating 0..n-1 sequences further). The 14 bytes a row of the plain int types
+# were 54 % of the tiny pipeline's attention rows (3 layers × 2 heads × 2 bytes) and put its extract 31 % too high.
+ATTENTION_PLAIN_KEY_BYTES = 8 + 3 * 2
 
 
 def cache_copies(types: str | None, reflinks: bool = False) -> int:
@@ -128,8 +134,18 @@ def extract_bytes(params, spec, rows: dict[str, int], runs: int, head: str, shap
                                 params.extract.table_precision)
 
 
-def attention_bytes(maps: int, square_units: float, layers: int, heads: int, precision: str = "float32") -> int:
+def attention_key_bytes(max_units: int) -> float:
+    """An attention row's key bytes as Parquet writes them (see ATTENTION_PLAIN_KEY_BYTES): the key column's dictionary
+    index, ⌈log2 max_units⌉ bits (at least 1), for maps of at most `max_units` words or tokens; the other keys are runs."""
+    return max(1, math.ceil(math.log2(max(max_units, 2)))) / 8
+
+
+def attention_bytes(maps: int, square_units: float, layers: int, heads: int, precision: str = "float32",
+                    max_units: int = 512) -> int:
     """The attention tables of `maps` inputs (examples times choices, over runs) whose number of words or tokens has
     the mean square `square_units` (a map holds a row per (query, key): the square of its length, so the mean of the
-    squares counts, not the square of the mean): every layer's heads in `precision`, and the row's keys."""
-    return round(maps * square_units * (layers * heads * np.dtype(precision).itemsize + ATTENTION_KEY_BYTES))
+    squares counts, not the square of the mean): every layer's heads in `precision` (floats barely compress), and the
+    row's keys, dictionary-encoded (:func:`attention_key_bytes`; `max_units`: the longest input's units, at most
+    finetune.max_length tokens)."""
+    row = layers * heads * np.dtype(precision).itemsize + attention_key_bytes(max_units)
+    return round(maps * square_units * row)

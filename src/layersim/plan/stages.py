@@ -118,7 +118,8 @@ def extract(params, spec, model: ModelSize, task: TaskSize, head: str) -> StageC
     tables = disk.extract_bytes(params, spec, rows, runs, head, shape)
     maps = runs * min(p.attention_examples, rows["validation"]) * task.choices
     attention = disk.attention_bytes(maps, task.square_units(p.attention_unit, params.finetune.max_length),
-                                     model.shape.num_layers, model.heads, p.table_precision)
+                                     model.shape.num_layers, model.heads, p.table_precision,
+                                     max_units=params.finetune.max_length)
     inputs = (runs * rows["validation"] + (runs - disk.validation_only_runs(params)) * rows["train"]
               ) * task.choices + maps
     return StageCost("extract", rows=disk.extract_rows(params, spec, rows, runs, head), bytes=tables + attention,
