@@ -270,7 +270,7 @@ def test_set_param_lists_reshape_the_fan_out(base):
         status = run(dvc("status", "--json"), root, env)
         stale = set(json.loads(status.stdout))
         unchanged = {"download_model", "download_compared", "download_paired", f"download_task@{TASK}",
-                     f"finetune@{TASK}-1", "guard_model"}  # guard_model: frozen, never run (docs/params-safety.md)
+                     f"finetune@{TASK}-1", "guard_model"}  # guard_model: its one dep is inside.yaml
         assert "check_params" in stale  # the gate checks every params change
         assert stale == set(listed) - unchanged, output(status)
     finally:

@@ -82,7 +82,8 @@ def test_every_matrix_value_in_an_output_passes_through_the_path_guard():
         guarded += 1
     assert guarded >= 12  # download_task, finetune, finetune_compared and every per-task stage after them
     model = stages["guard_model"]
-    assert model["frozen"] and model["wdir"] == f"{GUARD}/owner/${{model}}/../.." and model["vars"] == ["inside.yaml"]
+    assert model["wdir"] == f"{GUARD}/owner/${{model}}/../.." and model["vars"] == ["inside.yaml"]
+    assert "frozen" not in model and model["cmd"] == "true"  # recorded in dvc.lock by every repro (dvc.yaml)
     # `${model}` comes right after two fixed folders in every output, as in the guard (params-guard/owner).
     for name, stage in stages.items():
         for path in _declared_paths(stage):
