@@ -127,12 +127,12 @@ def test_repro_writes_every_declared_output(project):
     similarity = _details(root, "similarity", TASK)
     assert set(similarity) == {"cls", "tokens", "attention"}
     assert "no permutation null and no bootstrap interval" in similarity["attention"]["jensen_shannon"]["no_uncertainty"]
+    assert similarity["cls"]["null_unit"]["unit"] == "row" and similarity["tokens"]["null_unit"]["unit"] != "row"
     for pooling in ("cls", "tokens"):
         assert set(similarity[pooling]) == {"linear_cka", "svcca", "pwcca", "neuronsim", "localization", "rows",
                                             "null_unit"}
         # synth-negation's examples share nothing: the null moves examples (cls: rows; tokens: an example's words)
         assert similarity[pooling]["null_unit"]["rows"] > 0 and similarity[pooling]["null_unit"]["blocks"] > 0
-    assert similarity["cls"]["null_unit"]["unit"] == "row" and similarity["tokens"]["null_unit"]["unit"] != "row"
         for measure in ("linear_cka", "svcca", "pwcca", "neuronsim"):
             summary = similarity[pooling][measure]
             cca = {"kept_dimensions"} if measure in ("svcca", "pwcca") else set()
