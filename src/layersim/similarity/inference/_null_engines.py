@@ -102,11 +102,15 @@ class _DeviceEngine(_Engine):
     def __init__(self, cells: np.ndarray):
         super().__init__(cells)
         self.device = analysis_device()
+        # Index tensors made once, not per batch of permutations.
+        self._outside = torch.as_tensor(~cells, device=self.device)
+        self._rows_t = torch.as_tensor(self.rows, device=self.device)
+        self._cols_t = torch.as_tensor(self.cols, device=self.device)
 
     def values_batch(self, perms: np.ndarray | None) -> np.ndarray:
         index = None if perms is None else torch.as_tensor(np.asarray(perms, dtype=np.int64), device=self.device)
         out = self.raw(index)
-        out[:, torch.as_tensor(~self.cells, device=self.device)] = torch.nan
+        out[:, self._outside] = torch.nan
         return out.cpu().numpy()
 
     def raw(self, perms: torch.Tensor | None) -> torch.Tensor:
@@ -171,9 +175,7 @@ class KernelEngine(_DeviceEngine):
         count = len(ky)
         inner = self._empty(count)
         flat = ky.reshape(count, len(self.cols), -1)
-        rows = torch.as_tensor(self.rows, device=self.device)
-        cols = torch.as_tensor(self.cols, device=self.device)
-        inner[:, rows[:, None], cols[None, :]] = torch.matmul(self.kx, flat.transpose(1, 2))
+        inner[:, self._rows_t[:, None], self._cols_t[None, :]] = torch.matmul(self.kx, flat.transpose(1, 2))
         return self.finish(inner, perms)
 
 
