@@ -12,6 +12,7 @@ from layersim.training.convergence import checked_convergence
 from layersim.compute.device import resolve_device
 from layersim.data.io import atomic_path, task_tables_digest, write_json
 from layersim.models.registry import load_tokenizer
+from layersim.compute.compiled import compiles
 from layersim.data.tasks import get_task
 from layersim.training.resume import TrainingCheckpoint
 from layersim.training.train import (StateKeeper, encoded_splits, finetune, live_logger, run_fingerprint,
@@ -23,14 +24,15 @@ def run(args, params, spec, pretrained: Path, seed: int, out: Path, live_dir, re
     tokenizer = load_tokenizer(pretrained)
     train, validation = encoded_splits(args.task_dir, spec, tokenizer, params.finetune.max_length)
     cli.log.info("read %s: %d train / %d validation examples", args.task_dir, len(train), len(validation))
-    resume = resume_dir and TrainingCheckpoint(resume_dir, run_fingerprint(pretrained, args.task_dir, spec,
-                                                                           params.finetune, seed))
+    device = resolve_device(params.device)
+    resume = resume_dir and TrainingCheckpoint(resume_dir, run_fingerprint(
+        pretrained, args.task_dir, spec, params.finetune, seed, compiled=compiles(params.finetune.compile, device)))
     # dvc.yaml declares these curves (dvclive writes none); a resumed run replays the steps logged before it stopped.
     with (Live(str(live_dir), dvcyaml=False, save_dvc_exp=False) if live_dir else nullcontext()) as live:
         timing, checks, keep = {}, {}, states and StateKeeper.for_run(params.finetune, states, resume_dir)
         model, metrics = finetune(pretrained, spec, train, validation, params.finetune, seed, log=live_logger(live),
                                   keep=keep, resume=resume, timing=timing, checks=checks,
-                                  device=resolve_device(params.device))
+                                  device=device)
     # Before any output: with finetune.require_convergence an unconverged run leaves no checkpoint or metrics.
     convergence = checked_convergence(checks["convergence"], spec.name, seed, pretrained, params.finetune, cli.log)
     with atomic_path(out, is_dir=True) as tmp:

@@ -273,3 +273,22 @@ def test_the_stage_items_add_up_to_the_plan():
     for stage, parts in items.items():
         assert sum(p.flops for p in parts) == pytest.approx(costs[stage].flops)
         assert sum(p.bytes for p in parts) == costs[stage].bytes
+
+
+def test_compiled_training_passes_take_the_gpus_compiled_figure_where_measured_and_the_eager_one_until_then():
+    from layersim.plan import timing
+
+    doc = yaml.safe_load(repository_params_text())
+    params, off = parse_params(doc), parse_params(doc | {"finetune": doc["finetune"] | {"compile": "off"}})
+    size, task = model_size("roberta-base"), task_size(params, "rte")
+    cost, eager = stages.finetune(params, size, task, runs=2), stages.finetune(off, size, task, runs=2)
+    layers = size.shape.num_layers
+    assert cost.compiled_passes == 2 * layers * 3 * params.finetune.max_steps and eager.compiled_passes == 0
+    assert cost.passes == eager.passes  # the same passes, some of them compiled
+    unmeasured = timing.device("h200")
+    assert unmeasured.compiled_pass_seconds.value is None  # gpu_figures.json as committed
+    assert terms(cost, unmeasured)["passes"] == terms(eager, unmeasured)["passes"]  # the eager pass stands in
+    on = timing.Device("h200", 150e12, 0.8e-3, 1e12, "test", compiled_pass_seconds=timing.Figure(0.2e-3, "2026-12-01"))
+    assert terms(cost, on)["passes"] == pytest.approx(cost.passes * 0.8e-3 - cost.compiled_passes * 0.6e-3)
+    assert terms(eager, on)["passes"] == pytest.approx(eager.passes * 0.8e-3)
+    assert terms(cost, timing.device("cpu", flops=1e11))["passes"] == terms(eager, timing.device("cpu", flops=1e11))["passes"]

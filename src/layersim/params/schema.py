@@ -16,7 +16,7 @@ from layersim.params.rules import (FRACTION, NON_NEGATIVE, POSITIVE, SEED, TOLER
                                    knob, nested)
 
 # Names and ranges shared by several sections: layersim.params.vocabulary.
-from layersim.params.vocabulary import (DEFAULT_POOLINGS, POOLING_NAMES, PRECISIONS, TABLE_PRECISIONS, TRUNCATE_HEADS,
+from layersim.params.vocabulary import (COMPILE_SETTINGS, DEFAULT_POOLINGS, POOLING_NAMES, PRECISIONS, TABLE_PRECISIONS, TRUNCATE_HEADS,
                                        EXAMPLE_POOLING_NAMES, FINETUNE_METHODS, LOCALIZATIONS,
                                        ALIGN_METHODS, DEFAULT_MEASURES, _STEPS, _EXAMPLES, _BATCH, _WIDTH,
                                        MAX_PERMUTATIONS, ENOUGH, ROOM, EXAMPLES, STEPS, BATCH, LEARNING_RATE,
@@ -117,6 +117,10 @@ class FinetuneParams:
                           names=PRECISIONS)
     max_grad_norm: float = knob(0.0, "clip the gradients' total norm to this before each step (0: no clipping, "
                                      "the papers' setting)", NON_NEGATIVE)
+    compile: str = knob("auto", "training steps compiled (torch.compile; CUDA graphs on a GPU, batches padded to a "
+                                "multiple of 64 tokens) so that small batches are not bound by kernel launches: on, "
+                                "off; auto: on a GPU only (on the CPU a compile costs more than it saves)",
+                        names=COMPILE_SETTINGS)
     method: str = knob("full", "full: every weight trains; lora: low-rank adapters on finetune.lora's matrices "
                                "(peft), merged into the weights when training ends, so the checkpoint is a plain "
                                "model every later stage reads unchanged", names=FINETUNE_METHODS)

@@ -30,6 +30,8 @@ class StageCost:
     bytes: int = 0         # DVC-cached outputs, workspace copy
     flops: float = 0.0
     passes: int = 0        # batches × layers they run through (a training step: 3 × layers)
+    compiled_passes: int = 0  # the part of passes in compiled training steps (finetune.compile): on a GPU, at its
+                              # compiled pass time where measured
     train_flops: float = 0.0  # the part of flops in training steps (forward, backward)
     processes: int = 0     # stage processes DVC starts (one per matrix item)
     loads: int = 0         # models read from disk
@@ -88,7 +90,8 @@ def finetune(params, model: ModelSize, task: TaskSize, runs: int, kept_states: b
     return StageCost("finetune", rows=runs * rows, bytes=runs * (1 + states) * model.checkpoint_bytes,
                      flops=runs * (rows * train_step(model, s) + evals * val * forward(model, s)),
                      train_flops=runs * rows * train_step(model, s), processes=runs, **loaded(model, runs),
-                     passes=runs * L(model) * (3 * f.max_steps + evals * math.ceil(val / f.eval_batch_size)))
+                     passes=runs * L(model) * (3 * f.max_steps + evals * math.ceil(val / f.eval_batch_size)),
+                     compiled_passes=runs * L(model) * 3 * f.max_steps if f.compile != "off" else 0)
 
 
 def loaded(model: ModelSize, loads: int) -> dict[str, int]:
@@ -321,7 +324,8 @@ def freeze(params, model: ModelSize, task: TaskSize) -> StageCost:
                      train_flops=seeds * trained + timing, processes=1,
                      **loaded(model, seeds * len(configs) + 1),
                      passes=seeds * len(configs) * L * (3 * recipe.max_steps + math.ceil(val / params.finetune.eval_batch_size))
-                     + 3 * L * timed_steps)
+                     + 3 * L * timed_steps,  # the timed steps are eager (layersim.training.step_timing)
+                     compiled_passes=seeds * len(configs) * L * 3 * recipe.max_steps if recipe.compile != "off" else 0)
 
 
 def compare(params, model: ModelSize, tasks: dict[str, TaskSize], others: dict[str, ModelSize]) -> StageCost:

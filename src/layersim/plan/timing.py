@@ -103,6 +103,9 @@ class Device:
     # numpy terms); on a GPU, its float64 throughput and per-cell cost there, each a Figure (possibly unmeasured).
     analysis_flops: Figure | None = None
     analysis_cell_seconds: Figure | None = None
+    # A GPU's layer pass in a compiled training step (finetune.compile: CUDA graphs); unmeasured: pass_seconds, the
+    # eager figure, stands in (an upper bound).
+    compiled_pass_seconds: Figure | None = None
 
 
 def measured_cpu_flops(threads: int | None = None, size: int = 2048, repeats: int = 3) -> float:
@@ -140,13 +143,16 @@ def device(name: str = "cpu", flops: float | None = None, pass_seconds: float | 
         figures = gpu_figures()[name]
         training, passes = (Figure(**{k: figures[key][k] for k in ("value", "measured")})
                             for key in ("training_flops", "pass_seconds"))
-        basis = f"{figures['machine']}; training {training.note('FLOP/s')}, a layer pass {passes.note('s')}"
+        compiled = Figure(**{k: figures["compiled_pass_seconds"][k] for k in ("value", "measured")})
+        basis = (f"{figures['machine']}; training {training.note('FLOP/s')}, a layer pass {passes.note('s')}, "
+                 f"a compiled training pass {compiled.note('s')}" + (" (the eager pass stands in)" if compiled.value is None else ""))
         return Device(name, flops or training.value, passes.value if pass_seconds is None else pass_seconds,
                       ASSUMED_GPU_CPU_FLOPS, basis if flops is None and pass_seconds is None else "given",
                       cpu_thread_flops=ASSUMED_GPU_CPU_THREAD_FLOPS,
                       analysis_flops=Figure(**{k: figures["analysis_flops"][k] for k in ("value", "measured")}),
                       analysis_cell_seconds=Figure(**{k: figures["analysis_cell_seconds"][k]
-                                                      for k in ("value", "measured")}))
+                                                      for k in ("value", "measured")}),
+                      compiled_pass_seconds=compiled if pass_seconds is None else None)
     cpu = measured_cpu_flops() if flops is None else flops
     one = measured_cpu_flops(1) if flops is None else flops / max(1, _threads())
     return Device(name, cpu, CPU_PASS_SECONDS if pass_seconds is None else pass_seconds, cpu,
@@ -177,13 +183,22 @@ def terms(cost: StageCost, on: Device) -> dict[str, float | None]:
     host_evaluations = cost.evaluations - (cost.analysis_evaluations if on_gpu else 0)
     out = {"start": start * on.start_scale,
            "loads": first + cost.loads * LOAD_SECONDS + cost.load_bytes / on.bandwidth,
-           "compute": compute, "passes": cost.passes * on.pass_seconds,
+           "compute": compute, "passes": cost.passes * on.pass_seconds + _compiled_saving(cost, on),
            "evaluations": host_evaluations * EVALUATION_SECONDS + cost.heatmaps * HEATMAP_SECONDS}
     if on_gpu and cost.analysis_evaluations:
         rate, per_cell = on.analysis_flops.value, on.analysis_cell_seconds.value
         out["analysis"] = None if rate is None or per_cell is None else \
             cost.analysis_flops / rate + cost.analysis_evaluations * per_cell
     return out
+
+
+def _compiled_saving(cost: StageCost, on: Device) -> float:
+    """The compiled training steps' passes at the GPU's measured compiled pass time instead of the eager one (0 on a
+    CPU, or while that figure is unmeasured)."""
+    compiled = on.compiled_pass_seconds
+    if compiled is None or compiled.value is None:
+        return 0.0
+    return cost.compiled_passes * (compiled.value - on.pass_seconds)
 
 
 def seconds(cost: StageCost, on: Device) -> float | None:

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from layersim.data.batching import EncodedTask, collate, encode_task
 from layersim.training.convergence import (Convergence, Predictions, check_run, final_loss, learning_rate_setting,
                                           trivial_loss)
+from layersim.compute.compiled import PAD_MULTIPLE, compiled, compiles
 from layersim.compute.device import autocast, default_device, grad_scaler, resolve_precision, to_device
 from layersim.models.freezing import frozen_layers
 from layersim.errors import LayersimError
@@ -176,6 +177,8 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
     if keep:
         keep.start(start)
     precision = resolve_precision(params.precision, device)
+    # Compiled steps (finetune.compile): the same parameters, batches padded to a few static widths.
+    stepped, multiple = (compiled(model, device), PAD_MULTIPLE) if compiles(params.compile, device) else (model, None)
     steps = GradientSteps(optimizer, scheduler, total=params.max_steps, device=device,
                           max_grad_norm=params.max_grad_norm, scaler=grad_scaler(device, precision))
 
@@ -186,9 +189,9 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
         progress = tqdm(range(start, params.max_steps), desc=f"finetune {spec.name} seed {seed}", mininterval=2,
                         initial=start, total=params.max_steps)
         for step in progress:
-            batch = to_device(collate(train, order[step], tokenizer), device)
+            batch = to_device(collate(train, order[step], tokenizer, multiple=multiple, cap=params.max_length), device)
             with autocast(device, precision):
-                loss = model(**batch).loss
+                loss = stepped(**batch).loss
             steps.take(loss, step + 1)
             running += loss.detach()
             count += 1
@@ -276,17 +279,20 @@ def with_method(params, method: str | None):
 
 
 def run_fingerprint(base_dir: str | Path, task_dir: str | Path, spec: TaskSpec, params: FinetuneParams,
-                    seed: int) -> dict:
+                    seed: int, *, compiled: bool = False) -> dict:
     """What determines a fine-tuning run's result; a saved training state resumes only a run with the
     same fingerprint. How often states are saved, and whether an unconverged run fails its stage, do not change
     the result, so they are left out; so are the LoRA settings of a full fine-tuning run, which keeps the
     fingerprint (and the resumable states) it had before finetune.method existed, and keep_states when it is 0
-    (none kept; a run keeping states stages them beside its resumable state: layersim.training.states)."""
-    ignored = (("checkpoint_every", "require_convergence", "compare_methods")
+    (none kept; a run keeping states stages them beside its resumable state: layersim.training.states). A compiled
+    run's steps round differently from eager ones: `compiled` (finetune.compile resolved on the run's device) is in
+    the fingerprint when true, and the setting itself never (an eager run keeps its fingerprint)."""
+    ignored = (("checkpoint_every", "require_convergence", "compare_methods", "compile")
                + (("method", "lora") if params.method == "full" else ()) + (("keep_states",) if not params.keep_states else ()))
     settings = {k: v for k, v in dataclasses.asdict(params).items() if k not in ignored}
-    return {"task": spec.name, "seed": seed, "finetune": settings, "base_digest": model_info(base_dir)["digest"],
-            "data": {split: file_digest(Path(task_dir) / f"{split}.parquet") for split in ("train", "validation")}}
+    return ({"compiled": True} if compiled else {}) | {
+        "task": spec.name, "seed": seed, "finetune": settings, "base_digest": model_info(base_dir)["digest"],
+        "data": {split: file_digest(Path(task_dir) / f"{split}.parquet") for split in ("train", "validation")}}
 
 
 def _prefixed(metrics: dict[str, float]) -> dict[str, float]:
