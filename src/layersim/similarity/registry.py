@@ -46,7 +46,9 @@ class Measure:
     where set, raises a LayersimError when a layer of that width cannot be compared on that many
     examples (see :func:`check_computable`). ``null_engine``, where set, builds the measure's permutation-null
     engine (:mod:`layersim.similarity.inference._null_engines`' contract), which also gives its bootstrap intervals; the
-    measures of Wu et al.'s study have theirs in that module's ``ENGINES``.
+    measures of Wu et al.'s study have theirs in that module's ``ENGINES``, and a measure with neither gets the generic
+    :class:`~layersim.similarity.inference._null_engines.RecomputedEngine` (its matrix recomputed on each
+    permutation's rows: exact, but a whole matrix per draw).
 
     Every measure is a similarity (larger: more alike, 1 for a layer against itself), which the nulls' one-sided
     p-values, the blocks and the plots assume; a distance is reported through a decreasing function of it

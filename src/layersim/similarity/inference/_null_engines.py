@@ -20,6 +20,10 @@ statistics are prepared once, in numpy float64, on the host. Float64 throughout:
 own functions (:func:`layersim.similarity.similarity_matrix` on ``ys[j][π]``) to rounding, so a seed gives the same
 p-values on every device (tests/test_device_null.py).
 
+Two host-side engines serve the rest: :class:`RelabelledEngine` (per-layer statistics made once, relabelled per
+permutation: the neighbourhood measures) and :class:`RecomputedEngine`, the generic engine of a measure that has no
+engine of its own (its matrix recomputed on the permuted rows; the registry installs it).
+
 ``values(perm)`` returns the ``(len(xs), len(ys))`` array of the measure between ``xs[i]`` and
 ``ys[j][perm]`` for the requested cells (NaN elsewhere); ``perm=None`` is the observed matrix;
 ``values_batch(perms)`` the ``(P, len(xs), len(ys))`` array for ``P`` permutations (rows of ``perms``).

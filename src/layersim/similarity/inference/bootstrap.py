@@ -24,10 +24,11 @@ resamples come out ~0.03 *higher* (CCA overfits the fewer distinct rows), five t
 so no method covers (SVCCA: basic 0.01, percentile 0.03, BCa 0.01; PWCCA 0.00 / 0.00 / 0.01).
 ``BootstrapResult.method`` says which made each result.
 
-k-NN Jaccard and RSA compare pairs of rows, and a resample's copies of one example agree in every layer
-(distance 0): :func:`resampled_options` tells them which source row each resampled row copies (whole
-examples' rows, with ``groups``), and they leave copies out (:mod:`~layersim.similarity.neighbours`,
-:mod:`~layersim.similarity.rsa`); their values on all rows are unchanged.
+k-NN Jaccard, RSA and the neighbourhood measures of :mod:`~layersim.similarity.knn_measures` compare pairs of
+rows, and a resample's copies of one example agree in every layer (distance 0): :func:`resampled_options` tells
+them which source row each resampled row copies (whole examples' rows, with ``groups``), and they leave copies out
+(:mod:`~layersim.similarity.neighbours`, :mod:`~layersim.similarity.rsa`); their values on all rows are
+unchanged.
 
 Every interval contains ``centre``, the bias-corrected value it is built around (basic: ``2θ̂ − median``;
 percentile: the median; BCa: the quantile at ``Φ(z0 + z0/(1 − a·z0))``); report it beside the interval. The
