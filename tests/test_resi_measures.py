@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from layersim.errors import LayersimError
 from layersim.params import parse_params
@@ -18,7 +20,7 @@ from layersim.similarity import (check_computable, get_measure, permutation_matr
 from layersim.similarity.inference._null_engines import ENGINES, recomputed_engine
 from layersim.similarity.inference.bootstrap import bootstrap_pairs, resample_rows
 from layersim.similarity.inference.exchangeability import block_permutations
-from layersim.similarity.results import settings
+from layersim.similarity.results import settings as stage_settings
 from layersim.similarity.rsm import rsm_difference_norm, rsm_norm_matrix
 
 NEIGHBOUR_MEASURES = ("mutual_knn", "rank_similarity", "second_order_cosine", "cknna")
@@ -189,6 +191,27 @@ def test_the_rsm_norm_is_the_frobenius_distance_mapped(rng):
         rsm_difference_norm(x, y, norm="nuclear")
 
 
+# --- invariances as properties: claimed ones hold, the others (the measure's nature) do not ---
+
+
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 2 ** 32 - 1))
+@pytest.mark.parametrize("measure", NEW)
+def test_declared_invariances_hold_and_no_others(measure, seed):
+    from test_measures import INVARIANT, TRANSFORMS
+
+    rng = np.random.default_rng(seed)
+    x, y = _related(rng, n=40, p=6, q=5, noise=0.5)
+    x, y = x - x.mean(axis=0), y - y.mean(axis=0)  # the cosine measures' values away from 1
+    base = similarity(measure, x, y)
+    for name, transform in TRANSFORMS.items():
+        moved = similarity(measure, *transform(rng, x, y))
+        if name in INVARIANT[measure]:
+            assert moved == pytest.approx(base, abs=1e-9), name
+        else:
+            assert abs(moved - base) > 1e-6, name
+
+
 # --- ReSi's code where it differs (docs/peers.md), reproduced ---
 
 
@@ -329,7 +352,7 @@ def test_the_params_reach_the_measures():
     base = {"model": "tiny-bert", "tasks": ["rte"], "seeds": [1], "finetune": {"max_length": 32}}
     params = parse_params(base | {"similarity": {"measures": {"head": list(NEW)}, "knn_k": 7}})
     assert list(params.similarity.measures.values()) == [NEW]  # "head": the model's own token
-    options, _ = settings(params.similarity)
+    options, _ = stage_settings(params.similarity)
     assert all(options[m] == {"k": 7} for m in NEIGHBOUR_MEASURES)
     assert "distance_correlation" not in options and "rsm_norm" not in options  # no options
     with pytest.raises(LayersimError, match="dcor"):
