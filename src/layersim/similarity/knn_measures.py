@@ -36,8 +36,8 @@ computed once per source (so they tie exactly) and ties go to the lower row inde
 :mod:`~layersim.similarity.neighbours` does. A row with fewer than ``k`` candidates of other sources makes the
 value NaN.
 
-Cost: the neighbours of a layer are found a block of :data:`BLOCK_ROWS` rows of cosines at a time, ``n² d``
-multiply-adds and ``O(n · (k + BLOCK_ROWS))`` memory, kept as ``n × k`` indices and cosines (plus the unit rows,
+Cost: the neighbours of a layer are found a block of :data:`BLOCK_ROWS` rows of cosines at a time (fewer above
+16,384 rows: :data:`BLOCK_VALUES`), ``n² d`` multiply-adds and ``O(n k + BLOCK_VALUES)`` memory, kept as ``n × k`` indices and cosines (plus the unit rows,
 ``n × d``, for second_order_cosine); a pair is ``O(n k log k)`` (second_order_cosine: ``O(n k d)``). No ``n × n``
 matrix is kept, so 50,000 rows fit; no streamed route (neighbours need the rows). A row permutation ``π`` of ``y``
 maps its lists to ``π⁻¹[N[π]]`` and reorders the rest, so the null engine relabels the prepared statistics
@@ -59,6 +59,7 @@ from layersim.similarity.inference._null_engines import RelabelledEngine
 from layersim.similarity.neighbours import _check, _too_few_candidates
 
 BLOCK_ROWS = 1024
+BLOCK_VALUES = 1 << 24  # and at most this many cosines per block: ~35 bytes each while a block is scored (590 MB)
 PAIR_BLOCK_VALUES = 1 << 22  # gathered unit rows per block of second_order_cosine's pair work (32 MB)
 
 
@@ -111,8 +112,9 @@ def neighbourhood(name: str, a: np.ndarray, k: int = 10, sources: np.ndarray | N
         distinct, copies = units[first], counts[expand].astype(np.float64)
     nearest = np.empty((n, k), dtype=np.int64)
     cosines = np.empty((n, k))
-    for start in range(0, n, BLOCK_ROWS):
-        stop = min(start + BLOCK_ROWS, n)
+    block = max(1, min(BLOCK_ROWS, BLOCK_VALUES // n))
+    for start in range(0, n, block):
+        stop = min(start + block, n)
         sims = units[start:stop] @ distinct.T
         if expand is not None:
             sims = sims[:, expand]
