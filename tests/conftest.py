@@ -139,6 +139,7 @@ def tiny_model_dir(tmp_path_factory) -> Callable[[str], Path]:
 ALLOWED_SKIPS = {
     "compare runs in the GPT-2 project only": "one project of three compares models; the others skip that test",
     "could not import 'repsim'": "repsim builds a C++ extension: the oracles extra, not dev (pyproject.toml)",
+    "could not import 'dcor'": "dcor needs numba (LLVM): the oracles extra, not dev (pyproject.toml)",
 }
 
 

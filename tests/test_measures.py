@@ -178,6 +178,13 @@ REFERENCES = {
     "shape_metric": None,
     "rsa": None,
     "knn_jaccard": None,
+    # ReSi's and the platonic-representation work's: loop-written paper formulas in test_resi_measures.py.
+    "distance_correlation": None,
+    "rsm_norm": None,
+    "mutual_knn": None,
+    "rank_similarity": None,
+    "second_order_cosine": None,
+    "cknna": None,
 }
 
 
@@ -277,11 +284,17 @@ def test_rbf_bandwidth_scale(rng):
 # --- properties ---
 
 
+# Measures that by their nature see a scaling (rsm_norm: distances in the data's units) or a translation (the cosine
+# neighbourhoods of rows as given) of one side: INVARIANT below checks that they do.
+NOT_AFFINE_INVARIANT = {"rsm_norm", "mutual_knn", "rank_similarity", "second_order_cosine", "cknna"}
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_identical_inputs_give_one(rng, name):
     x, _ = _pair(rng, n=80)
     assert similarity(name, x, x) == pytest.approx(1.0, abs=1e-12)
-    assert similarity(name, x, x.copy() * 3.0 + 1.0) == pytest.approx(1.0, abs=1e-12)
+    if name not in NOT_AFFINE_INVARIANT:
+        assert similarity(name, x, x.copy() * 3.0 + 1.0) == pytest.approx(1.0, abs=1e-12)
 
 
 def _permute(rng, x, y):
@@ -317,14 +330,26 @@ INVARIANT = {
     # per neuron moves those means.
     "rsa": {"isotropic_scale", "permutation"},
     "knn_jaccard": COMMON | {"orthogonal", "orthogonal_y"},
+    # Székely et al.'s Theorem 3: x → a + b x C, C orthogonal, on either side.
+    "distance_correlation": COMMON | {"orthogonal", "orthogonal_y"},
+    # Euclidean distances do not see rotations or translations; a scale of one side changes them.
+    "rsm_norm": {"translation", "permutation", "orthogonal", "orthogonal_y"},
+    # Cosines of rows as given: a translation moves every one of them.
+    "mutual_knn": {"isotropic_scale", "permutation", "orthogonal", "orthogonal_y"},
+    "rank_similarity": {"isotropic_scale", "permutation", "orthogonal", "orthogonal_y"},
+    "second_order_cosine": {"isotropic_scale", "permutation", "orthogonal", "orthogonal_y"},
+    "cknna": {"isotropic_scale", "permutation", "orthogonal", "orthogonal_y"},
 }
+NEIGHBOURHOODS = {"knn_jaccard", "mutual_knn", "rank_similarity", "second_order_cosine", "cknna"}
 
 
 @pytest.mark.parametrize("transform", sorted(TRANSFORMS))
 @pytest.mark.parametrize("name", NAMES)
 def test_invariances(rng, name, transform):
     x, y = _pair(rng)
-    if name == "knn_jaccard":  # _pair's neighbourhoods barely overlap (0.03, chance level): a closer y
+    if name in NEIGHBOURHOODS - {"knn_jaccard"}:  # cosines of rows as given: _pair's offsets put them all near 1
+        x = x - x.mean(axis=0)
+    if name in NEIGHBOURHOODS:  # _pair's neighbourhoods barely overlap (0.03, chance level): a closer y
         y = x @ rng.normal(size=(x.shape[1], 8)) + 0.5 * rng.normal(size=(len(x), 8)) - 1.0
     base = similarity(name, x, y)
     assert 0.05 < base < 0.99  # a value where a mistake could show
@@ -483,6 +508,12 @@ OPTION_EXAMPLES = {
     "shape_metric": {"alpha": 0.3},
     "rsa": {"rdm": "euclidean", "compare": "pearson"},
     "knn_jaccard": {"k": 5, "metric": "euclidean"},
+    "distance_correlation": {},
+    "rsm_norm": {},
+    "mutual_knn": {"k": 5},
+    "rank_similarity": {"k": 5},
+    "second_order_cosine": {"k": 5},
+    "cknna": {"k": 5},
 }
 
 
@@ -625,7 +656,8 @@ def test_check_computable_from_sizes_alone(rng):
     _raises(check_computable, "mixedsim", 0, [4], message="num_rows must be a positive integer, got 0.")
     _raises(check_computable, "mixedsim", 100, {"bert/2": 0},
             message="the width of bert/2 must be a positive integer, got 0.")
-    assert {n for n, m in MEASURES.items() if m.check_sizes is not None} == {"mixedsim", "rsa"}
+    assert {n for n, m in MEASURES.items() if m.check_sizes is not None} == {"mixedsim", "rsa", "distance_correlation",
+                                                                            "rsm_norm"}
 
 
 def test_rbf_needs_a_positive_median_distance(rng):
@@ -649,8 +681,10 @@ def test_errors_for_bad_inputs(rng):
 
 
 def test_registry_names_and_metadata():
-    assert sorted(MEASURES) == ["debiased_cka", "knn_jaccard", "linear_cka", "mean_cca", "mixedsim", "neuronsim",
-                                "procrustes", "pwcca", "rbf_cka", "rsa", "shape_metric", "svcca"]
+    assert sorted(MEASURES) == ["cknna", "debiased_cka", "distance_correlation", "knn_jaccard", "linear_cka",
+                                "mean_cca", "mixedsim", "mutual_knn", "neuronsim", "procrustes", "pwcca",
+                                "rank_similarity", "rbf_cka", "rsa", "rsm_norm", "second_order_cosine", "shape_metric",
+                                "svcca"]
     assert {n for n, m in MEASURES.items() if not m.symmetric} == {"pwcca", "neuronsim", "mixedsim"}
     assert MEASURES["debiased_cka"].bounded == (-1.0, 1.0)
     assert get_measure("svcca").name == "svcca"
@@ -658,7 +692,8 @@ def test_registry_names_and_metadata():
 
 def test_unknown_measure_and_option_errors_list_the_choices(rng):
     text = _raises(get_measure, "cosine", message="unknown similarity measure 'cosine'")
-    assert ("debiased_cka, knn_jaccard, linear_cka, mean_cca, mixedsim, neuronsim, procrustes, pwcca, rbf_cka, rsa, "
+    assert ("cknna, debiased_cka, distance_correlation, knn_jaccard, linear_cka, mean_cca, mixedsim, mutual_knn, "
+            "neuronsim, procrustes, pwcca, rank_similarity, rbf_cka, rsa, rsm_norm, second_order_cosine, "
             "shape_metric, svcca") in text
     _raises(similarity_matrix, "wasserstein", [rng.normal(size=(5, 2))], message="valid similarity measures are:")
     xs = [rng.normal(size=(20, 3))]

@@ -198,7 +198,8 @@ class SimilarityParams:
                               Bound(lambda v: 0 <= v <= 1, "a number in [0, 1]"))
     rsa_rdm: str = knob("correlation", "rsa's RDM (rsatoolbox calc_rdm)", names=("correlation", "euclidean"))
     rsa_compare: str = knob("spearman", "rsa's RDM comparison", names=("spearman", "pearson", "cosine"))
-    knn_k: int = knob(10, "knn_jaccard's neighbours per example", POSITIVE, at_most(10**4, "neighbours per example"))
+    knn_k: int = knob(10, "neighbours per example of knn_jaccard, mutual_knn, rank_similarity, second_order_cosine "
+                          "and cknna", POSITIVE, at_most(10**4, "neighbours per example"))
     knn_metric: str = knob("cosine", "knn_jaccard's distance between examples", names=("cosine", "euclidean"))
 
     @property

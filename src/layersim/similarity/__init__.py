@@ -15,6 +15,10 @@ The bottom layer of the library: NumPy/SciPy only, no I/O, no models. The measur
   partial whitening ``alpha``), in memory and from streamed moments;
 * :mod:`~layersim.similarity.rsa` — RSA: rank correlation of dissimilarity matrices (rsatoolbox's conventions);
 * :mod:`~layersim.similarity.neighbours` — k-NN Jaccard neighbourhood overlap (Klabunde et al.'s survey);
+* :mod:`~layersim.similarity.rsm` — distance correlation and the RSM norm difference (Frobenius), ReSi's measures
+  of the layers' Euclidean distance matrices;
+* :mod:`~layersim.similarity.knn_measures` — mutual k-NN, rank similarity, second-order cosine similarity and
+  CKNNA on cosine neighbourhoods (ReSi; Huh et al.'s platonic-representation measures);
 * :mod:`~layersim.similarity.registry` — ``MEASURES`` by name, ``similarity_matrix`` and
   ``check_computable`` (can a measure run on these sizes, before any work);
 * :mod:`~layersim.similarity.localization` — Wu et al.'s localization score;

@@ -23,12 +23,14 @@ from layersim.errors import LayersimError, unknown_name
 import layersim.similarity.cca as cca
 import layersim.similarity.cka as cka
 import layersim.similarity.kernels as kernels
+import layersim.similarity.knn_measures as knn_measures
 import layersim.similarity.neighbours as neighbours
 import layersim.similarity.neurons as neurons
 import layersim.similarity.rsa as rsa
+import layersim.similarity.rsm as rsm
 import layersim.similarity.shape as shape
 from layersim.similarity._common import check_options
-from layersim.similarity.inference._null_engines import ENGINES
+from layersim.similarity.inference._null_engines import ENGINES, recomputed_engine
 from layersim.similarity.cka import cka_matrix
 
 
@@ -44,7 +46,9 @@ class Measure:
     where set, raises a LayersimError when a layer of that width cannot be compared on that many
     examples (see :func:`check_computable`). ``null_engine``, where set, builds the measure's permutation-null
     engine (:mod:`layersim.similarity.inference._null_engines`' contract), which also gives its bootstrap intervals; the
-    measures of Wu et al.'s study have theirs in that module's ``ENGINES``.
+    measures of Wu et al.'s study have theirs in that module's ``ENGINES``, and a measure with neither gets the generic
+    :class:`~layersim.similarity.inference._null_engines.RecomputedEngine` (its matrix recomputed on each
+    permutation's rows: exact, but a whole matrix per draw).
 
     Every measure is a similarity (larger: more alike, 1 for a layer against itself), which the nulls' one-sided
     p-values, the blocks and the plots assume; a distance is reported through a decreasing function of it
@@ -98,10 +102,25 @@ MEASURES: dict[str, Measure] = {
                 check_sizes=rsa.check_rsa_sizes, null_engine=rsa.rsa_engine),
         Measure("knn_jaccard", "k-NN Jaccard", True, (0.0, 1.0), neighbours.knn_jaccard,
                 neighbours.knn_jaccard_matrix, ("k", "metric"), min_rows=3, null_engine=neighbours.knn_engine),
+        # ReSi's measures (Klabunde et al. 2025) and the platonic-representation work's (Huh et al. 2024):
+        # docs/peers.md.
+        Measure("distance_correlation", "distance correlation", True, (0.0, 1.0), rsm.distance_correlation,
+                rsm.distance_correlation_matrix, min_rows=3, check_sizes=rsm.check_distance_sizes,
+                null_engine=rsm.distance_correlation_engine),
+        Measure("rsm_norm", "RSM norm similarity (Frobenius)", True, (0.0, 1.0), rsm.rsm_norm, rsm.rsm_norm_matrix,
+                check_sizes=rsm.check_distance_sizes, null_engine=rsm.rsm_norm_engine),
+        *[Measure(f.pair.__name__, label, True, bounded, f.pair, f.matrix, ("k",), min_rows=3, null_engine=f.engine)
+          for f, label, bounded in [(knn_measures.MUTUAL_KNN, "mutual k-NN", (0.0, 1.0)),
+                                    (knn_measures.RANK_SIMILARITY, "rank similarity", (0.0, 1.0)),
+                                    (knn_measures.SECOND_ORDER_COSINE, "second-order cosine", (-1.0, 1.0)),
+                                    (knn_measures.CKNNA, "CKNNA", (-1.0, 1.0))]],
     ]
 }
-# Their null engines join the others', where null and bootstrap look them up by name.
+# Their null engines join the others', where null and bootstrap look them up by name; a measure without one gets
+# the generic engine, its matrix recomputed on the permuted rows (exact, one matrix per permutation).
 ENGINES.update({m.name: m.null_engine for m in MEASURES.values() if m.null_engine is not None})
+for _measure in MEASURES.values():
+    ENGINES.setdefault(_measure.name, recomputed_engine(_measure.matrix))
 
 
 def get_measure(name: str) -> Measure:

@@ -86,6 +86,7 @@ def settings(p) -> tuple[dict[str, dict], Uncertainty]:
                               rbf_landmarks=p.rbf_landmarks, seed=p.seed)
     options |= {"shape_metric": {"alpha": p.shape_alpha}, "rsa": {"rdm": p.rsa_rdm, "compare": p.rsa_compare},
                 "knn_jaccard": {"k": p.knn_k, "metric": p.knn_metric}}
+    options |= {name: {"k": p.knn_k} for name in ("mutual_knn", "rank_similarity", "second_order_cosine", "cknna")}
     return options, Uncertainty(p.permutations, p.bootstrap, p.seed, p.significance, p.chance_adjusted, p.correction)
 
 

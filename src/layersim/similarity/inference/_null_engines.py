@@ -20,6 +20,10 @@ statistics are prepared once, in numpy float64, on the host. Float64 throughout:
 own functions (:func:`layersim.similarity.similarity_matrix` on ``ys[j][π]``) to rounding, so a seed gives the same
 p-values on every device (tests/test_device_null.py).
 
+Two host-side engines serve the rest: :class:`RelabelledEngine` (per-layer statistics made once, relabelled per
+permutation: the neighbourhood measures) and :class:`RecomputedEngine`, the generic engine of a measure that has no
+engine of its own (its matrix recomputed on the permuted rows; the registry installs it).
+
 ``values(perm)`` returns the ``(len(xs), len(ys))`` array of the measure between ``xs[i]`` and
 ``ys[j][perm]`` for the requested cells (NaN elsewhere); ``perm=None`` is the observed matrix;
 ``values_batch(perms)`` the ``(P, len(xs), len(ys))`` array for ``P`` permutations (rows of ``perms``).
@@ -177,6 +181,58 @@ class KernelEngine(_DeviceEngine):
         flat = ky.reshape(count, len(self.cols), -1)
         inner[:, self._rows_t[:, None], self._cols_t[None, :]] = torch.matmul(self.kx, flat.transpose(1, 2))
         return self.finish(inner, perms)
+
+
+class RelabelledEngine(_Engine):
+    """Host-side cells from per-layer statistics computed once: a permutation ``π`` maps a y layer's statistics to
+    those of ``y[π]`` by ``permute(stats, perm, inverse)`` (rows reordered, stored row indices relabelled through
+    ``inverse``, the inverse permutation), then ``pair(stats_x, stats_y)`` gives each cell. For measures whose
+    per-pair work is cheap next to their per-layer work (neighbour lists, kernels reduced to a few numbers)."""
+
+    def __init__(self, cells: np.ndarray, sx: list, sy: list, pair: Callable, permute: Callable):
+        super().__init__(cells)
+        self.sx, self.sy, self.pair, self.permute = sx, sy, pair, permute
+
+    def values(self, perm: np.ndarray | None) -> np.ndarray:
+        out = np.full(self.cells.shape, np.nan)
+        if perm is None:
+            permuted = dict(enumerate(self.sy))
+        else:
+            perm = np.asarray(perm)
+            inverse = np.empty_like(perm)
+            inverse[perm] = np.arange(len(perm))
+            permuted = {int(j): self.permute(self.sy[j], perm, inverse) for j in self.cols}
+        for i, j in zip(*np.nonzero(self.cells)):
+            out[i, j] = self.pair(self.sx[i], permuted[int(j)])
+        return out
+
+
+class RecomputedEngine(_Engine):
+    """The generic engine of a measure without one of its own: ``matrix(xs, ys[π])`` recomputed from the rows for
+    every permutation (each y layer's statistics redone per draw, so a null costs ``permutations`` matrices). Exact
+    for any measure; the registry gives it to every measure that declares no ``null_engine``."""
+
+    def __init__(self, matrix: Callable, x_named: Named, y_named: Named | None, cells: np.ndarray, options: dict):
+        super().__init__(cells)
+        self.matrix, self.options = matrix, options
+        self.xs = [np.asarray(a) for _, a in x_named]
+        self.ys = self.xs if y_named is None else [np.asarray(a) for _, a in y_named]
+        self.values(None)  # the measure's own input errors, before any permutation is drawn
+
+    def values(self, perm: np.ndarray | None) -> np.ndarray:
+        out = np.full(self.cells.shape, np.nan)
+        if not self.cells.any():
+            return out
+        xs = [self.xs[i] for i in self.rows]
+        ys = [self.ys[j] if perm is None else self.ys[j][perm] for j in self.cols]
+        out[np.ix_(self.rows, self.cols)] = self.matrix(xs, ys, **self.options)
+        out[~self.cells] = np.nan
+        return out
+
+
+def recomputed_engine(matrix: Callable) -> Callable[..., _Engine]:
+    """An ``ENGINES`` entry for a measure whose matrix function is ``matrix``: :class:`RecomputedEngine`."""
+    return lambda x_named, y_named, cells, **options: RecomputedEngine(matrix, x_named, y_named, cells, options)
 
 
 def _sum_of_squares(i: int, j: int, blocks: torch.Tensor) -> torch.Tensor:

@@ -24,10 +24,11 @@ resamples come out ~0.03 *higher* (CCA overfits the fewer distinct rows), five t
 so no method covers (SVCCA: basic 0.01, percentile 0.03, BCa 0.01; PWCCA 0.00 / 0.00 / 0.01).
 ``BootstrapResult.method`` says which made each result.
 
-k-NN Jaccard and RSA compare pairs of rows, and a resample's copies of one example agree in every layer
-(distance 0): :func:`resampled_options` tells them which source row each resampled row copies (whole
-examples' rows, with ``groups``), and they leave copies out (:mod:`~layersim.similarity.neighbours`,
-:mod:`~layersim.similarity.rsa`); their values on all rows are unchanged.
+k-NN Jaccard, RSA and the neighbourhood measures of :mod:`~layersim.similarity.knn_measures` compare pairs of
+rows, and a resample's copies of one example agree in every layer (distance 0): :func:`resampled_options` tells
+them which source row each resampled row copies (whole examples' rows, with ``groups``), and they leave copies out
+(:mod:`~layersim.similarity.neighbours`, :mod:`~layersim.similarity.rsa`); their values on all rows are
+unchanged.
 
 Every interval contains ``centre``, the bias-corrected value it is built around (basic: ``2θ̂ − median``;
 percentile: the median; BCa: the quantile at ``Φ(z0 + z0/(1 − a·z0))``); report it beside the interval. The
@@ -71,7 +72,13 @@ AUTO_INTERVAL: dict[str, str | None] = {
     "linear_cka": "basic", "debiased_cka": "percentile", "rbf_cka": None, "svcca": None, "pwcca": None,
     "mean_cca": None, "neuronsim": None, "mixedsim": None, "procrustes": None, "shape_metric": None,
     "rsa": "basic", "knn_jaccard": "basic",
+    "distance_correlation": None, "rsm_norm": None, "mutual_knn": None, "rank_similarity": None,
+    "second_order_cosine": None, "cknna": None,
 }
+# Measures whose intervals' coverage benchmarks/bootstrap.py --coverage has not measured yet: "auto" gives them no
+# interval either, and says so.
+NOT_MEASURED = frozenset({"distance_correlation", "rsm_norm", "mutual_knn", "rank_similarity", "second_order_cosine",
+                          "cknna"})
 COVERED = (0.85, 0.99)
 
 
@@ -82,6 +89,9 @@ def chosen_interval(name: str, interval: str) -> str | None:
 
 def no_interval_note(name: str) -> str:
     """Why "auto" gives ``name`` no interval (:data:`AUTO_INTERVAL`)."""
+    if name in NOT_MEASURED:
+        return (f"no interval: no bootstrap interval of {name} has had its coverage measured yet "
+                "(benchmarks/bootstrap.py --coverage); interval='percentile' or 'basic' gives one regardless")
     return (f"no interval: no bootstrap interval of {name} covered its population value within "
             f"{COVERED[0]:.2f}–{COVERED[1]:.2f} of the time in benchmarks/bootstrap.py --coverage (see "
             "docs/reading-the-numbers.md); interval='percentile' or 'basic' gives one regardless")
@@ -219,7 +229,7 @@ ROW_ROTATION_INVARIANT = frozenset({"linear_cka", "svcca", "pwcca", "mean_cca", 
 
 # Measures that compare pairs of rows: a row and its copy (distance 0 in every layer) would agree by construction,
 # so on a resample they are told which source row each row copies (``sources``) and leave copies out.
-COPY_AWARE = frozenset({"knn_jaccard", "rsa"})
+COPY_AWARE = frozenset({"knn_jaccard", "rsa", "mutual_knn", "rank_similarity", "second_order_cosine", "cknna"})
 
 
 def resampled_options(name: str, options: dict, rows: np.ndarray) -> dict:

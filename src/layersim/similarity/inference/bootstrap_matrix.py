@@ -15,8 +15,8 @@ cross-covariance ``Bᵀ B`` of the stacked layers, ``B = √w ⊙ (Z − 1 μ_w�
 instead: each layer's centred Gram is computed once, and a resample re-centres it with the weights on the
 drawn rows and takes all inner products in one product, ``O(L² n²)`` with no ``d`` at all. The other
 measures recompute the matrix on the resampled rows (``similarity_matrix``), so their cost is one matrix
-per resample; k-NN Jaccard and RSA are told which rows are copies of one example and leave them out
-(:func:`~layersim.similarity.inference.bootstrap.resampled_options`).
+per resample; k-NN Jaccard, RSA and the neighbourhood measures are told which rows are copies of one example and
+leave them out (:func:`~layersim.similarity.inference.bootstrap.resampled_options`).
 """
 
 from __future__ import annotations
