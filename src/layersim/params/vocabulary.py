@@ -52,7 +52,10 @@ LEARNING_RATE = (POSITIVE, at_most(10, "a larger step only diverges"))
 # The measure names of layersim.similarity's registries (checked by a test; spelled out here so that
 # reading params imports no measure code: every stage validates params, and must not depend on it).
 MEASURE_NAMES = ("linear_cka", "rbf_cka", "debiased_cka", "svcca", "pwcca", "mean_cca", "neuronsim", "mixedsim",
-                 "procrustes", "shape_metric", "rsa", "knn_jaccard")
+                 "procrustes", "shape_metric", "rsa", "knn_jaccard",
+                 "linear_regression", "size_and_shape", "aligned_cosine", "hard_correlation_match",
+                 "soft_correlation_match", "gulp", "eigenspace_overlap", "magnitude_difference",
+                 "concentricity_difference", "uniformity_difference")
 HEAD_MEASURE_NAMES = ("jensen_shannon", "matrix_norm", "pearson")
 
 

@@ -20,13 +20,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from layersim.errors import LayersimError, unknown_name
+import layersim.similarity.aligned as aligned
 import layersim.similarity.cca as cca
 import layersim.similarity.cka as cka
 import layersim.similarity.kernels as kernels
+import layersim.similarity.matching as matching
 import layersim.similarity.neighbours as neighbours
 import layersim.similarity.neurons as neurons
 import layersim.similarity.rsa as rsa
 import layersim.similarity.shape as shape
+import layersim.similarity.subspaces as subspaces
+import layersim.similarity.summaries as summaries
 from layersim.similarity._common import check_options
 from layersim.similarity.inference._null_engines import ENGINES
 from layersim.similarity.cka import cka_matrix
@@ -44,7 +48,10 @@ class Measure:
     where set, raises a LayersimError when a layer of that width cannot be compared on that many
     examples (see :func:`check_computable`). ``null_engine``, where set, builds the measure's permutation-null
     engine (:mod:`layersim.similarity.inference._null_engines`' contract), which also gives its bootstrap intervals; the
-    measures of Wu et al.'s study have theirs in that module's ``ENGINES``.
+    measures of Wu et al.'s study have theirs in that module's ``ENGINES``. ``no_null``, where set, says why the measure
+    has no permutation null (nor bootstrap interval) at all: ReSi's difference statistics compare one summary per layer,
+    which a permutation of the examples leaves unchanged; the stages report that sentence instead of a null, and
+    :func:`~layersim.similarity.permutation_matrix` refuses such a measure.
 
     Every measure is a similarity (larger: more alike, 1 for a layer against itself), which the nulls' one-sided
     p-values, the blocks and the plots assume; a distance is reported through a decreasing function of it
@@ -62,6 +69,7 @@ class Measure:
     min_rows: int = 2
     check_sizes: Callable[[int, int, str], None] | None = None
     null_engine: Callable[..., object] | None = None
+    no_null: str | None = None
 
 
 def _linear_cka(x: np.ndarray, y: np.ndarray, *, method: str = "auto") -> float:
@@ -98,6 +106,32 @@ MEASURES: dict[str, Measure] = {
                 check_sizes=rsa.check_rsa_sizes, null_engine=rsa.rsa_engine),
         Measure("knn_jaccard", "k-NN Jaccard", True, (0.0, 1.0), neighbours.knn_jaccard,
                 neighbours.knn_jaccard_matrix, ("k", "metric"), min_rows=3, null_engine=neighbours.knn_engine),
+        # ReSi's (Klabunde et al. 2025) measures, by their definitions (docs/peers.md says where ReSi's code differs).
+        Measure("linear_regression", "linear regression R²", False, (0.0, 1.0), subspaces.linear_regression,
+                subspaces.linear_regression_matrix, ("method", "rtol"), min_rows=3,
+                check_sizes=subspaces.check_linear_regression_sizes, null_engine=subspaces.linear_regression_engine),
+        Measure("size_and_shape", "size-and-shape Procrustes", True, (0.0, 1.0), aligned.size_and_shape,
+                aligned.size_and_shape_matrix, null_engine=aligned.size_and_shape_engine),
+        Measure("aligned_cosine", "aligned cosine", True, (-1.0, 1.0), aligned.aligned_cosine,
+                aligned.aligned_cosine_matrix, null_engine=aligned.aligned_cosine_engine),
+        Measure("hard_correlation_match", "hard correlation match", True, (-1.0, 1.0), matching.hard_correlation_match,
+                matching.hard_correlation_match_matrix, level="neuron",
+                null_engine=matching.hard_correlation_match_engine),
+        Measure("soft_correlation_match", "soft correlation match", True, (-1.0, 1.0), matching.soft_correlation_match,
+                matching.soft_correlation_match_matrix, level="neuron",
+                null_engine=matching.soft_correlation_match_engine),
+        Measure("gulp", "GULP", True, (0.0, 1.0), subspaces.gulp, subspaces.gulp_matrix, ("ridge", "rtol"),
+                null_engine=subspaces.gulp_engine),
+        Measure("eigenspace_overlap", "eigenspace overlap", True, (0.0, 1.0), subspaces.eigenspace_overlap,
+                subspaces.eigenspace_overlap_matrix, ("method", "rtol"), min_rows=3,
+                check_sizes=subspaces.check_eigenspace_sizes, null_engine=subspaces.eigenspace_overlap_engine),
+        Measure("magnitude_difference", "magnitude difference", True, (0.0, 1.0), summaries.magnitude_difference,
+                summaries.magnitude_difference_matrix, no_null=summaries.NO_NULL),
+        Measure("concentricity_difference", "concentricity difference", True, (0.0, 1.0),
+                summaries.concentricity_difference, summaries.concentricity_difference_matrix,
+                no_null=summaries.NO_NULL),
+        Measure("uniformity_difference", "uniformity difference", True, (0.0, 1.0), summaries.uniformity_difference,
+                summaries.uniformity_difference_matrix, no_null=summaries.NO_NULL),
     ]
 }
 # Their null engines join the others', where null and bootstrap look them up by name.

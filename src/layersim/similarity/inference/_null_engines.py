@@ -179,6 +179,42 @@ class KernelEngine(_DeviceEngine):
         return self.finish(inner, perms)
 
 
+class RowsEngine(_Engine):
+    """The generic engine, for measures whose per-pair work is no product of per-layer matrices (an optimal matching,
+    a rotation followed by per-row cosines): every layer's statistics once, as the others, then per permutation the
+    y-side statistics row-permuted (``permute(stats, perm)``) and ``pair(sx, sy)`` recomputed for each requested cell,
+    on the host, one permutation at a time. Exactly the measure on ``ys[j][π]`` (tests/test_device_null.py), at the
+    cost of ``permutations`` times the pair work: block permutations (whole examples) need nothing more, since the
+    drawn ``π`` is applied as given."""
+
+    def __init__(self, cells: np.ndarray, x_stats: list, y_stats: list, pair: Callable, permute: Callable):
+        super().__init__(cells)
+        self.x_stats, self.y_stats, self.pair, self.permute = x_stats, y_stats, pair, permute
+
+    def values(self, perm: np.ndarray | None) -> np.ndarray:
+        out = np.full(self.cells.shape, np.nan)
+        for j in self.cols:
+            sy = self.y_stats[j] if perm is None else self.permute(self.y_stats[j], np.asarray(perm))
+            for i in np.flatnonzero(self.cells[:, j]):
+                out[i, j] = self.pair(self.x_stats[i], sy)
+        return out
+
+
+def rows_engine(x_named: Named, y_named: Named | None, cells: np.ndarray, stats: Callable, pair: Callable,
+                permute: Callable) -> RowsEngine:
+    """A :class:`RowsEngine` whose statistics ``stats(named) -> list`` are computed for the layers a cell uses only
+    (None for the others)."""
+    rows, cols = set(np.flatnonzero(cells.any(axis=1)).tolist()), set(np.flatnonzero(cells.any(axis=0)).tolist())
+    used_x = [item for k, item in enumerate(x_named) if k in rows or (y_named is None and k in cols)]
+    computed = dict(zip([name for name, _ in used_x], stats(used_x))) if used_x else {}
+    x_stats = [computed.get(name) for name, _ in x_named]
+    if y_named is None:
+        return RowsEngine(cells, x_stats, x_stats, pair, permute)
+    used_y = [item for k, item in enumerate(y_named) if k in cols]
+    computed_y = dict(zip([name for name, _ in used_y], stats(used_y))) if used_y else {}
+    return RowsEngine(cells, x_stats, [computed_y.get(name) for name, _ in y_named], pair, permute)
+
+
 def _sum_of_squares(i: int, j: int, blocks: torch.Tensor) -> torch.Tensor:
     return blocks.square().sum(dim=(-2, -1))
 

@@ -71,6 +71,10 @@ AUTO_INTERVAL: dict[str, str | None] = {
     "linear_cka": "basic", "debiased_cka": "percentile", "rbf_cka": None, "svcca": None, "pwcca": None,
     "mean_cca": None, "neuronsim": None, "mixedsim": None, "procrustes": None, "shape_metric": None,
     "rsa": "basic", "knn_jaccard": "basic",
+    # ReSi's measures: no coverage measured yet (the difference statistics get none at all: Measure.no_null).
+    "linear_regression": None, "size_and_shape": None, "aligned_cosine": None, "hard_correlation_match": None,
+    "soft_correlation_match": None, "gulp": None, "eigenspace_overlap": None, "magnitude_difference": None,
+    "concentricity_difference": None, "uniformity_difference": None,
 }
 COVERED = (0.85, 0.99)
 
