@@ -68,7 +68,7 @@ def _size_and_shape_value(a: _Sized, b: _Sized) -> float:
 
 def size_and_shape(x: np.ndarray, y: np.ndarray) -> float:
     """``2 ‖Xcᵀ Yc‖_* / (‖Xc‖² + ‖Yc‖²)`` = ``1 − d² / (‖Xc‖² + ‖Yc‖²)``, d the size-and-shape Procrustes distance."""
-    return float(size_and_shape_matrix([x], [y])[0, 0])
+    return float(_size_and_shape([("x", x)], [("y", y)])[0, 0])
 
 
 def size_and_shape_distance(x: np.ndarray, y: np.ndarray) -> float:
@@ -79,7 +79,10 @@ def size_and_shape_distance(x: np.ndarray, y: np.ndarray) -> float:
 
 def size_and_shape_matrix(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray] | None = None) -> np.ndarray:
     """[i, j] = :func:`size_and_shape` ``(xs[i], ys[j])``; each layer centred and compressed once."""
-    x_named, y_named = named_lists(xs, ys)
+    return _size_and_shape(*named_lists(xs, ys))
+
+
+def _size_and_shape(x_named: Named, y_named: Named | None) -> np.ndarray:
     stats = _sized_all(x_named + (y_named or []))
     sx, sy = stats[: len(x_named)], (None if y_named is None else stats[len(x_named):])
     return fill_matrix(sx, sy, _size_and_shape_value, symmetric=True)
@@ -126,12 +129,15 @@ def _aligned_cosine_value(x: _Rows, y: _Rows) -> float:
 def aligned_cosine(x: np.ndarray, y: np.ndarray) -> float:
     """The mean cosine between each example's row of ``x``, rotated onto ``y`` (orthogonal Procrustes), and its row
     of ``y``, in [−1, 1] (see the module docstring)."""
-    return float(aligned_cosine_matrix([x], [y])[0, 0])
+    return float(_aligned_cosine([("x", x)], [("y", y)])[0, 0])
 
 
 def aligned_cosine_matrix(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray] | None = None) -> np.ndarray:
     """[i, j] = :func:`aligned_cosine` ``(xs[i], ys[j])``; each layer's row norms computed once."""
-    x_named, y_named = named_lists(xs, ys)
+    return _aligned_cosine(*named_lists(xs, ys))
+
+
+def _aligned_cosine(x_named: Named, y_named: Named | None) -> np.ndarray:
     stats = _rows(x_named + (y_named or []))
     sx, sy = stats[: len(x_named)], (None if y_named is None else stats[len(x_named):])
     return fill_matrix(sx, sy, _aligned_cosine_value, symmetric=True)

@@ -85,8 +85,7 @@ def _soft_value(x: Standardised, y: Standardised) -> float:
     return float(np.clip(np.sum(transport_plan(corr) * corr), -1.0, 1.0))
 
 
-def _matrix(xs, ys, value, label: str) -> np.ndarray:
-    x_named, y_named = named_lists(xs, ys)
+def _matrix(x_named: Named, y_named: Named | None, value, label: str) -> np.ndarray:
     stats = _standardised(x_named + (y_named or []), label)
     sx, sy = stats[: len(x_named)], (None if y_named is None else stats[len(x_named):])
     return fill_matrix(sx, sy, value, symmetric=True)
@@ -94,17 +93,17 @@ def _matrix(xs, ys, value, label: str) -> np.ndarray:
 
 def hard_correlation_match(x: np.ndarray, y: np.ndarray) -> float:
     """Mean correlation of the neurons matched one-to-one to maximise it (Li et al. 2015), in [−1, 1]."""
-    return float(hard_correlation_match_matrix([x], [y])[0, 0])
+    return float(_matrix([("x", x)], [("y", y)], _hard_value, "hard_correlation_match")[0, 0])
 
 
 def hard_correlation_match_matrix(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray] | None = None) -> np.ndarray:
     """[i, j] = :func:`hard_correlation_match` ``(xs[i], ys[j])``; each layer standardised once."""
-    return _matrix(xs, ys, _hard_value, "hard_correlation_match")
+    return _matrix(*named_lists(xs, ys), _hard_value, "hard_correlation_match")
 
 
 def soft_correlation_match(x: np.ndarray, y: np.ndarray) -> float:
     """``Σ P_kl r_kl`` of the optimal balanced transport plan (Khosla & Williams 2023), in [−1, 1]."""
-    return float(soft_correlation_match_matrix([x], [y])[0, 0])
+    return float(_matrix([("x", x)], [("y", y)], _soft_value, "soft_correlation_match")[0, 0])
 
 
 def soft_matching_distance(x: np.ndarray, y: np.ndarray) -> float:
@@ -114,7 +113,7 @@ def soft_matching_distance(x: np.ndarray, y: np.ndarray) -> float:
 
 def soft_correlation_match_matrix(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray] | None = None) -> np.ndarray:
     """[i, j] = :func:`soft_correlation_match` ``(xs[i], ys[j])``; each layer standardised once."""
-    return _matrix(xs, ys, _soft_value, "soft_correlation_match")
+    return _matrix(*named_lists(xs, ys), _soft_value, "soft_correlation_match")
 
 
 def _engine(label: str, value):

@@ -97,7 +97,7 @@ def _normalised(name: str, a: np.ndarray, measure: str) -> np.ndarray:
 def linear_regression(x: np.ndarray, y: np.ndarray, *, method: str = "svd", rtol: float | None = None) -> float:
     """R² of the least-squares prediction of ``x`` (all its neurons, with intercept) from ``y``:
     ``‖Qyᵀ Xc‖²_F / ‖Xc‖²_F`` in [0, 1]; asymmetric (see the module docstring)."""
-    return float(linear_regression_matrix([x], [y], method=method, rtol=rtol)[0, 0])
+    return float(_linear_regression([("x", x)], [("y", y)], method, rtol)[0, 0])
 
 
 def _regression_stats(x_named: Named, y_named: Named | None, method: str, rtol: float | None):
@@ -117,7 +117,11 @@ def _regression_stats(x_named: Named, y_named: Named | None, method: str, rtol: 
 def linear_regression_matrix(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray] | None = None, *,
                              method: str = "svd", rtol: float | None = None) -> np.ndarray:
     """[i, j] = :func:`linear_regression` ``(xs[i], ys[j])``; each layer normalised and its basis found once."""
-    sx, sy = _regression_stats(*named_lists(xs, ys), method, rtol)
+    return _linear_regression(*named_lists(xs, ys), method, rtol)
+
+
+def _linear_regression(x_named: Named, y_named: Named | None, method: str, rtol: float | None) -> np.ndarray:
+    sx, sy = _regression_stats(x_named, y_named, method, rtol)
     return fill_matrix(sx, sy, lambda a, b: min(float(np.sum((b.q.T @ a.z) ** 2)), 1.0), symmetric=False)
 
 
@@ -173,7 +177,7 @@ def _gulp_value(a: _Hat, b: _Hat) -> float:
 def gulp(x: np.ndarray, y: np.ndarray, *, ridge: float = 0.0, rtol: float | None = None) -> float:
     """``2 tr(H_x H_y) / (tr H_x² + tr H_y²)`` = ``1 − d²_λ / (tr H_x² + tr H_y²)``: GULP's distance as a
     similarity in [0, 1] (see the module docstring)."""
-    return float(gulp_matrix([x], [y], ridge=ridge, rtol=rtol)[0, 0])
+    return float(_gulp([("x", x)], [("y", y)], ridge, rtol)[0, 0])
 
 
 def gulp_distance(x: np.ndarray, y: np.ndarray, *, ridge: float = 0.0, rtol: float | None = None) -> float:
@@ -186,9 +190,12 @@ def gulp_distance(x: np.ndarray, y: np.ndarray, *, ridge: float = 0.0, rtol: flo
 def gulp_matrix(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray] | None = None, *, ridge: float = 0.0,
                 rtol: float | None = None) -> np.ndarray:
     """[i, j] = :func:`gulp` ``(xs[i], ys[j])``; each layer's hat-matrix factor computed once."""
+    return _gulp(*named_lists(xs, ys), ridge, rtol)
+
+
+def _gulp(x_named: Named, y_named: Named | None, ridge: float, rtol: float | None) -> np.ndarray:
     ridge = check_ridge(ridge)
     check_rtol(rtol)
-    x_named, y_named = named_lists(xs, ys)
     stats = _hats(x_named + (y_named or []), ridge, rtol)
     sx, sy = stats[: len(x_named)], (None if y_named is None else stats[len(x_named):])
     return fill_matrix(sx, sy, _gulp_value, symmetric=True)
@@ -226,13 +233,16 @@ def _spans(named: Named, method: str, rtol: float | None) -> list[np.ndarray]:
 
 def eigenspace_overlap(x: np.ndarray, y: np.ndarray, *, method: str = "svd", rtol: float | None = None) -> float:
     """May et al.'s eigenspace overlap score ``‖Qxᵀ Qy‖²_F / max(r_x, r_y)`` of the centred layers, in [0, 1]."""
-    return float(eigenspace_overlap_matrix([x], [y], method=method, rtol=rtol)[0, 0])
+    return float(_eigenspace_overlap([("x", x)], [("y", y)], method, rtol)[0, 0])
 
 
 def eigenspace_overlap_matrix(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray] | None = None, *,
                               method: str = "svd", rtol: float | None = None) -> np.ndarray:
     """[i, j] = :func:`eigenspace_overlap` ``(xs[i], ys[j])``; each layer's basis found once."""
-    x_named, y_named = named_lists(xs, ys)
+    return _eigenspace_overlap(*named_lists(xs, ys), method, rtol)
+
+
+def _eigenspace_overlap(x_named: Named, y_named: Named | None, method: str, rtol: float | None) -> np.ndarray:
     stats = _spans(x_named + (y_named or []), method, rtol)
     sx, sy = stats[: len(x_named)], (None if y_named is None else stats[len(x_named):])
     return fill_matrix(sx, sy, _overlap, symmetric=True)
