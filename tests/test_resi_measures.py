@@ -340,3 +340,24 @@ def test_no_null_for_a_difference_of_summaries(rng):
         assert similarity(name, x, y[perm]) == pytest.approx(similarity(name, x, y), abs=1e-12)
         with pytest.raises(LayersimError, match=f"{name} has no permutation null: no null: a difference of summaries"):
             permutation_matrix(name, [x], [y], permutations=5)
+
+
+def test_the_params_reach_the_measures():
+    """similarity.measures accepts every new name, gulp_ridge reaches gulp's ridge (and is checked), and the
+    differences of summaries are no sampled null that similarity.permutations must reach."""
+    from layersim.params import parse_params
+    from layersim.params.vocabulary import NO_NULL_MEASURE_NAMES
+    from layersim.similarity.results import settings
+
+    assert set(NO_NULL_MEASURE_NAMES) == {name for name, m in MEASURES.items() if m.no_null}
+    base = {"model": "tiny-bert", "tasks": ["rte"], "seeds": [1], "finetune": {"max_length": 32}}
+    params = parse_params(base | {"similarity": {"measures": {"head": list(NEW)}, "gulp_ridge": 0.25}})
+    assert list(params.similarity.measures.values()) == [NEW]  # "head" resolved to the model's token
+    assert settings(params.similarity)[0]["gulp"] == {"ridge": 0.25}
+    with pytest.raises(LayersimError, match="similarity.gulp_ridge"):
+        parse_params(base | {"similarity": {"gulp_ridge": -1}})
+    # Two permutations cannot reach p < 0.05, which only matters for a measure with a sampled null.
+    only_summaries = {"measures": {"head": list(NO_NULL_MEASURE_NAMES)}, "permutations": 2}
+    assert parse_params(base | {"similarity": only_summaries}).similarity.permutations == 2
+    with pytest.raises(LayersimError, match="cannot reach similarity.significance"):
+        parse_params(base | {"similarity": {"measures": {"head": ["gulp"]}, "permutations": 2}})

@@ -57,6 +57,9 @@ MEASURE_NAMES = ("linear_cka", "rbf_cka", "debiased_cka", "svcca", "pwcca", "mea
                  "soft_correlation_match", "gulp", "eigenspace_overlap", "magnitude_difference",
                  "concentricity_difference", "uniformity_difference")
 HEAD_MEASURE_NAMES = ("jensen_shannon", "matrix_norm", "pearson")
+# The measures without a permutation null (layersim.similarity's Measure.no_null: differences of summaries), which
+# similarity.permutations cannot concern (checked by a test).
+NO_NULL_MEASURE_NAMES = ("magnitude_difference", "concentricity_difference", "uniformity_difference")
 
 
 def _measure_names() -> tuple[tuple[str, ...], bool]:
