@@ -22,7 +22,7 @@ from layersim.similarity.matching import soft_matching_distance
 from layersim.similarity.subspaces import gulp_distance
 from layersim.similarity.summaries import summary_difference
 
-TOL = 1e-9  # every reference agrees to rounding (float64; the LP to its solver's tolerance: SOFT_TOL)
+TOL = 1e-9  # every reference agrees to rounding (float64; the forced LP route to its solver's tolerance: SOFT_TOL)
 SOFT_TOL = 1e-7
 
 
@@ -168,7 +168,7 @@ REFERENCES = {
     "size_and_shape": (_ref_size_and_shape, TOL),
     "aligned_cosine": (_ref_aligned_cosine, TOL),
     "hard_correlation_match": (_ref_hard_match, TOL),
-    "soft_correlation_match": (_ref_soft_match, SOFT_TOL),
+    "soft_correlation_match": (_ref_soft_match, TOL),
     "gulp": (lambda x, y: _ref_gulp(x, y, 0.0), TOL),
     "eigenspace_overlap": (_ref_eigenspace_overlap, TOL),
     "magnitude_difference": (_difference(_ref_magnitude), TOL),
@@ -361,3 +361,20 @@ def test_the_params_reach_the_measures():
     assert parse_params(base | {"similarity": only_summaries}).similarity.permutations == 2
     with pytest.raises(LayersimError, match="cannot reach similarity.significance"):
         parse_params(base | {"similarity": {"measures": {"head": ["gulp"]}, "permutations": 2}})
+
+
+@pytest.mark.parametrize("widths", [(2, 3), (3, 2), (4, 4), (5, 3)])
+def test_the_transport_lp_and_the_replicated_assignment_agree(rng, monkeypatch, widths):
+    """Both exact routes of the soft match: the assignment on replicated neurons and, forced, the LP (HiGHS)."""
+    import layersim.similarity.matching as matching
+
+    x, y = _related(rng, dx=widths[0], dy=widths[1])
+    replicated = similarity("soft_correlation_match", x, y)
+    monkeypatch.setattr(matching, "REPLICATED_MAX", 0)
+    assert similarity("soft_correlation_match", x, y) == pytest.approx(replicated, abs=SOFT_TOL)
+    if widths[0] * widths[1] <= 6 or widths[0] == widths[1]:  # brute force stays small (lcm ≤ 6, or L = d)
+        assert replicated == pytest.approx(_ref_soft_match(x, y), abs=1e-12)
+    plan = matching.transport_plan(np.asarray(_correlation_table(x, y)))
+    np.testing.assert_allclose(plan.sum(axis=1), 1 / widths[0], atol=1e-9)
+    np.testing.assert_allclose(plan.sum(axis=0), 1 / widths[1], atol=1e-9)
+    assert plan.min() >= -1e-12

@@ -11,11 +11,11 @@ as :mod:`layersim.similarity.neurons` does); widths ``d_x``, ``d_y`` may differ.
   that captures single-neuron tuning"): the optimal transport plan ``P ≥ 0`` with row sums ``1/d_x`` and column sums
   ``1/d_y`` maximising ``Σ P_kl r_kl``; the value ``Σ P_kl r_kl`` in [−1, 1]. On z-scored neurons
   ``‖z_k − z_l‖² = 2 − 2 r_kl`` (unit-norm centred columns), so Khosla & Williams's soft-matching distance is
-  ``sqrt(2 − 2 s)`` (:func:`soft_matching_distance`) and its p-value that of ``s``. Symmetric. For equal widths the
-  optimum of the transport LP is a vertex of the Birkhoff polytope, a permutation (Birkhoff–von Neumann), so the
-  value equals hard_correlation_match's and is found by the same assignment; for unequal widths it is the exact LP
-  (``scipy.optimize.linprog``, HiGHS). ReSi's ``soft_correlation_match`` is not this transport but the mean of the
-  best correlations in both directions (docs/peers.md).
+  ``sqrt(2 − 2 s)`` (:func:`soft_matching_distance`) and its p-value that of ``s``. Symmetric. Solved exactly: as an
+  assignment on neurons replicated to ``lcm(d_x, d_y)`` rows and columns (:func:`transport_plan`; at equal widths a
+  permutation is optimal, so it equals hard_correlation_match), or the transport LP (``scipy.optimize.linprog``,
+  HiGHS) when that is too large. ReSi's ``soft_correlation_match`` is not this transport but the mean of the best
+  correlations in both directions (docs/peers.md).
 
 Relation to neuronsim (Wu et al.'s, after Bau et al.): neuronsim lets every neuron of ``x`` pick its best
 ``|r|`` in ``y`` without constraint (many-to-one, sign ignored, averaged over ``x``: asymmetric); the soft match
@@ -27,13 +27,15 @@ Invariances: translation, permutations of either side's neurons and scaling them
 scaling included); not rotations (a rotation mixes neurons), nor a neuron's sign flip (signed correlations).
 
 Cost: standardising a layer ``O(n d)``; a pair the correlation product ``O(n d_x d_y)``, then the assignment
-``O(d³)`` (equal widths, either measure) or the transport LP in ``d_x d_y`` variables (unequal widths, soft: seconds
-at 768 × 384). Their nulls redo the matching for every permutation (the generic engine: ``permutations`` times that).
+``O(d³)`` (hard; soft while ``lcm(d_x, d_y) ≤ 4096``: ``O(lcm³)``, 0.3 s at 768 × 384) or the transport LP in
+``d_x d_y`` variables (soft, other widths: ~40 s at 768 × 383 on one core). Their nulls redo the matching for every permutation (the generic engine: ``permutations`` times that).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import math
 
 import numpy as np
 import scipy.optimize
@@ -60,13 +62,24 @@ def _hard_value(x: Standardised, y: Standardised) -> float:
     return float(np.clip(corr[rows, cols].mean(), -1.0, 1.0))
 
 
+# Up to this many rows of the replicated square problem, the transport is solved as an assignment (transport_plan).
+REPLICATED_MAX = 4096
+
+
 def transport_plan(corr: np.ndarray) -> np.ndarray:
-    """The ``(d_x, d_y)`` plan ``P ≥ 0``, row sums ``1/d_x``, column sums ``1/d_y``, maximising ``Σ P r`` (exact LP)."""
+    """The ``(d_x, d_y)`` plan ``P ≥ 0``, row sums ``1/d_x``, column sums ``1/d_y``, maximising ``Σ P r`` (exact).
+
+    Each neuron of ``x`` copied ``L/d_x`` times and each of ``y`` ``L/d_y`` times (``L = lcm(d_x, d_y)``) turns
+    the plans into the ``L × L`` doubly stochastic matrices over ``L`` (spread a plan's mass evenly over the copies;
+    sum the copies back), whose optimum is a permutation (Birkhoff–von Neumann): an assignment, ``O(L³)``, while
+    ``L ≤ REPLICATED_MAX`` (equal widths: ``L = d``; 768 and 384: 768); the transport LP otherwise."""
     dx, dy = corr.shape
-    if dx == dy:  # a permutation is optimal (see the module docstring)
-        rows, cols = scipy.optimize.linear_sum_assignment(corr, maximize=True)
+    size = dx * dy // math.gcd(dx, dy)
+    if size <= REPLICATED_MAX:
+        rows, cols = scipy.optimize.linear_sum_assignment(
+            np.repeat(np.repeat(corr, size // dx, axis=0), size // dy, axis=1), maximize=True)
         plan = np.zeros_like(corr)
-        plan[rows, cols] = 1.0 / dx
+        np.add.at(plan, (rows // (size // dx), cols // (size // dy)), 1.0 / size)
         return plan
     # P flattened row-major: row k's sum picks P[k, :], column l's P[:, l].
     row_sums = scipy.sparse.kron(scipy.sparse.eye(dx), np.ones((1, dy)))
