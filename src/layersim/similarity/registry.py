@@ -55,7 +55,9 @@ class Measure:
 
     Every measure is a similarity (larger: more alike, 1 for a layer against itself), which the nulls' one-sided
     p-values, the blocks and the plots assume; a distance is reported through a decreasing function of it
-    (``procrustes``, ``shape_metric``: :mod:`layersim.similarity.shape` names both distances).
+    (``procrustes``, ``shape_metric``: :mod:`layersim.similarity.shape` names both distances; ``size_and_shape``,
+    ``gulp``: ``1 − d² / (a normaliser a permutation of the rows leaves alone)``; the differences of summaries:
+    ``1 / (1 + δ)``; each module's docstring gives the map and its inverse).
     """
 
     name: str
@@ -150,8 +152,10 @@ def check_computable(name: str, num_rows: int, widths: int | Sequence[int] | Map
     on ``num_rows`` examples for layers of these widths; return None if it can.
 
     Cheap (sizes only), for a stage to call before any work and for parameter validation once the
-    sizes are known. Today: every measure needs 2 examples (debiased_cka 4), and mixedsim needs
-    ``num_rows ≥ width + 2`` for every layer it regresses on (an exact fit otherwise).
+    sizes are known. Today: every measure needs 2 examples (debiased_cka 4, rsa and knn_jaccard 3), mixedsim and
+    linear_regression need ``num_rows ≥ width + 2`` for every layer they regress on (an exact fit otherwise), and
+    eigenspace_overlap for every layer (gulp at ridge 0 too, which its options decide: refused on the data); rsa
+    takes at most 5,000 rows.
 
     Parameters
     ----------
