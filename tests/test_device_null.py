@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import layersim.compute.device as device_module
+from layersim.errors import LayersimError
 from layersim.compute.device import analysis_batch, analysis_device, analysis_on
 from layersim.similarity import MEASURES, permutation_matrix, similarity_matrix
 from layersim.similarity.inference._null_engines import ENGINES
@@ -61,7 +62,7 @@ def test_both_cka_routes_equal_the_measure(name, method):
         assert np.isnan(values[~cells]).all()
 
 
-@pytest.mark.parametrize("name", ["svcca", "neuronsim", "rsa", "linear_cka"])
+@pytest.mark.parametrize("name", ["svcca", "neuronsim", "rsa", "linear_cka", "gulp", "hard_correlation_match"])
 def test_a_null_does_not_depend_on_the_batch_size(monkeypatch, name):
     rng = np.random.default_rng(3)
     xs, _ = _layers(rng, n=30)
@@ -85,5 +86,9 @@ def test_the_analysis_device_is_the_cpu_unless_a_context_sets_it():
 
 
 def test_every_measure_with_a_null_has_an_engine_or_its_own():
-    """The registry's measures all reach an engine: the null and the bootstrap look them up by name."""
-    assert set(MEASURES) == set(ENGINES)
+    """The registry's measures all reach an engine: the null and the bootstrap look them up by name; those with none
+    (the differences of summaries) say why, and a null of one is refused in that sentence."""
+    assert {name for name, m in MEASURES.items() if not m.no_null} == set(ENGINES)
+    for name in {name for name, m in MEASURES.items() if m.no_null}:
+        with pytest.raises(LayersimError, match="no null: a difference of summaries"):
+            permutation_matrix(name, [np.random.default_rng(0).normal(size=(12, 3))], permutations=5)

@@ -46,6 +46,11 @@ def test_the_similarity_stage(measure, streamed, extracted, monkeypatch):
         _check_values(measure, metrics[key], self_comparison=key == "ft_ft")
     rows = [row for row in out.rows["plots", "cls.json"] if row.get("p_value") is not None]
     has_null = "null" in metrics
+    if MEASURES[measure].no_null:  # a difference of summaries: no null, no interval, said so
+        assert not has_null and metrics["no_null"] == MEASURES[measure].no_null and not rows
+        assert "ci_low" not in metrics["ft_orig"]
+        assert any(MEASURES[measure].no_null in w for w in warnings)
+        return
     # A null for every measure, but debiased CKA's and the shape metrics' when streamed (their permutations need
     # the rows): said so.
     assert has_null == (not (streamed and measure in ("debiased_cka", "procrustes", "shape_metric")))
@@ -114,6 +119,10 @@ def test_the_compare_stage(measure):
     assert len(rows) == 8 * 8  # every cell defined
     assert all(row["similarity"] == pytest.approx(1.0, abs=1e-6) for row in rows
                if row["comparison"] == "ORIG vs ORIG" and row["x_layer"] == row["y_layer"])
+    if MEASURES[measure].no_null:  # a difference of summaries: said so, no p-values
+        assert summary["no_null"] == MEASURES[measure].no_null and not any("p_value" in row for row in rows)
+        plt.close("all")
+        return
     smallest = 0.0 if measure == "linear_cka" else 1 / 21 - 1e-6  # exact p-values can round to 0 (6 decimals)
     # Only cells between two models are tested (a model's own block is not in the family): their p_adjusted is
     # at least their p-value; the within-model cells keep their p-value and have none.

@@ -201,6 +201,9 @@ class SimilarityParams:
     knn_k: int = knob(10, "neighbours per example of knn_jaccard, mutual_knn, rank_similarity, second_order_cosine "
                           "and cknna", POSITIVE, at_most(10**4, "neighbours per example"))
     knn_metric: str = knob("cosine", "knn_jaccard's distance between examples", names=("cosine", "euclidean"))
+    gulp_ridge: float = knob(0.0, "gulp's ridge λ on each layer's trace-1 covariance (Boix-Adserà et al.'s GULP; 0: "
+                                  "least squares, which needs rows > width + 1)", NON_NEGATIVE,
+                             at_most(1e6, "a ridge this large makes every hat matrix ∝ the layer's covariance"))
 
     @property
     def poolings(self) -> tuple[str, ...]:

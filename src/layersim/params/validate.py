@@ -20,6 +20,7 @@ from layersim.params.names import check_model, check_task, weights
 from layersim.params.rules import MAX_SEED, check_value, fail, repeated, shown
 from layersim.params.pairs import check_pair_count, pair_member
 from layersim.params.schema import DEVICE, MAX_PERMUTATIONS, SECTIONS, TOP_LEVEL, Params
+from layersim.params.vocabulary import NO_NULL_MEASURE_NAMES
 from layersim.params.user_tasks import check_user_tasks
 from layersim.data.tasks import TASKS, get_task, register_user_tasks
 
@@ -255,7 +256,8 @@ def _check_permutations_reach(similarity) -> None:
     """A sampled null of B draws gives p ≥ 1/(B + 1): at or above the significance level, no cell of any measure
     but linear CKA (whose exact null gives continuous p-values) can be above chance, whatever the correction.
     The bound that depends on the heatmap's cells (layersim.similarity.inference.correction) is checked by the stage."""
-    sampled = sorted({m for measures in similarity.measures.values() for m in measures if m != "linear_cka"})
+    sampled = sorted({m for measures in similarity.measures.values() for m in measures
+                      if m != "linear_cka" and m not in NO_NULL_MEASURE_NAMES})
     draws, level = similarity.permutations, similarity.significance
     if not sampled or 1.0 / (draws + 1) < level:
         return

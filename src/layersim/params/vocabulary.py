@@ -54,8 +54,14 @@ LEARNING_RATE = (POSITIVE, at_most(10, "a larger step only diverges"))
 # reading params imports no measure code: every stage validates params, and must not depend on it).
 MEASURE_NAMES = ("linear_cka", "rbf_cka", "debiased_cka", "svcca", "pwcca", "mean_cca", "neuronsim", "mixedsim",
                  "procrustes", "shape_metric", "rsa", "knn_jaccard", "distance_correlation", "rsm_norm", "mutual_knn",
-                 "rank_similarity", "second_order_cosine", "cknna")
+                 "rank_similarity", "second_order_cosine", "cknna",
+                 "linear_regression", "size_and_shape", "aligned_cosine", "hard_correlation_match",
+                 "soft_correlation_match", "gulp", "eigenspace_overlap", "magnitude_difference",
+                 "concentricity_difference", "uniformity_difference")
 HEAD_MEASURE_NAMES = ("jensen_shannon", "matrix_norm", "pearson")
+# The measures without a permutation null (layersim.similarity's Measure.no_null: differences of summaries), which
+# similarity.permutations cannot concern (checked by a test).
+NO_NULL_MEASURE_NAMES = ("magnitude_difference", "concentricity_difference", "uniformity_difference")
 
 
 def _measure_names() -> tuple[tuple[str, ...], bool]:

@@ -19,6 +19,12 @@ The bottom layer of the library: NumPy/SciPy only, no I/O, no models. The measur
   of the layers' Euclidean distance matrices;
 * :mod:`~layersim.similarity.knn_measures` — mutual k-NN, rank similarity, second-order cosine similarity and
   CKNNA on cosine neighbourhoods (ReSi; Huh et al.'s platonic-representation measures);
+* :mod:`~layersim.similarity.subspaces` — ReSi's linear regression R², GULP (with a ridge) and the eigenspace
+  overlap score: what one layer's span predicts of another's;
+* :mod:`~layersim.similarity.aligned` — ReSi's size-and-shape Procrustes and aligned cosine similarity;
+* :mod:`~layersim.similarity.matching` — hard (Li et al.) and soft (Khosla & Williams) correlation matching of neurons;
+* :mod:`~layersim.similarity.summaries` — ReSi's magnitude, concentricity and uniformity differences (one summary
+  per layer: no permutation null);
 * :mod:`~layersim.similarity.registry` — ``MEASURES`` by name, ``similarity_matrix`` and
   ``check_computable`` (can a measure run on these sizes, before any work);
 * :mod:`~layersim.similarity.localization` — Wu et al.'s localization score;

@@ -41,7 +41,7 @@ Cost: the neighbours of a layer are found a block of :data:`BLOCK_ROWS` rows of 
 ``n × d``, for second_order_cosine); a pair is ``O(n k log k)`` (second_order_cosine: ``O(n k d)``). No ``n × n``
 matrix is kept, so 50,000 rows fit; no streamed route (neighbours need the rows). A row permutation ``π`` of ``y``
 maps its lists to ``π⁻¹[N[π]]`` and reorders the rest, so the null engine relabels the prepared statistics
-(:class:`~layersim.similarity.inference._null_engines.RelabelledEngine`; equal to the measure on ``y[π]`` up to
+(:class:`~layersim.similarity.inference._null_engines.RowsEngine`; equal to the measure on ``y[π]`` up to
 the order of exact ties).
 """
 
@@ -55,7 +55,7 @@ import numpy as np
 from layersim.errors import LayersimError
 from layersim.similarity._common import Named, _constant_error, centred_and_constant, named_lists, validated
 from layersim.similarity._pairs import fill_matrix
-from layersim.similarity.inference._null_engines import RelabelledEngine
+from layersim.similarity.inference._null_engines import RowsEngine
 from layersim.similarity.neighbours import _check, _too_few_candidates
 
 BLOCK_ROWS = 1024
@@ -211,7 +211,7 @@ def _second_order(a: Neighbourhood, b: Neighbourhood) -> float:
 class _Functions:
     pair: Callable[..., float]
     matrix: Callable[..., np.ndarray]
-    engine: Callable[..., RelabelledEngine]
+    engine: Callable[..., RowsEngine]
 
 
 def _functions(reduce: Callable[[Neighbourhood, Neighbourhood], float], name: str, label: str) -> _Functions:
@@ -231,12 +231,12 @@ def _functions(reduce: Callable[[Neighbourhood, Neighbourhood], float], name: st
         return fill_matrix(sx, sy, reduce, symmetric=True)
 
     def engine(x_named: Named, y_named: Named | None, cells: np.ndarray, *, k: int = 10,
-               sources: np.ndarray | None = None) -> RelabelledEngine:
+               sources: np.ndarray | None = None) -> RowsEngine:
         stats = _stats(x_named + (y_named or []), k, label, sources)
         if stats is None:
             raise LayersimError(f"a row of this resample has fewer than k = {k} rows of other sources.")
         sx = stats[: len(x_named)]
-        return RelabelledEngine(cells, sx, sx if y_named is None else stats[len(x_named):], reduce, _permuted)
+        return RowsEngine(cells, sx, sx if y_named is None else stats[len(x_named):], reduce, _permuted)
 
     pair.__name__, matrix.__name__, engine.__name__ = name, f"{name}_matrix", f"{name}_engine"
     pair.__doc__ = f"The {label} of two ``(n, d)`` layers on their ``k`` cosine nearest neighbours (module docstring)."

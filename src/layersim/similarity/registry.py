@@ -20,15 +20,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from layersim.errors import LayersimError, unknown_name
+import layersim.similarity.aligned as aligned
 import layersim.similarity.cca as cca
 import layersim.similarity.cka as cka
 import layersim.similarity.kernels as kernels
 import layersim.similarity.knn_measures as knn_measures
+import layersim.similarity.matching as matching
 import layersim.similarity.neighbours as neighbours
 import layersim.similarity.neurons as neurons
 import layersim.similarity.rsa as rsa
 import layersim.similarity.rsm as rsm
 import layersim.similarity.shape as shape
+import layersim.similarity.subspaces as subspaces
+import layersim.similarity.summaries as summaries
 from layersim.similarity._common import check_options
 from layersim.similarity.inference._null_engines import ENGINES, recomputed_engine
 from layersim.similarity.cka import cka_matrix
@@ -48,11 +52,16 @@ class Measure:
     engine (:mod:`layersim.similarity.inference._null_engines`' contract), which also gives its bootstrap intervals; the
     measures of Wu et al.'s study have theirs in that module's ``ENGINES``, and a measure with neither gets the generic
     :class:`~layersim.similarity.inference._null_engines.RecomputedEngine` (its matrix recomputed on each
-    permutation's rows: exact, but a whole matrix per draw).
+    permutation's rows: exact, but a whole matrix per draw). ``no_null``, where set, says why the measure has no
+    permutation null (nor bootstrap interval) at all: ReSi's difference statistics compare one summary per layer,
+    which a permutation of the examples leaves unchanged; the stages report that sentence instead of a null, and
+    :func:`~layersim.similarity.permutation_matrix` refuses such a measure.
 
     Every measure is a similarity (larger: more alike, 1 for a layer against itself), which the nulls' one-sided
     p-values, the blocks and the plots assume; a distance is reported through a decreasing function of it
-    (``procrustes``, ``shape_metric``: :mod:`layersim.similarity.shape` names both distances).
+    (``procrustes``, ``shape_metric``: :mod:`layersim.similarity.shape` names both distances; ``size_and_shape``,
+    ``gulp``: ``1 − d² / (a normaliser a permutation of the rows leaves alone)``; the differences of summaries:
+    ``1 / (1 + δ)``; each module's docstring gives the map and its inverse).
     """
 
     name: str
@@ -66,6 +75,7 @@ class Measure:
     min_rows: int = 2
     check_sizes: Callable[[int, int, str], None] | None = None
     null_engine: Callable[..., object] | None = None
+    no_null: str | None = None
 
 
 def _linear_cka(x: np.ndarray, y: np.ndarray, *, method: str = "auto") -> float:
@@ -114,13 +124,41 @@ MEASURES: dict[str, Measure] = {
                                     (knn_measures.RANK_SIMILARITY, "rank similarity", (0.0, 1.0)),
                                     (knn_measures.SECOND_ORDER_COSINE, "second-order cosine", (-1.0, 1.0)),
                                     (knn_measures.CKNNA, "CKNNA", (-1.0, 1.0))]],
+        # ReSi's (Klabunde et al. 2025) measures, by their definitions (docs/peers.md says where ReSi's code differs).
+        Measure("linear_regression", "linear regression R²", False, (0.0, 1.0), subspaces.linear_regression,
+                subspaces.linear_regression_matrix, ("method", "rtol"), min_rows=3,
+                check_sizes=subspaces.check_linear_regression_sizes, null_engine=subspaces.linear_regression_engine),
+        Measure("size_and_shape", "size-and-shape Procrustes", True, (0.0, 1.0), aligned.size_and_shape,
+                aligned.size_and_shape_matrix, null_engine=aligned.size_and_shape_engine),
+        Measure("aligned_cosine", "aligned cosine", True, (-1.0, 1.0), aligned.aligned_cosine,
+                aligned.aligned_cosine_matrix, null_engine=aligned.aligned_cosine_engine),
+        Measure("hard_correlation_match", "hard correlation match", True, (-1.0, 1.0), matching.hard_correlation_match,
+                matching.hard_correlation_match_matrix, level="neuron",
+                null_engine=matching.hard_correlation_match_engine),
+        Measure("soft_correlation_match", "soft correlation match", True, (-1.0, 1.0), matching.soft_correlation_match,
+                matching.soft_correlation_match_matrix, level="neuron",
+                null_engine=matching.soft_correlation_match_engine),
+        Measure("gulp", "GULP", True, (0.0, 1.0), subspaces.gulp, subspaces.gulp_matrix, ("ridge", "rtol"),
+                null_engine=subspaces.gulp_engine),
+        Measure("eigenspace_overlap", "eigenspace overlap", True, (0.0, 1.0), subspaces.eigenspace_overlap,
+                subspaces.eigenspace_overlap_matrix, ("method", "rtol"), min_rows=3,
+                check_sizes=subspaces.check_eigenspace_sizes, null_engine=subspaces.eigenspace_overlap_engine),
+        Measure("magnitude_difference", "magnitude difference", True, (0.0, 1.0), summaries.magnitude_difference,
+                summaries.magnitude_difference_matrix, no_null=summaries.NO_NULL),
+        Measure("concentricity_difference", "concentricity difference", True, (0.0, 1.0),
+                summaries.concentricity_difference, summaries.concentricity_difference_matrix,
+                no_null=summaries.NO_NULL),
+        Measure("uniformity_difference", "uniformity difference", True, (0.0, 1.0), summaries.uniformity_difference,
+                summaries.uniformity_difference_matrix, no_null=summaries.NO_NULL),
     ]
 }
 # Their null engines join the others', where null and bootstrap look them up by name; a measure without one gets
-# the generic engine, its matrix recomputed on the permuted rows (exact, one matrix per permutation).
+# the generic engine, its matrix recomputed on the permuted rows (exact, one matrix per permutation); a measure that
+# has no null (no_null) gets none.
 ENGINES.update({m.name: m.null_engine for m in MEASURES.values() if m.null_engine is not None})
 for _measure in MEASURES.values():
-    ENGINES.setdefault(_measure.name, recomputed_engine(_measure.matrix))
+    if _measure.no_null is None:
+        ENGINES.setdefault(_measure.name, recomputed_engine(_measure.matrix))
 
 
 def get_measure(name: str) -> Measure:
@@ -135,8 +173,10 @@ def check_computable(name: str, num_rows: int, widths: int | Sequence[int] | Map
     on ``num_rows`` examples for layers of these widths; return None if it can.
 
     Cheap (sizes only), for a stage to call before any work and for parameter validation once the
-    sizes are known. Today: every measure needs 2 examples (debiased_cka 4), and mixedsim needs
-    ``num_rows ≥ width + 2`` for every layer it regresses on (an exact fit otherwise).
+    sizes are known. Today: every measure needs 2 examples (debiased_cka 4, rsa and knn_jaccard 3), mixedsim and
+    linear_regression need ``num_rows ≥ width + 2`` for every layer they regress on (an exact fit otherwise), and
+    eigenspace_overlap for every layer (gulp at ridge 0 too, which its options decide: refused on the data); rsa
+    takes at most 5,000 rows.
 
     Parameters
     ----------

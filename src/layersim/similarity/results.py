@@ -85,14 +85,17 @@ def settings(p) -> tuple[dict[str, dict], Uncertainty]:
                               pwcca_variance=p.pwcca_variance, rbf_exact_max_rows=p.rbf_exact_max_rows,
                               rbf_landmarks=p.rbf_landmarks, seed=p.seed)
     options |= {"shape_metric": {"alpha": p.shape_alpha}, "rsa": {"rdm": p.rsa_rdm, "compare": p.rsa_compare},
-                "knn_jaccard": {"k": p.knn_k, "metric": p.knn_metric}}
+                "knn_jaccard": {"k": p.knn_k, "metric": p.knn_metric}, "gulp": {"ridge": p.gulp_ridge}}
     options |= {name: {"k": p.knn_k} for name in ("mutual_knn", "rank_similarity", "second_order_cosine", "cknna")}
     return options, Uncertainty(p.permutations, p.bootstrap, p.seed, p.significance, p.chance_adjusted, p.correction)
 
 
 def null_unavailable(measure: str, num_rows: int, options: dict) -> str | None:
     """Why `measure` gets neither a null nor bootstrap intervals on `num_rows` examples, or None: above its
-    exact_max_rows RBF CKA is Nyström-approximated, and its null engine holds exact n x n kernels."""
+    exact_max_rows RBF CKA is Nyström-approximated, and its null engine holds exact n x n kernels; a difference of
+    summaries (Measure.no_null) has none on any number of rows."""
+    if measure in MEASURES and MEASURES[measure].no_null:
+        return MEASURES[measure].no_null
     limit = options.get("exact_max_rows", RBF_EXACT_MAX_ROWS)
     if measure != "rbf_cka" or num_rows <= limit:
         return None

@@ -74,6 +74,10 @@ AUTO_INTERVAL: dict[str, str | None] = {
     "rsa": "basic", "knn_jaccard": "basic",
     "distance_correlation": None, "rsm_norm": None, "mutual_knn": None, "rank_similarity": None,
     "second_order_cosine": None, "cknna": None,
+    # ReSi's measures: no coverage measured yet (the difference statistics get none at all: Measure.no_null).
+    "linear_regression": None, "size_and_shape": None, "aligned_cosine": None, "hard_correlation_match": None,
+    "soft_correlation_match": None, "gulp": None, "eigenspace_overlap": None, "magnitude_difference": None,
+    "concentricity_difference": None, "uniformity_difference": None,
 }
 # Measures whose intervals' coverage benchmarks/bootstrap.py --coverage has not measured yet: "auto" gives them no
 # interval either, and says so.

@@ -203,6 +203,8 @@ def _null(name: str, x_named, y_named, cells, permutations, seed, exact, options
           strata=None) -> NullMatrix:
     measure = get_measure(name)
     check_options(name, options, measure.options)
+    if measure.no_null:
+        raise LayersimError(f"{name} has {measure.no_null}.")
     if exact is not None and not isinstance(exact, bool):
         raise LayersimError(f"exact must be True, False or None, got {exact!r}.")
     if exact and name != "linear_cka":
