@@ -74,6 +74,18 @@ def test_an_object_edited_in_place_is_named_by_its_output_file(project):
     assert f"rm -f data/model/config.json {obj.relative_to(project)}" in message
 
 
+@pytest.mark.parametrize("climb", ["../", "../../"])
+def test_a_stage_in_the_path_guards_folder_names_its_file_from_the_root(project, climb):
+    """download_model and extract run in params-guard/ or params-guard/owner/ (docs/params-safety.md): dvc.lock
+    records their outputs from there; the sentence names them from the project root, as the user removes them."""
+    lock = yaml.safe_load((project / "dvc.lock").read_text())
+    lock["stages"]["download"]["outs"][0]["path"] = f"{climb}data/model"
+    (project / "dvc.lock").write_text(yaml.safe_dump(lock))
+    obj = _object(project, b'{"a": 1}\n')
+    obj.write_bytes(b'{"a": 2}\n')
+    assert damaged_files(project) == [Damaged("data/model/config.json", obj)]
+
+
 def test_a_rewritten_file_output_and_a_damaged_listing_are_found(project):
     _object(project, b"<html></html>").write_bytes(b"<html>changed</html>")  # pandas-style rewrite to the same path
     listing = next((project / ".dvc" / "cache" / "files" / "md5").rglob("*.dir"))

@@ -70,6 +70,15 @@ def _object_path(cache: Path, md5: str) -> Path:
     return cache / OBJECTS / md5[:2] / md5[2:]
 
 
+def from_root(path: str) -> str:
+    """An output's path in dvc.lock (relative to its stage's wdir) from the project root: the path guard's stages run
+    in params-guard/ or params-guard/owner/ (docs/params-safety.md), and each of their paths climbs back first."""
+    parts = path.split("/")
+    while parts and parts[0] == "..":
+        parts.pop(0)
+    return "/".join(parts)
+
+
 def locked_files(root: str | os.PathLike, cache: Path) -> dict[Path, list[str]]:
     """Cache object → the output files dvc.lock records with those bytes, for every output of every stage whose
     object the cache holds (a directory's files listed by its .dir object, which is itself checked)."""
@@ -98,7 +107,8 @@ def locked_files(root: str | os.PathLike, cache: Path) -> dict[Path, list[str]]:
             obj = _object_path(cache, md5)
             if not obj.is_file():  # not cached (cache: false), or not pulled yet
                 continue
-            found.setdefault(obj, []).append(out["path"])
+            path = from_root(out["path"])
+            found.setdefault(obj, []).append(path)
             if md5.endswith(DIR_SUFFIX):
                 try:
                     listing = json.loads(obj.read_bytes())
@@ -107,7 +117,7 @@ def locked_files(root: str | os.PathLike, cache: Path) -> dict[Path, list[str]]:
                 for item in listing:
                     part = _object_path(cache, item["md5"])
                     if part.is_file():
-                        found.setdefault(part, []).append(f"{out['path']}/{item['relpath']}")
+                        found.setdefault(part, []).append(f"{path}/{item['relpath']}")
     return found
 
 
