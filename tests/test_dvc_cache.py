@@ -257,3 +257,28 @@ def test_an_output_edited_in_place_is_refused_by_the_next_run_and_push_and_never
     assert {path: path.read_bytes() for path in originals} == originals
     assert damaged_files(root) == []
     assert run([*layersim, "push"], root, env).returncode == 0
+
+
+@pytest.mark.integration
+def test_under_the_copying_cache_an_edit_in_place_never_reaches_the_cache(tmp_path):
+    """The setting that makes the edit impossible instead of found (docs/experiments.md, "Sharing results"): with
+    `cache.type reflink,copy` (DVC's default; a copy where the filesystem has no reflinks, twice the bytes) the
+    workspace file is no link, so `echo >> config.json`, as root or not, leaves the cache object whole, and a bare
+    `dvc repro`, which runs no stage code, gives back the original bytes from it."""
+    from dvc_project import dvc, make_project, output, run
+
+    root = tmp_path / "project"
+    root.mkdir()
+    env = make_project(root, _tiny, share_cache=False)
+    run(dvc("config", "--local", "cache.type", "reflink,copy"), root, env)
+    run(dvc("repro", "download_model"), root, env)
+    config = root / "data/models/tiny-bert/pretrained/config.json"
+    original = config.read_bytes()
+    assert config.stat().st_nlink == 1  # its own file, not the cache object
+    with config.open("a") as handle:
+        handle.write("\n")
+    assert damaged_files(root) == []
+    assert "modified" in run(dvc("status", "download_model"), root, env).stdout
+    repro = run(dvc("repro", "download_model"), root, env)
+    assert config.read_bytes() == original, output(repro)
+    assert damaged_files(root) == []

@@ -11,9 +11,11 @@ again: :func:`damaged_files` does, for every file of every output that dvc.lock 
 :func:`refuse_damaged` turns what it finds into one sentence. Every stage DVC runs checks before it starts
 (layersim.cli.run_stage), ``layersim push`` before ``dvc push``, ``layersim launch`` and the run scripts before they
 start (:func:`main`); a stage DVC restores from its run-cache runs no code, so a ``dvc repro`` that only restores does
-not look. The colleague's pull is guarded by DVC itself (the remote's ``verify = true`` rehashes what it downloads
-and keeps no object whose bytes do not match its name). DVC's own check of a local object trusts its read-only mode,
-which root's edit leaves as it was.
+not look, nor does a plain ``dvc push``: DVC has no hook there. The colleague's pull is guarded by DVC itself (the
+remote's ``verify = true`` rehashes what it downloads and keeps no object whose bytes do not match its name). DVC's
+own check of a local object trusts its read-only mode, which root's edit leaves as it was. A copying cache
+(``cache.type reflink,copy``) would make the edit impossible but, without reflinks, doubles the bytes: the links stay
+the default (docs/experiments.md, "Sharing results", weighs it).
 
 A verified object's stamp (inode, size, modification and change times) is kept in the cache folder, so that an
 object is hashed again only after something wrote to it: the change time cannot be set back by a user. As git does
