@@ -19,6 +19,8 @@ from pathlib import Path
 import fork_server
 import yaml
 
+from dvc_yaml import from_root
+
 REPO = Path(__file__).resolve().parents[1]
 # Environment variable naming a DVC cache folder that every project of a test run shares: a stage that
 # another project already ran with the same command, deps and params is restored from DVC's run-cache.
@@ -113,7 +115,7 @@ def run_output_folders(root: Path = REPO) -> set[str]:
                 for entry in stage.get(kind) or ()]
     declared += [*(pipeline.get("metrics") or ()), *(pipeline.get("plots") or ())]
     paths = [entry if isinstance(entry, str) else next(iter(entry)) for entry in declared]
-    return {Path(path).parts[0] for path in paths}
+    return {Path(from_root(path)).parts[0] for path in paths}
 
 
 def repository_files(root: Path = REPO) -> list[str]:

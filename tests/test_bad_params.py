@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from dvc_project import repository_params, project_env, tiny_params
+from dvc_yaml import command
 from layersim.params import load_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,10 +36,10 @@ def _stage_commands() -> dict[str, list[str]]:
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     commands = {}
     for name, stage in stages.items():
-        assert "${" not in stage["cmd"], f"{name}: a params value interpolated into its command: {stage['cmd']}"
+        assert "${" not in command(stage), f"{name}: a params value interpolated into its command: {stage['cmd']}"
         if stage["cmd"] == "true":  # guard_model: the path guard, no stage script (docs/params-safety.md)
             continue
-        cmd = stage["cmd"].replace("@model", MODEL).replace("@task", TASK).replace("@method", "lora")
+        cmd = command(stage).replace("@model", MODEL).replace("@task", TASK).replace("@method", "lora")
         cmd = cmd.replace("@seed", str(SEED))
         argv = shlex.split(cmd)
         assert argv[0] == "python", cmd

@@ -74,6 +74,18 @@ def test_an_object_edited_in_place_is_named_by_its_output_file(project):
     assert f"rm -f data/model/config.json {obj.relative_to(project)}" in message
 
 
+@pytest.mark.parametrize("climb", ["../", "../../"])
+def test_a_stage_in_the_path_guards_folder_names_its_file_from_the_root(project, climb):
+    """download_model and extract run in params-guard/ or params-guard/owner/ (docs/params-safety.md): dvc.lock
+    records their outputs from there; the sentence names them from the project root, as the user removes them."""
+    lock = yaml.safe_load((project / "dvc.lock").read_text())
+    lock["stages"]["download"]["outs"][0]["path"] = f"{climb}data/model"
+    (project / "dvc.lock").write_text(yaml.safe_dump(lock))
+    obj = _object(project, b'{"a": 1}\n')
+    obj.write_bytes(b'{"a": 2}\n')
+    assert damaged_files(project) == [Damaged("data/model/config.json", obj)]
+
+
 def test_a_rewritten_file_output_and_a_damaged_listing_are_found(project):
     _object(project, b"<html></html>").write_bytes(b"<html>changed</html>")  # pandas-style rewrite to the same path
     listing = next((project / ".dvc" / "cache" / "files" / "md5").rglob("*.dir"))
@@ -245,3 +257,28 @@ def test_an_output_edited_in_place_is_refused_by_the_next_run_and_push_and_never
     assert {path: path.read_bytes() for path in originals} == originals
     assert damaged_files(root) == []
     assert run([*layersim, "push"], root, env).returncode == 0
+
+
+@pytest.mark.integration
+def test_under_the_copying_cache_an_edit_in_place_never_reaches_the_cache(tmp_path):
+    """The setting that makes the edit impossible instead of found (docs/experiments.md, "Sharing results"): with
+    `cache.type reflink,copy` (DVC's default; a copy where the filesystem has no reflinks, twice the bytes) the
+    workspace file is no link, so `echo >> config.json`, as root or not, leaves the cache object whole, and a bare
+    `dvc repro`, which runs no stage code, gives back the original bytes from it."""
+    from dvc_project import dvc, make_project, output, run
+
+    root = tmp_path / "project"
+    root.mkdir()
+    env = make_project(root, _tiny, share_cache=False)
+    run(dvc("config", "--local", "cache.type", "reflink,copy"), root, env)
+    run(dvc("repro", "download_model"), root, env)
+    config = root / "data/models/tiny-bert/pretrained/config.json"
+    original = config.read_bytes()
+    assert config.stat().st_nlink == 1  # its own file, not the cache object
+    with config.open("a") as handle:
+        handle.write("\n")
+    assert damaged_files(root) == []
+    assert "modified" in run(dvc("status", "download_model"), root, env).stdout
+    repro = run(dvc("repro", "download_model"), root, env)
+    assert config.read_bytes() == original, output(repro)
+    assert damaged_files(root) == []

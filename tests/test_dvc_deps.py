@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dvc_yaml import command, from_root
+
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
 
@@ -76,9 +78,9 @@ def _stages() -> dict[str, tuple[Path, list[str]]]:
     for name, stage in stages.items():
         if stage["cmd"] == "true":  # guard_model: the path guard, no stage script (docs/params-safety.md)
             continue
-        argv = shlex.split(stage["cmd"])
+        argv = shlex.split(command(stage))
         assert argv[0] == "python" and argv[1].startswith("stages/"), stage["cmd"]
-        found[name] = (REPO / argv[1], stage.get("deps", []))
+        found[name] = (REPO / argv[1], [from_root(dep) for dep in stage.get("deps", [])])
     return found
 
 

@@ -14,6 +14,7 @@ import fork_server
 import pytest
 import yaml
 
+from dvc_yaml import from_root
 from layersim.params import lockfile
 from layersim.errors import LayersimError
 from layersim.params.lockfile import locked_model_revision, locked_task_revision, read_lock, update, write_lock
@@ -176,7 +177,7 @@ def test_an_unknown_revision_is_refused(monkeypatch, revision, message):
 def test_download_stages_depend_on_the_lock():
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     for name in ("download_model", "download_compared", "download_paired", "download_task"):
-        assert "layersim.lock" in stages[name]["deps"], name
+        assert "layersim.lock" in map(from_root, stages[name]["deps"]), name
     assert read_lock(ROOT / "layersim.lock")["version"] == 1  # the repository ships a lock the stages can read
 
 

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from dvc_project import repository_params, tiny_params
+from dvc_yaml import GUARD_CD, command
 from layersim import cli
 from layersim.errors import LayersimError
 from layersim.params import load_params
@@ -27,10 +28,14 @@ def params_file(tmp_path: Path) -> Path:
 
 
 def test_no_stage_command_interpolates_a_params_value() -> None:
-    """DVC runs `cmd` in a shell: a `${...}` there is a params value in shell code (docs/params-safety.md)."""
+    """DVC runs `cmd` in a shell: a `${...}` there is a params value in shell code (docs/params-safety.md). The one
+    exception, the path guard's `cd ${params_guard.root}`, comes from the guard's own file, loaded only by a stage
+    whose vars name it (params.yaml cannot redefine it: DVC refuses a key defined twice)."""
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-    interpolated = {name: stage["cmd"] for name, stage in stages.items() if "${" in stage["cmd"]}
+    interpolated = {name: stage["cmd"] for name, stage in stages.items() if "${" in command(stage)}
     assert interpolated == {}
+    guarded = {name for name, stage in stages.items() if stage["cmd"].startswith(GUARD_CD)}
+    assert guarded and all(stages[name]["vars"] == ["inside.yaml"] for name in guarded)
 
 
 def test_placeholders_take_the_validated_values_of_the_item_dvc_runs(params_file: Path) -> None:

@@ -11,9 +11,11 @@ again: :func:`damaged_files` does, for every file of every output that dvc.lock 
 :func:`refuse_damaged` turns what it finds into one sentence. Every stage DVC runs checks before it starts
 (layersim.cli.run_stage), ``layersim push`` before ``dvc push``, ``layersim launch`` and the run scripts before they
 start (:func:`main`); a stage DVC restores from its run-cache runs no code, so a ``dvc repro`` that only restores does
-not look. The colleague's pull is guarded by DVC itself (the remote's ``verify = true`` rehashes what it downloads
-and keeps no object whose bytes do not match its name). DVC's own check of a local object trusts its read-only mode,
-which root's edit leaves as it was.
+not look, nor does a plain ``dvc push``: DVC has no hook there. The colleague's pull is guarded by DVC itself (the
+remote's ``verify = true`` rehashes what it downloads and keeps no object whose bytes do not match its name). DVC's
+own check of a local object trusts its read-only mode, which root's edit leaves as it was. A copying cache
+(``cache.type reflink,copy``) would make the edit impossible but, without reflinks, doubles the bytes: the links stay
+the default (docs/experiments.md, "Sharing results", weighs it).
 
 A verified object's stamp (inode, size, modification and change times) is kept in the cache folder, so that an
 object is hashed again only after something wrote to it: the change time cannot be set back by a user. As git does
@@ -70,6 +72,15 @@ def _object_path(cache: Path, md5: str) -> Path:
     return cache / OBJECTS / md5[:2] / md5[2:]
 
 
+def from_root(path: str) -> str:
+    """An output's path in dvc.lock (relative to its stage's wdir) from the project root: the path guard's stages run
+    in params-guard/ or params-guard/owner/ (docs/params-safety.md), and each of their paths climbs back first."""
+    parts = path.split("/")
+    while parts and parts[0] == "..":
+        parts.pop(0)
+    return "/".join(parts)
+
+
 def locked_files(root: str | os.PathLike, cache: Path) -> dict[Path, list[str]]:
     """Cache object → the output files dvc.lock records with those bytes, for every output of every stage whose
     object the cache holds (a directory's files listed by its .dir object, which is itself checked)."""
@@ -98,7 +109,8 @@ def locked_files(root: str | os.PathLike, cache: Path) -> dict[Path, list[str]]:
             obj = _object_path(cache, md5)
             if not obj.is_file():  # not cached (cache: false), or not pulled yet
                 continue
-            found.setdefault(obj, []).append(out["path"])
+            path = from_root(out["path"])
+            found.setdefault(obj, []).append(path)
             if md5.endswith(DIR_SUFFIX):
                 try:
                     listing = json.loads(obj.read_bytes())
@@ -107,7 +119,7 @@ def locked_files(root: str | os.PathLike, cache: Path) -> dict[Path, list[str]]:
                 for item in listing:
                     part = _object_path(cache, item["md5"])
                     if part.is_file():
-                        found.setdefault(part, []).append(f"{out['path']}/{item['relpath']}")
+                        found.setdefault(part, []).append(f"{path}/{item['relpath']}")
     return found
 
 
