@@ -140,6 +140,7 @@ def _rate(make, name, draws, **options):
     return np.mean(np.array(p) <= 0.05)
 
 
+@pytest.mark.integration  # a calibration over hundreds of draws: the full tier's
 @pytest.mark.parametrize("sentence_sd", [0.0, 0.3, 1.0])
 def test_words_of_sentences_false_positive_rate(sentence_sd):
     """50 sentences × 10 words, d = 20, independent x and y that share the sentence grouping: the block null's
@@ -152,6 +153,7 @@ def test_words_of_sentences_false_positive_rate(sentence_sd):
         assert np.mean(np.array(rows) <= 0.05) > 0.8
 
 
+@pytest.mark.integration  # a calibration over hundreds of draws: the full tier's
 def test_four_choice_examples_false_positive_rate():
     def make(rng, examples=100, d=20):
         g = np.repeat(np.arange(examples), 4)

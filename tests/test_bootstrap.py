@@ -45,6 +45,7 @@ def test_groups_are_drawn_whole():
         assert len(rows) >= 4  # four groups drawn, each of at least one row
 
 
+@pytest.mark.integration  # a calibration over hundreds of draws: the full tier's
 def test_interval_covers_the_population_value_and_narrows_with_more_examples():
     """Coverage of the 95% interval over independent draws from one population (its CKA from 200,000 rows),
     at a generous floor; and the width shrinks about as 1/sqrt(n)."""

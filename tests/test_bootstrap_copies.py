@@ -97,6 +97,7 @@ def test_the_reviews_designs_get_intervals_that_contain_their_estimate(name, des
         assert abs(np.mean(result.values) - result.estimate[0]) < (result.high[0] - result.low[0]) / 3
 
 
+@pytest.mark.integration  # a calibration over hundreds of draws: the full tier's
 def test_knn_interval_covers_the_population_value():
     """A small-n version of benchmarks/bootstrap.py --coverage (200 repeats there): 40 samples of n = 100
     from the §3 design; the population's k-NN Jaccard with the same neighbourhood share (k = 5 of 99 others:

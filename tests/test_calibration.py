@@ -81,7 +81,8 @@ def _false_positives(dist: str, n: int, d: int, draws: int, seed: int) -> np.nda
     return np.concatenate(out)
 
 
-@pytest.mark.parametrize("dist, draws", [("t3", 1500), ("gaussian", 500)])
+# 1,500 t(3) draws per shape: the full tier's (integration); the 500 Gaussian ones stay in the fast tier.
+@pytest.mark.parametrize("dist, draws", [pytest.param("t3", 1500, marks=pytest.mark.integration), ("gaussian", 500)])
 @pytest.mark.parametrize("n, d", [(40, 100), (60, 55), (150, 15)])
 def test_exact_linear_cka_is_calibrated_at_alpha_001(dist, draws, n, d):
     p = _false_positives(dist, n, d, draws, seed=n)

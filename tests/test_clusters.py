@@ -3,7 +3,9 @@ every null and are resampled together in every bootstrap. On planted shared-prem
 hypotheses, d = 20, nothing shared but the premise) the similarity stage's own functions (``phang_result`` with the
 stage's default params) keep the false-positive rate in [0.02, 0.08] and the interval's coverage ≥ 0.9 with the
 premises as blocks, and fail without them. Seeds are fixed, so the rates are the same on every run;
-benchmarks/calibration.py --structured --premises runs the same design with more draws and every measure."""
+benchmarks/calibration.py --structured --premises runs the same design with more draws and every measure. The calibrations (hundreds of draws through the stage's
+null and bootstrap: about 100 CPU-seconds) are marked `integration`, the full tier's; the check that they can fail
+and the block draws stay in the fast tier."""
 
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ def _false_positives(measure: str, premise_sd: float, draws: int, clustered: boo
     return float(np.mean(np.array(p) <= 0.05))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("measure, premise_sd, draws", [
     ("linear_cka", 0.5, 200), ("linear_cka", 1.0, 200), ("svcca", 1.0, 100), ("neuronsim", 1.0, 100)])
 def test_premises_as_blocks_keep_the_false_positive_rate(measure, premise_sd, draws):
@@ -64,6 +67,7 @@ def test_examples_as_blocks_reject_far_too_often_when_they_share_a_premise():
     assert _false_positives("linear_cka", 1.0, 40, clustered=False) > 0.5
 
 
+@pytest.mark.integration
 def test_the_interval_over_premises_covers_the_population_value():
     """Linear CKA's interval (the stage's basic, 200 resamples) on y = 0.5·x·A + b_p + f, premise sd 1: resampling
     premises covers the value on 60,000 rows ≥ 90 % of the time; resampling examples misses it most of the time."""

@@ -159,6 +159,7 @@ def test_a_learned_run_over_a_96_percent_majority_passes_the_paired_test(n, mino
     assert paired / draws >= least and paired > unpaired, (paired / draws, unpaired / draws)
 
 
+@pytest.mark.integration  # a calibration over hundreds of draws: the full tier's
 def test_the_paired_test_holds_its_level_for_runs_without_skill():
     """Calibration on the pipeline's null: the constant scores exactly the sample's best (not a population rate,
     as this test formerly assumed, a null the pipeline never meets: there the constant cannot pass). Accuracy:
@@ -209,6 +210,7 @@ def _f1_score(labels, predictions):
     return 2 * true_pos / (2 * true_pos + np.count_nonzero(labels != predictions))
 
 
+@pytest.mark.integration  # a calibration over hundreds of draws: the full tier's
 def test_a_learned_f1_run_passes_the_paired_test_where_the_unpaired_one_misses_it():
     """QQP-like, 37 % positives, n = 400: a run that says positive except on 15 % of the negatives and 2 % of the
     positives (F1 about 0.57 against always positive's 0.54) passes the paired test in ≥ 90 % of samples; the

@@ -172,6 +172,7 @@ def _length_only_scores(rng) -> dict:
     return {(i, j): 0.9 - 0.04 * (j - i + 1) + rng.normal(0, 0.03) for i, j in L12}
 
 
+@pytest.mark.integration  # a calibration over hundreds of draws: the full tier's
 def test_random_per_layer_predictor_scores_zero_within_length():
     """Random U(0, 1) per-layer scores summed over each span: over all spans rho is high (the length effect),
     within length it is 0 ± 1/sqrt(sum(spans − 1)) per draw — the headline is the latter."""
@@ -220,6 +221,7 @@ def _depth_driven_design(rng) -> tuple[dict, dict, dict]:
             {(i, j): -weight[i - 1:j].sum() for i, j in L12})
 
 
+@pytest.mark.integration  # a calibration over hundreds of draws: the full tier's
 def test_a_depth_trend_scores_like_position_within_length_and_nothing_beyond_it():
     """Review §3b: within length, a predictor that knows only "deeper layers matter less" scores as high as
     position alone (review: 0.872 against 0.874), above the random-layer range; partial on position it scores
