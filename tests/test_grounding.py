@@ -148,3 +148,169 @@ def test_one_test_alone_ranks_and_no_test_is_refused():
     assert ranking.tests == ("monotonicity",) and ranking.mean_rank == {"a": 2.0, "b": 1.0}
     with pytest.raises(LayersimError, match="no grounding test"):
         rank_measures({"monotonicity": {}}, 10, seed=0)
+
+
+N, D, LAYERS = 80, 6, 4
+
+
+def _tables(tmp_path, monkeypatch, seeds=(1, 2, 3)):
+    """Activation tables of ORIG, the seeds and the random-init control (checkpoint metadata stubbed), whose layers
+    drift step by step (so layer similarity falls with distance) and whose seeds share a fine-tuning direction
+    that ORIG lacks (so seeds are closer to each other than to ORIG)."""
+    import pyarrow as pa
+
+    import layersim.experiments.similarity as similarity_task
+    from layersim.data.io import ActivationWriter
+    from layersim.models.random_control import RANDOM_RUN, random_run_metadata
+
+    known = {"orig": {"model_digest": "a" * 64, "task_digest": "b" * 64, "num_layers": LAYERS, "hidden_size": D}}
+    known |= {f"seed{s}": {**known["orig"], "model_digest": str(s) * 64} for s in seeds}
+    monkeypatch.setattr(similarity_task, "run_expectations",
+                        lambda checkpoints, runs: {run: dict(values) for run, values in known.items()})
+    rng = np.random.default_rng(5)
+
+    def drifting(start, step=0.8):
+        layers = [start]
+        for _ in range(LAYERS):
+            layers.append(layers[-1] + step * rng.normal(size=(N, D)))
+        return layers
+
+    orig = drifting(rng.normal(size=(N, D)))
+    shared = rng.normal(size=(N, D))  # what every seed's fine-tuning adds
+    models = {"orig": orig} | {f"seed{s}": [layer + 2.0 * shared + 0.3 * rng.normal(size=(N, D)) for layer in orig]
+                               for s in seeds}
+    models[RANDOM_RUN] = drifting(rng.normal(size=(N, D)))
+    metadata = known | {RANDOM_RUN: random_run_metadata(known["orig"], 0)}
+    for run, layers in models.items():
+        with ActivationWriter(tmp_path / f"{run}.cls.parquet", num_layers=LAYERS, hidden_size=D,
+                              label_type=pa.int64(), metadata={"model": "m", "pooling": "cls", "split": "validation",
+                                                               "task": "synth", "run": run, **metadata[run]}) as writer:
+            writer.write(np.arange(N), np.zeros(N, dtype=np.int16), np.zeros(N, dtype=np.int64),
+                         [layer.astype(np.float32) for layer in layers])
+
+
+def _params(enabled=True, seeds=(1, 2, 3), measures=("linear_cka", "svcca", "neuronsim")):
+    from layersim.params import parse_params
+
+    return parse_params({"model": "minilm-l6", "tasks": ["synth-negation"], "seeds": list(seeds),
+                         "similarity": {"measures": {"cls": list(measures)}, "random_control": 0},
+                         "grounding": {"enabled": enabled, "bootstrap": 200}})
+
+
+def test_the_stage_work_ranks_every_measure_on_planted_runs_and_writes_a_table_and_figure(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from layersim.experiments.grounding import task_grounding
+    from layersim.reporting.grounding import grounding_table
+    from layersim.reporting.headlines import details_to_metrics, metrics_to_details
+
+    _tables(tmp_path, monkeypatch)
+    out = task_grounding(tmp_path, tmp_path, "synth", _params())
+    cls = out.full["cls"]
+    for measure in ("linear_cka", "svcca", "neuronsim"):
+        entry = cls[measure]
+        assert set(entry["monotonicity"]["per_run"]) == {"ORIG", "FT[1]", "FT[2]", "FT[3]"}
+        assert entry["monotonicity"]["score"] > 0.5  # drifting layers: far layers are less alike
+        assert entry["monotonicity"]["random_control"] is not None
+        assert entry["separation"]["same_pairs"] == entry["separation"]["different_pairs"] == 3
+        assert entry["separation"]["chance"] == 0.5 and len(entry["separation"]["per_layer"]) == LAYERS + 1
+        assert entry["monotonicity"]["low"] <= entry["monotonicity"]["score"] <= entry["monotonicity"]["high"]
+    assert cls["linear_cka"]["separation"]["score"] == 1.0  # the shared direction dominates: every layer separates
+    assert [row["place"] for row in out.rows] == [1, 2, 3]
+    assert [row["mean_rank"] for row in out.rows] == sorted(row["mean_rank"] for row in out.rows)
+    assert out.headline == {"cls": {m: cls[m]["rank"]["mean_rank"] for m in ("linear_cka", "svcca", "neuronsim")}}
+    table = grounding_table(details_to_metrics(metrics_to_details(out.full)))  # as the report reads it back
+    assert [row[2] for row in table.rows] == [row["measure"] for row in out.rows]
+    assert out.figure is not None
+    plt.close("all")
+
+
+def test_off_writes_only_that_it_is_off_and_one_seed_ranks_on_monotonicity_alone(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from layersim.experiments.grounding import task_grounding
+    from layersim.reporting.grounding import grounding_table
+
+    off = task_grounding(tmp_path / "nothing-here", tmp_path, "synth", _params(enabled=False))
+    assert off.full["enabled"] is False and off.rows == [] and off.figure is None
+    assert grounding_table(off.full) is None
+    _tables(tmp_path, monkeypatch, seeds=(1,))
+    one = task_grounding(tmp_path, tmp_path, "synth", _params(seeds=(1,)))
+    assert "separation" not in one.full["cls"]["svcca"] and "needs two seeds" in one.full["cls"]["separation_unavailable"]
+    assert all("separation" not in row for row in one.rows)
+    plt.close("all")
+
+
+@pytest.mark.parametrize("value, fragment", [(0, "grounding.bootstrap"), ("yes", "grounding.enabled"),
+                                             (-1, "grounding.seed")])
+def test_bad_grounding_params_are_refused_in_one_sentence(value, fragment):
+    from layersim.params import parse_params
+
+    key = fragment.split(".")[1]
+    with pytest.raises(LayersimError, match=fragment.replace(".", r"\.")):
+        parse_params({"model": "minilm-l6", "tasks": ["synth-negation"], "seeds": [1], "grounding": {key: value}})
+
+
+@pytest.mark.parametrize("share", [0.0, 0.3, 1.0])
+def test_label_noise_shuffles_that_share_of_the_labels_and_keeps_their_distribution(share):
+    from layersim.experiments.interventions import shuffled_labels
+
+    labels = np.arange(1000) % 7
+    noisy = shuffled_labels(labels, share, seed=4)
+    assert np.array_equal(np.sort(noisy), np.sort(labels))  # a permutation: the label distribution is kept
+    assert np.mean(noisy != labels) <= share and np.mean(noisy != labels) >= share * (1 - 1 / 7) - 0.05
+    assert np.array_equal(shuffled_labels(labels, share, seed=4), noisy)
+    with pytest.raises(LayersimError, match="from 0 to 1"):
+        shuffled_labels(labels, 1.5, seed=0)
+
+
+def test_runs_of_one_level_that_share_their_level_s_direction_group_perfectly():
+    from layersim.experiments.interventions import rank_on_groups
+
+    rng = np.random.default_rng(2)
+    base = [rng.normal(size=(50, 4)) for _ in range(3)]
+    level_direction = {level: [rng.normal(size=(50, 4)) for _ in range(3)] for level in (0.0, 1.0)}
+    runs, groups = {}, {}
+    for level in (0.0, 1.0):
+        for seed in (1, 2, 3):
+            label = f"{level}[{seed}]"
+            runs[label] = [b + 3 * d + 0.1 * rng.normal(size=(50, 4)) for b, d in zip(base, level_direction[level])]
+            groups[label] = level
+    out = rank_on_groups(runs, groups, ["linear_cka", "svcca"], {}, 100, 0)
+    assert out.full["linear_cka"]["label_noise"]["per_layer"] == [1.0, 1.0, 1.0]
+    assert out.full["linear_cka"]["label_noise"]["same_pairs"] == 6 and out.full["svcca"]["label_noise"]["chance"] == 0.4
+    assert [row["place"] for row in out.rows] == [1, 2]
+
+
+@pytest.mark.integration
+def test_the_interventions_command_runs_on_a_tiny_model_and_writes_its_table(tmp_path, tiny_model_dir, monkeypatch):
+    """`python tools/grounding_interventions.py` end to end, in-process: tiny-bert fine-tuned 2 steps per run at two
+    levels × two seeds on a generated task; a table row per measure, the figure, every layer's AUPRC."""
+    import json
+    import shutil
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    from layersim.data.io import write_parquet
+    from layersim.data.tasks import generated_table, get_task
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import grounding_interventions
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_model_dir("tiny-bert"), tmp_path / "data/models/tiny-bert/pretrained")
+    spec = get_task("synth-negation")
+    for split, size in (("train", 40), ("validation", 24)):
+        write_parquet(generated_table(spec, split, size, 0), tmp_path / f"data/tasks/{spec.name}/splits/{split}.parquet")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({
+        "model": "tiny-bert", "tasks": [spec.name], "seeds": [1, 2], "device": "cpu",
+        "finetune": {"batch_size": 8, "max_steps": 2, "warmup_steps": 1, "eval_every": 0, "max_length": 32},
+        "similarity": {"measures": {"head": ["linear_cka", "svcca"]}}, "grounding": {"bootstrap": 50}}))
+    assert grounding_interventions.main(["--levels", "0", "1", "--out", "out"]) == 0
+    rows = json.loads((tmp_path / f"out/{spec.name}/ranking.json").read_text())
+    assert sorted(row["measure"] for row in rows) == ["linear_cka", "svcca"]
+    assert all(row["label_noise_chance"] == pytest.approx(2 / 6) for row in rows)  # 2 same-level pairs of 6
+    assert (tmp_path / f"out/{spec.name}/interventions.png").stat().st_size > 0
+    assert grounding_interventions.main(["--levels", "0.5", "--out", "out"]) == 1  # one level: one sentence

@@ -4,15 +4,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from layersim.reporting.cells import fmt
 from layersim.reporting.html import Table
-from layersim.similarity.grounding import Ranking
+
+if TYPE_CHECKING:  # the report reads details only: no scipy or scikit-learn for it
+    from layersim.similarity.grounding import Ranking
 
 TEST_LABELS = {"monotonicity": "layer monotonicity (ReSi's correlation, 1: best)",
-               "separation": "seeds vs fine-tuning (AUPRC, 1: best)"}
+               "separation": "seeds vs fine-tuning (AUPRC, 1: best)",
+               "label_noise": "runs of one label-noise level grouped (AUPRC, 1: best)"}
 
 
 def ranking_figure(rankings: Mapping[str, Ranking], title: str):

@@ -99,17 +99,33 @@ def _symmetric(matrix: np.ndarray, a: int, b: int) -> float:
     return 0.5 * (matrix[a, b] + matrix[b, a])
 
 
+def grouping_auprc(matrix: np.ndarray, groups: Sequence) -> tuple[float, int, int]:
+    """ReSi's grouping test on one layer: the AUPRC of ranking the pairs of models in the same group (`groups[i]`,
+    model i's) above the pairs in different groups, by the models' similarity (`matrix`, models × models, the mean of
+    both orders); and how many pairs of each kind there are."""
+    same, different = [], []
+    for a, b in combinations(range(len(groups)), 2):
+        (same if groups[a] == groups[b] else different).append(_symmetric(matrix, a, b))
+    return separation_auprc(same, different), len(same), len(different)
+
+
+def grouping_per_layer(matrix: np.ndarray, starts: Mapping[str, int], num_layers: int,
+                       groups: Mapping[str, object]) -> tuple[np.ndarray, int, int]:
+    """Per layer k of a stacked matrix (each model's first row at `starts[label]`): :func:`grouping_auprc` of the
+    models `groups` names (label → its group), layer k against layer k; and how many pairs of each kind there are."""
+    labels = list(groups)
+    scores, counts = np.full(num_layers, np.nan), (0, 0)
+    for k in range(num_layers):
+        rows = [starts[label] + k for label in labels]
+        scores[k], *counts = grouping_auprc(matrix[np.ix_(rows, rows)], [groups[label] for label in labels])
+    return scores, *counts
+
+
 def separation_per_layer(matrix: np.ndarray, starts: Mapping[str, int], num_layers: int, orig: str,
                          finetuned: Sequence[str]) -> tuple[np.ndarray, int, int]:
-    """Per layer k of a stacked matrix (each model's first row at `starts[label]`): the AUPRC of the FT[i]–FT[j] pairs
-    against the FT[i]–ORIG pairs, layer k against layer k; and how many pairs of each kind there are."""
-    pairs = list(combinations(finetuned, 2))
-    scores = np.full(num_layers, np.nan)
-    for k in range(num_layers):
-        same = [_symmetric(matrix, starts[a] + k, starts[b] + k) for a, b in pairs]
-        different = [_symmetric(matrix, starts[ft] + k, starts[orig] + k) for ft in finetuned]
-        scores[k] = separation_auprc(same, different)
-    return scores, len(pairs), len(finetuned)
+    """Per layer: the AUPRC of the FT[i]–FT[j] pairs against the FT[i]–ORIG pairs (:func:`grouping_per_layer`, ORIG
+    alone in its group, the seeds together)."""
+    return grouping_per_layer(matrix, starts, num_layers, {orig: "pretrained"} | dict.fromkeys(finetuned, "seeds"))
 
 
 @dataclass(frozen=True)
