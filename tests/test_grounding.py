@@ -54,8 +54,12 @@ def test_one_violation_is_counted_once_per_triple_and_direction():
 def test_undefined_monotonicity_is_nan_and_a_matrix_too_small_is_refused():
     assert np.isnan(monotonicity_correlation(np.ones((5, 5))))  # constant rows: Spearman undefined everywhere
     nan = planted(5)
-    nan[1, 3] = np.nan
-    assert np.isnan(monotonicity_conformity(nan))
+    nan[1, 3], nan[2, 0] = np.nan, 0.99  # row 1 forward left out; row 2 backward out of order
+    # Triples per direction of two layers or more: row 0 forward 6, row 2 forward 1 and backward 1 (0.9 at distance
+    # 1, 0.99 at 2: broken), row 3 backward 3, row 4 backward 6; row 1 forward holds the NaN.
+    kept = 6 + 1 + 3 + 6
+    assert monotonicity_conformity(nan) == pytest.approx(kept / (kept + 1))
+    assert np.isnan(monotonicity_conformity(np.full((4, 4), np.nan)))
     with pytest.raises(LayersimError, match="at least 3 layers"):
         monotonicity_correlation(np.ones((2, 2)))
     with pytest.raises(LayersimError, match="square"):

@@ -7,7 +7,7 @@ Not a pipeline stage (it fine-tunes levels × seeds models per task). It reads t
 downloaded (`dvc repro download_model download_task` first) and writes, per task, <out>/<task>/ranking.json (the
 table), values.json (every layer's AUPRC) and interventions.png.
 
-Usage: python tools/grounding_interventions.py [-S key=value ...] [--levels 0 0.5 1] [--out plots/grounding/interventions]
+Usage: python tools/grounding_interventions.py [-S key=value ...] [--levels 0 0.5 1] [--out plots/interventions]
 (-S as for `dvc exp run`, e.g. the quickstart's settings: docs/outputs.md, "Which measure to trust")."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--params", type=Path, default=Path("params.yaml"))
     p.add_argument("--levels", type=float, nargs="+", default=[0.0, 0.5, 1.0],
                    help="shares of the train labels shuffled, one group of runs each (ReSi: 0, 0.25, 0.5, 0.75, 1)")
-    p.add_argument("--out", type=Path, default=Path("plots/grounding/interventions"))
+    p.add_argument("--out", type=Path, default=Path("plots/interventions"))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     try:

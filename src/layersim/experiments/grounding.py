@@ -37,6 +37,11 @@ class GroundingOutputs:
     figure: object = None
 
 
+def _finite_mean(values) -> float | None:
+    finite = [value for value in values if np.isfinite(value)]
+    return number(np.mean(finite)) if finite else None
+
+
 def pooling_grounding(matrix_of: Callable[[str], np.ndarray], measures, sizes: dict[str, int], resamples: int,
                       seed: int) -> tuple[dict, Ranking]:
     """The tests of each measure on one pooling's stacked matrices (`matrix_of(measure)`, models in `sizes`' order:
@@ -52,7 +57,7 @@ def pooling_grounding(matrix_of: Callable[[str], np.ndarray], measures, sizes: d
         correlations = {label: monotonicity_correlation(own[label]) for label in trained}
         entry = values[measure] = {"monotonicity": {
             "per_run": {label: number(value) for label, value in correlations.items()},
-            "conformity": number(np.nanmean([monotonicity_conformity(own[label]) for label in trained]))}}
+            "conformity": _finite_mean([monotonicity_conformity(own[label]) for label in trained])}}
         if RANDOM in sizes:  # the untrained control: what depth alone gives, beside the trained models
             entry["monotonicity"]["random_control"] = number(monotonicity_correlation(own[RANDOM]))
         units["monotonicity"][measure] = list(correlations.values())

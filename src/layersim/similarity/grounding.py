@@ -65,13 +65,12 @@ def monotonicity_correlation(matrix) -> float:
 
 def monotonicity_conformity(matrix) -> float:
     """1 − ReSi's violation rate: the share of (source, nearer, further) layer triples, in both directions, whose
-    nearer layer is at least as similar to the source as the further one; NaN when a similarity is missing."""
+    nearer layer is at least as similar to the source as the further one; a direction with a missing similarity (a
+    constant layer's NaN) is left out, as in :func:`monotonicity_correlation`; NaN when none is left."""
     kept = total = 0
     for sims, _ in _directions(matrix):
-        if len(sims) < 2:
+        if len(sims) < 2 or not np.isfinite(sims).all():
             continue
-        if not np.isfinite(sims).all():
-            return float("nan")
         nearer, further = np.triu_indices(len(sims), k=1)
         kept += int(np.sum(sims[nearer] >= sims[further]))
         total += len(nearer)
