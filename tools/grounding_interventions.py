@@ -32,6 +32,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, default=Path("plots/interventions"))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    import transformers  # as the stages quiet it (layersim.cli.run_stage): no notice of the fresh task head per run
+
+    transformers.logging.set_verbosity_error()
     try:
         run(args)
     except LayersimError as err:
