@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from layersim.data.io import finetuned_runs
+from layersim.errors import LayersimError
 from layersim.experiments.similarity import layer_sources, pooling_tables, run_labels, run_metadata
 from layersim.params import Params
 from layersim.similarity.comparisons import RANDOM, block, number
@@ -114,6 +115,10 @@ def task_grounding(activations, checkpoints, task: str, params: Params, log=lamb
     for pooling, measures in p.measures.items():
         tables = pooling_tables(activations, task, pooling, labels, known, measures)
         sizes = {labels[run]: table.num_layers + 1 for run, table in tables.items()}
+        if sizes["ORIG"] < 3:  # before any measure runs
+            raise LayersimError(f"grounding needs 3 layer representations or more to test layer monotonicity; "
+                                f"{params.model} has {sizes['ORIG']} (embeddings and {sizes['ORIG'] - 1} layer): set "
+                                "grounding.enabled to false for it.")
         kept = set(trained_labels(sizes)) | ({RANDOM} & set(sizes))  # not finetune.compare_methods' runs
         tables = {run: table for run, table in tables.items() if labels[run] in kept}
         sizes = {label: size for label, size in sizes.items() if label in kept}
