@@ -70,22 +70,25 @@ def test_auprc_of_a_perfect_separation_is_one_and_of_a_reversed_one_its_floor():
     assert separation_auprc([0.9, 0.8, 0.95], [0.1, 0.2, 0.3]) == 1.0
     # Positives last: precision at each positive's recall step is 1/4, 2/5, 3/6 → mean (Zhu's average precision).
     assert separation_auprc([0.1, 0.2, 0.3], [0.9, 0.8, 0.95]) == pytest.approx((1 / 4 + 2 / 5 + 3 / 6) / 3)
-    assert separation_chance(3, 3) == 0.5
+    assert separation_chance(1, 2) == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)  # the positive at rank 1, 2 or 3
     assert np.isnan(separation_auprc([0.5], [np.nan])) and np.isnan(separation_auprc([], [0.1]))
 
 
-@pytest.mark.parametrize("same, different", [(1, 2), (3, 3), (3, 6)])
-def test_auprc_is_the_mean_precision_at_each_same_kind_pair_over_every_ordering(same, different):
+@pytest.mark.parametrize("same, different", [(1, 2), (3, 3), (3, 6), (1, 1), (4, 0)])
+def test_auprc_is_the_mean_precision_at_each_same_kind_pair_and_chance_its_mean_over_every_ordering(same, different):
     """Against the definition (no ties): for every placement of the same-kind pairs among all, the mean over them of
-    the share of same-kind pairs ranked at or above each."""
+    the share of same-kind pairs ranked at or above each; chance is its mean over all placements (equally likely)."""
     from itertools import combinations
 
-    total = same + different
+    total, values = same + different, []
     for places in combinations(range(total), same):  # positions, 0 = most similar
         scores = -np.arange(total, dtype=float)
         expected = np.mean([(k + 1) / (place + 1) for k, place in enumerate(places)])
+        values.append(expected)
         positive = np.isin(np.arange(total), places)
-        assert separation_auprc(scores[positive], scores[~positive]) == pytest.approx(expected)
+        if different:
+            assert separation_auprc(scores[positive], scores[~positive]) == pytest.approx(expected)
+    assert separation_chance(same, different) == pytest.approx(np.mean(values))
 
 
 def stacked(blocks: dict[str, np.ndarray], cross) -> tuple[np.ndarray, dict[str, int]]:
@@ -217,7 +220,8 @@ def test_the_stage_work_ranks_every_measure_on_planted_runs_and_writes_a_table_a
         assert entry["monotonicity"]["score"] > 0.5  # drifting layers: far layers are less alike
         assert entry["monotonicity"]["random_control"] is not None
         assert entry["separation"]["same_pairs"] == entry["separation"]["different_pairs"] == 3
-        assert entry["separation"]["chance"] == 0.5 and len(entry["separation"]["per_layer"]) == LAYERS + 1
+        assert entry["separation"]["chance"] == pytest.approx(separation_chance(3, 3))
+        assert len(entry["separation"]["per_layer"]) == LAYERS + 1
         assert entry["monotonicity"]["low"] <= entry["monotonicity"]["score"] <= entry["monotonicity"]["high"]
     assert cls["linear_cka"]["separation"]["score"] == 1.0  # the shared direction dominates: every layer separates
     assert [row["place"] for row in out.rows] == [1, 2, 3]
@@ -282,7 +286,7 @@ def test_runs_of_one_level_that_share_their_level_s_direction_group_perfectly():
             groups[label] = level
     out = rank_on_groups(runs, groups, ["linear_cka", "svcca"], {}, 100, 0)
     assert out.full["linear_cka"]["label_noise"]["per_layer"] == [1.0, 1.0, 1.0]
-    assert out.full["linear_cka"]["label_noise"]["same_pairs"] == 6 and out.full["svcca"]["label_noise"]["chance"] == 0.4
+    assert out.full["linear_cka"]["label_noise"]["same_pairs"] == 6 and out.full["svcca"]["label_noise"]["chance"] == pytest.approx(separation_chance(6, 9), abs=1e-6)
     assert [row["place"] for row in out.rows] == [1, 2]
 
 
@@ -315,6 +319,7 @@ def test_the_interventions_command_runs_on_a_tiny_model_and_writes_its_table(tmp
     assert grounding_interventions.main(["--levels", "0", "1", "--out", "out"]) == 0
     rows = json.loads((tmp_path / f"out/{spec.name}/ranking.json").read_text())
     assert sorted(row["measure"] for row in rows) == ["linear_cka", "svcca"]
-    assert all(row["label_noise_chance"] == pytest.approx(2 / 6) for row in rows)  # 2 same-level pairs of 6
+    # 2 same-level pairs of 6
+    assert all(row["label_noise_chance"] == pytest.approx(separation_chance(2, 4), abs=1e-6) for row in rows)
     assert (tmp_path / f"out/{spec.name}/interventions.png").stat().st_size > 0
     assert grounding_interventions.main(["--levels", "0.5", "--out", "out"]) == 1  # one level: one sentence

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from layersim.errors import LayersimError
-from layersim.similarity.grounding import Ranking, grouping_per_layer, rank_measures
+from layersim.similarity.grounding import Ranking, grouping_per_layer, rank_measures, separation_chance
 
 TEST = "label_noise"
 
@@ -86,7 +86,7 @@ def rank_on_groups(runs: dict[str, list[np.ndarray]], groups: dict[str, object],
         scores, same, different = grouping_per_layer(matrix, starts, num_layers, groups)
         per_layer[measure] = scores
         full[measure] = {TEST: {"per_layer": [number(v) for v in scores], "same_pairs": same,
-                                "different_pairs": different, "chance": number(same / (same + different))}}
+                                "different_pairs": different, "chance": number(separation_chance(same, different))}}
     ranking = rank_measures({TEST: per_layer}, resamples, seed)
     rows = []
     for place, measure in enumerate(sorted(measures, key=lambda m: ranking.mean_rank[m]), 1):
