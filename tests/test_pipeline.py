@@ -849,7 +849,7 @@ def _approx_tree(expected):
 
 @pytest.mark.parametrize("section,key,value,stages", [
     ("similarity", "measures", ["mixedsim"], [f"similarity@{TASK}", f"grounding@{TASK}", "compare", "summary", "report"]),
-    ("grounding", "bootstrap", 50, [f"grounding@{TASK}", "report"]),
+    ("grounding", "bootstrap", 50, [f"grounding@{TASK}"]),  # a dry run cannot know that its outputs change
     ("compare", "probe_examples", 10, ["compare"]),
     ("truncate", "head_epochs", 3, [f"truncate@{TASK}"]),
     ("skip", "tolerance", 0.05, [f"skip@{TASK}"]),
