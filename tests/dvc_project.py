@@ -433,6 +433,7 @@ def configure_pipeline(params: dict) -> None:
     params["finetune"].update(compare_methods=["lora"])
     params["finetune"]["lora"].update(rank=2)
     params["finetune"].update(keep_states=2)  # of max_steps 6: the states of steps 2 and 4 (the dynamics stage)
+    params["grounding"].update(enabled=True, bootstrap=100)  # which measure to trust: both tests (two seeds)
 
 
 def configure_workflows(params: dict) -> None:
@@ -449,6 +450,9 @@ def configure_workflows(params: dict) -> None:
     params["truncate"].update(head_epochs=1)
     params["align"].update(methods=["linear", "inn"], steps=5, matrix_steps=2, inn_depth=1, inn_hidden=8,
                            mlp_hidden=8)
+    # On, so that the report page and `dvc plots show` carry its table and figure (tests/test_browser.py): off, its
+    # ranking.json is an empty plot. One seed: layer monotonicity alone.
+    params["grounding"].update(enabled=True, bootstrap=100)
 
 
 # The documented sharing steps (docs/experiments.md, "Sharing results").

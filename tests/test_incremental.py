@@ -32,9 +32,10 @@ EXTRACT, SIMILARITY, TRUNCATE, SKIP, ALIGN = (f"{stage}@{TASK}" for stage in
 COMPARE, SUMMARY, FREEZE, EXPORT, REPORT = "compare", "summary", f"freeze@{TASK}", f"export@{TASK}", "report"
 WEIGHTS = f"weights@{TASK}"  # reads the checkpoints' weights only
 DYNAMICS = f"dynamics@{TASK}"  # the kept states, and ORIG's and the final models' tables
+GROUNDING = f"grounding@{TASK}"  # the runs' tables; every similarity param (the measures and their options)
 # The report page reads every per-task result and the summary (not compare's).
 # skip reads the seeds' activation tables too (Block Influence, angular distance)
-AFTER_EXTRACT = {SIMILARITY, COMPARE, TRUNCATE, SKIP, ALIGN, DYNAMICS, SUMMARY, REPORT}
+AFTER_EXTRACT = {SIMILARITY, GROUNDING, COMPARE, TRUNCATE, SKIP, ALIGN, DYNAMICS, SUMMARY, REPORT}
 AFTER_FINETUNE = {EXTRACT, SKIP, FREEZE, EXPORT, WEIGHTS, *AFTER_EXTRACT}
 EXPENSIVE = DOWNLOAD | FINETUNE | {EXTRACT}
 
@@ -56,11 +57,14 @@ ANALYSIS = [
     # The summary averages the first measure's headline: it reads similarity.measures too.
     # The report names the first measure in its overview.
     ("similarity.measures", {"cls": ["linear_cka", "svcca", "neuronsim", "pwcca"]},
-     {SIMILARITY, COMPARE, SUMMARY, REPORT}, None),
-    ("similarity.measures", {"cls": ["linear_cka"], "last": ["svcca"]}, {SIMILARITY, COMPARE, SUMMARY, REPORT}, None),
-    ("similarity.permutations", 30, {SIMILARITY, COMPARE, DYNAMICS}, None),  # dynamics: its block nulls
-    ("similarity.localization", "zscore", {SIMILARITY, COMPARE}, None),
-    ("similarity.svcca_variance", 0.9, {SIMILARITY, COMPARE}, None),
+     {SIMILARITY, GROUNDING, COMPARE, SUMMARY, REPORT}, None),
+    ("similarity.measures", {"cls": ["linear_cka"], "last": ["svcca"]},
+     {SIMILARITY, GROUNDING, COMPARE, SUMMARY, REPORT}, None),
+    # grounding reads the whole section: a measure's options are similarity.<key> (cheap to rerun, never stale)
+    ("similarity.permutations", 30, {SIMILARITY, GROUNDING, COMPARE, DYNAMICS}, None),  # dynamics: its block nulls
+    ("similarity.localization", "zscore", {SIMILARITY, GROUNDING, COMPARE}, None),
+    ("similarity.svcca_variance", 0.9, {SIMILARITY, GROUNDING, COMPARE}, None),
+    ("grounding.bootstrap", 50, {GROUNDING}, None),
     ("compare.probe_examples", 12, {COMPARE}, None),
     ("truncate.tolerance", 0.05, {TRUNCATE, EXPORT}, None),  # export keeps the score within it
     ("truncate.head_learning_rate", 0.01, {TRUNCATE}, None),
@@ -103,7 +107,8 @@ def test_a_param_change_reruns_only_the_stages_that_read_it(project, key, value,
     # Without an explicit list, what reruns is the stale stages, the summary after any per-task analysis and the
     # report after any result it shows.
     summarised = {SUMMARY} if stale & {SIMILARITY, TRUNCATE, SKIP, ALIGN} else set()
-    reported = {REPORT} if stale & {SIMILARITY, TRUNCATE, SKIP, ALIGN, FREEZE, EXPORT, WEIGHTS, DYNAMICS} else set()
+    reported = {REPORT} if stale & {SIMILARITY, GROUNDING, TRUNCATE, SKIP, ALIGN, FREEZE, EXPORT, WEIGHTS, DYNAMICS} \
+        else set()
     assert would_run == (rerun or stale | summarised | reported) | {GATE}
     if not rerun:  # an analysis param (or one that changes no result): nothing expensive reruns
         assert not would_run & EXPENSIVE

@@ -424,7 +424,7 @@ def test_report_is_one_offline_page_that_states_the_stage_results(project):
                f"similarity/{TASK}/heatmaps/tokens.png", f"similarity/{TASK}/heatmaps/attention.png",
                f"export/{TASK}/export.png", f"skip/{TASK}/skip.png",
                f"align/{TASK}/errors.png", f"freeze/{TASK}/freeze.png", f"weights/{TASK}/intruders.png",
-               f"dynamics/{TASK}/dynamics.png", "summary/last_block.png"]
+               f"dynamics/{TASK}/dynamics.png", f"grounding/{TASK}/ranking/grounding.png", "summary/last_block.png"]
     for figure in figures:
         assert base64.b64encode((root / "plots" / figure).read_bytes()).decode("ascii") in page, figure
     assert len(re.findall(r'src="data:image/png;base64,', page)) == len(figures) + 1
@@ -642,6 +642,32 @@ def test_dynamics_follow_every_kept_state_from_orig_to_the_final_model(project):
     assert (root / f"plots/dynamics/{TASK}/dynamics.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_grounding_ranks_every_measure_of_each_pooling_on_both_tests(project):
+    """The grounding stage (enabled in this project): per pooling, every measure of similarity.measures with its
+    layer monotonicity per trained run (the random-init control beside it) and its seeds-vs-fine-tuning AUPRC per
+    layer, ranked; the table on the report page."""
+    root, _ = project
+    details = _details(root, "grounding", TASK)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    rows = json.loads((root / f"plots/grounding/{TASK}/ranking/ranking.json").read_text())
+    assert details["enabled"] is True
+    for pooling, measures in params["similarity"]["measures"].items():
+        for measure in measures:
+            entry = details[pooling][measure]
+            assert set(entry["monotonicity"]["per_run"]) == {"ORIG", "FT[1]", "FT[2]"}  # LoRA's runs left out
+            assert "random_control" in entry["monotonicity"]
+            assert len(entry["separation"]["per_layer"]) == 3 + 1  # tiny-bert: embeddings and 3 layers
+            # One seed pair, two FT–ORIG pairs: the seed pair at rank 1, 2 or 3 by chance.
+            assert entry["separation"]["chance"] == pytest.approx((1 + 1 / 2 + 1 / 3) / 3, abs=1e-6)
+        ranked = [row for row in rows if row["pooling"] == pooling]
+        assert sorted(row["measure"] for row in ranked) == sorted(measures)
+        assert [row["place"] for row in ranked] == list(range(1, len(measures) + 1))
+    headline = json.loads((root / f"metrics/grounding/{TASK}/metrics.json").read_text())
+    assert headline == {pooling: {m: details[pooling][m]["rank"]["mean_rank"] for m in measures}
+                        for pooling, measures in params["similarity"]["measures"].items()}
+    assert "Which measure to trust on this model" in (root / "report/index.html").read_text()
+
+
 def test_second_repro_has_nothing_to_do(project):
     root, state = project
     out = run(dvc("repro"), root, state["env"])
@@ -822,7 +848,8 @@ def _approx_tree(expected):
 
 
 @pytest.mark.parametrize("section,key,value,stages", [
-    ("similarity", "measures", ["mixedsim"], [f"similarity@{TASK}", "compare", "summary", "report"]),
+    ("similarity", "measures", ["mixedsim"], [f"similarity@{TASK}", f"grounding@{TASK}", "compare", "summary", "report"]),
+    ("grounding", "bootstrap", 50, [f"grounding@{TASK}"]),  # a dry run cannot know that its outputs change
     ("compare", "probe_examples", 10, ["compare"]),
     ("truncate", "head_epochs", 3, [f"truncate@{TASK}"]),
     ("skip", "tolerance", 0.05, [f"skip@{TASK}"]),

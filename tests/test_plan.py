@@ -203,8 +203,24 @@ def test_every_stage_process_of_the_tiny_pipeline_is_counted():
     params = parse_params(doc)
     processes = {c.stage: c.processes for c in plan(params, REPO)}
     assert processes == {"check_params": 1, "download": 3 + 2, "finetune": 6, "finetune_pretrained": 2, "extract": 2,
-                         "similarity": 2, "compare": 1, "truncate": 2, "skip": 2, "export": 2, "align": 2, "freeze": 2,
-                         "weights": 2, "dynamics": 2, "summary": 1, "report": 1}
+                         "similarity": 2, "grounding": 2, "compare": 1, "truncate": 2, "skip": 2, "export": 2,
+                         "align": 2, "freeze": 2, "weights": 2, "dynamics": 2, "summary": 1, "report": 1}
+
+
+def test_grounding_off_costs_a_process_and_on_the_observed_stacked_matrices_of_its_runs():
+    """Off (the default): a process that records so. On: every measure's stacked matrix of ORIG, the seeds and the
+    random-init control once (no null, no resample), per pooling."""
+    doc = tiny_params(yaml.safe_load(repository_params_text()), tasks=["synth-similarity"], seeds=[1, 2, 3])
+    off = {c.stage: c for c in plan(parse_params(doc), REPO)}["grounding"]
+    assert (off.processes, off.flops, off.evaluations) == (1, 0.0, 0)
+    doc["grounding"]["enabled"] = True
+    params = parse_params(doc)
+    on = {c.stage: c for c in plan(params, REPO)}["grounding"]
+    model = model_size(params.model, REPO)
+    stacked = (1 + 3 + 1) * (model.shape.num_layers + 1)  # ORIG, three seeds, RANDOM (similarity.random_control: 0)
+    measures = sum(len(m) for m in params.similarity.measures.values())
+    assert on.evaluations == measures * stacked * (stacked + 1) // 2 and on.analysis_evaluations == 0
+    assert on.processes == 1 and on.flops > 0
 
 
 def test_the_nulls_permutations_are_the_analysis_engines_and_blocks_sample_linear_cka():

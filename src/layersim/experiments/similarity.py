@@ -127,6 +127,21 @@ def _rows_of(table: ActivationTable, rows: np.ndarray) -> list[np.ndarray]:
     return [np.concatenate(layer) for layer in zip(*parts)]
 
 
+def pooling_tables(activations: Path, task: str, pooling: str, labels: dict[str, str], known: dict[str, dict],
+                   measures: Sequence[str]) -> dict[str, ActivationTable]:
+    """Each run's activation table of one pooling (run name → table), checked against the metadata `known` gives
+    (:func:`run_metadata`) and against ORIG's rows, and every measure checked computable on their sizes: all before
+    any work (e.g. mixedsim needs more examples than neurons)."""
+    tables = {run: ActivationTable(activations / f"{run}.{pooling}.parquet", expect={
+                  "task": task, "split": "validation", "run": run, "pooling": pooling, **known[run]})
+              for run in labels}
+    for table in tables.values():
+        tables["orig"].check_comparable(table)
+    for measure in measures:
+        check_computable(measure, tables["orig"].num_rows, tables["orig"].hidden_size)
+    return tables
+
+
 def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], measures: Sequence[str],
                  title: str, *, layers: Callable[[], dict[str, list]] | None = None,
                  options: dict[str, dict] | None = None, uncertainty: Uncertainty | None = None,
@@ -178,14 +193,8 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
     flagged = title_note(list(flags))
     model = params.model
     for pooling, measures in p.measures.items():
-        tables = {run: ActivationTable(activations / f"{run}.{pooling}.parquet", expect={
-                      "task": task, "split": "validation", "run": run, "pooling": pooling, **known[run]})
-                  for run in labels}
-        for table in tables.values():
-            tables["orig"].check_comparable(table)
+        tables = pooling_tables(activations, task, pooling, labels, known, measures)
         orig = tables["orig"]
-        for measure in measures:  # before any work: e.g. mixedsim needs more examples than neurons
-            check_computable(measure, orig.num_rows, orig.hidden_size)
         model = orig.metadata["model"]
         log("read %d activation tables (%s pooling, %d rows) from %s", len(tables), pooling, orig.num_rows, activations)
         sizes = {labels[run]: table.num_layers + 1 for run, table in tables.items()}

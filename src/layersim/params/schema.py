@@ -364,6 +364,16 @@ class WeightsParams:  # Shuttleworth et al. 2025, "LoRA vs Full Fine-tuning: An 
 
 
 @dataclass(frozen=True)
+class GroundingParams:  # ReSi's grounding tests (Klabunde et al. 2025) on the pipeline's own runs: which measure to trust
+    enabled: bool = knob(False, "run the grounding stage: rank the measures of similarity.measures, per pooling, by "
+                                "layer monotonicity and by how well they tell fine-tuning seeds apart from the "
+                                "pretrained model (AUPRC); false: the stage only records that it is off")
+    bootstrap: int = knob(1000, "paired bootstrap draws (runs and layers resampled) for the intervals of each test's "
+                                "score and of each measure's rank", POSITIVE, at_most(10**6, "bootstrap draws"))
+    seed: int = knob(0, "seed of the bootstrap draws", SEED)
+
+
+@dataclass(frozen=True)
 class Params:
     model: str
     tasks: tuple[str, ...]
@@ -380,6 +390,7 @@ class Params:
     freeze: FreezeParams = field(default_factory=FreezeParams)
     export: ExportParams = field(default_factory=ExportParams)
     weights: WeightsParams = field(default_factory=WeightsParams)
+    grounding: GroundingParams = field(default_factory=GroundingParams)
     launch: LaunchParams = field(default_factory=LaunchParams)
     # Tasks declared on the user's files (layersim.params.user_tasks): name → its TaskSpec.
     user_tasks: dict = field(default_factory=dict)
@@ -388,7 +399,7 @@ class Params:
 SECTIONS = {"download": DownloadParams, "finetune": FinetuneParams, "extract": ExtractParams,
             "similarity": SimilarityParams, "compare": CompareParams, "truncate": TruncateParams,
             "skip": SkipParams, "align": AlignParams, "freeze": FreezeParams,
-            "export": ExportParams, "weights": WeightsParams, "launch": LaunchParams}
+            "export": ExportParams, "weights": WeightsParams, "grounding": GroundingParams, "launch": LaunchParams}
 TOP_LEVEL = ("model", "tasks", "seeds", "device", *SECTIONS, "user_tasks")
 # The device param: auto (the first GPU if there is one, else the CPU), cpu, cuda or cuda:N.
 DEVICE = r"auto|cpu|cuda(:[0-9]{1,2})?"

@@ -20,8 +20,8 @@ from layersim.plan.sizes import model_size, task_size
 from layersim.plan.stages import StageCost
 from layersim.plan.timing import GPUS, Device, device, known_seconds, seconds, terms, where  # noqa: F401 (the plan's API)
 
-ORDER = ("check_params", "download", "finetune", "finetune_compared", "finetune_pretrained", "extract", "similarity", "compare", "truncate",
-         "skip", "export", "align", "freeze", "weights", "dynamics", "summary",
+ORDER = ("check_params", "download", "finetune", "finetune_compared", "finetune_pretrained", "extract", "similarity", "grounding", "compare",
+         "truncate", "skip", "export", "align", "freeze", "weights", "dynamics", "summary",
          "report")
 
 
@@ -54,6 +54,7 @@ def plan_items(params, root: Path = Path(".")) -> dict[str, list[StageCost]]:
                             stage="finetune_compared") for _ in params.seeds] if params.finetune.compare_methods else []
         per_task = [*runs, *compared,
                     stages.extract(params, spec, model, task, head), stages.similarity(params, model, task),
+                    stages.grounding(params, model, task),
                     stages.truncate(params, model, task, spec.num_labels), stages.skip(params, model, task),
                     stages.export(params, model, task), stages.align(params, model, task),
                     stages.freeze(params, model, task), stages.weights(params, model, task),

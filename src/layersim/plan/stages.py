@@ -176,15 +176,37 @@ def host(cost: StageCost, product: float) -> StageCost:
 def similarity(params, model: ModelSize, task: TaskSize) -> StageCost:
     """Every layer of every run against every other (the stacked matrix), per measure and pooling, over the observed
     matrix and each permutation of the null; the bootstrap resamples of the FT–ORIG and FT[1]–FT[2] diagonals."""
-    s, rows = params.similarity, extract_rows(params, task)
+    s = params.similarity
     runs, diagonals = disk.extract_runs(params), 2 + 2 * len(params.finetune.compare_methods)  # LoRA–ORIG, LoRA–FT
     stacked = runs * (model.shape.num_layers + 1)
     pairs, resamples = stacked * (stacked + 1) // 2, diagonals * (model.shape.num_layers + 1) * s.bootstrap
     cost = StageCost("similarity", processes=1, heatmaps=len(s.measures) + bool(s.attention_measures))
     for pooling, measures in s.measures.items():
-        n = min(params.extract.max_tokens, rows["words"]) if pooling == "tokens" else rows["validation"] * task.choices
+        n = pooling_rows(params, task, pooling)
         cost.rows += n
         cost.add(measured(measures, n, model.shape.hidden, pairs, s.permutations, resamples, pooling == "tokens"))
+    return cost
+
+
+def pooling_rows(params, task: TaskSize, pooling: str) -> int:
+    """The rows of one pooling's activation tables: words (at most extract.max_tokens) or examples × choices."""
+    rows = extract_rows(params, task)
+    return min(params.extract.max_tokens, rows["words"]) if pooling == "tokens" else rows["validation"] * task.choices
+
+
+def grounding(params, model: ModelSize, task: TaskSize) -> StageCost:
+    """Off (grounding.enabled false): a process that records so. On: per pooling and measure, the stacked matrix of
+    ORIG, the seeds' runs and the random-init control, observed cells only (no null, no resample: the bootstrap
+    resamples the tests' per-run and per-layer scores, not the measures), and one figure."""
+    if not params.grounding.enabled:
+        return StageCost("grounding", processes=1)
+    s = params.similarity
+    stacked = (1 + len(params.seeds) + (s.random_control is not None)) * (L(model) + 1)
+    cost = StageCost("grounding", processes=1, heatmaps=1)
+    for pooling, measures in s.measures.items():
+        n = pooling_rows(params, task, pooling)
+        cost.rows += n
+        cost.add(measured(measures, n, model.shape.hidden, stacked * (stacked + 1) // 2, 0))
     return cost
 
 

@@ -34,7 +34,7 @@ from layersim.plan.stages import StageCost
 # finetune_pretrained without models, which imports the model stack and exits: 3.2 s; check_params: 0.9 s).
 START_SECONDS = {"light": 0.7, "numeric": 2.0, "model": 3.3}
 STACK = {"check_params": "light", "download": "light", "summary": "light", "report": "light", "similarity": "numeric",
-         "dynamics": "numeric"}  # dynamics imports the model stack only to run kept states (a first load)
+         "grounding": "numeric", "dynamics": "numeric"}  # dynamics imports the model stack only to run kept states (a first load)
 LOAD_SECONDS = 0.1           # from_pretrained's fixed part once its modules are imported
 FIRST_LOAD_SECONDS = 1.5     # the first load in a process imports the architecture's and the tokenizer's modules
 # Measured on the same CPU (1 thread, against a 1-thread matmul in the same process): a MiniLM-L6 training step at batch

@@ -19,6 +19,7 @@ from layersim.reporting.cells import block_spans, fmt, top_layer
 from layersim.reporting.headlines import details_to_metrics, finetune_flags, read_metrics_file
 from layersim.reporting.html import Figure, Section, Table, png, render  # noqa: F401 (png, render: the API)
 from layersim.data.layout import METHOD_LABELS, finetune_metrics, stage_details, stage_metrics
+from layersim.reporting.grounding import grounding_table
 from layersim.reporting.similarity_tables import similarity_tables
 
 
@@ -223,6 +224,9 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
         section.facts.append(f"Load it with transformers alone: {loader}.from_pretrained(\"data/export/{model}/{task}/model\").")
     if similarity:
         section.tables += similarity_tables(similarity, significance)
+    grounding = grounding_table(layout.details_of("grounding", task))  # None unless grounding.enabled
+    if grounding:
+        section.tables.append(grounding)
     weights_path = stage_metrics(layout.metrics, "weights", task)
     weights = weights_table(read_metrics_file(weights_path) if weights_path.is_file() else None)
     if weights:
@@ -234,6 +238,9 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
                               (f"diagonals/{task}/curves/{head}.png", "Layer k against layer k, with the permutation null's "
                                "mean and 95% bootstrap intervals."),
                               (f"similarity/{task}/heatmaps/tokens.png", "The same on word points (Wu et al.)."),
+                              (f"grounding/{task}/ranking/grounding.png", "Which measure to trust on this model: each "
+                               "measure's layer monotonicity and seeds-vs-fine-tuning AUPRC (ReSi's grounding tests), "
+                               "best first, with 95 % paired-bootstrap intervals over runs and layers."),
                               (f"similarity/{task}/heatmaps/attention.png", "Attention maps layer against layer. No "
                                "uncertainty: attention similarities have no permutation null and no bootstrap "
                                "interval; read them as descriptive."),):
