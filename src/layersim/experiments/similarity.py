@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from layersim.data.io import ActivationTable, AttentionTable, finetuned_runs, run_expectations
 from layersim.data.layout import run_labels as finetuned_labels_of
-from layersim.models.random_control import RANDOM_RUN, random_run_metadata
+from layersim.models.random_control import RANDOM_RUN, control_runs, random_run_metadata
 from layersim.params import Params
 from layersim.reporting.pruning_plots import pruning_profile, pruning_rows
 from layersim.reporting.similarity import PoolingReport, SimilarityOutputs, localization_summary, phang_summary
@@ -31,6 +31,7 @@ from layersim.similarity.comparisons import (RANDOM, attention_maps, moments_sta
                                              per_layer, phang_cells, stacked_matrix, stream_layers, stream_rows,
                                              streamed_moments)
 from layersim.similarity.comparisons import stacked_null
+from layersim.similarity.comparison_intervals import above_random_over_controls
 from layersim.similarity.inference.exchangeability import (STREAMED_SAMPLE_ROWS, block_permutations, example_sample,
                                                            null_units, unmovable)
 from layersim.similarity.moments import LayerMoments
@@ -160,6 +161,28 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
                          flagged=flagged)
 
 
+def _above_random_controls(metrics: dict, measures: Sequence[str], tables: dict[str, ActivationTable],
+                           labels: dict[str, str], controls: dict[str, int], activations: Path, expect: dict,
+                           known: dict[str, dict], options: dict) -> None:
+    """Each measure's above-random value over every random-init control (similarity.random_controls), under
+    ``ft_orig_above_random_controls`` (layersim.similarity.comparison_intervals.above_random_over_controls): the top
+    layers of FT[1], ORIG and each control, one layer each read from the tables (the further controls' tables
+    checked against their init seed)."""
+    first = next(run for run, label in labels.items() if label == "FT[1]")
+    top = tables["orig"].num_layers
+    orig, finetuned = tables["orig"].layer(top), tables[first].layer(top)
+    tops = {}
+    for run, seed in controls.items():
+        table = tables.get(run) or ActivationTable(activations / f"{run}.{expect['pooling']}.parquet", expect={
+            **expect, "run": run, **random_run_metadata(known["orig"], seed)})
+        tables["orig"].check_comparable(table)
+        tops[seed] = table.layer(top)
+    for measure in measures:
+        found = above_random_over_controls(measure, finetuned, orig, tops, **options.get(measure, {}))
+        if found is not None:
+            metrics[measure]["ft_orig_above_random_controls"] = found
+
+
 def task_similarity(activations: Path, checkpoints: Path, task: str, params: Params,
                     log=lambda *args: None, warn=lambda *args: None, pruning: bool = False) -> SimilarityOutputs:
     """Everything the stage writes (figures and rows by folder: "plots", "diagonals", "localization" and, with
@@ -223,6 +246,9 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
             warn("%s: tables streamed, so no bootstrap interval%s", pooling,
                  f" and no permutation null for {', '.join(without)}" if without else "")
         metrics["rows"] = orig.num_rows
+        if p.random_control is not None and p.random_controls > 1:
+            _above_random_controls(metrics, measures, tables, labels, control_runs(p.random_control, p.random_controls),
+                                   activations, {"task": task, "split": "validation", "pooling": pooling}, known, options)
         out.figures["plots", f"{pooling}.png"] = report.figure
         out.rows["plots", f"{pooling}.json"] = report.rows
         if report.diagonal_figure is not None:
