@@ -274,7 +274,8 @@ def movable_shares(seed: int = 0) -> None:
 
 def length_class_calibration(draws: int = 200, multiples=(1, 5, 10), seed: int = 0) -> None:
     """similarity.length_classes measured: word rows (``tokens``) of 40 passages of negative-binomial length (mean 40,
-    sd 20: few share a length, as multiple-choice examples' words), d = 20, the block null on the rows length_class_rows keeps (its observed value there too, as the stage
+    sd 20: few share a length, as multiple-choice examples' words), d = 20, the block null on the rows
+    length_class_rows keeps (its observed value there too, as the stage
     does), linear CKA, 199 block permutations, p ≤ 0.05. False positives: x and y independent given what they share
     that a null must keep, each sentence's own component (sd 1) and a component of each word's relative position in
     its sentence (t / length, the same function for x and y: what coarser classes break, since they exchange the 20th
@@ -297,7 +298,8 @@ def length_class_calibration(draws: int = 200, multiples=(1, 5, 10), seed: int =
             y = y + signal * x @ rng.normal(size=(d, d)) / np.sqrt(d)
         return x, y, g
 
-    print("| length classes (multiple) | rows kept | rows movable | false positives | power (0.1) |\n|---|---|---|---|---|")
+    print("| length classes (multiple) | rows kept | rows movable | false positives | power (0.1) |\n"
+          "|---|---|---|---|---|")
     for multiple in multiples:
         start, found = time.perf_counter(), {0.0: [], 0.1: []}
         kept_share, movable = [], []

@@ -171,7 +171,8 @@ def test_further_random_controls_give_the_above_random_headline_its_spread(tmp_p
     runs = {"orig": "ORIG", "seed1": "FT[1]", "seed2": "FT[2]", RANDOM_RUN: RANDOM}
     for run, label in runs.items():
         meta = random_run_metadata(known["orig"], 0) if run == RANDOM_RUN else known[run]
-        _write(tmp_path / f"{run}.cls.parquet", None, {**meta, "run": run}, [x.astype(np.float32) for x in models[label]])
+        _write(tmp_path / f"{run}.cls.parquet", None, {**meta, "run": run},
+               [x.astype(np.float32) for x in models[label]])
     for run, seed in (("random2", 1), ("random3", 2)):
         _write(tmp_path / f"{run}.cls.parquet", rng, {**random_run_metadata(known["orig"], seed), "run": run})
     params = parse_params({"model": "minilm-l6", "tasks": ["synth-negation"], "seeds": [1, 2], "similarity": {

@@ -256,8 +256,9 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
                  f" and no permutation null for {', '.join(without)}" if without else "")
         metrics["rows"] = orig.num_rows
         if p.random_control is not None and p.random_controls > 1:
-            _above_random_controls(metrics, measures, tables, labels, control_runs(p.random_control, p.random_controls),
-                                   activations, {"task": task, "split": "validation", "pooling": pooling}, known, options)
+            controls = control_runs(p.random_control, p.random_controls)
+            _above_random_controls(metrics, measures, tables, labels, controls, activations,
+                                   {"task": task, "split": "validation", "pooling": pooling}, known, options)
         out.figures["plots", f"{pooling}.png"] = report.figure
         out.rows["plots", f"{pooling}.json"] = report.rows
         if report.diagonal_figure is not None:

@@ -101,7 +101,8 @@ def above_random_over_controls(measure: str, finetuned: np.ndarray, orig: np.nda
         return None
     spread = over_seeds(np.array(list(values.values()))[:, None])
     found = {"controls": len(values), "values": {f"seed_{seed}": round(float(v), 6) for seed, v in values.items()},
-             "mean": round(float(spread.mean[0]), 6), "note": spread.note.replace("seed", "control").replace(" on every layer", "")}
+             "mean": round(float(spread.mean[0]), 6),
+             "note": spread.note.replace("seed", "control").replace(" on every layer", "")}
     if spread.sd is None:
         return found | {"range": round(float(spread.range[0]), 6)}
     return found | {key: round(float(value[0]), 6) for key, value in
