@@ -1,7 +1,8 @@
 """extract: per-layer pooled representations (CLS, mean, last sub-word) of every validation example, one
 row per word ("tokens", validation only), and attention maps of a few, for the pretrained model (run
 "orig"), each fine-tuned seed (runs "seed<k>") and, with similarity.random_control, the random-init control
-(run "random": validation only)."""
+(run "random": validation only) and similarity.random_controls − 1 further ones ("random2", …: validation tables of
+extract.poolings only, for the above-random headline's spread)."""
 
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from layersim.errors import LayersimError
 from layersim.data.io import atomic_path, finetuned_runs, read_task_table, run_expectations
 from layersim.models.registry import load_encoder, load_tokenizer, model_shape, verified_info
 from layersim.compute.disk import check_free_space, extract_bytes, train_poolings
-from layersim.models.random_control import RANDOM_RUN, random_encoder, random_run_metadata
+from layersim.models.random_control import RANDOM_RUN, control_runs, random_encoder, random_run_metadata
 from layersim.data.tasks import get_task
 from layersim.params.validate import head_pooling
 
@@ -27,9 +28,10 @@ def main(args, params):
     finetuned = finetuned_runs(params.finetune, params.seeds)  # finetune.method's, then compare_methods'
     compared = {run.name for run in finetuned if not run.primary}
     runs = {"orig": args.pretrained} | {run.name: run.folder(args.checkpoints) for run in finetuned}
-    control = params.similarity.random_control  # the init seed of the random-init control, or None
-    if control is not None:
-        runs[RANDOM_RUN] = args.pretrained  # its config and tokenizer; its weights are drawn afresh
+    # The random-init controls' init seeds (none with similarity.random_control null): their config and tokenizer
+    # are the pretrained model's, their weights drawn afresh.
+    controls = control_runs(params.similarity.random_control, params.similarity.random_controls)
+    runs |= {run: args.pretrained for run in controls}
     known = run_expectations(args.checkpoints, finetuned, args.task_dir)  # fine-tuned on these tables
     task_digest = known["orig"]["task_digest"]
     if verified_info(args.pretrained)["digest"] != known["orig"]["model_digest"]:
@@ -42,12 +44,13 @@ def main(args, params):
         for run, folder in runs.items():
             identity = {"model_digest": verified_info(folder)["digest"]}
             tokenizer = load_tokenizer(folder)
-            if run == RANDOM_RUN:
-                identity = random_run_metadata(identity, control)
-            encoder = random_encoder(folder, control) if run == RANDOM_RUN else load_encoder(folder)
+            if run in controls:
+                identity = random_run_metadata(identity, controls[run])
+            encoder = random_encoder(folder, controls[run]) if run in controls else load_encoder(folder)
+            further = run in controls and run != RANDOM_RUN  # read for the above-random headline's spread only
             for split, (table, subfolder) in splits.items():
-                if split != "validation" and (run == RANDOM_RUN or run in compared):
-                    continue  # the control and compare_methods' runs: for similarity, which reads validation only
+                if split != "validation" and (run in controls or run in compared):
+                    continue  # the controls and compare_methods' runs: for similarity, which reads validation only
                 # Words ("tokens") are validation data points only; train tables feed truncate's heads (the
                 # pooling the model's own head reads: cls, or last for decoders) and align's maps (align.pooling).
                 poolings = p.poolings if split == "validation" else train_poolings(params, head_pooling(args.pretrained))
@@ -56,10 +59,10 @@ def main(args, params):
                             "task_digest": task_digest}
                 outputs = {q: Path(tmp) / subfolder / f"{run}.{q}.parquet" for q in poolings}
                 # Beside the validation tables: Block Influence over every token, angles on the head's token.
-                pruning = Path(tmp) / f"{run}.pruning.json" if split == "validation" else None
+                pruning = Path(tmp) / f"{run}.pruning.json" if split == "validation" and not further else None
                 extract_activations(encoder, tokenizer, spec, encoded, outputs, metadata, p.batch_size, device,
                                     max_tokens=p.max_tokens, pruning_path=pruning, precision=p.table_precision)
-            if p.attention_examples:  # attention maps of a few validation examples (Wu et al.'s attention measures)
+            if p.attention_examples and not further:  # attention maps of a few examples (Wu et al.'s measures)
                 table = read_task_table(args.task_dir, spec, "validation", p.attention_examples)
                 metadata = {"model": params.model, **identity, "run": run, "task": spec.name, "split": "validation",
                             "task_digest": task_digest}

@@ -16,7 +16,7 @@ from layersim.experiments import similarity as stage
 from layersim.similarity import permutation_matrix, permutation_test
 from layersim.similarity.comparisons import phang_cells, stacked_null
 from layersim.similarity.inference.exchangeability import (LINEAR_CKA_BLOCK_PERMUTATIONS, block_permutations, example_sample,
-                                                 unmovable)
+                                                 length_class_rows, null_units, unmovable)
 
 
 def _grouped(rng, sentence_sd: float, sentences: int = 50, words: int = 10, d: int = 20):
@@ -128,6 +128,49 @@ def test_example_sample_takes_whole_examples():
         assert np.array_equal(np.flatnonzero(groups == e), rows[groups[rows] == e])
 
 
+def test_length_classes_cut_each_block_to_a_multiple_of_its_first_rows():
+    rng = np.random.default_rng(3)
+    groups = rng.permutation(np.repeat(np.arange(40), rng.integers(1, 30, 40)))  # blocks' rows interleaved
+    assert np.array_equal(length_class_rows(groups, 1), np.arange(len(groups)))
+    for multiple in (2, 5, 10):
+        kept = length_class_rows(groups, multiple)
+        assert np.all(np.diff(kept) > 0)
+        for block in np.unique(groups):
+            rows = np.flatnonzero(groups == block)
+            assert np.array_equal(kept[groups[kept] == block], rows[:len(rows) // multiple * multiple])
+        exact, coarse = block_permutations(len(groups), groups), block_permutations(len(kept), groups[kept])
+        assert coarse.movable > exact.movable  # here (lengths 1–29, 40 blocks): 72 % movable with exact lengths
+        units = null_units(len(groups), groups, length_classes=multiple)
+        assert units["rows_in_null"] == len(kept) and units["movable_exact"] == round(exact.movable, 4)
+        assert units["movable"] == round(coarse.movable * len(kept) / len(groups), 4)
+    assert "length_classes" not in null_units(10, np.arange(10), length_classes=5)  # one row per example: no cut
+    with pytest.raises(LayersimError, match="positive multiple"):
+        length_class_rows(groups, 0)
+
+
+def test_a_null_on_the_length_class_rows_is_the_null_of_those_rows():
+    """phang_result with null_rows: its p-values and null means are those of the same measure on the kept rows
+    alone (the observed values there too), while the reported matrix is every row's."""
+    from layersim.similarity.comparisons import stacked_matrix
+    from layersim.similarity.results import Uncertainty, phang_result
+
+    rng = np.random.default_rng(8)
+    groups = np.repeat(np.arange(30), rng.integers(2, 9, 30))
+    models = {label: [rng.normal(size=(len(groups), 4)) for _ in range(3)] for label in ("ORIG", "FT[1]", "FT[2]")}
+    sizes = {label: 3 for label in models}
+    kept = length_class_rows(groups, 3)
+    uncertainty = Uncertainty(permutations=30, bootstrap=0, seed=2)
+    whole = stacked_matrix("svcca", models)
+    cut = phang_result("svcca", whole, sizes, models=models, uncertainty=uncertainty, groups=groups, null_rows=kept)
+    alone = {label: [layer[kept] for layer in layers] for label, layers in models.items()}
+    direct = phang_result("svcca", stacked_matrix("svcca", alone), sizes, models=alone, uncertainty=uncertainty,
+                          groups=groups[kept])
+    assert np.array_equal(cut.matrix, whole)
+    for a, b in zip(cut.comparisons, direct.comparisons):
+        np.testing.assert_allclose(a.p_value, b.p_value)
+        np.testing.assert_allclose(a.null_mean, b.null_mean)
+
+
 # --- calibration (the benchmark's structured-data section runs >= 200 draws of every measure) ---
 
 
@@ -218,3 +261,46 @@ def test_streamed_multiple_choice_tables_get_a_block_null_from_a_sample(tmp_path
                                   **({"variance_threshold": 0.99} if measure == "svcca" else {}))
         np.testing.assert_allclose(null.p_value, want.p_value, equal_nan=True)
         assert not np.allclose(null.observed[cells], matrix_of(measure)[cells])
+
+
+def test_the_stage_cuts_clusters_to_length_classes_on_request(tmp_path, monkeypatch):
+    """task_similarity on tables whose clusters (examples sharing a text) are of 1–14 rows, 3 of a shared size: with
+    exact lengths it warns that few rows can move and names similarity.length_classes; with length_classes = 3 the
+    null unit records the multiple, the rows the null keeps and more rows movable, and the p-values are those of the
+    kept rows."""
+    from layersim.params import parse_params
+
+    rng = np.random.default_rng(11)
+    clusters = np.repeat(np.arange(16), rng.permutation(np.r_[np.arange(1, 15), [2, 2]]))  # 3 of one size
+    n, d = len(clusters), 5
+    known = {"orig": {"model_digest": "a" * 64, "task_digest": "b" * 64, "num_layers": 2, "hidden_size": d}}
+    known |= {f"seed{s}": {**known["orig"], "model_digest": str(s) * 64} for s in (1, 2)}
+    monkeypatch.setattr(stage, "run_expectations", lambda checkpoints, seeds: {r: dict(v) for r, v in known.items()})
+    monkeypatch.setattr(stage, "checkpoint_flags", lambda checkpoints, seeds: {})
+    for run in known:
+        meta = {"model": "m", "pooling": "cls", "split": "validation", "task": "synth", "run": run, **known[run]}
+        with ActivationWriter(tmp_path / f"{run}.cls.parquet", num_layers=2, hidden_size=d, label_type=pa.int64(),
+                              metadata=meta) as writer:
+            writer.write(np.arange(n), np.zeros(n, np.int16), np.zeros(n, np.int64),
+                         [rng.normal(size=(n, d)).astype(np.float32) for _ in range(3)], cluster_id=clusters)
+
+    def run(length_classes):
+        warnings = []
+        params = parse_params({"model": "minilm-l6", "tasks": ["synth-negation"], "seeds": [1, 2], "similarity": {
+            "measures": {"cls": ["linear_cka"]}, "attention_measures": [], "bootstrap": 0, "permutations": 20,
+            "random_control": None, "length_classes": length_classes}})
+        out = stage.task_similarity(tmp_path, tmp_path, "synth", params, warn=lambda *a: warnings.append(a[0] % a[1:]))
+        return out.metrics["cls"], " ".join(warnings)
+
+    exact, warned = run(1)
+    assert "of the rows can move" in warned and "similarity.length_classes" in warned
+    assert "length_classes" not in exact["null_unit"]
+    coarse, _ = run(3)
+    unit = coarse["null_unit"]
+    kept = length_class_rows(clusters, 3)
+    assert unit["length_classes"] == 3 and unit["rows_in_null"] == len(kept) < n
+    assert unit["movable_exact"] == exact["null_unit"]["movable"] < unit["movable"]
+    assert coarse["linear_cka"]["ft_orig"]["diagonal"] == exact["linear_cka"]["ft_orig"]["diagonal"]  # all rows
+    assert coarse["linear_cka"]["ft_orig"]["p_value"] != exact["linear_cka"]["ft_orig"]["p_value"]
+    import matplotlib.pyplot as plt
+    plt.close("all")

@@ -16,6 +16,7 @@ from scipy import stats
 from dvc_project import (PIPELINE_SEEDS, PIPELINE_TASK, assert_figure, built_project, check_freeze_outputs,
                          command_output, configure_pipeline, droppable_top_layers, dry_run_stages, dvc,
                          heatmap_diagonal, longest_skippable_span, rescored_accuracy, run)
+from headline_docs import undocumented
 from layersim.reporting import headlines
 from layersim.similarity.inference.bootstrap import AUTO_INTERVAL
 from layersim.data.io import ActivationTable, AttentionTable, stage_details, stage_metrics, task_tables
@@ -682,6 +683,15 @@ def test_metrics_are_visible_to_dvc(project):
     workspace = json.dumps(shown)
     assert f"metrics/similarity/{TASK}/metrics.json" in workspace and "ft_orig_top" in workspace
     assert "metrics/summary.json" in workspace and "inn_advantage" in workspace
+
+
+def test_every_headline_key_written_is_in_the_documented_table(project):
+    """docs/outputs.md's headline table (with what stands beside each key: tests/headline_docs.py) names every key of
+    every metrics file the run wrote, the compared methods' and the pretrained models' included."""
+    root, _ = project
+    files = sorted(path.relative_to(root).as_posix() for path in (root / "metrics").rglob("*.json"))
+    assert len(files) >= 14  # every stage's, the compared method's runs and align's pretrained models
+    assert {file: undocumented(file, _json(root, file)) for file in files} == {file: [] for file in files}
 
 
 MEASURE_LABELS = {"linear_cka": "linear CKA", "svcca": "SVCCA", "pwcca": "PWCCA", "neuronsim": "neuronsim",

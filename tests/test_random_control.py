@@ -150,6 +150,62 @@ def test_the_similarity_stage_reads_the_control_checked_against_its_seed(tmp_pat
     plt.close("all")
 
 
+
+def test_further_random_controls_give_the_above_random_headline_its_spread(tmp_path, monkeypatch):
+    """similarity.random_controls = 3: tables of runs random, random2, random3 (init seeds 0, 1, 2, each checked);
+    the details hold FT–ORIG's top minus each control's, and the headline their mean with a t-interval over the
+    draws, the first control's value among them; a further control's table from another seed is refused."""
+    import layersim.experiments.similarity as similarity_task
+    from layersim.models.random_control import control_runs
+
+    assert control_runs(None, 3) == {} and control_runs(4) == {RANDOM_RUN: 4}
+    assert control_runs(0, 3) == {RANDOM_RUN: 0, "random2": 1, "random3": 2}
+    known = {"orig": {"model_digest": "a" * 64, "task_digest": "b" * 64, "num_layers": LAYERS, "hidden_size": D}}
+    known |= {f"seed{s}": {**known["orig"], "model_digest": str(s) * 64} for s in (1, 2)}
+    monkeypatch.setattr(similarity_task, "run_expectations",
+                        lambda checkpoints, seeds: {run: dict(values) for run, values in known.items()})
+    monkeypatch.setattr(similarity_task, "checkpoint_flags", lambda checkpoints, seeds: {})
+    rng = np.random.default_rng(3)
+    models = _planted(rng)
+    models["FT[1]"][-1] = models["ORIG"][-1] + 0.3 * rng.normal(size=(N, D))  # the top layer kept: above random
+    runs = {"orig": "ORIG", "seed1": "FT[1]", "seed2": "FT[2]", RANDOM_RUN: RANDOM}
+    for run, label in runs.items():
+        meta = random_run_metadata(known["orig"], 0) if run == RANDOM_RUN else known[run]
+        _write(tmp_path / f"{run}.cls.parquet", None, {**meta, "run": run},
+               [x.astype(np.float32) for x in models[label]])
+    for run, seed in (("random2", 1), ("random3", 2)):
+        _write(tmp_path / f"{run}.cls.parquet", rng, {**random_run_metadata(known["orig"], seed), "run": run})
+    params = parse_params({"model": "minilm-l6", "tasks": ["synth-negation"], "seeds": [1, 2], "similarity": {
+        "measures": {"cls": ["linear_cka", "svcca"]}, "attention_measures": [], "bootstrap": 20,
+        "permutations": 20, "random_control": 0, "random_controls": 3}})
+    out = task_similarity(tmp_path, tmp_path, "synth", params)
+    plt.close("all")
+    headline = similarity_headline(out.metrics, 0.05)
+    for measure in ("linear_cka", "svcca"):
+        spread = out.metrics["cls"][measure]["ft_orig_above_random_controls"]
+        assert spread["controls"] == 3 and list(spread["values"]) == ["seed_0", "seed_1", "seed_2"]
+        entry = headline["cls"][measure]
+        assert spread["values"]["seed_0"] == pytest.approx(entry["ft_orig_above_random_top"], abs=1e-5)
+        values = list(spread["values"].values())
+        assert entry["ft_orig_above_random_top_controls_mean"] == pytest.approx(np.mean(values), abs=1e-5)
+        assert entry["ft_orig_above_random_top_controls_sd"] == pytest.approx(np.std(values, ddof=1), abs=1e-5)
+        assert 0 < entry["ft_orig_above_random_top_controls_ci_low"] < entry["ft_orig_above_random_top_controls_mean"] \
+            < entry["ft_orig_above_random_top_controls_ci_high"]
+    from layersim.reporting.cells import fmt
+    from layersim.reporting.similarity_tables import similarity_tables
+
+    page = {table.title: table for table in similarity_tables(out.metrics, 0.05)}["cls: top layer against chance"]
+    rows = {row[0]: row for row in page.rows if row[1] == "FT–ORIG minus FT–RANDOM over 3 random-init controls"}
+    assert rows["svcca"][2].startswith(fmt(headline["cls"]["svcca"]["ft_orig_above_random_top_controls_mean"]) + " ± ")
+    _write(tmp_path / "random3.cls.parquet", rng, {**random_run_metadata(known["orig"], 7), "run": "random3"})
+    with pytest.raises(LayersimError, match="random3.cls.parquet"):
+        task_similarity(tmp_path, tmp_path, "synth", params)
+    plt.close("all")
+    with pytest.raises(LayersimError, match="random_controls"):
+        parse_params({"model": "minilm-l6", "tasks": ["synth-negation"], "seeds": [1, 2],
+                      "similarity": {"random_control": None, "random_controls": 2}})
+
+
 def test_above_random_has_a_paired_bootstrap_interval_over_examples():
     """FT–ORIG's top layer minus FT–RANDOM's, both on the same resamples of the examples: its interval is of the
     difference. Planted: the top layer keeps ORIG's (with noise) in one case, is unrelated to it in the other; the

@@ -116,15 +116,20 @@ def extract_rows(params, spec, rows: dict[str, int], runs: int, head: str) -> in
 
 def extract_runs(params) -> int:
     """The runs extract writes tables of, per task: ORIG, every fine-tuned run (finetune.compare_methods' too) and
-    the random-init control (similarity.random_control)."""
-    return 1 + len(params.seeds) * (1 + len(params.finetune.compare_methods)) + (params.similarity.random_control
-                                                                                is not None)
+    the random-init controls (similarity.random_control, random_controls of them)."""
+    return 1 + len(params.seeds) * (1 + len(params.finetune.compare_methods)) + _controls(params)
 
 
 def validation_only_runs(params) -> int:
     """Runs of :func:`extract_runs` with validation tables only (for similarity): the random-init control and the
     runs of finetune.compare_methods."""
-    return (params.similarity.random_control is not None) + len(params.seeds) * len(params.finetune.compare_methods)
+    return _controls(params) + len(params.seeds) * len(params.finetune.compare_methods)
+
+
+def _controls(params) -> int:
+    """The random-init controls extract writes tables of (validation only)."""
+    s = params.similarity
+    return 0 if s.random_control is None else s.random_controls
 
 
 def extract_bytes(params, spec, rows: dict[str, int], runs: int, head: str, shape: dict[str, int]) -> int:

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from layersim.data.io import ActivationTable, AttentionTable, finetuned_runs, run_expectations
 from layersim.data.layout import run_labels as finetuned_labels_of
-from layersim.models.random_control import RANDOM_RUN, random_run_metadata
+from layersim.models.random_control import RANDOM_RUN, control_runs, random_run_metadata
 from layersim.params import Params
 from layersim.reporting.pruning_plots import pruning_profile, pruning_rows
 from layersim.reporting.similarity import PoolingReport, SimilarityOutputs, localization_summary, phang_summary
@@ -31,8 +31,9 @@ from layersim.similarity.comparisons import (RANDOM, attention_maps, moments_sta
                                              per_layer, phang_cells, stacked_matrix, stream_layers, stream_rows,
                                              streamed_moments)
 from layersim.similarity.comparisons import stacked_null
+from layersim.similarity.comparison_intervals import above_random_over_controls
 from layersim.similarity.inference.exchangeability import (STREAMED_SAMPLE_ROWS, block_permutations, example_sample,
-                                                           null_units, unmovable)
+                                                           length_class_rows, null_units, unmovable)
 from layersim.similarity.moments import LayerMoments
 from layersim.similarity.inference.null import NullMatrix
 from layersim.experiments.pruning_states import measured_rows, read_pruning_record
@@ -147,7 +148,7 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
                  options: dict[str, dict] | None = None, uncertainty: Uncertainty | None = None,
                  groups: np.ndarray | None = None, first_layer: int = 0, attention: bool = False,
                  streamed_null: Callable[[str, np.ndarray, int, int], NullMatrix | None] | None = None,
-                 flagged: Collection[str] = ()) -> PoolingReport:
+                 flagged: Collection[str] = (), null_rows: np.ndarray | None = None) -> PoolingReport:
     """Stacked matrices per measure (`matrix_of(measure)`, layers per model in `sizes`: ORIG, then FT[1], FT[2], …)
     as Phang et al.'s comparisons: each measure's numbers computed (layersim.similarity.results), then reported
     (layersim.reporting.similarity.phang_summary).
@@ -158,7 +159,8 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
     the FT[i]–FT[j] diagonals' mean ± sd over all pairs. Attention maps get no null (a permutation of
     examples has no meaning for per-token maps of different lengths). Without `layers` (tables streamed),
     `streamed_null(measure, cells, permutations, seed)` gives the nulls it can from the streamed moments (None
-    otherwise), and there are no bootstrap intervals.
+    otherwise), and there are no bootstrap intervals. `null_rows`: the rows the in-memory nulls are computed on
+    (similarity.length_classes; layersim.similarity.results.phang_result).
     """
     options, results = options or {}, []
     tested = uncertainty is not None and not attention
@@ -170,9 +172,31 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
             null = streamed_null(measure, phang_cells(sizes, "ORIG", finetuned_labels(sizes)),
                                  uncertainty.permutations, uncertainty.seed)
         results.append(phang_result(measure, matrix, sizes, models=models, null=null, uncertainty=uncertainty,
-                                    groups=groups, options=options.get(measure, {})))
+                                    groups=groups, options=options.get(measure, {}), null_rows=null_rows))
     return phang_summary(results, sizes, title, uncertainty=uncertainty, first_layer=first_layer, attention=attention,
                          flagged=flagged)
+
+
+def _above_random_controls(metrics: dict, measures: Sequence[str], tables: dict[str, ActivationTable],
+                           labels: dict[str, str], controls: dict[str, int], activations: Path, expect: dict,
+                           known: dict[str, dict], options: dict) -> None:
+    """Each measure's above-random value over every random-init control (similarity.random_controls), under
+    ``ft_orig_above_random_controls`` (layersim.similarity.comparison_intervals.above_random_over_controls): the top
+    layers of FT[1], ORIG and each control, one layer each read from the tables (the further controls' tables
+    checked against their init seed)."""
+    first = next(run for run, label in labels.items() if label == "FT[1]")
+    top = tables["orig"].num_layers
+    orig, finetuned = tables["orig"].layer(top), tables[first].layer(top)
+    tops = {}
+    for run, seed in controls.items():
+        table = tables.get(run) or ActivationTable(activations / f"{run}.{expect['pooling']}.parquet", expect={
+            **expect, "run": run, **random_run_metadata(known["orig"], seed)})
+        tables["orig"].check_comparable(table)
+        tops[seed] = table.layer(top)
+    for measure in measures:
+        found = above_random_over_controls(measure, finetuned, orig, tops, **options.get(measure, {}))
+        if found is not None:
+            metrics[measure]["ft_orig_above_random_controls"] = found
 
 
 def task_similarity(activations: Path, checkpoints: Path, task: str, params: Params,
@@ -208,13 +232,21 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
         # question or context) move together in the nulls and are resampled together in the intervals.
         clusters = orig.cluster_id
         blocks = block_permutations(orig.num_rows, clusters)
-        if not unmovable(orig.num_rows, clusters) and blocks.note(uncertainty.significance):
-            warn("similarity (%s): %s", pooling, blocks.note(uncertainty.significance))
+        # Coarser length classes (similarity.length_classes): each cluster cut to a multiple of rows for the null.
+        coarse = p.length_classes > 1 and not blocks.plain and layers is not None
+        null_rows = length_class_rows(clusters, p.length_classes) if coarse else None
+        tested = blocks if null_rows is None else block_permutations(len(null_rows), clusters[null_rows])
+        note = tested.note(uncertainty.significance) if tested.movable > 0 else None  # none movable: metrics say
+        if note:
+            warn("similarity (%s): %s%s", pooling, note, "" if coarse or blocks.plain else
+                 "; similarity.length_classes (e.g. 5) lets clusters of nearly equal length move "
+                 "(docs/reading-the-numbers.md)")
         report = phang_report(sizes, matrix_of, measures, f"{pooling.upper()} representations — {model} on {task}{flagged}",
                               layers=layers, options=options, uncertainty=uncertainty, groups=clusters,
-                              streamed_null=streamed_null, flagged=set(flags))
+                              streamed_null=streamed_null, flagged=set(flags), null_rows=null_rows)
         metrics = out.metrics[pooling] = report.metrics
-        metrics["null_unit"] = null_units(orig.num_rows, clusters, unit=orig.null_unit())
+        metrics["null_unit"] = null_units(orig.num_rows, clusters, unit=orig.null_unit(),
+                                          length_classes=p.length_classes if coarse else 1)
         for measure in measures:
             if metrics[measure].get("no_null"):
                 warn("%s: no null and no bootstrap interval for %s: %s", pooling, measure, metrics[measure]["no_null"])
@@ -232,6 +264,10 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
             warn("%s: tables streamed, so no bootstrap interval%s", pooling,
                  f" and no permutation null for {', '.join(without)}" if without else "")
         metrics["rows"] = orig.num_rows
+        if p.random_control is not None and p.random_controls > 1:
+            controls = control_runs(p.random_control, p.random_controls)
+            _above_random_controls(metrics, measures, tables, labels, controls, activations,
+                                   {"task": task, "split": "validation", "pooling": pooling}, known, options)
         out.figures["plots", f"{pooling}.png"] = report.figure
         out.rows["plots", f"{pooling}.json"] = report.rows
         if report.diagonal_figure is not None:

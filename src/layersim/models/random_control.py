@@ -12,6 +12,15 @@ from layersim.models.registry import _loaded, verified_info  # _loaded: loading 
 RANDOM_RUN = "random"
 
 
+def control_runs(seed: int | None, count: int = 1) -> dict[str, int]:
+    """The random-init controls' runs and init seeds: RANDOM_RUN with `seed` (RANDOM in every figure), then, with
+    similarity.random_controls = `count` > 1, "random2", "random3", … with seed + 1, seed + 2, …: further draws of
+    random weights, which give the above-random headline its spread over draws. None: no control."""
+    if seed is None:
+        return {}
+    return {RANDOM_RUN if k == 0 else f"{RANDOM_RUN}{k + 1}": seed + k for k in range(count)}
+
+
 def random_encoder(folder: str | Path, seed: int):
     """The architecture of the verified model folder `folder` (its own config.json), every weight freshly
     initialised by transformers' ``from_config`` under the torch seed :func:`random_init_torch_seed` (`seed`);

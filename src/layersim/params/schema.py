@@ -180,6 +180,15 @@ class SimilarityParams:
     seed: int = knob(0, "seed of the permutations and bootstrap resamples", SEED)
     random_control: int | None = knob(0, "init seed of the RANDOM control: the pretrained config with fresh weights "
                                          "(transformers' from_config), compared like every run (null: none)", SEED)
+    length_classes: int = knob(1, "block nulls of several rows an example (words, choices, shared texts): each "
+                                  "cluster cut to a multiple of this many rows, its first rows kept, so that "
+                                  "clusters of nearly equal length can be exchanged (more rows can move; the rows "
+                                  "left out leave the test's value too; in-memory tables); 1: exact lengths",
+                               POSITIVE, at_most(100, "rows cut from a cluster's end"))
+    random_controls: int = knob(1, "how many random-init controls, init seeds random_control, random_control + 1, "
+                                   "…: the first is RANDOM in every figure; the others (validation tables only, no "
+                                   "attention) give the above-random headline its spread over random draws",
+                                POSITIVE, at_most(100, "controls, each a forward pass over every validation example"))
     localization: str = knob("raw", "Wu et al.'s raw difference of means, or zscore: each series z-scored first",
                              names=LOCALIZATIONS)
     rbf_sigma_scale: float = knob(1.0, "RBF CKA bandwidth: this × the median pairwise distance", POSITIVE,

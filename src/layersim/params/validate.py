@@ -159,6 +159,10 @@ def _check_across_sections(model: str, sections: dict[str, Any]) -> None:
         raise LayersimError(f"params.yaml: finetune.keep_states = {finetune.keep_states} must be smaller than "
                             f"finetune.max_steps = {finetune.max_steps} (a kept state per step at most, the final "
                             "model apart).")
+    if similarity.random_controls > 1 and similarity.random_control is None:
+        raise LayersimError(f"params.yaml: similarity.random_controls = {similarity.random_controls} needs "
+                            "similarity.random_control, the first control's init seed; set it (e.g. 0) or set "
+                            "random_controls to 1.")
     if finetune.method in finetune.compare_methods:
         raise LayersimError(f"params.yaml: finetune.compare_methods = {list(finetune.compare_methods)} holds "
                             f"finetune.method = {finetune.method}, whose runs it is compared with; list only other "

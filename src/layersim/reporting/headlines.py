@@ -111,7 +111,10 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
     ``…_seed_range``. With the random-init control: ``ft_orig_above_random_top``, FT–ORIG's top layer minus
     FT–RANDOM's (what an untrained network of the same architecture scores), with its paired bootstrap interval
     over examples ``…_ci_low``/``…_ci_high`` where the details hold one
-    (layersim.similarity.comparison_intervals.above_random_interval; one draw of random weights). With finetune.compare_methods,
+    (layersim.similarity.comparison_intervals.above_random_interval; one draw of random weights), and with
+    similarity.random_controls ≥ 2 its spread over the draws of random weights, ``…_controls_mean`` with ``…_sd``
+    and the t-interval ``…_ci_low``/``…_ci_high`` (three controls or more) or ``…_range`` (two)
+    (layersim.similarity.comparison_intervals.above_random_over_controls). With finetune.compare_methods,
     each compared method's top layer against ORIG and against FT (e.g. ``lora_orig_top``, ``lora_ft_top``: in the
     headline family, with ``…_top_p_adjusted``). Runs of different seeds (three seeds or more:
     layersim.similarity.comparison_intervals.seed_pair_spreads), each top layer's mean over the pairs with the jackknife
@@ -141,6 +144,10 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
                 if above.get("ci_low") is not None and above.get("ci_high") is not None:
                     entry["ft_orig_above_random_top_ci_low"] = above["ci_low"]
                     entry["ft_orig_above_random_top_ci_high"] = above["ci_high"]
+                controls = result.get("ft_orig_above_random_controls") or {}
+                for stat in ("mean", "sd", "ci_low", "ci_high", "range"):  # over random draws (random_controls)
+                    if controls.get(stat) is not None:
+                        entry[f"ft_orig_above_random_top_controls_{stat}"] = controls[stat]
             if pooling != "attention":
                 if "p_value" in result["ft_orig"]:
                     # Corrected in the headline family when the details name a correction.

@@ -106,6 +106,13 @@ def similarity_tables(details: Mapping, significance: float) -> list[Table]:
                 rows.append([measure, "FT–ORIG minus FT–RANDOM", "–", fmt(above.get("value")),
                              f"[{fmt(above.get('ci_low'))}, {fmt(above.get('ci_high'))}] ({above.get('ci_method')}, "
                              "paired)", "–", "–", "–", "–"])
+            controls = result.get("ft_orig_above_random_controls")
+            if isinstance(controls, Mapping):  # over draws of random weights (similarity.random_controls)
+                spread = (f"{fmt(controls.get('mean'))} ± {fmt(controls.get('sd'))} [{fmt(controls.get('ci_low'))}, "
+                          f"{fmt(controls.get('ci_high'))}]" if controls.get("sd") is not None
+                          else f"{fmt(controls.get('mean'))} (range {fmt(controls.get('range'))})")
+                name = f"FT–ORIG minus FT–RANDOM over {controls.get('controls')} random-init controls"
+                rows.append([measure, name, spread, "–", "–", "–", "–", "–", "–"])
             for key, blocks in (result.get("blocks") or {}).items():
                 if isinstance(blocks, Mapping) and "block_of_layer" in blocks:
                     block_rows.append([measure, comparison_name(key), block_spans(blocks["block_of_layer"]),

@@ -13,7 +13,8 @@ import numpy as np
 
 from layersim.similarity.comparisons import RANDOM, Comparison, block, compared_labels
 from layersim.similarity.inference.bootstrap import bootstrap_pairs, chosen_interval, interval_of
-from layersim.similarity.inference.seeds import PairSpread, over_seed_pairs
+from layersim.similarity.inference.seeds import PairSpread, over_seed_pairs, over_seeds
+from layersim.similarity.registry import similarity
 
 
 def diagonal_intervals(measure: str, models: dict[str, Sequence], comparisons: Sequence[Comparison], *,
@@ -81,6 +82,31 @@ def above_random_interval(measure: str, models: dict[str, Sequence], *, resample
     low, high, _ = interval_of(estimate, differences, None, found.level, method)
     return {"value": estimate, "ci_low": float(low), "ci_high": float(high), "ci_method": method,
             "resamples": int(differences.size)}
+
+
+def above_random_over_controls(measure: str, finetuned: np.ndarray, orig: np.ndarray, controls: dict[int, np.ndarray],
+                               **options) -> dict | None:
+    """FT–ORIG's top layer minus FT–RANDOM's for each of several random-init controls (`controls`: init seed → the
+    control's top layer; `finetuned`, `orig`: FT[1]'s and ORIG's top layers, the same rows): the spread of the
+    above-random value over draws of random weights, which the interval over examples
+    (:func:`above_random_interval`, one draw) does not hold. Per control its value (``values``, by init seed); their
+    ``mean``, and with three controls or more ``sd`` and the 95 % t-interval of the mean over draws
+    (``ci_low``/``ci_high``: the controls taken as independent draws, layersim.similarity.inference.seeds.over_seeds),
+    with two their ``range``. None with fewer than two controls, or where the measure is undefined on a control."""
+    if len(controls) < 2:
+        return None
+    kept = similarity(measure, finetuned, orig, **options)
+    values = {seed: kept - similarity(measure, finetuned, top, **options) for seed, top in controls.items()}
+    if not all(np.isfinite(v) for v in [kept, *values.values()]):
+        return None
+    spread = over_seeds(np.array(list(values.values()))[:, None])
+    found = {"controls": len(values), "values": {f"seed_{seed}": round(float(v), 6) for seed, v in values.items()},
+             "mean": round(float(spread.mean[0]), 6),
+             "note": spread.note.replace("seed", "control").replace(" on every layer", "")}
+    if spread.sd is None:
+        return found | {"range": round(float(spread.range[0]), 6)}
+    return found | {key: round(float(value[0]), 6) for key, value in
+                    (("sd", spread.sd), ("ci_low", spread.low), ("ci_high", spread.high))}
 
 
 def seed_spread(matrix: np.ndarray, sizes: dict[str, int], finetuned: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

@@ -168,22 +168,31 @@ class MeasureResult:
 def phang_result(measure: str, matrix: np.ndarray, sizes: dict[str, int], *, models: dict[str, list] | None = None,
                  null: NullMatrix | None = None, uncertainty: Uncertainty | None = None,
                  groups: np.ndarray | None = None, strata: np.ndarray | None = None,
-                 options: dict | None = None) -> MeasureResult:
+                 options: dict | None = None, null_rows: np.ndarray | None = None) -> MeasureResult:
     """`matrix` (stacked, the models of `sizes`: ORIG, then FT[1], FT[2], …) as Phang et al.'s comparisons.
 
     With `uncertainty` and the `models`' layers in memory, every reported cell's permutation null here and a
     bootstrap interval of the FT–ORIG and FT[1]–FT[2] diagonals over examples (over `groups` of rows: the words
     of one example are resampled together, and permuted together within their `strata`:
-    layersim.similarity.inference.exchangeability); otherwise the `null` given (e.g. from streamed moments), if any."""
+    layersim.similarity.inference.exchangeability); otherwise the `null` given (e.g. from streamed moments), if any.
+    `null_rows`: the rows the null is computed on, its observed values too (coarser length classes:
+    exchangeability.length_class_rows); None: every row."""
     options = options or {}
     orig, finetuned = "ORIG", finetuned_labels(sizes)
     unavailable = None
     if models is not None and uncertainty is not None:
-        num_rows = len(next(iter(models.values()))[0])
-        unavailable = null_unavailable(measure, num_rows, options) or unmovable(num_rows, groups, strata)
+        tested, tested_groups, tested_strata = models, groups, strata
+        if null_rows is not None:
+            tested = {label: [layer[null_rows] for layer in layers] for label, layers in models.items()}
+            tested_groups, tested_strata = (None if labels is None else np.asarray(labels)[null_rows]
+                                            for labels in (groups, strata))
+        num_rows = len(next(iter(tested.values()))[0])
+        unavailable = (null_unavailable(measure, num_rows, options)
+                       or unmovable(num_rows, tested_groups, tested_strata))
         if not unavailable:
-            null = stacked_null(measure, models, permutations=uncertainty.permutations, seed=uncertainty.seed,
-                                cells=phang_cells(sizes, orig, finetuned), groups=groups, strata=strata, **options)
+            null = stacked_null(measure, tested, permutations=uncertainty.permutations, seed=uncertainty.seed,
+                                cells=phang_cells(sizes, orig, finetuned), groups=tested_groups,
+                                strata=tested_strata, **options)
     symmetric = measure in MEASURES and MEASURES[measure].symmetric
     comparisons = [_corrected(c, uncertainty, symmetric)
                    for c in phang_comparisons(matrix, sizes, orig, finetuned, null)]

@@ -148,13 +148,44 @@ def block_permutations(num_rows: int, groups: np.ndarray | None = None,
 
 
 def null_units(num_rows: int, groups: np.ndarray | None = None, strata: np.ndarray | None = None,
-               unit: str = "example") -> dict:
+               unit: str = "example", length_classes: int = 1) -> dict:
     """What a null over these blocks moves, for the stage's records: the `unit` ("row" when every row is its own),
-    how many blocks (distinct `groups`) there are, the rows, and the share of rows that can move."""
+    how many blocks (distinct `groups`) there are, the rows, and the share of rows that can move; with coarser
+    `length_classes` (> 1, :func:`length_class_rows`), the multiple, the rows the null keeps (``rows_in_null``) and
+    the share of all rows that can move (``movable``) beside the share with exact lengths (``movable_exact``)."""
     blocks = block_permutations(num_rows, groups, strata)
     count = num_rows if groups is None else len(np.unique(groups))
-    return {"unit": "row" if blocks.plain else unit, "blocks": int(count), "rows": int(num_rows),
-            "movable": round(float(blocks.movable), 4)}
+    found = {"unit": "row" if blocks.plain else unit, "blocks": int(count), "rows": int(num_rows),
+             "movable": round(float(blocks.movable), 4)}
+    if length_classes == 1 or blocks.plain:
+        return found
+    kept = length_class_rows(groups, length_classes)
+    coarse = block_permutations(len(kept), np.asarray(groups)[kept],
+                                None if strata is None else np.asarray(strata)[kept])
+    return found | {"length_classes": int(length_classes), "rows_in_null": int(len(kept)),
+                    "movable_exact": found["movable"],
+                    "movable": round(float(coarse.movable * len(kept) / max(num_rows, 1)), 4)}
+
+
+def length_class_rows(groups: np.ndarray, multiple: int) -> np.ndarray:
+    """Rows (in table order) kept when each block of `groups` is cut to a multiple of `multiple` rows, its first rows
+    kept (a block shorter than `multiple` leaves entirely): coarser length classes. Blocks whose lengths differ by
+    less than `multiple` then share a class and can be exchanged (similarity.length_classes).
+
+    What this assumes: a block null exchanges blocks of equal size, row t for row t. Cut to a common length, a block
+    of 23 words and one of 27 are exchanged on their first 20, which is exact when, under H0, the first rows of a block
+    are drawn alike whatever its full length; the words near a sentence's end (which a longer one has further on)
+    make that an approximation. The rows left out are out of the null *and* of the value its p-value is compared
+    with (computed on the kept rows, as for a streamed table's sample), so the test is of the kept rows."""
+    codes = _codes(groups, len(groups), "groups")
+    if multiple < 1:
+        raise LayersimError(f"length classes need a positive multiple of rows, got {multiple}.")
+    order = np.argsort(codes, kind="stable")
+    sizes = np.bincount(codes)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    position = np.empty(len(codes), dtype=np.int64)  # each row's place within its block, in table order
+    position[order] = np.arange(len(codes)) - np.repeat(starts, sizes)
+    return np.flatnonzero(position < (sizes // multiple * multiple)[codes])
 
 
 def example_sample(groups: np.ndarray, max_rows: int, seed: int) -> np.ndarray:
