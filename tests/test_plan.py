@@ -195,6 +195,29 @@ def test_the_time_model_adds_one_reasoned_term_each():
     assert seconds(numeric, on) == pytest.approx(sum(terms(numeric, on).values()))
 
 
+def test_python_level_work_scales_with_the_machines_probe_and_arithmetic_does_not():
+    """Issue 64: on a slower CPU the plan's process starts, loads' fixed part, cells and heatmaps took longer than the
+    reference CPU's constants said; a CPU plan scales them by its probe of Python-level work (python_scale), the
+    matmul-bound compute by the measured FLOP/s only."""
+    from dataclasses import replace
+
+    from layersim.plan import timing
+
+    on = timing.Device("cpu", flops=100e9, pass_seconds=1e-3, cpu_flops=50e9, basis="given", bandwidth=1e9,
+                       cpu_thread_flops=25e9)
+    slower = replace(on, python_scale=1.5)
+    cost = stages.StageCost("similarity", flops=75e9, host_flops=75e9, processes=1, loads=2, load_bytes=10**9,
+                            evaluations=1000, heatmaps=2)
+    base, scaled = terms(cost, on), terms(cost, slower)
+    assert scaled["start"] == pytest.approx(1.5 * base["start"]) and scaled["compute"] == base["compute"]
+    assert scaled["evaluations"] == pytest.approx(1.5 * base["evaluations"])
+    assert scaled["loads"] - 1.0 == pytest.approx(1.5 * (base["loads"] - 1.0))  # the 1 GB read at 1 GB/s is not scaled
+    measured = timing.device("cpu")  # the probe ran, and scaled the CPU's layer pass with the rest
+    assert measured.python_scale > 0 and measured.pass_seconds == pytest.approx(timing.CPU_PASS_SECONDS
+                                                                                * measured.python_scale)
+    assert timing.device("cpu", flops=1e11).python_scale == 1.0  # a given throughput: the reference's constants
+
+
 def test_every_stage_process_of_the_tiny_pipeline_is_counted():
     """One process per stage and matrix item, as dvc.yaml runs them (the time of a tiny run is mostly their starts)."""
     doc = tiny_params(yaml.safe_load(repository_params_text()), tasks=["synth-negation", "synth-similarity"],
