@@ -218,7 +218,7 @@ def terms(cost: StageCost, on: Device) -> dict[str, float | None]:
     forward = cost.flops - cost.host_flops - cost.train_flops
     on_gpu = on.analysis_flops is not None  # the nulls' engines run on the device, the rest of the numpy on the host
     host_flops = cost.host_flops - (cost.analysis_flops if on_gpu else 0.0)
-    small_flops = max(0.0, cost.small_flops - (cost.analysis_flops if on_gpu else 0.0))
+    small_flops = cost.small_flops  # never the nulls' engines (batched torch products: the host's threads or the GPU)
     compute = (cost.train_flops / on.train_efficiency + forward / on.forward_efficiency) / on.flops + \
         (small_flops / on.cpu_thread_flops if small_flops else 0.0) + \
         (host_flops - small_flops - cost.svd_flops) / on.cpu_flops + cost.svd_flops / (on.cpu_flops * SVD_EFFICIENCY)
