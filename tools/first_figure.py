@@ -119,7 +119,12 @@ def main(argv: list[str]) -> int:
         while not finished(timing, since):
             time.sleep(POLL_SECONDS)
         name = f"ft{position}-orig.png"
-        figures.append((name, draw(params, task, seed, position, PAGE.parent / name)))
+        try:
+            figures.append((name, draw(params, task, seed, position, PAGE.parent / name)))
+        except Exception as err:  # a side page: the run goes on, and its similarity stage draws the same heatmap
+            print(f"first figures: {task} seed {seed} not drawn ({type(err).__name__}: {err}); the full report "
+                  "comes at the end", file=sys.stderr, flush=True)
+            return 1
         print(f"first figures: {PAGE} ({figures[-1][1]})", flush=True)
     write_page(page(figures, "the other stages; the full report at the end"))
     return 0
