@@ -114,7 +114,8 @@ def device_note(on) -> str:
     return (f"{on.name} at {human(on.flops, 'FLOP/s')} ({on.basis}){shares}, + {on.pass_seconds * 1e3:.1f} ms a "
             f"layer pass{analysis}; numpy (similarity measures, SVDs) on the host CPU at {human(on.cpu_flops, 'FLOP/s')} "
             f"(small products on one thread: {human(on.cpu_thread_flops, 'FLOP/s')}) "
-            f"+ {EVALUATION_SECONDS * on.python_scale * 1e3:.2f} ms a similarity cell; a stage process starts in {starts} (+ "
+            f"+ {EVALUATION_SECONDS * on.python_scale * 1e3:.2f} ms a similarity cell; a stage process starts in "
+            f"{starts} (+ "
             f"{FIRST_LOAD_SECONDS * on.python_scale:.1f} s at its first model load); models read at "
             f"{human(on.bandwidth, 'B/s')}")
 

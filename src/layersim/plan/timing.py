@@ -177,9 +177,9 @@ def device(name: str = "cpu", flops: float | None = None, pass_seconds: float | 
            python_scale: float | None = None) -> Device:
     """`flops` given: that throughput (a GPU's name, if given too, keeps its other figures); "cpu": this machine's
     matmul, measured now, with the CPU's efficiencies and pass time, and its Python-level work against the reference
-    CPU's (`python_scale`: measured now by :func:`python_probe_seconds` unless given, or 1 with `flops` given); a GPU's name: its figures (gpu_figures.json). A
-    throughput that is not a positive finite number, or a negative or non-finite pass time, is one sentence (the times
-    would be negative, NaN or a division by zero)."""
+    CPU's (`python_scale`: measured now by :func:`python_probe_seconds` unless given, or 1 with `flops` given); a
+    GPU's name: its figures (gpu_figures.json). A throughput that is not a positive finite number, or a negative or
+    non-finite pass time, is one sentence (the times would be negative, NaN or a division by zero)."""
     if flops is not None and not (isinstance(flops, (int, float)) and 0 < flops < math.inf):
         raise LayersimError(f"--device-flops {flops:g} is invalid; give the device's effective FLOP/s, a positive "
                             "finite number (e.g. 1e11 for a CPU, 5e14 for an H200).")
