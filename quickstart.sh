@@ -55,12 +55,21 @@ params=(
 python -m layersim.plan "${params[@]}" -- "$@"
 echo
 
+# The first figures while the run goes on: each seed's FT–ORIG heatmap as soon as the seed has trained, on
+# report/first/index.html (tools/first_figure.py), minutes before the full report.
+echo "First figures (each seed's FT–ORIG heatmap once it has trained): report/first/index.html"
+python tools/first_figure.py "${params[@]}" -- "$@" &
+first_figures=$!
+trap 'kill "$first_figures" 2>/dev/null || true' EXIT
+
 # No output edited in place through its link into DVC's cache (docs/experiments.md, "Sharing results").
 python -m layersim_launch.dvc_cache
 # `dvc exp run`, less DVC's warning for each output no run has made yet (a fresh clone's first run: tools/exp_run.py).
 python tools/exp_run.py "${params[@]}" "$@"
+kill "$first_figures" 2>/dev/null || true
+python tools/first_figure.py --done   # the first page now leads to the full report
 
 echo
-echo "Done. Figures: plots/{similarity,localization,compare,truncate,skip,export,align,freeze,weights,summary}/   every number: plots/details/"
+echo "Done. Report: report/index.html   Figures: plots/{similarity,localization,compare,truncate,skip,export,align,freeze,weights,summary}/   every number: plots/details/"
 echo "Smaller models that keep the score (plain Hugging Face checkpoints): data/export/minilm-l6/"
 echo "Headline metrics: dvc metrics show   experiments: dvc exp show --drop '.*' --keep 'Experiment|^model\$|^mean\.'"

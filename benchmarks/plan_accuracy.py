@@ -28,6 +28,23 @@ less wall-clock progress per CPU-second. The machine is printed first: the CPU m
     python benchmarks/plan_accuracy.py --config tiny --threads 1   # on a loaded machine: compare the CPU seconds
     python benchmarks/plan_accuracy.py --measured /tmp/plan-run/project --device-flops 2.1e11  # that run, planned again
 
+On a shared machine (other jobs on the cores), compare the CPU seconds: with `--threads 1` every stage runs on one
+thread, so its CPU seconds are what its wall clock would be alone on the machine, and the plan is made for that quiet
+machine: its matmul's FLOP/s from CPU seconds (the product's best over the process's CPU time), its Python-level
+probe from the best of short repeats (layersim.plan.timing.python_probe_seconds), both of which other jobs barely
+change. Other jobs still cost some CPU seconds (caches shared, context switches): the load is printed before and after.
+
+A slower CPU (the issue's: 88 GFLOP/s on one thread, this one 103), emulated by a CPU quota: `--cpu-quota 0.85`
+puts this process and every stage under a cgroup whose quota is 0.85 of a core per 10 ms period (cgroup v2:
+`cpu.max` = "8500 10000" in a child of /sys/fs/cgroup; v1: cpu.cfs_quota_us 8500, cpu.cfs_period_us 10000 in
+/sys/fs/cgroup/cpu/<child>; root, or a delegated cgroup, is needed: a container that mounts the cgroup file system
+read-only refuses, in one sentence). Every thread's wall clock then stretches by 1/0.85 over long work (the matmul
+measures about 88 GFLOP/s on one thread here), which is the wall clock to compare; the CPU seconds do not change. The
+probe's repeats (3 ms) fit in one period's quota, so the plan's Python-level terms are not slowed with it (up to 15 %
+low where they dominate: the process starts); a CPU slower by its clock slows both.
+
+    python benchmarks/plan_accuracy.py --config quickstart --cpu-quota 0.85   # a ≤ 90 GFLOP/s machine, alone
+
 `--measured` reads a kept project's stage log and dvc.lock instead of running (the plan's model changed, the run did
 not); give the throughput the run had (`--device-flops`, the matmul line it printed), or it is measured now.
 """
@@ -85,15 +102,63 @@ def matmul_gflops(threads: int) -> float:
     return measured_cpu_flops(threads, repeats=5) / 1e9
 
 
-def machine() -> list[str]:
+def matmul_gflops_per_cpu_second(size: int = 2048, repeats: int = 5) -> float:
+    """The same product on one thread over the CPU seconds it took (best of `repeats`): what one thread does alone,
+    when other jobs share the cores and stretch its wall clock."""
     import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        a @ b
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.thread_time()
+            a @ b
+            best = min(best, time.thread_time() - start)
+    finally:
+        torch.set_num_threads(before)
+    return 2 * size ** 3 / best / 1e9
+
+
+def held_to(cores: float) -> str:
+    """Move this process (and so every process it starts) into a cgroup with a quota of `cores` per 10 ms period;
+    how, for the record."""
+    period = 10_000
+    quota = round(cores * period)
+    v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+    group = Path("/sys/fs/cgroup" if v2.exists() else "/sys/fs/cgroup/cpu") / f"plan-accuracy-{os.getpid()}"
+    try:
+        group.mkdir(exist_ok=True)
+        if v2.exists():
+            (group / "cpu.max").write_text(f"{quota} {period}")
+        else:
+            (group / "cpu.cfs_period_us").write_text(str(period))
+            (group / "cpu.cfs_quota_us").write_text(str(quota))
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+    except OSError as err:
+        raise SystemExit(f"--cpu-quota {cores}: this machine refuses a cgroup with a CPU quota at {group} ({err}); "
+                         "run as root where the cgroup file system is writable, or under "
+                         f"`systemd-run --scope -p CPUQuota={cores:.0%} ...` where systemd runs.") from None
+    kind = f'cpu.max "{quota} {period}"' if v2.exists() else f"cpu.cfs_quota_us {quota}, cpu.cfs_period_us {period}"
+    return f"CPU quota: {cores} of a core per 10 ms ({group}: {kind})"
+
+
+def machine(quiet_gflops: float) -> list[str]:
+    import torch
+
+    from layersim.plan.timing import REFERENCE_PROBE_SECONDS, python_probe_seconds
 
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), "?")
     cores = os.cpu_count()
+    probe = python_probe_seconds()
     return [f"CPU: {model}, {cores} logical cores; torch {torch.__version__}, {torch.get_num_threads()} threads",
             f"torch float32 2048² matmul: {matmul_gflops(1):.1f} GFLOP/s on 1 thread, "
-            f"{matmul_gflops(cores):.1f} GFLOP/s on {cores}",
+            f"{matmul_gflops(cores):.1f} GFLOP/s on {cores} (wall clock); {quiet_gflops:.1f} GFLOP/s on 1 thread "
+            "per CPU second",
+            f"Python-level probe: {probe * 1e3:.2f} ms ({probe / REFERENCE_PROBE_SECONDS:.2f}× the reference CPU's)",
             f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {busy()}"]
 
 
@@ -184,8 +249,15 @@ def main() -> None:
     parser.add_argument("--measured", type=Path, help="a kept project (…/project) to plan again without running")
     parser.add_argument("--device-flops", type=float, help="the CPU's effective FLOP/s for the plan (default: measured)")
     parser.add_argument("--threads", type=int, help="torch threads for the stages and the plan's matmul (default: "
-                        "torch's, one per core); 1 on a loaded machine, where CPU seconds then stand for a quiet run")
+                        "torch's, one per core); 1 on a loaded machine, where CPU seconds then stand for a quiet run "
+                        "(and the plan takes the matmul's FLOP/s per CPU second)")
+    parser.add_argument("--cpu-quota", type=float, metavar="CORES",
+                        help="run under a cgroup CPU quota of this many cores (0.85: a slower CPU, see above)")
     args = parser.parse_args()
+    if args.cpu_quota is not None:
+        if not 0.1 <= args.cpu_quota <= (os.cpu_count() or 1):
+            parser.error(f"--cpu-quota {args.cpu_quota}: give the cores the run may use, 0.1 to {os.cpu_count()}")
+        print(held_to(args.cpu_quota), flush=True)
     if args.threads:
         import torch
 
@@ -195,10 +267,14 @@ def main() -> None:
     from layersim.params import parse_params
     from layersim.plan import device, plan, seconds, terms
     from layersim.plan.__main__ import overridden
+    from layersim.plan.timing import REFERENCE_PROBE_SECONDS, python_probe_seconds
 
     if args.measured:
         return replan(args.measured, device("cpu", args.device_flops))
-    print("\n".join(machine()), flush=True)
+    quiet = matmul_gflops_per_cpu_second()
+    print("\n".join(machine(quiet)), flush=True)
+    if args.threads == 1 and args.device_flops is None:  # the plan of the quiet machine, whose CPU seconds are measured
+        args.device_flops = quiet * 1e9
     overrides = launcher_overrides(CONFIGS[args.config])
     scratch = args.keep or Path(tempfile.mkdtemp(prefix="plan-accuracy-"))
     scratch.mkdir(parents=True, exist_ok=True)
@@ -206,7 +282,7 @@ def main() -> None:
         root = scratch / "project"
         env = make_copy(root, overrides)
         params = parse_params(overridden(root / "params.yaml", []))
-        on = device("cpu", args.device_flops)
+        on = device("cpu", args.device_flops, python_scale=python_probe_seconds() / REFERENCE_PROBE_SECONDS)
         costs = plan(params, root)
         print(f"{args.config} ({CONFIGS[args.config]}): {params.model}, {len(params.tasks)} task(s), "
               f"{len(params.seeds)} seed(s), {params.finetune.max_steps} steps; plan on {on.name} at "

@@ -191,9 +191,50 @@ def test_the_time_model_adds_one_reasoned_term_each():
                                                 "passes": 0.0, "evaluations": 1000 * timing.EVALUATION_SECONDS
                                                 + 2 * timing.HEATMAP_SECONDS})
     big, small = stages.measured(["svcca"], 20_000, 768, 10, 0), stages.measured(["svcca", "linear_cka"], 600, 384, 10, 5)
-    assert big.host_flops == big.flops > 0 == big.small_flops and small.small_flops == small.flops
+    # …except the nulls' engines, which multiply a batch of permutations of the whole stack at once (torch's threads).
+    assert big.host_flops == big.flops > 0 == big.small_flops and small.analysis_flops > 0
+    assert small.small_flops == small.flops - small.analysis_flops
     assert small.evaluations == 10 * 6 + 10  # linear CKA's null is exact: its observed cells only
     assert seconds(numeric, on) == pytest.approx(sum(terms(numeric, on).values()))
+
+
+def test_python_level_work_scales_with_the_machines_probe_and_arithmetic_does_not():
+    """Issue 64: on a slower CPU the plan's process starts, loads' fixed part, cells and heatmaps took longer than the
+    reference CPU's constants said; a CPU plan scales them by its probe of Python-level work (python_scale), the
+    matmul-bound compute by the measured FLOP/s only."""
+    from dataclasses import replace
+
+    from layersim.plan import timing
+
+    on = timing.Device("cpu", flops=100e9, pass_seconds=1e-3, cpu_flops=50e9, basis="given", bandwidth=1e9,
+                       cpu_thread_flops=25e9)
+    slower = replace(on, python_scale=1.5)
+    cost = stages.StageCost("similarity", flops=75e9, host_flops=75e9, processes=1, loads=2, load_bytes=10**9,
+                            evaluations=1000, heatmaps=2)
+    base, scaled = terms(cost, on), terms(cost, slower)
+    assert scaled["start"] == pytest.approx(1.5 * base["start"]) and scaled["compute"] == base["compute"]
+    assert scaled["evaluations"] == pytest.approx(1.5 * base["evaluations"])
+    assert scaled["loads"] - 1.0 == pytest.approx(1.5 * (base["loads"] - 1.0))  # the 1 GB read at 1 GB/s is not scaled
+    measured = timing.device("cpu")  # the probe ran, and scaled the CPU's layer pass with the rest
+    assert measured.python_scale > 0 and measured.pass_seconds == pytest.approx(timing.CPU_PASS_SECONDS
+                                                                                * measured.python_scale)
+    assert timing.device("cpu", flops=1e11).python_scale == 1.0  # a given throughput: the reference's constants
+
+
+@pytest.mark.parametrize("n, layers, d", [(600, 35, 384), (60, 15, 32), (20_000, 26, 768), (300, 7, 384),
+                                          (5000, 4, 16)])
+def test_the_plan_counts_a_cka_null_where_its_engine_runs_it(n, layers, d):
+    """Linear CKA's null over the quickstart's 600 word rows runs on the 35 stacked layers' kernels, about 70 times
+    fewer FLOPs than their features: the plan counted the features and put similarity at 10 minutes (issue 64)."""
+    from layersim.similarity.inference._null_engines import _use_gram
+
+    assert stages.null_uses_gram(n, layers, d) == _use_gram("auto", n, [d] * layers, [d] * layers, layers, layers)
+    pairs = layers * (layers + 1) // 2
+    on_kernels = stages.null_flops("linear_cka", n, d, pairs)
+    assert on_kernels <= pairs * stages.measure_flops("linear_cka", n, d) * 2  # never above the feature engine's
+    if stages.null_uses_gram(n, layers, d):
+        assert on_kernels == 2 * (layers ** 2 + stages.GATHER_MULTIPLY_ADDS * layers) * n * n
+    assert stages.null_flops("svcca", n, d, pairs) == pairs * stages.measure_flops("svcca", n, d)
 
 
 def test_every_stage_process_of_the_tiny_pipeline_is_counted():
@@ -233,7 +274,10 @@ def test_the_nulls_permutations_are_the_analysis_engines_and_blocks_sample_linea
     # Each permutation of each pair is one engine cell; the observed cells and resamples stay on the host.
     assert plain.analysis_evaluations == 10 * 5 and plain.analysis_flops == pytest.approx(10 * 5 * svcca)
     assert words.analysis_evaluations == 10 * 5 + 10 * LINEAR_CKA_BLOCK_PERMUTATIONS
-    assert words.analysis_flops == pytest.approx(10 * 5 * svcca + 10 * LINEAR_CKA_BLOCK_PERMUTATIONS * cka)
+    # Linear CKA's permutations on these 4 stacked layers run on their kernels (the engine's choice): fewer FLOPs.
+    on_kernels = stages.null_flops("linear_cka", 600, 384, 10)
+    assert stages.null_uses_gram(600, 4, 384) and on_kernels < 10 * cka
+    assert words.analysis_flops == pytest.approx(10 * 5 * svcca + LINEAR_CKA_BLOCK_PERMUTATIONS * on_kernels)
     assert words.evaluations == words.analysis_evaluations + 2 * (10 + 3)
 
 

@@ -99,6 +99,7 @@ def test_the_scripts_settings_reach_the_plan_it_prints_as_well_as_the_run(script
     shutil.copy2(REPO / script, tmp_path / script)
     (tmp_path / "params.yaml").write_text(repository_params_text())
     (tmp_path / "tools").mkdir()
+    shutil.copy2(REPO / "tools" / "first_figure.py", tmp_path / "tools")
     (tmp_path / "tools" / "exp_run.py").write_text("import pathlib, sys\n"
                                                   "pathlib.Path('exp_run.args').write_text('\\n'.join(sys.argv[1:]))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
@@ -108,6 +109,34 @@ def test_the_scripts_settings_reach_the_plan_it_prints_as_well_as_the_run(script
     assert result.returncode == 0, result.stderr
     assert "layersim plan: tiny-gpt2, 1 task(s), 1 seed(s), 300 steps" in result.stdout, result.stdout
     assert (tmp_path / "exp_run.args").read_text().splitlines()[-len(given):] == given  # the run gets them as given
+
+
+def first_figure_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("first_figure", REPO / "tools" / "first_figure.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_first_figures_page_reloads_while_the_run_goes_on_then_leads_to_the_full_report():
+    first = first_figure_module()
+    waiting = first.page([("ft1-orig.png", "FT[1]–ORIG")], "seed 2 of synth-similarity (fine-tuning)")
+    assert 'http-equiv="refresh" content="15"' in waiting and "seed 2 of synth-similarity" in waiting
+    assert '<img src="ft1-orig.png"' in waiting and "FT[1]–ORIG" in waiting
+    done = first.page([], None)
+    assert f'content="0; url={first.FULL_REPORT}"' in done and "Next:" not in done
+
+
+def test_a_seed_counts_as_trained_only_once_its_run_writes_its_time_after_the_watcher_started(tmp_path):
+    """A checkpoint restored from DVC's cache, or left by an earlier run, is not drawn: its timing file is older."""
+    first = first_figure_module()
+    timing = tmp_path / "seed1.json"
+    assert not first.finished(timing, 0.0)  # no run has written it
+    timing.write_text("{}")
+    os.utime(timing, (1000.0, 1000.0))
+    assert not first.finished(timing, 2000.0) and first.finished(timing, 1000.0)
 
 
 @pytest.mark.integration

@@ -107,15 +107,16 @@ def device_note(on) -> str:
 
     shares = (f" × {on.train_efficiency:.0%} in training steps, × {on.forward_efficiency:.0%} in forward passes"
               if on.train_efficiency != 1 or on.forward_efficiency != 1 else "")
-    starts = ", ".join(f"{k} {v * on.start_scale:.1f} s" for k, v in START_SECONDS.items())
+    starts = ", ".join(f"{k} {v * on.python_scale:.1f} s" for k, v in START_SECONDS.items())
     analysis = ("" if on.analysis_flops is None else
                 f"; the similarity nulls' engines (torch float64) on the device at "
                 f"{on.analysis_flops.note('FLOP/s')} + {on.analysis_cell_seconds.note('s')} a cell")
     return (f"{on.name} at {human(on.flops, 'FLOP/s')} ({on.basis}){shares}, + {on.pass_seconds * 1e3:.1f} ms a "
             f"layer pass{analysis}; numpy (similarity measures, SVDs) on the host CPU at {human(on.cpu_flops, 'FLOP/s')} "
             f"(small products on one thread: {human(on.cpu_thread_flops, 'FLOP/s')}) "
-            f"+ {EVALUATION_SECONDS * 1e3:.2f} ms a similarity cell; a stage process starts in {starts} (+ "
-            f"{FIRST_LOAD_SECONDS * on.start_scale:.1f} s at its first model load); models read at "
+            f"+ {EVALUATION_SECONDS * on.python_scale * 1e3:.2f} ms a similarity cell; a stage process starts in "
+            f"{starts} (+ "
+            f"{FIRST_LOAD_SECONDS * on.python_scale:.1f} s at its first model load); models read at "
             f"{human(on.bandwidth, 'B/s')}")
 
 

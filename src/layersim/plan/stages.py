@@ -149,21 +149,50 @@ def measure_flops(measure: str, n: int, d: int) -> float:
     return 2 * n * d * d
 
 
+# Linear and debiased CKA's null engines permute the stacked layers' centred n × n kernels instead of multiplying
+# features when that costs less (layersim.similarity.inference._null_engines._use_gram: kept equal by
+# tests/test_plan.py; the similarity package is too heavy an import for the plan).
+GRAM_MEASURES = ("linear_cka", "debiased_cka")
+GRAM_BYTES_LIMIT = 1 << 30  # layersim.similarity._cka_kernels.GRAM_BYTES_LIMIT
+GATHER_MULTIPLY_ADDS = 30.0  # the scattered copy K[π][:, π] per kernel entry, as multiply-adds
+
+
+def null_uses_gram(n: int, layers: int, d: int) -> bool:
+    """Whether a CKA null over `layers` stacked layers of width d on n rows runs on the kernels (as the engine
+    decides)."""
+    kernel_bytes = 8.0 * 3 * layers * n * n
+    gram = (layers * layers + GATHER_MULTIPLY_ADDS * layers) * n * n
+    return kernel_bytes <= GRAM_BYTES_LIMIT and gram < n * float(layers * d) ** 2
+
+
+def null_flops(measure: str, n: int, d: int, pairs: int) -> float:
+    """FLOPs of one permutation of a stacked matrix's null over `pairs` cells (its upper triangle with the diagonal):
+    each cell's product, or for CKA on the kernels every kernel gathered and each pair's inner product."""
+    layers = round((math.sqrt(8 * pairs + 1) - 1) / 2)
+    if measure in GRAM_MEASURES and null_uses_gram(n, layers, d):
+        return 2 * (layers * layers + GATHER_MULTIPLY_ADDS * layers) * n * n
+    return pairs * measure_flops(measure, n, d)
+
+
 def measured(measures, n: int, d: int, pairs: int, permutations: int, resamples: int = 0,
              blocks: bool = False) -> StageCost:
     """`pairs` layer pairs of each measure on n points of width d, over the observed matrix, each permutation of the
     null (none for an exact null; with `blocks`, rows of one example together, linear CKA samples at least
     LINEAR_CKA_BLOCK_PERMUTATIONS) and `resamples` bootstrap cells: numpy on the host, on one thread where the
-    products are small; the permutations are the nulls' engines' (analysis_flops: on the GPU of a GPU plan)."""
+    products are small; the permutations are the nulls' engines' (analysis_flops: torch's batched products, on the
+    host's threads in a CPU plan, on the GPU in a GPU plan)."""
     cost = StageCost("similarity")
     for m in measures:
         drawn = 0 if m in EXACT_NULL and not blocks else max(permutations, LINEAR_CKA_BLOCK_PERMUTATIONS) \
             if m in EXACT_NULL else permutations
         cells = pairs * (1 + drawn) + resamples
-        flops = measure_flops(m, n, d)
-        cost.add(StageCost("similarity", flops=flops * cells, evaluations=cells, analysis_flops=flops * pairs * drawn,
-                           analysis_evaluations=pairs * drawn))
-    return host(cost, n * d * d)
+        flops, null = measure_flops(m, n, d), null_flops(m, n, d, pairs) * drawn
+        cost.add(StageCost("similarity", flops=flops * (pairs + resamples) + null, evaluations=cells,
+                           analysis_flops=null, analysis_evaluations=pairs * drawn))
+    cost = host(cost, n * d * d)
+    # The nulls' engines multiply a batch of permutations of the whole stack at once, in torch: on its threads.
+    cost.small_flops = max(0.0, cost.small_flops - cost.analysis_flops)
+    return cost
 
 
 def host(cost: StageCost, product: float) -> StageCost:

@@ -14,6 +14,11 @@
 - **evaluations**: the similarity and compare stages' per-cell work that is not arithmetic (a measure called on one pair
   of layers for one permutation: numpy calls, the centring), :data:`EVALUATION_SECONDS` each, and their heatmaps.
 
+The constants of Python-level work (process starts, model loads' fixed part, layer passes, similarity cells, heatmaps)
+were measured on a reference CPU; a CPU plan scales them by a short probe of such work timed on this machine
+(:func:`python_probe_seconds`, the best of short repeats, so that other jobs on the cores barely change it) against
+its time there (:data:`REFERENCE_PROBE_SECONDS`), as it scales the arithmetic by the matmul measured here.
+
 The numpy work (the similarity measures in similarity and compare, weights' SVDs) runs on the host CPU: its FLOPs over
 the host's matmul throughput, on one thread where its products are small (layersim.similarity._common.SMALL_PRODUCT:
 numpy keeps them on the calling thread)."""
@@ -21,6 +26,7 @@ numpy keeps them on the calling thread)."""
 from __future__ import annotations
 
 import json
+import marshal
 import math
 import time
 from dataclasses import dataclass
@@ -33,7 +39,9 @@ from layersim.plan.stages import StageCost
 # AMD EPYC these figures were taken on (`python stages/<stage>.py --help` and the imports its main does lazily;
 # finetune_pretrained without models, which imports the model stack and exits: 3.2 s; check_params: 0.9 s).
 START_SECONDS = {"light": 0.7, "numeric": 2.0, "model": 3.3}
-STACK = {"check_params": "light", "download": "light", "summary": "light", "report": "light", "similarity": "numeric",
+# check_params imports the measures' registry (layersim.params.measure_sizes: numpy, scipy): 1.8 CPU s measured, as
+# the similarity stage's stack.
+STACK = {"check_params": "numeric", "download": "light", "summary": "light", "report": "light", "similarity": "numeric",
          "grounding": "numeric", "dynamics": "numeric"}  # dynamics imports the model stack only to run kept states (a first load)
 LOAD_SECONDS = 0.1           # from_pretrained's fixed part once its modules are imported
 FIRST_LOAD_SECONDS = 1.5     # the first load in a process imports the architecture's and the tokenizer's modules
@@ -51,6 +59,24 @@ HEATMAP_SECONDS = 0.3        # a heatmap with a value written in each cell (matp
 # 0.22 at 1536 × 384 (measured, 2 threads): half for float64, the rest LAPACK's bidiagonalization (half BLAS-2).
 SVD_EFFICIENCY = 0.3
 CPU_BANDWIDTH = 10e9          # bytes/s a core streams (a checkpoint read from the page cache)
+
+# The Python-level probe (:func:`python_probe_seconds`) on the reference CPU above: the best of its repeats, measured
+# there (2026-11-29: 3.03-3.27 ms over 8 calls, with 15 processes competing for the 2 cores).
+REFERENCE_PROBE_SECONDS = 0.0031
+# What the probe runs: a small module's code object unmarshalled and executed (what an import does with a .pyc) and
+# small numpy calls (a similarity cell's bookkeeping, a layer pass's dispatch).
+PROBE_SOURCE = """
+import math
+class Shape:
+    def __init__(self, layers, hidden):
+        self.layers, self.hidden = layers, hidden
+    def flops(self, tokens):
+        return {f"layer{i}": 2 * self.hidden ** 2 * tokens for i in range(self.layers)}
+def table(rows):
+    return {str(k): [math.sqrt(k + j) for j in range(8)] for k in range(rows)}
+VALUES = table(40)
+SHAPES = [Shape(i % 12 + 1, 64 * (i % 8 + 1)).flops(i) for i in range(40)]
+"""
 
 # What a GPU does, each figure as benchmarks/gpu_check.py measured it on one (gpu_figures.json beside this module: the
 # value, the date, what was timed; null for a figure never measured, printed as unmeasured). On an H200 (2026-11-27,
@@ -98,7 +124,7 @@ class Device:
     forward_efficiency: float = 1.0
     bandwidth: float = CPU_BANDWIDTH  # the host's, which reads the checkpoints (on a GPU machine too)
     cpu_thread_flops: float = 0.0     # the host CPU's on one thread (numpy's small products)
-    start_scale: float = 1.0
+    python_scale: float = 1.0
     # Where the similarity nulls' engines run (layersim.compute.device.analysis_on): None on a CPU plan (with the host's
     # numpy terms); on a GPU, its float64 throughput and per-cell cost there, each a Figure (possibly unmeasured).
     analysis_flops: Figure | None = None
@@ -128,11 +154,35 @@ def measured_cpu_flops(threads: int | None = None, size: int = 2048, repeats: in
     return 2 * size ** 3 / best
 
 
-def device(name: str = "cpu", flops: float | None = None, pass_seconds: float | None = None) -> Device:
+def python_probe_seconds(repeats: int = 50) -> float:
+    """This machine's time for a fixed piece of Python-level work (:data:`PROBE_SOURCE` executed 10 times, 100 rounds
+    of small numpy calls): the best of `repeats` (about 3 ms each on the reference CPU: short enough that the best ran
+    within one time slice when other processes share the cores, so the figure is the quiet machine's; a CPU quota of a
+    short period, benchmarks/plan_accuracy.py --cpu-quota, slows every repeat, as a slower CPU would)."""
+    import numpy as np
+
+    code = marshal.dumps(compile(PROBE_SOURCE, "<probe>", "exec"))
+    a = np.arange(64.0).reshape(8, 8)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(10):
+            exec(marshal.loads(code), {})
+        for _ in range(100):
+            (a @ a).sum()
+            a.mean(axis=0)
+            np.sqrt(a)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def device(name: str = "cpu", flops: float | None = None, pass_seconds: float | None = None,
+           python_scale: float | None = None) -> Device:
     """`flops` given: that throughput (a GPU's name, if given too, keeps its other figures); "cpu": this machine's
-    matmul, measured now, with the CPU's efficiencies and pass time; a GPU's name: its figures (gpu_figures.json). A
-    throughput that is not a positive finite number, or a negative or non-finite pass time, is one sentence (the times
-    would be negative, NaN or a division by zero)."""
+    matmul, measured now, with the CPU's efficiencies and pass time, and its Python-level work against the reference
+    CPU's (`python_scale`: measured now by :func:`python_probe_seconds` unless given, or 1 with `flops` given); a
+    GPU's name: its figures (gpu_figures.json). A throughput that is not a positive finite number, or a negative or
+    non-finite pass time, is one sentence (the times would be negative, NaN or a division by zero)."""
     if flops is not None and not (isinstance(flops, (int, float)) and 0 < flops < math.inf):
         raise LayersimError(f"--device-flops {flops:g} is invalid; give the device's effective FLOP/s, a positive "
                             "finite number (e.g. 1e11 for a CPU, 5e14 for an H200).")
@@ -155,9 +205,13 @@ def device(name: str = "cpu", flops: float | None = None, pass_seconds: float | 
                       compiled_pass_seconds=compiled if pass_seconds is None else None)
     cpu = measured_cpu_flops() if flops is None else flops
     one = measured_cpu_flops(1) if flops is None else flops / max(1, _threads())
-    return Device(name, cpu, CPU_PASS_SECONDS if pass_seconds is None else pass_seconds, cpu,
-                  "torch float32 2048² matmul, measured now" if flops is None else "given",
-                  CPU_TRAIN_EFFICIENCY, CPU_FORWARD_EFFICIENCY, cpu_thread_flops=one)
+    scale = python_scale if python_scale is not None else \
+        python_probe_seconds() / REFERENCE_PROBE_SECONDS if flops is None else 1.0
+    python = f"Python-level work at {scale:.2f}× the reference CPU's time"
+    basis = f"torch float32 2048² matmul and {python}, measured now" if flops is None else \
+        f"given; {python}" if python_scale is not None else "given"
+    return Device(name, cpu, CPU_PASS_SECONDS * scale if pass_seconds is None else pass_seconds, cpu, basis,
+                  CPU_TRAIN_EFFICIENCY, CPU_FORWARD_EFFICIENCY, cpu_thread_flops=one, python_scale=scale)
 
 
 def _threads() -> int:
@@ -172,19 +226,20 @@ def terms(cost: StageCost, on: Device) -> dict[str, float | None]:
     forward = cost.flops - cost.host_flops - cost.train_flops
     on_gpu = on.analysis_flops is not None  # the nulls' engines run on the device, the rest of the numpy on the host
     host_flops = cost.host_flops - (cost.analysis_flops if on_gpu else 0.0)
-    small_flops = max(0.0, cost.small_flops - (cost.analysis_flops if on_gpu else 0.0))
+    small_flops = cost.small_flops  # never the nulls' engines (batched torch products: the host's threads or the GPU)
     compute = (cost.train_flops / on.train_efficiency + forward / on.forward_efficiency) / on.flops + \
         (small_flops / on.cpu_thread_flops if small_flops else 0.0) + \
         (host_flops - small_flops - cost.svd_flops) / on.cpu_flops + cost.svd_flops / (on.cpu_flops * SVD_EFFICIENCY)
     start = cost.processes * START_SECONDS[STACK.get(cost.stage, "model")]
     if cost.stage == "download" and cost.processes:  # download_model imports the model stack (it checks the model)
         start += START_SECONDS["model"] - START_SECONDS["light"]
-    first = cost.processes * FIRST_LOAD_SECONDS * on.start_scale if cost.loads else 0.0
+    python = on.python_scale
+    first = cost.processes * FIRST_LOAD_SECONDS if cost.loads else 0.0
     host_evaluations = cost.evaluations - (cost.analysis_evaluations if on_gpu else 0)
-    out = {"start": start * on.start_scale,
-           "loads": first + cost.loads * LOAD_SECONDS + cost.load_bytes / on.bandwidth,
+    out = {"start": start * python,
+           "loads": (first + cost.loads * LOAD_SECONDS) * python + cost.load_bytes / on.bandwidth,
            "compute": compute, "passes": cost.passes * on.pass_seconds + _compiled_saving(cost, on),
-           "evaluations": host_evaluations * EVALUATION_SECONDS + cost.heatmaps * HEATMAP_SECONDS}
+           "evaluations": (host_evaluations * EVALUATION_SECONDS + cost.heatmaps * HEATMAP_SECONDS) * python}
     if on_gpu and cost.analysis_evaluations:
         rate, per_cell = on.analysis_flops.value, on.analysis_cell_seconds.value
         out["analysis"] = None if rate is None or per_cell is None else \
