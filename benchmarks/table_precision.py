@@ -1,18 +1,23 @@
 """What the stored precision of the tables (extract.table_precision) changes, against what seeds change: every measure
 the similarity stage runs (the attention measures included), truncate's heads and align's maps, computed from tables
-stored as float32 and as float16 (scaled per neuron, layersim.data.io.stored; and, for comparison, plain float16 as
-stored before issue 61) and read back through the stages' readers, beside the sd over fine-tuning seeds of the same
-numbers on the float32 tables.
+stored as float32 and as each lossy encoding of layersim.data.io.stored (scaled float16 residuals, scaled 24-bit
+integer residuals) and read back through the stages' readers, beside the sd over fine-tuning seeds of the same numbers
+on the float32 tables; and the rule `auto` (int24 for word rows, float16 for the rest), per pooling.
+
+The reference: float32 tables hold the encoder's activations exactly as its forward pass computed them (float32), and
+every measure computes in float64 from them, so Δ against them is what the storage alone adds (float32 storage: Δ = 0).
 
 The runs are the quickstart's (quickstart.sh's params: all-MiniLM-L6-v2, packaged, offline; synth-similarity; three
 seeds of 200 steps), fine-tuned here; `--wide` runs the same on a random-init BERT of width 768 (4 layers, 12 heads)
-with more rows and 60 steps; align's maps are the closed-form ones (linear, CCA, SVCCA, PWCCA; `--neural` adds INN
-and MLP). For each measure and pooling: the FT[i]–ORIG layer blocks (i = 1, 2, 3, as the similarity stage's
-stacked matrix holds them); Δ = |value on the stored tables − value on float32 tables| per cell and seed; sd = the
-sd over the three seeds of the cell's float32 value. The verdict: max over cells of Δ / sd ≤ 0.1 (cells whose seed sd
-is below 1e-6 are left out of the ratio and their Δ shown on its own). Maps: each pair ORIG → FT[i], every layer to
-itself (layers 1 …), fitted on 80 % of the train rows and scored on the rest; heads: a fresh head per layer of FT[i]'s train rows,
-scored on its validation rows. The figures are in docs/paper-configuration.md.
+with more rows and 60 steps (random-init activations are not a trained model's: no outlier dimensions, no LayerNorm
+gains near zero; they test the width, not a trained model's ranges); align's maps are the closed-form ones (linear,
+CCA, SVCCA, PWCCA; `--neural` adds INN and MLP). For each measure and pooling: the FT[i]–ORIG layer blocks (i = 1, 2,
+3, as the similarity stage's stacked matrix holds them); Δ = |value on the stored tables − value on float32 tables|
+per cell and seed; sd = the sd over the three seeds of the cell's float32 value. The verdict: max over cells of Δ / sd
+≤ 0.1 (cells whose seed sd is below 1e-6 are left out of the ratio and their Δ shown on its own). Maps: each pair
+ORIG → FT[i], every layer to itself (layers 1 …), fitted on 80 % of the train rows and scored on the rest; heads: a
+fresh head per layer of FT[i]'s train rows, scored on its validation rows. At the end: the paper configuration's
+bytes at three seeds under each setting (`python -m layersim.plan`). The figures are in docs/paper-configuration.md.
 
     python benchmarks/table_precision.py            # the quickstart's model, task and recipe (about 15 min, 2 cores)
     python benchmarks/table_precision.py --wide     # a random-init BERT of width 768
@@ -35,11 +40,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from plan_accuracy import REPO, launcher_overrides, machine
 from layersim.align.experiments import alignment_errors, example_split
 from layersim.data.batching import encode_task
 from layersim.data.io import ActivationTable, ActivationWriter, AttentionTable
+from layersim.data.io.stored import AUTO, table_encoding
 from layersim.data.tasks import generated_table, get_task
 from layersim.errors import LayersimError
 from layersim.experiments.align import method_options
@@ -47,6 +54,7 @@ from layersim.experiments.extract import extract_activations, extract_attention
 from layersim.experiments.truncation import head_scores
 from layersim.models.registry import MODEL_INFO_FILE, load_encoder, load_tokenizer, snapshot_model, weights_digest
 from layersim.params import parse_params
+from layersim.plan import plan, total
 from layersim.plan.__main__ import overridden
 from layersim.similarity.comparisons import attention_maps, measure_options, stacked_matrix
 from layersim.similarity.attention import HEAD_MEASURES
@@ -56,7 +64,8 @@ from layersim.training.train import finetune
 
 CPU = torch.device("cpu")
 SEEDS = (1, 2, 3)
-STORED = ("float16", "float16 unscaled")  # compared with float32; the second is issue 53's plain float16
+ENCODED = ("float16", "int24")  # the lossy encodings, each compared with float32
+STORED = (*ENCODED, AUTO)  # …and the rule: per table, the encoding table_encoding(AUTO, pooling) picks
 WIDE_STEPS = 60  # the wide model's fine-tuning steps: its seeds' spread, not a converged run, is what is measured
 FLAT_SD = 1e-6  # a cell the seeds do not move (the embeddings): its Δ is shown, not divided
 
@@ -141,23 +150,28 @@ class Runs:
                                     max_tokens=e.max_tokens)
                 for q, path in out.items():
                     full = self.tables[run, split, q, "float32"] = ActivationTable(path)
-                    self.tables[run, split, q, "float16"] = stored_copy(full, path.with_suffix(".f16.parquet"),
-                                                                        "float16")
-            for precision in ("float32", "float16"):
+                    for encoding in ENCODED:
+                        self.tables[run, split, q, encoding] = stored_copy(full, path.with_suffix(f".{encoding}.parquet"),
+                                                                           encoding)
+            for precision in ("float32", table_encoding(AUTO, "attention")):
                 path = folder / f"{run}.attention.{precision}.parquet"
                 extract_attention(encoder, tokenizer, attention, path, {"run": run, "task": spec.name},
                                   e.batch_size, CPU, e.attention_unit, precision)
                 self.attention[run, precision] = AttentionTable(path)
 
     def layers(self, run: str, split: str, pooling: str, variant: str) -> list[np.ndarray]:
-        if variant == "float16 unscaled":  # issue 53's storage, for comparison: float16 without scales
-            return [x.astype(np.float16).astype(np.float32) for x in self.layers(run, split, pooling, "float32")]
-        return self.tables[run, split, pooling, variant].layers()
+        return self.table(run, split, pooling, variant).layers()
+
+    def table(self, run: str, split: str, pooling: str, variant: str) -> ActivationTable:
+        """The table of `variant`: float32, an encoding, or AUTO (the encoding the rule picks for `pooling`)."""
+        return self.tables[run, split, pooling, table_encoding(variant, pooling)]
 
 
-def verdict(values: dict[str, np.ndarray]) -> dict:
+def verdict(values: dict[str, np.ndarray], kind: str) -> dict:
     """Per stored variant: max Δ, the seeds' sd, max Δ / sd over the cells the seeds move; `values[variant]` is
-    (seeds, cells) for float32 and every stored variant."""
+    (seeds, cells) for float32 and the encodings measured; the rule's (AUTO) are those of the encoding it picks for
+    `kind` (a pooling, or "attention")."""
+    values = {**values, AUTO: values[table_encoding(AUTO, kind)]}
     sd = np.nanstd(values["float32"], axis=0, ddof=1)
     moved = sd >= FLAT_SD
     found = {"seed sd (min over cells)": float(np.nanmin(np.where(moved, sd, np.nan))) if moved.any() else None}
@@ -182,7 +196,7 @@ def measures(runs: Runs) -> dict[str, dict]:
     found = {}
     for pooling in ("cls", "tokens"):
         layers = {v: {run: runs.layers(run, "validation", pooling, v) for run in ("orig", *map("seed{}".format, SEEDS))}
-                  for v in ("float32", *STORED)}
+                  for v in ("float32", *ENCODED)}
         rows, width = layers["float32"]["orig"][0].shape
         for name in MEASURES:
             start, values = time.perf_counter(), {}
@@ -193,7 +207,8 @@ def measures(runs: Runs) -> dict[str, dict]:
             except LayersimError as err:
                 found[f"{name} ({pooling}, {rows} × {width})"] = {"not computable": str(err)}
                 continue
-            found[f"{name} ({pooling}, {rows} × {width})"] = verdict(values) | {"seconds": time.perf_counter() - start}
+            found[f"{name} ({pooling}, {rows} × {width})"] = verdict(values, pooling) | {
+                "seconds": time.perf_counter() - start}
             print(f"  {name} {pooling}: {found[f'{name} ({pooling}, {rows} × {width})']}", flush=True)
     return found
 
@@ -201,11 +216,11 @@ def measures(runs: Runs) -> dict[str, dict]:
 def attention(runs: Runs) -> dict[str, dict]:
     found = {}
     maps = {v: {run: attention_maps(runs.attention[run, v]) for run in ("orig", *map("seed{}".format, SEEDS))}
-            for v in ("float32", "float16")}
+            for v in ("float32", table_encoding(AUTO, "attention"))}
     for name in HEAD_MEASURES:
         values = {v: np.stack([_block(stacked_matrix(name, {"orig": m["orig"], "ft": m[f"seed{i}"]}))
                                for i in SEEDS]) for v, m in maps.items()}
-        found[f"attention {name} ({runs.params.extract.attention_examples} examples)"] = verdict(values)
+        found[f"attention {name} ({runs.params.extract.attention_examples} examples)"] = verdict(values, "attention")
     return found
 
 
@@ -220,11 +235,11 @@ def heads(runs: Runs) -> dict:
     head = HeadParams(epochs=t.head_epochs, learning_rate=t.head_learning_rate, batch_size=t.head_batch_size,
                       weight_decay=t.head_weight_decay, holdout=t.head_holdout, patience=t.head_patience)
     values = {}
-    for v in ("float32", "float16"):
-        values[v] = np.array([head_scores(runs.spec, runs.tables[f"seed{i}", "train", "cls", v],
-                                          runs.tables[f"seed{i}", "validation", "cls", v], head, seed=1)
+    for v in ("float32", *ENCODED):
+        values[v] = np.array([head_scores(runs.spec, runs.table(f"seed{i}", "train", "cls", v),
+                                          runs.table(f"seed{i}", "validation", "cls", v), head, seed=1)
                               for i in SEEDS])
-    return {"truncate head, fresh (score per layer)": verdict(values)}
+    return {"truncate head, fresh (score per layer)": verdict(values, "cls")}
 
 
 def maps(runs: Runs) -> dict:
@@ -233,7 +248,7 @@ def maps(runs: Runs) -> dict:
     fit, test = example_split(ids, 0.2, seed=p.align.seed)
     found = {}
     values: dict[str, dict[str, list]] = {}
-    for v in ("float32", *STORED):
+    for v in ("float32", *ENCODED):
         source = runs.layers("orig", "train", "mean", v)[1:]  # the layers: embeddings barely move (a loss of 0)
         for i in SEEDS:
             target = runs.layers(f"seed{i}", "train", "mean", v)[1:]
@@ -246,10 +261,10 @@ def maps(runs: Runs) -> dict:
                     continue
                 values.setdefault(method, {}).setdefault(v, []).extend(r["relative_error"] for r in rows)
     for method, by_variant in values.items():
-        if f"align map {method}" in found or len(by_variant) < 1 + len(STORED):
+        if f"align map {method}" in found or len(by_variant) < 1 + len(ENCODED):
             continue
         arrays = {v: np.array(x).reshape(len(SEEDS), -1) for v, x in by_variant.items()}
-        found[f"align map {method} (relative error, ORIG → FT[i] per layer)"] = verdict(arrays)
+        found[f"align map {method} (relative error, ORIG → FT[i] per layer)"] = verdict(arrays, p.align.pooling)
     return found
 
 
@@ -282,9 +297,10 @@ def main() -> None:
         else:
             snapshot_model(params.model, folder / "model")
         runs = Runs(folder, folder / "model", params, spec)
-        sizes = {v: sum(t.path.stat().st_size for k, t in runs.tables.items() if k[3] == v) for v in ("float32", "float16")}
-        print(f"fine-tuning: {runs.train_seconds:.0f} s; tables {sizes['float32'] / 1e6:.1f} MB as float32, "
-              f"{sizes['float16'] / 1e6:.1f} MB as scaled float16", flush=True)
+        sizes = {v: sum(runs.table(*k[:3], v).path.stat().st_size for k in runs.tables if k[3] == "float32")
+                 for v in ("float32", *STORED)}
+        print(f"fine-tuning: {runs.train_seconds:.0f} s; activation tables "
+              + ", ".join(f"{v} {size / 1e6:.1f} MB" for v, size in sizes.items()), flush=True)
         parts = {"measures": measures, "attention": attention, "heads": heads, "maps": maps}
         found = {}
         for name in args.parts:
@@ -300,6 +316,19 @@ def main() -> None:
                  for v in STORED]
         sd = row["seed sd (min over cells)"]
         print(f"{key:<60} {sd if sd is None else format(sd, '8.1e'):>8}  " + "  ".join(f"{c:>26}" for c in cells))
+    worst = {v: max((row[v]["max delta/sd"] for row in found.values() if v in row), default=np.nan) for v in STORED}
+    print("largest Δ / sd over every row: " + ", ".join(f"{v} {x:.3f}" + (" (holds)" if x <= 0.1 else " (fails)")
+                                                      for v, x in worst.items()))
+    print("the paper configuration at three seeds (python -m layersim.plan -S 'seeds=[1,2,3]'): "
+          + ", ".join(f"{v} {paper_bytes(v) / 1e9:.1f} GB" for v in ("float32", *STORED)))
+
+
+def paper_bytes(precision: str) -> float:
+    """What the plan says the paper configuration (params.yaml, three seeds) writes with `precision`."""
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["seeds"] = [1, 2, 3]
+    raw["extract"]["table_precision"] = precision
+    return total(plan(parse_params(raw), REPO)).bytes
 
 
 if __name__ == "__main__":

@@ -223,6 +223,8 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
             warn("%s: tables streamed, so no bootstrap interval%s", pooling,
                  f" and no permutation null for {', '.join(without)}" if without else "")
         metrics["rows"] = orig.num_rows
+        # How the tables stored these rows (extract.table_precision: word rows and example rows may differ).
+        metrics["table_precision"] = "; ".join(sorted({table.precision for table in tables.values()}))
         out.figures["plots", f"{pooling}.png"] = report.figure
         out.rows["plots", f"{pooling}.json"] = report.rows
         if report.diagonal_figure is not None:
