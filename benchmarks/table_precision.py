@@ -102,7 +102,10 @@ def wide_model(folder: Path) -> None:
 
 
 def stored_copy(table: ActivationTable, path: Path, precision: str) -> ActivationTable:
-    """`table` (float32) written again through the extract stage's writer in `precision` and read back."""
+    """`table` (float32) written again through the extract stage's writer in `precision` and read back (or the copy
+    a former run left at `path`)."""
+    if path.exists():
+        return ActivationTable(path)
     with ActivationWriter(path, num_layers=table.num_layers, hidden_size=table.hidden_size,
                           label_type=table._reader.schema.field("label").type, metadata=table.metadata,
                           precision=precision) as writer:
@@ -145,9 +148,10 @@ class Runs:
         for run, encoder in encoders.items():
             for split, poolings in (("validation", ["cls", "tokens"]), ("train", ["cls", "mean"])):
                 out = {q: folder / f"{run}.{split}.{q}.parquet" for q in poolings}
-                extract_activations(encoder, tokenizer, spec, splits[split], out,
-                                    {"run": run, "task": spec.name, "split": split}, e.batch_size, CPU,
-                                    max_tokens=e.max_tokens)
+                if not all(path.exists() for path in out.values()):  # a rerun reads the tables kept in --work
+                    extract_activations(encoder, tokenizer, spec, splits[split], out,
+                                        {"run": run, "task": spec.name, "split": split}, e.batch_size, CPU,
+                                        max_tokens=e.max_tokens)
                 for q, path in out.items():
                     full = self.tables[run, split, q, "float32"] = ActivationTable(path)
                     for encoding in ENCODED:
@@ -155,8 +159,9 @@ class Runs:
                                                                            encoding)
             for precision in ("float32", table_encoding(AUTO, "attention")):
                 path = folder / f"{run}.attention.{precision}.parquet"
-                extract_attention(encoder, tokenizer, attention, path, {"run": run, "task": spec.name},
-                                  e.batch_size, CPU, e.attention_unit, precision)
+                if not path.exists():
+                    extract_attention(encoder, tokenizer, attention, path, {"run": run, "task": spec.name},
+                                      e.batch_size, CPU, e.attention_unit, precision)
                 self.attention[run, precision] = AttentionTable(path)
 
     def layers(self, run: str, split: str, pooling: str, variant: str) -> list[np.ndarray]:
@@ -164,7 +169,7 @@ class Runs:
 
     def table(self, run: str, split: str, pooling: str, variant: str) -> ActivationTable:
         """The table of `variant`: float32, an encoding, or AUTO (the encoding the rule picks for `pooling`)."""
-        return self.tables[run, split, pooling, table_encoding(variant, pooling)]
+        return self.tables[run, split, pooling, table_encoding(AUTO, pooling) if variant == AUTO else variant]
 
 
 def verdict(values: dict[str, np.ndarray], kind: str) -> dict:
@@ -278,7 +283,7 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", default=["measures", "attention", "heads", "maps"],
                         choices=["measures", "attention", "heads", "maps"], help="what to measure (default: all)")
     parser.add_argument("--work", type=Path, help="keep the model, the seeds' weights and the tables here (a rerun "
-                        "reuses the model and the seeds)")
+                        "reuses them: empty the folder after changing the encodings or the recipe)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
