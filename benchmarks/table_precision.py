@@ -5,7 +5,8 @@ integer residuals) and read back through the stages' readers, beside the sd over
 on the float32 tables; and the rule `auto` (int24 for word rows, float16 for the rest), per pooling.
 
 The reference: float32 tables hold the encoder's activations exactly as its forward pass computed them (float32), and
-every measure computes in float64 from them, so Δ against them is what the storage alone adds (float32 storage: Δ = 0).
+every measure computes in float64 from them, so Δ against them is what the storage alone adds (float32 storage:
+Δ = 0).
 
 The runs are the quickstart's (quickstart.sh's params: all-MiniLM-L6-v2, packaged, offline; synth-similarity; three
 seeds of 200 steps), fine-tuned here; `--wide` runs the same on a random-init BERT of width 768 (4 layers, 12 heads)
@@ -155,8 +156,8 @@ class Runs:
                 for q, path in out.items():
                     full = self.tables[run, split, q, "float32"] = ActivationTable(path)
                     for encoding in ENCODED:
-                        self.tables[run, split, q, encoding] = stored_copy(full, path.with_suffix(f".{encoding}.parquet"),
-                                                                           encoding)
+                        copy = path.with_suffix(f".{encoding}.parquet")
+                        self.tables[run, split, q, encoding] = stored_copy(full, copy, encoding)
             for precision in ("float32", table_encoding(AUTO, "attention")):
                 path = folder / f"{run}.attention.{precision}.parquet"
                 if not path.exists():

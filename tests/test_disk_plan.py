@@ -37,8 +37,9 @@ def test_the_tables_bytes_are_counted_row_by_row():
     expected = (validation + train) * 4 * 32 * 2 + words * 4 * 32 * 3
     assert disk.extract_bytes(params, spec, {"validation": 10, "train": 20}, runs, "cls", shape) == expected
     for precision, size in (("float32", 4), ("float16", 2)):
-        assert disk.extract_bytes(_params(table_precision=precision), spec, {"validation": 10, "train": 20}, runs, "cls", shape) == \
-            (validation + train + words) * 4 * 32 * size
+        counted = disk.extract_bytes(_params(table_precision=precision), spec, {"validation": 10, "train": 20}, runs,
+                                     "cls", shape)
+        assert counted == (validation + train + words) * 4 * 32 * size
     # Without the control, and align.pooling the head's own: one train table per trained run.
     other = parse_params({"model": "tiny-bert", "tasks": ["synth-choice"], "seeds": [1], "finetune": {"max_length": 64},
                           "similarity": {"random_control": None, "measures": {"cls": ["linear_cka"]}},
