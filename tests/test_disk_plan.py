@@ -36,7 +36,7 @@ def test_the_tables_bytes_are_counted_row_by_row():
     # word rows 24-bit integers (3 bytes); float32 and float16 for every table alike.
     expected = (validation + train) * 4 * 32 * 2 + words * 4 * 32 * 3
     assert disk.extract_bytes(params, spec, {"validation": 10, "train": 20}, runs, "cls", shape) == expected
-    for precision, size in (("float32", 4), ("float16", 2)):
+    for precision, size in (("float32", 4), ("float16", 2), ("int24", 3)):
         counted = disk.extract_bytes(_params(table_precision=precision), spec, {"validation": 10, "train": 20}, runs,
                                      "cls", shape)
         assert counted == (validation + train + words) * 4 * 32 * size

@@ -58,8 +58,8 @@ def test_a_float16_table_reads_back_as_float32_within_its_rounding(tmp_path):
     for precision in VALUE_TYPES:  # half (float16) or three quarters (int24) of the layers' bytes, scales included
         _write(tmp_path / f"{precision}.parquet", layers, precision, batch=100)
     for precision, share in (("float16", 0.6), ("int24", 0.85)):
-        assert _layer_bytes(tmp_path / f"{precision}.parquet") + len(_footer_scales(tmp_path / f"{precision}.parquet")) \
-            < share * _layer_bytes(tmp_path / "float32.parquet")
+        path = tmp_path / f"{precision}.parquet"
+        assert _layer_bytes(path) + len(_footer_scales(path)) < share * _layer_bytes(tmp_path / "float32.parquet")
 
 
 def _layer_bytes(path) -> int:
@@ -164,9 +164,12 @@ def test_auto_stores_word_rows_as_24_bit_integers_and_every_other_table_as_float
         assert table_encoding(AUTO, kind) == "float16"
     for precision in ("float32", "float16"):  # a named precision: every table alike
         assert {table_encoding(precision, kind) for kind in ("tokens", "cls", "attention")} == {precision}
-    for bad in ("int24", "bfloat16"):  # int24 is fixed point: no setting of its own (attention needs float16's bits)
-        with pytest.raises(LayersimError, match=rf"^table precision '{bad}' is not one of auto, float32, float16\.$"):
-            table_encoding(bad, "tokens")
+    # int24 is fixed point: every activation table, but attention weights keep float16's bits of each weight
+    kinds = ("tokens", "cls", "mean", "attention")
+    assert [table_encoding("int24", kind) for kind in kinds] == ["int24"] * 3 + ["float16"]
+    with pytest.raises(LayersimError, match=r"^table precision 'bfloat16' is not one of auto, float32, float16, "
+                                            r"int24\.$"):
+        table_encoding("bfloat16", "tokens")
 
 
 @pytest.mark.parametrize("precision", ["float16", "int24"])
@@ -219,12 +222,13 @@ def test_extract_stores_each_pooling_as_auto_says(tiny_model_dir, tmp_path):
     tokenizer = load_tokenizer(folder)
     encoded = encode_task(generated_table(spec, "validation", 6, seed=1), spec, tokenizer, max_length=64, words=True)
     read = {}
-    for precision in ("float32", AUTO):
+    for precision in ("float32", AUTO, "int24"):
         out = {q: tmp_path / f"{precision}.{q}.parquet" for q in ("cls", "tokens")}
         extract_activations(load_encoder(folder), tokenizer, spec, encoded, out, {"run": "orig", "task": spec.name},
                             batch_size=4, device=torch.device("cpu"), precision=precision)
         read[precision] = {q: ActivationTable(path) for q, path in out.items()}
     assert {q: t.precision for q, t in read[AUTO].items()} == {"cls": "float16", "tokens": "int24"}
+    assert {q: t.precision for q, t in read["int24"].items()} == {"cls": "int24", "tokens": "int24"}
     for q, table in read[AUTO].items():
         for k in range(table.num_layers + 1):
             full, kept = read["float32"][q].layer(k), table.layer(k)
@@ -245,15 +249,16 @@ def test_attention_maps_stored_in_float16_read_back_within_their_rounding(tiny_m
     tokenizer = load_tokenizer(folder)
     encoded = encode_task(generated_table(spec, "validation", 6, seed=1), spec, tokenizer, max_length=128)
     tables = {}
-    for precision in ("float32", "float16", AUTO):  # auto: attention maps as float16
+    for precision in ("float32", "float16", AUTO, "int24"):  # auto and int24: attention maps as float16
         extract_attention(load_encoder(folder), tokenizer, encoded, tmp_path / f"{precision}.parquet",
                           {"run": "orig", "task": spec.name}, batch_size=2, device=torch.device("cpu"),
                           precision=precision)
         tables[precision] = AttentionTable(tmp_path / f"{precision}.parquet")
-    assert [t.precision for t in tables.values()] == ["float32", "float16", "float16"]
+    assert [t.precision for t in tables.values()] == ["float32", "float16", "float16", "float16"]
     np.testing.assert_array_equal(tables["float32"].index, tables["float16"].index)
     for k in range(1, tables["float32"].num_layers + 1):
-        np.testing.assert_array_equal(tables[AUTO].layer(k), tables["float16"].layer(k))
+        for same in (AUTO, "int24"):
+            np.testing.assert_array_equal(tables[same].layer(k), tables["float16"].layer(k))
     for k in range(1, tables["float32"].num_layers + 1):
         full, half = tables["float32"].layer(k), tables["float16"].layer(k)
         assert half.dtype == np.float32 and (full > 0).all() and (half > 0).all()  # softmax: no weight flushed to 0

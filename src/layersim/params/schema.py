@@ -149,9 +149,9 @@ class ExtractParams:
     max_tokens: int = knob(20000, "tokens pooling: word rows per task (validation), the first words in order",
                            POSITIVE, at_most(10**7, "word rows per task"), ENOUGH)
     table_precision: str = knob("auto", "what the activation and attention tables store (read back as float32 "
-                                        "before any arithmetic): float32, or float16 (half the bytes), each "
-                                        "neuron as residuals about its mean with a power-of-two scale; auto: word "
-                                        "rows (tokens) as 24-bit integer residuals (3 bytes), the other tables as "
+                                        "before any arithmetic): float32; float16 (2 bytes a value) or int24 "
+                                        "(3 bytes; attention maps float16), each neuron as residuals about its mean "
+                                        "with a power-of-two scale; auto: word rows (tokens) int24, the other tables "
                                         "float16, as measured on every measure, head and map: "
                                         "docs/paper-configuration.md",
                                 names=TABLE_PRECISIONS)

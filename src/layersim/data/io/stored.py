@@ -37,11 +37,11 @@ from layersim.errors import LayersimError
 VALUE_TYPES = {"float32": pa.float32(), "float16": pa.float16(), "int24": pa.binary(3)}
 BYTES_PER_VALUE = {"float32": 4, "float16": 2, "int24": 3}
 # extract.table_precision (layersim.params.vocabulary.TABLE_PRECISIONS spells the names out, checked by a test):
-# float32 or float16 for every table, or "auto", the rule of :func:`table_encoding`. int24 is no setting of its own:
-# it is fixed point, each value to 2^-23 of its column's largest, which suits activations (residuals about a mean)
-# but not attention weights, whose tiny values each need their own significant bits (float16's, floating point).
+# "auto", the rule of :func:`table_encoding`, or one encoding for every table. int24 is fixed point, each value to
+# 2^-23 of its column's largest, which suits activations (residuals about a mean) but not attention weights, whose
+# tiny values each need their own significant bits (floating point): under int24 attention tables stay float16.
 AUTO = "auto"
-TABLE_PRECISIONS = (AUTO, "float32", "float16")
+TABLE_PRECISIONS = (AUTO, *VALUE_TYPES)
 # The rule of "auto", per kind of table (a pooling, or "attention"; any other: DEFAULT_ENCODING), from the measured
 # effect of each encoding on every measure the stages run (docs/paper-configuration.md): word rows need more than
 # float16's 11 bits; example rows and attention maps do not.
@@ -63,13 +63,13 @@ ENCODINGS = {"float32": "float32",
 
 def table_encoding(precision: str, kind: str) -> str:
     """The encoding (a key of VALUE_TYPES) of a table of `kind` (its pooling, or "attention") under
-    extract.table_precision `precision`: float32 or float16 as named, or under "auto" the measured rule,
-    AUTO_ENCODINGS."""
+    extract.table_precision `precision`: under "auto" the measured rule, AUTO_ENCODINGS; else the encoding named
+    (attention tables float16 under int24)."""
     if precision == AUTO:
         return AUTO_ENCODINGS.get(kind, DEFAULT_ENCODING)
     if precision not in TABLE_PRECISIONS:
         raise LayersimError(f"table precision {precision!r} is not one of {', '.join(TABLE_PRECISIONS)}.")
-    return precision
+    return "float16" if precision == "int24" and kind == "attention" else precision
 
 
 def offsets(values: np.ndarray) -> np.ndarray:
