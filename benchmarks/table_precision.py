@@ -118,9 +118,10 @@ def stored_copy(table: ActivationTable, path: Path, precision: str) -> Activatio
 
 
 class Runs:
-    """ORIG and the fine-tuned seeds' tables, float32 and stored, in one folder."""
+    """ORIG and the fine-tuned seeds' tables, float32 and stored, in one folder: the train tables only for `parts`
+    that read them (heads, maps), the attention tables only for attention."""
 
-    def __init__(self, folder: Path, model: Path, params, spec):
+    def __init__(self, folder: Path, model: Path, params, spec, parts=("measures", "attention", "heads", "maps")):
         self.folder, self.params, self.spec = folder, params, spec
         e, f = params.extract, params.finetune
         tokenizer = load_tokenizer(model)
@@ -148,6 +149,8 @@ class Runs:
         self.attention: dict[tuple[str, str], AttentionTable] = {}
         for run, encoder in encoders.items():
             for split, poolings in (("validation", ["cls", "tokens"]), ("train", ["cls", "mean"])):
+                if split == "train" and not {"heads", "maps"} & set(parts):
+                    continue
                 out = {q: folder / f"{run}.{split}.{q}.parquet" for q in poolings}
                 if not all(path.exists() for path in out.values()):  # a rerun reads the tables kept in --work
                     extract_activations(encoder, tokenizer, spec, splits[split], out,
@@ -158,7 +161,7 @@ class Runs:
                     for encoding in ENCODED:
                         copy = path.with_suffix(f".{encoding}.parquet")
                         self.tables[run, split, q, encoding] = stored_copy(full, copy, encoding)
-            for precision in ("float32", table_encoding(AUTO, "attention")):
+            for precision in ("float32", table_encoding(AUTO, "attention")) if "attention" in parts else ():
                 path = folder / f"{run}.attention.{precision}.parquet"
                 if not path.exists():
                     extract_attention(encoder, tokenizer, attention, path, {"run": run, "task": spec.name},
@@ -191,7 +194,7 @@ def verdict(values: dict[str, np.ndarray], kind: str) -> dict:
     return found
 
 
-def measures(runs: Runs) -> dict[str, dict]:
+def measures(runs: Runs, poolings=("cls", "tokens")) -> dict[str, dict]:
     s = runs.params.similarity
     options = measure_options(rbf_sigma_scale=s.rbf_sigma_scale, svcca_variance=s.svcca_variance,
                               pwcca_variance=s.pwcca_variance, rbf_exact_max_rows=s.rbf_exact_max_rows,
@@ -200,7 +203,7 @@ def measures(runs: Runs) -> dict[str, dict]:
     options["rsa"] = {"rdm": s.rsa_rdm, "compare": s.rsa_compare}
     options["knn_jaccard"] = {"k": s.knn_k, "metric": s.knn_metric}
     found = {}
-    for pooling in ("cls", "tokens"):
+    for pooling in poolings:
         layers = {v: {run: runs.layers(run, "validation", pooling, v) for run in ("orig", *map("seed{}".format, SEEDS))}
                   for v in ("float32", *ENCODED)}
         rows, width = layers["float32"]["orig"][0].shape
@@ -283,6 +286,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the figures here as JSON too")
     parser.add_argument("--parts", nargs="+", default=["measures", "attention", "heads", "maps"],
                         choices=["measures", "attention", "heads", "maps"], help="what to measure (default: all)")
+    parser.add_argument("--poolings", nargs="+", default=["cls", "tokens"], choices=["cls", "tokens"],
+                        help="the points the measures run on, in this order (default: cls tokens)")
     parser.add_argument("--work", type=Path, help="keep the model, the seeds' weights and the tables here (a rerun "
                         "reuses them: empty the folder after changing the encodings or the recipe)")
     args = parser.parse_args()
@@ -302,12 +307,12 @@ def main() -> None:
             wide_model(folder / "model")
         else:
             snapshot_model(params.model, folder / "model")
-        runs = Runs(folder, folder / "model", params, spec)
+        runs = Runs(folder, folder / "model", params, spec, args.parts)
         sizes = {v: sum(runs.table(*k[:3], v).path.stat().st_size for k in runs.tables if k[3] == "float32")
                  for v in ("float32", *STORED)}
         print(f"fine-tuning: {runs.train_seconds:.0f} s; activation tables "
               + ", ".join(f"{v} {size / 1e6:.1f} MB" for v, size in sizes.items()), flush=True)
-        parts = {"measures": measures, "attention": attention, "heads": heads, "maps": maps}
+        parts = {"measures": lambda r: measures(r, args.poolings), "attention": attention, "heads": heads, "maps": maps}
         found = {}
         for name in args.parts:
             found |= parts[name](runs)
