@@ -67,6 +67,9 @@ CPU = torch.device("cpu")
 SEEDS = (1, 2, 3)
 ENCODED = ("float16", "int24")  # the lossy encodings, each compared with float32
 STORED = (*ENCODED, AUTO)  # …and the rule: per table, the encoding table_encoding(AUTO, pooling) picks
+# --ulp: the float32 values each moved by float32's own rounding (× (1 + 2^-24 · a standard normal)), which a
+# different BLAS, batch size or GPU changes too; what a measure moves by then, no storage can hold it within.
+NOISE = "float32 ± ulp"
 WIDE_STEPS = 60  # the wide model's fine-tuning steps: its seeds' spread, not a converged run, is what is measured
 FLAT_SD = 1e-6  # a cell the seeds do not move (the embeddings): its Δ is shown, not divided
 
@@ -184,7 +187,7 @@ def verdict(values: dict[str, np.ndarray], kind: str) -> dict:
     sd = np.nanstd(values["float32"], axis=0, ddof=1)
     moved = sd >= FLAT_SD
     found = {"seed sd (min over cells)": float(np.nanmin(np.where(moved, sd, np.nan))) if moved.any() else None}
-    for variant in STORED:
+    for variant in (*STORED, NOISE):
         if variant not in values:
             continue
         delta = np.abs(values[variant] - values["float32"])
@@ -194,7 +197,7 @@ def verdict(values: dict[str, np.ndarray], kind: str) -> dict:
     return found
 
 
-def measures(runs: Runs, poolings=("cls", "tokens")) -> dict[str, dict]:
+def measures(runs: Runs, poolings=("cls", "tokens"), ulp: bool = False) -> dict[str, dict]:
     s = runs.params.similarity
     options = measure_options(rbf_sigma_scale=s.rbf_sigma_scale, svcca_variance=s.svcca_variance,
                               pwcca_variance=s.pwcca_variance, rbf_exact_max_rows=s.rbf_exact_max_rows,
@@ -207,6 +210,10 @@ def measures(runs: Runs, poolings=("cls", "tokens")) -> dict[str, dict]:
         layers = {v: {run: runs.layers(run, "validation", pooling, v) for run in ("orig", *map("seed{}".format, SEEDS))}
                   for v in ("float32", *ENCODED)}
         rows, width = layers["float32"]["orig"][0].shape
+        if ulp:
+            rng = np.random.default_rng(0)
+            layers[NOISE] = {run: [(x * (1 + 2.0 ** -24 * rng.standard_normal(x.shape))).astype(np.float32)
+                                   for x in models] for run, models in layers["float32"].items()}
         for name in MEASURES:
             start, values = time.perf_counter(), {}
             try:
@@ -286,6 +293,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the figures here as JSON too")
     parser.add_argument("--parts", nargs="+", default=["measures", "attention", "heads", "maps"],
                         choices=["measures", "attention", "heads", "maps"], help="what to measure (default: all)")
+    parser.add_argument("--ulp", action="store_true", help="the measures on float32 values moved by float32's own "
+                        "rounding too: the floor no storage gets below")
     parser.add_argument("--poolings", nargs="+", default=["cls", "tokens"], choices=["cls", "tokens"],
                         help="the points the measures run on, in this order (default: cls tokens)")
     parser.add_argument("--work", type=Path, help="keep the model, the seeds' weights and the tables here (a rerun "
@@ -312,22 +321,23 @@ def main() -> None:
                  for v in ("float32", *STORED)}
         print(f"fine-tuning: {runs.train_seconds:.0f} s; activation tables "
               + ", ".join(f"{v} {size / 1e6:.1f} MB" for v, size in sizes.items()), flush=True)
-        parts = {"measures": lambda r: measures(r, args.poolings), "attention": attention, "heads": heads, "maps": maps}
+        parts = {"measures": lambda r: measures(r, args.poolings, args.ulp), "attention": attention, "heads": heads, "maps": maps}
         found = {}
         for name in args.parts:
             found |= parts[name](runs)
     if args.out:
         args.out.write_text(json.dumps(found, indent=1) + "\n")
-    print(f"{'':<60} {'seed sd':>8}  " + "  ".join(f"{v + ': Δ, Δ/sd':>26}" for v in STORED))
+    shown = [v for v in (*STORED, NOISE) if any(v in row for row in found.values())]
+    print(f"{'':<60} {'seed sd':>8}  " + "  ".join(f"{v + ': Δ, Δ/sd':>26}" for v in shown))
     for key, row in found.items():
         if "not computable" in row:
             print(f"{key:<60} not computable: {row['not computable'][:60]}")
             continue
         cells = [f"{row[v]['max delta']:>10.1e} {row[v]['max delta/sd']:>8.3f}" if v in row else f"{'':>19}"
-                 for v in STORED]
+                 for v in shown]
         sd = row["seed sd (min over cells)"]
         print(f"{key:<60} {sd if sd is None else format(sd, '8.1e'):>8}  " + "  ".join(f"{c:>26}" for c in cells))
-    worst = {v: max((row[v]["max delta/sd"] for row in found.values() if v in row), default=np.nan) for v in STORED}
+    worst = {v: max((row[v]["max delta/sd"] for row in found.values() if v in row), default=np.nan) for v in shown}
     print("largest Δ / sd over every row: " + ", ".join(f"{v} {x:.3f}" + (" (holds)" if x <= 0.1 else " (fails)")
                                                       for v, x in worst.items()))
     print("the paper configuration at three seeds (python -m layersim.plan -S 'seeds=[1,2,3]'): "
