@@ -128,11 +128,11 @@ def test_repro_writes_every_declared_output(project):
     assert set(similarity) == {"cls", "tokens", "attention"}
     assert "no permutation null and no bootstrap interval" in similarity["attention"]["jensen_shannon"]["no_uncertainty"]
     assert similarity["cls"]["null_unit"]["unit"] == "row" and similarity["tokens"]["null_unit"]["unit"] != "row"
+    # extract.table_precision auto (params.yaml's default): word rows as 24-bit integers, example rows as float16.
+    assert similarity["cls"]["table_precision"] == "float16" and similarity["tokens"]["table_precision"] == "int24"
     for pooling in ("cls", "tokens"):
         assert set(similarity[pooling]) == {"linear_cka", "svcca", "pwcca", "neuronsim", "localization", "rows",
                                             "null_unit", "table_precision"}
-    # extract.table_precision auto (params.yaml's default): word rows as 24-bit integers, example rows as float16.
-    assert similarity["cls"]["table_precision"] == "float16" and similarity["tokens"]["table_precision"] == "int24"
         # synth-negation's examples share nothing: the null moves examples (cls: rows; tokens: an example's words)
         assert similarity[pooling]["null_unit"]["rows"] > 0 and similarity[pooling]["null_unit"]["blocks"] > 0
         for measure in ("linear_cka", "svcca", "pwcca", "neuronsim"):
