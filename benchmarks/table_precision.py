@@ -197,7 +197,7 @@ def verdict(values: dict[str, np.ndarray], kind: str) -> dict:
     return found
 
 
-def measures(runs: Runs, poolings=("cls", "tokens"), ulp: bool = False) -> dict[str, dict]:
+def measures(runs: Runs, poolings=("cls", "tokens"), ulp: bool = False, names=tuple(MEASURES)) -> dict[str, dict]:
     s = runs.params.similarity
     options = measure_options(rbf_sigma_scale=s.rbf_sigma_scale, svcca_variance=s.svcca_variance,
                               pwcca_variance=s.pwcca_variance, rbf_exact_max_rows=s.rbf_exact_max_rows,
@@ -214,7 +214,7 @@ def measures(runs: Runs, poolings=("cls", "tokens"), ulp: bool = False) -> dict[
             rng = np.random.default_rng(0)
             layers[NOISE] = {run: [(x * (1 + 2.0 ** -24 * rng.standard_normal(x.shape))).astype(np.float32)
                                    for x in models] for run, models in layers["float32"].items()}
-        for name in MEASURES:
+        for name in names:
             start, values = time.perf_counter(), {}
             try:
                 for v, models in layers.items():
@@ -295,6 +295,8 @@ def main() -> None:
                         choices=["measures", "attention", "heads", "maps"], help="what to measure (default: all)")
     parser.add_argument("--ulp", action="store_true", help="the measures on float32 values moved by float32's own "
                         "rounding too: the floor no storage gets below")
+    parser.add_argument("--measures", nargs="+", default=list(MEASURES), choices=list(MEASURES),
+                        help="the measures to run (default: every one; at width 768 a measure takes minutes)")
     parser.add_argument("--poolings", nargs="+", default=["cls", "tokens"], choices=["cls", "tokens"],
                         help="the points the measures run on, in this order (default: cls tokens)")
     parser.add_argument("--work", type=Path, help="keep the model, the seeds' weights and the tables here (a rerun "
@@ -321,7 +323,7 @@ def main() -> None:
                  for v in ("float32", *STORED)}
         print(f"fine-tuning: {runs.train_seconds:.0f} s; activation tables "
               + ", ".join(f"{v} {size / 1e6:.1f} MB" for v, size in sizes.items()), flush=True)
-        parts = {"measures": lambda r: measures(r, args.poolings, args.ulp), "attention": attention, "heads": heads, "maps": maps}
+        parts = {"measures": lambda r: measures(r, args.poolings, args.ulp, args.measures), "attention": attention, "heads": heads, "maps": maps}
         found = {}
         for name in args.parts:
             found |= parts[name](runs)
