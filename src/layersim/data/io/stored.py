@@ -16,10 +16,11 @@ without scales but keeps 8 bits, fewer than scaled float16: range is handled by 
 
 Why 24-bit integers for word rows: 11 bits were not enough there. Word rows barely differ between fine-tuning seeds
 at the bottom layers (seed sds of 1e-6 in CKA), and float16's rounding moved SVCCA, mean CCA, Procrustes, the shape
-metric, kNN Jaccard and mixedsim on them by 0.15–4.4 seed sds (benchmarks/table_precision.py). Integer residuals in
-[2^22, 2^23) keep every value to 2^-23 of its column's largest (float32's own rounding of the model's output is
-2^-24 of each value): three bytes a value where float32 takes four, which keeps the paper configuration within its
-150 GB (float32 word rows: 160 GB). docs/paper-configuration.md gives the measured effect on every measure, head and
+metric and kNN Jaccard on them by 0.15–0.83 seed sds (benchmarks/table_precision.py); integer residuals in
+[2^22, 2^23), every value kept to 2^-23 of its column's largest (float32's own rounding of the model's output is
+2^-24 of each value), move them by at most 0.011 (mixedsim moves with float32's own rounding: no storage holds it).
+Three bytes a value where float32 takes four keep the paper configuration within its 150 GB (float32 word rows:
+160 GB). docs/paper-configuration.md gives the measured effect on every measure, head and
 map."""
 
 from __future__ import annotations
