@@ -68,7 +68,9 @@ SEEDS = (1, 2, 3)
 ENCODED = ("float16", "int24")  # the lossy encodings, each compared with float32
 STORED = (*ENCODED, AUTO)  # …and the rule: per table, the encoding table_encoding(AUTO, pooling) picks
 # --ulp: the float32 values each moved by float32's own rounding (× (1 + 2^-24 · a standard normal)), which a
-# different BLAS, batch size or GPU changes too; what a measure moves by then, no storage can hold it within.
+# different BLAS, batch size or GPU changes too; what a measure moves by then, no storage can hold it within. An upper
+# bound: the noise also separates rows that are exactly equal (one word at one position, at the embeddings), which a
+# recomputation keeps equal (kNN Jaccard's ties).
 NOISE = "float32 ± ulp"
 WIDE_STEPS = 60  # the wide model's fine-tuning steps: its seeds' spread, not a converged run, is what is measured
 FLAT_SD = 1e-6  # a cell the seeds do not move (the embeddings): its Δ is shown, not divided
