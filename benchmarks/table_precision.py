@@ -1,18 +1,24 @@
 """What the stored precision of the tables (extract.table_precision) changes, against what seeds change: every measure
 the similarity stage runs (the attention measures included), truncate's heads and align's maps, computed from tables
-stored as float32 and as float16 (scaled per neuron, layersim.data.io.stored; and, for comparison, plain float16 as
-stored before issue 61) and read back through the stages' readers, beside the sd over fine-tuning seeds of the same
-numbers on the float32 tables.
+stored as float32 and as each lossy encoding of layersim.data.io.stored (scaled float16 residuals, scaled 24-bit
+integer residuals) and read back through the stages' readers, beside the sd over fine-tuning seeds of the same numbers
+on the float32 tables; and the rule `auto` (int24 for word rows, float16 for the rest), per pooling.
+
+The reference: float32 tables hold the encoder's activations exactly as its forward pass computed them (float32), and
+every measure computes in float64 from them, so Δ against them is what the storage alone adds (float32 storage:
+Δ = 0).
 
 The runs are the quickstart's (quickstart.sh's params: all-MiniLM-L6-v2, packaged, offline; synth-similarity; three
 seeds of 200 steps), fine-tuned here; `--wide` runs the same on a random-init BERT of width 768 (4 layers, 12 heads)
-with more rows and 60 steps; align's maps are the closed-form ones (linear, CCA, SVCCA, PWCCA; `--neural` adds INN
-and MLP). For each measure and pooling: the FT[i]–ORIG layer blocks (i = 1, 2, 3, as the similarity stage's
-stacked matrix holds them); Δ = |value on the stored tables − value on float32 tables| per cell and seed; sd = the
-sd over the three seeds of the cell's float32 value. The verdict: max over cells of Δ / sd ≤ 0.1 (cells whose seed sd
-is below 1e-6 are left out of the ratio and their Δ shown on its own). Maps: each pair ORIG → FT[i], every layer to
-itself (layers 1 …), fitted on 80 % of the train rows and scored on the rest; heads: a fresh head per layer of FT[i]'s train rows,
-scored on its validation rows. The figures are in docs/paper-configuration.md.
+with more rows and 60 steps (random-init activations are not a trained model's: no outlier dimensions, no LayerNorm
+gains near zero; they test the width, not a trained model's ranges); align's maps are the closed-form ones (linear,
+CCA, SVCCA, PWCCA; `--neural` adds INN and MLP). For each measure and pooling: the FT[i]–ORIG layer blocks (i = 1, 2,
+3, as the similarity stage's stacked matrix holds them); Δ = |value on the stored tables − value on float32 tables|
+per cell and seed; sd = the sd over the three seeds of the cell's float32 value. The verdict: max over cells of Δ / sd
+≤ 0.1 (cells whose seed sd is below 1e-6 are left out of the ratio and their Δ shown on its own). Maps: each pair
+ORIG → FT[i], every layer to itself (layers 1 …), fitted on 80 % of the train rows and scored on the rest; heads: a
+fresh head per layer of FT[i]'s train rows, scored on its validation rows. At the end: the paper configuration's
+bytes at three seeds under each setting (`python -m layersim.plan`). The figures are in docs/paper-configuration.md.
 
     python benchmarks/table_precision.py            # the quickstart's model, task and recipe (about 15 min, 2 cores)
     python benchmarks/table_precision.py --wide     # a random-init BERT of width 768
@@ -35,11 +41,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from plan_accuracy import REPO, launcher_overrides, machine
 from layersim.align.experiments import alignment_errors, example_split
 from layersim.data.batching import encode_task
 from layersim.data.io import ActivationTable, ActivationWriter, AttentionTable
+from layersim.data.io.stored import AUTO, table_encoding
 from layersim.data.tasks import generated_table, get_task
 from layersim.errors import LayersimError
 from layersim.experiments.align import method_options
@@ -47,6 +55,7 @@ from layersim.experiments.extract import extract_activations, extract_attention
 from layersim.experiments.truncation import head_scores
 from layersim.models.registry import MODEL_INFO_FILE, load_encoder, load_tokenizer, snapshot_model, weights_digest
 from layersim.params import parse_params
+from layersim.plan import plan, total
 from layersim.plan.__main__ import overridden
 from layersim.similarity.comparisons import attention_maps, measure_options, stacked_matrix
 from layersim.similarity.attention import HEAD_MEASURES
@@ -56,7 +65,13 @@ from layersim.training.train import finetune
 
 CPU = torch.device("cpu")
 SEEDS = (1, 2, 3)
-STORED = ("float16", "float16 unscaled")  # compared with float32; the second is issue 53's plain float16
+ENCODED = ("float16", "int24")  # the lossy encodings, each compared with float32
+STORED = (*ENCODED, AUTO)  # …and the rule: per table, the encoding table_encoding(AUTO, pooling) picks
+# --ulp: the float32 values each moved by float32's own rounding (× (1 + 2^-24 · a standard normal)), which a
+# different BLAS, batch size or GPU changes too; what a measure moves by then, no storage can hold it within. An upper
+# bound: the noise also separates rows that are exactly equal (one word at one position, at the embeddings), which a
+# recomputation keeps equal (kNN Jaccard's ties).
+NOISE = "float32 ± ulp"
 WIDE_STEPS = 60  # the wide model's fine-tuning steps: its seeds' spread, not a converged run, is what is measured
 FLAT_SD = 1e-6  # a cell the seeds do not move (the embeddings): its Δ is shown, not divided
 
@@ -93,7 +108,10 @@ def wide_model(folder: Path) -> None:
 
 
 def stored_copy(table: ActivationTable, path: Path, precision: str) -> ActivationTable:
-    """`table` (float32) written again through the extract stage's writer in `precision` and read back."""
+    """`table` (float32) written again through the extract stage's writer in `precision` and read back (or the copy
+    a former run left at `path`)."""
+    if path.exists():
+        return ActivationTable(path)
     with ActivationWriter(path, num_layers=table.num_layers, hidden_size=table.hidden_size,
                           label_type=table._reader.schema.field("label").type, metadata=table.metadata,
                           precision=precision) as writer:
@@ -105,9 +123,10 @@ def stored_copy(table: ActivationTable, path: Path, precision: str) -> Activatio
 
 
 class Runs:
-    """ORIG and the fine-tuned seeds' tables, float32 and stored, in one folder."""
+    """ORIG and the fine-tuned seeds' tables, float32 and stored, in one folder: the train tables only for `parts`
+    that read them (heads, maps), the attention tables only for attention."""
 
-    def __init__(self, folder: Path, model: Path, params, spec):
+    def __init__(self, folder: Path, model: Path, params, spec, parts=("measures", "attention", "heads", "maps")):
         self.folder, self.params, self.spec = folder, params, spec
         e, f = params.extract, params.finetune
         tokenizer = load_tokenizer(model)
@@ -135,33 +154,42 @@ class Runs:
         self.attention: dict[tuple[str, str], AttentionTable] = {}
         for run, encoder in encoders.items():
             for split, poolings in (("validation", ["cls", "tokens"]), ("train", ["cls", "mean"])):
+                if split == "train" and not {"heads", "maps"} & set(parts):
+                    continue
                 out = {q: folder / f"{run}.{split}.{q}.parquet" for q in poolings}
-                extract_activations(encoder, tokenizer, spec, splits[split], out,
-                                    {"run": run, "task": spec.name, "split": split}, e.batch_size, CPU,
-                                    max_tokens=e.max_tokens)
+                if not all(path.exists() for path in out.values()):  # a rerun reads the tables kept in --work
+                    extract_activations(encoder, tokenizer, spec, splits[split], out,
+                                        {"run": run, "task": spec.name, "split": split}, e.batch_size, CPU,
+                                        max_tokens=e.max_tokens)
                 for q, path in out.items():
                     full = self.tables[run, split, q, "float32"] = ActivationTable(path)
-                    self.tables[run, split, q, "float16"] = stored_copy(full, path.with_suffix(".f16.parquet"),
-                                                                        "float16")
-            for precision in ("float32", "float16"):
+                    for encoding in ENCODED:
+                        copy = path.with_suffix(f".{encoding}.parquet")
+                        self.tables[run, split, q, encoding] = stored_copy(full, copy, encoding)
+            for precision in ("float32", table_encoding(AUTO, "attention")) if "attention" in parts else ():
                 path = folder / f"{run}.attention.{precision}.parquet"
-                extract_attention(encoder, tokenizer, attention, path, {"run": run, "task": spec.name},
-                                  e.batch_size, CPU, e.attention_unit, precision)
+                if not path.exists():
+                    extract_attention(encoder, tokenizer, attention, path, {"run": run, "task": spec.name},
+                                      e.batch_size, CPU, e.attention_unit, precision)
                 self.attention[run, precision] = AttentionTable(path)
 
     def layers(self, run: str, split: str, pooling: str, variant: str) -> list[np.ndarray]:
-        if variant == "float16 unscaled":  # issue 53's storage, for comparison: float16 without scales
-            return [x.astype(np.float16).astype(np.float32) for x in self.layers(run, split, pooling, "float32")]
-        return self.tables[run, split, pooling, variant].layers()
+        return self.table(run, split, pooling, variant).layers()
+
+    def table(self, run: str, split: str, pooling: str, variant: str) -> ActivationTable:
+        """The table of `variant`: float32, an encoding, or AUTO (the encoding the rule picks for `pooling`)."""
+        return self.tables[run, split, pooling, table_encoding(AUTO, pooling) if variant == AUTO else variant]
 
 
-def verdict(values: dict[str, np.ndarray]) -> dict:
+def verdict(values: dict[str, np.ndarray], kind: str) -> dict:
     """Per stored variant: max Δ, the seeds' sd, max Δ / sd over the cells the seeds move; `values[variant]` is
-    (seeds, cells) for float32 and every stored variant."""
+    (seeds, cells) for float32 and the encodings measured; the rule's (AUTO) are those of the encoding it picks for
+    `kind` (a pooling, or "attention")."""
+    values = {**values, AUTO: values[table_encoding(AUTO, kind)]}
     sd = np.nanstd(values["float32"], axis=0, ddof=1)
     moved = sd >= FLAT_SD
     found = {"seed sd (min over cells)": float(np.nanmin(np.where(moved, sd, np.nan))) if moved.any() else None}
-    for variant in STORED:
+    for variant in (*STORED, NOISE):
         if variant not in values:
             continue
         delta = np.abs(values[variant] - values["float32"])
@@ -171,7 +199,7 @@ def verdict(values: dict[str, np.ndarray]) -> dict:
     return found
 
 
-def measures(runs: Runs) -> dict[str, dict]:
+def measures(runs: Runs, poolings=("cls", "tokens"), ulp: bool = False, names=tuple(MEASURES)) -> dict[str, dict]:
     s = runs.params.similarity
     options = measure_options(rbf_sigma_scale=s.rbf_sigma_scale, svcca_variance=s.svcca_variance,
                               pwcca_variance=s.pwcca_variance, rbf_exact_max_rows=s.rbf_exact_max_rows,
@@ -180,11 +208,15 @@ def measures(runs: Runs) -> dict[str, dict]:
     options["rsa"] = {"rdm": s.rsa_rdm, "compare": s.rsa_compare}
     options["knn_jaccard"] = {"k": s.knn_k, "metric": s.knn_metric}
     found = {}
-    for pooling in ("cls", "tokens"):
+    for pooling in poolings:
         layers = {v: {run: runs.layers(run, "validation", pooling, v) for run in ("orig", *map("seed{}".format, SEEDS))}
-                  for v in ("float32", *STORED)}
+                  for v in ("float32", *ENCODED)}
         rows, width = layers["float32"]["orig"][0].shape
-        for name in MEASURES:
+        if ulp:
+            rng = np.random.default_rng(0)
+            layers[NOISE] = {run: [(x * (1 + 2.0 ** -24 * rng.standard_normal(x.shape))).astype(np.float32)
+                                   for x in models] for run, models in layers["float32"].items()}
+        for name in names:
             start, values = time.perf_counter(), {}
             try:
                 for v, models in layers.items():
@@ -193,7 +225,8 @@ def measures(runs: Runs) -> dict[str, dict]:
             except LayersimError as err:
                 found[f"{name} ({pooling}, {rows} × {width})"] = {"not computable": str(err)}
                 continue
-            found[f"{name} ({pooling}, {rows} × {width})"] = verdict(values) | {"seconds": time.perf_counter() - start}
+            found[f"{name} ({pooling}, {rows} × {width})"] = verdict(values, pooling) | {
+                "seconds": time.perf_counter() - start}
             print(f"  {name} {pooling}: {found[f'{name} ({pooling}, {rows} × {width})']}", flush=True)
     return found
 
@@ -201,11 +234,11 @@ def measures(runs: Runs) -> dict[str, dict]:
 def attention(runs: Runs) -> dict[str, dict]:
     found = {}
     maps = {v: {run: attention_maps(runs.attention[run, v]) for run in ("orig", *map("seed{}".format, SEEDS))}
-            for v in ("float32", "float16")}
+            for v in ("float32", table_encoding(AUTO, "attention"))}
     for name in HEAD_MEASURES:
         values = {v: np.stack([_block(stacked_matrix(name, {"orig": m["orig"], "ft": m[f"seed{i}"]}))
                                for i in SEEDS]) for v, m in maps.items()}
-        found[f"attention {name} ({runs.params.extract.attention_examples} examples)"] = verdict(values)
+        found[f"attention {name} ({runs.params.extract.attention_examples} examples)"] = verdict(values, "attention")
     return found
 
 
@@ -220,11 +253,11 @@ def heads(runs: Runs) -> dict:
     head = HeadParams(epochs=t.head_epochs, learning_rate=t.head_learning_rate, batch_size=t.head_batch_size,
                       weight_decay=t.head_weight_decay, holdout=t.head_holdout, patience=t.head_patience)
     values = {}
-    for v in ("float32", "float16"):
-        values[v] = np.array([head_scores(runs.spec, runs.tables[f"seed{i}", "train", "cls", v],
-                                          runs.tables[f"seed{i}", "validation", "cls", v], head, seed=1)
+    for v in ("float32", *ENCODED):
+        values[v] = np.array([head_scores(runs.spec, runs.table(f"seed{i}", "train", "cls", v),
+                                          runs.table(f"seed{i}", "validation", "cls", v), head, seed=1)
                               for i in SEEDS])
-    return {"truncate head, fresh (score per layer)": verdict(values)}
+    return {"truncate head, fresh (score per layer)": verdict(values, "cls")}
 
 
 def maps(runs: Runs) -> dict:
@@ -233,7 +266,7 @@ def maps(runs: Runs) -> dict:
     fit, test = example_split(ids, 0.2, seed=p.align.seed)
     found = {}
     values: dict[str, dict[str, list]] = {}
-    for v in ("float32", *STORED):
+    for v in ("float32", *ENCODED):
         source = runs.layers("orig", "train", "mean", v)[1:]  # the layers: embeddings barely move (a loss of 0)
         for i in SEEDS:
             target = runs.layers(f"seed{i}", "train", "mean", v)[1:]
@@ -246,10 +279,10 @@ def maps(runs: Runs) -> dict:
                     continue
                 values.setdefault(method, {}).setdefault(v, []).extend(r["relative_error"] for r in rows)
     for method, by_variant in values.items():
-        if f"align map {method}" in found or len(by_variant) < 1 + len(STORED):
+        if f"align map {method}" in found or len(by_variant) < 1 + len(ENCODED):
             continue
         arrays = {v: np.array(x).reshape(len(SEEDS), -1) for v, x in by_variant.items()}
-        found[f"align map {method} (relative error, ORIG → FT[i] per layer)"] = verdict(arrays)
+        found[f"align map {method} (relative error, ORIG → FT[i] per layer)"] = verdict(arrays, p.align.pooling)
     return found
 
 
@@ -262,8 +295,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the figures here as JSON too")
     parser.add_argument("--parts", nargs="+", default=["measures", "attention", "heads", "maps"],
                         choices=["measures", "attention", "heads", "maps"], help="what to measure (default: all)")
+    parser.add_argument("--ulp", action="store_true", help="the measures on float32 values moved by float32's own "
+                        "rounding too: the floor no storage gets below")
+    parser.add_argument("--measures", nargs="+", default=list(MEASURES), choices=list(MEASURES),
+                        help="the measures to run (default: every one; at width 768 a measure takes minutes)")
+    parser.add_argument("--poolings", nargs="+", default=["cls", "tokens"], choices=["cls", "tokens"],
+                        help="the points the measures run on, in this order (default: cls tokens)")
     parser.add_argument("--work", type=Path, help="keep the model, the seeds' weights and the tables here (a rerun "
-                        "reuses the model and the seeds)")
+                        "reuses them: empty the folder after changing the encodings or the recipe)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
@@ -281,25 +320,40 @@ def main() -> None:
             wide_model(folder / "model")
         else:
             snapshot_model(params.model, folder / "model")
-        runs = Runs(folder, folder / "model", params, spec)
-        sizes = {v: sum(t.path.stat().st_size for k, t in runs.tables.items() if k[3] == v) for v in ("float32", "float16")}
-        print(f"fine-tuning: {runs.train_seconds:.0f} s; tables {sizes['float32'] / 1e6:.1f} MB as float32, "
-              f"{sizes['float16'] / 1e6:.1f} MB as scaled float16", flush=True)
-        parts = {"measures": measures, "attention": attention, "heads": heads, "maps": maps}
+        runs = Runs(folder, folder / "model", params, spec, args.parts)
+        sizes = {v: sum(runs.table(*k[:3], v).path.stat().st_size for k in runs.tables if k[3] == "float32")
+                 for v in ("float32", *STORED)}
+        print(f"fine-tuning: {runs.train_seconds:.0f} s; activation tables "
+              + ", ".join(f"{v} {size / 1e6:.1f} MB" for v, size in sizes.items()), flush=True)
+        parts = {"measures": lambda r: measures(r, args.poolings, args.ulp, args.measures), "attention": attention, "heads": heads, "maps": maps}
         found = {}
         for name in args.parts:
             found |= parts[name](runs)
     if args.out:
         args.out.write_text(json.dumps(found, indent=1) + "\n")
-    print(f"{'':<60} {'seed sd':>8}  " + "  ".join(f"{v + ': Δ, Δ/sd':>26}" for v in STORED))
+    shown = [v for v in (*STORED, NOISE) if any(v in row for row in found.values())]
+    print(f"{'':<60} {'seed sd':>8}  " + "  ".join(f"{v + ': Δ, Δ/sd':>26}" for v in shown))
     for key, row in found.items():
         if "not computable" in row:
             print(f"{key:<60} not computable: {row['not computable'][:60]}")
             continue
         cells = [f"{row[v]['max delta']:>10.1e} {row[v]['max delta/sd']:>8.3f}" if v in row else f"{'':>19}"
-                 for v in STORED]
+                 for v in shown]
         sd = row["seed sd (min over cells)"]
         print(f"{key:<60} {sd if sd is None else format(sd, '8.1e'):>8}  " + "  ".join(f"{c:>26}" for c in cells))
+    worst = {v: max((row[v]["max delta/sd"] for row in found.values() if v in row), default=np.nan) for v in shown}
+    print("largest Δ / sd over every row: " + ", ".join(f"{v} {x:.3f}" + (" (holds)" if x <= 0.1 else " (fails)")
+                                                      for v, x in worst.items()))
+    print("the paper configuration at three seeds (python -m layersim.plan -S 'seeds=[1,2,3]'): "
+          + ", ".join(f"{v} {paper_bytes(v) / 1e9:.1f} GB" for v in ("float32", *STORED)))
+
+
+def paper_bytes(precision: str) -> float:
+    """What the plan says the paper configuration (params.yaml, three seeds) writes with `precision`."""
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["seeds"] = [1, 2, 3]
+    raw["extract"]["table_precision"] = precision
+    return total(plan(parse_params(raw), REPO)).bytes
 
 
 if __name__ == "__main__":

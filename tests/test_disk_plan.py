@@ -29,10 +29,17 @@ def test_the_tables_bytes_are_counted_row_by_row():
     params, spec = _params(), get_task("synth-choice")  # 4 choices: a row per (example, choice)
     shape = {"num_layers": 3, "hidden_size": 32}
     runs = 4  # orig, seed1, seed2 and the RANDOM control
-    validation = runs * (10 * 4 * 2 + 50)  # cls and mean per (example, choice), at most 50 word rows
+    validation = runs * 10 * 4 * 2  # cls and mean per (example, choice)
+    words = runs * 50  # at most 50 word rows
     train = 3 * 20 * 4 * 2  # no control; cls (the head) and mean (align.pooling)
-    expected = (validation + train) * 4 * 32 * 2  # the workspace's: layers + embeddings, float16 (the default)
+    # The workspace's: layers + embeddings; extract.table_precision auto (the default): example rows float16 (2 bytes),
+    # word rows 24-bit integers (3 bytes); float32 and float16 for every table alike.
+    expected = (validation + train) * 4 * 32 * 2 + words * 4 * 32 * 3
     assert disk.extract_bytes(params, spec, {"validation": 10, "train": 20}, runs, "cls", shape) == expected
+    for precision, size in (("float32", 4), ("float16", 2), ("int24", 3)):
+        counted = disk.extract_bytes(_params(table_precision=precision), spec, {"validation": 10, "train": 20}, runs,
+                                     "cls", shape)
+        assert counted == (validation + train + words) * 4 * 32 * size
     # Without the control, and align.pooling the head's own: one train table per trained run.
     other = parse_params({"model": "tiny-bert", "tasks": ["synth-choice"], "seeds": [1], "finetune": {"max_length": 64},
                           "similarity": {"random_control": None, "measures": {"cls": ["linear_cka"]}},

@@ -129,9 +129,11 @@ def test_repro_writes_every_declared_output(project):
     assert set(similarity) == {"cls", "tokens", "attention"}
     assert "no permutation null and no bootstrap interval" in similarity["attention"]["jensen_shannon"]["no_uncertainty"]
     assert similarity["cls"]["null_unit"]["unit"] == "row" and similarity["tokens"]["null_unit"]["unit"] != "row"
+    # extract.table_precision auto (params.yaml's default): word rows as 24-bit integers, example rows as float16.
+    assert similarity["cls"]["table_precision"] == "float16" and similarity["tokens"]["table_precision"] == "int24"
     for pooling in ("cls", "tokens"):
         assert set(similarity[pooling]) == {"linear_cka", "svcca", "pwcca", "neuronsim", "localization", "rows",
-                                            "null_unit"}
+                                            "null_unit", "table_precision"}
         # synth-negation's examples share nothing: the null moves examples (cls: rows; tokens: an example's words)
         assert similarity[pooling]["null_unit"]["rows"] > 0 and similarity[pooling]["null_unit"]["blocks"] > 0
         for measure in ("linear_cka", "svcca", "pwcca", "neuronsim"):
@@ -265,7 +267,7 @@ def test_align_reports_every_method_layer_and_reference(project):
     align = _details(root, "align", TASK)
     methods = {"linear", "cca", "svcca", "pwcca", "inn", "mlp"}
     assert align["pooling"] == "mean" and align["train_rows"] == 100 and align["validation_rows"] == 60
-    assert align["table_precision"] == "float16"  # params.yaml's default, scaled per neuron (layersim.data.io.stored)
+    assert align["table_precision"] == "float16"  # params.yaml's auto for example rows (layersim.data.io.stored)
     assert list(align["alignment"]) == ["FT[1]→FT[2]", "ORIG→FT[1]", "tiny-bert-seed1→tiny-bert-seed2",
                                         "tiny-bert-seed2→ORIG"]
     grouped = align["alignment_over_pairs"]

@@ -103,7 +103,9 @@ def test_finetune_and_extract_costs_on_a_small_exact_case():
     extract = stages.extract(params, get_task("synth-negation"), SMALL, task, "cls")
     runs = 4  # orig, two seeds, the random control
     assert extract.flops == (runs * 7 + 3 * 10) * stages.forward(SMALL, s)
-    assert extract.bytes == disk.table_bytes(runs * (7 * 2 + 28) + 3 * 10 * 2, 2, 4, "float16")  # the default
+    # The default, extract.table_precision auto: example rows float16, the 28 word rows a run 24-bit integers.
+    assert extract.bytes == disk.table_bytes(runs * 7 * 2 + 3 * 10 * 2, 2, 4, "float16") + \
+        disk.table_bytes(runs * 28, 2, 4, "int24")
 
 
 def test_the_tiny_models_parameters_are_counted_from_their_shape(tiny_model_dir):
@@ -118,9 +120,10 @@ def test_the_paper_configuration_plan_counts_the_published_sizes():
     params = parse_params(yaml.safe_load(repository_params_text()))
     assert task_size(params, "mnli").train == PAPER_TASKS["mnli"][0]
     costs = {c.stage: c for c in plan(params, REPO)}
-    # MNLI's train tables: ORIG and two seeds, cls and mean, 13 layers of 768 floats, 20,000 examples (the cap).
+    # MNLI's train tables: ORIG and two seeds, cls and mean, 13 layers of 768 floats, 20,000 examples (the cap), float16
+    # (auto's example rows).
     mnli = get_task("mnli")
-    assert params.extract.max_train_examples == 20_000 and params.extract.table_precision == "float16"
+    assert params.extract.max_train_examples == 20_000 and params.extract.table_precision == "auto"
     assert disk.table_bytes(20_000 * 6, 12, 768, "float16") == 20_000 * 6 * 13 * 768 * 2
     assert costs["extract"].bytes > disk.table_bytes(20_000 * 6, 12, 768, "float16")
     # Issues 53 and 61: the default needs at most 150 GB in all, DVC's cache included (.dvc/config links it), with

@@ -1,8 +1,10 @@
-"""extract.table_precision (issues 53, 61): activation tables stored in float16 are read back as float32 (decoded before any
-arithmetic), within float16's rounding of each value's distance from its column's offset: each neuron is stored as
-float16 residuals about its mean, scaled by a power of two, per row group (layersim.data.io.stored), so neither a tiny
-neuron (underflow), nor a value beyond 65504 (overflow), nor the small variation of a neuron far from zero is lost;
-tables written before scales stay readable; and the disk plan counts two bytes a value."""
+"""extract.table_precision (issues 53, 61): activation tables stored in float16 or as 24-bit integers are read back as
+float32 (decoded before any arithmetic), within the stored type's rounding of each value's distance from its column's
+offset: each neuron is stored as residuals about its mean, scaled by a power of two, per row group
+(layersim.data.io.stored), so neither a tiny neuron (underflow), nor a value beyond 65504 (overflow), nor the small
+variation of a neuron far from zero is lost; `auto`, the default, stores word rows as 24-bit integers and the other
+tables as float16 (table_encoding, the one rule); tables written before scales stay readable; and the disk plan counts
+each encoding's bytes a value."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from layersim.compute import disk
 from layersim.data.io import ActivationTable, ActivationWriter
 from layersim.data.io.activations import VALUE_TYPES, activation_schema, layer_column
 from layersim.data.io.parquet import integrity_footer, parquet_writer
-from layersim.data.io.stored import SCALES_KEY, exponents, round_trip
+from layersim.data.io.stored import AUTO, BYTES_PER_VALUE, SCALES_KEY, exponents, round_trip, table_encoding
 from layersim.errors import LayersimError
 
 LAYERS, HIDDEN = 2, 16
@@ -53,10 +55,11 @@ def test_a_float16_table_reads_back_as_float32_within_its_rounding(tmp_path):
             assert read.dtype == np.float32
             _close(read, written, [slice(0, 40), slice(40, 80), slice(80, 100)])  # the row groups
         np.testing.assert_array_equal(full.layer(k), written)
-    for precision in VALUE_TYPES:  # half the layers' bytes, scales included (row groups as large as the values)
+    for precision in VALUE_TYPES:  # half (float16) or three quarters (int24) of the layers' bytes, scales included
         _write(tmp_path / f"{precision}.parquet", layers, precision, batch=100)
-    assert _layer_bytes(tmp_path / "float16.parquet") + len(_footer_scales(tmp_path / "float16.parquet")) < \
-        0.6 * _layer_bytes(tmp_path / "float32.parquet")
+    for precision, share in (("float16", 0.6), ("int24", 0.85)):
+        path = tmp_path / f"{precision}.parquet"
+        assert _layer_bytes(path) + len(_footer_scales(path)) < share * _layer_bytes(tmp_path / "float32.parquet")
 
 
 def _layer_bytes(path) -> int:
@@ -146,11 +149,93 @@ def test_scales_that_do_not_fit_the_table_are_refused_naming_the_extract_stage(t
     assert layer_column(0) in schema.names
 
 
-def test_params_name_every_stored_type_and_the_plan_counts_its_bytes():
+def test_params_name_every_setting_and_the_plan_counts_each_encodings_bytes():
+    from layersim.data.io import stored
     from layersim.params.vocabulary import TABLE_PRECISIONS
 
-    assert TABLE_PRECISIONS == tuple(VALUE_TYPES)
+    assert TABLE_PRECISIONS == stored.TABLE_PRECISIONS and set(BYTES_PER_VALUE) == set(VALUE_TYPES)
     assert disk.table_bytes(10, 12, 768, "float16") * 2 == disk.table_bytes(10, 12, 768) == 10 * 13 * 768 * 4
+    assert disk.table_bytes(10, 12, 768, "int24") == 10 * 13 * 768 * 3
+
+
+def test_auto_stores_word_rows_as_24_bit_integers_and_every_other_table_as_float16():
+    assert table_encoding(AUTO, "tokens") == "int24"
+    for kind in ("cls", "mean", "last", "attention"):
+        assert table_encoding(AUTO, kind) == "float16"
+    for precision in ("float32", "float16"):  # a named precision: every table alike
+        assert {table_encoding(precision, kind) for kind in ("tokens", "cls", "attention")} == {precision}
+    # int24 is fixed point: every activation table, but attention weights keep float16's bits of each weight
+    kinds = ("tokens", "cls", "mean", "attention")
+    assert [table_encoding("int24", kind) for kind in kinds] == ["int24"] * 3 + ["float16"]
+    with pytest.raises(LayersimError, match=r"^table precision 'bfloat16' is not one of auto, float32, float16, "
+                                            r"int24\.$"):
+        table_encoding("bfloat16", "tokens")
+
+
+@pytest.mark.parametrize("precision", ["float16", "int24"])
+def test_a_column_of_1e_minus_8_survives_and_one_of_1e6_or_1e30_does_not_overflow(precision):
+    # Unscaled float16 flushes 1e-8 to 0 and turns 1e6 into inf; scaled per column, each keeps the encoding's bits:
+    # float16 11 significant bits of each residual, int24 2^-23 of the column's largest residual.
+    rng = np.random.default_rng(4)
+    scale = np.array([1e-8, 1e-8, 1e6, 1e30], np.float32)
+    values = (rng.normal(size=(300, 4)) * scale + np.array([0, 3e-8, 1e6, 0], np.float32)).astype(np.float32)
+    kept = round_trip(values, precision)
+    assert kept.dtype == np.float32 and np.isfinite(kept).all() and (kept != 0).all()
+    residual = values - values.astype(np.float64).mean(axis=0)
+    if precision == "float16":
+        bound = 2.0 ** -11 * np.abs(residual)
+    else:
+        bound = 2.0 ** -23 * np.abs(residual).max(axis=0)
+    assert (np.abs(kept.astype(np.float64) - values) <= bound + 2.0 ** -23 * np.abs(values)).all()
+    np.testing.assert_allclose(np.std(kept, axis=0), np.std(values, axis=0), rtol=1e-3)  # the variation survives
+
+
+def test_an_int24_table_reads_back_within_two_to_the_minus_23_of_each_columns_largest(tmp_path):
+    rng = np.random.default_rng(5)
+    scale = np.array([1e-9, 1e-3, 1.0, 1e5, 3e30, *np.ones(HIDDEN - 5)], np.float32)
+    layers = [(rng.normal(size=(100, HIDDEN)) * scale + 10).astype(np.float32) for _ in range(LAYERS + 1)]
+    layers[1][50:] *= 1000
+    layers[2][:, 7] = 0.0
+    _write(tmp_path / "int24.parquet", layers, "int24")
+    table = ActivationTable(tmp_path / "int24.parquet")
+    assert table.precision == "int24" and len(table.row_groups()) == 3
+    groups = [slice(0, 40), slice(40, 80), slice(80, 100)]
+    for k, written in enumerate(layers):
+        backwards = table.layer_of_row_groups(k, [2, 0])  # row groups in any order decode with their own scales
+        np.testing.assert_array_equal(backwards, np.concatenate([table.layer(k)[groups[2]], table.layer(k)[groups[0]]]))
+        for read in _read_every_way(table, k):
+            assert read.dtype == np.float32 and np.isfinite(read).all()
+            for rows in groups:
+                residual = written[rows] - written[rows].astype(np.float64).mean(axis=0)
+                bound = 2.0 ** -23 * np.abs(residual).max(axis=0) + 2.0 ** -23 * np.abs(written[rows])
+                assert (np.abs(read[rows].astype(np.float64) - written[rows]) <= bound * (1 + 1e-6)).all()
+    assert not table.layer(2)[:, 7].any()
+
+
+def test_extract_stores_each_pooling_as_auto_says(tiny_model_dir, tmp_path):
+    from layersim.data.batching import encode_task
+    from layersim.data.tasks import generated_table, get_task
+    from layersim.experiments.extract import extract_activations
+    from layersim.models.registry import load_encoder, load_tokenizer
+
+    folder, spec = tiny_model_dir("tiny-bert"), get_task("synth-similarity")
+    tokenizer = load_tokenizer(folder)
+    encoded = encode_task(generated_table(spec, "validation", 6, seed=1), spec, tokenizer, max_length=64, words=True)
+    read = {}
+    for precision in ("float32", AUTO, "int24"):
+        out = {q: tmp_path / f"{precision}.{q}.parquet" for q in ("cls", "tokens")}
+        extract_activations(load_encoder(folder), tokenizer, spec, encoded, out, {"run": "orig", "task": spec.name},
+                            batch_size=4, device=torch.device("cpu"), precision=precision)
+        read[precision] = {q: ActivationTable(path) for q, path in out.items()}
+    assert {q: t.precision for q, t in read[AUTO].items()} == {"cls": "float16", "tokens": "int24"}
+    assert {q: t.precision for q, t in read["int24"].items()} == {"cls": "int24", "tokens": "int24"}
+    for q, table in read[AUTO].items():
+        for k in range(table.num_layers + 1):
+            full, kept = read["float32"][q].layer(k), table.layer(k)
+            residual = np.abs(full - full.astype(np.float64).mean(axis=0)).max(axis=0)
+            # half a unit in the last place: float16's is at most 2^-11 of the column's largest residual, int24's 2^-23
+            step = 2.0 ** (-11 if q == "cls" else -23)
+            assert (np.abs(kept.astype(np.float64) - full) <= step * residual + 2.0 ** -22 * np.abs(full)).all()
 
 
 def test_attention_maps_stored_in_float16_read_back_within_their_rounding(tiny_model_dir, tmp_path):
@@ -164,13 +249,16 @@ def test_attention_maps_stored_in_float16_read_back_within_their_rounding(tiny_m
     tokenizer = load_tokenizer(folder)
     encoded = encode_task(generated_table(spec, "validation", 6, seed=1), spec, tokenizer, max_length=128)
     tables = {}
-    for precision in VALUE_TYPES:
+    for precision in ("float32", "float16", AUTO, "int24"):  # auto and int24: attention maps as float16
         extract_attention(load_encoder(folder), tokenizer, encoded, tmp_path / f"{precision}.parquet",
                           {"run": "orig", "task": spec.name}, batch_size=2, device=torch.device("cpu"),
                           precision=precision)
         tables[precision] = AttentionTable(tmp_path / f"{precision}.parquet")
-    assert [t.precision for t in tables.values()] == ["float32", "float16"]
+    assert [t.precision for t in tables.values()] == ["float32", "float16", "float16", "float16"]
     np.testing.assert_array_equal(tables["float32"].index, tables["float16"].index)
+    for k in range(1, tables["float32"].num_layers + 1):
+        for same in (AUTO, "int24"):
+            np.testing.assert_array_equal(tables[same].layer(k), tables["float16"].layer(k))
     for k in range(1, tables["float32"].num_layers + 1):
         full, half = tables["float32"].layer(k), tables["float16"].layer(k)
         assert half.dtype == np.float32 and (full > 0).all() and (half > 0).all()  # softmax: no weight flushed to 0

@@ -9,8 +9,8 @@ import math
 import shutil
 from pathlib import Path
 
-import numpy as np
 
+from layersim.data.io.stored import BYTES_PER_VALUE, table_encoding
 from layersim.errors import LayersimError
 
 # DVC's default cache type copies an output into .dvc/cache where the filesystem has no reflinks, so the bytes are
@@ -41,10 +41,10 @@ def cache_copies(types: str | None, reflinks: bool = False) -> int:
 
 
 def table_bytes(rows: int, layers: int, hidden: int, precision: str = "float32") -> int:
-    """Bytes of one activation table: rows of every layer (the embeddings included) in `precision`
-    (extract.table_precision, a numpy dtype name), without Parquet's compression, which float activations barely
-    have."""
-    return rows * (layers + 1) * hidden * np.dtype(precision).itemsize
+    """Bytes of one activation table: rows of every layer (the embeddings included) stored in `precision` (an
+    encoding of layersim.data.io.stored: float32, float16, int24), without Parquet's compression, which float
+    activations barely have (the scales in the footer: a few bytes a neuron and row group, not counted)."""
+    return rows * (layers + 1) * hidden * BYTES_PER_VALUE[precision]
 
 
 def gigabytes(size: float) -> str:
@@ -100,18 +100,24 @@ def train_poolings(params, head: str) -> list[str]:
     return [q for q in params.extract.poolings if q in (head, params.align.pooling)]
 
 
-def extract_rows(params, spec, rows: dict[str, int], runs: int, head: str) -> int:
-    """The table rows the extract stage writes for one task: per run (ORIG, each seed, the RANDOM control) a
-    validation table per pooling (extract.max_tokens word rows for "tokens", or fewer when `rows["words"]`, the
-    validation split's words, says so), and per trained or pretrained run a train table in the poolings that
-    truncate's heads (`head`) and align's maps read. `rows`: the examples of each split (times the choices of a
-    multiple-choice task)."""
+def extract_rows_by_pooling(params, spec, rows: dict[str, int], runs: int, head: str) -> dict[str, int]:
+    """The table rows the extract stage writes for one task, per pooling (its tables' encoding follows the pooling:
+    layersim.data.io.stored.table_encoding): per run (ORIG, each seed, the RANDOM control) a validation table per
+    pooling (extract.max_tokens word rows for "tokens", or fewer when `rows["words"]`, the validation split's words,
+    says so), and per trained or pretrained run a train table in the poolings that truncate's heads (`head`) and
+    align's maps read. `rows`: the examples of each split (times the choices of a multiple-choice task)."""
     p, choices = params.extract, spec.num_choices or 1
-    per_example = [q for q in p.poolings if q != "tokens"]
     words = min(p.max_tokens, rows.get("words", p.max_tokens))
-    validation = runs * (rows["validation"] * choices * len(per_example) + words * ("tokens" in p.poolings))
+    found = {q: runs * (words if q == "tokens" else rows["validation"] * choices) for q in p.poolings}
     trained = runs - validation_only_runs(params)  # the control and compared methods' runs: validation tables only
-    return validation + trained * rows["train"] * choices * len(train_poolings(params, head))
+    for q in train_poolings(params, head):
+        found[q] += trained * rows["train"] * choices
+    return found
+
+
+def extract_rows(params, spec, rows: dict[str, int], runs: int, head: str) -> int:
+    """The table rows the extract stage writes for one task, every pooling's (:func:`extract_rows_by_pooling`)."""
+    return sum(extract_rows_by_pooling(params, spec, rows, runs, head).values())
 
 
 def extract_runs(params) -> int:
@@ -135,8 +141,9 @@ def _controls(params) -> int:
 def extract_bytes(params, spec, rows: dict[str, int], runs: int, head: str, shape: dict[str, int]) -> int:
     """What the extract stage writes for one task (:func:`extract_rows`) in the workspace (DVC's cache copy, where
     cache.type copies, is :func:`project_copies`' business)."""
-    return table_bytes(extract_rows(params, spec, rows, runs, head), shape["num_layers"], shape["hidden_size"],
-                                params.extract.table_precision)
+    return sum(table_bytes(count, shape["num_layers"], shape["hidden_size"],
+                           table_encoding(params.extract.table_precision, pooling))
+               for pooling, count in extract_rows_by_pooling(params, spec, rows, runs, head).items())
 
 
 def attention_key_bytes(max_units: int) -> float:
@@ -149,8 +156,9 @@ def attention_bytes(maps: int, square_units: float, layers: int, heads: int, pre
                     max_units: int = 512) -> int:
     """The attention tables of `maps` inputs (examples times choices, over runs) whose number of words or tokens has
     the mean square `square_units` (a map holds a row per (query, key): the square of its length, so the mean of the
-    squares counts, not the square of the mean): every layer's heads in `precision` (floats barely compress), and the
+    squares counts, not the square of the mean): every layer's heads as extract.table_precision `precision` stores
+    attention tables (floats barely compress), and the
     row's keys, dictionary-encoded (:func:`attention_key_bytes`; `max_units`: the longest input's units, at most
     finetune.max_length tokens)."""
-    row = layers * heads * np.dtype(precision).itemsize + attention_key_bytes(max_units)
+    row = layers * heads * BYTES_PER_VALUE[table_encoding(precision, "attention")] + attention_key_bytes(max_units)
     return round(maps * square_units * row)

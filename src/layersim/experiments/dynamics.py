@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from layersim.data.io import ActivationTable, read_task_table, run_expectations
-from layersim.data.io.stored import round_trip
+from layersim.data.io.stored import round_trip, table_encoding
 from layersim.data.layout import finetuned_runs, run_labels
 from layersim.errors import LayersimError
 from layersim.params.model_kind import own_head_pooling
@@ -190,7 +190,8 @@ def _state_layers(checkpoint: Path, states: Path, steps: Sequence[int], encoded,
     for step in steps:
         load_state(encoder, step_folder(states, step))
         layers = pooled_layers(encoder, tokenizer, rows, [pooling], params.extract.batch_size, device).layers[pooling]
-        layers = [round_trip(layer, params.extract.table_precision) for layer in layers]  # as extract stores them
+        stored_as = table_encoding(params.extract.table_precision, pooling)  # as extract stores them
+        layers = [round_trip(layer, stored_as) for layer in layers]
         found[step] = layers
         log("ran the state of step %d from %s", step, states)
     return found

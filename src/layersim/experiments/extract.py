@@ -29,7 +29,7 @@ from layersim.data.batching import EncodedTask, collate, collate_words, encode_t
 from layersim.compute.device import to_device
 from layersim.errors import LayersimError, unknown_name
 from layersim.data.io import ActivationWriter, layer_column, with_metadata, write_json, write_parquet
-from layersim.data.io.stored import Scales, encode
+from layersim.data.io.stored import Scales, encode, table_encoding, to_arrow
 from layersim.experiments.pruning_states import PruningStates
 from layersim.models.encoders import last_block_output
 from layersim.params import POOLINGS
@@ -232,8 +232,8 @@ def extract_activations(encoder, tokenizer, spec: TaskSpec, encoded: EncodedTask
                         metadata: dict, batch_size: int, device: torch.device, max_tokens: int | None = None,
                         pruning_path: Path | None = None, precision: str = "float32") -> None:
     """Run `encoder` over `encoded` and write one activation table per pooling in `outputs` (for "tokens",
-    one row per word, at most `max_tokens`: see layersim.data.words), batch by batch, its values stored in
-    `precision` (extract.table_precision); with `pruning_path`, the layer-pruning measures as its papers define
+    one row per word, at most `max_tokens`: see layersim.data.words), batch by batch, its values stored as
+    `precision` (extract.table_precision) says for its pooling (layersim.data.io.stored.table_encoding); with `pruning_path`, the layer-pruning measures as its papers define
     their rows (layersim.experiments.pruning_states) as JSON."""
     config = encoder.config
     pruning = (PruningStates(config.num_hidden_layers, "last" if reads_last_token(config) else "first")
@@ -242,7 +242,8 @@ def extract_activations(encoder, tokenizer, spec: TaskSpec, encoded: EncodedTask
         # Every table appears under its final name only if the whole extraction succeeds.
         writers = {pooling: stack.enter_context(ActivationWriter(
             path, num_layers=config.num_hidden_layers, hidden_size=config.hidden_size, label_type=spec.label_type,
-            metadata={**metadata, "pooling": pooling, "shared": spec.shared}, precision=precision))
+            metadata={**metadata, "pooling": pooling, "shared": spec.shared},
+            precision=table_encoding(precision, pooling)))
             for pooling, path in outputs.items()}
         for batch in pooled_batches(encoder, tokenizer, encoded, list(outputs), batch_size, device,
                                     desc=f"extract {metadata['run']}", max_tokens=max_tokens, pruning=pruning):
@@ -309,7 +310,8 @@ ATTENTION_UNITS = ("words", "tokens")
 def extract_attention(encoder, tokenizer, encoded: EncodedTask, path: Path, metadata: dict, batch_size: int,
                       device: torch.device, unit: str = "tokens", precision: str = "float32") -> None:
     """Write the attention maps of every layer and head for the examples in `encoded` to `path`, stored in
-    `precision` (extract.table_precision; float16 scaled per head, layersim.data.io.stored).
+    the encoding `precision` (extract.table_precision) gives attention tables (layersim.data.io.stored.table_encoding;
+    scaled per head).
 
     One Parquet row per (example, choice, query, key) over non-padding units, in that order; column `layer_k`
     (k = 1 … L) holds that pair's weight in each head of layer k, so each attention row (one query's
@@ -353,17 +355,17 @@ def extract_attention(encoder, tokenizer, encoded: EncodedTask, path: Path, meta
     arrays = [pa.array(np.concatenate(columns[name])) for name in columns]
     layers = [layer_column(k) for k in range(1, num_layers + 1)]
     scales = Scales(layers, heads)  # one block: the whole table
-    per_layer = []
+    per_layer, stored_as = [], table_encoding(precision, "attention")
     for layer_weights in weights:
-        stored, scale = encode(np.concatenate(layer_weights), precision, centred=False)  # weights stay >= 0
-        arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(stored.reshape(-1)), heads))
+        stored, scale = encode(np.concatenate(layer_weights), stored_as, centred=False)  # weights stay >= 0
+        arrays.append(pa.FixedSizeListArray.from_arrays(to_arrow(stored, stored_as), heads))
         per_layer.append(scale)
     table = pa.Table.from_arrays(arrays, names=list(columns) + layers)
-    if precision != "float32":
+    if stored_as != "float32":
         scales.add(table.num_rows, per_layer)
     write_parquet(with_metadata(table, {**metadata, "num_layers": num_layers, "num_heads": heads,
                                         "kind": "attention", "attention_unit": unit}), path,
-                  scales.footer() if precision != "float32" else None)
+                  scales.footer() if stored_as != "float32" else None)
 
 
 def extract_task_attention(encoder, tokenizer, table: pa.Table, spec: TaskSpec, params, path: Path, metadata: dict,

@@ -268,6 +268,8 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
             controls = control_runs(p.random_control, p.random_controls)
             _above_random_controls(metrics, measures, tables, labels, controls, activations,
                                    {"task": task, "split": "validation", "pooling": pooling}, known, options)
+        # How the tables stored these rows (extract.table_precision: word rows and example rows may differ).
+        metrics["table_precision"] = "; ".join(sorted({table.precision for table in tables.values()}))
         out.figures["plots", f"{pooling}.png"] = report.figure
         out.rows["plots", f"{pooling}.json"] = report.rows
         if report.diagonal_figure is not None:

@@ -152,10 +152,12 @@ class ExtractParams:
                                         "a word averaged) or the model's tokens", names=("words", "tokens"))
     max_tokens: int = knob(20000, "tokens pooling: word rows per task (validation), the first words in order",
                            POSITIVE, at_most(10**7, "word rows per task"), ENOUGH)
-    table_precision: str = knob("float16", "what the activation and attention tables store (read back as float32 "
-                                           "before any arithmetic): float16 halves their bytes, each neuron stored "
-                                           "as residuals about its mean with a power-of-two scale; its measured "
-                                           "effect on every measure, head and map: docs/paper-configuration.md",
+    table_precision: str = knob("auto", "what the activation and attention tables store (read back as float32 "
+                                        "before any arithmetic): float32; float16 (2 bytes a value) or int24 "
+                                        "(3 bytes; attention maps float16), each neuron as residuals about its mean "
+                                        "with a power-of-two scale; auto: word rows (tokens) int24, the other tables "
+                                        "float16, as measured on every measure, head and map: "
+                                        "docs/paper-configuration.md",
                                 names=TABLE_PRECISIONS)
 
 

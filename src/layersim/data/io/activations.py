@@ -1,5 +1,5 @@
 """Activation tables (one file per model, task, run and pooling; a fixed_size_list<float32>[hidden] column per
-layer, or scaled float16 with extract.table_precision, layersim.data.io.stored): the streaming writer and the checked,
+layer, or scaled float16 or 24-bit integers as extract.table_precision says, layersim.data.io.stored): the streaming writer and the checked,
 lazily read table (docs/architecture.md, "Data contracts"). Every reader gets float32 whatever the file holds."""
 
 
@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from layersim.errors import LayersimError
 from layersim.data.words import WORD_FIELDS, check_keys
 from layersim.data.io.atomic import atomic_path
-from layersim.data.io.stored import SCALES_KEY, VALUE_TYPES, Scales, encode, encoding
+from layersim.data.io.stored import SCALES_KEY, VALUE_TYPES, Scales, encode, encoding, from_arrow, to_arrow
 from layersim.data.io.parquet import (METADATA_KEY, ParquetReader, first_non_finite, integrity_footer, metadata_int,
                                       parquet_writer)
 
@@ -50,8 +50,8 @@ class ActivationWriter:
 
     Use as a context manager; the file appears under its final name only if the block succeeds.
     Rows are buffered into row groups of about `rows_per_group`, so a reader gets few, large chunks.
-    `precision` (a key of VALUE_TYPES) is what the values are stored as; float16 is scaled per neuron and row group
-    (layersim.data.io.stored), its scales written into the footer with the row count.
+    `precision` (a key of VALUE_TYPES) is what the values are stored as; float16 and int24 are scaled per neuron and
+    row group (layersim.data.io.stored), their scales written into the footer with the row count.
     """
 
     def __init__(self, path: str | os.PathLike, *, num_layers: int, hidden_size: int,
@@ -114,7 +114,7 @@ class ActivationWriter:
             columns, scales = [], []
             for layer in zip(*(v for _, v in self._pending)):
                 stored, scale = encode(np.concatenate(layer), self.precision)
-                columns.append(pa.FixedSizeListArray.from_arrays(pa.array(stored.reshape(-1)), self.hidden_size))
+                columns.append(pa.FixedSizeListArray.from_arrays(to_arrow(stored, self.precision), self.hidden_size))
                 scales.append(scale)
             if self.precision != "float32":
                 self._scales.add(len(keys[0]), scales)
@@ -169,11 +169,11 @@ class ActivationTable:
              "label": label}
             | {layer_column(k): pa.list_(value, self.hidden_size) for k in range(self.num_layers + 1)},
             f" for num_layers {self.num_layers} and hidden_size {self.hidden_size} in its metadata")
-        # Scaled float16 carries its scales in the footer; float16 tables written before scales have none, and are
-        # read as stored (their tiny values may be zeros: re-run the extract stage to store them scaled).
+        # Scaled float16 and int24 carry their scales in the footer; float16 tables written before scales have none,
+        # and are read as stored (their tiny values may be zeros: re-run the extract stage to store them scaled).
         footer = self._file.metadata.metadata or {}
         columns = [layer_column(k) for k in range(self.num_layers + 1)]
-        scaled = value == pa.float16() and SCALES_KEY in footer
+        scaled = value == pa.binary(3) or (value == pa.float16() and SCALES_KEY in footer)
         self._scales = Scales.from_footer(footer, self.path, columns, self.hidden_size, self._reader.num_rows) \
             if scaled else None
         self.precision = encoding(value, scaled)
@@ -281,7 +281,7 @@ class ActivationTable:
 
     def _decode(self, k: int, values: pa.Array, rows: int, first_row: int = 0) -> np.ndarray:
         """Rows first_row … first_row + rows of layer k, stored as the flat `values`, as (rows, hidden) float32."""
-        stored = _float32(values).reshape(rows, self.hidden_size)
+        stored = from_arrow(values).reshape(rows, self.hidden_size)
         return stored if self._scales is None else self._scales.decode(layer_column(k), stored, first_row)
 
     def layers(self) -> list[np.ndarray]:
@@ -352,8 +352,3 @@ class ActivationTable:
         if start != self.num_rows:
             raise self._reader.corrupt(f"streamed {start} rows, the footer says {self.num_rows}")
 
-
-def _float32(values: pa.Array) -> np.ndarray:
-    """A column's values as float32: a float16 table upcast before any arithmetic (sums of squares of half-precision
-    numbers overflow and lose digits); a float32 one without a copy."""
-    return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float32)

@@ -12,7 +12,7 @@ import pyarrow as pa
 from layersim.errors import LayersimError
 from layersim.data.io.activations import layer_column
 from layersim.data.io.parquet import ParquetReader, first_non_finite, metadata_int
-from layersim.data.io.stored import SCALES_KEY, VALUE_TYPES, Scales, encoding
+from layersim.data.io.stored import SCALES_KEY, VALUE_TYPES, Scales, encoding, from_arrow
 
 
 class AttentionTable:
@@ -36,11 +36,12 @@ class AttentionTable:
             {"example_id": pa.int64(), "choice": pa.int16(), "query": pa.int16(), "key": pa.int16()}
             | {column: pa.list_(value, self.num_heads) for column in columns},
             f" for num_layers {self.num_layers} and num_heads {self.num_heads} in its metadata")
-        # Stored as float32, or float16 scaled per head (layersim.data.io.stored), decoded to float32 on reading.
+        # Stored as float32, or float16 or int24 scaled per head (layersim.data.io.stored), decoded to float32 on
+        # reading.
         footer = self._file.metadata.metadata or {}
-        scaled = value == pa.float16() and SCALES_KEY in footer
+        scaled = value == pa.binary(3) or (value == pa.float16() and SCALES_KEY in footer)
         self._scales = (Scales.from_footer(footer, self.path, columns, self.num_heads, self._reader.num_rows)
-                        if value == pa.float16() else None)
+                        if value != pa.float32() else None)
         self.precision = encoding(value, scaled)
         self._reader.check_expected(expect)
         keys = self._reader.read(["example_id", "choice", "query"])
@@ -59,8 +60,7 @@ class AttentionTable:
             raise LayersimError(f"attention layer {k} is out of range for {self.path}; valid layers are "
                                 f"1..{self.num_layers}.")
         column = self._reader.read([layer_column(k)]).column(0).combine_chunks()
-        weights = np.asarray(column.values.to_numpy(zero_copy_only=False), np.float32).reshape(len(column),
-                                                                                               self.num_heads)
+        weights = from_arrow(column.values).reshape(len(column), self.num_heads)
         if self._scales is not None:
             weights = self._scales.decode(layer_column(k), weights)
         row = first_non_finite(weights)

@@ -48,13 +48,14 @@ def integrity_footer(num_rows: int) -> dict[bytes, bytes]:
 
 
 def _dictionary_columns(schema: pa.Schema) -> list[str]:
-    """Parquet column paths that keep dictionary encoding: all but floating-point values."""
+    """Parquet column paths that keep dictionary encoding: all but the stored values (floating point, or the 24-bit
+    integers of layersim.data.io.stored)."""
     paths = []
     for field in schema:
         leaf, path = field.type, field.name
         while pa.types.is_list(leaf) or pa.types.is_large_list(leaf) or pa.types.is_fixed_size_list(leaf):
             leaf, path = leaf.value_type, path + ".list.element"
-        if not pa.types.is_floating(leaf):
+        if not (pa.types.is_floating(leaf) or pa.types.is_fixed_size_binary(leaf)):
             paths.append(path)
     return paths
 
