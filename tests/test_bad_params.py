@@ -235,6 +235,8 @@ CASES = [
      ["weights.threshold = 0", "a number in (0, 1]"]),
     ("keep-every-step", "dynamics", _set(finetune__keep_states=6),
      ["finetune.keep_states = 6 must be smaller than finetune.max_steps = 6"]),
+    ("grounding-no-bootstrap", "grounding", _set(grounding__bootstrap=0),
+     ["grounding.bootstrap = 0", "a positive integer"]),
     ("no-permutations", "similarity", _set(similarity__permutations=0),
      ["similarity.permutations = 0", "a positive integer"]),
     ("significance-above-one", "compare", _set(similarity__significance=5),
