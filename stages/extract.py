@@ -1,8 +1,7 @@
 """extract: per-layer pooled representations (CLS, mean, last sub-word) of every validation example, one
 row per word ("tokens", validation only), and attention maps of a few, for the pretrained model (run
 "orig"), each fine-tuned seed (runs "seed<k>") and, with similarity.random_control, the random-init control
-(run "random": validation only) and similarity.random_controls − 1 further ones ("random2", …: validation tables of
-extract.poolings only, for the above-random headline's spread)."""
+(run "random": validation only) and similarity.random_controls − 1 more ("random2", …: validation tables only)."""
 
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from layersim.experiments.extract import extract_activations, extract_task_atten
 from layersim.errors import LayersimError
 from layersim.data.io import atomic_path, finetuned_runs, read_task_table, run_expectations
 from layersim.models.registry import load_encoder, load_tokenizer, model_shape, verified_info
-from layersim.compute.disk import check_free_space, extract_bytes, train_poolings
+from layersim.data.disk import check_free_space, extract_bytes, train_poolings
 from layersim.models.random_control import RANDOM_RUN, control_runs, random_encoder, random_run_metadata
 from layersim.data.tasks import get_task
 from layersim.params.validate import head_pooling
@@ -28,8 +27,7 @@ def main(args, params):
     finetuned = finetuned_runs(params.finetune, params.seeds)  # finetune.method's, then compare_methods'
     compared = {run.name for run in finetuned if not run.primary}
     runs = {"orig": args.pretrained} | {run.name: run.folder(args.checkpoints) for run in finetuned}
-    # The random-init controls' init seeds (none with similarity.random_control null): their config and tokenizer
-    # are the pretrained model's, their weights drawn afresh.
+    # The random-init controls' init seeds: the pretrained model's config and tokenizer, weights drawn afresh.
     controls = control_runs(params.similarity.random_control, params.similarity.random_controls)
     runs |= {run: args.pretrained for run in controls}
     known = run_expectations(args.checkpoints, finetuned, args.task_dir)  # fine-tuned on these tables
@@ -69,8 +67,7 @@ def main(args, params):
                 extract_task_attention(encoder, tokenizer, table, spec, params,
                                        Path(tmp) / "attention" / f"{run}.parquet", metadata, device)
             cli.log.info("read %s, wrote %s.{%s}.parquet", folder, run, ",".join(p.poolings))
-    cli.log.info("wrote %s (%s)", args.out,
-                 ", ".join(f"{split}: {table.num_rows} examples" for split, (table, _) in splits.items()))
+    cli.log.info("wrote %s (%s)", args.out, ", ".join(f"{split}: {t.num_rows} examples" for split, (t, _) in splits.items()))
 
 
 if __name__ == "__main__":

@@ -9,10 +9,10 @@ from dvclive import Live
 
 from layersim import cli
 from layersim.training.convergence import checked_convergence
+from layersim.compute.compiled import compiles
 from layersim.compute.device import resolve_device
 from layersim.data.io import atomic_path, task_tables_digest, write_json
 from layersim.models.registry import load_tokenizer
-from layersim.compute.compiled import compiles
 from layersim.data.tasks import get_task
 from layersim.training.resume import TrainingCheckpoint
 from layersim.training.train import (StateKeeper, encoded_splits, finetune, live_logger, run_fingerprint,
@@ -31,8 +31,7 @@ def run(args, params, spec, pretrained: Path, seed: int, out: Path, live_dir, re
     with (Live(str(live_dir), dvcyaml=False, save_dvc_exp=False) if live_dir else nullcontext()) as live:
         timing, checks, keep = {}, {}, states and StateKeeper.for_run(params.finetune, states, resume_dir)
         model, metrics = finetune(pretrained, spec, train, validation, params.finetune, seed, log=live_logger(live),
-                                  keep=keep, resume=resume, timing=timing, checks=checks,
-                                  device=device)
+                                  keep=keep, resume=resume, timing=timing, checks=checks, device=device)
     # Before any output: with finetune.require_convergence an unconverged run leaves no checkpoint or metrics.
     convergence = checked_convergence(checks["convergence"], spec.name, seed, pretrained, params.finetune, cli.log)
     with atomic_path(out, is_dir=True) as tmp:

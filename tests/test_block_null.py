@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from layersim.experiments import similarity_inputs
 from layersim.data.io import ActivationTable, ActivationWriter
 from layersim.errors import LayersimError
 from layersim.experiments import similarity as stage
@@ -242,8 +243,8 @@ def test_streamed_multiple_choice_tables_get_a_block_null_from_a_sample(tmp_path
         layers = [(shared + rng.normal(size=shared.shape)).astype(np.float32) for _ in range(3)]
         _write(tmp_path / f"{run}.cls.parquet", layers, ids, choice, run)
         tables[run] = ActivationTable(tmp_path / f"{run}.cls.parquet")
-    monkeypatch.setattr(stage, "stream_layers", lambda *args: True)
-    monkeypatch.setattr(stage, "STREAMED_SAMPLE_ROWS", 400)
+    monkeypatch.setattr(similarity_inputs, "stream_layers", lambda *args: True)
+    monkeypatch.setattr(similarity_inputs, "STREAMED_SAMPLE_ROWS", 400)
     labels = stage.run_labels([1, 2])
     matrix_of, layers, streamed_null = stage.layer_sources(tables, labels, ["linear_cka", "svcca"],
                                                            {"svcca": {"variance_threshold": 0.99}})
@@ -275,7 +276,7 @@ def test_the_stage_cuts_clusters_to_length_classes_on_request(tmp_path, monkeypa
     n, d = len(clusters), 5
     known = {"orig": {"model_digest": "a" * 64, "task_digest": "b" * 64, "num_layers": 2, "hidden_size": d}}
     known |= {f"seed{s}": {**known["orig"], "model_digest": str(s) * 64} for s in (1, 2)}
-    monkeypatch.setattr(stage, "run_expectations", lambda checkpoints, seeds: {r: dict(v) for r, v in known.items()})
+    monkeypatch.setattr(similarity_inputs, "run_expectations", lambda checkpoints, seeds: {r: dict(v) for r, v in known.items()})
     monkeypatch.setattr(stage, "checkpoint_flags", lambda checkpoints, seeds: {})
     for run in known:
         meta = {"model": "m", "pooling": "cls", "split": "validation", "task": "synth", "run": run, **known[run]}

@@ -36,6 +36,7 @@ def test_padded_width(longest, multiple, cap, width):
 
 
 def test_compile_settings_by_device():
+    assert compiled_module.COMPILE_SETTINGS == COMPILE_SETTINGS  # the params' spelling (no import across layers)
     assert [compiles(s, CPU) for s in COMPILE_SETTINGS] == [False, True, False]
     assert [compiles(s, CUDA) for s in COMPILE_SETTINGS] == [True, True, False]
     with pytest.raises(LayersimError, match=r"finetune.compile = 'yes' is not one of auto, on, off"):

@@ -1,4 +1,4 @@
-"""The extract stage's bytes, known before it writes (layersim.compute.disk, issue 53): the arithmetic of its
+"""The extract stage's bytes, known before it writes (layersim.data.disk, issue 53): the arithmetic of its
 tables, checked against the quickstart's measured folder in the docs, and a refusal in one sentence, before any
 work, when the volume has less free space than the tables and DVC's cache copy of them."""
 
@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from dvc_project import REPO, repository_params, tiny_params
-from layersim.compute import disk
+from layersim.data import disk
 from layersim.data.tasks import get_task
 from layersim.errors import LayersimError
 from layersim.params import load_params, parse_params

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
+from layersim.experiments import similarity_inputs
 import layersim.experiments.similarity as similarity_task
 from layersim.experiments.compare import compare_representations
 from layersim.similarity.comparisons import STREAMABLE
@@ -36,7 +37,7 @@ def _check_values(measure: str, entry: dict, *, self_comparison: bool = False) -
 @pytest.mark.parametrize("measure, streamed", CASES)
 def test_the_similarity_stage(measure, streamed, extracted, monkeypatch):
     if streamed:  # the stage streams by size; these tables are far too small to, unless forced
-        monkeypatch.setattr(similarity_task, "stream_layers", lambda *args: True)
+        monkeypatch.setattr(similarity_inputs, "stream_layers", lambda *args: True)
     warnings = []
     out = task_similarity(extracted / "activations", extracted / "checkpoints", TASK, _params(measure),
                           warn=lambda *args: warnings.append(args[0] % args[1:]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from layersim.experiments import similarity_inputs
 from layersim.errors import LayersimError
 from layersim.similarity.grounding import (monotonicity_conformity, monotonicity_correlation, rank_measures,
                                            separation_auprc, separation_chance, separation_per_layer)
@@ -172,7 +173,7 @@ def _tables(tmp_path, monkeypatch, seeds=(1, 2, 3)):
 
     known = {"orig": {"model_digest": "a" * 64, "task_digest": "b" * 64, "num_layers": LAYERS, "hidden_size": D}}
     known |= {f"seed{s}": {**known["orig"], "model_digest": str(s) * 64} for s in seeds}
-    monkeypatch.setattr(similarity_task, "run_expectations",
+    monkeypatch.setattr(similarity_inputs, "run_expectations",
                         lambda checkpoints, runs: {run: dict(values) for run, values in known.items()})
     rng = np.random.default_rng(5)
 

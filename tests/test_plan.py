@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from dvc_project import repository_params_text, tiny_params
-from layersim.compute import disk
+from layersim.data import disk
 from layersim.compute.flops import LayerShape
 from layersim.data.tasks import get_task
 from layersim.params import parse_params

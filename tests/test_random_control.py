@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+from layersim.experiments import similarity_inputs
 from layersim.similarity.comparisons import (RANDOM, pair_summary, phang_cells, phang_comparisons, stacked_matrix,
                                              stacked_null)
 from layersim.errors import LayersimError
@@ -126,7 +127,7 @@ def test_the_similarity_stage_reads_the_control_checked_against_its_seed(tmp_pat
 
     known = {"orig": {"model_digest": "a" * 64, "task_digest": "b" * 64, "num_layers": LAYERS, "hidden_size": D}}
     known |= {f"seed{s}": {**known["orig"], "model_digest": str(s) * 64} for s in (1, 2)}
-    monkeypatch.setattr(similarity_task, "run_expectations",
+    monkeypatch.setattr(similarity_inputs, "run_expectations",
                         lambda checkpoints, seeds: {run: dict(values) for run, values in known.items()})
     monkeypatch.setattr(similarity_task, "checkpoint_flags", lambda checkpoints, seeds: {})  # no info files here
     models = _planted(np.random.default_rng(7))
@@ -162,7 +163,7 @@ def test_further_random_controls_give_the_above_random_headline_its_spread(tmp_p
     assert control_runs(0, 3) == {RANDOM_RUN: 0, "random2": 1, "random3": 2}
     known = {"orig": {"model_digest": "a" * 64, "task_digest": "b" * 64, "num_layers": LAYERS, "hidden_size": D}}
     known |= {f"seed{s}": {**known["orig"], "model_digest": str(s) * 64} for s in (1, 2)}
-    monkeypatch.setattr(similarity_task, "run_expectations",
+    monkeypatch.setattr(similarity_inputs, "run_expectations",
                         lambda checkpoints, seeds: {run: dict(values) for run, values in known.items()})
     monkeypatch.setattr(similarity_task, "checkpoint_flags", lambda checkpoints, seeds: {})
     rng = np.random.default_rng(3)

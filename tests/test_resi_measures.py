@@ -17,7 +17,8 @@ from layersim.errors import LayersimError
 from layersim.params import parse_params
 from layersim.similarity import (check_computable, get_measure, permutation_matrix, permutation_test, similarity,
                                  similarity_matrix)
-from layersim.similarity.inference._null_engines import ENGINES, recomputed_engine
+from layersim.similarity.inference._host_engines import recomputed_engine
+from layersim.similarity.inference._null_engines import ENGINES
 from layersim.similarity.inference.bootstrap import bootstrap_pairs, resample_rows
 from layersim.similarity.inference.exchangeability import block_permutations
 from layersim.similarity.results import settings as stage_settings

@@ -17,6 +17,9 @@ SHARED_EXPERIMENTS = {
     "injection": "scores a representation injected into a model's upper layers: align scores its maps so",
     "compare_inputs": "checks compare_models' arguments and batches (one sentence each, before any model runs), "
                       "apart from the comparison itself so that either reads in one screen",
+    "similarity_inputs": "reads the runs' activation tables of a pooling and builds their stacked layers, matrices "
+                         "and nulls (layer_sources): the similarity stage and the grounding stage, which recomputes "
+                         "every run's matrices, read them the same way",
     "pruning_states": "sums the layer-pruning measures' rows during extraction (PruningStates) and reads them back "
                       "(read_pruning_record): extract writes the record that similarity and skip read",
 }

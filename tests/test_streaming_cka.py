@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from layersim.experiments import similarity_inputs
 from layersim.similarity.comparisons import stacked_matrix, stream_layers, streamed_linear_cka
 from layersim.errors import LayersimError
 from layersim.data.io import ActivationTable, ActivationWriter
@@ -215,7 +216,7 @@ def test_stage_outputs_are_the_same_streamed_or_loaded(tmp_path, rng, monkeypatc
     sizes = {labels[run]: table.num_layers + 1 for run, table in tables.items()}
     outputs = {}
     for streamed in (False, True):
-        monkeypatch.setattr(stage, "stream_layers", lambda *args, streamed=streamed: streamed)
+        monkeypatch.setattr(similarity_inputs, "stream_layers", lambda *args, streamed=streamed: streamed)
         loaded = []
         monkeypatch.setattr(ActivationTable, "layers", lambda self, original=ActivationTable.layers: (
             loaded.append(self.path.name), original(self))[1])
@@ -276,7 +277,7 @@ def test_a_streamed_stage_reports_linear_ckas_exact_null(tmp_path, rng, monkeypa
     uncertainty = Uncertainty(permutations=20, bootstrap=0, seed=0)
     reports = {}
     for streamed in (False, True):
-        monkeypatch.setattr(stage, "stream_layers", lambda *args, streamed=streamed: streamed)
+        monkeypatch.setattr(similarity_inputs, "stream_layers", lambda *args, streamed=streamed: streamed)
         options = {"svcca": {"variance_threshold": 0.99}}
         matrix_of, layers, streamed_null = stage.layer_sources(tables, labels, ["linear_cka", "svcca"], options)
         assert (streamed_null is None) != streamed
@@ -314,7 +315,7 @@ def test_streamed_moments_give_the_loaded_matrices(tmp_path, rng, monkeypatch, m
     labels = stage.run_labels([1, 2])
     matrices = {}
     for streamed in (False, True):
-        monkeypatch.setattr(stage, "stream_layers", lambda *args, streamed=streamed: streamed)
+        monkeypatch.setattr(similarity_inputs, "stream_layers", lambda *args, streamed=streamed: streamed)
         matrix_of, layers, _ = stage.layer_sources(tables, labels, ["linear_cka", measure], {measure: options})
         assert (layers is None) == streamed
         matrices[streamed] = matrix_of(measure), matrix_of("linear_cka")

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from layersim.compute import disk
+from layersim.data import disk
 from layersim.data.io import ActivationTable, ActivationWriter
 from layersim.data.io.activations import VALUE_TYPES, activation_schema, layer_column
 from layersim.data.io.parquet import integrity_footer, parquet_writer

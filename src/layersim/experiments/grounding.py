@@ -17,7 +17,7 @@ import numpy as np
 
 from layersim.data.io import finetuned_runs
 from layersim.errors import LayersimError
-from layersim.experiments.similarity import layer_sources, pooling_tables, run_labels, run_metadata
+from layersim.experiments.similarity_inputs import layer_sources, pooling_tables, run_labels, run_metadata
 from layersim.params import Params
 from layersim.similarity.comparisons import RANDOM, block, number
 from layersim.similarity.grounding import (Ranking, monotonicity_conformity, monotonicity_correlation, rank_measures,

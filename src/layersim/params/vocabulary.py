@@ -19,7 +19,7 @@ POOLING_NAMES = ("head", *POOLINGS)
 # tokens) and words. "last" (one more table per run: 15 GB in the paper configuration) only where a measure names it.
 DEFAULT_POOLINGS = ("head", "mean", "tokens")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # layersim.compute.device (checked by a test)
-COMPILE_SETTINGS = ("auto", "on", "off")  # finetune.compile: layersim.compute.compiled
+COMPILE_SETTINGS = ("auto", "on", "off")  # finetune.compile: layersim.compute.compiled (checked by a test)
 FINETUNE_METHODS = ("full", "lora")  # layersim.training.train (lora: layersim.training.adapters)
 TABLE_PRECISIONS = ("auto", "float32", "float16", "int24")  # layersim.data.io.stored.TABLE_PRECISIONS (a test checks)
 HEAD_KINDS = ("own", "fresh")  # layersim.training.heads.HEAD_KINDS (checked by a test)

@@ -10,14 +10,14 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from layersim.compute import disk
+from layersim.data import disk
 from layersim.data.tasks import get_task
 from layersim.errors import LayersimError
 from layersim.models.model_files import LOCAL_PREFIX
 from layersim.params.model_kind import own_head_pooling
 from layersim.plan import stages
 from layersim.plan.sizes import model_size, task_size
-from layersim.plan.stages import StageCost
+from layersim.plan.cost import StageCost
 from layersim.plan.timing import GPUS, Device, device, known_seconds, seconds, terms, where  # noqa: F401 (the plan's API)
 
 ORDER = ("check_params", "download", "finetune", "finetune_compared", "finetune_pretrained", "extract", "similarity", "grounding", "compare",

@@ -12,46 +12,15 @@ the observed matrix, every permutation of the null and the bootstrap resamples o
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
-from layersim.compute import disk
+from layersim.data import disk
 from layersim.compute.flops import training_flops
 from layersim.params.pairs import aligned_pairs, paired_models
+from layersim.plan.cost import StageCost
 from layersim.plan.sizes import ModelSize, TaskSize
 from layersim.training.recipes import freeze_recipe
 
 CCA_FAMILY = ("svcca", "pwcca", "mean_cca")
-
-
-@dataclass
-class StageCost:
-    stage: str
-    rows: int = 0          # examples (inputs) processed, or table rows written (extract)
-    bytes: int = 0         # DVC-cached outputs, workspace copy
-    flops: float = 0.0
-    passes: int = 0        # batches × layers they run through (a training step: 3 × layers)
-    compiled_passes: int = 0  # the part of passes in compiled training steps (finetune.compile): on a GPU, at its
-                              # compiled pass time where measured
-    train_flops: float = 0.0  # the part of flops in training steps (forward, backward)
-    processes: int = 0     # stage processes DVC starts (one per matrix item)
-    loads: int = 0         # models read from disk
-    load_bytes: int = 0
-    evaluations: int = 0   # similarity measures run on one pair of layers (one permutation or resample)
-    heatmaps: int = 0      # figures with a value written in every cell
-    host_flops: float = 0.0   # the part of flops that numpy runs on the host CPU (similarity measures, SVDs)
-    small_flops: float = 0.0  # the part of host_flops in products too small for more than one thread
-    svd_flops: float = 0.0    # the part of host_flops in float64 LAPACK SVDs (the weights stage)
-    # The part of host_flops and evaluations that the permutation nulls' engines run (torch, float64): on the host
-    # in a CPU plan, on the GPU in a GPU plan (layersim.compute.device.analysis_on).
-    analysis_flops: float = 0.0
-    analysis_evaluations: int = 0
-    notes: list[str] = field(default_factory=list)
-
-    def add(self, other: "StageCost") -> None:
-        for name in ("rows", "bytes", "flops", "passes", "train_flops", "processes", "loads", "load_bytes",
-                     "evaluations", "heatmaps", "host_flops", "small_flops", "svd_flops", "analysis_flops",
-                     "analysis_evaluations"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 def L(model: ModelSize) -> int:

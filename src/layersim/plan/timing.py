@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from layersim.errors import LayersimError
-from layersim.plan.stages import StageCost
+from layersim.plan.cost import StageCost
 
 # Seconds from a stage process's start to its first line of work, by the stack it imports: measured on the 2-core
 # AMD EPYC these figures were taken on (`python stages/<stage>.py --help` and the imports its main does lazily;

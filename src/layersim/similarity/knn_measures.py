@@ -55,7 +55,7 @@ import numpy as np
 from layersim.errors import LayersimError
 from layersim.similarity._common import Named, _constant_error, centred_and_constant, named_lists, validated
 from layersim.similarity._pairs import fill_matrix
-from layersim.similarity.inference._null_engines import RowsEngine
+from layersim.similarity.inference._host_engines import RowsEngine
 from layersim.similarity.neighbours import _check, _too_few_candidates
 
 BLOCK_ROWS = 1024

@@ -44,7 +44,7 @@ import scipy.sparse
 from layersim.errors import LayersimError
 from layersim.similarity._common import Named, named_lists, validated
 from layersim.similarity._pairs import fill_matrix
-from layersim.similarity.inference._null_engines import rows_engine
+from layersim.similarity.inference._host_engines import rows_engine
 from layersim.similarity.neurons import Standardised, standardise
 
 

@@ -34,7 +34,8 @@ import layersim.similarity.shape as shape
 import layersim.similarity.subspaces as subspaces
 import layersim.similarity.summaries as summaries
 from layersim.similarity._common import check_options
-from layersim.similarity.inference._null_engines import ENGINES, recomputed_engine
+from layersim.similarity.inference._host_engines import recomputed_engine
+from layersim.similarity.inference._null_engines import ENGINES
 from layersim.similarity.cka import cka_matrix
 
 
