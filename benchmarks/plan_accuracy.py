@@ -102,24 +102,12 @@ def matmul_gflops(threads: int) -> float:
     return measured_cpu_flops(threads, repeats=5) / 1e9
 
 
-def matmul_gflops_per_cpu_second(size: int = 2048, repeats: int = 5) -> float:
-    """The same product on one thread over the CPU seconds it took (best of `repeats`): what one thread does alone,
-    when other jobs share the cores and stretch its wall clock."""
-    import torch
+def matmul_gflops_per_cpu_second() -> float:
+    """The 2048² product on one thread over the CPU seconds it took (the plan's own measurement, best of 5): what one
+    thread does alone, when other jobs share the cores and stretch its wall clock."""
+    from layersim.plan.timing import measured_cpu_flops
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        a, b = torch.randn(size, size), torch.randn(size, size)
-        a @ b
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.thread_time()
-            a @ b
-            best = min(best, time.thread_time() - start)
-    finally:
-        torch.set_num_threads(before)
-    return 2 * size ** 3 / best / 1e9
+    return measured_cpu_flops(1, repeats=5, clock=time.thread_time) / 1e9
 
 
 def held_to(cores: float) -> str:

@@ -56,7 +56,7 @@ from layersim.errors import LayersimError
 from layersim.similarity._common import Named, _constant_error, centred_and_constant, named_lists, validated
 from layersim.similarity._pairs import fill_matrix
 from layersim.similarity.inference._host_engines import RowsEngine
-from layersim.similarity.neighbours import _check, _too_few_candidates
+from layersim.similarity.neighbours import _check, enough_candidates
 
 BLOCK_ROWS = 1024
 BLOCK_VALUES = 1 << 24  # and at most this many cosines per block: ~35 bytes each while a block is scored (590 MB)
@@ -135,13 +135,9 @@ def _stats(named: Named, k: int, label: str, sources: np.ndarray | None) -> list
     """Every layer's neighbourhood; None when ``sources`` leave some row fewer than ``k`` candidates."""
     checked = validated(named, label, min_rows=3)
     k = _check(k, "cosine", checked[0][1].shape[0])
-    if sources is not None:
-        sources = np.asarray(sources)
-        if sources.shape != (checked[0][1].shape[0],):
-            raise LayersimError(f"sources has shape {sources.shape}; expected one source id per row, "
-                                f"({checked[0][1].shape[0]},).")
-        if _too_few_candidates(sources, k):
-            return None
+    if sources is not None and not enough_candidates(sources, checked[0][1].shape[0], k):
+        return None
+    sources = None if sources is None else np.asarray(sources)
     return [neighbourhood(name, a, k, sources, label) for name, a in checked]
 
 

@@ -114,14 +114,18 @@ def _stats(named: Named, k: int, metric: str, sources: np.ndarray | None = None)
     """Every layer's neighbour lists; None when ``sources`` leave some row fewer than ``k`` candidates."""
     checked = validated(named, "k-NN Jaccard", min_rows=3)
     _check(k, metric, checked[0][1].shape[0])
-    if sources is not None:
-        sources = np.asarray(sources)
-        if sources.shape != (checked[0][1].shape[0],):
-            raise LayersimError(f"sources has shape {sources.shape}; expected one source id per row, "
-                                f"({checked[0][1].shape[0]},).")
-        if _too_few_candidates(sources, k):
-            return None
+    if sources is not None and not enough_candidates(sources, checked[0][1].shape[0], k):
+        return None
     return [neighbours(name, a, k, metric, sources) for name, a in checked]
+
+
+def enough_candidates(sources, num_rows: int, k: int) -> bool:
+    """Whether every row of a bootstrap resample (`sources`: each row's source example) keeps `k` candidate neighbours
+    of other sources; a `sources` that does not give one source per row is refused."""
+    sources = np.asarray(sources)
+    if sources.shape != (num_rows,):
+        raise LayersimError(f"sources has shape {sources.shape}; expected one source id per row, ({num_rows},).")
+    return not _too_few_candidates(sources, k)
 
 
 def knn_jaccard(x: np.ndarray, y: np.ndarray, *, k: int = 10, metric: str = "cosine",
