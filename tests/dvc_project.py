@@ -19,7 +19,7 @@ from pathlib import Path
 import fork_server
 import yaml
 
-from dvc_yaml import from_root
+from dvc_yaml import from_root, lock_path
 
 REPO = Path(__file__).resolve().parents[1]
 # Environment variable naming a DVC cache folder that every project of a test run shares: a stage that
@@ -480,7 +480,8 @@ def shell(script: str, cwd: Path, env: dict) -> None:
 
 
 def lock_outs(root: Path) -> dict[str, dict]:
-    """Every stage's outputs in dvc.lock: {stage: {path: md5}}."""
+    """Every stage's outputs in dvc.lock: {stage: {path from the root: md5}} (the path guard's stages record theirs
+    from their own wdir)."""
     lock = yaml.safe_load((root / "dvc.lock").read_text())
-    return {stage: {out["path"]: out.get("md5") for out in entry.get("outs", [])}
+    return {stage: {lock_path(out["path"]): out.get("md5") for out in entry.get("outs", [])}
             for stage, entry in lock["stages"].items()}
