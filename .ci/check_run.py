@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from layersim_launch.dvc_cache import from_root  # dvc.lock paths are relative to each stage's wdir
+
 
 def dvc(*args: str) -> str:
     return subprocess.run([sys.executable, "-m", "dvc", *args], capture_output=True, text=True, check=True).stdout
@@ -24,8 +26,8 @@ def main(task: str) -> int:
     lock = yaml.safe_load(Path("dvc.lock").read_text())["stages"]
     problems = [f"stage {name} never ran (no dvc.lock entry)" for name in sorted(stages - set(lock))]
     for name, entry in lock.items():
-        problems += [f"{name}: output {out['path']} is missing" for out in entry.get("outs", [])
-                     if not Path(out["path"]).exists()]
+        problems += [f"{name}: output {from_root(out['path'])} is missing" for out in entry.get("outs", [])
+                     if not Path(from_root(out["path"])).exists()]
     status = json.loads(dvc("status", "--json") or "{}")
     if status:
         problems.append(f"dvc status is not clean: {sorted(status)[:5]}")

@@ -67,6 +67,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "src"))
 
 from dvc_project import copy_repository, run  # noqa: E402
+from layersim_launch.dvc_cache import from_root  # noqa: E402 - dvc.lock paths are relative to each stage's wdir
 
 CONFIGS = {"tiny": "smallest.sh", "quickstart": "quickstart.sh"}
 TOLERANCE = 0.30
@@ -217,7 +218,7 @@ def measured_bytes(root: Path) -> dict[str, int]:
     found: dict[str, int] = defaultdict(int)
     for stage, entry in lock["stages"].items():
         found[plan_name(stage)] += sum(out.get("size", 0) for out in entry.get("outs", [])
-                                       if out["path"].startswith("data/"))  # metrics and plots are not DVC-cached
+                                       if from_root(out["path"]).startswith("data/"))  # metrics and plots are not DVC-cached
     return dict(found)
 
 
