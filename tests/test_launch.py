@@ -235,8 +235,14 @@ def test_a_preempted_finetune_is_retried_and_resumes_to_the_same_model(tmp_path)
 
 # The recipe for sweeps of whole experiments (docs/scale-out.md): one `dvc queue start` per GPU, a pause between them.
 QUEUE_WORKERS = 'for k in 0 1; do CUDA_VISIBLE_DEVICES=$k dvc queue start -j $((k + 1)); sleep 5; done'
-PROBE = ("import json, os, time; start = time.time(); time.sleep(10); json.dump({'device': "
-         "int(os.environ['CUDA_VISIBLE_DEVICES']), 'start': start, 'end': time.time()}, open('probe.json', 'w'))")
+# Each probe marks its start in a folder shared by the two experiments (outside their workspaces) and waits, up to 90 s,
+# for the other's mark: two workers that run at once overlap however slowly a loaded machine starts them; one worker
+# running both in turn leaves the first waiting out its 90 s alone, and the runs do not overlap.
+PROBE = ("import json, os, pathlib, time; start = time.time(); marks = pathlib.Path(os.environ['PROBE_MARKS']); "
+         "(marks / os.environ['CUDA_VISIBLE_DEVICES']).touch(); "
+         "[time.sleep(0.5) for _ in range(180) if len(list(marks.iterdir())) < 2]; time.sleep(1); "
+         "json.dump({'device': int(os.environ['CUDA_VISIBLE_DEVICES']), 'start': start, 'end': time.time()}, "
+         "open('probe.json', 'w'))")
 
 
 @pytest.mark.integration
@@ -244,6 +250,8 @@ def test_queued_experiments_run_one_worker_per_gpu(tmp_path):
     root = tmp_path / "sweep"
     root.mkdir()
     env = with_venv_commands(project_env(root))  # the workers are spawned as `dvc` from PATH
+    env["PROBE_MARKS"] = str(tmp_path / "started")
+    (tmp_path / "started").mkdir()
     (root / "params.yaml").write_text("name: base\n")
     (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"probe": {
         "cmd": f'{sys.executable} -c "{PROBE}"', "params": ["name"], "metrics": [{"probe.json": {"cache": False}}]}}}))
@@ -253,13 +261,13 @@ def test_queued_experiments_run_one_worker_per_gpu(tmp_path):
     for name in ("a", "b"):  # worker 1 is still busy with the first when worker 2 starts (5 s later)
         run(dvc("exp", "run", "--queue", "-S", f"name={name}", "-n", f"exp-{name}"), root, env)
     run(["bash", "-c", QUEUE_WORKERS], root, env)
-    for _ in range(120):
+    for _ in range(240):
         status = run(dvc("queue", "status"), root, env).stdout
         if not {"Queued", "Running"} & set(status.split()):
             break
         time.sleep(1)
     else:
-        pytest.fail(f"the queued experiments had not finished after 120 s:\n{status}")
+        pytest.fail(f"the queued experiments had not finished after 240 s:\n{status}")
     rows = list(csv.DictReader(io.StringIO(run(dvc("exp", "show", "--csv"), root, env).stdout)))
     runs = [{k: float(row[k]) for k in ("device", "start", "end")} for row in rows if row["Experiment"]]
     assert len(runs) == 2, rows
