@@ -226,7 +226,7 @@ def test_an_output_edited_in_place_is_refused_by_the_next_run_and_push_and_never
     refusal = next(line for line in repro.stderr.splitlines() if line.startswith("error: DVC's cache"))
     assert all(name in refusal for name in named), refusal
     assert "refused before this stage runs" in refusal
-    assert not (root / f"data/checkpoints/tiny-bert/{TASK}/seed1/model").exists()
+    assert not (root / f"data/checkpoints/{TASK}/seed1/model").exists()
     check = run([sys.executable, "-m", "layersim_launch.dvc_cache"], root, env, check=False)  # the run scripts' check
     assert check.returncode == 1 and all(name in check.stderr for name in named), output(check)
 

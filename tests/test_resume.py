@@ -191,7 +191,7 @@ def test_dvc_repro_resumes_after_the_whole_pipeline_is_killed(tmp_path):
         params["finetune"].update(max_steps=160, checkpoint_every=10, eval_every=0)
 
     stage = "finetune@synth-negation-1"
-    weights = Path("data/checkpoints/tiny-bert/synth-negation/seed1/model/model.safetensors")
+    weights = Path("data/checkpoints/synth-negation/seed1/model/model.safetensors")
     state = Path("data/resume/tiny-bert/synth-negation/seed1") / STATE_FILE
     reference, preempted = tmp_path / "reference", tmp_path / "preempted"
     run(dvc("repro", stage), reference, make_project(reference, configure))
