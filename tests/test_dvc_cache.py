@@ -76,7 +76,7 @@ def test_an_object_edited_in_place_is_named_by_its_output_file(project):
 
 @pytest.mark.parametrize("climb", ["../", "../../"])
 def test_a_stage_in_the_path_guards_folder_names_its_file_from_the_root(project, climb):
-    """download_model and extract run in params-guard/ or params-guard/owner/ (docs/params-safety.md): dvc.lock
+    """The path guard's stages run in params-guard/ or params-guard/owner/ (docs/params-safety.md): dvc.lock
     records their outputs from there; the sentence names them from the project root, as the user removes them."""
     lock = yaml.safe_load((project / "dvc.lock").read_text())
     lock["stages"]["download"]["outs"][0]["path"] = f"{climb}data/model"
