@@ -287,8 +287,9 @@ CLIMBS = [
     ({"model": "../../models"}, ["repro", "-s", "download_model"]),                                # models/pretrained
     ({"model": UP_TO_SIBLING}, ["repro", "--single-item", "download_model"]),                     # sibling/pretrained
     ({"model": "../..", "tasks": ["models"]}, ["repro", "-s", "extract@models"]),                 # models/tables
-    # A stage whose outputs once held the model beside other values (the checkpoint, not the metrics): now none of
-    # them holds it, so DVC removes only the stage's own outputs and the stage refuses the model.
+    # A stage whose outputs once held the model beside other values (the checkpoint, not the metrics; open before):
+    # now none of them holds it, so nothing DVC may remove names the model; it stops at the input the model names
+    # (were that there, the stage would refuse the model).
     ({"model": f"{CLONE}/data/checkpoints/tiny-bert"}, ["repro", "-s", "finetune"]),     # the clone's checkpoints
     ({"model": "../..", "tasks": ["models"]}, ["repro", "-s", "export@models"]),            # models/model
     ({"model": f"{CLONE}/data/checkpoints/tiny-bert", "finetune": {"compare_methods": ["lora"]}},
