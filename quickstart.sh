@@ -71,5 +71,5 @@ python tools/first_figure.py --done   # the first page now leads to the full rep
 
 echo
 echo "Done. Report: report/index.html   Figures: plots/{similarity,localization,compare,truncate,skip,export,align,freeze,weights,summary}/   every number: plots/details/"
-echo "Smaller models that keep the score (plain Hugging Face checkpoints): data/export/minilm-l6/"
+echo "Smaller models that keep the score (plain Hugging Face checkpoints): data/export/"
 echo "Headline metrics: dvc metrics show   experiments: dvc exp show --drop '.*' --keep 'Experiment|^model\$|^mean\.'"

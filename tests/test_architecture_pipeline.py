@@ -193,7 +193,7 @@ def test_the_export_reloads_in_plain_transformers_with_the_truncated_logits(proj
 
     root, model, task = project
     exported = _details(root, "export", task)["exported"]
-    folder = root / f"data/export/{model}/{task}/model"
+    folder = root / f"data/export/{task}/model"
     reloaded = AutoModelForSequenceClassification.from_pretrained(folder).eval()
     families = {"tiny-gpt2": "gpt2", "tiny-llama": "llama", "tiny-deberta-v2": "deberta-v2"}
     assert reloaded.config.model_type == families[model]
@@ -202,7 +202,7 @@ def test_the_export_reloads_in_plain_transformers_with_the_truncated_logits(proj
 
     load_params(root / "params.yaml")  # registers the project's user tasks (hub-negation) with get_task
     spec = get_task(task)
-    checkpoint = root / f"data/checkpoints/{model}/{task}/seed{SEEDS[0]}/model"
+    checkpoint = root / f"data/checkpoints/{task}/seed{SEEDS[0]}/model"
     tokenizer = load_tokenizer(checkpoint)
     encoded = encode_task(read_task_table(task_tables(root / "data/tasks", task), spec, "validation", None), spec, tokenizer, 32)
     cpu = torch.device("cpu")

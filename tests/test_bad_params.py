@@ -37,8 +37,6 @@ def _stage_commands() -> dict[str, list[str]]:
     commands = {}
     for name, stage in stages.items():
         assert "${" not in command(stage), f"{name}: a params value interpolated into its command: {stage['cmd']}"
-        if stage["cmd"] == "true":  # guard_model: the path guard, no stage script (docs/params-safety.md)
-            continue
         cmd = command(stage).replace("@model", MODEL).replace("@task", TASK).replace("@method", "lora")
         cmd = cmd.replace("@seed", str(SEED))
         argv = shlex.split(cmd)

@@ -191,7 +191,7 @@ def test_what_a_module_cannot_give_is_refused(one_torch_thread):
     ("sentence-transformers/all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"),
     ("path/to/finetuned-minilm", "path/to/finetuned-minilm"),
     # A pipeline checkpoint: its own folder's name ("model", "seed1") alone says nothing; its path is too long.
-    ("data/checkpoints/minilm-l6/synth-similarity/seed1/model", "…/seed1/model"),
+    ("data/checkpoints/synth-similarity/seed1/model", "…/seed1/model"),
     ("/home/me/runs/2026-11-27/minilm-finetuned-on-sst2", "…/2026-11-27/minilm-finetuned-on-sst2"),
 ])
 def test_a_model_is_labelled_as_the_user_named_it(given, label, tmp_path, monkeypatch):
@@ -207,7 +207,7 @@ def test_a_fine_tuned_checkpoint_is_labelled_by_its_task_and_seed(tmp_path):
     from layersim.models.any_model import model_label
     from layersim.models.registry import MODEL_INFO_FILE
 
-    folder = tmp_path / "data/checkpoints/minilm-l6/synth-similarity/seed1/model"
+    folder = tmp_path / "data/checkpoints/synth-similarity/seed1/model"
     folder.mkdir(parents=True)
     (folder / MODEL_INFO_FILE).write_text('{"task": "synth-similarity", "seed": 1, "digest": "d"}')
     assert model_label(str(folder)) == "FT:synth-similarity seed 1"

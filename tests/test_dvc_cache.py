@@ -76,7 +76,7 @@ def test_an_object_edited_in_place_is_named_by_its_output_file(project):
 
 @pytest.mark.parametrize("climb", ["../", "../../"])
 def test_a_stage_in_the_path_guards_folder_names_its_file_from_the_root(project, climb):
-    """download_model and extract run in params-guard/ or params-guard/owner/ (docs/params-safety.md): dvc.lock
+    """The path guard's stages run in params-guard/ or params-guard/owner/ (docs/params-safety.md): dvc.lock
     records their outputs from there; the sentence names them from the project root, as the user removes them."""
     lock = yaml.safe_load((project / "dvc.lock").read_text())
     lock["stages"]["download"]["outs"][0]["path"] = f"{climb}data/model"
@@ -226,7 +226,7 @@ def test_an_output_edited_in_place_is_refused_by_the_next_run_and_push_and_never
     refusal = next(line for line in repro.stderr.splitlines() if line.startswith("error: DVC's cache"))
     assert all(name in refusal for name in named), refusal
     assert "refused before this stage runs" in refusal
-    assert not (root / f"data/checkpoints/tiny-bert/{TASK}/seed1/model").exists()
+    assert not (root / f"data/checkpoints/{TASK}/seed1/model").exists()
     check = run([sys.executable, "-m", "layersim_launch.dvc_cache"], root, env, check=False)  # the run scripts' check
     assert check.returncode == 1 and all(name in check.stderr for name in named), output(check)
 

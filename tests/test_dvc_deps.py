@@ -79,8 +79,6 @@ def _stages() -> dict[str, tuple[Path, list[str]]]:
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     found = {}
     for name, stage in stages.items():
-        if stage["cmd"] == "true":  # guard_model: the path guard, no stage script (docs/params-safety.md)
-            continue
         argv = shlex.split(command(stage))
         assert argv[0] == "python" and argv[1].startswith("stages/"), stage["cmd"]
         found[name] = (REPO / argv[1], [from_root(dep) for dep in stage.get("deps", [])])

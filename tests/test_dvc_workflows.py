@@ -89,7 +89,7 @@ def _assert_pulled_copy_is_complete(original: Path, clone: Path, env: dict) -> N
     dry = run(dvc("repro", "--dry"), clone, env)
     assert not dry_run_stages(dry.stdout), output(dry)
     assert (clone / ACTIVATIONS).read_bytes() == (original / ACTIVATIONS).read_bytes()
-    checkpoint = f"data/checkpoints/tiny-bert/{TASK}/seed1/model/model.safetensors"
+    checkpoint = f"data/checkpoints/{TASK}/seed1/model/model.safetensors"
     assert (clone / checkpoint).read_bytes() == (original / checkpoint).read_bytes()
     # Metrics are git-tracked (cache: false): the clone has them from git, equal to the original's.
     assert json.loads((clone / FINETUNE_METRICS).read_text()) == json.loads((original / FINETUNE_METRICS).read_text())
@@ -270,12 +270,12 @@ def test_set_param_lists_reshape_the_fan_out(base):
         status = run(dvc("status", "--json"), root, env)
         stale = set(json.loads(status.stdout))
         unchanged = {"download_model", "download_compared", "download_paired", f"download_task@{TASK}",
-                     f"finetune@{TASK}-1", "guard_model"}  # guard_model: its one dep is inside.yaml
+                     f"finetune@{TASK}-1"}
         assert "check_params" in stale  # the gate checks every params change
         assert stale == set(listed) - unchanged, output(status)
     finally:
         params_path.write_text(before)
-    assert not (root / f"data/checkpoints/tiny-bert/{TASK}/seed2/model").exists()
+    assert not (root / f"data/checkpoints/{TASK}/seed2/model").exists()
 
 
 def test_exp_push_and_pull_through_git_and_dvc_remotes(experiments):

@@ -149,7 +149,7 @@ def test_the_docs_snippet_predicts_label_names(tiny_model_dir, tmp_path, monkeyp
     exported tiny model, prints the task's label names, one per sentence."""
     code = _docs_snippet()
     folder = re.search(r'folder = "([^"]+)"', code).group(1)
-    task = Path(folder).parent.name  # data/export/<model>/<task>/model
+    task = Path(folder).parent.name  # data/export/<task>/model
     spec, model, tokenizer, _ = _task_model(tiny_model_dir, "tiny-bert", task, examples=4)
     write_checkpoint(model, tokenizer, LayerChoice(3, 3), tmp_path / folder, spec, {}, lambda m: None, max_length=32)
     monkeypatch.chdir(tmp_path)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dvc_yaml import from_root
 from headline_docs import AS_ABOVE, DESCRIPTIVE, ITSELF, rows_of, table, undocumented
 from layersim.experiments.dynamics import half_way_headline
 from layersim.experiments.freeze import freeze_headline
@@ -27,7 +28,7 @@ def stage_metrics_files() -> list[str]:
     files = []
     for stage in stages.values():
         for entry in stage.get("metrics", []):
-            path = next(iter(entry)) if isinstance(entry, dict) else entry
+            path = from_root(next(iter(entry)) if isinstance(entry, dict) else entry)
             if path.startswith("metrics/"):
                 files.append(re.sub(r"\$\{item\.(\w+)\}", lambda m: EXAMPLE_ITEM[m.group(1)], path))
     return files

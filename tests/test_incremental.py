@@ -153,7 +153,7 @@ def test_keeping_other_states_reruns_only_the_runs_and_dynamics(project) -> None
             runs = FINETUNE - {f"finetune_pretrained@{TASK}"}
             assert ran - {"summary"} == {GATE, DYNAMICS, REPORT} | runs, output(repro)
             assert {p: p.read_bytes() for p in models} == models
-            kept = json.loads((root / f"data/states/tiny-bert/{TASK}/lora/seed1/states/states.json").read_text())
+            kept = json.loads((root / f"data/states/{TASK}/lora/seed1/states/states.json").read_text())
             assert kept["steps"] == [3]
     finally:
         run(["git", "checkout", "HEAD", "--", "."], root, env)

@@ -227,7 +227,7 @@ def test_a_preempted_finetune_is_retried_and_resumes_to_the_same_model(tmp_path)
     assert (root / "preempted").exists()
     log = (root / f".dvc/tmp/launch/{node}.log").read_text()
     assert log.count(f"--- {node}") == 2 and "at step 10" in log, log  # two attempts, the second resumed
-    weights = Path("data/checkpoints/tiny-bert/synth-negation/seed1/model/model.safetensors")
+    weights = Path("data/checkpoints/synth-negation/seed1/model/model.safetensors")
     assert (root / weights).read_bytes() == (reference / weights).read_bytes()
     status = json.loads(run(dvc("status", "--json", node), root, env).stdout or "{}")
     assert status == {}

@@ -43,21 +43,13 @@ def test_every_output_named_by_a_params_value_ends_in_a_fixed_leaf():
     assert loose == [], f"outputs whose last part holds a params value: {loose}"
 
 
-# The path guard (dvc.yaml's top comment, docs/params-safety.md): each stage's wdir passes the values its outputs
-# hold through params-guard/ and back, where DVC must find the stage's vars file. A matrix stage comes back to the
-# root (params-guard/inside.yaml); a stage whose outputs all hold `model` (one name or owner/name) first comes back
-# to params-guard/ or params-guard/owner/, each holding inside.yaml with the way back to the root, which its
-# command, paths and params file start with.
+# The path guard (dvc.yaml's top comment, docs/params-safety.md): each stage whose outputs hold params values runs
+# in a folder of params-guard/, which its wdir reaches through those values, and where DVC must find the stage's
+# vars file, inside.yaml: params-guard/ for matrix values and a registry model, params-guard/owner/ for a model of
+# owner/name. Each marker holds the way back to the root, which the stage's command, paths and params file start with.
 GUARD = "params-guard"
-MARKER = f"{GUARD}/inside.yaml"
-MODEL_MARKERS = {MARKER: "..", f"{GUARD}/owner/inside.yaml": "../.."}
+MARKERS = {f"{GUARD}/inside.yaml": "..", f"{GUARD}/owner/inside.yaml": "../.."}
 VALUE = re.compile(r"\$\{(?:item\.[a-z]+|model)\}")
-# Stages whose outputs hold different runs of values (the checkpoint model/task/seed, the metrics task/seed). One
-# wdir checks only where the sum of its values lands, so there a task could climb into the model's folders (or a
-# model into the task's), and the metrics path, which holds no model, would leave its folders: the property test
-# below found such values for every order of the two. Their wdir checks the matrix values alone; their model is
-# checked by guard_model, which `repro -s` does not resolve (docs/params-safety.md, caveats).
-MIXED = {"finetune", "finetune_compared", "export"}
 
 
 def _composite(path: str) -> str | None:
@@ -76,65 +68,57 @@ def _params_files(stage: dict) -> list[str]:
 
 
 def test_every_value_in_an_output_passes_through_the_path_guard():
-    stages = _stages()
-    guarded, holding_model, mixed = 0, set(), set()
-    for name, stage in stages.items():
+    guarded, holding_model = 0, set()
+    for name, stage in _stages().items():
         paths = [from_root(path) for path in _declared_paths(stage)]
         composites = {_composite(path) for path in paths} - {None}
         if not composites:
-            assert "wdir" not in stage or name == "guard_model", name
+            assert "wdir" not in stage and "vars" not in stage, name
             continue
-        if all(composite.startswith("${model}") for composite in composites):
-            # One run of values in every output, the model first: the wdir passes it through params-guard/owner/.
-            assert len(composites) == 1, (name, composites)
-            (composite,) = composites
+        # One run of values, the same in every output: the one wdir checks exactly what every path holds (a
+        # checkpoint holds its task and seed, not the model, as its metrics do).
+        assert len(composites) == 1, f"{name}: outputs hold different runs of values: {composites}"
+        (composite,) = composites
+        if "${model}" in composite:
+            # The model first: params-guard/owner/<model>/… comes back to params-guard/ or params-guard/owner/.
+            assert composite.startswith("${model}"), (name, composite)
             ups = "/".join([".."] * (composite.count("/") + 2))
             assert stage.get("wdir") == f"{GUARD}/owner/{composite}/{ups}", name
-            assert stage.get("vars") == ["inside.yaml"] and stage["cmd"].startswith(GUARD_CD), name
-            every = [*_declared_paths(stage), *stage.get("deps", ()), *_params_files(stage)]
-            assert all(path.startswith(f"{GUARD_ROOT}/") for path in every), name
-            assert all(isinstance(entry, dict) for entry in stage.get("params") or ()), name  # none from the wdir
             holding_model.add(name)
         else:
-            items = {composite.removeprefix("${model}/") for composite in composites}
-            if items != composites:
-                mixed.add(name)
-            # One run of matrix values, the same in every output: the guard checks exactly what the paths hold.
-            assert len(items) == 1, f"{name}: outputs hold different matrix values: {items}"
-            (composite,) = items
-            ups = "/".join([".."] * (composite.count("/") + 2))
+            ups = "/".join([".."] * (composite.count("/") + 1))
             assert stage.get("wdir") == f"{GUARD}/{composite}/{ups}", name
-            assert stage.get("vars") == [MARKER], name
+        assert stage.get("vars") == ["inside.yaml"] and stage["cmd"].startswith(GUARD_CD), name
+        every = [*_declared_paths(stage), *stage.get("deps", ()), *_params_files(stage)]
+        assert all(path.startswith(f"{GUARD_ROOT}/") for path in every), name
+        assert all(isinstance(entry, dict) for entry in stage.get("params") or ()), name  # none from the wdir
         for path in paths:
-            # At least two fixed folders before the values: one more than the guard's one (params-guard), so that
-            # a value that climbs back to the root in the guard still ends inside data/, metrics/, plots/, dvclive/.
+            # Two fixed folders before the values (layersim.data.layout), `${model}` right after them.
             before = path[:path.index("${")]
             assert before.count("/") >= 2 and not before.startswith((".", "/")), (name, path)
-            # `${model}` comes right after two fixed folders, as in the guards (params-guard/owner).
             if "${model}" in path:
                 assert re.fullmatch(r"[a-z]+/[a-z]+/\$\{model\}/.*", path), (name, path)
         guarded += 1
-    assert guarded >= 14 and holding_model == {"download_model", "extract"} and mixed == MIXED
-    model = stages["guard_model"]
-    assert model["wdir"] == f"{GUARD}/owner/${{model}}/../.." and model["vars"] == ["inside.yaml"]
-    assert "frozen" not in model and model["cmd"] == "true"  # recorded in dvc.lock by every repro (dvc.yaml)
+    assert guarded >= 14 and holding_model == {"download_model", "extract"}
     markers = {str(p.relative_to(REPO)): yaml.safe_load(p.read_text())
                for p in (REPO / GUARD).rglob("*") if p.is_file()}
-    assert markers == {marker: {"params_guard": {"root": root}} for marker, root in MODEL_MARKERS.items()}
+    assert markers == {marker: {"params_guard": {"root": root}} for marker, root in MARKERS.items()}
 
 
 # A model of how DVC resolves a stage (dvc/parsing, dvc/output.py): the wdir and every path are joined to the
 # project root and normalised lexically; the stage resolves only if its vars file exists from that wdir. Layersim
-# projects (which hold params-guard/inside.yaml) sit beside the project, one level up, and inside it. The values
-# are made of `..`, `.`, empty parts and names, but none of the names on the way to a project's root: a value that
-# spells out such a path can pass (docs/params-safety.md, caveats).
+# projects (which hold params-guard's markers) sit beside the project, one level up, and inside it. The values are
+# made of `..`, `.`, empty parts and names, and may start by climbing to the file system's root and naming the way
+# back to a project's root (the absolute climb) or by naming a project's folder after a few `..`.
 ROOT = "/h/u/w/project"
 CLONES = (ROOT, "/h/u/w/clone2", "/h/u/clone3", f"{ROOT}/vendor/clone4")
 OWNED = ("data", "metrics", "plots", "dvclive")
 PARTS = ["..", "..", "..", ".", "", "sibling", "data", "tasks", "src", "layersim", "models", "user_data", GUARD,
          "owner", "synth-negation", "seed1", "x"]
-value = st.builds(lambda parts, absolute: ("/" if absolute else "") + "/".join(parts),
-                  st.lists(st.sampled_from(PARTS), max_size=12), st.booleans())
+WAYS_BACK = ["", *("../" * 12 + clone.lstrip("/") for clone in CLONES), "../project", "../../project",
+             "../../../w/project", "../../../clone2", "../../../../u/clone3", "../../../project/vendor/clone4"]
+value = st.builds(lambda way, parts, absolute: ("/" if absolute else "") + "/".join([way, *parts] if way else parts),
+                  st.sampled_from(WAYS_BACK), st.lists(st.sampled_from(PARTS), max_size=12), st.booleans())
 
 
 def _resolve(template: str, values: dict) -> str:
@@ -146,25 +130,23 @@ def _resolve(template: str, values: dict) -> str:
 def _guard_root(stage: dict, wdir: str) -> str | None:
     """The way back to the root that the stage's vars file gives, as DVC finds it from `wdir`; None where DVC finds
     none and stops ("failed to parse stage …: '…/inside.yaml' does not exist")."""
-    found = posixpath.normpath(posixpath.join(wdir, stage["vars"][0]))
-    markers = {MARKER: ""} if stage["vars"] == [MARKER] else MODEL_MARKERS
-    return next((root for clone in CLONES for marker, root in markers.items() if found == f"{clone}/{marker}"), None)
+    found = posixpath.normpath(posixpath.join(wdir, *stage["vars"]))
+    return next((root for clone in CLONES for marker, root in MARKERS.items() if found == f"{clone}/{marker}"), None)
 
 
 def _inside_a_guard(path: str) -> bool:
-    """Inside some project's params-guard/ (below its two marker files' folders), where nothing else lives."""
-    return any(path.startswith(f"{clone}/{GUARD}/") and path not in {f"{clone}/{GUARD}/owner"} | {
-        f"{clone}/{marker}" for marker in MODEL_MARKERS} for clone in CLONES)
+    """Inside a folder named params-guard/ (where a layersim project keeps nothing but its two markers), below it."""
+    parts = path.split("/")
+    return GUARD in parts[:-1] and path.rsplit("/", 1)[-1] != "inside.yaml"
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(task=value, seed=value, method=value, model=st.one_of(st.sampled_from(["tiny-bert", "owner/name"]), value))
 def test_a_value_that_passes_the_guard_names_a_path_inside_a_layersim_folder(task, seed, method, model) -> None:
     values = {"item.task": task, "item.seed": seed, "item.method": method, "model": model}
-    plain_model = model in ("tiny-bert", "owner/name")
     for name, stage in _stages().items():
-        if "wdir" not in stage or name == "guard_model" or (name in MIXED and not plain_model):
-            continue  # a MIXED stage's model: guard_model's, with the pipeline (open under `repro -s`)
+        if "wdir" not in stage:
+            continue  # its outputs hold no params value
         wdir = posixpath.normpath(posixpath.join(ROOT, _resolve(stage["wdir"], values)))
         root = _guard_root(stage, wdir)
         if root is None:
@@ -305,15 +287,20 @@ CLIMBS = [
     ({"model": "../../models"}, ["repro", "-s", "download_model"]),                                # models/pretrained
     ({"model": UP_TO_SIBLING}, ["repro", "--single-item", "download_model"]),                     # sibling/pretrained
     ({"model": "../..", "tasks": ["models"]}, ["repro", "-s", "extract@models"]),                 # models/tables
-    # Open (docs/params-safety.md, caveats): a stage whose outputs hold different runs of values (MIXED) checks its
-    # task and seed alone; its model is guard_model's, which `repro -s` does not resolve.
-    *(pytest.param(*case, marks=pytest.mark.xfail(strict=True, reason="`-s` of a MIXED stage with a climbing model"))
-      for case in [({"model": f"{CLONE}/data/checkpoints/tiny-bert"}, ["repro", "-s", "finetune"]),  # the clone's model
-                   ({"model": "../..", "tasks": ["models"]}, ["repro", "-s", "export@models"])]),  # models/model
-    # A value that names its target's absolute path lands its wdir on the root, whatever it climbed: the guard
-    # then lets through a folder as deep below the root as the stage's values (here src/layersim + /models).
-    pytest.param({"tasks": [JUMP + "/src/layersim"]}, ["repro", "-s", f"finetune_pretrained@{JUMP}/src/layersim"],
-                 marks=pytest.mark.xfail(strict=True, reason="an absolute climb to a folder two below the root")),
+    # A stage whose outputs once held the model beside other values (the checkpoint, not the metrics; open before):
+    # now none of them holds it, so nothing DVC may remove names the model; it stops at the input the model names
+    # (were that there, the stage would refuse the model).
+    ({"model": f"{CLONE}/data/checkpoints/tiny-bert"}, ["repro", "-s", "finetune"]),     # the clone's checkpoints
+    ({"model": "../..", "tasks": ["models"]}, ["repro", "-s", "export@models"]),            # models/model
+    ({"model": f"{CLONE}/data/checkpoints/tiny-bert", "finetune": {"compare_methods": ["lora"]}},
+     ["repro", "--single-item", "finetune_compared"]),
+    # A value that names its target's absolute path climbs to the file system's root and down again: the guard
+    # lands such a wdir in a folder of params-guard/ only if the value ends there, and then so does every output.
+    ({"tasks": [JUMP + "/src/layersim"]}, ["repro", "-s", f"finetune_pretrained@{JUMP}/src/layersim"]),  # tracked
+    ({"tasks": [JUMP + "/user_data"]}, ["repro", "--single-item", f"download_task@{JUMP}/user_data"]),
+    ({"tasks": [JUMP + "/params-guard/x"]}, ["repro", "-s", f"download_task@{JUMP}/params-guard/x"]),
+    ({}, ["exp", "run", "-S", f'tasks=["{JUMP}/src/layersim"]']),
+    ({"model": JUMP + "/models"}, ["repro", "-s", "download_model"]),                               # models/pretrained
 ]
 
 
@@ -351,4 +338,13 @@ def test_no_value_that_climbs_removes_a_file_outside_layersim_folders(climbing, 
     lost = sorted(set(before) - set(after))
     changed = sorted(name for name in set(before) & set(after) if before[name] != after[name])
     assert (lost, changed) == ([], []), f"{len(lost)} files removed: {lost[:8]}\n{output(result)}"
-    assert result.returncode != 0, output(result)  # refused: by DVC, by the gate or by the stage
+    assert result.returncode != 0, output(result)
+    assert REFUSED.search(result.stderr), output(result)
+
+
+# What refuses a climbing value, in one line: DVC when the path guard finds no marker (the stage's name carries a
+# matrix value; download_model's wdir holds the model), DVC when an input the value names is not there, or the
+# stage's own validation, naming the value.
+REFUSED = re.compile(r"^ERROR: failed to parse stage '[^']+' in 'dvc\.yaml': '[^']*inside\.yaml' does not exist$"
+                     r"|^ERROR: failed to reproduce '[^']+': \[Errno 2\] No such file or directory: '[^']+'$"
+                     r"|^error: params\.yaml: (tasks|model|seeds) has '[^']+', .+\.$", re.M)

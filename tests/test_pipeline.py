@@ -86,7 +86,7 @@ def test_repro_writes_every_declared_output(project):
     validation_split = pq.read_table(tasks / "validation.parquet").to_pydict()
     train_labels = np.asarray(pq.read_table(tasks / "train.parquet").column("label").to_pylist())
     for seed in SEEDS:
-        checkpoint = root / f"data/checkpoints/tiny-bert/{TASK}/seed{seed}/model"
+        checkpoint = root / f"data/checkpoints/{TASK}/seed{seed}/model"
         assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "config.json").is_file()
         metrics = _finetuned(root, seed)
         assert set(metrics) == {"accuracy", "convergence"}
@@ -373,7 +373,7 @@ def test_export_writes_a_plain_checkpoint_that_keeps_the_score(project, tmp_path
     root, state = project
     export = _details(root, "export", TASK)
     exported, full = export["exported"], export["full"]
-    folder = root / f"data/export/tiny-bert/{TASK}/model"
+    folder = root / f"data/export/{TASK}/model"
     model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
     kept = str(exported["kept_layers"]).split(",")
     assert model.config.num_hidden_layers == exported["layers"] == len(kept) <= full["layers"] == 3
@@ -514,7 +514,7 @@ def test_weights_compares_every_seeds_matrices_with_the_pretrained_ones(project)
 
     pretrained = load_file(root / "data/models/tiny-bert/pretrained/model.safetensors")
     folders = {(row.get("method"), row["seed"]) for row in rows}
-    finetuned = {(method, seed): load_file(root / f"data/checkpoints/tiny-bert/{TASK}/"
+    finetuned = {(method, seed): load_file(root / f"data/checkpoints/{TASK}/"
                                            f"{method + '/' if method else ''}seed{seed}/model/model.safetensors")
                  for method, seed in folders}
     for row in rows:
@@ -564,7 +564,7 @@ def test_compared_method_runs_reach_similarity_with_nulls_and_intervals(project)
     compares LoRA with ORIG and with FT in the same heatmap set, each diagonal with its null and interval."""
     root, _ = project
     for seed in SEEDS:
-        info = json.loads((root / f"data/checkpoints/tiny-bert/{TASK}/lora/seed{seed}/model/layersim_model.json").read_text())
+        info = json.loads((root / f"data/checkpoints/{TASK}/lora/seed{seed}/model/layersim_model.json").read_text())
         assert info["method"] == "lora" and info["seed"] == seed and info["source"] == "finetune"
         metrics = json.loads((root / f"metrics/finetune/{TASK}/lora/seed{seed}/metrics.json").read_text())
         assert "converged" in metrics["convergence"] and metrics.keys() > {"accuracy"}
@@ -598,7 +598,7 @@ def test_dynamics_follow_every_kept_state_from_orig_to_the_final_model(project):
     per seed × point × reference per layer file, ORIG at step 0 and the final model at the end equal to themselves."""
     root, _ = project
     for seed, folder in [(seed, folder) for seed in SEEDS for folder in (f"seed{seed}", f"lora/seed{seed}")]:
-        states = root / f"data/states/tiny-bert/{TASK}/{folder}/states"
+        states = root / f"data/states/{TASK}/{folder}/states"
         assert sorted(p.name for p in states.iterdir()) == ["states.json", "step2", "step4"]
         assert json.loads((states / "states.json").read_text())["steps"] == [2, 4]
     curves = root / f"plots/dynamics/{TASK}/curves"

@@ -50,7 +50,7 @@ def test_a_project_copy_holds_what_git_lists_and_nothing_a_run_left(tmp_path):
                 "metrics/.gitignore": "/finetune\n", "metrics/finetune/synth-similarity/seed1/metrics.json": "{}\n",
                 "plots/.gitignore": "/similarity\n", "plots/summary.json": "{}\n", "report/index.html": "<p>\n",
                 "dvclive/finetune/synth-similarity/seed1/metrics.json": "{}\n",
-                "data/checkpoints/minilm-l6/synth-similarity/seed1/model/config.json": "{}\n"}
+                "data/checkpoints/synth-similarity/seed1/model/config.json": "{}\n"}
     _write(root, {**developer, **user_run})
 
     assert repository_files(root) == sorted({*tracked, "src/layersim/new.py", "stages/new_stage.py"})

@@ -92,7 +92,7 @@ def test_the_pipeline_runs_on_user_files(project):
     # classifier's argmax, the regression head's one output against the scores (Pearson's r).
     validation = {task: pq.read_table(root / f"data/tasks/{task}/splits/validation.parquet").to_pydict()
                   for task in TASKS}
-    checkpoint = {task: root / f"data/checkpoints/tiny-bert/{task}/seed1/model" for task in TASKS}
+    checkpoint = {task: root / f"data/checkpoints/{task}/seed1/model" for task in TASKS}
     assert reviews["accuracy"] == pytest.approx(rescored_accuracy(checkpoint["reviews"], validation["reviews"]), abs=1e-6)
     predicted = model_outputs(checkpoint["pairs"], validation["pairs"])
     assert predicted.shape == (24, 1)

@@ -86,7 +86,7 @@ def draw(params, task: str, seed: int, position: int, out: Path) -> str:
     texts = columns["text"] if get_task(task).format == "single" else list(zip(columns["text_a"], columns["text_b"]))
     pooling = own_head_pooling(params.model)
     label = run.label(position)
-    result = compare_models(run.folder(f"data/checkpoints/{params.model}/{task}"),
+    result = compare_models(run.folder(f"data/checkpoints/{task}"),
                             f"data/models/{params.model}/pretrained", texts, ["linear_cka"], pooling,
                             permutations=params.similarity.permutations, bootstrap=0, labels=(label, "ORIG"),
                             device="cpu", max_length=params.finetune.max_length)

@@ -73,8 +73,9 @@ def _object_path(cache: Path, md5: str) -> Path:
 
 
 def from_root(path: str) -> str:
-    """An output's path in dvc.lock (relative to its stage's wdir) from the project root: the path guard's stages run
-    in params-guard/ or params-guard/owner/ (docs/params-safety.md), and each of their paths climbs back first."""
+    """An output's path in dvc.lock (relative to its stage's wdir) from the project root: the path guard's stages (every
+    stage whose outputs hold params values) run in params-guard/ or params-guard/owner/ (docs/params-safety.md),
+    and each of their paths climbs back first."""
     parts = path.split("/")
     while parts and parts[0] == "..":
         parts.pop(0)

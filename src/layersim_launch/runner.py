@@ -37,10 +37,7 @@ LOG_DIR = Path(".dvc") / "tmp" / "launch"  # DVC and git ignore .dvc/tmp; one lo
 CLONES = LOG_DIR / "clones"                # clone workspace: <launch id>/<node>-<random>, one per task attempt
 PARAMS = "params.yaml"                     # what DVC's params read and `layersim launch -S` sets
 # $SHELL of the head's restoring `dvc repro` (clone workspace): DVC calls it only to run a stage's command.
-# A guard stage (dvc.yaml's guard_model) has no outputs, so the run-cache never holds it; its command `true`
-# computes nothing and runs.
 REFUSE_SHELL = """#!/bin/sh
-if [ "$1" = "-c" ] && [ "$2" = "true" ]; then exit 0; fi
 echo "layersim launch: the run-cache holds no result for $DVC_STAGE, so the head would compute it; not running it" >&2
 exit 97
 """

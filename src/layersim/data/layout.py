@@ -1,7 +1,7 @@
 """Where the pipeline keeps each task's and run's files, in one place.
 
 Every path that holds a task, model or seed name ends in a fixed leaf after that name: `data/tasks/<task>/splits`,
-`data/checkpoints/<model>/<task>/seed<k>/model` (a run of finetune.compare_methods: `<task>/<method>/seed<k>/model`),
+`data/checkpoints/<task>/seed<k>/model` (a run of finetune.compare_methods: `<task>/<method>/seed<k>/model`),
 `metrics/<stage>/<task>/metrics.json`. DVC removes a stage's
 outputs before its command (or the params gate) runs, at the paths it makes from the params values: with a fixed
 leaf a value such as `../../user_data` can only name a path of one of these names, and dvc.yaml's path guard stops
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TASK_TABLES = "splits"          # data/tasks/<task>/splits/{train,validation}.parquet
-CHECKPOINT = "model"            # data/checkpoints/<model>/<task>/seed<k>/model/, data/export/<model>/<task>/model/
-STATES = "states"               # data/states/<model>/<task>/seed<k>/states/ (finetune.keep_states)
+CHECKPOINT = "model"            # data/checkpoints/<task>/seed<k>/model/, data/export/<task>/model/
+STATES = "states"               # data/states/<task>/seed<k>/states/ (finetune.keep_states)
 METRICS = "metrics.json"        # metrics/<stage>/<task>/metrics.json (finetune: metrics/finetune/<task>/seed<k>/)
 DETAILS = "values.json"         # plots/details/<stage>/<task>/values.json
 
@@ -86,13 +86,13 @@ def run_labels(entries) -> dict[str, str]:
 
 
 def finetuned(checkpoints: Path | str, seed: int) -> Path:
-    """A seed's checkpoint of finetune.method, in the folder of one task's (data/checkpoints/<model>/<task>)."""
+    """A seed's checkpoint of finetune.method, in the folder of one task's (data/checkpoints/<task>)."""
     return Path(checkpoints) / f"seed{seed}" / CHECKPOINT
 
 
 def finetune_states(states: Path | str, seed: int) -> Path:
     """A seed's kept intermediate states (finetune.keep_states: one ``step<N>`` folder each, and their index), in the
-    folder of one task's states (data/states/<model>/<task>): outside its checkpoints, so that keeping other states
+    folder of one task's states (data/states/<task>): outside its checkpoints, so that keeping other states
     changes no dependency of the stages that read the final models."""
     return Path(states) / f"seed{seed}" / STATES
 

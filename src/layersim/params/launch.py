@@ -9,8 +9,7 @@ from layersim.params.rules import NON_NEGATIVE, POSITIVE, at_most, knob
 
 
 # The pipeline's stages (dvc.yaml's names; tests/test_launch.py keeps the two in step), for launch.gpu_stages.
-# guard_model (the path guard of docs/params-safety.md) runs `true` once, so its task's resources hardly matter.
-STAGES = ("check_params", "guard_model", "download_model", "download_compared", "download_paired", "download_task", "finetune",
+STAGES = ("check_params", "download_model", "download_compared", "download_paired", "download_task", "finetune",
           "finetune_compared", "finetune_pretrained", "extract", "similarity", "grounding", "compare", "truncate", "skip", "align", "freeze", "export",
           "weights", "dynamics", "summary", "report")
 

@@ -221,7 +221,7 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
     section.facts += export_facts(export)
     if export:
         loader = "AutoModelForMultipleChoice" if spec.format == "multiple_choice" else "AutoModelForSequenceClassification"
-        section.facts.append(f"Load it with transformers alone: {loader}.from_pretrained(\"data/export/{model}/{task}/model\").")
+        section.facts.append(f"Load it with transformers alone: {loader}.from_pretrained(\"data/export/{task}/model\").")
     if similarity:
         section.tables += similarity_tables(similarity, significance)
     grounding = grounding_table(layout.details_of("grounding", task))  # None unless grounding.enabled

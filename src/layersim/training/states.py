@@ -177,4 +177,4 @@ def refuse_kept_state(folder: str | Path, name: str) -> None:
         raise LayersimError(f"{name} {str(folder)!r} is a fine-tuning run's kept state{'' if state == folder else 's'} "
                             "(the encoder's weights only, no config or tokenizer); pass the state loaded onto its run's "
                             f"checkpoint, load_state(load_encoder(checkpoint), '{state}') from layersim.training.states, "
-                            "and the checkpoint folder (data/checkpoints/<model>/<task>/seed<k>/model) as its tokenizer.")
+                            "and the checkpoint folder (data/checkpoints/<task>/seed<k>/model) as its tokenizer.")
