@@ -681,8 +681,11 @@ def test_second_repro_has_nothing_to_do(project):
 
 def test_metrics_are_visible_to_dvc(project):
     root, state = project
-    shown = json.loads(run(dvc("metrics", "show", "--json"), root, state["env"]).stdout)
+    listed = run(dvc("metrics", "show", "--json"), root, state["env"])
+    shown = json.loads(listed.stdout)
     workspace = json.dumps(shown)
+    assert "failed to load" not in listed.stderr  # a non-metrics file in a metrics folder (timings/README.md was one)
+    assert "timings/finetune" in workspace  # the training seconds, a folder listed under dvc.yaml's metrics
     assert f"metrics/similarity/{TASK}/metrics.json" in workspace and "ft_orig_top" in workspace
     assert "metrics/summary.json" in workspace and "inn_advantage" in workspace
 

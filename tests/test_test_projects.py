@@ -37,7 +37,7 @@ def test_a_project_copy_holds_what_git_lists_and_nothing_a_run_left(tmp_path):
     root, dest = tmp_path / "checkout", tmp_path / "copy"
     tracked = {"dvc.yaml": (REPO / "dvc.yaml").read_text(), ".gitignore": "/data/\n", "params.yaml": "model: a\n",
                "dvc.lock": "schema: '2.0'\n", "src/layersim/old.py": "", "environment/.gitkeep": "",
-               "timings/README.md": "times\n"}
+               "timings/.gitkeep": ""}
     _write(root, tracked)
     _git(root, "init", "-q", "-b", "main")
     _git(root, "add", "-A")
