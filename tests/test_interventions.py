@@ -107,7 +107,7 @@ def test_ordering_is_one_when_similarity_falls_with_the_level_gap_and_nan_with_o
 
 
 def test_runs_that_move_with_their_level_group_and_order_perfectly_and_rank_first():
-    from layersim.experiments.interventions import INTERVENTIONS, intervention_tests, rank_tests, test_names
+    from layersim.experiments.interventions import INTERVENTIONS, intervention_tests, rank_tests, tests_of
 
     rng = np.random.default_rng(2)
     base = [rng.normal(size=(60, 5)) for _ in range(3)]
@@ -120,7 +120,7 @@ def test_runs_that_move_with_their_level_group_and_order_perfectly_and_rank_firs
             runs[label], levels[label] = {"clean": layers, "shortcut": layers}, level
     item = INTERVENTIONS["shortcut"]
     units, full = intervention_tests(runs, levels, item, ["linear_cka", "magnitude_difference"], {})
-    assert set(units) == set(test_names(item)) == {"shortcut", "shortcut_order", "shortcut_clean",
+    assert set(units) == set(tests_of(item)) == {"shortcut", "shortcut_order", "shortcut_clean",
                                                    "shortcut_clean_order"}
     assert full["linear_cka"]["shortcut"]["per_layer"] == [1.0, 1.0, 1.0]
     assert min(full["linear_cka"]["shortcut_order"]["per_layer"]) > 0.8
@@ -151,6 +151,7 @@ def test_the_interventions_command_runs_on_a_tiny_model_and_writes_its_table(tmp
     import yaml
 
     from layersim.data.io import write_parquet
+    from layersim.reporting.headlines import details_to_metrics
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
     import grounding_interventions
@@ -173,10 +174,12 @@ def test_the_interventions_command_runs_on_a_tiny_model_and_writes_its_table(tmp
         assert all(f"{test}_order" in row for test in tests)
         assert all(row[f"{test}_chance"] == pytest.approx(separation_chance(2, 4), abs=1e-6) for test in tests)
         assert {f"{name}_mean_rank" for name in ("label_noise", "shortcut", "augmentation")} <= set(row)
-    values = json.loads((tmp_path / f"out/{spec.name}/values.json").read_text())
-    assert set(values["run_metrics"]) == {f"{name}{level}[{seed}]" for name in ("label_noise", "shortcut",
-                                          "augmentation") for level in (0, 1) for seed in (1, 2)}
-    assert values["run_metrics"]["shortcut0[1]"] == values["run_metrics"]["augmentation0[1]"]  # one level-0 run
+    values = details_to_metrics(json.loads((tmp_path / f"out/{spec.name}/values.json").read_text()))
+    assert len(values["cknna"]["shortcut_clean_order"]["per_layer"]) == 3 + 1  # tiny-bert: embeddings, 3 layers
+    runs = {run["run"]: run for run in json.loads((tmp_path / f"out/{spec.name}/runs.json").read_text())}
+    assert set(runs) == {f"{name}{level}[{seed}]" for name in ("label_noise", "shortcut", "augmentation")
+                         for level in (0, 1) for seed in (1, 2)}
+    assert runs["shortcut0[1]"]["accuracy"] == runs["augmentation0[1]"]["accuracy"]  # one level-0 run per seed
     assert (tmp_path / f"out/{spec.name}/interventions.png").stat().st_size > 0
     assert grounding_interventions.main(["--levels", "0.5", "--out", "out"]) == 1  # one level: one sentence
     assert grounding_interventions.main(["--interventions", "noise", "--out", "out"]) == 1

@@ -8,8 +8,8 @@ one level together (AUPRC) and orders them by level (Spearman), layer by layer, 
 Not a pipeline stage (it fine-tunes interventions × levels × seeds models per task; level 0 is one plain run per seed
 for every intervention). It reads the model and the task the pipeline downloaded (`dvc repro download_model
 download_task` first) and writes, per task, <out>/<task>/ranking.json (the table: every test's score and interval,
-the mean rank over all tests and each intervention's own), values.json (every layer's score, each run's validation
-metrics) and interventions.png.
+the mean rank over all tests and each intervention's own), values.json (every layer's score), runs.json (each run's
+validation metrics on the clean examples) and interventions.png.
 
 Usage: python tools/grounding_interventions.py [-S key=value ...] [--interventions label_noise shortcut augmentation]
        [--levels 0 0.5 1] [--out plots/interventions]
@@ -65,7 +65,7 @@ def run(args) -> None:
                             "seeds or more.")
     from layersim.data.io import write_figure, write_json
     from layersim.experiments.interventions import (intervention_runs, intervention_tests, rank_tests, run_label,
-                                                    test_labels)
+                                                    figure_labels)
     from layersim.params.model_kind import own_head_pooling
     from layersim.reporting.grounding import ranking_figure
     from layersim.reporting.headlines import metrics_to_details
@@ -96,11 +96,14 @@ def run(args) -> None:
             row |= {f"{name}_mean_rank": ranking.mean_rank[row["measure"]] for name, ranking in rankings.items()}
         folder = args.out / task
         write_json(out.rows, folder / "ranking.json")
-        write_json(metrics_to_details({"levels": plan, "seeds": list(params.seeds), "pooling": pooling,
-                                       "run_metrics": metrics, **out.full}), folder / "values.json")
+        write_json(metrics_to_details({"levels": plan, "seeds": list(params.seeds), "pooling": pooling, **out.full}),
+                   folder / "values.json")
+        write_json([{"intervention": name, "level": level, "seed": seed, "run": run_label(name, level, seed),
+                     **metrics[run_label(name, level, seed)]} for name, levels in plan.items() for level in levels
+                    for seed in params.seeds], folder / "runs.json")
         panels = (rankings | {"all": out.ranking}) if len(items) > 1 else rankings
-        write_figure(ranking_figure(panels, f"training interventions — {params.model} on {task}", test_labels(items)),
-                     folder / "interventions.png")
+        title = f"training interventions — {params.model} on {task}"
+        write_figure(ranking_figure(panels, title, figure_labels(items)), folder / "interventions.png")
         for row in out.rows:
             log.info("%d. %s: mean rank %.2f [%.2f, %.2f]; %s", row["place"], row["measure"], row["mean_rank"],
                      row["mean_rank_low"], row["mean_rank_high"],

@@ -64,7 +64,7 @@ def intervention(name: str) -> Intervention:
     return INTERVENTIONS[name]
 
 
-def test_names(item: Intervention) -> dict[str, tuple[str, str]]:
+def tests_of(item: Intervention) -> dict[str, tuple[str, str]]:
     """The intervention's tests, test → (input, kind): per input, a grouping (AUPRC) and an ordering (Spearman) test;
     the main input's are named after the intervention, the others' after it and the input."""
     names = {}
@@ -74,11 +74,11 @@ def test_names(item: Intervention) -> dict[str, tuple[str, str]]:
     return names
 
 
-def test_labels(items: Sequence[Intervention]) -> dict[str, str]:
+def figure_labels(items: Sequence[Intervention]) -> dict[str, str]:
     """Each test's label in figures (layersim.reporting.grounding.ranking_figure)."""
     labels = {}
     for item in items:
-        for test, (inputs, kind) in test_names(item).items():
+        for test, (inputs, kind) in tests_of(item).items():
             on = "" if inputs == CLEAN else f", on {inputs} inputs"
             labels[test] = (f"runs of one {item.level_is} grouped (AUPRC{on})" if kind == "grouping" else
                             f"similarity falls as the {item.level_is} differs (Spearman{on})")
@@ -149,18 +149,19 @@ def intervention_tests(runs: Mapping[str, Mapping[str, list[np.ndarray]]], level
                        item: Intervention, measures: Sequence[str], options: dict[str, dict]):
     """Every test of `item` for every measure over the runs `levels` names (run label → its level): per test and
     measure the per-layer scores (`units[test][measure]`, for :func:`rank_measures`) and every value (`full`). Only
-    layer k against layer k is compared (the runs × runs matrix of each layer), not the whole stack."""
-    from layersim.similarity.comparisons import number
-    from layersim.similarity.registry import similarity_matrix
+    layer k against layer k is compared (the runs × runs matrix of each layer), not the whole stack; a layer that is
+    constant across examples (the CLS row of the embeddings) has NaN scores."""
+    from layersim.similarity.comparisons import number, stacked_matrix
 
     labels = list(levels)
     groups = [levels[label] for label in labels]
-    units, full = {test: {} for test in test_names(item)}, {measure: {} for measure in measures}
+    units, full = {test: {} for test in tests_of(item)}, {measure: {} for measure in measures}
     for inputs in item.inputs:
         for measure in measures:
-            matrices = [similarity_matrix(measure, [runs[label][inputs][k] for label in labels],
-                                          **options.get(measure, {})) for k in range(len(runs[labels[0]][inputs]))]
-            for test, (test_inputs, kind) in test_names(item).items():
+            # stacked_matrix: a constant layer gives NaN (scored NaN, ranked last), as in the grounding stage
+            matrices = [stacked_matrix(measure, {label: [runs[label][inputs][k]] for label in labels},
+                                       **options.get(measure, {})) for k in range(len(runs[labels[0]][inputs]))]
+            for test, (test_inputs, kind) in tests_of(item).items():
                 if test_inputs != inputs:
                     continue
                 if kind == "grouping":
