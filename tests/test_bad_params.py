@@ -235,6 +235,8 @@ CASES = [
      ["finetune.keep_states = 6 must be smaller than finetune.max_steps = 6"]),
     ("grounding-no-bootstrap", "grounding", _set(grounding__bootstrap=0),
      ["grounding.bootstrap = 0", "a positive integer"]),
+    ("grounding-unknown-measure", "grounding", _set(grounding__measures=["mutual_nn"]),
+     ["grounding.measures has 'mutual_nn'", "did you mean 'mutual_knn'?", "cknna"]),
     ("no-permutations", "similarity", _set(similarity__permutations=0),
      ["similarity.permutations = 0", "a positive integer"]),
     ("significance-above-one", "compare", _set(similarity__significance=5),

@@ -197,12 +197,12 @@ def _tables(tmp_path, monkeypatch, seeds=(1, 2, 3)):
                          [layer.astype(np.float32) for layer in layers])
 
 
-def _params(enabled=True, seeds=(1, 2, 3), measures=("linear_cka", "svcca", "neuronsim")):
+def _params(enabled=True, seeds=(1, 2, 3), measures=("linear_cka", "svcca", "neuronsim"), extra=()):
     from layersim.params import parse_params
 
     return parse_params({"model": "minilm-l6", "tasks": ["synth-negation"], "seeds": list(seeds),
                          "similarity": {"measures": {"cls": list(measures)}, "random_control": 0},
-                         "grounding": {"enabled": enabled, "bootstrap": 200}})
+                         "grounding": {"enabled": enabled, "bootstrap": 200, "measures": list(extra)}})
 
 
 def test_the_stage_work_ranks_every_measure_on_planted_runs_and_writes_a_table_and_figure(tmp_path, monkeypatch):
@@ -260,67 +260,44 @@ def test_bad_grounding_params_are_refused_in_one_sentence(value, fragment):
         parse_params({"model": "minilm-l6", "tasks": ["synth-negation"], "seeds": [1], "grounding": {key: value}})
 
 
-@pytest.mark.parametrize("share", [0.0, 0.3, 1.0])
-def test_label_noise_shuffles_that_share_of_the_labels_and_keeps_their_distribution(share):
-    from layersim.experiments.interventions import shuffled_labels
+def test_grounding_measures_are_ranked_beside_similarity_measures_with_the_values_they_would_have_there(
+        tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
 
-    labels = np.arange(1000) % 7
-    noisy = shuffled_labels(labels, share, seed=4)
-    assert np.array_equal(np.sort(noisy), np.sort(labels))  # a permutation: the label distribution is kept
-    assert np.mean(noisy != labels) <= share and np.mean(noisy != labels) >= share * (1 - 1 / 7) - 0.05
-    assert np.array_equal(shuffled_labels(labels, share, seed=4), noisy)
-    with pytest.raises(LayersimError, match="from 0 to 1"):
-        shuffled_labels(labels, 1.5, seed=0)
+    from layersim.experiments.grounding import task_grounding
 
-
-def test_runs_of_one_level_that_share_their_level_s_direction_group_perfectly():
-    from layersim.experiments.interventions import rank_on_groups
-
-    rng = np.random.default_rng(2)
-    base = [rng.normal(size=(50, 4)) for _ in range(3)]
-    level_direction = {level: [rng.normal(size=(50, 4)) for _ in range(3)] for level in (0.0, 1.0)}
-    runs, groups = {}, {}
-    for level in (0.0, 1.0):
-        for seed in (1, 2, 3):
-            label = f"{level}[{seed}]"
-            runs[label] = [b + 3 * d + 0.1 * rng.normal(size=(50, 4)) for b, d in zip(base, level_direction[level])]
-            groups[label] = level
-    out = rank_on_groups(runs, groups, ["linear_cka", "svcca"], {}, 100, 0)
-    assert out.full["linear_cka"]["label_noise"]["per_layer"] == [1.0, 1.0, 1.0]
-    assert out.full["linear_cka"]["label_noise"]["same_pairs"] == 6 and out.full["svcca"]["label_noise"]["chance"] == pytest.approx(separation_chance(6, 9), abs=1e-6)
-    assert [row["place"] for row in out.rows] == [1, 2]
+    _tables(tmp_path, monkeypatch)
+    out = task_grounding(tmp_path, tmp_path, "synth", _params(extra=("distance_correlation", "cknna", "svcca")))
+    assert {row["measure"] for row in out.rows} == {"linear_cka", "svcca", "neuronsim", "distance_correlation", "cknna"}
+    assert sorted(row["place"] for row in out.rows) == [1, 2, 3, 4, 5] and "left_out" not in out.full["cls"]
+    assert set(out.headline["cls"]) == {row["measure"] for row in out.rows}
+    there = task_grounding(tmp_path, tmp_path, "synth", _params(measures=("distance_correlation", "cknna")))
+    for measure in ("distance_correlation", "cknna"):
+        for test in ("monotonicity", "separation"):
+            assert out.full["cls"][measure][test]["score"] == there.full["cls"][measure][test]["score"]
+    plt.close("all")
 
 
-@pytest.mark.integration
-def test_the_interventions_command_runs_on_a_tiny_model_and_writes_its_table(tmp_path, tiny_model_dir, monkeypatch):
-    """`python tools/grounding_interventions.py` end to end, in-process: tiny-bert fine-tuned 2 steps per run at two
-    levels × two seeds on a generated task; a table row per measure, the figure, every layer's AUPRC."""
-    import json
-    import shutil
-    import sys
-    from pathlib import Path
+def test_a_grounding_measure_a_pooling_cannot_compute_is_left_out_with_its_reason_and_refused_if_none_can(
+        tmp_path, monkeypatch):
+    from types import SimpleNamespace
 
-    import yaml
+    from layersim.experiments import grounding
+    from layersim.experiments.grounding import computable_extras, task_grounding
 
-    from layersim.data.io import write_parquet
-    from layersim.data.tasks import generated_table, get_task
+    wide = SimpleNamespace(num_rows=80, hidden_size=100)  # wider than its examples
+    kept, left_out = computable_extras(("cknna", "linear_regression", "gulp"), wide, {"gulp": {"ridge": 0.0}})
+    assert kept == ("cknna",) and set(left_out) == {"linear_regression", "gulp"}
+    assert "n = 80" in left_out["linear_regression"] and "ridge > 0" in left_out["gulp"]
+    assert computable_extras(("gulp",), wide, {"gulp": {"ridge": 0.1}}) == (("gulp",), {})
+    _tables(tmp_path, monkeypatch)
+    real = grounding.check_computable_on
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-    import grounding_interventions
+    def refusing(measure, *args, **options):
+        if measure == "cknna":
+            raise LayersimError("cknna cannot be computed here.")
+        return real(measure, *args, **options)
 
-    monkeypatch.chdir(tmp_path)
-    shutil.copytree(tiny_model_dir("tiny-bert"), tmp_path / "data/models/tiny-bert/pretrained")
-    spec = get_task("synth-negation")
-    for split, size in (("train", 40), ("validation", 24)):
-        write_parquet(generated_table(spec, split, size, 0), tmp_path / f"data/tasks/{spec.name}/splits/{split}.parquet")
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({
-        "model": "tiny-bert", "tasks": [spec.name], "seeds": [1, 2], "device": "cpu",
-        "finetune": {"batch_size": 8, "max_steps": 2, "warmup_steps": 1, "eval_every": 0, "max_length": 32},
-        "similarity": {"measures": {"head": ["linear_cka", "svcca"]}}, "grounding": {"bootstrap": 50}}))
-    assert grounding_interventions.main(["--levels", "0", "1", "--out", "out"]) == 0
-    rows = json.loads((tmp_path / f"out/{spec.name}/ranking.json").read_text())
-    assert sorted(row["measure"] for row in rows) == ["linear_cka", "svcca"]
-    # 2 same-level pairs of 6
-    assert all(row["label_noise_chance"] == pytest.approx(separation_chance(2, 4), abs=1e-6) for row in rows)
-    assert (tmp_path / f"out/{spec.name}/interventions.png").stat().st_size > 0
-    assert grounding_interventions.main(["--levels", "0.5", "--out", "out"]) == 1  # one level: one sentence
+    monkeypatch.setattr(grounding, "check_computable_on", refusing)
+    with pytest.raises(LayersimError, match="grounding.measures has 'cknna', which no pooling .* cknna cannot be"):
+        task_grounding(tmp_path, tmp_path, "synth", _params(extra=("cknna",)))

@@ -265,6 +265,11 @@ def test_grounding_off_costs_a_process_and_on_the_observed_stacked_matrices_of_i
     measures = sum(len(m) for m in params.similarity.measures.values())
     assert on.evaluations == measures * stacked * (stacked + 1) // 2 and on.analysis_evaluations == 0
     assert on.processes == 1 and on.flops > 0
+    # grounding.measures: each pooling's matrices once more per measure not already among its similarity.measures
+    doc["grounding"]["measures"] = ["cknna", "linear_cka"]
+    wider = {c.stage: c for c in plan(parse_params(doc), REPO)}["grounding"]
+    added = sum(len({"cknna", "linear_cka"} - set(m)) for m in params.similarity.measures.values())
+    assert added > 0 and wider.evaluations == (measures + added) * stacked * (stacked + 1) // 2
 
 
 def test_the_nulls_permutations_are_the_analysis_engines_and_blocks_sample_linear_cka():

@@ -1,4 +1,5 @@
-"""The grounding stage's work for one task: which measure of similarity.measures to trust on this model and task,
+"""The grounding stage's work for one task: which measure of similarity.measures (and of grounding.measures, computed
+here on the same tables) to trust on this model and task,
 by ReSi's grounding tests that the pipeline's own runs allow (layersim.similarity.grounding): layer monotonicity within
 each trained model (ORIG and every seed's FT[i]; the random-init control's as a reference, not ranked) and the AUPRC of
 telling seeds apart from fine-tuning (FT[i]–FT[j] against FT[i]–ORIG, layer k against layer k, two seeds or more).
@@ -22,6 +23,7 @@ from layersim.params import Params
 from layersim.similarity.comparisons import RANDOM, block, number
 from layersim.similarity.grounding import (Ranking, monotonicity_conformity, monotonicity_correlation, rank_measures,
                                            separation_chance, separation_per_layer)
+from layersim.similarity.registry import check_computable_on
 from layersim.similarity.results import finetuned_labels, settings, trained_labels
 
 OFF = "grounding.enabled is false: no test was run (set it to true to rank the measures)"
@@ -99,6 +101,21 @@ def ranking_rows(pooling: str, values: dict, ranking: Ranking) -> list[dict]:
     return rows
 
 
+def computable_extras(extra, table, options) -> tuple[tuple[str, ...], dict[str, str]]:
+    """Which of the measures `extra` (grounding.measures beyond a pooling's similarity.measures) can be computed on
+    this pooling's tables (ORIG's `table`: rows and width), and why each other one cannot (its one-sentence error):
+    a measure that needs more examples than one pooling has is left out of that pooling's ranking only."""
+    computable, left_out = [], {}
+    for measure in extra:
+        try:
+            check_computable_on(measure, table.num_rows, table.hidden_size, **options.get(measure, {}))
+        except LayersimError as err:
+            left_out[measure] = str(err)
+        else:
+            computable.append(measure)
+    return tuple(computable), left_out
+
+
 def task_grounding(activations, checkpoints, task: str, params: Params, log=lambda *args: None) -> GroundingOutputs:
     """Everything the stage writes for one task; with grounding.enabled false, only the record that it is off."""
     g = params.grounding
@@ -112,20 +129,30 @@ def task_grounding(activations, checkpoints, task: str, params: Params, log=lamb
     options, _ = settings(p)
     known = run_metadata(checkpoints, runs, p.random_control)
     full, headline, rows, rankings = {"enabled": True, "bootstrap": g.bootstrap, "seed": g.seed}, {}, [], {}
+    work = {}  # pooling → (tables, sizes, measures), all checked before any measure runs
     for pooling, measures in p.measures.items():
         tables = pooling_tables(activations, task, pooling, labels, known, measures)
         sizes = {labels[run]: table.num_layers + 1 for run, table in tables.items()}
-        if sizes["ORIG"] < 3:  # before any measure runs
+        if sizes["ORIG"] < 3:
             raise LayersimError(f"grounding needs 3 layer representations or more to test layer monotonicity; "
                                 f"{params.model} has {sizes['ORIG']} (embeddings and {sizes['ORIG'] - 1} layer): set "
                                 "grounding.enabled to false for it.")
+        extra, left_out = computable_extras(g.ranked(measures)[len(measures):], tables["orig"], options)
+        if left_out:
+            full[pooling] = {"left_out": left_out}
         kept = set(trained_labels(sizes)) | ({RANDOM} & set(sizes))  # not finetune.compare_methods' runs
-        tables = {run: table for run, table in tables.items() if labels[run] in kept}
-        sizes = {label: size for label, size in sizes.items() if label in kept}
+        work[pooling] = ({run: table for run, table in tables.items() if labels[run] in kept},
+                         {label: size for label, size in sizes.items() if label in kept}, (*measures, *extra))
+    nowhere = [m for m in g.measures if not any(m in measures for _, _, measures in work.values())]
+    if nowhere:
+        reasons = "; ".join(full[pooling]["left_out"][nowhere[0]] for pooling in work)
+        raise LayersimError(f"grounding.measures has {nowhere[0]!r}, which no pooling of similarity.measures can "
+                            f"compute: {reasons}")
+    for pooling, (tables, sizes, measures) in work.items():
         log("grounding %s: %d measures on %d runs' layers", pooling, len(measures), len(tables))
         matrix_of, _, _ = layer_sources(tables, labels, measures, options, log)
         values, ranking = pooling_grounding(matrix_of, measures, sizes, g.bootstrap, g.seed)
-        full[pooling], rankings[pooling] = values, ranking
+        full[pooling], rankings[pooling] = full.get(pooling, {}) | values, ranking
         headline[pooling] = {m: values[m]["rank"]["mean_rank"] for m in measures}
         rows += ranking_rows(pooling, values, ranking)
     full["runs"] = {"monotonicity": "ORIG and each seed's FT[i] (RANDOM: reference only)",

@@ -1,43 +1,92 @@
-"""ReSi's training-intervention test (Klabunde et al. 2025), label randomization, on one task: the model fine-tuned
-with the labels of a share of the train examples shuffled among them, at each level of that share and with each seed;
-a measure that tracks what training did should find two runs of one level more alike than two runs of different
-levels. Per layer k (the model's own head token on the clean validation examples), the AUPRC of the same-level pairs
-against the different-level pairs (layersim.similarity.grounding.grouping_auprc), and the measures ranked over the
-layers with a paired bootstrap.
+"""ReSi's training-intervention tests (Klabunde et al. 2025) on one task: the model fine-tuned on a train table changed
+by an intervention (layersim.data.interventions: label noise, a label-revealing shortcut token, text augmentation) at
+each of its levels and with each seed. A measure that tracks what training did should order the runs as the
+intervention does. Per layer k (the model's own head token), over every pair of runs, two tests:
+
+- grouping (ReSi's AUPRC): two runs of one level more alike than two runs of different levels
+  (layersim.similarity.grounding.grouping_per_layer);
+- ordering (Spearman): the further apart two runs' levels, the less alike
+  (layersim.similarity.grounding.ordering_per_layer).
+
+Each intervention's runs are represented on the clean validation examples; the shortcut's also on the validation
+examples that all carry the shortcut token, where a run that relies on it differs most (ReSi represents its shortcut
+runs on data with the token). The measures are ranked over the layers of every test with a paired bootstrap. A
+level-0 run is the same fine-tuning for every intervention (the unchanged train table), so it is trained once per
+seed.
 
 Not a pipeline stage: `python tools/grounding_interventions.py` runs it (docs/outputs.md, "Which measure to trust"),
-from the pipeline's downloaded model and task. ReSi's other two interventions (a shortcut feature, augmentation) are
-not built."""
+from the pipeline's downloaded model and task."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from layersim.data.interventions import shortcut_edges, with_augmentation, with_label_noise, with_shortcut
 from layersim.errors import LayersimError
-from layersim.similarity.grounding import Ranking, grouping_per_layer, rank_measures, separation_chance
+from layersim.similarity.grounding import (Ranking, grouping_auprc, ordering_spearman, rank_measures,
+                                           separation_chance)
 
-TEST = "label_noise"
+CLEAN, SHORTCUT_INPUTS = "clean", "shortcut"  # the validation inputs runs are represented on
 
 
-def shuffled_labels(labels: np.ndarray, share: float, seed: int) -> np.ndarray:
-    """`labels` with those of a random `share` of the examples permuted among them (the label distribution kept,
-    which fits classes and regression targets alike); share 0: unchanged, 1: every label shuffled."""
-    if not 0 <= share <= 1:
-        raise LayersimError(f"a label-noise level is a share of the train examples from 0 to 1, got {share!r}.")
-    rng = np.random.default_rng(seed)
-    labels = np.array(labels, copy=True)
-    chosen = rng.choice(len(labels), size=round(share * len(labels)), replace=False)
-    labels[chosen] = labels[rng.permutation(chosen)]
+@dataclass(frozen=True)
+class Intervention:
+    """One of ReSi's training interventions: how the train table changes at a level (`change(table, spec, level,
+    seed, edges)`), its levels by default, the validation inputs its runs are represented on (the first: the main
+    one), and what a level is (for the tests' labels)."""
+
+    name: str
+    change: Callable
+    levels: tuple[float, ...]
+    inputs: tuple[str, ...]
+    level_is: str
+
+
+INTERVENTIONS = {
+    "label_noise": Intervention("label_noise", lambda table, spec, level, seed, edges:
+                                with_label_noise(table, spec, level, seed), (0.0, 0.5, 1.0), (CLEAN,),
+                                "share of train labels shuffled"),
+    "shortcut": Intervention("shortcut", with_shortcut, (0.0, 0.5, 1.0), (SHORTCUT_INPUTS, CLEAN),
+                             "share of train examples with the label-revealing token"),
+    "augmentation": Intervention("augmentation", lambda table, spec, level, seed, edges:
+                                 with_augmentation(table, spec, level, seed), (0.0, 0.25, 0.5), (CLEAN,),
+                                 "strength of word deletion and swap"),
+}
+
+
+def intervention(name: str) -> Intervention:
+    if name not in INTERVENTIONS:
+        raise LayersimError(f"unknown intervention {name!r}; valid ones are: {', '.join(INTERVENTIONS)}.")
+    return INTERVENTIONS[name]
+
+
+def tests_of(item: Intervention) -> dict[str, tuple[str, str]]:
+    """The intervention's tests, test → (input, kind): per input, a grouping (AUPRC) and an ordering (Spearman) test;
+    the main input's are named after the intervention, the others' after it and the input."""
+    names = {}
+    for number, inputs in enumerate(item.inputs):
+        base = item.name if number == 0 else f"{item.name}_{inputs}"
+        names |= {base: (inputs, "grouping"), f"{base}_order": (inputs, "ordering")}
+    return names
+
+
+def figure_labels(items: Sequence[Intervention]) -> dict[str, str]:
+    """Each test's label in figures (layersim.reporting.grounding.ranking_figure)."""
+    labels = {}
+    for item in items:
+        for test, (inputs, kind) in tests_of(item).items():
+            on = "" if inputs == CLEAN else f", on {inputs} inputs"
+            labels[test] = (f"runs of one {item.level_is} grouped (AUPRC{on})" if kind == "grouping" else
+                            f"similarity falls as the {item.level_is} differs (Spearman{on})")
     return labels
 
 
-def run_label(level: float, seed: int) -> str:
-    return f"noise{level:g}[{seed}]"
+def run_label(name: str, level: float, seed: int) -> str:
+    return f"{name}{level:g}[{seed}]"
 
 
 @dataclass
@@ -47,53 +96,104 @@ class InterventionOutputs:
     ranking: Ranking
 
 
-def label_noise_runs(pretrained: Path, task_dir: Path, task: str, params, levels: Sequence[float],
-                     log=lambda *args: None) -> dict[str, list[np.ndarray]]:
-    """Each (level, seed) run's layers on the validation examples (the model's own head token), by run label; the
-    noisy labels drawn with the seed, so that a level's runs differ in their noise as in their initialisation."""
+def intervention_runs(pretrained: Path, task_dir: Path, task: str, params, plan: Mapping[str, Sequence[float]],
+                      measures: Sequence[str], options: dict[str, dict], log=lambda *args: None
+                      ) -> tuple[dict[str, dict[str, list[np.ndarray]]], dict[str, dict]]:
+    """Each (intervention, level, seed) run of `plan` (intervention → levels): its layers on each validation input
+    (run label → input → layers; the model's own head token) and its validation metrics on the clean examples; the
+    `measures` (with their `options`) checked computable on these sizes first."""
+    from transformers import AutoConfig
+
     from layersim.compute.device import resolve_device
+    from layersim.data.batching import encode_task
+    from layersim.data.io import read_task_table
+    from layersim.data.tasks import get_task
     from layersim.experiments.extract import pooled_layers
     from layersim.models.registry import load_tokenizer
     from layersim.params.model_kind import own_head_pooling
-    from layersim.data.tasks import get_task
-    from layersim.training.train import encoded_splits, finetune
+    from layersim.similarity.registry import check_computable_on
+    from layersim.training.train import finetune
 
     spec, device = get_task(task), resolve_device(params.device)
-    tokenizer = load_tokenizer(pretrained)
-    train, validation = encoded_splits(task_dir, spec, tokenizer, params.finetune.max_length)
-    pooling = own_head_pooling(params.model)
-    runs = {}
-    for level in levels:
-        for seed in params.seeds:
-            noisy = dataclasses.replace(train, labels=shuffled_labels(train.labels, level, seed))
-            log("fine-tuning %s with %g of the train labels shuffled, seed %d", task, level, seed)
-            model, _ = finetune(pretrained, spec, noisy, validation, params.finetune, seed, device=device)
-            pooled = pooled_layers(model.base_model, tokenizer, validation, [pooling], params.extract.batch_size, device)
-            runs[run_label(level, seed)] = [np.asarray(layer, dtype=np.float64) for layer in pooled.layers[pooling]]
-    return runs
+    tokenizer, pooling, length = load_tokenizer(pretrained), own_head_pooling(params.model), params.finetune.max_length
+    train, validation = (read_task_table(task_dir, spec, split) for split in ("train", "validation"))
+    width = AutoConfig.from_pretrained(pretrained).hidden_size
+    for measure in measures:  # before any training
+        check_computable_on(measure, validation.num_rows * max(spec.num_choices, 1), width, **options.get(measure, {}))
+    edges = shortcut_edges(train, spec)
+    tables = {CLEAN: validation}
+    if any(SHORTCUT_INPUTS in intervention(name).inputs for name in plan):  # every example carries the token
+        tables[SHORTCUT_INPUTS] = with_shortcut(validation, spec, 1.0, 0, edges)
+    encoded = {which: encode_task(table, spec, tokenizer, length) for which, table in tables.items()}
+    layers, metrics, trained = {}, {}, {}
+    for name, levels in plan.items():
+        item = intervention(name)
+        for level in levels:
+            for seed in params.seeds:
+                key = (name, level) if level else (None, 0.0)  # level 0: the unchanged table, whatever the intervention
+                if (key, seed) not in trained:
+                    log("fine-tuning %s: %s %g, seed %d", task, name, level, seed)
+                    changed = item.change(train, spec, level, seed, edges) if level else train
+                    model, scores = finetune(pretrained, spec, encode_task(changed, spec, tokenizer, length),
+                                             encoded[CLEAN], params.finetune, seed, device=device)
+                    log("validation %s", ", ".join(f"{k} {v:.3f}" for k, v in scores.items()))
+                    trained[key, seed] = ({which: [np.asarray(layer, dtype=np.float64) for layer in pooled_layers(
+                        model.base_model, tokenizer, inputs, [pooling], params.extract.batch_size, device
+                    ).layers[pooling]] for which, inputs in encoded.items()}, scores)
+                label = run_label(name, level, seed)
+                layers[label], metrics[label] = trained[key, seed]
+    return layers, metrics
 
 
-def rank_on_groups(runs: dict[str, list[np.ndarray]], groups: dict[str, object], measures: Sequence[str],
-                   options: dict[str, dict], resamples: int, seed: int) -> InterventionOutputs:
-    """Every measure's per-layer grouping AUPRC over the runs (label → layers; `groups`: label → its level), ranked."""
+def intervention_tests(runs: Mapping[str, Mapping[str, list[np.ndarray]]], levels: Mapping[str, float],
+                       item: Intervention, measures: Sequence[str], options: dict[str, dict]):
+    """Every test of `item` for every measure over the runs `levels` names (run label → its level): per test and
+    measure the per-layer scores (`units[test][measure]`, for :func:`rank_measures`) and every value (`full`). Only
+    layer k against layer k is compared (the runs × runs matrix of each layer), not the whole stack; a layer that is
+    constant across examples (the CLS row of the embeddings) has NaN scores."""
     from layersim.similarity.comparisons import number, stacked_matrix
 
-    num_layers = len(next(iter(runs.values())))
-    starts = dict(zip(runs, range(0, num_layers * len(runs), num_layers)))
-    per_layer, full = {}, {}
-    for measure in measures:
-        matrix = stacked_matrix(measure, runs, **options.get(measure, {}))
-        scores, same, different = grouping_per_layer(matrix, starts, num_layers, groups)
-        per_layer[measure] = scores
-        full[measure] = {TEST: {"per_layer": [number(v) for v in scores], "same_pairs": same,
-                                "different_pairs": different, "chance": number(separation_chance(same, different))}}
-    ranking = rank_measures({TEST: per_layer}, resamples, seed)
+    labels = list(levels)
+    groups = [levels[label] for label in labels]
+    units, full = {test: {} for test in tests_of(item)}, {measure: {} for measure in measures}
+    for inputs in item.inputs:
+        for measure in measures:
+            # stacked_matrix: a constant layer gives NaN (scored NaN, ranked last), as in the grounding stage
+            matrices = [stacked_matrix(measure, {label: [runs[label][inputs][k]] for label in labels},
+                                       **options.get(measure, {})) for k in range(len(runs[labels[0]][inputs]))]
+            for test, (test_inputs, kind) in tests_of(item).items():
+                if test_inputs != inputs:
+                    continue
+                if kind == "grouping":
+                    scored = [grouping_auprc(matrix, groups) for matrix in matrices]
+                    scores, (_, same, different) = np.array([score for score, _, _ in scored]), scored[0]
+                    entry = {"same_pairs": same, "different_pairs": different,
+                             "chance": number(separation_chance(same, different))}
+                else:
+                    scores, entry = np.array([ordering_spearman(matrix, groups) for matrix in matrices]), {}
+                units[test][measure] = scores
+                full[measure][test] = {"per_layer": [number(v) for v in scores], **entry}
+    return units, full
+
+
+def rank_tests(units: Mapping[str, Mapping[str, Sequence[float]]], full: dict, measures: Sequence[str],
+               resamples: int, seed: int) -> InterventionOutputs:
+    """The measures ranked over the tests' per-layer scores, and the table's rows, best first."""
+    from layersim.similarity.comparisons import number
+
+    ranking = rank_measures(units, resamples, seed)
     rows = []
     for place, measure in enumerate(sorted(measures, key=lambda m: ranking.mean_rank[m]), 1):
-        low, high = ranking.interval[TEST][measure]
-        full[measure][TEST] |= {"score": number(ranking.score[TEST][measure]), "low": number(low), "high": number(high)}
-        rows.append({"measure": measure, "place": place, TEST: number(ranking.score[TEST][measure]),
-                     f"{TEST}_low": number(low), f"{TEST}_high": number(high),
-                     f"{TEST}_chance": full[measure][TEST]["chance"],
-                     "rank_top_share": number(ranking.top_share[measure])})
+        low, high = ranking.rank_interval[measure]
+        row = {"measure": measure, "place": place, "mean_rank": number(ranking.mean_rank[measure]),
+               "mean_rank_low": number(low), "mean_rank_high": number(high),
+               "rank_top_share": number(ranking.top_share[measure])}
+        for test in ranking.tests:
+            low, high = ranking.interval[test][measure]
+            entry = full[measure][test]
+            entry |= {"score": number(ranking.score[test][measure]), "low": number(low), "high": number(high)}
+            row |= {test: entry["score"], f"{test}_low": entry["low"], f"{test}_high": entry["high"]}
+            if "chance" in entry:
+                row[f"{test}_chance"] = entry["chance"]
+        rows.append(row)
     return InterventionOutputs(full, rows, ranking)

@@ -19,7 +19,8 @@ from layersim.params.rules import (FRACTION, NON_NEGATIVE, POSITIVE, SEED, TOLER
 from layersim.params.vocabulary import (COMPILE_SETTINGS, DEFAULT_POOLINGS, POOLING_NAMES, PRECISIONS,
                                        TABLE_PRECISIONS, TRUNCATE_HEADS, FINETUNE_METHODS, LOCALIZATIONS,
                                        DEFAULT_MEASURES, _STEPS, _BATCH, MAX_PERMUTATIONS, ENOUGH, ROOM, EXAMPLES, STEPS, BATCH, LEARNING_RATE,
-                                       _attention_measure_names, _models, _measures_by_pooling)
+                                       _attention_measure_names, _grounding_measure_names, _models,
+                                       _measures_by_pooling)
 
 # A revision of a hub repository: a commit, tag or branch (refs/convert/parquet included); nothing that
 # could climb out of a path or hold shell syntax.
@@ -323,9 +324,18 @@ class GroundingParams:  # ReSi's grounding tests (Klabunde et al. 2025) on the p
     enabled: bool = knob(False, "run the grounding stage: rank the measures of similarity.measures, per pooling, by "
                                 "layer monotonicity and by how well they tell fine-tuning seeds apart from the "
                                 "pretrained model (AUPRC); false: the stage only records that it is off")
+    measures: tuple[str, ...] = knob((), "more measures to rank beside similarity.measures, on each of its poolings: "
+                                         "the grounding stage computes their values itself from the same tables (the "
+                                         "tests need no null or interval, so a measure costs only its values)",
+                                     names=_grounding_measure_names)
     bootstrap: int = knob(1000, "paired bootstrap draws (runs and layers resampled) for the intervals of each test's "
                                 "score and of each measure's rank", POSITIVE, at_most(10**6, "bootstrap draws"))
     seed: int = knob(0, "seed of the bootstrap draws", SEED)
+
+    def ranked(self, measures: tuple[str, ...]) -> tuple[str, ...]:
+        """The measures ranked on a pooling whose similarity.measures are `measures`: those, then ours not among
+        them."""
+        return tuple(dict.fromkeys((*measures, *self.measures)))
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,10 @@ def _measure_names() -> tuple[tuple[str, ...], bool]:
     return MEASURE_NAMES, False
 
 
+def _grounding_measure_names() -> tuple[tuple[str, ...], bool]:
+    return MEASURE_NAMES, True
+
+
 def _attention_measure_names() -> tuple[tuple[str, ...], bool]:
     return HEAD_MEASURE_NAMES + MEASURE_NAMES, True
 

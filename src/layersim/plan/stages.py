@@ -182,7 +182,7 @@ def similarity(params, model: ModelSize, task: TaskSize) -> StageCost:
     for pooling, measures in s.measures.items():
         n = pooling_rows(params, task, pooling)
         cost.rows += n
-        cost.add(measured(measures, n, model.shape.hidden, pairs, s.permutations, resamples, pooling == "tokens"))
+        cost.add(measured(params.grounding.ranked(measures), n, model.shape.hidden, pairs, s.permutations, resamples, pooling == "tokens"))
     return cost
 
 
@@ -193,9 +193,10 @@ def pooling_rows(params, task: TaskSize, pooling: str) -> int:
 
 
 def grounding(params, model: ModelSize, task: TaskSize) -> StageCost:
-    """Off (grounding.enabled false): a process that records so. On: per pooling and measure, the stacked matrix of
-    ORIG, the seeds' runs and the random-init control, observed cells only (no null, no resample: the bootstrap
-    resamples the tests' per-run and per-layer scores, not the measures), and one figure."""
+    """Off (grounding.enabled false): a process that records so. On: per pooling and measure (grounding.measures
+    beside similarity.measures), the stacked matrix of ORIG, the seeds' runs and the random-init control, observed
+    cells only (no null, no resample: the bootstrap resamples the tests' per-run and per-layer scores, not the
+    measures), and one figure."""
     if not params.grounding.enabled:
         return StageCost("grounding", processes=1)
     s = params.similarity
@@ -204,7 +205,7 @@ def grounding(params, model: ModelSize, task: TaskSize) -> StageCost:
     for pooling, measures in s.measures.items():
         n = pooling_rows(params, task, pooling)
         cost.rows += n
-        cost.add(measured(measures, n, model.shape.hidden, stacked * (stacked + 1) // 2, 0))
+        cost.add(measured(params.grounding.ranked(measures), n, model.shape.hidden, stacked * (stacked + 1) // 2, 0))
     return cost
 
 

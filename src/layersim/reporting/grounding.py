@@ -15,15 +15,16 @@ if TYPE_CHECKING:  # the report reads details only: no scipy or scikit-learn for
     from layersim.similarity.grounding import Ranking
 
 TEST_LABELS = {"monotonicity": "layer monotonicity (ReSi's correlation, 1: best)",
-               "separation": "seeds vs fine-tuning (AUPRC, 1: best)",
-               "label_noise": "runs of one label-noise level grouped (AUPRC, 1: best)"}
+               "separation": "seeds vs fine-tuning (AUPRC, 1: best)"}
 
 
-def ranking_figure(rankings: Mapping[str, Ranking], title: str):
-    """Per pooling (a row of panels): each test's score per measure with its interval, measures best first, and the
-    mean rank over the tests with its interval."""
+def ranking_figure(rankings: Mapping[str, Ranking], title: str, labels: Mapping[str, str] | None = None):
+    """Per pooling, or per group of tests (a row of panels): each test's score per measure with its interval,
+    measures best first, and the mean rank over the tests with its interval; `labels`: the tests' titles beyond
+    the grounding stage's own."""
     import matplotlib.pyplot as plt
 
+    labels = {**TEST_LABELS, **(labels or {})}
     columns = max(len(r.tests) for r in rankings.values()) + 1
     height = sum(1.0 + 0.35 * len(r.measures) for r in rankings.values())
     fig, axes = plt.subplots(len(rankings), columns, figsize=(3.6 * columns, 0.6 + height), squeeze=False,
@@ -31,7 +32,7 @@ def ranking_figure(rankings: Mapping[str, Ranking], title: str):
     for row, (pooling, ranking) in zip(axes, rankings.items()):
         order = sorted(ranking.measures, key=lambda m: ranking.mean_rank[m])
         y = np.arange(len(order))[::-1]
-        panels = [(TEST_LABELS[test], ranking.score[test], ranking.interval[test]) for test in ranking.tests]
+        panels = [(labels[test], ranking.score[test], ranking.interval[test]) for test in ranking.tests]
         panels.append(("mean rank over the tests (1: best)", ranking.mean_rank, ranking.rank_interval))
         for ax, (label, score, interval) in zip(row, panels):
             values = np.array([score[m] for m in order], dtype=float)

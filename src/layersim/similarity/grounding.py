@@ -11,6 +11,9 @@ bootstrap.
   seeds should be more alike, layer k against layer k, than each of them is to the pretrained model.
   :func:`separation_auprc` is the average precision of telling the same-kind pairs (FT[i]–FT[j]) from the
   different-kind ones (FT[i]–ORIG) by their similarity.
+- Training interventions (ReSi's tests 3–5; layersim.experiments.interventions): runs trained at several levels of an
+  intervention, grouped by level (:func:`grouping_auprc`, AUPRC) and ordered by it (:func:`ordering_spearman`,
+  Spearman of similarity against the distance of the levels), layer by layer.
 
 Every measure is a similarity (larger: more alike; layersim.similarity.registry.Measure), so no sign is chosen per
 measure. A score that is undefined (a constant row, NaN similarities) is NaN, and ranks last.
@@ -125,6 +128,19 @@ def grouping_per_layer(matrix: np.ndarray, starts: Mapping[str, int], num_layers
         rows = [starts[label] + k for label in labels]
         scores[k], *counts = grouping_auprc(matrix[np.ix_(rows, rows)], [groups[label] for label in labels])
     return scores, *counts
+
+
+def ordering_spearman(matrix: np.ndarray, levels: Sequence[float]) -> float:
+    """ReSi-style ordering on one layer: the Spearman correlation, over every pair of models, of their similarity
+    (`matrix`, models × models, the mean of both orders) with minus the distance of their levels (`levels[i]`, model
+    i's intervention level); 1: the further apart two models' levels, the less alike, without exception. NaN when a
+    similarity is missing or every pair is equally alike or equally far apart."""
+    pairs = list(combinations(range(len(levels)), 2))
+    sims = np.array([_symmetric(matrix, a, b) for a, b in pairs], dtype=float)
+    gaps = np.array([abs(levels[a] - levels[b]) for a, b in pairs], dtype=float)
+    if not np.isfinite(sims).all() or np.ptp(sims) == 0 or np.ptp(gaps) == 0:
+        return float("nan")
+    return float(-spearmanr(sims, gaps).statistic)
 
 
 def separation_per_layer(matrix: np.ndarray, starts: Mapping[str, int], num_layers: int, orig: str,

@@ -213,6 +213,15 @@ def check_computable(name: str, num_rows: int, widths: int | Sequence[int] | Map
             measure.check_sizes(int(num_rows), int(width), key)
 
 
+def check_computable_on(name: str, num_rows: int, width: int, **options) -> None:
+    """:func:`check_computable` on these sizes, then the measure on one pair of random layers of that shape with its
+    `options`: what only the data can tell (gulp without a ridge on a layer wider than the examples), in seconds
+    at most, before a caller's expensive work."""
+    check_computable(name, num_rows, width)
+    rng = np.random.default_rng(0)
+    similarity_matrix(name, [rng.normal(size=(num_rows, width)) for _ in range(2)], **options)
+
+
 def similarity(name: str, x: np.ndarray, y: np.ndarray, **options) -> float:
     """One value of the measure called ``name`` between two ``(num_examples x hidden)`` arrays."""
     measure = get_measure(name)
