@@ -127,7 +127,11 @@ def test_repro_writes_every_declared_output(project):
 
     similarity = _details(root, "similarity", TASK)
     assert set(similarity) == {"cls", "tokens", "attention"}
-    assert "no permutation null and no bootstrap interval" in similarity["attention"]["jensen_shannon"]["no_uncertainty"]
+    # Attention maps' null: whole examples exchanged with examples of equal length (attention_null), in the family.
+    attention_js = similarity["attention"]["jensen_shannon"]
+    assert attention_js["null"] == {"method": "block permutation", "permutations": 20}
+    assert "p_value" in attention_js["ft_orig"] and "p_family" in attention_js["ft_orig"]
+    assert similarity["attention"]["null_unit"]["examples"] == 60 and similarity["attention"]["null_unit"]["movable"] > 0
     assert similarity["cls"]["null_unit"]["unit"] == "row" and similarity["tokens"]["null_unit"]["unit"] != "row"
     # extract.table_precision auto (params.yaml's default): word rows as 24-bit integers, example rows as float16.
     assert similarity["cls"]["table_precision"] == "float16" and similarity["tokens"]["table_precision"] == "int24"
@@ -733,15 +737,15 @@ def _similarity_headline(root: Path, significance: float) -> dict:
                           "ft_orig_above_random_top_ci_high": above["ci_high"]}
             for key, comparison in (("lora_orig", "LoRA–ORIG"), ("lora_ft", "LoRA–FT")):  # finetune.compare_methods
                 entry[f"{key}_top"] = heatmap_diagonal(rows, comparison, label)[top]
-            if pooling != "attention":
-                entry |= {"ft1_ft2_top": diagonal["ft1_ft2"][top], "ft_orig_chance_correction": "fdr_bh"}
-                p_values = {(comparison, row["x_layer"]): row["p_value"] for row in rows if row["measure"] == label
-                            and row["x_layer"] == row["y_layer"] for comparison in [row["comparison"]]}
-                claims += [(pooling, measure, "ft_orig", layer, layer == top, p) for (comparison, layer), p
-                           in sorted(p_values.items()) if comparison == "FT–ORIG" and p is not None]
-                claims += [(pooling, measure, key, top, True, p_values[comparison, top]) for key, comparison in
-                           (("ft1_ft2", "FT[1]–FT[2]"), ("orig_random", "ORIG–RANDOM"), ("ft_random", "FT–RANDOM"),
-                            ("lora_orig", "LoRA–ORIG"), ("lora_ft", "LoRA–FT"))]  # compared methods': claims too
+            # attention maps too: their null exchanges whole examples of equal length (attention_null)
+            entry |= {"ft1_ft2_top": diagonal["ft1_ft2"][top], "ft_orig_chance_correction": "fdr_bh"}
+            p_values = {(comparison, row["x_layer"]): row["p_value"] for row in rows if row["measure"] == label
+                        and row["x_layer"] == row["y_layer"] for comparison in [row["comparison"]]}
+            claims += [(pooling, measure, "ft_orig", layer, layer == top, p) for (comparison, layer), p
+                       in sorted(p_values.items()) if comparison == "FT–ORIG" and p is not None]
+            claims += [(pooling, measure, key, top, True, p_values[comparison, top]) for key, comparison in
+                       (("ft1_ft2", "FT[1]–FT[2]"), ("orig_random", "ORIG–RANDOM"), ("ft_random", "FT–RANDOM"),
+                        ("lora_orig", "LoRA–ORIG"), ("lora_ft", "LoRA–FT"))]  # compared methods': claims too
             expected.setdefault(pooling, {})[measure] = entry
     adjusted = _benjamini_hochberg([p for *_, p in claims])
     for (pooling, measure, key, layer, is_top, _), q in zip(claims, adjusted):
@@ -750,7 +754,7 @@ def _similarity_headline(root: Path, significance: float) -> dict:
             entry["ft_orig_chance_from"] = layer  # claims are in layer order
         if is_top:  # the plot rows' p-values are rounded to 6 digits, and BH multiplies them by up to the family size
             entry[f"{key}_top_p_adjusted"] = pytest.approx(q, abs=len(claims) * 1e-6)
-    for pooling in measures:
+    for pooling in (*measures, "attention"):
         for entry in expected[pooling].values():
             entry.setdefault("ft_orig_chance_from", None)
     expected["family"] = {"correction": "fdr_bh", "tests": len(claims)}

@@ -356,3 +356,31 @@ def test_compiled_training_passes_take_the_gpus_compiled_figure_where_measured_a
     assert terms(cost, on)["passes"] == pytest.approx(cost.passes * 0.8e-3 - cost.compiled_passes * 0.6e-3)
     assert terms(eager, on)["passes"] == pytest.approx(eager.passes * 0.8e-3)
     assert terms(cost, timing.device("cpu", flops=1e11))["passes"] == terms(eager, timing.device("cpu", flops=1e11))["passes"]
+
+
+def test_the_attention_similarities_their_null_and_intervals_are_counted():
+    """The similarity stage's attention work: off without attention measures (or maps); the observed stacked matrix,
+    the null of the reported cells (each pair of examples of equal length once a cell, at most one a permutation)
+    and the bootstrap, growing with the permutations and with the maps' examples."""
+    doc = tiny_params(yaml.safe_load(repository_params_text()))
+
+    def attention(**similarity) -> stages.StageCost:
+        changed = json.loads(json.dumps(doc))
+        changed["similarity"].update(similarity)
+        params = parse_params(changed)
+        return stages.attention_measured(params, model_size(params.model, REPO), task_size(params, "synth-negation",
+                                                                                          REPO), 2)
+
+    without = {c.stage: c for c in plan(parse_params(json.loads(json.dumps(doc)) | {
+        "similarity": doc["similarity"] | {"attention_measures": []}}), REPO)}["similarity"]
+    with_maps = {c.stage: c for c in plan(parse_params(doc), REPO)}["similarity"]
+    added = attention()
+    assert with_maps.flops == pytest.approx(without.flops + added.flops) and added.flops > 0
+    # a pair of examples' terms once a cell: past the examples a length shares, more permutations add no arithmetic
+    assert attention(permutations=20, bootstrap=0).flops < attention(permutations=20).flops
+    assert attention(permutations=20).flops == attention(permutations=100).flops
+    # per permutation one Python-level cell of each reported comparison: evaluations grow by permutations × cells
+    layers = model_size(parse_params(doc).model, REPO).shape.num_layers
+    assert attention(permutations=21).evaluations - attention(permutations=20).evaluations == \
+        (4 + 2) * layers ** 2  # FT–ORIG, FT–FT, ORIG–ORIG, FT[1]–FT[2] and the two RANDOM comparisons
+    assert attention(attention_measures=["linear_cka"]).analysis_flops > 0  # an array measure: the engines

@@ -156,7 +156,8 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
                     result["ft_orig"]["p_value"] if corrected is None else corrected, significance)
                 if corrected is not None:
                     entry["ft_orig_chance_correction"] = family["correction"]
-            if "ft1_ft2" in result:
+            # Attention details written before their null (no p-values) give ft_orig_top alone, as they did.
+            if "ft1_ft2" in result and (pooling != "attention" or "p_value" in result["ft1_ft2"]):
                 entry["ft1_ft2_top"] = result["ft1_ft2"].get("last_layer")
             for key, values in adjusted.items():
                 entry[f"{key}_top_p_adjusted"] = _top(values)
