@@ -350,9 +350,10 @@ def attention_calibration(draws: int = 200, permutations: int = 99, coverage_dra
                           measures=ATTENTION_MEASURES) -> None:
     """The attention null (layersim.similarity.inference.attention_null) on :func:`planted_attention`: 30 premises × 2
     examples of 4–7 words, 3 heads. False-positive rate at α = 0.05 with the premises as blocks (as the stage) and
-    with each example alone (the clusters ignored), power at signal 0.5, 1 (a quarter of the draws); then the coverage of the population value
-    (the measure on 5,000 premises) by the 95% bootstrap intervals (basic, percentile; premises resampled, 200
-    resamples) at signal 1. ``python benchmarks/calibration.py --attention [--draws 200]``"""
+    with each example alone (the clusters ignored), power at signal 0.5, 1 (a quarter of the draws); then the
+    coverage of the population value (the measure on 5,000 premises) by the 95% bootstrap intervals (basic,
+    percentile; premises resampled, 200 resamples) at signal 1.
+    ``python benchmarks/calibration.py --attention [--draws 200]``"""
     from layersim.similarity.attention import attention_similarity
     from layersim.similarity.inference.attention_null import attention_bootstrap_pairs, attention_stacked_null
 
@@ -408,7 +409,7 @@ def main() -> None:
                         "(layersim.similarity.inference.attention_null) on planted maps")
     args = parser.parse_args()
     if args.attention:
-        chosen = [m for m in args.measures if m in ATTENTION_MEASURES] or ATTENTION_MEASURES
+        chosen = args.measures if args.measures != MEASURES else ATTENTION_MEASURES
         return attention_calibration(args.draws or 200, args.permutations or 99, args.coverage_draws, chosen)
     if args.structured and args.length_classes:
         return length_class_calibration(args.draws or 200)

@@ -12,8 +12,7 @@ from layersim.similarity import permutation_matrix
 from layersim.similarity.attention import AttentionMaps, attention_similarity_matrix
 from layersim.similarity.inference.attention_null import (HeadNullEngine, attention_blocks,
                                                           attention_bootstrap_pairs, attention_null_units,
-                                                          attention_stacked_null, attention_unmovable,
-                                                          example_layout, pair_blocks)
+                                                          attention_stacked_null, attention_unmovable, pair_blocks)
 from layersim.similarity.inference.bootstrap import resample_rows
 
 HEAD = ("jensen_shannon", "pearson", "matrix_norm")
@@ -35,7 +34,7 @@ def _maps(rng, lengths, heads=3, signal=0.0, shared=None):
 
 
 def _per_example(maps: AttentionMaps) -> list[np.ndarray]:
-    starts, counts, rows = example_layout(maps)
+    starts, counts, rows = maps.example_layout()
     return [maps.weights[s:s + c].reshape(t, t, -1).transpose(2, 0, 1) for s, c, t in zip(starts, counts, rows)]
 
 
@@ -46,7 +45,7 @@ def test_a_draw_pairs_examples_of_equal_length_and_moves_clusters_whole():
     clusters = np.array([0, 0, 1, 1, 2, 3, 4, 4, 5, 6])
     x = AttentionMaps.from_maps(_maps(rng, lengths)[0])
     blocks = attention_blocks(x, clusters)
-    starts, _, rows = example_layout(x)
+    starts, _, rows = x.example_layout()
     example_of_pair = np.repeat(np.arange(len(lengths)), [t * t for t in lengths])
     moved = set()
     for seed in range(50):

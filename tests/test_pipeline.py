@@ -131,7 +131,8 @@ def test_repro_writes_every_declared_output(project):
     attention_js = similarity["attention"]["jensen_shannon"]
     assert attention_js["null"] == {"method": "block permutation", "permutations": 20}
     assert "p_value" in attention_js["ft_orig"] and "p_family" in attention_js["ft_orig"]
-    assert similarity["attention"]["null_unit"]["examples"] == 60 and similarity["attention"]["null_unit"]["movable"] > 0
+    assert similarity["attention"]["null_unit"]["examples"] == 60
+    assert similarity["attention"]["null_unit"]["movable"] > 0
     assert similarity["cls"]["null_unit"]["unit"] == "row" and similarity["tokens"]["null_unit"]["unit"] != "row"
     # extract.table_precision auto (params.yaml's default): word rows as 24-bit integers, example rows as float16.
     assert similarity["cls"]["table_precision"] == "float16" and similarity["tokens"]["table_precision"] == "int24"

@@ -188,42 +188,29 @@ def similarity(params, model: ModelSize, task: TaskSize) -> StageCost:
     return cost
 
 
-# A head-level attention measure's work per (query, key) pair and pair of heads, in FLOPs of a one-thread float32
-# matmul (elementwise numpy on one thread: Jensen–Shannon's entropies of mixtures, Pearson's and the matrix norm's
-# products and sums; measured against a 2048² matmul in one process on the 2-core AMD EPYC, under load).
+# A head measure's work per (query, key) pair and pair of heads, in a one-thread matmul's FLOPs (measured, 2-core EPYC).
 ATTENTION_TERM_FLOPS = {"jensen_shannon": 650.0, "pearson": 220.0, "matrix_norm": 90.0}
 
 
 def attention_measured(params, model: ModelSize, task: TaskSize, diagonals: int) -> StageCost:
-    """The attention similarities (layersim.similarity.attention, .inference.attention_null) over the maps of
-    extract.attention_examples examples: per measure the stacked matrix of every run's layers (a head-level measure's
-    head matrix gives a pair both ways); the null of the reported cells (Phang's comparisons, L² each), in which a
-    head measure computes each pair of examples of equal length once per cell (the examples a length shares, at most
-    one per permutation); the bootstrap of the reported diagonals and of ORIG–ORIG and FT–FT (each example's terms
-    once a cell; a resample re-weights them). Array measures over the heads: :func:`measured` on the (query, key)
-    pairs, whole examples permuted."""
-    s, L_ = params.similarity, model.shape.num_layers
-    runs = 1 + fine_tuned_runs(params) + (s.random_control is not None)  # the further random controls have no maps
-    examples = min(params.extract.attention_examples, task.validation) * task.choices
+    """Attention similarities (layersim.similarity.inference.attention_null): each measure's stacked matrix; its null
+    on the reported cells (a head measure: each pair of examples of equal length its permutations meet, once a cell);
+    the bootstrap of the diagonals, ORIG–ORIG and FT–FT. Array measures over the heads: :func:`measured`."""
+    s, L_, examples = params.similarity, model.shape.num_layers, min(params.extract.attention_examples, task.validation)
+    stacked, examples = (1 + fine_tuned_runs(params) + (s.random_control is not None)) * L_, examples * task.choices
     square = task.square_units(params.extract.attention_unit, params.finetune.max_length)  # mean units² of a map
-    stacked = runs * L_
-    pairs, resamples = stacked * (stacked + 1) // 2, diagonals * L_ * s.bootstrap
-    comparisons = 4 + 2 * (s.random_control is not None) + 2 * len(params.finetune.compare_methods)
-    reported = comparisons * L_ * L_
-    # Examples sharing a map's length: lengths spread about as an exponential's (sd ≈ mean ≈ √(E[t²]/2)), so two
-    # examples share one with chance ≈ 1/(2√π sd).
-    sharing = min(1.0, 1.0 / (2.0 * math.sqrt(math.pi) * math.sqrt(square / 2.0)))
-    partners = min(float(s.permutations), 1.0 + examples * sharing)
-    terms = examples * square * model.heads ** 2  # one cell's terms over every example with itself
+    pairs, resamples = stacked * (stacked + 1) // 2, diagonals * L_ * s.bootstrap  # (further controls have no maps)
+    reported = (4 + 2 * (s.random_control is not None) + 2 * len(params.finetune.compare_methods)) * L_ * L_
+    k = 1.0 + (examples - 1) * task.length_sharing(params.finetune.max_length)  # P draws meet k(1 − (1 − 1/k)^P)
+    partners, terms = k * (1.0 - (1.0 - 1.0 / k) ** s.permutations), examples * square * model.heads ** 2
     cost = StageCost("similarity")
     for m in s.attention_measures:
         if m not in ATTENTION_TERM_FLOPS:  # an array measure over the heads: (query, key) pairs as its points
             cost.add(measured([m], round(examples * square), model.heads, pairs, s.permutations, resamples, True))
             continue
-        bootstrap_cells = (diagonals + 2 * L_) * L_ if s.bootstrap else 0
-        flops = ATTENTION_TERM_FLOPS[m] * terms * (pairs + reported * partners * (s.permutations > 0) + bootstrap_cells)
-        cost.add(host(StageCost("similarity", flops=flops, evaluations=pairs + reported * s.permutations
-                                + (diagonals * L_ + 2 * L_ * L_) * s.bootstrap), 0.0))
+        cells = pairs + reported * partners + ((diagonals + 2 * L_) * L_ if s.bootstrap else 0)
+        cost.add(host(StageCost("similarity", flops=ATTENTION_TERM_FLOPS[m] * terms * cells, evaluations=pairs
+                                + reported * s.permutations + (diagonals + 2 * L_) * L_ * s.bootstrap), 0.0))
     return cost
 
 

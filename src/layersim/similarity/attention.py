@@ -31,9 +31,8 @@ over A's heads — asymmetric, and invariant to permuting either layer's heads. 
   ``m = (p + q)/2``, in **bits** (log base 2), so JS ∈ [0, 1] and the similarity is in [0, 1]
   (Wu et al.'s code uses natural logs, giving [1 - ln 2, 1]).
 
-Because per-row values are only summed over rows, the Pearson and Jensen–Shannon sums over all rows
-reduce to sums over all (query, key) pairs: Pearson is one matrix product of the per-row
-standardised weights, JS one pass per head of B using ``JS = H(m) - ½H(p) - ½H(q)``.
+Each is a ratio of sums over examples (:func:`example_terms`; JS one pass per head of B using ``JS = H(m) - ½H(p) -
+½H(q)``), so a null or a bootstrap over whole examples re-pairs or re-weights them (layersim.similarity.inference).
 
 **Distributed measures** (§3.5): the ``(num_pairs, heads)`` weights are a representation with
 (query, key) pairs as points and heads as features, compared with any measure of
@@ -154,6 +153,12 @@ class AttentionMaps:
     def num_pairs(self) -> int:
         return self.weights.shape[0]
 
+    def example_layout(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per example: the pair where it begins, its pair count and its attention-row count (its map's length)."""
+        rows = self.example_row_starts()
+        pairs = self.row_starts[rows]
+        return pairs, np.diff(np.append(pairs, self.num_pairs)), np.diff(np.append(rows, self.num_rows))
+
     def example_row_starts(self) -> np.ndarray:
         """The row where each example begins: ``example_starts``, or inferred from square maps."""
         if self.example_starts is not None:
@@ -201,23 +206,12 @@ class _HeadStats:
     varies: np.ndarray | None = None  # pearson: (num_rows, heads), row not constant
     entropy: np.ndarray | None = None  # jensen_shannon: per example, Σ over its pairs of -w log2 w, (examples, heads)
 
-    @property
-    def num_examples(self) -> int:
-        return len(self.example_rows)
-
-    def pair_counts(self) -> np.ndarray:
-        return np.diff(np.append(self.example_pairs, self.maps.num_pairs))
-
-    def row_counts(self) -> np.ndarray:
-        return np.diff(np.append(self.example_rows, self.maps.num_rows))
-
 
 def _head_stats(name: str, maps: AttentionMaps, measure: str) -> _HeadStats:
     if not isinstance(maps, AttentionMaps):
         raise LayersimError(f"{name} must be an AttentionMaps, got {type(maps).__name__}.")
     w = maps.weights.astype(np.float64)
-    example_rows = maps.example_row_starts()
-    base = {"example_pairs": maps.row_starts[example_rows], "example_rows": example_rows}
+    base = {"example_pairs": maps.example_layout()[0], "example_rows": maps.example_row_starts()}
     if measure == "pearson":
         lengths = np.diff(np.append(maps.row_starts, maps.num_pairs))
         means = np.add.reduceat(w, maps.row_starts, axis=0) / lengths[:, None]
@@ -241,8 +235,7 @@ def _head_stats(name: str, maps: AttentionMaps, measure: str) -> _HeadStats:
 
 
 def _spans(starts: np.ndarray, counts: np.ndarray, examples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The indices of `examples`' entries (each example's ``counts`` entries from its ``starts``), concatenated in
-    the order given, and where each example's run begins in them."""
+    """The indices of `examples`' entries (``counts`` from ``starts`` each), in that order, and where each run begins."""
     sizes = counts[examples]
     begins = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     return np.arange(int(sizes.sum())) + np.repeat(starts[examples] - begins, sizes), begins
@@ -259,16 +252,10 @@ def example_terms(a: _HeadStats, b: _HeadStats, measure: str, examples_a: np.nda
     them, only re-pairs or re-weights these terms (layersim.similarity.inference.attention_null)."""
     ha, hb = a.weights.shape[1], b.weights.shape[1]
     if examples_a is None:
-        pairs_a = pairs_b = slice(None)
-        segments = a.example_pairs
-        rows_a = rows_b = slice(None)
-        row_segments = a.example_rows
-        examples_a = examples_b = np.arange(a.num_examples)
-    else:
-        pairs_a, segments = _spans(a.example_pairs, a.pair_counts(), examples_a)
-        pairs_b, _ = _spans(b.example_pairs, b.pair_counts(), examples_b)
-        rows_a, row_segments = _spans(a.example_rows, a.row_counts(), examples_a)
-        rows_b, _ = _spans(b.example_rows, b.row_counts(), examples_b)
+        examples_a = examples_b = np.arange(len(a.example_rows))
+    _, pair_counts, row_counts = a.maps.example_layout()  # a's and b's: the same examples
+    (pairs_a, segments), (pairs_b, _) = (_spans(a.example_pairs, pair_counts, e) for e in (examples_a, examples_b))
+    (rows_a, row_segments), (rows_b, _) = (_spans(a.example_rows, row_counts, e) for e in (examples_a, examples_b))
     k = len(examples_a)
     numerator = np.empty((k, ha, hb))
     if measure == "pearson":
@@ -285,7 +272,7 @@ def example_terms(a: _HeadStats, b: _HeadStats, measure: str, examples_a: np.nda
             numerator[:, :, g] = np.add.reduceat(entr(0.5 * (wa + wb[:, g : g + 1])), segments, axis=0)
         numerator /= np.log(2.0)
         numerator -= 0.5 * a.entropy[examples_a][:, :, None] + 0.5 * b.entropy[examples_b][:, None, :]
-        return numerator, a.row_counts()[examples_a].astype(np.float64)[:, None, None]
+        return numerator, row_counts[examples_a].astype(np.float64)[:, None, None]
     for g in range(hb):
         diff = wa - wb[:, g : g + 1]
         numerator[:, :, g] = np.sqrt(np.add.reduceat(diff * diff, segments, axis=0))

@@ -51,13 +51,6 @@ from layersim.similarity.inference.null import NullMatrix, drawn_null
 TERMS_CACHE_BYTES = 256 * 2**20
 
 
-def example_layout(maps: AttentionMaps) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per example: the pair where it begins, its pair count and its attention-row count (its map's length)."""
-    rows = maps.example_row_starts()
-    pairs = maps.row_starts[rows]
-    return (pairs, np.diff(np.append(pairs, maps.num_pairs)), np.diff(np.append(rows, maps.num_rows)))
-
-
 def example_clusters(maps: AttentionMaps, clusters: np.ndarray | None) -> np.ndarray:
     """Each example's cluster as 0-based codes (None: every example its own), checked: one label per example."""
     count = len(maps.example_row_starts())
@@ -74,7 +67,7 @@ def pair_blocks(maps: AttentionMaps, clusters: np.ndarray | None = None) -> tupl
     """``(groups, strata)`` of the (query, key) pair rows for :func:`block_permutations` (module docstring): each
     pair's cluster, and its cluster's shape (the rows and pairs of each of its examples' maps, in table order)."""
     codes = example_clusters(maps, clusters)
-    _, pair_counts, row_counts = example_layout(maps)
+    _, pair_counts, row_counts = maps.example_layout()
     shapes: dict[int, list] = {}
     for cluster, rows, pairs in zip(codes.tolist(), row_counts.tolist(), pair_counts.tolist()):
         shapes.setdefault(cluster, []).append((rows, pairs))
@@ -101,8 +94,7 @@ def attention_null_units(maps: AttentionMaps, clusters: np.ndarray | None = None
     """What the attention null moves, for the stage's records (exchangeability.null_units on the pair rows)."""
     groups, strata = pair_blocks(maps, clusters)
     found = null_units(maps.num_pairs, groups, strata, unit="examples of equal length (a cluster's together)")
-    return found | {"unit": found["unit"] if found["unit"] != "row" else "(query, key) pair", "pairs": found.pop("rows"),
-                    "examples": len(maps.example_row_starts())}
+    return found | {"pairs": found.pop("rows"), "examples": len(maps.example_row_starts())}
 
 
 class HeadNullEngine(_Engine):
@@ -120,7 +112,7 @@ class HeadNullEngine(_Engine):
         self.y_stats = self.x_stats if ys is None else {
             j: _head_stats(f"ys[{j}]", ys[j], measure) for j in self.cols.tolist()}
         first = (xs if ys is None else ys)[0]
-        starts, counts, _ = example_layout(first)
+        starts, counts, _ = first.example_layout()
         self.num_examples = len(starts)
         self.first_pairs = starts
         self.example_of_pair = np.repeat(np.arange(self.num_examples), counts)
@@ -214,7 +206,7 @@ def attention_bootstrap_pairs(measure: str, xs: Sequence[AttentionMaps], ys: Seq
     _checked(measure, [*xs, *ys], options)
     codes = example_clusters(xs[0], groups)
     if measure not in HEAD_MEASURES:
-        _, pair_counts, _ = example_layout(xs[0])
+        _, pair_counts, _ = xs[0].example_layout()
         return bootstrap_pairs(measure, [m.weights for m in xs], [m.weights for m in ys], resamples=resamples,
                                seed=seed, groups=np.repeat(codes, pair_counts), level=level, interval=interval,
                                **options)
