@@ -235,7 +235,7 @@ def _head_stats(name: str, maps: AttentionMaps, measure: str) -> _HeadStats:
 
 
 def _spans(starts: np.ndarray, counts: np.ndarray, examples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The indices of `examples`' entries (``counts`` from ``starts`` each), in that order, and where each run begins."""
+    """The indices of `examples`' entries (``counts`` from ``starts`` each), in order, and where each run begins."""
     sizes = counts[examples]
     begins = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     return np.arange(int(sizes.sum())) + np.repeat(starts[examples] - begins, sizes), begins
@@ -291,8 +291,8 @@ def similarity_of(measure: str, numerator: np.ndarray, denominator: np.ndarray) 
 
 
 def layer_similarity(sim: np.ndarray) -> float:
-    """``mean over a's heads of the max over b's heads`` of a head-by-head ``Sim``."""
-    return float(sim.max(axis=1).mean())
+    """``mean over a's heads of the max over b's heads`` of a head-by-head ``Sim`` (an undefined pair left out)."""
+    return float(np.fmax.reduce(sim, axis=1).mean())
 
 
 def _head_matrix(a: _HeadStats, b: _HeadStats, measure: str) -> np.ndarray:

@@ -278,8 +278,9 @@ def stacked_result(models: dict[str, list], measure: str, *, options: dict | Non
                    uncertainty: Uncertainty | None = None, attention: bool = False, groups: np.ndarray | None = None,
                    strata: np.ndarray | None = None) -> StackedResult:
     """All layers of `models` stacked (Wu et al. Figures 1 and 5); with `uncertainty`,
-    every cell's permutation null (not for attention maps: a permutation of examples has no meaning for
-    per-token maps of different lengths), whole examples (`groups`) permuted within their `strata`
+    every cell's permutation null (not for attention maps here: the compare stage's attention heatmap is
+    descriptive; the similarity stage's attention null is :func:`phang_result`'s), whole examples (`groups`)
+    permuted within their `strata`
     (layersim.similarity.inference.exchangeability). `options`: the measure's own."""
     options = options or {}
     result = StackedResult(measure, stacked_matrix(measure, models, **options),
