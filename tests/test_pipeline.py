@@ -430,13 +430,13 @@ def test_report_is_one_offline_page_that_states_the_stage_results(project):
     # curves (redrawn with the exported model's exit): one image each.
     figures = [f"similarity/{TASK}/heatmaps/cls.png", f"diagonals/{TASK}/curves/cls.png",
                f"similarity/{TASK}/heatmaps/tokens.png", f"similarity/{TASK}/heatmaps/attention.png",
-               f"export/{TASK}/export.png", f"skip/{TASK}/skip.png",
+               f"diagonals/{TASK}/curves/attention.png", f"export/{TASK}/export.png", f"skip/{TASK}/skip.png",
                f"align/{TASK}/errors.png", f"freeze/{TASK}/freeze.png", f"weights/{TASK}/intruders.png",
                f"dynamics/{TASK}/dynamics.png", f"grounding/{TASK}/ranking/grounding.png", "summary/last_block.png"]
     for figure in figures:
         assert base64.b64encode((root / "plots" / figure).read_bytes()).decode("ascii") in page, figure
     assert len(re.findall(r'src="data:image/png;base64,', page)) == len(figures) + 1
-    assert "Attention maps layer against layer. No uncertainty" in page  # no null, no interval: said so
+    assert "Attention maps layer against layer; hatched cells: not above chance" in page  # their own null
     export = _details(root, "export", TASK)
     assert f"{export['exported']['layers']} / {export['full']['layers']}" in page
     assert f"{export['exported']['parameters'] / export['full_parameters']:.0%}" in page
@@ -769,7 +769,8 @@ def test_metrics_files_hold_their_headline_and_details_hold_the_rest(project):
     root, _ = project
     params = _params(root)
     similarity = _similarity_headline(root, params["similarity"]["significance"])
-    assert similarity["family"]["tests"] == 68  # cls: 4 measures x (3 layers + 5 tops); tokens: 4 x (4 + 5)
+    # cls: 4 measures x (3 layers + 5 tops); tokens: 4 x (4 + 5); attention: 1 x (3 + 5), its null exchanging examples
+    assert similarity["family"]["tests"] == 76
     full = _mean([_finetuned(root, seed)["accuracy"] for seed in SEEDS])
     truncate_rows = _json(root, f"plots/truncate/{TASK}/truncate.json")
     truncate = {variant: droppable_top_layers(truncate_rows, variant, full, params["truncate"]["tolerance"])
