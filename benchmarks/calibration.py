@@ -316,6 +316,79 @@ def length_class_calibration(draws: int = 200, multiples=(1, 5, 10), seed: int =
               f"({time.perf_counter() - start:.0f} s)", flush=True)
 
 
+ATTENTION_MEASURES = ["jensen_shannon", "pearson", "matrix_norm", "linear_cka"]
+
+
+def planted_attention(rng: np.random.Generator, signal: float = 0.0, clusters: int = 30, per_cluster: int = 2,
+                      heads: int = 3, lengths=(4, 5, 6, 7), cluster_sd: float = 1.0):
+    """Two layers' attention maps over the same examples: `clusters` premises of `per_cluster` examples each (one
+    length per premise, drawn from `lengths`), `heads` heads. Layer x's logits for example e, head h: a positional
+    pattern P_h (attend to the key h places on, the same in both layers: what any two encoders share) + the premise's
+    own component (sd `cluster_sd`, the layer's own) + the example's (sd 1); layer y's the same with components of
+    its own, plus `signal` × x's example component (0: x and y independent given the shared pattern, H0 true).
+    Returns the two AttentionMaps and each example's premise (its cluster)."""
+    from layersim.similarity.attention import AttentionMaps
+
+    def softmax(z):
+        z = np.exp(z - z.max(axis=-1, keepdims=True))
+        return z / z.sum(axis=-1, keepdims=True)
+
+    xs, ys, premise = [], [], []
+    for c in range(clusters):
+        t = int(rng.choice(lengths))
+        pattern = 2.0 * np.stack([np.roll(np.eye(t), h, axis=1) for h in range(heads)])
+        shared_x, shared_y = (cluster_sd * rng.normal(size=(heads, t, t)) for _ in range(2))
+        for _ in range(per_cluster):
+            own = rng.normal(size=(heads, t, t))
+            xs.append(softmax(pattern + shared_x + own))
+            ys.append(softmax(pattern + shared_y + rng.normal(size=(heads, t, t)) + signal * own))
+            premise.append(c)
+    return AttentionMaps.from_maps(xs), AttentionMaps.from_maps(ys), np.array(premise)
+
+
+def attention_calibration(draws: int = 200, permutations: int = 99, coverage_draws: int = 200,
+                          measures=ATTENTION_MEASURES) -> None:
+    """The attention null (layersim.similarity.inference.attention_null) on :func:`planted_attention`: 30 premises × 2
+    examples of 4–7 words, 3 heads. False-positive rate at α = 0.05 with the premises as blocks (as the stage) and
+    with each example alone (the clusters ignored), power at signal 0.5, 1 (a quarter of the draws); then the
+    coverage of the population value (the measure on 5,000 premises) by the 95% bootstrap intervals (basic,
+    percentile; premises resampled, 200 resamples) at signal 1.
+    ``python benchmarks/calibration.py --attention [--draws 200]``"""
+    from layersim.similarity.attention import attention_similarity
+    from layersim.similarity.inference.attention_null import attention_bootstrap_pairs, attention_stacked_null
+
+    def p_value(x, y, clusters, seed):
+        null = attention_stacked_null(name, {"x": [x], "y": [y]}, permutations=permutations, seed=seed,
+                                      cells=np.array([[False, True], [False, False]]), clusters=clusters)
+        return float(null.p_value[0, 1])
+
+    print(f"attention maps: 30 premises × 2 examples (4–7 words), 3 heads; {draws} null draws, {permutations} "
+          f"permutations, {coverage_draws} coverage draws")
+    print("| measure | false positives, premises | false positives, examples | power 0.5 | power 1 | coverage basic "
+          "| coverage percentile | s |\n|---|---|---|---|---|---|---|---|")
+    for name in measures:
+        start, rng = time.perf_counter(), np.random.default_rng(63)
+        found = {"premises": [], "examples": [], 0.5: [], 1.0: []}
+        for k in range(draws):
+            x, y, premise = planted_attention(rng)
+            found["premises"].append(p_value(x, y, premise, k))
+            found["examples"].append(p_value(x, y, None, k))
+            for signal in (0.5, 1.0) if k < draws // 4 else ():  # power: a quarter of the draws
+                x, y, premise = planted_attention(rng, signal)
+                found[signal].append(p_value(x, y, premise, k))
+        x, y, _ = planted_attention(np.random.default_rng(123), 1.0, clusters=5_000)
+        truth = attention_similarity(x, y, name)
+        covered = {"basic": [], "percentile": []}
+        for k in range(coverage_draws):
+            x, y, premise = planted_attention(rng, 1.0)
+            for method in covered:
+                b = attention_bootstrap_pairs(name, [x], [y], resamples=200, seed=k, groups=premise, interval=method)
+                covered[method].append(b.low[0] <= truth <= b.high[0])
+        cells = [f"{np.mean(np.array(found[key]) <= 0.05):.3f}" for key in found] + [
+            f"{np.mean(covered[m]):.3f}" for m in covered]
+        print(f"| {name} | " + " | ".join(cells) + f" | {time.perf_counter() - start:.0f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
@@ -325,14 +398,19 @@ def main() -> None:
     parser.add_argument("--structured", action="store_true", help="only grouped rows: words, choices (issue 47)")
     parser.add_argument("--streamed", action="store_true", help="with --structured: the streamed route too")
     parser.add_argument("--measures", nargs="+", default=MEASURES, choices=sorted(set(MEASURES) | {
-        "debiased_cka", "rbf_cka", "procrustes", "shape_metric", "rsa", "knn_jaccard"}))
+        *ATTENTION_MEASURES, "debiased_cka", "rbf_cka", "procrustes", "shape_metric", "rsa", "knn_jaccard"}))
     parser.add_argument("--compare-probe", action="store_true", help="only the compare stage's 12-task probe")
     parser.add_argument("--premises", action="store_true", help="with --structured: only the shared-premise design "
                         "(100 premises × 3 hypotheses) through the similarity stage's null and bootstrap")
     parser.add_argument("--coverage-draws", type=int, default=200, help="with --premises: coverage repeats")
     parser.add_argument("--length-classes", action="store_true", help="with --structured: only the word rows' "
                         "null with coarser length classes (similarity.length_classes): false positives and power")
+    parser.add_argument("--attention", action="store_true", help="only the attention maps' null and bootstrap "
+                        "(layersim.similarity.inference.attention_null) on planted maps")
     args = parser.parse_args()
+    if args.attention:
+        chosen = args.measures if args.measures != MEASURES else ATTENTION_MEASURES
+        return attention_calibration(args.draws or 200, args.permutations or 99, args.coverage_draws, chosen)
     if args.structured and args.length_classes:
         return length_class_calibration(args.draws or 200)
     if args.compare_probe:

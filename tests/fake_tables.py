@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from layersim.data.io import ActivationWriter, finetuned
+from layersim.data.io import ActivationWriter, finetuned, layer_column, with_metadata, write_parquet
 from layersim.models.registry import MODEL_INFO_FILE, weights_digest
 from layersim.params import parse_params
 
@@ -91,3 +91,22 @@ def write_extracted(root: Path) -> Path:
                               label_type=pa.int64(), metadata=metadata) as writer:
             writer.write(ids, np.zeros(ROWS, np.int16), ids % 2, layers)
     return root
+
+
+def write_attention(path: Path, maps: list[list[np.ndarray]], example_ids, *, run: str, digest: str,
+                    task: str = TASK) -> None:
+    """An attention table as the extract stage writes it (float32): `maps[k][e]` is layer k + 1's (heads, t, t) map of
+    example `example_ids[e]` (choice 0), each query row a distribution over the keys."""
+    heads = maps[0][0].shape[0]
+    lengths = [m.shape[-1] for m in maps[0]]
+    query = np.concatenate([np.divmod(np.arange(t * t), t)[0] for t in lengths]).astype(np.int16)
+    key = np.concatenate([np.divmod(np.arange(t * t), t)[1] for t in lengths]).astype(np.int16)
+    columns = {"example_id": pa.array(np.repeat(np.asarray(example_ids, np.int64), [t * t for t in lengths])),
+               "choice": pa.array(np.zeros(len(query), np.int16)), "query": pa.array(query), "key": pa.array(key)}
+    for k, layer in enumerate(maps, start=1):
+        weights = np.concatenate([m.transpose(1, 2, 0).reshape(-1, heads) for m in layer]).astype(np.float32)
+        columns[layer_column(k)] = pa.FixedSizeListArray.from_arrays(pa.array(weights.ravel()), heads)
+    metadata = {"model": "tiny-bert", "model_digest": digest, "run": run, "task": task, "split": "validation",
+                "num_layers": len(maps), "num_heads": heads, "kind": "attention", "attention_unit": "words"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_parquet(with_metadata(pa.Table.from_pydict(columns), metadata), path)

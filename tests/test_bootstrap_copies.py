@@ -116,9 +116,11 @@ def test_knn_interval_covers_the_population_value():
 
 
 def test_auto_names_a_measured_method_or_none_for_every_measure():
-    assert set(AUTO_INTERVAL) == set(MEASURES)
+    from layersim.similarity.attention import HEAD_MEASURES
+
+    assert set(AUTO_INTERVAL) == set(MEASURES) | set(HEAD_MEASURES)  # the attention maps' head measures too
     assert COPY_AWARE <= set(MEASURES)
-    assert all(chosen_interval(m, "auto") in ("basic", "percentile", None) for m in MEASURES)
+    assert all(chosen_interval(m, "auto") in ("basic", "percentile", None) for m in AUTO_INTERVAL)
     assert chosen_interval("rsa", "percentile") == "percentile"
 
 

@@ -127,7 +127,12 @@ def test_repro_writes_every_declared_output(project):
 
     similarity = _details(root, "similarity", TASK)
     assert set(similarity) == {"cls", "tokens", "attention"}
-    assert "no permutation null and no bootstrap interval" in similarity["attention"]["jensen_shannon"]["no_uncertainty"]
+    # Attention maps' null: whole examples exchanged with examples of equal length (attention_null), in the family.
+    attention_js = similarity["attention"]["jensen_shannon"]
+    assert attention_js["null"] == {"method": "block permutation", "permutations": 20}
+    assert "p_value" in attention_js["ft_orig"] and "p_family" in attention_js["ft_orig"]
+    assert similarity["attention"]["null_unit"]["examples"] == 60
+    assert similarity["attention"]["null_unit"]["movable"] > 0
     assert similarity["cls"]["null_unit"]["unit"] == "row" and similarity["tokens"]["null_unit"]["unit"] != "row"
     # extract.table_precision auto (params.yaml's default): word rows as 24-bit integers, example rows as float16.
     assert similarity["cls"]["table_precision"] == "float16" and similarity["tokens"]["table_precision"] == "int24"
@@ -425,13 +430,13 @@ def test_report_is_one_offline_page_that_states_the_stage_results(project):
     # curves (redrawn with the exported model's exit): one image each.
     figures = [f"similarity/{TASK}/heatmaps/cls.png", f"diagonals/{TASK}/curves/cls.png",
                f"similarity/{TASK}/heatmaps/tokens.png", f"similarity/{TASK}/heatmaps/attention.png",
-               f"export/{TASK}/export.png", f"skip/{TASK}/skip.png",
+               f"diagonals/{TASK}/curves/attention.png", f"export/{TASK}/export.png", f"skip/{TASK}/skip.png",
                f"align/{TASK}/errors.png", f"freeze/{TASK}/freeze.png", f"weights/{TASK}/intruders.png",
                f"dynamics/{TASK}/dynamics.png", f"grounding/{TASK}/ranking/grounding.png", "summary/last_block.png"]
     for figure in figures:
         assert base64.b64encode((root / "plots" / figure).read_bytes()).decode("ascii") in page, figure
     assert len(re.findall(r'src="data:image/png;base64,', page)) == len(figures) + 1
-    assert "Attention maps layer against layer. No uncertainty" in page  # no null, no interval: said so
+    assert "Attention maps layer against layer; hatched cells: not above chance" in page  # their own null
     export = _details(root, "export", TASK)
     assert f"{export['exported']['layers']} / {export['full']['layers']}" in page
     assert f"{export['exported']['parameters'] / export['full_parameters']:.0%}" in page
@@ -736,15 +741,15 @@ def _similarity_headline(root: Path, significance: float) -> dict:
                           "ft_orig_above_random_top_ci_high": above["ci_high"]}
             for key, comparison in (("lora_orig", "LoRA–ORIG"), ("lora_ft", "LoRA–FT")):  # finetune.compare_methods
                 entry[f"{key}_top"] = heatmap_diagonal(rows, comparison, label)[top]
-            if pooling != "attention":
-                entry |= {"ft1_ft2_top": diagonal["ft1_ft2"][top], "ft_orig_chance_correction": "fdr_bh"}
-                p_values = {(comparison, row["x_layer"]): row["p_value"] for row in rows if row["measure"] == label
-                            and row["x_layer"] == row["y_layer"] for comparison in [row["comparison"]]}
-                claims += [(pooling, measure, "ft_orig", layer, layer == top, p) for (comparison, layer), p
-                           in sorted(p_values.items()) if comparison == "FT–ORIG" and p is not None]
-                claims += [(pooling, measure, key, top, True, p_values[comparison, top]) for key, comparison in
-                           (("ft1_ft2", "FT[1]–FT[2]"), ("orig_random", "ORIG–RANDOM"), ("ft_random", "FT–RANDOM"),
-                            ("lora_orig", "LoRA–ORIG"), ("lora_ft", "LoRA–FT"))]  # compared methods': claims too
+            # attention maps too: their null exchanges whole examples of equal length (attention_null)
+            entry |= {"ft1_ft2_top": diagonal["ft1_ft2"][top], "ft_orig_chance_correction": "fdr_bh"}
+            p_values = {(comparison, row["x_layer"]): row["p_value"] for row in rows if row["measure"] == label
+                        and row["x_layer"] == row["y_layer"] for comparison in [row["comparison"]]}
+            claims += [(pooling, measure, "ft_orig", layer, layer == top, p) for (comparison, layer), p
+                       in sorted(p_values.items()) if comparison == "FT–ORIG" and p is not None]
+            claims += [(pooling, measure, key, top, True, p_values[comparison, top]) for key, comparison in
+                       (("ft1_ft2", "FT[1]–FT[2]"), ("orig_random", "ORIG–RANDOM"), ("ft_random", "FT–RANDOM"),
+                        ("lora_orig", "LoRA–ORIG"), ("lora_ft", "LoRA–FT"))]  # compared methods': claims too
             expected.setdefault(pooling, {})[measure] = entry
     adjusted = _benjamini_hochberg([p for *_, p in claims])
     for (pooling, measure, key, layer, is_top, _), q in zip(claims, adjusted):
@@ -753,7 +758,7 @@ def _similarity_headline(root: Path, significance: float) -> dict:
             entry["ft_orig_chance_from"] = layer  # claims are in layer order
         if is_top:  # the plot rows' p-values are rounded to 6 digits, and BH multiplies them by up to the family size
             entry[f"{key}_top_p_adjusted"] = pytest.approx(q, abs=len(claims) * 1e-6)
-    for pooling in measures:
+    for pooling in (*measures, "attention"):
         for entry in expected[pooling].values():
             entry.setdefault("ft_orig_chance_from", None)
     expected["family"] = {"correction": "fdr_bh", "tests": len(claims)}
@@ -767,7 +772,8 @@ def test_metrics_files_hold_their_headline_and_details_hold_the_rest(project):
     root, _ = project
     params = _params(root)
     similarity = _similarity_headline(root, params["similarity"]["significance"])
-    assert similarity["family"]["tests"] == 68  # cls: 4 measures x (3 layers + 5 tops); tokens: 4 x (4 + 5)
+    # cls: 4 measures x (3 layers + 5 tops); tokens: 4 x (4 + 5); attention: 1 x (3 + 5), its null exchanging examples
+    assert similarity["family"]["tests"] == 76
     full = _mean([_finetuned(root, seed)["accuracy"] for seed in SEEDS])
     truncate_rows = _json(root, f"plots/truncate/{TASK}/truncate.json")
     truncate = {variant: droppable_top_layers(truncate_rows, variant, full, params["truncate"]["tolerance"])

@@ -15,7 +15,7 @@ from layersim.data import disk
 from layersim.compute.flops import LayerShape
 from layersim.data.tasks import get_task
 from layersim.params import parse_params
-from layersim.plan import __main__ as cli, cache_types, copies, plan, seconds, stages, terms, total
+from layersim.plan import __main__ as cli, cache_types, copies, measure_costs, plan, seconds, stages, terms, total
 from layersim.plan.sizes import PAPER_TASKS, ModelSize, TaskSize, bert_parameters, model_size, task_size
 
 REPO = Path(__file__).resolve().parents[1]
@@ -193,7 +193,7 @@ def test_the_time_model_adds_one_reasoned_term_each():
     assert terms(numeric, on) == pytest.approx({"start": timing.START_SECONDS["numeric"], "loads": 0.0, "compute": 2.0,
                                                 "passes": 0.0, "evaluations": 1000 * timing.EVALUATION_SECONDS
                                                 + 2 * timing.HEATMAP_SECONDS})
-    big, small = stages.measured(["svcca"], 20_000, 768, 10, 0), stages.measured(["svcca", "linear_cka"], 600, 384, 10, 5)
+    big, small = measure_costs.measured(["svcca"], 20_000, 768, 10, 0), measure_costs.measured(["svcca", "linear_cka"], 600, 384, 10, 5)
     # …except the nulls' engines, which multiply a batch of permutations of the whole stack at once (torch's threads).
     assert big.host_flops == big.flops > 0 == big.small_flops and small.analysis_flops > 0
     assert small.small_flops == small.flops - small.analysis_flops
@@ -231,13 +231,13 @@ def test_the_plan_counts_a_cka_null_where_its_engine_runs_it(n, layers, d):
     fewer FLOPs than their features: the plan counted the features and put similarity at 10 minutes (issue 64)."""
     from layersim.similarity.inference._null_engines import _use_gram
 
-    assert stages.null_uses_gram(n, layers, d) == _use_gram("auto", n, [d] * layers, [d] * layers, layers, layers)
+    assert measure_costs.null_uses_gram(n, layers, d) == _use_gram("auto", n, [d] * layers, [d] * layers, layers, layers)
     pairs = layers * (layers + 1) // 2
-    on_kernels = stages.null_flops("linear_cka", n, d, pairs)
-    assert on_kernels <= pairs * stages.measure_flops("linear_cka", n, d) * 2  # never above the feature engine's
-    if stages.null_uses_gram(n, layers, d):
-        assert on_kernels == 2 * (layers ** 2 + stages.GATHER_MULTIPLY_ADDS * layers) * n * n
-    assert stages.null_flops("svcca", n, d, pairs) == pairs * stages.measure_flops("svcca", n, d)
+    on_kernels = measure_costs.null_flops("linear_cka", n, d, pairs)
+    assert on_kernels <= pairs * measure_costs.measure_flops("linear_cka", n, d) * 2  # never above the feature engine's
+    if measure_costs.null_uses_gram(n, layers, d):
+        assert on_kernels == 2 * (layers ** 2 + measure_costs.GATHER_MULTIPLY_ADDS * layers) * n * n
+    assert measure_costs.null_flops("svcca", n, d, pairs) == pairs * measure_costs.measure_flops("svcca", n, d)
 
 
 def test_every_stage_process_of_the_tiny_pipeline_is_counted():
@@ -275,16 +275,16 @@ def test_grounding_off_costs_a_process_and_on_the_observed_stacked_matrices_of_i
 def test_the_nulls_permutations_are_the_analysis_engines_and_blocks_sample_linear_cka():
     from layersim.similarity.inference.exchangeability import LINEAR_CKA_BLOCK_PERMUTATIONS
 
-    assert stages.LINEAR_CKA_BLOCK_PERMUTATIONS == LINEAR_CKA_BLOCK_PERMUTATIONS  # the plan's copy (it imports no torch)
-    plain = stages.measured(["linear_cka", "svcca"], 600, 384, 10, 5, resamples=3)
-    words = stages.measured(["linear_cka", "svcca"], 600, 384, 10, 5, resamples=3, blocks=True)
-    svcca, cka = stages.measure_flops("svcca", 600, 384), stages.measure_flops("linear_cka", 600, 384)
+    assert measure_costs.LINEAR_CKA_BLOCK_PERMUTATIONS == LINEAR_CKA_BLOCK_PERMUTATIONS  # the plan's copy (it imports no torch)
+    plain = measure_costs.measured(["linear_cka", "svcca"], 600, 384, 10, 5, resamples=3)
+    words = measure_costs.measured(["linear_cka", "svcca"], 600, 384, 10, 5, resamples=3, blocks=True)
+    svcca, cka = measure_costs.measure_flops("svcca", 600, 384), measure_costs.measure_flops("linear_cka", 600, 384)
     # Each permutation of each pair is one engine cell; the observed cells and resamples stay on the host.
     assert plain.analysis_evaluations == 10 * 5 and plain.analysis_flops == pytest.approx(10 * 5 * svcca)
     assert words.analysis_evaluations == 10 * 5 + 10 * LINEAR_CKA_BLOCK_PERMUTATIONS
     # Linear CKA's permutations on these 4 stacked layers run on their kernels (the engine's choice): fewer FLOPs.
-    on_kernels = stages.null_flops("linear_cka", 600, 384, 10)
-    assert stages.null_uses_gram(600, 4, 384) and on_kernels < 10 * cka
+    on_kernels = measure_costs.null_flops("linear_cka", 600, 384, 10)
+    assert measure_costs.null_uses_gram(600, 4, 384) and on_kernels < 10 * cka
     assert words.analysis_flops == pytest.approx(10 * 5 * svcca + LINEAR_CKA_BLOCK_PERMUTATIONS * on_kernels)
     assert words.evaluations == words.analysis_evaluations + 2 * (10 + 3)
 
@@ -292,7 +292,7 @@ def test_the_nulls_permutations_are_the_analysis_engines_and_blocks_sample_linea
 def test_a_gpu_plan_runs_the_engines_on_the_device_and_says_unmeasured_where_no_figure_was_measured(tmp_path):
     from layersim.plan import timing
 
-    cost = stages.measured(["svcca"], 10_000, 768, 100, 100)
+    cost = measure_costs.measured(["svcca"], 10_000, 768, 100, 100)
     cost.processes, cost.stage = 1, "similarity"
     unmeasured = timing.device("h200")
     assert unmeasured.analysis_flops.value is None  # gpu_figures.json as committed: never measured on an H200
@@ -361,3 +361,32 @@ def test_compiled_training_passes_take_the_gpus_compiled_figure_where_measured_a
     assert terms(cost, on)["passes"] == pytest.approx(cost.passes * 0.8e-3 - cost.compiled_passes * 0.6e-3)
     assert terms(eager, on)["passes"] == pytest.approx(eager.passes * 0.8e-3)
     assert terms(cost, timing.device("cpu", flops=1e11))["passes"] == terms(eager, timing.device("cpu", flops=1e11))["passes"]
+
+
+def test_the_attention_similarities_their_null_and_intervals_are_counted():
+    """The similarity stage's attention work: off without attention measures (or maps); the observed stacked matrix,
+    the null of the reported cells (each pair of examples of equal length once a cell, at most one a permutation)
+    and the bootstrap, growing with the permutations and with the maps' examples."""
+    doc = tiny_params(yaml.safe_load(repository_params_text()))
+
+    def attention(**similarity) -> stages.StageCost:
+        changed = json.loads(json.dumps(doc))
+        changed["similarity"].update(similarity)
+        params = parse_params(changed)
+        return measure_costs.attention_measured(params, model_size(params.model, REPO),
+                                                task_size(params, "synth-negation", REPO), 2, stages.fine_tuned_runs(params))
+
+    without = {c.stage: c for c in plan(parse_params(json.loads(json.dumps(doc)) | {
+        "similarity": doc["similarity"] | {"attention_measures": []}}), REPO)}["similarity"]
+    with_maps = {c.stage: c for c in plan(parse_params(doc), REPO)}["similarity"]
+    added = attention()
+    assert with_maps.flops == pytest.approx(without.flops + added.flops) and added.flops > 0
+    # a pair of examples' terms once a cell: past the examples a length shares, more permutations add no arithmetic
+    assert attention(permutations=20, bootstrap=0).flops < attention(permutations=20).flops
+    assert attention(permutations=20).flops < attention(permutations=100).flops
+    assert attention(permutations=5000).flops == pytest.approx(attention(permutations=10000).flops, rel=1e-9)
+    # per permutation one Python-level cell of each reported comparison: evaluations grow by permutations × cells
+    layers = model_size(parse_params(doc).model, REPO).shape.num_layers
+    assert attention(permutations=21).evaluations - attention(permutations=20).evaluations == \
+        (4 + 2) * layers ** 2  # FT–ORIG, FT–FT, ORIG–ORIG, FT[1]–FT[2] and the two RANDOM comparisons
+    assert attention(attention_measures=["linear_cka"]).analysis_flops > 0  # an array measure: the engines

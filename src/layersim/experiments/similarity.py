@@ -20,14 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
-from layersim.data.io import ActivationTable, AttentionTable, finetuned_runs
-from layersim.experiments.similarity_inputs import layer_sources, pooling_tables, run_labels, run_metadata
+from layersim.data.io import ActivationTable, finetuned_runs
+from layersim.experiments.similarity_inputs import (attention_inputs, layer_sources, pooling_tables, run_labels,
+                                                   run_metadata)
 from layersim.models.random_control import control_runs, random_run_metadata
 from layersim.params import Params
 from layersim.reporting.pruning_plots import pruning_profile, pruning_rows
 from layersim.reporting.similarity import PoolingReport, SimilarityOutputs, localization_summary, phang_summary
 from layersim.similarity.comparisons import RANDOM, attention_maps, per_layer, phang_cells, stacked_matrix
 from layersim.similarity.comparison_intervals import above_random_over_controls
+from layersim.similarity.inference.attention_null import attention_null_units
 from layersim.similarity.inference.exchangeability import (STREAMED_SAMPLE_ROWS, block_permutations,
                                                            length_class_rows, null_units)
 from layersim.similarity.inference.null import NullMatrix
@@ -50,14 +52,15 @@ def phang_report(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], 
     With `uncertainty` and `layers()` (the models' layer arrays, by the labels of `sizes`), each reported cell
     gets its permutation null and the FT–ORIG and FT[1]–FT[2] diagonals a bootstrap interval over examples
     (over `groups` of rows: the words of one example are resampled together); with more than two seeds,
-    the FT[i]–FT[j] diagonals' mean ± sd over all pairs. Attention maps get no null (a permutation of
-    examples has no meaning for per-token maps of different lengths). Without `layers` (tables streamed),
+    the FT[i]–FT[j] diagonals' mean ± sd over all pairs. Attention maps (`attention`) get theirs from
+    layersim.similarity.inference.attention_null: whole examples exchanged only with examples of equal length,
+    `groups` then each example's cluster. Without `layers` (tables streamed),
     `streamed_null(measure, cells, permutations, seed)` gives the nulls it can from the streamed moments (None
     otherwise), and there are no bootstrap intervals. `null_rows`: the rows the in-memory nulls are computed on
     (similarity.length_classes; layersim.similarity.results.phang_result).
     """
     options, results = options or {}, []
-    tested = uncertainty is not None and not attention
+    tested = uncertainty is not None
     for measure in measures:
         matrix = matrix_of(measure)
         models = layers() if tested and layers is not None else None
@@ -110,6 +113,8 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
     flags = checkpoint_flags(checkpoints, runs)  # runs that did not converge, by label
     flagged = title_note(list(flags))
     model = params.model
+    if p.attention_measures:  # its tables and clusters checked before any work
+        attention_tables, attention_clusters = attention_inputs(activations, task, labels, known, list(p.measures))
     for pooling, measures in p.measures.items():
         tables = pooling_tables(activations, task, pooling, labels, known, measures)
         orig = tables["orig"]
@@ -186,19 +191,21 @@ def task_similarity(activations: Path, checkpoints: Path, task: str, params: Par
     # Always written (empty without neuronsim and svcca): git cannot hold an empty output folder.
     out.rows["localization", "localization.json"] = localization_rows
     if p.attention_measures:
-        tables = {run: AttentionTable(activations / "attention" / f"{run}.parquet",
-                                      expect={"task": task, "split": "validation", "run": run,
-                                              "model_digest": known[run]["model_digest"]})
-                  for run in labels}
-        for table in tables.values():
-            tables["orig"].check_comparable(table)
-        models = {labels[run]: attention_maps(table) for run, table in tables.items()}
+        models = {labels[run]: attention_maps(table) for run, table in attention_tables.items()}
         report = phang_report({label: len(maps) for label, maps in models.items()},
                               lambda measure: stacked_matrix(measure, models, **options.get(measure, {})),
-                              p.attention_measures, f"attention maps — {model} on {task}{flagged}", first_layer=1,
-                              attention=True)
-        out.metrics["attention"] = report.metrics
+                              p.attention_measures, f"attention maps — {model} on {task}{flagged}",
+                              layers=lambda: models, options=options, uncertainty=uncertainty,
+                              groups=attention_clusters, first_layer=1, attention=True, flagged=set(flags))
+        metrics = out.metrics["attention"] = report.metrics
+        metrics["null_unit"] = attention_null_units(models["ORIG"][0], attention_clusters)
+        for measure in p.attention_measures:
+            if metrics[measure].get("no_null"):
+                warn("attention: no null and no bootstrap interval for %s: %s", measure, metrics[measure]["no_null"])
         out.figures["plots", "attention.png"] = report.figure
         out.rows["plots", "attention.json"] = report.rows
+        if report.diagonal_figure is not None:
+            out.figures["diagonals", "attention.png"] = report.diagonal_figure
+        out.rows["diagonals", "attention.json"] = report.diagonal_rows
     correct_claims(out.metrics, p.correction)  # the headline claims of every measure and pooling: one family
     return out

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from layersim.data.io import ActivationTable, run_expectations
+from layersim.data.io import ActivationTable, AttentionTable, run_expectations
+from layersim.errors import LayersimError
 from layersim.data.layout import run_labels as finetuned_labels_of
 from layersim.models.random_control import RANDOM_RUN, random_run_metadata
 from layersim.similarity.comparisons import (RANDOM, moments_stacked_matrix, moments_stacked_null, stacked_matrix,
@@ -117,3 +118,34 @@ def pooling_tables(activations: Path, task: str, pooling: str, labels: dict[str,
     for measure in measures:
         check_computable(measure, tables["orig"].num_rows, tables["orig"].hidden_size)
     return tables
+
+
+def attention_inputs(activations: Path, task: str, labels: dict[str, str], known: dict[str, dict],
+                     poolings: Sequence[str]) -> tuple[dict[str, AttentionTable], np.ndarray]:
+    """Each run's attention table (run name → table, checked against the metadata `known` gives and against ORIG's
+    pairs) and each attention example's cluster (its ``(example, choice)`` maps in table order; the choices of an
+    example share its cluster): the activation tables' ``cluster_id`` of its example_id, read from ORIG's tables of
+    `poolings`, for the attention null's blocks (layersim.similarity.inference.attention_null). An example in none
+    of them is its own cluster when the task declares no shared text; otherwise LayersimError, before any work."""
+    tables = {run: AttentionTable(activations / "attention" / f"{run}.parquet",
+                                  expect={"task": task, "split": "validation", "run": run,
+                                          "model_digest": known[run]["model_digest"]})
+              for run in labels}
+    for table in tables.values():
+        tables["orig"].check_comparable(table)
+    cluster_of, shared = {}, None
+    for pooling in poolings:
+        table = ActivationTable(activations / f"orig.{pooling}.parquet", expect={
+            "task": task, "split": "validation", "run": "orig", "pooling": pooling, **known["orig"]})
+        cluster_of.update(zip(table.example_id.tolist(), table.cluster_id.tolist()))
+        shared = shared or table.metadata.get("shared")
+    orig = tables["orig"]
+    examples = orig.index[orig.row_starts[orig.example_starts], 0]
+    missing = sorted({e for e in examples.tolist() if e not in cluster_of})
+    if missing and shared:
+        raise LayersimError(f"attention example {missing[0]} (and {len(missing) - 1} more) is in no activation table "
+                            f"of {', '.join(poolings)}, so the attention null cannot tell which examples share their "
+                            f"{shared}; set extract.max_examples to at least extract.attention_examples or add a "
+                            "per-example pooling (cls, head, mean) to similarity.measures.")
+    ids = max(cluster_of.values(), default=-1) + 1  # an unknown example: a cluster of its own, past every known id
+    return tables, np.array([cluster_of.get(e, ids + e) for e in examples.tolist()], dtype=np.int64)

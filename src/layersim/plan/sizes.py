@@ -89,6 +89,16 @@ class TaskSize:
             return second + 4 * first + 4
         return TOKENS_PER_WORD ** 2 * second + 2 * TOKENS_PER_WORD * SPECIAL_TOKENS * first + SPECIAL_TOKENS ** 2
 
+    def length_sharing(self, max_length: int) -> float:
+        """The chance that two inputs have the same length (words, truncated at max_length tokens): the counted
+        lengths' Σ p², else an exponential's of mean `words` (≈ 1 / (2√π sd), sd = mean). How many examples an
+        attention null can pair an example with (layersim.similarity.inference.attention_null)."""
+        cap = int((max_length - SPECIAL_TOKENS) / TOKENS_PER_WORD)
+        if self.lengths:
+            counts = np.bincount(np.minimum(np.asarray(self.lengths, dtype=np.int64), cap))
+            return float(((counts / counts.sum()) ** 2).sum())
+        return min(1.0, 1.0 / (2.0 * math.sqrt(math.pi) * max(self.words, 1e-9)))
+
 
 @dataclass(frozen=True)
 class ModelSize:

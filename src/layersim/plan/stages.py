@@ -17,10 +17,10 @@ from layersim.data import disk
 from layersim.compute.flops import training_flops
 from layersim.params.pairs import aligned_pairs, paired_models
 from layersim.plan.cost import StageCost
+from layersim.plan.measure_costs import attention_measured, host, measure_flops, measured
 from layersim.plan.sizes import ModelSize, TaskSize
 from layersim.training.recipes import freeze_recipe
 
-CCA_FAMILY = ("svcca", "pwcca", "mean_cca")
 
 
 def L(model: ModelSize) -> int:
@@ -99,78 +99,6 @@ def extract(params, spec, model: ModelSize, task: TaskSize, head: str) -> StageC
                      processes=1, **loaded(model, runs))
 
 
-EXACT_NULL = ("linear_cka",)  # its null's moments are exact (layersim.similarity.inference.null): no permutations
-LINEAR_CKA_BLOCK_PERMUTATIONS = 199  # …while rows are exchangeable; with blocks it samples at least these
-# (layersim.similarity.inference.exchangeability.LINEAR_CKA_BLOCK_PERMUTATIONS)
-SMALL_PRODUCT = 1e8  # layersim.similarity._common: below rows × width² multiply-adds a product runs on one thread
-
-
-def measure_flops(measure: str, n: int, d: int) -> float:
-    """FLOPs of one layer pair's similarity on n points of width d, as the null's engines compute a cell (each layer's
-    statistics once; per cell a product of the two sides and its reduction): RBF CKA's n × n kernels; the others'
-    cross-products, of the d-wide layers, or for the CCA family of their bases (k = min(n, d) columns at most) and
-    the singular values of the k × k block."""
-    if measure == "rbf_cka":
-        return 2 * n * n * d
-    if measure in CCA_FAMILY:
-        k = min(n, d)
-        return 2 * n * k * k + 4 * k ** 3
-    return 2 * n * d * d
-
-
-# Linear and debiased CKA's null engines permute the stacked layers' centred n × n kernels instead of multiplying
-# features when that costs less (layersim.similarity.inference._null_engines._use_gram: kept equal by
-# tests/test_plan.py; the similarity package is too heavy an import for the plan).
-GRAM_MEASURES = ("linear_cka", "debiased_cka")
-GRAM_BYTES_LIMIT = 1 << 30  # layersim.similarity._cka_kernels.GRAM_BYTES_LIMIT
-GATHER_MULTIPLY_ADDS = 30.0  # the scattered copy K[π][:, π] per kernel entry, as multiply-adds
-
-
-def null_uses_gram(n: int, layers: int, d: int) -> bool:
-    """Whether a CKA null over `layers` stacked layers of width d on n rows runs on the kernels (as the engine
-    decides)."""
-    kernel_bytes = 8.0 * 3 * layers * n * n
-    gram = (layers * layers + GATHER_MULTIPLY_ADDS * layers) * n * n
-    return kernel_bytes <= GRAM_BYTES_LIMIT and gram < n * float(layers * d) ** 2
-
-
-def null_flops(measure: str, n: int, d: int, pairs: int) -> float:
-    """FLOPs of one permutation of a stacked matrix's null over `pairs` cells (its upper triangle with the diagonal):
-    each cell's product, or for CKA on the kernels every kernel gathered and each pair's inner product."""
-    layers = round((math.sqrt(8 * pairs + 1) - 1) / 2)
-    if measure in GRAM_MEASURES and null_uses_gram(n, layers, d):
-        return 2 * (layers * layers + GATHER_MULTIPLY_ADDS * layers) * n * n
-    return pairs * measure_flops(measure, n, d)
-
-
-def measured(measures, n: int, d: int, pairs: int, permutations: int, resamples: int = 0,
-             blocks: bool = False) -> StageCost:
-    """`pairs` layer pairs of each measure on n points of width d, over the observed matrix, each permutation of the
-    null (none for an exact null; with `blocks`, rows of one example together, linear CKA samples at least
-    LINEAR_CKA_BLOCK_PERMUTATIONS) and `resamples` bootstrap cells: numpy on the host, on one thread where the
-    products are small; the permutations are the nulls' engines' (analysis_flops: torch's batched products, on the
-    host's threads in a CPU plan, on the GPU in a GPU plan)."""
-    cost = StageCost("similarity")
-    for m in measures:
-        drawn = 0 if m in EXACT_NULL and not blocks else max(permutations, LINEAR_CKA_BLOCK_PERMUTATIONS) \
-            if m in EXACT_NULL else permutations
-        cells = pairs * (1 + drawn) + resamples
-        flops, null = measure_flops(m, n, d), null_flops(m, n, d, pairs) * drawn
-        cost.add(StageCost("similarity", flops=flops * (pairs + resamples) + null, evaluations=cells,
-                           analysis_flops=null, analysis_evaluations=pairs * drawn))
-    cost = host(cost, n * d * d)
-    # The nulls' engines multiply a batch of permutations of the whole stack at once, in torch: on its threads.
-    cost.small_flops = max(0.0, cost.small_flops - cost.analysis_flops)
-    return cost
-
-
-def host(cost: StageCost, product: float) -> StageCost:
-    """`cost` with its FLOPs numpy's on the host CPU, on one thread if its products (multiply-adds) are small."""
-    cost.host_flops = cost.flops
-    cost.small_flops = cost.flops if product < SMALL_PRODUCT else 0.0
-    return cost
-
-
 def similarity(params, model: ModelSize, task: TaskSize) -> StageCost:
     """Every layer of every run against every other (the stacked matrix), per measure and pooling, over the observed
     matrix and each permutation of the null; the bootstrap resamples of the FT–ORIG and FT[1]–FT[2] diagonals."""
@@ -182,7 +110,9 @@ def similarity(params, model: ModelSize, task: TaskSize) -> StageCost:
     for pooling, measures in s.measures.items():
         n = pooling_rows(params, task, pooling)
         cost.rows += n
-        cost.add(measured(params.grounding.ranked(measures), n, model.shape.hidden, pairs, s.permutations, resamples, pooling == "tokens"))
+        cost.add(measured(measures, n, model.shape.hidden, pairs, s.permutations, resamples, pooling == "tokens"))
+    if s.attention_measures and params.extract.attention_examples:
+        cost.add(attention_measured(params, model, task, diagonals, fine_tuned_runs(params)))
     return cost
 
 

@@ -96,7 +96,8 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
     layer whose FT–ORIG similarity is not above chance (``ft_orig_chance_from``: permutation p-value, corrected
     as ``ft_orig_chance_correction`` names, at least `significance`; None when every layer is above chance; both
     absent without a null) and the FT[1]–FT[2] similarity of the top layer (``ft1_ft2_top``, with two seeds or
-    more). Attention measures have no null and give ``ft_orig_top`` only.
+    more). Attention measures the same, their null exchanging whole examples of equal length
+    (layersim.similarity.inference.attention_null; details written before it: ``ft_orig_top`` only).
 
     The headline family: the claims these metrics state are corrected together, across every measure and
     pooling of the stage (layersim.similarity.results.correct_claims, which the similarity stage runs and whose
@@ -148,18 +149,18 @@ def similarity_headline(full: Mapping[str, Any], significance: float) -> dict:
                 for stat in ("mean", "sd", "ci_low", "ci_high", "range"):  # over random draws (random_controls)
                     if controls.get(stat) is not None:
                         entry[f"ft_orig_above_random_top_controls_{stat}"] = controls[stat]
-            if pooling != "attention":
-                if "p_value" in result["ft_orig"]:
-                    # Corrected in the headline family when the details name a correction.
-                    corrected = adjusted.get("ft_orig")
-                    entry["ft_orig_chance_from"] = first_layer_at_chance(
-                        result["ft_orig"]["p_value"] if corrected is None else corrected, significance)
-                    if corrected is not None:
-                        entry["ft_orig_chance_correction"] = family["correction"]
-                if "ft1_ft2" in result:
-                    entry["ft1_ft2_top"] = result["ft1_ft2"].get("last_layer")
-                for key, values in adjusted.items():
-                    entry[f"{key}_top_p_adjusted"] = _top(values)
+            if "p_value" in result["ft_orig"]:
+                # Corrected in the headline family when the details name a correction.
+                corrected = adjusted.get("ft_orig")
+                entry["ft_orig_chance_from"] = first_layer_at_chance(
+                    result["ft_orig"]["p_value"] if corrected is None else corrected, significance)
+                if corrected is not None:
+                    entry["ft_orig_chance_correction"] = family["correction"]
+            # Attention details written before their null (no p-values) give ft_orig_top alone, as they did.
+            if "ft1_ft2" in result and (pooling != "attention" or "p_value" in result["ft1_ft2"]):
+                entry["ft1_ft2_top"] = result["ft1_ft2"].get("last_layer")
+            for key, values in adjusted.items():
+                entry[f"{key}_top_p_adjusted"] = _top(values)
             for key in compared_keys(result):  # finetune.compare_methods' runs: e.g. lora_orig_top, lora_ft_top
                 entry[f"{key}_top"] = result[key].get("last_layer")
             for key, pairs in result.items():  # runs of different seeds: ft_pairs, lora_ft_other_seed, …

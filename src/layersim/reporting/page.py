@@ -241,9 +241,11 @@ def task_section(task: str, layout: Layout, seeds: Sequence[int], significance: 
                               (f"grounding/{task}/ranking/grounding.png", "Which measure to trust on this model: each "
                                "measure's layer monotonicity and seeds-vs-fine-tuning AUPRC (ReSi's grounding tests), "
                                "best first, with 95 % paired-bootstrap intervals over runs and layers."),
-                              (f"similarity/{task}/heatmaps/attention.png", "Attention maps layer against layer. No "
-                               "uncertainty: attention similarities have no permutation null and no bootstrap "
-                               "interval; read them as descriptive."),):
+                              (f"similarity/{task}/heatmaps/attention.png", "Attention maps layer against layer; hatched "
+                               "cells: not above chance (a null exchanging whole examples with examples of equal "
+                               "length, those sharing a text together)."),
+                              (f"diagonals/{task}/curves/attention.png", "Attention maps, layer k against layer k, "
+                               "with the permutation null's mean and 95% bootstrap intervals over examples."),):
         figure = layout.figure(relative, caption)
         if figure:
             section.figures.append(figure)

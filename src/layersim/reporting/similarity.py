@@ -48,11 +48,16 @@ class SimilarityOutputs:
             write_json(rows, folders[where] / name)
 
 
-def null_note(uncertainty: Uncertainty, method: str, permutations: int | None = None) -> str:
+def null_note(uncertainty: Uncertainty, method: str, permutations: int | None = None, attention: bool = False) -> str:
     """The figure note of a null made by `method` (exact, permutation, block permutation or rotation) under
-    `uncertainty`, with the `permutations` it drew (linear CKA's block null draws at least 199, more than asked)."""
+    `uncertainty`, with the `permutations` it drew (linear CKA's block null draws at least 199, more than asked);
+    `attention`: of attention maps (layersim.similarity.inference.attention_null)."""
     drawn = uncertainty.permutations if not permutations else permutations
     floor = f", smallest p 1/{drawn + 1}"
+    if attention:  # whole maps onto maps of equal length, a cluster's examples together
+        return chance_note(uncertainty.significance, f"permutation null ({drawn} permutations of whole examples"
+                           f"{floor})", "the column layer's examples exchanged with examples of equal length, "
+                           "examples sharing a text together", TESTED[uncertainty.correction])
     if method == "rotation":  # tables streamed: the rows are rotated, not shuffled
         return chance_note(uncertainty.significance, f"rotation null ({drawn} random rotations"
                            f"{floor})", "rows of the column layer randomly rotated", TESTED[uncertainty.correction])
@@ -64,10 +69,6 @@ def null_note(uncertainty: Uncertainty, method: str, permutations: int | None = 
             else f"permutation null ({drawn} permutations{floor})")
     return chance_note(uncertainty.significance, null, tested=TESTED[uncertainty.correction])
 
-
-# Attention maps get no permutation null and no bootstrap interval (the similarity stage tests representations only).
-ATTENTION_NO_UNCERTAINTY = ("no uncertainty: attention similarities have no permutation null and no bootstrap "
-                            "interval; read them as descriptive")
 
 
 @dataclass
@@ -97,7 +98,8 @@ def phang_summary(results: Sequence[MeasureResult], sizes: dict[str, int], title
         label = attention_measure_label(measure) if attention else MEASURES[measure].label
         bounds = attention_measure_bounds(measure) if attention else MEASURES[measure].bounded
         if result.null is not None:
-            notes[result.null.method] = null_note(uncertainty, result.null.method, result.null.permutations)
+            notes[result.null.method] = null_note(uncertainty, result.null.method, result.null.permutations,
+                                                  attention=attention)
         grid[label] = ({c.title: _panel(c, result.blocks.get(c.key)) for c in comparisons}, bounds)
         rows += [row for c in comparisons for row in matrix_rows(
             c.matrix, "similarity", comparison=c.title, measure=label, first_layer=first_layer, cells=_cells(c),
@@ -111,8 +113,6 @@ def phang_summary(results: Sequence[MeasureResult], sizes: dict[str, int], title
         if result.above_random is not None:
             entry["ft_orig_above_random"] = {key: round(value, 6) if isinstance(value, float) else value
                                              for key, value in result.above_random.items()}
-        if attention:
-            entry["no_uncertainty"] = ATTENTION_NO_UNCERTAINTY
         entry["blocks"] = {key: blocks_metrics(found, first_layer) for key, found in result.blocks.items()
                            if found is not None}
         for key, value in result.bootstrap_stability.items():
@@ -127,8 +127,6 @@ def phang_summary(results: Sequence[MeasureResult], sizes: dict[str, int], title
             curves[label], curve_bounds[label] = _diagonal_curves(comparisons, result.seed_spread), bounds
             for key, spread in result.pair_spreads.items():  # FT[i]–FT[j], LoRA[i]–FT[j ≠ i], …
                 entry[key] = pair_metrics(spread, first_layer)
-    if attention:
-        notes["attention"] = ATTENTION_NO_UNCERTAINTY
     figure = measure_grid(grid, title, first_layer=first_layer, note="\n".join(notes.values()) or None)
     diagonal_figure = (diagonal_curves(curves, f"per-layer similarity and chance — {title}", first_layer=first_layer,
                                        bounds=curve_bounds) if curves else None)

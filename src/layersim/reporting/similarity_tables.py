@@ -81,7 +81,7 @@ def similarity_tables(details: Mapping, significance: float) -> list[Table]:
     null's mean and the p-value (the last layer, as the headline metrics); then the blocks of layers."""
     tables = []
     for pooling, measures in details.items():
-        if pooling == "attention" or not isinstance(measures, Mapping):
+        if not isinstance(measures, Mapping):
             continue
         rows, block_rows, pair_rows, compared = [], [], [], False
         for measure, result in measures.items():

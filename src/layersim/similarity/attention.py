@@ -31,9 +31,8 @@ over A's heads — asymmetric, and invariant to permuting either layer's heads. 
   ``m = (p + q)/2``, in **bits** (log base 2), so JS ∈ [0, 1] and the similarity is in [0, 1]
   (Wu et al.'s code uses natural logs, giving [1 - ln 2, 1]).
 
-Because per-row values are only summed over rows, the Pearson and Jensen–Shannon sums over all rows
-reduce to sums over all (query, key) pairs: Pearson is one matrix product of the per-row
-standardised weights, JS one pass per head of B using ``JS = H(m) - ½H(p) - ½H(q)``.
+Each is a ratio of sums over examples (:func:`example_terms`; JS one pass per head of B using ``JS = H(m) - ½H(p) -
+½H(q)``), so a null or a bootstrap over whole examples re-pairs or re-weights them (layersim.similarity.inference).
 
 **Distributed measures** (§3.5): the ``(num_pairs, heads)`` weights are a representation with
 (query, key) pairs as points and heads as features, compared with any measure of
@@ -53,6 +52,8 @@ from layersim.similarity._common import CONSTANT_RTOL, as_list, check_options
 from layersim.similarity._pairs import fill_matrix
 
 HEAD_MEASURES = ("jensen_shannon", "matrix_norm", "pearson")
+# Each head measure's range (the matrix norm's similarity is 1 − a mean Frobenius distance: no lower bound).
+HEAD_MEASURE_BOUNDS = {"jensen_shannon": (0.0, 1.0), "matrix_norm": None, "pearson": (-1.0, 1.0)}
 
 # Tolerance on each attention row's sum (float32 softmax rows are within ~1e-6 of 1).
 ROW_SUM_ATOL = 1e-3
@@ -152,6 +153,12 @@ class AttentionMaps:
     def num_pairs(self) -> int:
         return self.weights.shape[0]
 
+    def example_layout(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per example: the pair where it begins, its pair count and its attention-row count (its map's length)."""
+        rows = self.example_row_starts()
+        pairs = self.row_starts[rows]
+        return pairs, np.diff(np.append(pairs, self.num_pairs)), np.diff(np.append(rows, self.num_rows))
+
     def example_row_starts(self) -> np.ndarray:
         """The row where each example begins: ``example_starts``, or inferred from square maps."""
         if self.example_starts is not None:
@@ -193,16 +200,18 @@ class _HeadStats:
     name: str
     maps: AttentionMaps
     weights: np.ndarray  # float64 (num_pairs, heads)
+    example_pairs: np.ndarray  # the pair where each example begins
+    example_rows: np.ndarray  # the attention row where each example begins
     standardised: np.ndarray | None = None  # pearson: per row centred, unit norm; 0 on constant rows
     varies: np.ndarray | None = None  # pearson: (num_rows, heads), row not constant
-    entropy: np.ndarray | None = None  # jensen_shannon: Σ over all pairs of -w log2 w, per head
-    example_pairs: np.ndarray | None = None  # matrix_norm: pair index where each example begins
+    entropy: np.ndarray | None = None  # jensen_shannon: per example, Σ over its pairs of -w log2 w, (examples, heads)
 
 
 def _head_stats(name: str, maps: AttentionMaps, measure: str) -> _HeadStats:
     if not isinstance(maps, AttentionMaps):
         raise LayersimError(f"{name} must be an AttentionMaps, got {type(maps).__name__}.")
     w = maps.weights.astype(np.float64)
+    base = {"example_pairs": maps.example_layout()[0], "example_rows": maps.example_row_starts()}
     if measure == "pearson":
         lengths = np.diff(np.append(maps.row_starts, maps.num_pairs))
         means = np.add.reduceat(w, maps.row_starts, axis=0) / lengths[:, None]
@@ -218,10 +227,72 @@ def _head_stats(name: str, maps: AttentionMaps, measure: str) -> _HeadStats:
                 f"head {never[0]} of {name} is uniform (or has a single key) in every attention row, so its "
                 "Pearson correlation with other heads is undefined."
             )
-        return _HeadStats(name, maps, w, standardised=centred, varies=varies)
+        return _HeadStats(name, maps, w, **base, standardised=centred, varies=varies)
     if measure == "jensen_shannon":
-        return _HeadStats(name, maps, w, entropy=entr(w).sum(axis=0) / np.log(2.0))
-    return _HeadStats(name, maps, w, example_pairs=maps.row_starts[maps.example_row_starts()])
+        entropy = np.add.reduceat(entr(w), base["example_pairs"], axis=0) / np.log(2.0)
+        return _HeadStats(name, maps, w, **base, entropy=entropy)
+    return _HeadStats(name, maps, w, **base)
+
+
+def _spans(starts: np.ndarray, counts: np.ndarray, examples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The indices of `examples`' entries (``counts`` from ``starts`` each), in order, and where each run begins."""
+    sizes = counts[examples]
+    begins = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    return np.arange(int(sizes.sum())) + np.repeat(starts[examples] - begins, sizes), begins
+
+
+def example_terms(a: _HeadStats, b: _HeadStats, measure: str, examples_a: np.ndarray | None = None,
+                  examples_b: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each head measure as a ratio of sums over examples: per example ``e`` of ``a`` paired with example ``f`` of
+    ``b`` (``examples_a``/``examples_b``, of equal lengths; None: every example with itself) its numerator
+    ``(heads_a, heads_b)`` and denominator, stacked over the pairs (``(k, heads_a, heads_b)`` and ``(k, 1, 1)`` or
+    like the numerator). :func:`similarity_of` turns (weighted) sums of them into ``Sim``: Jensen–Shannon's
+    per-pair divergences over the attention rows, Pearson's correlations over the rows where both heads vary,
+    the matrix norm's distances over the examples. So a permutation of whole examples, or a bootstrap resample of
+    them, only re-pairs or re-weights these terms (layersim.similarity.inference.attention_null)."""
+    ha, hb = a.weights.shape[1], b.weights.shape[1]
+    if examples_a is None:
+        examples_a = examples_b = np.arange(len(a.example_rows))
+    _, pair_counts, row_counts = a.maps.example_layout()  # a's and b's: the same examples
+    (pairs_a, segments), (pairs_b, _) = (_spans(a.example_pairs, pair_counts, e) for e in (examples_a, examples_b))
+    (rows_a, row_segments), (rows_b, _) = (_spans(a.example_rows, row_counts, e) for e in (examples_a, examples_b))
+    k = len(examples_a)
+    numerator = np.empty((k, ha, hb))
+    if measure == "pearson":
+        denominator = np.empty((k, ha, hb))
+        sa, sb = a.standardised[pairs_a], b.standardised[pairs_b]
+        va, vb = a.varies[rows_a].astype(np.float64), b.varies[rows_b].astype(np.float64)
+        for g in range(hb):
+            numerator[:, :, g] = np.add.reduceat(sa * sb[:, g : g + 1], segments, axis=0)
+            denominator[:, :, g] = np.add.reduceat(va * vb[:, g : g + 1], row_segments, axis=0)
+        return numerator, denominator
+    wa, wb = a.weights[pairs_a], b.weights[pairs_b]
+    if measure == "jensen_shannon":
+        for g in range(hb):
+            numerator[:, :, g] = np.add.reduceat(entr(0.5 * (wa + wb[:, g : g + 1])), segments, axis=0)
+        numerator /= np.log(2.0)
+        numerator -= 0.5 * a.entropy[examples_a][:, :, None] + 0.5 * b.entropy[examples_b][:, None, :]
+        return numerator, row_counts[examples_a].astype(np.float64)[:, None, None]
+    for g in range(hb):
+        diff = wa - wb[:, g : g + 1]
+        numerator[:, :, g] = np.sqrt(np.add.reduceat(diff * diff, segments, axis=0))
+    return numerator, np.ones((k, 1, 1))
+
+
+def similarity_of(measure: str, numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
+    """``Sim(h, h')`` from the sums of :func:`example_terms` (NaN where Pearson has no row with both heads varying)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = numerator / denominator
+    if measure == "pearson":
+        return np.clip(np.where(denominator > 0, ratio, np.nan), -1.0, 1.0)
+    if measure == "jensen_shannon":
+        return 1.0 - np.clip(ratio, 0.0, 1.0)
+    return 1.0 - ratio
+
+
+def layer_similarity(sim: np.ndarray) -> float:
+    """``mean over a's heads of the max over b's heads`` of a head-by-head ``Sim`` (an undefined pair left out)."""
+    return float(np.fmax.reduce(sim, axis=1).mean())
 
 
 def _head_matrix(a: _HeadStats, b: _HeadStats, measure: str) -> np.ndarray:
@@ -231,30 +302,17 @@ def _head_matrix(a: _HeadStats, b: _HeadStats, measure: str) -> np.ndarray:
             f"{a.name} and {b.name} do not cover the same (example, query, key) pairs (their row_starts differ); "
             "compare attention over the same examples."
         )
-    if measure == "pearson":
-        total = a.standardised.T @ b.standardised
-        count = a.varies.T.astype(np.float64) @ b.varies.astype(np.float64)
-        if (count == 0).any():
-            h, g = np.argwhere(count == 0)[0]
-            raise LayersimError(
-                f"head {h} of {a.name} and head {g} of {b.name} are never both non-uniform in the same row, so "
-                "their Pearson correlation is undefined."
-            )
-        return np.clip(total / count, -1.0, 1.0)
-    out = np.empty((a.weights.shape[1], b.weights.shape[1]))
-    if measure == "jensen_shannon":
-        for g in range(b.weights.shape[1]):
-            mix = 0.5 * (a.weights + b.weights[:, g : g + 1])
-            out[:, g] = entr(mix).sum(axis=0) / np.log(2.0)
-        js = (out - 0.5 * a.entropy[:, None] - 0.5 * b.entropy[None, :]) / a.maps.num_rows
-        return 1.0 - np.clip(js, 0.0, 1.0)
-    if len(a.example_pairs) != len(b.example_pairs) or not np.array_equal(a.example_pairs, b.example_pairs):
+    if not np.array_equal(a.example_rows, b.example_rows):
         raise LayersimError(f"{a.name} and {b.name} split the attention rows into different examples.")
-    for g in range(b.weights.shape[1]):
-        diff = a.weights - b.weights[:, g : g + 1]
-        per_example = np.add.reduceat(diff * diff, a.example_pairs, axis=0)
-        out[:, g] = 1.0 - np.sqrt(per_example).mean(axis=0)
-    return out
+    numerator, denominator = example_terms(a, b, measure)
+    sim = similarity_of(measure, numerator.sum(axis=0), denominator.sum(axis=0))
+    if measure == "pearson" and np.isnan(sim).any():
+        h, g = np.argwhere(np.isnan(sim))[0]
+        raise LayersimError(
+            f"head {h} of {a.name} and head {g} of {b.name} are never both non-uniform in the same row, so "
+            "their Pearson correlation is undefined."
+        )
+    return sim
 
 
 def _check_measure(measure: str) -> None:
@@ -337,6 +395,6 @@ def attention_similarity_matrix(
 
     def both(a: _HeadStats, b: _HeadStats) -> tuple[float, float]:
         sim = _head_matrix(a, b, measure)
-        return float(sim.max(axis=1).mean()), float(sim.max(axis=0).mean())
+        return layer_similarity(sim), layer_similarity(sim.T)
 
     return fill_matrix(sx, sy, lambda a, b: both(a, b)[0], symmetric=False, pair_both=both)

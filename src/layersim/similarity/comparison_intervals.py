@@ -7,25 +7,27 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from layersim.similarity.comparisons import RANDOM, Comparison, block, compared_labels
-from layersim.similarity.inference.bootstrap import bootstrap_pairs, chosen_interval, interval_of
+from layersim.similarity.inference.bootstrap import BootstrapResult, bootstrap_pairs, chosen_interval, interval_of
 from layersim.similarity.inference.seeds import PairSpread, over_seed_pairs, over_seeds
 from layersim.similarity.registry import similarity
 
 
 def diagonal_intervals(measure: str, models: dict[str, Sequence], comparisons: Sequence[Comparison], *,
                        resamples: int, seed: int, groups: np.ndarray | None = None, whole: Sequence[str] = (),
+                       bootstrap: Callable[..., BootstrapResult] = bootstrap_pairs,
                        **options) -> tuple[list[Comparison], dict[str, np.ndarray]]:
     """The comparisons with a bootstrap interval (over examples, or over `groups` of rows) of the diagonal of
     FT–ORIG and FT[1]–FT[2] (and, for finetune.compare_methods' runs, e.g. LoRA–ORIG and LoRA–FT): the per-layer
     values that metrics report. Models are named as in the comparisons' titles: ORIG and FT[1] (FT), FT[2], LoRA[1]. Both diagonals come from the same resamples, each layer prepared once.
 
     Also, for the self-comparisons named in `whole` (orig_orig, ft_ft), the whole matrix on every resample,
-    (resamples, layers, layers), from the same resamples (e.g. for the stability of blocks of layers)."""
+    (resamples, layers, layers), from the same resamples (e.g. for the stability of blocks of layers). `bootstrap`:
+    bootstrap_pairs's contract for these layers (attention maps: attention_null.attention_bootstrap_pairs)."""
     pairs = {"ft_orig": ("FT[1]", "ORIG"), "ft1_ft2": ("FT[1]", "FT[2]")} | {
         f"{method.lower()}_{other.lower()}": (runs[0], "FT[1]" if other == "FT" else other)
         for method, runs in compared_labels(models).items() for other in ("ORIG", "FT")}
@@ -41,7 +43,7 @@ def diagonal_intervals(measure: str, models: dict[str, Sequence], comparisons: S
         layers = models[selves[key]]
         xs += [a for a in layers for _ in layers]
         ys += [b for _ in layers for b in layers]
-    result = bootstrap_pairs(measure, xs, ys, resamples=resamples, seed=seed, groups=groups, **options)
+    result = bootstrap(measure, xs, ys, resamples=resamples, seed=seed, groups=groups, **options)
     diagonal = sum(len(models[pairs[key][0]]) for key in wanted)
     parts = len(wanted) or 1
     bounds = dict(zip(wanted, zip(np.split(result.low[:diagonal], parts), np.split(result.high[:diagonal], parts))))

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from layersim.errors import LayersimError
-from layersim.similarity.attention import AttentionMaps, attention_similarity_matrix
+from layersim.similarity.attention import HEAD_MEASURE_BOUNDS, AttentionMaps, attention_similarity_matrix
 from layersim.similarity.cka import cka_matrix, is_constant
 from layersim.similarity.localization import localization_scores
 from layersim.similarity.registry import MEASURES, similarity_matrix
@@ -43,21 +43,19 @@ from layersim.similarity.inference.seeds import seed_metrics
 
 RANDOM = "RANDOM"  # the label of the random-init control (layersim.models.random_control.random_encoder)
 
-# Head-level attention measures: figure label and range (matrix-norm similarity is 1 − a mean
-# Frobenius distance, so it has no lower bound).
-_HEAD_MEASURES = {"jensen_shannon": ("Jensen–Shannon attention", (0.0, 1.0)),
-                  "pearson": ("Pearson attention", (-1.0, 1.0)),
-                  "matrix_norm": ("matrix-norm attention", None)}
+# Head-level attention measures' figure labels (their ranges: attention.HEAD_MEASURE_BOUNDS).
+_HEAD_LABELS = {"jensen_shannon": "Jensen–Shannon attention", "pearson": "Pearson attention",
+                "matrix_norm": "matrix-norm attention"}
 
 
 def attention_measure_label(measure: str) -> str:
     """Figure label of an attention measure: head-level by name, an array measure over heads as features."""
-    return _HEAD_MEASURES[measure][0] if measure in _HEAD_MEASURES else f"{MEASURES[measure].label} over heads"
+    return _HEAD_LABELS[measure] if measure in _HEAD_LABELS else f"{MEASURES[measure].label} over heads"
 
 
 def attention_measure_bounds(measure: str) -> tuple[float, float] | None:
     """The value range of an attention measure, or None when it has no fixed range."""
-    return _HEAD_MEASURES[measure][1] if measure in _HEAD_MEASURES else MEASURES[measure].bounded
+    return HEAD_MEASURE_BOUNDS[measure] if measure in HEAD_MEASURE_BOUNDS else MEASURES[measure].bounded
 
 
 def measure_options(*, rbf_sigma_scale: float, svcca_variance: float, pwcca_variance: float | None = None,

@@ -15,7 +15,10 @@ import numpy as np
 
 from layersim.errors import LayersimError
 from layersim.similarity.blocks import Blocks, find_blocks, stability
-from layersim.similarity.inference.bootstrap import chosen_interval, no_interval_note
+from layersim.similarity.attention import AttentionMaps
+from layersim.similarity.inference.attention_null import (attention_bootstrap_pairs, attention_stacked_null,
+                                                          attention_unmovable)
+from layersim.similarity.inference.bootstrap import bootstrap_pairs, chosen_interval, no_interval_note
 from layersim.similarity.cca import CAPPED_MEASURES, kept_dimensions
 from layersim.similarity.cka import is_constant
 from layersim.similarity.comparison_intervals import (above_random_interval, diagonal_intervals, seed_pair_spreads,
@@ -175,12 +178,23 @@ def phang_result(measure: str, matrix: np.ndarray, sizes: dict[str, int], *, mod
     bootstrap interval of the FT–ORIG and FT[1]–FT[2] diagonals over examples (over `groups` of rows: the words
     of one example are resampled together, and permuted together within their `strata`:
     layersim.similarity.inference.exchangeability); otherwise the `null` given (e.g. from streamed moments), if any.
+    Layers that are :class:`AttentionMaps` (attention measures) get the attention null and intervals
+    (layersim.similarity.inference.attention_null: whole examples onto examples of equal length, `groups` then each
+    example's cluster), no above-random interval.
     `null_rows`: the rows the null is computed on, its observed values too (coarser length classes:
     exchangeability.length_class_rows); None: every row."""
     options = options or {}
     orig, finetuned = "ORIG", finetuned_labels(sizes)
     unavailable = None
-    if models is not None and uncertainty is not None:
+    attention = models is not None and isinstance(next(iter(models.values()))[0], AttentionMaps)
+    if attention and uncertainty is not None:  # whole examples of equal length, clusters (`groups`) as blocks
+        first = next(iter(models.values()))[0]
+        unavailable = null_unavailable(measure, first.num_pairs, options) or attention_unmovable(first, groups)
+        if not unavailable:
+            null = attention_stacked_null(measure, models, permutations=uncertainty.permutations,
+                                          seed=uncertainty.seed, cells=phang_cells(sizes, orig, finetuned),
+                                          clusters=groups, **options)
+    elif models is not None and uncertainty is not None:
         tested, tested_groups, tested_strata = models, groups, strata
         if null_rows is not None:
             tested = {label: [layer[null_rows] for layer in layers] for label, layers in models.items()}
@@ -200,13 +214,14 @@ def phang_result(measure: str, matrix: np.ndarray, sizes: dict[str, int], *, mod
     if models is not None and uncertainty is not None and not unavailable and uncertainty.bootstrap:
         comparisons, resampled = diagonal_intervals(
             measure, models, comparisons, resamples=uncertainty.bootstrap, seed=uncertainty.seed, groups=groups,
-            whole=("orig_orig", "ft_ft"), **options)
+            whole=("orig_orig", "ft_ft"), bootstrap=attention_bootstrap_pairs if attention else bootstrap_pairs,
+            **options)
     result = MeasureResult(measure, matrix, comparisons, null, unavailable,
                            {c.key: layer_blocks(c.matrix) for c in comparisons if c.key in BLOCK_COMPARISONS})
     bootstrapped = models is not None and uncertainty is not None and not unavailable and uncertainty.bootstrap
     if bootstrapped and chosen_interval(measure, "auto") is None:
         result.no_interval = no_interval_note(measure)
-    if bootstrapped:
+    if bootstrapped and not attention:
         result.above_random = above_random_interval(measure, models, resamples=uncertainty.bootstrap,
                                                     seed=uncertainty.seed, groups=groups, **options)
     for key, per_resample in resampled.items():
@@ -220,7 +235,7 @@ def phang_result(measure: str, matrix: np.ndarray, sizes: dict[str, int], *, mod
         others = [layer_blocks(block(matrix, sizes, label, label)) for label in finetuned[1:]]
         if all(other is not None for other in others):
             result.seed_stability = stability(result.blocks["ft_ft"], others)
-    if null is not None and measure in CAPPED_MEASURES and models is not None:
+    if null is not None and measure in CAPPED_MEASURES and models is not None and not attention:
         result.kept_dimensions = kept_dimensions_per_layer(models, measure, **options)
     if len(finetuned) > 2:
         result.seed_spread = seed_spread(matrix, sizes, finetuned)
@@ -263,8 +278,9 @@ def stacked_result(models: dict[str, list], measure: str, *, options: dict | Non
                    uncertainty: Uncertainty | None = None, attention: bool = False, groups: np.ndarray | None = None,
                    strata: np.ndarray | None = None) -> StackedResult:
     """All layers of `models` stacked (Wu et al. Figures 1 and 5); with `uncertainty`,
-    every cell's permutation null (not for attention maps: a permutation of examples has no meaning for
-    per-token maps of different lengths), whole examples (`groups`) permuted within their `strata`
+    every cell's permutation null (not for attention maps here: the compare stage's attention heatmap is
+    descriptive; the similarity stage's attention null is :func:`phang_result`'s), whole examples (`groups`)
+    permuted within their `strata`
     (layersim.similarity.inference.exchangeability). `options`: the measure's own."""
     options = options or {}
     result = StackedResult(measure, stacked_matrix(measure, models, **options),
@@ -327,7 +343,7 @@ def correct_claims(metrics: dict, correction: str) -> int:
     Returns the number of tests in the family."""
     cells = []
     for pooling, measures in metrics.items():
-        if pooling == "attention" or not isinstance(measures, dict):
+        if not isinstance(measures, dict):
             continue
         for result in measures.values():
             if not (isinstance(result, dict) and "ft_orig" in result and "p_value" in result["ft_orig"]):

@@ -226,21 +226,27 @@ def _null(name: str, x_named, y_named, cells, permutations, seed, exact, options
     use_exact = name == "linear_cka" and (exact is True or (exact is None and num_rows >= 4 and blocks.plain))
     if use_exact:
         return _exact_linear_cka(x_named, y_named, cells, **options)
-    engine = ENGINES[name](x_named, y_named, cells, **options)
+    return drawn_null(ENGINES[name](x_named, y_named, cells, **options), blocks, cells, int(permutations), seed)
+
+
+def drawn_null(engine, blocks, cells: np.ndarray, permutations: int, seed: int) -> NullMatrix:
+    """The null of an engine's cells (``engine.values(perm)``: the measure with the y side's rows permuted by
+    ``perm``) over `permutations` draws of `blocks` (a :class:`~layersim.similarity.inference.exchangeability.
+    BlockPermutations`) from ``np.random.default_rng(seed)``, in order and batched as the engine allows."""
     observed = engine.values(None)
     method = "permutation" if blocks.plain else "block permutation"
     if not cells.any():
-        nan = np.full(shape, np.nan)
-        return NullMatrix(observed, nan, nan.copy(), nan.copy(), int(permutations), method)
+        nan = np.full(cells.shape, np.nan)
+        return NullMatrix(observed, nan, nan.copy(), nan.copy(), permutations, method)
     from layersim.compute.device import analysis_batch  # torch: only once a null is drawn
 
     rng = np.random.default_rng(seed)
-    null = np.empty((int(permutations), int(cells.sum())))
-    batch = analysis_batch(engine.bytes_per_permutation(), int(permutations))
-    for start in range(0, int(permutations), batch):  # the draws in order, so every batch size gives the same null
-        perms = np.stack([blocks.draw(rng) for _ in range(min(batch, int(permutations) - start))])
+    null = np.empty((permutations, int(cells.sum())))
+    batch = analysis_batch(engine.bytes_per_permutation(), permutations)
+    for start in range(0, permutations, batch):  # the draws in order, so every batch size gives the same null
+        perms = np.stack([blocks.draw(rng) for _ in range(min(batch, permutations - start))])
         null[start : start + len(perms)] = engine.values_batch(perms)[:, cells]
-    return dataclasses.replace(_summary(observed, null, cells, int(permutations)), method=method)
+    return dataclasses.replace(_summary(observed, null, cells, permutations), method=method)
 
 
 def _check_cells(cells, shape: tuple[int, int]) -> np.ndarray:
