@@ -105,15 +105,24 @@ LINEAR_CKA_BLOCK_PERMUTATIONS = 199  # …while rows are exchangeable; with bloc
 SMALL_PRODUCT = 1e8  # layersim.similarity._common: below rows × width² multiply-adds a product runs on one thread
 
 
+ROWS_PER_DIMENSION = 10  # layersim.similarity._cca_core.ROWS_PER_DIMENSION: the CCA family's cap (max_dims "auto")
+
+
+def cca_dimensions(n: int, d: int) -> int:
+    """Columns of a layer's basis in the CCA family: at most max(1, ⌊(n − 1) / 10⌋) principal components
+    (layersim.similarity._cca_core.dimension_cap, the measures' default max_dims "auto"), and at most its width."""
+    return min(d, max(1, (n - 1) // ROWS_PER_DIMENSION))
+
+
 def measure_flops(measure: str, n: int, d: int) -> float:
     """FLOPs of one layer pair's similarity on n points of width d, as the null's engines compute a cell (each layer's
     statistics once; per cell a product of the two sides and its reduction): RBF CKA's n × n kernels; the others'
-    cross-products, of the d-wide layers, or for the CCA family of their bases (k = min(n, d) columns at most) and
+    cross-products, of the d-wide layers, or for the CCA family of their bases (:func:`cca_dimensions` columns) and
     the singular values of the k × k block."""
     if measure == "rbf_cka":
         return 2 * n * n * d
     if measure in CCA_FAMILY:
-        k = min(n, d)
+        k = cca_dimensions(n, d)
         return 2 * n * k * k + 4 * k ** 3
     return 2 * n * d * d
 
@@ -134,13 +143,31 @@ def null_uses_gram(n: int, layers: int, d: int) -> bool:
     return kernel_bytes <= GRAM_BYTES_LIMIT and gram < n * float(layers * d) ** 2
 
 
+def stacked_layers(pairs: int) -> int:
+    """The stacked layers S of an upper triangle (the diagonal included) of `pairs` cells."""
+    return round((math.sqrt(8 * pairs + 1) - 1) / 2)
+
+
+def engine_blocks(layers: int) -> int:
+    """Blocks a product engine multiplies per permutation for the upper triangle of `layers` stacked layers: a row
+    whose cells cover at least half the columns in one product against every column, the others cell by cell
+    (layersim.similarity.inference._null_engines.ProductEngine.raw)."""
+    return sum(layers if 2 * (layers - i) >= layers else layers - i for i in range(layers))
+
+
+def null_on_kernels(measure: str, n: int, d: int, pairs: int) -> bool:
+    """Whether the null of `measure` over these `pairs` cells runs on the stacked layers' kernels."""
+    return measure in GRAM_MEASURES and null_uses_gram(n, stacked_layers(pairs), d)
+
+
 def null_flops(measure: str, n: int, d: int, pairs: int) -> float:
     """FLOPs of one permutation of a stacked matrix's null over `pairs` cells (its upper triangle with the diagonal):
-    each cell's product, or for CKA on the kernels every kernel gathered and each pair's inner product."""
-    layers = round((math.sqrt(8 * pairs + 1) - 1) / 2)
-    if measure in GRAM_MEASURES and null_uses_gram(n, layers, d):
+    for CKA on the kernels every kernel gathered and each pair's inner product; else the blocks the product engine
+    multiplies (:func:`engine_blocks`) and each cell's reduction."""
+    layers = stacked_layers(pairs)
+    if null_on_kernels(measure, n, d, pairs):
         return 2 * (layers * layers + GATHER_MULTIPLY_ADDS * layers) * n * n
-    return pairs * measure_flops(measure, n, d)
+    return engine_blocks(layers) * measure_flops(measure, n, d)
 
 
 def measured(measures, n: int, d: int, pairs: int, permutations: int, resamples: int = 0,
@@ -148,16 +175,19 @@ def measured(measures, n: int, d: int, pairs: int, permutations: int, resamples:
     """`pairs` layer pairs of each measure on n points of width d, over the observed matrix, each permutation of the
     null (none for an exact null; with `blocks`, rows of one example together, linear CKA samples at least
     LINEAR_CKA_BLOCK_PERMUTATIONS) and `resamples` bootstrap cells: numpy on the host, on one thread where the
-    products are small; the permutations are the nulls' engines' (analysis_flops: torch's batched products, on the
-    host's threads in a CPU plan, on the GPU in a GPU plan)."""
+    products are small; the permutations are the nulls' engines' (analysis_flops: torch's batched float64 products,
+    on the host's threads in a CPU plan, on the GPU in a GPU plan). A permutation on the kernels is one gather and
+    one product for every cell at once (kernel_flops): no cell's own work (evaluations)."""
     cost = StageCost("similarity")
     for m in measures:
         drawn = 0 if m in EXACT_NULL and not blocks else max(permutations, LINEAR_CKA_BLOCK_PERMUTATIONS) \
             if m in EXACT_NULL else permutations
-        cells = pairs * (1 + drawn) + resamples
+        engine_cells = 0 if null_on_kernels(m, n, d, pairs) else pairs * drawn
         flops, null = measure_flops(m, n, d), null_flops(m, n, d, pairs) * drawn
-        cost.add(StageCost("similarity", flops=flops * (pairs + resamples) + null, evaluations=cells,
-                           analysis_flops=null, analysis_evaluations=pairs * drawn))
+        cost.add(StageCost("similarity", flops=flops * (pairs + resamples) + null,
+                           evaluations=pairs + resamples + engine_cells, analysis_flops=null,
+                           kernel_flops=null if null_on_kernels(m, n, d, pairs) else 0.0,
+                           analysis_evaluations=engine_cells))
     cost = host(cost, n * d * d)
     # The nulls' engines multiply a batch of permutations of the whole stack at once, in torch: on its threads.
     cost.small_flops = max(0.0, cost.small_flops - cost.analysis_flops)
@@ -255,18 +285,28 @@ def dynamics(params, model: ModelSize, task: TaskSize) -> StageCost:
 
 def truncate(params, model: ModelSize, task: TaskSize, num_labels: int) -> StageCost:
     """Each seed's model scored once at every exit, and per layer a Tuned and a TunedOrig head trained on the train
-    tables for head_epochs (a dense h×h layer and the output layer)."""
+    tables for head_epochs: per epoch a step a batch of the examples not held out (truncate.head_holdout), each the
+    head's forward and backward (a dense h×h layer and the output layer) and AdamW's update. The heads are small
+    training steps (:attr:`StageCost.head_steps`), not layer passes: at batch 64 their products are small and a
+    step's dispatch dominates."""
     t, rows, s = params.truncate, extract_rows(params, task), task.tokens(params.finetune.max_length)
     seeds, layers = len(params.seeds), model.shape.num_layers + 1
     h = model.shape.hidden
-    head = 6 * (h * h + h * num_labels)
-    heads = seeds * 2 * layers * t.head_epochs * rows["train"] * task.choices
+    examples = rows["train"] - held_out(rows["train"], t.head_holdout)
+    heads = seeds * 2 * layers * t.head_epochs  # each head's epochs: every one counted (early stopping ends sooner)
+    head_flops = heads * examples * task.choices * 6 * (h * h + h * num_labels)
     val = seeds * rows["validation"] * task.choices
-    return StageCost("truncate", rows=val + seeds * rows["train"] * task.choices, flops=val * forward(model, s) + heads * head,
-                     # A head's step (one small dense layer: forward, backward, update) dispatches about what one
-                     # encoder layer's forward pass does: one pass.
-                     passes=L(model) * math.ceil(val / params.extract.batch_size) + math.ceil(heads / t.head_batch_size),
-                     train_flops=heads * head, processes=1, **loaded(model, seeds), notes=["heads: every epoch of head_epochs counted (early stopping ends sooner)"])
+    return StageCost("truncate", rows=val + seeds * rows["train"] * task.choices,
+                     flops=val * forward(model, s) + head_flops, head_flops=head_flops,
+                     head_steps=heads * math.ceil(examples / t.head_batch_size),
+                     passes=L(model) * math.ceil(val / params.extract.batch_size), processes=1,
+                     **loaded(model, 2 * seeds),  # each seed's model, and the pretrained one for TunedOrig's head
+                     notes=["heads: every epoch of head_epochs counted (early stopping ends sooner)"])
+
+
+def held_out(examples: int, share: float) -> int:
+    """Train examples held out to stop the heads early (layersim.training.heads.held_out_examples' count)."""
+    return min(examples - 1, max(1, round(share * examples))) if share > 0 and examples >= 2 else 0
 
 
 def skipped_layers(num_layers: int) -> int:
@@ -364,9 +404,35 @@ def compare(params, model: ModelSize, tasks: dict[str, TaskSize], others: dict[s
                                passes=L(m) * math.ceil(probe / params.extract.batch_size)))
     for m in models:
         cost.add(StageCost("compare", **loaded(m, 1 + bool(s.attention_measures))))  # the attention probe loads again
+    if s.attention_measures:
+        cost.add(compare_attention(params, model, tasks, len(models) - len(params.compare.models)))
     stacked = sum(L(m) + 1 for m in models)
     for pooling, measures in s.measures.items():
         rows = min(params.extract.max_tokens, words) if pooling == "tokens" else n
         cost.add(measured(measures, rows, model.shape.hidden, stacked * (stacked + 1) // 2, s.permutations,
-                          pooling == "tokens"))
+                          blocks=pooling == "tokens"))  # a word's example moves as one
     return cost
+
+
+# An attention measure's cell (layersim.similarity.attention._head_matrix, Jensen-Shannon): per (query, key) pair and
+# pair of heads the mixture's entropy, 11 ns an entry on the reference CPU, counted as the FLOPs its 76 GFLOP/s
+# float32 matmul does in that time.
+ATTENTION_ENTRY_FLOPS = 800.0
+
+
+def compare_attention(params, model: ModelSize, tasks: dict[str, TaskSize], same_tokenizer: int) -> StageCost:
+    """compare's attention probe: the first task's first min(probe_examples, attention_examples) validation examples
+    run through each model of `model`'s tokenizer (ORIG, RANDOM, each task's first seed) with their maps kept, and
+    each attention measure's stacked matrix of their layers (no null: a permutation of examples has no meaning for
+    per-token maps)."""
+    p, s = params.extract, params.similarity
+    task = next(iter(tasks.values()))
+    maps = min(params.compare.probe_examples, p.attention_examples, task.validation) * task.choices
+    entries = maps * task.square_units(p.attention_unit, params.finetune.max_length)  # (query, key) pairs
+    stacked = same_tokenizer * L(model)
+    cells = len(s.attention_measures) * stacked * (stacked + 1) // 2
+    probe = StageCost("compare", flops=same_tokenizer * maps * forward(model, task.tokens(params.finetune.max_length)),
+                      passes=same_tokenizer * L(model) * math.ceil(maps / p.batch_size), evaluations=cells)
+    cells_cost = StageCost("compare", flops=cells * model.heads ** 2 * entries * ATTENTION_ENTRY_FLOPS)
+    probe.add(host(cells_cost, entries * model.heads))
+    return probe
