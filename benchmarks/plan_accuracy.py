@@ -32,17 +32,17 @@ less wall-clock progress per CPU-second. The machine is printed first: the CPU m
 On a shared machine (other jobs on the cores), compare the CPU seconds: with `--threads 1` every stage runs on one
 thread, so its CPU seconds are what its wall clock would be alone on the machine, and the plan is made for that quiet
 machine: its matmul's FLOP/s from CPU seconds (the product's best over the process's CPU time), its Python-level
-probe from the best of short repeats (layersim.plan.timing.python_probe_seconds), both of which other jobs barely
-change. Other jobs still cost some CPU seconds (caches shared, context switches): the load is printed before and after.
+probe from the best of short repeats in CPU time (layersim.plan.timing.python_probe_seconds), both of which other
+jobs barely change. Other jobs still cost some CPU seconds (caches shared, context switches): the load is printed before and after.
 
 A slower CPU (the issue's: 88 GFLOP/s on one thread, this one 103), emulated by a CPU quota: `--cpu-quota 0.85`
 puts this process and every stage under a cgroup whose quota is 0.85 of a core per 10 ms period (cgroup v2:
 `cpu.max` = "8500 10000" in a child of /sys/fs/cgroup; v1: cpu.cfs_quota_us 8500, cpu.cfs_period_us 10000 in
 /sys/fs/cgroup/cpu/<child>; root, or a delegated cgroup, is needed: a container that mounts the cgroup file system
 read-only refuses, in one sentence). Every thread's wall clock then stretches by 1/0.85 over long work (the matmul
-measures about 88 GFLOP/s on one thread here), which is the wall clock to compare; the CPU seconds do not change. The
-probe's repeats (3 ms) fit in one period's quota, so the plan's Python-level terms are not slowed with it (up to 15 %
-low where they dominate: the process starts); a CPU slower by its clock slows both.
+measures about 88 GFLOP/s on one thread here), which is the wall clock to compare; the CPU seconds do not change.
+The probe counts CPU time, so the plan's Python-level terms are not slowed with it (up to 15 % low where they
+dominate: the process starts); a CPU slower by its clock slows both.
 
     python benchmarks/plan_accuracy.py --config quickstart --cpu-quota 0.85   # a ≤ 90 GFLOP/s machine, alone
 

@@ -11,17 +11,20 @@
   are effective already;
 - **passes**: a fixed time per batch through one layer (a training step counting three): Python and kernel dispatch,
   which bounds small batches and small models (the tiny pipeline on a CPU, the paper's batch 4 on a GPU);
+- **heads**: truncate's heads' training steps on stored rows: a step's dispatch (:data:`CPU_HEAD_STEP_SECONDS`; a layer
+  pass on a GPU) and its small products at :data:`CPU_HEAD_EFFICIENCY` of the matmul's throughput;
 - **evaluations**: the similarity and compare stages' per-cell work that is not arithmetic (a measure called on one pair
   of layers for one permutation: numpy calls, the centring), :data:`EVALUATION_SECONDS` each, and their heatmaps.
 
 The constants of Python-level work (process starts, model loads' fixed part, layer passes, similarity cells, heatmaps)
 were measured on a reference CPU; a CPU plan scales them by a short probe of such work timed on this machine
-(:func:`python_probe_seconds`, the best of short repeats, so that other jobs on the cores barely change it) against
-its time there (:data:`REFERENCE_PROBE_SECONDS`), as it scales the arithmetic by the matmul measured here.
+(:func:`python_probe_seconds`, the best of short repeats in the thread's CPU time, so that other jobs on the cores
+barely change it) against its time there (:data:`REFERENCE_PROBE_SECONDS`), as it scales the arithmetic by the matmul measured here.
 
 The numpy work (the similarity measures in similarity and compare, weights' SVDs) runs on the host CPU: its FLOPs over
 the host's matmul throughput, on one thread where its products are small (layersim.similarity._common.SMALL_PRODUCT:
-numpy keeps them on the calling thread)."""
+numpy keeps them on the calling thread); the nulls' engines (torch, float64) at their measured shares of it
+(:data:`CPU_ENGINE_EFFICIENCY`, :data:`CPU_KERNEL_EFFICIENCY`) in a CPU plan."""
 
 from __future__ import annotations
 
@@ -42,8 +45,9 @@ from layersim.plan.cost import StageCost
 # models 7.6 s (torch, transformers, dvclive, the training modules; run_stage's check of DVC's cache, which hashes the
 # outputs cached since the last stage; the environment record), download_compared and download_paired without
 # models 1.8-2.0 s (layersim's command line and transformers, which run_stage imports to quiet it unless a stage
-# asks not to), check_params 2.1 s (numpy, scipy: the measures' registry).
-START_SECONDS = {"light": 0.7, "transformers": 1.9, "numeric": 2.0, "numeric+transformers": 3.4, "model": 7.0}
+# asks not to), check_params 2.1 s and grounding when off 2.8 s (numpy, scipy: the measures' registry, the analysis
+# modules).
+START_SECONDS = {"light": 0.7, "transformers": 1.9, "numeric": 2.4, "numeric+transformers": 3.8, "model": 7.0}
 # download_model also snapshots the model: torch and the model's classes imported, its files copied and hashed
 # (4.9 s measured against download_compared's 1.9).
 SNAPSHOT_SECONDS = 3.0
@@ -53,12 +57,13 @@ STACK = {"check_params": "numeric", "download": "transformers", "summary": "ligh
 LOAD_SECONDS = 0.1           # from_pretrained's fixed part once its modules are imported
 FIRST_LOAD_SECONDS = 1.5     # the first load in a process imports the architecture's and the tokenizer's modules
 # Measured on the same CPU (1 thread, against a 1-thread matmul in the same process): a MiniLM-L6 training step at batch
-# 16 of 24 tokens, AdamW's update included, reaches 0.6-0.7 of the matmul's FLOP/s, its forward pass 0.9 (the
-# backward's transposed products, the update and the elementwise work are slower per FLOP); a tiny-bert training step
+# 16 of 24 tokens, AdamW's update included, reaches 0.6-0.7 of the matmul's FLOP/s, its forward pass 0.82 at batch
+# 16-32 of 24 tokens (0.91 at 64 tokens: longer inputs are planned up to 10 % long) (the backward's transposed
+# products, the update and the elementwise work are slower per FLOP); a tiny-bert training step
 # (width 32) costs about 1 ms a layer pass. A similarity cell's numpy calls besides its FLOPs: 0.5 ms (the tiny
 # pipeline's similarity stage, 60 rows a cell: its CPU seconds less its start and heatmaps, over its 9,600 cells).
 CPU_TRAIN_EFFICIENCY = 0.7
-CPU_FORWARD_EFFICIENCY = 0.9
+CPU_FORWARD_EFFICIENCY = 0.82
 CPU_PASS_SECONDS = 1.0e-3
 EVALUATION_SECONDS = 0.5e-3
 # A head's training step on stored rows (layersim.training.heads.train_head; 1 thread, batch 64, 10 epochs of 2,700
