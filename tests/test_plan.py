@@ -351,6 +351,10 @@ def test_the_nulls_permutations_are_the_analysis_engines_and_blocks_sample_linea
     assert stages.null_uses_gram(600, 4, 384) and on_kernels < 10 * cka
     assert words.analysis_flops == pytest.approx(blocks * 5 * svcca + LINEAR_CKA_BLOCK_PERMUTATIONS * on_kernels)
     assert words.kernel_flops == pytest.approx(LINEAR_CKA_BLOCK_PERMUTATIONS * on_kernels)
+    # compare's null tests every cell of the 4 × 4 stacked matrix (a measure is not symmetric in general).
+    square = stages.measured(["neuronsim"], 600, 384, 10, 5, square=True)
+    neuronsim = stages.measure_flops("neuronsim", 600, 384)
+    assert square.analysis_evaluations == 16 * 5 and square.analysis_flops == pytest.approx(16 * 5 * neuronsim)
     assert words.evaluations == words.analysis_evaluations + 2 * (10 + 3)
 
 

@@ -160,30 +160,33 @@ def null_on_kernels(measure: str, n: int, d: int, pairs: int) -> bool:
     return measure in GRAM_MEASURES and null_uses_gram(n, stacked_layers(pairs), d)
 
 
-def null_flops(measure: str, n: int, d: int, pairs: int) -> float:
-    """FLOPs of one permutation of a stacked matrix's null over `pairs` cells (its upper triangle with the diagonal):
-    for CKA on the kernels every kernel gathered and each pair's inner product; else the blocks the product engine
-    multiplies (:func:`engine_blocks`) and each cell's reduction."""
+def null_flops(measure: str, n: int, d: int, pairs: int, square: bool = False) -> float:
+    """FLOPs of one permutation of a stacked matrix's null over `pairs` cells (its upper triangle with the diagonal;
+    with `square`, every cell of the S × S matrix, as compare tests them): for CKA on the kernels every kernel
+    gathered and each pair's inner product; else the blocks the product engine multiplies (:func:`engine_blocks`)
+    and each cell's reduction."""
     layers = stacked_layers(pairs)
     if null_on_kernels(measure, n, d, pairs):
         return 2 * (layers * layers + GATHER_MULTIPLY_ADDS * layers) * n * n
-    return engine_blocks(layers) * measure_flops(measure, n, d)
+    return (layers * layers if square else engine_blocks(layers)) * measure_flops(measure, n, d)
 
 
 def measured(measures, n: int, d: int, pairs: int, permutations: int, resamples: int = 0,
-             blocks: bool = False) -> StageCost:
+             blocks: bool = False, square: bool = False) -> StageCost:
     """`pairs` layer pairs of each measure on n points of width d, over the observed matrix, each permutation of the
     null (none for an exact null; with `blocks`, rows of one example together, linear CKA samples at least
     LINEAR_CKA_BLOCK_PERMUTATIONS) and `resamples` bootstrap cells: numpy on the host, on one thread where the
     products are small; the permutations are the nulls' engines' (analysis_flops: torch's batched float64 products,
     on the host's threads in a CPU plan, on the GPU in a GPU plan). A permutation on the kernels is one gather and
-    one product for every cell at once (kernel_flops): no cell's own work (evaluations)."""
+    one product for every cell at once (kernel_flops): no cell's own work (evaluations). `square`: the null tests
+    every cell of the S × S stacked matrix (a measure is not symmetric in general), not only the triangle's `pairs`."""
     cost = StageCost("similarity")
     for m in measures:
         drawn = 0 if m in EXACT_NULL and not blocks else max(permutations, LINEAR_CKA_BLOCK_PERMUTATIONS) \
             if m in EXACT_NULL else permutations
-        engine_cells = 0 if null_on_kernels(m, n, d, pairs) else pairs * drawn
-        flops, null = measure_flops(m, n, d), null_flops(m, n, d, pairs) * drawn
+        tested = stacked_layers(pairs) ** 2 if square else pairs
+        engine_cells = 0 if null_on_kernels(m, n, d, pairs) else tested * drawn
+        flops, null = measure_flops(m, n, d), null_flops(m, n, d, pairs, square) * drawn
         cost.add(StageCost("similarity", flops=flops * (pairs + resamples) + null,
                            evaluations=pairs + resamples + engine_cells, analysis_flops=null,
                            kernel_flops=null if null_on_kernels(m, n, d, pairs) else 0.0,
@@ -409,8 +412,10 @@ def compare(params, model: ModelSize, tasks: dict[str, TaskSize], others: dict[s
     stacked = sum(L(m) + 1 for m in models)
     for pooling, measures in s.measures.items():
         rows = min(params.extract.max_tokens, words) if pooling == "tokens" else n
+        # Its null tests every cell of the stacked matrix (layersim.similarity.results.stacked_result); a word's
+        # example moves as one.
         cost.add(measured(measures, rows, model.shape.hidden, stacked * (stacked + 1) // 2, s.permutations,
-                          blocks=pooling == "tokens"))  # a word's example moves as one
+                          blocks=pooling == "tokens", square=True))
     return cost
 
 
