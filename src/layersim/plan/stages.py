@@ -277,13 +277,16 @@ def dynamics(params, model: ModelSize, task: TaskSize) -> StageCost:
     states, s = fine_tuned_runs(params) * params.finetune.keep_states, task.tokens(params.finetune.max_length)
     points = fine_tuned_runs(params) * (2 + params.finetune.keep_states)
     pairs = points * 2 * (L(model) + 1) * (1 + params.similarity.bootstrap)
-    # Each point against each reference and layer, and its resamples: a measure call each; per run a heatmap and a
-    # panel of curves.
-    return StageCost("dynamics", rows=states * n, processes=1, **loaded(model, fine_tuned_runs(params) if states else 0),
+    # Each point against each reference and layer, and its resamples: a measure call each, in float64 on the analysis
+    # device (the stage runs under layersim.compute.device.analysis_on); per run a heatmap and a panel of curves.
+    measures = pairs * measure_flops("linear_cka", n, model.shape.hidden)
+    cost = StageCost("dynamics", rows=states * n, processes=1,
+                     **loaded(model, fine_tuned_runs(params) if states else 0),
                      evaluations=pairs, heatmaps=2 * fine_tuned_runs(params),
-                     flops=states * n * forward(model, s)
-                     + pairs * measure_flops("linear_cka", n, model.shape.hidden),
+                     flops=states * n * forward(model, s) + measures, host_flops=measures, analysis_flops=measures,
+                     analysis_evaluations=pairs,
                      passes=states * L(model) * math.ceil(n / params.extract.batch_size))
+    return cost
 
 
 def truncate(params, model: ModelSize, task: TaskSize, num_labels: int) -> StageCost:

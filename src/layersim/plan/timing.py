@@ -47,13 +47,14 @@ from layersim.plan.cost import StageCost
 # models 1.8-2.0 s (layersim's command line and transformers, which run_stage imports to quiet it unless a stage
 # asks not to), check_params 2.1 s and grounding when off 2.8 s (numpy, scipy: the measures' registry, the analysis
 # modules).
-START_SECONDS = {"light": 0.7, "transformers": 1.9, "numeric": 2.4, "numeric+transformers": 3.8, "model": 7.0}
+START_SECONDS = {"light": 0.7, "transformers": 1.9, "numeric": 2.4, "model": 7.0}
 # download_model also snapshots the model: torch and the model's classes imported, its files copied and hashed
 # (4.9 s measured against download_compared's 1.9).
 SNAPSHOT_SECONDS = 3.0
 STACK = {"check_params": "numeric", "download": "transformers", "summary": "light", "report": "light",
-         "similarity": "numeric", "grounding": "numeric",
-         "dynamics": "numeric+transformers"}  # run_stage imports transformers; the model stack only to run kept states
+         "similarity": "numeric", "grounding": "numeric"}
+# dynamics runs under the analysis device (torch) and imports transformers (run_stage): the model stack, as measured
+# (16.1 CPU s in-process on the quickstart, its figure 2.4 of it).
 LOAD_SECONDS = 0.1           # from_pretrained's fixed part once its modules are imported
 FIRST_LOAD_SECONDS = 1.5     # the first load in a process imports the architecture's and the tokenizer's modules
 # Measured on the same CPU (1 thread, against a 1-thread matmul in the same process): a MiniLM-L6 training step at batch
