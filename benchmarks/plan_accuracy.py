@@ -33,7 +33,8 @@ On a shared machine (other jobs on the cores), compare the CPU seconds: with `--
 thread, so its CPU seconds are what its wall clock would be alone on the machine, and the plan is made for that quiet
 machine: its matmul's FLOP/s from CPU seconds (the product's best over the process's CPU time), its Python-level
 probe from the best of short repeats in CPU time (layersim.plan.timing.python_probe_seconds), both of which other
-jobs barely change. Other jobs still cost some CPU seconds (caches shared, context switches): the load is printed before and after.
+jobs barely change. Other jobs still cost some CPU seconds (caches shared, context switches): the load is printed
+before and after.
 
 A slower CPU (the issue's: 88 GFLOP/s on one thread, this one 103), emulated by a CPU quota: `--cpu-quota 0.85`
 puts this process and every stage under a cgroup whose quota is 0.85 of a core per 10 ms period (cgroup v2:

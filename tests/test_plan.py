@@ -192,7 +192,8 @@ def test_the_time_model_adds_one_reasoned_term_each():
     numeric = stages.StageCost("similarity", flops=75e9, host_flops=75e9, small_flops=25e9, processes=1,
                                evaluations=1000, heatmaps=2)
     assert terms(numeric, on) == pytest.approx({"start": timing.START_SECONDS["numeric"], "loads": 0.0, "compute": 2.0,
-                                                "passes": 0.0, "heads": 0.0, "evaluations": 1000 * timing.EVALUATION_SECONDS
+                                                "passes": 0.0, "heads": 0.0,
+                                                "evaluations": 1000 * timing.EVALUATION_SECONDS
                                                 + 2 * timing.HEATMAP_SECONDS})
     # The nulls' engines on a CPU: float64 batched products, and the kernel engine's gathers, each at its measured
     # share of the host's FLOP/s.

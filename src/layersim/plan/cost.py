@@ -34,7 +34,7 @@ class StageCost:
     notes: list[str] = field(default_factory=list)
 
     def add(self, other: "StageCost") -> None:
-        for name in ("rows", "bytes", "flops", "passes", "train_flops", "head_steps", "head_flops", "processes", "loads", "load_bytes",
-                     "evaluations", "heatmaps", "host_flops", "small_flops", "svd_flops", "analysis_flops",
-                     "kernel_flops", "analysis_evaluations"):
+        for name in ("rows", "bytes", "flops", "passes", "train_flops", "head_steps", "head_flops", "processes",
+                     "loads", "load_bytes", "evaluations", "heatmaps", "host_flops", "small_flops", "svd_flops",
+                     "analysis_flops", "kernel_flops", "analysis_evaluations"):
             setattr(self, name, getattr(self, name) + getattr(other, name))

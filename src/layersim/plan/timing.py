@@ -19,7 +19,8 @@
 The constants of Python-level work (process starts, model loads' fixed part, layer passes, similarity cells, heatmaps)
 were measured on a reference CPU; a CPU plan scales them by a short probe of such work timed on this machine
 (:func:`python_probe_seconds`, the best of short repeats in the thread's CPU time, so that other jobs on the cores
-barely change it) against its time there (:data:`REFERENCE_PROBE_SECONDS`), as it scales the arithmetic by the matmul measured here.
+barely change it) against its time there (:data:`REFERENCE_PROBE_SECONDS`), as it scales the arithmetic by the
+matmul measured here.
 
 The numpy work (the similarity measures in similarity and compare, weights' SVDs) runs on the host CPU: its FLOPs over
 the host's matmul throughput, on one thread where its products are small (layersim.similarity._common.SMALL_PRODUCT:
