@@ -46,9 +46,10 @@ from layersim.plan.cost import StageCost
 # models 7.6 s (torch, transformers, dvclive, the training modules; run_stage's check of DVC's cache, which hashes the
 # outputs cached since the last stage; the environment record), download_compared and download_paired without
 # models 1.8-2.0 s (layersim's command line and transformers, which run_stage imports to quiet it unless a stage
-# asks not to), check_params 2.1 s and grounding when off 2.8 s (numpy, scipy: the measures' registry, the analysis
+# asks not to), summary and report 1.4 and 1.5 s (layersim's command line, pyarrow, matplotlib: little work on the
+# quickstart), check_params 2.1 s and grounding when off 2.8 s (numpy, scipy: the measures' registry, the analysis
 # modules).
-START_SECONDS = {"light": 0.7, "transformers": 1.9, "numeric": 2.4, "model": 7.0}
+START_SECONDS = {"light": 1.4, "transformers": 1.9, "numeric": 2.4, "model": 7.0}
 # download_model also snapshots the model: torch and the model's classes imported, its files copied and hashed
 # (4.9 s measured against download_compared's 1.9).
 SNAPSHOT_SECONDS = 3.0
