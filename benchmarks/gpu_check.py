@@ -223,7 +223,7 @@ def analysis_on_gpu(device: str = "cuda", n: int = 10_000, d: int = 768) -> dict
     import torch
 
     from layersim.compute.device import analysis_batch, analysis_on
-    from layersim.plan.stages import measure_flops
+    from layersim.plan.measure_costs import measure_flops
     from layersim.similarity import permutation_matrix
     from layersim.similarity.inference._null_engines import ENGINES
 

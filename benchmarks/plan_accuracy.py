@@ -26,27 +26,30 @@ less wall-clock progress per CPU-second. The machine is printed first: the CPU m
     python benchmarks/plan_accuracy.py --config quickstart  # about 10 minutes
     python benchmarks/plan_accuracy.py --config tiny --keep /tmp/plan-run   # keep the project to look at
     python benchmarks/plan_accuracy.py --config tiny --threads 1   # on a loaded machine: compare the CPU seconds
-    python benchmarks/plan_accuracy.py --measured /tmp/plan-run/project --device-flops 2.1e11  # that run, planned again
+    python benchmarks/plan_accuracy.py --measured /tmp/plan-run/project --device-flops 2.1e11 --python-scale 0.95
+                                                                     # that run, planned again
 
 On a shared machine (other jobs on the cores), compare the CPU seconds: with `--threads 1` every stage runs on one
 thread, so its CPU seconds are what its wall clock would be alone on the machine, and the plan is made for that quiet
 machine: its matmul's FLOP/s from CPU seconds (the product's best over the process's CPU time), its Python-level
-probe from the best of short repeats (layersim.plan.timing.python_probe_seconds), both of which other jobs barely
-change. Other jobs still cost some CPU seconds (caches shared, context switches): the load is printed before and after.
+probe from the best of short repeats in CPU time (layersim.plan.timing.python_probe_seconds), both of which other
+jobs barely change. Other jobs still cost some CPU seconds (caches shared, context switches): the load is printed
+before and after.
 
 A slower CPU (the issue's: 88 GFLOP/s on one thread, this one 103), emulated by a CPU quota: `--cpu-quota 0.85`
 puts this process and every stage under a cgroup whose quota is 0.85 of a core per 10 ms period (cgroup v2:
 `cpu.max` = "8500 10000" in a child of /sys/fs/cgroup; v1: cpu.cfs_quota_us 8500, cpu.cfs_period_us 10000 in
 /sys/fs/cgroup/cpu/<child>; root, or a delegated cgroup, is needed: a container that mounts the cgroup file system
 read-only refuses, in one sentence). Every thread's wall clock then stretches by 1/0.85 over long work (the matmul
-measures about 88 GFLOP/s on one thread here), which is the wall clock to compare; the CPU seconds do not change. The
-probe's repeats (3 ms) fit in one period's quota, so the plan's Python-level terms are not slowed with it (up to 15 %
-low where they dominate: the process starts); a CPU slower by its clock slows both.
+measures about 88 GFLOP/s on one thread here), which is the wall clock to compare; the CPU seconds do not change.
+The probe counts CPU time, so the plan's Python-level terms are not slowed with it (up to 15 % low where they
+dominate: the process starts); a CPU slower by its clock slows both.
 
     python benchmarks/plan_accuracy.py --config quickstart --cpu-quota 0.85   # a ≤ 90 GFLOP/s machine, alone
 
 `--measured` reads a kept project's stage log and dvc.lock instead of running (the plan's model changed, the run did
-not); give the throughput the run had (`--device-flops`, the matmul line it printed), or it is measured now.
+not); give the throughput the run had (`--device-flops`, the matmul line it printed) and its Python-level probe's
+factor (`--python-scale`, the probe line), or each is measured now.
 """
 
 from __future__ import annotations
@@ -237,6 +240,8 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="run in this folder (created) and keep it")
     parser.add_argument("--measured", type=Path, help="a kept project (…/project) to plan again without running")
     parser.add_argument("--device-flops", type=float, help="the CPU's effective FLOP/s for the plan (default: measured)")
+    parser.add_argument("--python-scale", type=float, help="the CPU's Python-level work against the reference CPU's "
+                        "(the 'Python-level probe' line a run printed; default: the probe measured now)")
     parser.add_argument("--threads", type=int, help="torch threads for the stages and the plan's matmul (default: "
                         "torch's, one per core); 1 on a loaded machine, where CPU seconds then stand for a quiet run "
                         "(and the plan takes the matmul's FLOP/s per CPU second)")
@@ -258,8 +263,9 @@ def main() -> None:
     from layersim.plan.__main__ import overridden
     from layersim.plan.timing import REFERENCE_PROBE_SECONDS, python_probe_seconds
 
+    scale = args.python_scale or python_probe_seconds() / REFERENCE_PROBE_SECONDS
     if args.measured:
-        return replan(args.measured, device("cpu", args.device_flops))
+        return replan(args.measured, device("cpu", args.device_flops, python_scale=scale))
     quiet = matmul_gflops_per_cpu_second()
     print("\n".join(machine(quiet)), flush=True)
     if args.threads == 1 and args.device_flops is None:  # the plan of the quiet machine, whose CPU seconds are measured
@@ -271,7 +277,7 @@ def main() -> None:
         root = scratch / "project"
         env = make_copy(root, overrides)
         params = parse_params(overridden(root / "params.yaml", []))
-        on = device("cpu", args.device_flops, python_scale=python_probe_seconds() / REFERENCE_PROBE_SECONDS)
+        on = device("cpu", args.device_flops, python_scale=scale)
         costs = plan(params, root)
         print(f"{args.config} ({CONFIGS[args.config]}): {params.model}, {len(params.tasks)} task(s), "
               f"{len(params.seeds)} seed(s), {params.finetune.max_steps} steps; plan on {on.name} at "

@@ -186,13 +186,20 @@ def test_the_time_model_adds_one_reasoned_term_each():
     assert terms(cost, on) == pytest.approx({
         "start": 2 * timing.START_SECONDS["model"],  # two processes, each importing the model stack
         "loads": 2 * timing.FIRST_LOAD_SECONDS + 2 * timing.LOAD_SECONDS + 1.0,  # 1 GB at 1 GB/s
-        "compute": 20e9 / (0.5 * 100e9) + 10e9 / (0.8 * 100e9), "passes": 0.1, "evaluations": 0.0})
+        "compute": 20e9 / (0.5 * 100e9) + 10e9 / (0.8 * 100e9), "passes": 0.1, "heads": 0.0,
+        "evaluations": 0.0})
     # numpy on the host: large products on its threads, small ones (below SMALL_PRODUCT) on one.
     numeric = stages.StageCost("similarity", flops=75e9, host_flops=75e9, small_flops=25e9, processes=1,
                                evaluations=1000, heatmaps=2)
     assert terms(numeric, on) == pytest.approx({"start": timing.START_SECONDS["numeric"], "loads": 0.0, "compute": 2.0,
-                                                "passes": 0.0, "evaluations": 1000 * timing.EVALUATION_SECONDS
+                                                "passes": 0.0, "heads": 0.0,
+                                                "evaluations": 1000 * timing.EVALUATION_SECONDS
                                                 + 2 * timing.HEATMAP_SECONDS})
+    # The nulls' engines on a CPU: float64 batched products, and the kernel engine's gathers, each at its measured
+    # share of the host's FLOP/s.
+    engines = stages.StageCost("similarity", flops=30e9, host_flops=30e9, analysis_flops=30e9, kernel_flops=10e9)
+    assert terms(engines, on)["compute"] == pytest.approx(20e9 / (50e9 * timing.CPU_ENGINE_EFFICIENCY)
+                                                          + 10e9 / (50e9 * timing.CPU_KERNEL_EFFICIENCY))
     big, small = measure_costs.measured(["svcca"], 20_000, 768, 10, 0), measure_costs.measured(["svcca", "linear_cka"], 600, 384, 10, 5)
     # …except the nulls' engines, which multiply a batch of permutations of the whole stack at once (torch's threads).
     assert big.host_flops == big.flops > 0 == big.small_flops and small.analysis_flops > 0
@@ -237,7 +244,68 @@ def test_the_plan_counts_a_cka_null_where_its_engine_runs_it(n, layers, d):
     assert on_kernels <= pairs * measure_costs.measure_flops("linear_cka", n, d) * 2  # never above the feature engine's
     if measure_costs.null_uses_gram(n, layers, d):
         assert on_kernels == 2 * (layers ** 2 + measure_costs.GATHER_MULTIPLY_ADDS * layers) * n * n
-    assert measure_costs.null_flops("svcca", n, d, pairs) == pairs * measure_costs.measure_flops("svcca", n, d)
+    assert measure_costs.null_flops("svcca", n, d, pairs) == measure_costs.engine_blocks(layers) * measure_costs.measure_flops("svcca", n, d)
+
+
+@pytest.mark.parametrize("layers", [1, 2, 4, 7, 21])
+def test_the_plan_counts_the_blocks_the_product_engine_multiplies(monkeypatch, layers):
+    """A product engine multiplies a row's layer against every column at once where its cells cover half of them,
+    else cell by cell: the blocks the plan counts per permutation are the ones its products hold."""
+    import torch
+
+    from layersim.similarity.comparisons import stacked_null
+    from layersim.similarity.inference import _null_engines
+
+    rng = np.random.default_rng(0)
+    width, multiplied = 3, []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def matmul(a, b):
+            multiplied.append(b.shape[-1] // width)  # the columns of the y stack in this product, in layers
+            return torch.matmul(a, b)
+
+    monkeypatch.setattr(_null_engines, "torch", Counting())
+    layers_of = [rng.standard_normal((40, width)) for _ in range(layers)]
+    cells = np.triu(np.ones((layers, layers), bool))
+    multiplied.clear()
+    stacked_null("neuronsim", {"a": layers_of}, permutations=1, seed=0, cells=cells)
+    assert sum(multiplied) == 2 * measure_costs.engine_blocks(layers)  # the observed matrix, then the one permutation
+
+
+@pytest.mark.parametrize("n, d", [(30, 384), (481, 384), (600, 384), (20_000, 768), (11, 4), (2, 8)])
+def test_the_cca_familys_bases_are_as_wide_as_its_dimension_cap(n, d):
+    from layersim.similarity._cca_core import dimension_cap
+
+    assert measure_costs.cca_dimensions(n, d) == min(d, dimension_cap(n))
+
+
+def test_truncate_counts_every_heads_training_steps_on_the_rows_not_held_out():
+    """Each seed's Tuned and TunedOrig head on every layer trains head_epochs epochs of batches of the train examples
+    that layersim.training.heads holds out none of: small steps, each its dispatch and its products (issue 64: one
+    layer pass a step put truncate at half its time)."""
+    import math
+
+    from layersim.plan import timing
+    from layersim.training.heads import held_out_examples
+
+    doc = tiny_params(yaml.safe_load(repository_params_text()), tasks=["synth-similarity"], seeds=[1, 2, 3])
+    doc["truncate"].update(head_epochs=4, head_batch_size=16, head_holdout=0.1)
+    params = parse_params(doc)
+    cost = {c.stage: c for c in plan(params, REPO)}["truncate"]
+    model, task = model_size(params.model, REPO), task_size(params, "synth-similarity", REPO)
+    train = stages.extract_rows(params, task)["train"]
+    kept = train - len(held_out_examples(train, 0.1, seed=1))
+    layers = model.shape.num_layers + 1
+    assert cost.head_steps == 3 * 2 * layers * 4 * math.ceil(kept / 16)
+    h = model.shape.hidden
+    assert cost.head_flops == 3 * 2 * layers * 4 * kept * 6 * (h * h + h * get_task("synth-similarity").num_labels)
+    on = timing.device("cpu", flops=1e11, python_scale=2.0)
+    assert terms(cost, on)["heads"] == pytest.approx(cost.head_steps * 2.0 * timing.CPU_HEAD_STEP_SECONDS
+                                                     + cost.head_flops / (1e11 * timing.CPU_HEAD_EFFICIENCY))
 
 
 def test_every_stage_process_of_the_tiny_pipeline_is_counted():
@@ -280,12 +348,19 @@ def test_the_nulls_permutations_are_the_analysis_engines_and_blocks_sample_linea
     words = measure_costs.measured(["linear_cka", "svcca"], 600, 384, 10, 5, resamples=3, blocks=True)
     svcca, cka = measure_costs.measure_flops("svcca", 600, 384), measure_costs.measure_flops("linear_cka", 600, 384)
     # Each permutation of each pair is one engine cell; the observed cells and resamples stay on the host.
-    assert plain.analysis_evaluations == 10 * 5 and plain.analysis_flops == pytest.approx(10 * 5 * svcca)
-    assert words.analysis_evaluations == 10 * 5 + 10 * LINEAR_CKA_BLOCK_PERMUTATIONS
+    blocks = measure_costs.engine_blocks(4)  # the 10 pairs of 4 stacked layers, as the product engine multiplies them
+    assert plain.analysis_evaluations == 10 * 5 and plain.analysis_flops == pytest.approx(blocks * 5 * svcca)
+    # Linear CKA's permutations on the kernels are one gather and one product for all cells: no cell's own work.
+    assert words.analysis_evaluations == 10 * 5 and words.kernel_flops > 0 == plain.kernel_flops
     # Linear CKA's permutations on these 4 stacked layers run on their kernels (the engine's choice): fewer FLOPs.
     on_kernels = measure_costs.null_flops("linear_cka", 600, 384, 10)
     assert measure_costs.null_uses_gram(600, 4, 384) and on_kernels < 10 * cka
-    assert words.analysis_flops == pytest.approx(10 * 5 * svcca + LINEAR_CKA_BLOCK_PERMUTATIONS * on_kernels)
+    assert words.analysis_flops == pytest.approx(blocks * 5 * svcca + LINEAR_CKA_BLOCK_PERMUTATIONS * on_kernels)
+    assert words.kernel_flops == pytest.approx(LINEAR_CKA_BLOCK_PERMUTATIONS * on_kernels)
+    # compare's null tests every cell of the 4 × 4 stacked matrix (a measure is not symmetric in general).
+    square = measure_costs.measured(["neuronsim"], 600, 384, 10, 5, square=True)
+    neuronsim = measure_costs.measure_flops("neuronsim", 600, 384)
+    assert square.analysis_evaluations == 16 * 5 and square.analysis_flops == pytest.approx(16 * 5 * neuronsim)
     assert words.evaluations == words.analysis_evaluations + 2 * (10 + 3)
 
 

@@ -16,6 +16,8 @@ class StageCost:
     compiled_passes: int = 0  # the part of passes in compiled training steps (finetune.compile): on a GPU, at its
                               # compiled pass time where measured
     train_flops: float = 0.0  # the part of flops in training steps (forward, backward)
+    head_steps: int = 0       # training steps of a small head on stored rows (truncate): a step's dispatch each
+    head_flops: float = 0.0   # the part of flops in those steps (small products, not the model's layers)
     processes: int = 0     # stage processes DVC starts (one per matrix item)
     loads: int = 0         # models read from disk
     load_bytes: int = 0
@@ -27,11 +29,12 @@ class StageCost:
     # The part of host_flops and evaluations that the permutation nulls' engines run (torch, float64): on the host
     # in a CPU plan, on the GPU in a GPU plan (layersim.compute.device.analysis_on).
     analysis_flops: float = 0.0
+    kernel_flops: float = 0.0  # the part of analysis_flops on permuted n × n kernels (gathers: memory-bound)
     analysis_evaluations: int = 0
     notes: list[str] = field(default_factory=list)
 
     def add(self, other: "StageCost") -> None:
-        for name in ("rows", "bytes", "flops", "passes", "train_flops", "processes", "loads", "load_bytes",
-                     "evaluations", "heatmaps", "host_flops", "small_flops", "svd_flops", "analysis_flops",
-                     "analysis_evaluations"):
+        for name in ("rows", "bytes", "flops", "passes", "train_flops", "head_steps", "head_flops", "processes",
+                     "loads", "load_bytes", "evaluations", "heatmaps", "host_flops", "small_flops", "svd_flops",
+                     "analysis_flops", "kernel_flops", "analysis_evaluations"):
             setattr(self, name, getattr(self, name) + getattr(other, name))

@@ -18,15 +18,24 @@ LINEAR_CKA_BLOCK_PERMUTATIONS = 199  # …while rows are exchangeable; with bloc
 SMALL_PRODUCT = 1e8  # layersim.similarity._common: below rows × width² multiply-adds a product runs on one thread
 
 
+ROWS_PER_DIMENSION = 10  # layersim.similarity._cca_core.ROWS_PER_DIMENSION: the CCA family's cap (max_dims "auto")
+
+
+def cca_dimensions(n: int, d: int) -> int:
+    """Columns of a layer's basis in the CCA family: at most max(1, ⌊(n − 1) / 10⌋) principal components
+    (layersim.similarity._cca_core.dimension_cap, the measures' default max_dims "auto"), and at most its width."""
+    return min(d, max(1, (n - 1) // ROWS_PER_DIMENSION))
+
+
 def measure_flops(measure: str, n: int, d: int) -> float:
     """FLOPs of one layer pair's similarity on n points of width d, as the null's engines compute a cell (each layer's
     statistics once; per cell a product of the two sides and its reduction): RBF CKA's n × n kernels; the others'
-    cross-products, of the d-wide layers, or for the CCA family of their bases (k = min(n, d) columns at most) and
+    cross-products, of the d-wide layers, or for the CCA family of their bases (:func:`cca_dimensions` columns) and
     the singular values of the k × k block."""
     if measure == "rbf_cka":
         return 2 * n * n * d
     if measure in CCA_FAMILY:
-        k = min(n, d)
+        k = cca_dimensions(n, d)
         return 2 * n * k * k + 4 * k ** 3
     return 2 * n * d * d
 
@@ -47,30 +56,54 @@ def null_uses_gram(n: int, layers: int, d: int) -> bool:
     return kernel_bytes <= GRAM_BYTES_LIMIT and gram < n * float(layers * d) ** 2
 
 
-def null_flops(measure: str, n: int, d: int, pairs: int) -> float:
-    """FLOPs of one permutation of a stacked matrix's null over `pairs` cells (its upper triangle with the diagonal):
-    each cell's product, or for CKA on the kernels every kernel gathered and each pair's inner product."""
-    layers = round((math.sqrt(8 * pairs + 1) - 1) / 2)
-    if measure in GRAM_MEASURES and null_uses_gram(n, layers, d):
+def stacked_layers(pairs: int) -> int:
+    """The stacked layers S of an upper triangle (the diagonal included) of `pairs` cells."""
+    return round((math.sqrt(8 * pairs + 1) - 1) / 2)
+
+
+def engine_blocks(layers: int) -> int:
+    """Blocks a product engine multiplies per permutation for the upper triangle of `layers` stacked layers: a row
+    whose cells cover at least half the columns in one product against every column, the others cell by cell
+    (layersim.similarity.inference._null_engines.ProductEngine.raw)."""
+    return sum(layers if 2 * (layers - i) >= layers else layers - i for i in range(layers))
+
+
+def null_on_kernels(measure: str, n: int, d: int, pairs: int) -> bool:
+    """Whether the null of `measure` over these `pairs` cells runs on the stacked layers' kernels."""
+    return measure in GRAM_MEASURES and null_uses_gram(n, stacked_layers(pairs), d)
+
+
+def null_flops(measure: str, n: int, d: int, pairs: int, square: bool = False) -> float:
+    """FLOPs of one permutation of a stacked matrix's null over `pairs` cells (its upper triangle with the diagonal;
+    with `square`, every cell of the S × S matrix, as compare tests them): for CKA on the kernels every kernel
+    gathered and each pair's inner product; else the blocks the product engine multiplies (:func:`engine_blocks`)
+    and each cell's reduction."""
+    layers = stacked_layers(pairs)
+    if null_on_kernels(measure, n, d, pairs):
         return 2 * (layers * layers + GATHER_MULTIPLY_ADDS * layers) * n * n
-    return pairs * measure_flops(measure, n, d)
+    return (layers * layers if square else engine_blocks(layers)) * measure_flops(measure, n, d)
 
 
 def measured(measures, n: int, d: int, pairs: int, permutations: int, resamples: int = 0,
-             blocks: bool = False) -> StageCost:
+             blocks: bool = False, square: bool = False) -> StageCost:
     """`pairs` layer pairs of each measure on n points of width d, over the observed matrix, each permutation of the
     null (none for an exact null; with `blocks`, rows of one example together, linear CKA samples at least
     LINEAR_CKA_BLOCK_PERMUTATIONS) and `resamples` bootstrap cells: numpy on the host, on one thread where the
-    products are small; the permutations are the nulls' engines' (analysis_flops: torch's batched products, on the
-    host's threads in a CPU plan, on the GPU in a GPU plan)."""
+    products are small; the permutations are the nulls' engines' (analysis_flops: torch's batched float64 products,
+    on the host's threads in a CPU plan, on the GPU in a GPU plan). A permutation on the kernels is one gather and
+    one product for every cell at once (kernel_flops): no cell's own work (evaluations). `square`: the null tests
+    every cell of the S × S stacked matrix (a measure is not symmetric in general), not only the triangle's `pairs`."""
     cost = StageCost("similarity")
     for m in measures:
         drawn = 0 if m in EXACT_NULL and not blocks else max(permutations, LINEAR_CKA_BLOCK_PERMUTATIONS) \
             if m in EXACT_NULL else permutations
-        cells = pairs * (1 + drawn) + resamples
-        flops, null = measure_flops(m, n, d), null_flops(m, n, d, pairs) * drawn
-        cost.add(StageCost("similarity", flops=flops * (pairs + resamples) + null, evaluations=cells,
-                           analysis_flops=null, analysis_evaluations=pairs * drawn))
+        tested = stacked_layers(pairs) ** 2 if square else pairs
+        engine_cells = 0 if null_on_kernels(m, n, d, pairs) else tested * drawn
+        flops, null = measure_flops(m, n, d), null_flops(m, n, d, pairs, square) * drawn
+        cost.add(StageCost("similarity", flops=flops * (pairs + resamples) + null,
+                           evaluations=pairs + resamples + engine_cells, analysis_flops=null,
+                           kernel_flops=null if null_on_kernels(m, n, d, pairs) else 0.0,
+                           analysis_evaluations=engine_cells))
     cost = host(cost, n * d * d)
     # The nulls' engines multiply a batch of permutations of the whole stack at once, in torch: on its threads.
     cost.small_flops = max(0.0, cost.small_flops - cost.analysis_flops)

@@ -17,7 +17,7 @@ from layersim.data import disk
 from layersim.compute.flops import training_flops
 from layersim.params.pairs import aligned_pairs, paired_models
 from layersim.plan.cost import StageCost
-from layersim.plan.measure_costs import attention_measured, host, measure_flops, measured
+from layersim.plan.measure_costs import ATTENTION_TERM_FLOPS, attention_measured, host, measure_flops, measured
 from layersim.plan.sizes import ModelSize, TaskSize
 from layersim.training.recipes import freeze_recipe
 
@@ -175,29 +175,42 @@ def dynamics(params, model: ModelSize, task: TaskSize) -> StageCost:
     states, s = fine_tuned_runs(params) * params.finetune.keep_states, task.tokens(params.finetune.max_length)
     points = fine_tuned_runs(params) * (2 + params.finetune.keep_states)
     pairs = points * 2 * (L(model) + 1) * (1 + params.similarity.bootstrap)
-    # Each point against each reference and layer, and its resamples: a measure call each; per run a heatmap and a
-    # panel of curves.
-    return StageCost("dynamics", rows=states * n, processes=1, **loaded(model, fine_tuned_runs(params) if states else 0),
+    # Each point against each reference and layer, and its resamples: a measure call each, in float64 on the analysis
+    # device (the stage runs under layersim.compute.device.analysis_on); per run a heatmap and a panel of curves.
+    measures = pairs * measure_flops("linear_cka", n, model.shape.hidden)
+    cost = StageCost("dynamics", rows=states * n, processes=1,
+                     **loaded(model, fine_tuned_runs(params) if states else 0),
                      evaluations=pairs, heatmaps=2 * fine_tuned_runs(params),
-                     flops=states * n * forward(model, s)
-                     + pairs * measure_flops("linear_cka", n, model.shape.hidden),
+                     flops=states * n * forward(model, s) + measures, host_flops=measures, analysis_flops=measures,
+                     analysis_evaluations=pairs,
                      passes=states * L(model) * math.ceil(n / params.extract.batch_size))
+    return cost
 
 
 def truncate(params, model: ModelSize, task: TaskSize, num_labels: int) -> StageCost:
     """Each seed's model scored once at every exit, and per layer a Tuned and a TunedOrig head trained on the train
-    tables for head_epochs (a dense h×h layer and the output layer)."""
+    tables for head_epochs: per epoch a step a batch of the examples not held out (truncate.head_holdout), each the
+    head's forward and backward (a dense h×h layer and the output layer) and AdamW's update. The heads are small
+    training steps (:attr:`StageCost.head_steps`), not layer passes: at batch 64 their products are small and a
+    step's dispatch dominates."""
     t, rows, s = params.truncate, extract_rows(params, task), task.tokens(params.finetune.max_length)
     seeds, layers = len(params.seeds), model.shape.num_layers + 1
     h = model.shape.hidden
-    head = 6 * (h * h + h * num_labels)
-    heads = seeds * 2 * layers * t.head_epochs * rows["train"] * task.choices
+    examples = rows["train"] - held_out(rows["train"], t.head_holdout)
+    heads = seeds * 2 * layers * t.head_epochs  # each head's epochs: every one counted (early stopping ends sooner)
+    head_flops = heads * examples * task.choices * 6 * (h * h + h * num_labels)
     val = seeds * rows["validation"] * task.choices
-    return StageCost("truncate", rows=val + seeds * rows["train"] * task.choices, flops=val * forward(model, s) + heads * head,
-                     # A head's step (one small dense layer: forward, backward, update) dispatches about what one
-                     # encoder layer's forward pass does: one pass.
-                     passes=L(model) * math.ceil(val / params.extract.batch_size) + math.ceil(heads / t.head_batch_size),
-                     train_flops=heads * head, processes=1, **loaded(model, seeds), notes=["heads: every epoch of head_epochs counted (early stopping ends sooner)"])
+    return StageCost("truncate", rows=val + seeds * rows["train"] * task.choices,
+                     flops=val * forward(model, s) + head_flops, head_flops=head_flops,
+                     head_steps=heads * math.ceil(examples / t.head_batch_size),
+                     passes=L(model) * math.ceil(val / params.extract.batch_size), processes=1,
+                     **loaded(model, 2 * seeds),  # each seed's model, and the pretrained one for TunedOrig's head
+                     notes=["heads: every epoch of head_epochs counted (early stopping ends sooner)"])
+
+
+def held_out(examples: int, share: float) -> int:
+    """Train examples held out to stop the heads early (layersim.training.heads.held_out_examples' count)."""
+    return min(examples - 1, max(1, round(share * examples))) if share > 0 and examples >= 2 else 0
 
 
 def skipped_layers(num_layers: int) -> int:
@@ -295,9 +308,33 @@ def compare(params, model: ModelSize, tasks: dict[str, TaskSize], others: dict[s
                                passes=L(m) * math.ceil(probe / params.extract.batch_size)))
     for m in models:
         cost.add(StageCost("compare", **loaded(m, 1 + bool(s.attention_measures))))  # the attention probe loads again
+    if s.attention_measures:
+        cost.add(compare_attention(params, model, tasks, len(models) - len(params.compare.models)))
     stacked = sum(L(m) + 1 for m in models)
     for pooling, measures in s.measures.items():
         rows = min(params.extract.max_tokens, words) if pooling == "tokens" else n
+        # Its null tests every cell of the stacked matrix (layersim.similarity.results.stacked_result); a word's
+        # example moves as one.
         cost.add(measured(measures, rows, model.shape.hidden, stacked * (stacked + 1) // 2, s.permutations,
-                          pooling == "tokens"))
+                          blocks=pooling == "tokens", square=True))
     return cost
+
+
+def compare_attention(params, model: ModelSize, tasks: dict[str, TaskSize], same_tokenizer: int) -> StageCost:
+    """compare's attention probe: the first task's first min(probe_examples, attention_examples) validation examples
+    run through each model of `model`'s tokenizer (ORIG, RANDOM, each task's first seed) with their maps kept, and
+    each attention measure's stacked matrix of their layers (no null: a permutation of examples has no meaning for
+    per-token maps)."""
+    p, s = params.extract, params.similarity
+    task = next(iter(tasks.values()))
+    maps = min(params.compare.probe_examples, p.attention_examples, task.validation) * task.choices
+    entries = maps * task.square_units(p.attention_unit, params.finetune.max_length)  # (query, key) pairs
+    stacked = same_tokenizer * L(model)
+    pairs = stacked * (stacked + 1) // 2
+    cells = len(s.attention_measures) * pairs
+    probe = StageCost("compare", flops=same_tokenizer * maps * forward(model, task.tokens(params.finetune.max_length)),
+                      passes=same_tokenizer * L(model) * math.ceil(maps / p.batch_size), evaluations=cells)
+    per_entry = sum(ATTENTION_TERM_FLOPS.get(m, ATTENTION_TERM_FLOPS["jensen_shannon"]) for m in s.attention_measures)
+    cells_cost = StageCost("compare", flops=pairs * model.heads ** 2 * entries * per_entry)
+    probe.add(host(cells_cost, entries * model.heads))
+    return probe

@@ -11,17 +11,21 @@
   are effective already;
 - **passes**: a fixed time per batch through one layer (a training step counting three): Python and kernel dispatch,
   which bounds small batches and small models (the tiny pipeline on a CPU, the paper's batch 4 on a GPU);
+- **heads**: truncate's heads' training steps on stored rows: a step's dispatch (:data:`CPU_HEAD_STEP_SECONDS`; a layer
+  pass on a GPU) and its small products at :data:`CPU_HEAD_EFFICIENCY` of the matmul's throughput;
 - **evaluations**: the similarity and compare stages' per-cell work that is not arithmetic (a measure called on one pair
   of layers for one permutation: numpy calls, the centring), :data:`EVALUATION_SECONDS` each, and their heatmaps.
 
 The constants of Python-level work (process starts, model loads' fixed part, layer passes, similarity cells, heatmaps)
 were measured on a reference CPU; a CPU plan scales them by a short probe of such work timed on this machine
-(:func:`python_probe_seconds`, the best of short repeats, so that other jobs on the cores barely change it) against
-its time there (:data:`REFERENCE_PROBE_SECONDS`), as it scales the arithmetic by the matmul measured here.
+(:func:`python_probe_seconds`, the best of short repeats in the thread's CPU time, so that other jobs on the cores
+barely change it) against its time there (:data:`REFERENCE_PROBE_SECONDS`), as it scales the arithmetic by the
+matmul measured here.
 
 The numpy work (the similarity measures in similarity and compare, weights' SVDs) runs on the host CPU: its FLOPs over
 the host's matmul throughput, on one thread where its products are small (layersim.similarity._common.SMALL_PRODUCT:
-numpy keeps them on the calling thread)."""
+numpy keeps them on the calling thread); the nulls' engines (torch, float64) at their measured shares of it
+(:data:`CPU_ENGINE_EFFICIENCY`, :data:`CPU_KERNEL_EFFICIENCY`) in a CPU plan."""
 
 from __future__ import annotations
 
@@ -36,34 +40,56 @@ from pathlib import Path
 from layersim.errors import LayersimError
 from layersim.plan.cost import StageCost
 
-# Seconds from a stage process's start to its first line of work, by the stack it imports: measured on the 2-core
-# AMD EPYC these figures were taken on (`python stages/<stage>.py --help` and the imports its main does lazily;
-# finetune_pretrained without models, which imports the model stack and exits: 3.2 s; check_params: 0.9 s).
-START_SECONDS = {"light": 0.7, "numeric": 2.0, "model": 3.3}
-# check_params imports the measures' registry (layersim.params.measure_sizes: numpy, scipy): 1.8 CPU s measured, as
-# the similarity stage's stack.
-STACK = {"check_params": "numeric", "download": "light", "summary": "light", "report": "light", "similarity": "numeric",
-         "grounding": "numeric", "dynamics": "numeric"}  # dynamics imports the model stack only to run kept states (a first load)
+# CPU seconds from a stage process's start to its first line of work and from its last to its exit, by the stack it
+# imports: measured on the 2-core AMD EPYC these figures were taken on, as the processes that do nothing else
+# (benchmarks/plan_accuracy.py --threads 1 on the quickstart, 2026-11-29, probe 1.0 ×): finetune_pretrained without
+# models 7.6 s (torch, transformers, dvclive, the training modules; run_stage's check of DVC's cache, which hashes the
+# outputs cached since the last stage; the environment record), download_compared and download_paired without
+# models 1.8-2.0 s (layersim's command line and transformers, which run_stage imports to quiet it unless a stage
+# asks not to), summary and report 1.4 and 1.5 s (layersim's command line, pyarrow, matplotlib: little work on the
+# quickstart), check_params 2.1 s and grounding when off 2.8 s (numpy, scipy: the measures' registry, the analysis
+# modules).
+START_SECONDS = {"light": 1.4, "transformers": 1.9, "numeric": 2.4, "model": 7.0}
+# download_model also snapshots the model: torch and the model's classes imported, its files copied and hashed
+# (4.9 s measured against download_compared's 1.9).
+SNAPSHOT_SECONDS = 3.0
+STACK = {"check_params": "numeric", "download": "transformers", "summary": "light", "report": "light",
+         "similarity": "numeric", "grounding": "numeric"}
+# dynamics runs under the analysis device (torch) and imports transformers (run_stage): the model stack, as measured
+# (16.1 CPU s in-process on the quickstart, its figure 2.4 of it).
 LOAD_SECONDS = 0.1           # from_pretrained's fixed part once its modules are imported
 FIRST_LOAD_SECONDS = 1.5     # the first load in a process imports the architecture's and the tokenizer's modules
 # Measured on the same CPU (1 thread, against a 1-thread matmul in the same process): a MiniLM-L6 training step at batch
-# 16 of 24 tokens, AdamW's update included, reaches 0.6-0.7 of the matmul's FLOP/s, its forward pass 0.9 (the
-# backward's transposed products, the update and the elementwise work are slower per FLOP); a tiny-bert training step
+# 16 of 24 tokens, AdamW's update included, reaches 0.6-0.7 of the matmul's FLOP/s, its forward pass 0.82 at batch
+# 16-32 of 24 tokens (0.91 at 64 tokens: longer inputs are planned up to 10 % long) (the backward's transposed
+# products, the update and the elementwise work are slower per FLOP); a tiny-bert training step
 # (width 32) costs about 1 ms a layer pass. A similarity cell's numpy calls besides its FLOPs: 0.5 ms (the tiny
 # pipeline's similarity stage, 60 rows a cell: its CPU seconds less its start and heatmaps, over its 9,600 cells).
 CPU_TRAIN_EFFICIENCY = 0.7
-CPU_FORWARD_EFFICIENCY = 0.9
+CPU_FORWARD_EFFICIENCY = 0.82
 CPU_PASS_SECONDS = 1.0e-3
 EVALUATION_SECONDS = 0.5e-3
+# A head's training step on stored rows (layersim.training.heads.train_head; 1 thread, batch 64, 10 epochs of 2,700
+# rows, against the probe's 3.0 ms): 1.5 ms at width 32, 1.9 at 128, 4.3 at 384, 9.0 at 768, 11.8 at 1024: a fixed
+# 1.4 ms (two dense layers forward and backward, the loss, AdamW over four tensors: dispatch) and 6·h² FLOPs a row
+# at 0.25-0.5 of the 2048² matmul's FLOP/s (products of 64 rows: the smaller, the further below it).
+CPU_HEAD_STEP_SECONDS = 1.4e-3
+CPU_HEAD_EFFICIENCY = 0.3
 HEATMAP_SECONDS = 0.3        # a heatmap with a value written in each cell (matplotlib lays out every label)
 # numpy's float64 SVD (LAPACK gesdd) against the float32 matmul on the same threads: 0.36 of its FLOP/s at 384 × 384,
 # 0.22 at 1536 × 384 (measured, 2 threads): half for float64, the rest LAPACK's bidiagonalization (half BLAS-2).
 SVD_EFFICIENCY = 0.3
+# The similarity nulls' engines on a CPU (torch, float64, 1 thread, against the float32 2048² matmul's 76 GFLOP/s):
+# their batched products of permuted stacks reach 25-29 GFLOP/s (481-600 rows × 384 against 21-28 stacked layers of
+# 384; a float64 2048² product 34); the kernel engine's permutations (K[π][:, π] of every kernel, then one product)
+# 4-5 GFLOP/s of its counted FLOPs (the gather: 17 ns an entry, not the 30 multiply-adds the engine's choice assumes).
+CPU_ENGINE_EFFICIENCY = 0.37
+CPU_KERNEL_EFFICIENCY = 0.065
 CPU_BANDWIDTH = 10e9          # bytes/s a core streams (a checkpoint read from the page cache)
 
 # The Python-level probe (:func:`python_probe_seconds`) on the reference CPU above: the best of its repeats, measured
 # there (2026-11-29: 3.03-3.27 ms over 8 calls, with 15 processes competing for the 2 cores).
-REFERENCE_PROBE_SECONDS = 0.0031
+REFERENCE_PROBE_SECONDS = 0.0030
 # What the probe runs: a small module's code object unmarshalled and executed (what an import does with a .pyc) and
 # small numpy calls (a similarity cell's bookkeeping, a layer pass's dispatch).
 PROBE_SOURCE = """
@@ -130,6 +156,10 @@ class Device:
     # numpy terms); on a GPU, its float64 throughput and per-cell cost there, each a Figure (possibly unmeasured).
     analysis_flops: Figure | None = None
     analysis_cell_seconds: Figure | None = None
+    # A training step of a small head on stored rows (truncate's heads): its fixed part (None: a layer pass's) and the
+    # share of `flops` its small products reach.
+    head_step_seconds: float | None = None
+    head_efficiency: float = 1.0
     # A GPU's layer pass in a compiled training step (finetune.compile: CUDA graphs); unmeasured: pass_seconds, the
     # eager figure, stands in (an upper bound).
     compiled_pass_seconds: Figure | None = None
@@ -157,25 +187,27 @@ def measured_cpu_flops(threads: int | None = None, size: int = 2048, repeats: in
     return 2 * size ** 3 / best
 
 
-def python_probe_seconds(repeats: int = 50) -> float:
+def python_probe_seconds(repeats: int = 50, clock: Callable[[], float] = time.thread_time) -> float:
     """This machine's time for a fixed piece of Python-level work (:data:`PROBE_SOURCE` executed 10 times, 100 rounds
-    of small numpy calls): the best of `repeats` (about 3 ms each on the reference CPU: short enough that the best ran
-    within one time slice when other processes share the cores, so the figure is the quiet machine's; a CPU quota of a
-    short period, benchmarks/plan_accuracy.py --cpu-quota, slows every repeat, as a slower CPU would)."""
+    of small numpy calls): the best of `repeats` (about 3 ms each on the reference CPU), timed by `clock`: the
+    thread's CPU time by default, which other processes on the cores barely change (the wall clock's best of 50 read
+    3-4 × the quiet figure at a load of 9 on 2 cores, the CPU time's within 1.3 ×), as a slower CPU does change it.
+    A CPU quota (benchmarks/plan_accuracy.py --cpu-quota) stretches only the wall clock: the probe, like the
+    CPU seconds, reads the CPU's own speed."""
     import numpy as np
 
     code = marshal.dumps(compile(PROBE_SOURCE, "<probe>", "exec"))
     a = np.arange(64.0).reshape(8, 8)
     best = float("inf")
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         for _ in range(10):
             exec(marshal.loads(code), {})
         for _ in range(100):
             (a @ a).sum()
             a.mean(axis=0)
             np.sqrt(a)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return best
 
 
@@ -214,7 +246,8 @@ def device(name: str = "cpu", flops: float | None = None, pass_seconds: float | 
     basis = f"torch float32 2048² matmul and {python}, measured now" if flops is None else \
         f"given; {python}" if python_scale is not None else "given"
     return Device(name, cpu, CPU_PASS_SECONDS * scale if pass_seconds is None else pass_seconds, cpu, basis,
-                  CPU_TRAIN_EFFICIENCY, CPU_FORWARD_EFFICIENCY, cpu_thread_flops=one, python_scale=scale)
+                  CPU_TRAIN_EFFICIENCY, CPU_FORWARD_EFFICIENCY, cpu_thread_flops=one, python_scale=scale,
+                  head_step_seconds=CPU_HEAD_STEP_SECONDS * scale, head_efficiency=CPU_HEAD_EFFICIENCY)
 
 
 def _threads() -> int:
@@ -226,22 +259,29 @@ def _threads() -> int:
 def terms(cost: StageCost, on: Device) -> dict[str, float | None]:
     """The seconds of each term of `cost` on `on` (the module's docstring); None for a term that rests on a figure
     never measured (the nulls' engines on a GPU before benchmarks/gpu_check.py timed them there)."""
-    forward = cost.flops - cost.host_flops - cost.train_flops
+    forward = cost.flops - cost.host_flops - cost.train_flops - cost.head_flops
     on_gpu = on.analysis_flops is not None  # the nulls' engines run on the device, the rest of the numpy on the host
     host_flops = cost.host_flops - (cost.analysis_flops if on_gpu else 0.0)
     small_flops = cost.small_flops  # never the nulls' engines (batched torch products: the host's threads or the GPU)
+    # On a CPU the nulls' engines are part of the host's work, in float64 (kernel gathers: memory-bound).
+    engines = 0.0 if on_gpu else cost.analysis_flops
+    kernels = 0.0 if on_gpu else cost.kernel_flops
     compute = (cost.train_flops / on.train_efficiency + forward / on.forward_efficiency) / on.flops + \
         (small_flops / on.cpu_thread_flops if small_flops else 0.0) + \
-        (host_flops - small_flops - cost.svd_flops) / on.cpu_flops + cost.svd_flops / (on.cpu_flops * SVD_EFFICIENCY)
+        (host_flops - small_flops - cost.svd_flops - engines) / on.cpu_flops + \
+        cost.svd_flops / (on.cpu_flops * SVD_EFFICIENCY) + \
+        (engines - kernels) / (on.cpu_flops * CPU_ENGINE_EFFICIENCY) + kernels / (on.cpu_flops * CPU_KERNEL_EFFICIENCY)
     start = cost.processes * START_SECONDS[STACK.get(cost.stage, "model")]
-    if cost.stage == "download" and cost.processes:  # download_model imports the model stack (it checks the model)
-        start += START_SECONDS["model"] - START_SECONDS["light"]
+    if cost.stage == "download" and cost.processes:  # download_model snapshots the model
+        start += SNAPSHOT_SECONDS
     python = on.python_scale
     first = cost.processes * FIRST_LOAD_SECONDS if cost.loads else 0.0
     host_evaluations = cost.evaluations - (cost.analysis_evaluations if on_gpu else 0)
     out = {"start": start * python,
            "loads": (first + cost.loads * LOAD_SECONDS) * python + cost.load_bytes / on.bandwidth,
            "compute": compute, "passes": cost.passes * on.pass_seconds + _compiled_saving(cost, on),
+           "heads": cost.head_steps * (on.pass_seconds if on.head_step_seconds is None else on.head_step_seconds)
+           + cost.head_flops / (on.flops * on.head_efficiency),
            "evaluations": (host_evaluations * EVALUATION_SECONDS + cost.heatmaps * HEATMAP_SECONDS) * python}
     if on_gpu and cost.analysis_evaluations:
         rate, per_cell = on.analysis_flops.value, on.analysis_cell_seconds.value
