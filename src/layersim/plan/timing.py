@@ -59,6 +59,10 @@ HEATMAP_SECONDS = 0.3        # a heatmap with a value written in each cell (matp
 # numpy's float64 SVD (LAPACK gesdd) against the float32 matmul on the same threads: 0.36 of its FLOP/s at 384 × 384,
 # 0.22 at 1536 × 384 (measured, 2 threads): half for float64, the rest LAPACK's bidiagonalization (half BLAS-2).
 SVD_EFFICIENCY = 0.3
+# The weights stage's null (layersim.similarity.weight_space.rotated_null_cosines) at n = 384: dorgqr, a Cholesky QR,
+# a Gram matrix and eigh's tridiagonalisation (half BLAS-2), in float64 on one thread each: 0.1 of the float32
+# matmul's FLOP/s (measured: benchmarks/weights_null.py).
+LAPACK_EFFICIENCY = 0.1
 CPU_BANDWIDTH = 10e9          # bytes/s a core streams (a checkpoint read from the page cache)
 
 # The Python-level probe (:func:`python_probe_seconds`) on the reference CPU above: the best of its repeats, measured
@@ -232,7 +236,8 @@ def terms(cost: StageCost, on: Device) -> dict[str, float | None]:
     small_flops = cost.small_flops  # never the nulls' engines (batched torch products: the host's threads or the GPU)
     compute = (cost.train_flops / on.train_efficiency + forward / on.forward_efficiency) / on.flops + \
         (small_flops / on.cpu_thread_flops if small_flops else 0.0) + \
-        (host_flops - small_flops - cost.svd_flops) / on.cpu_flops + cost.svd_flops / (on.cpu_flops * SVD_EFFICIENCY)
+        (host_flops - small_flops - cost.svd_flops - cost.lapack_flops) / on.cpu_flops + \
+        cost.svd_flops / (on.cpu_flops * SVD_EFFICIENCY) + cost.lapack_flops / (on.cpu_flops * LAPACK_EFFICIENCY)
     start = cost.processes * START_SECONDS[STACK.get(cost.stage, "model")]
     if cost.stage == "download" and cost.processes:  # download_model imports the model stack (it checks the model)
         start += START_SECONDS["model"] - START_SECONDS["light"]
