@@ -32,7 +32,8 @@ def weight_changes(pretrained, finetuned, k: int, threshold: float,
     not depend on the order :func:`_on_threads` computes them in)."""
     import torch
 
-    before = pretrained if isinstance(pretrained, Mapping) else pretrained_matrices(pretrained, roles)
+    before = ({key: value for key, value in pretrained.items() if key[1] in roles} if isinstance(pretrained, Mapping)
+              else pretrained_matrices(pretrained, roles))
     after = layer_matrices(finetuned, roles)
     if before.keys() != after.keys() or any(before[key].matrix.shape != after[key].shape for key in before):
         raise LayersimError("the fine-tuned model's layers do not match the pretrained model's (another depth or "
@@ -57,8 +58,8 @@ def pretrained_matrices(model, roles: tuple[str, ...] = MATRIX_TYPES) -> dict[tu
 def _on_threads(function: Callable, keys: Iterable) -> dict:
     """{key: function(key)}, computed on torch's threads, each running LAPACK on itself: a 384 × 384 problem gains
     little from a second BLAS thread, and BLAS threads that wait on each other lose many times their time when
-    another process takes a core (measured: 20 draws of the null on 384 × 384 took 14 CPU seconds beside other
-    work, 0.8 on one thread)."""
+    another process takes a core (measured before issue 64's rewrite: 20 draws of the null on 384 × 384 took 14.5
+    CPU seconds on two BLAS threads beside other work, 0.84 on one)."""
     import torch
 
     keys = list(keys)
