@@ -340,6 +340,50 @@ def test_grounding_off_costs_a_process_and_on_the_observed_stacked_matrices_of_i
     assert added > 0 and wider.evaluations == (measures + added) * stacked * (stacked + 1) // 2
 
 
+def test_the_weights_stage_counts_its_svds_once_per_pretrained_matrix_and_its_null_per_draw():
+    """The intruder null's FLOPs on exact cases (a draw on n × n with a full-rank update: two n × n Householder frames
+    at 4/3 n³, the Gram matrix n³, eigh's tridiagonalisation 4/3 n³, the k cosines 4 n² k: 5 n³ + 4 n² k), linear in
+    weights.null_draws and at LAPACK's efficiency; the pretrained SVDs counted once, whatever the seeds; LoRA's
+    rank-r null on its two roles far below full fine-tuning's six full-rank ones."""
+    from layersim.plan import lapack, timing
+
+    n, k = 384, 10
+    assert lapack.intruder_null_flops(n, n, n, k) == pytest.approx(5 * n ** 3 + 4 * n * n * k)
+    # 1536 × 384: the long frame's 384 + 384 rows by Cholesky QR, the (2n × n) Gram matrix.
+    assert lapack.intruder_null_flops(4 * n, n, n, k) == pytest.approx(
+        4 / 3 * n ** 3 + (2 * 2 * n * n * n + n ** 3 / 3) + 2 * n ** 3 + 4 / 3 * n ** 3 + 8 * n * n * k)
+    assert lapack.intruder_null_flops(n, 4 * n, n, k) == lapack.intruder_null_flops(4 * n, n, n, k)
+
+    def cost(**weights):
+        doc = tiny_params(yaml.safe_load(repository_params_text()), tasks=["synth-similarity"], seeds=[1, 2, 3])
+        doc["weights"].update(weights)
+        params = parse_params(doc)
+        return stages.weights(params, model_size(params.model, REPO), task_size(params, params.tasks[0], REPO)), params
+
+    none, params = cost(null_draws=0)
+    twenty, _ = cost(null_draws=20)
+    forty, _ = cost(null_draws=40)
+    assert none.lapack_flops == 0 < twenty.lapack_flops and forty.lapack_flops == pytest.approx(2 * twenty.lapack_flops)
+    assert twenty.svd_flops == none.svd_flops and twenty.flops == twenty.svd_flops + twenty.lapack_flops
+    shape = model_size(params.model, REPO).shape
+    h, f = shape.hidden, shape.intermediate
+    per_draw = 4 * lapack.intruder_null_flops(h, h, h, k) + 2 * lapack.intruder_null_flops(f, h, h, k)
+    assert twenty.lapack_flops == pytest.approx(20 * 3 * shape.num_layers * per_draw)
+    once = 4 * lapack.svd_flops(h, h) + 2 * lapack.svd_flops(f, h)
+    per_run = 4 * (lapack.svd_flops(h, h) + lapack.svd_values_flops(h, h)) + \
+        2 * (lapack.svd_flops(f, h) + lapack.svd_values_flops(f, h))
+    assert none.svd_flops == pytest.approx(shape.num_layers * (once + 3 * per_run))
+    on = timing.Device("cpu", flops=1e11, pass_seconds=1e-3, cpu_flops=1e11, basis="given", cpu_thread_flops=1e11)
+    extra = terms(twenty, on)["compute"] - terms(none, on)["compute"]
+    assert extra == pytest.approx(twenty.lapack_flops / (1e11 * timing.LAPACK_EFFICIENCY))
+    doc = tiny_params(yaml.safe_load(repository_params_text()), tasks=["synth-similarity"], seeds=[1, 2, 3])
+    doc["weights"]["null_draws"] = 20
+    doc["finetune"].update(method="lora")
+    lora = parse_params(doc)
+    lora_cost = stages.weights(lora, model_size(lora.model, REPO), task_size(lora, lora.tasks[0], REPO))
+    assert 0 < lora_cost.lapack_flops < twenty.lapack_flops / 3
+
+
 def test_the_nulls_permutations_are_the_analysis_engines_and_blocks_sample_linear_cka():
     from layersim.similarity.inference.exchangeability import LINEAR_CKA_BLOCK_PERMUTATIONS
 

@@ -189,3 +189,97 @@ def test_a_planted_intruder_direction_has_a_small_p_value():
         counts.append(change.intruders), nulls.append(change.null_intruders)
     # The five matrices together (one role over layers: draws summed index by index): p at its floor, 1/100.
     assert null_p_value(sum(counts), np.sum(nulls, axis=0)) == pytest.approx(1 / 100)
+
+
+# --- the null drawn in W0's singular bases (rotated_null_cosines) against the definition ---
+
+
+def _reference_null_cosines(w0, values, k, draws, rng):
+    """The null as defined, written out: W0 + U' diag(s) V'^T with U', V' the Q factors (signs fixed by R's
+    diagonal) of Gaussian matrices of the full out × r and in × r, its top-k left singular vectors by SVD, their best
+    |cosines| with W0's left singular vectors."""
+    def haar(dim, rank):
+        q, r = np.linalg.qr(rng.standard_normal((dim, rank)))
+        return q * np.sign(np.diag(r))
+
+    pretrained_u = np.linalg.svd(w0, full_matrices=False)[0]
+    out, inner = w0.shape
+    found = []
+    for _ in range(draws):
+        left = np.linalg.svd(w0 + (haar(out, values.size) * values) @ haar(inner, values.size).T)[0][:, :k]
+        found.append(np.abs(left.T @ pretrained_u).max(axis=1))
+    return np.array(found)
+
+
+# (out, in, rank): square at full and low rank; tall and wide with the long side's other rows at most the rank
+# (the frame drawn whole) and beyond it (Bartlett's Wishart factor), at full and low rank.
+_NULL_CASES = [(16, 16, 16), (16, 16, 4), (22, 14, 14), (36, 14, 14), (36, 14, 3), (14, 22, 14), (14, 36, 14),
+               (14, 36, 3)]
+
+
+@pytest.mark.parametrize("out, inner, rank", _NULL_CASES)
+def test_the_null_drawn_in_the_singular_bases_has_the_definitions_distribution(out, inner, rank):
+    """Each of the top 3 best cosines, over 600 draws, against 600 draws of the definition written out (a two-sample
+    Kolmogorov-Smirnov test; fixed seeds, so the same numbers on every run), and the intruder counts' means within
+    4 standard errors. The update is larger than W0's spectrum, so that 0.4 to 1.9 of the three are intruders."""
+    from scipy.stats import ks_2samp
+
+    from layersim.similarity.weight_space import rotated_null_cosines
+
+    rng = np.random.default_rng(out * 100 + inner * 10 + rank)
+    w0 = (haar_frame(rng, out, min(out, inner)) * np.linspace(2, 0.2, min(out, inner))) @ \
+        haar_frame(rng, inner, min(out, inner)).T
+    values = np.linspace(3, 0.75, rank)
+    expected = _reference_null_cosines(w0, values, 3, 600, np.random.default_rng(1))
+    drawn = rotated_null_cosines(np.linalg.svd(w0, compute_uv=False), values, (out, inner), 3, 600,
+                                 np.random.default_rng(2))
+    assert drawn.shape == (600, 3) and np.all((drawn > 0) & (drawn <= 1 + 1e-12))
+    for column in range(3):
+        assert ks_2samp(expected[:, column], drawn[:, column]).pvalue > 1e-3
+    counts = [(cosines < THRESHOLD).sum(axis=1) for cosines in (expected, drawn)]
+    assert 0.2 < counts[0].mean() < 2.8  # the case tests the count, not a floor of zeros or a ceiling of threes
+    spread = np.sqrt((counts[0].var() + counts[1].var()) / 600)
+    assert abs(counts[0].mean() - counts[1].mean()) < 4 * spread
+
+
+@pytest.mark.parametrize("out, inner, rank", _NULL_CASES)
+def test_in_the_limits_an_overwhelming_update_is_a_random_direction_and_a_tiny_one_none(out, inner, rank):
+    """An update 10⁹ times W0 with distinct singular values: its top vectors are U's columns, Haar-random in the
+    output space, and the best |cos| with W0's n = min(out, in) left singular vectors is the largest of a random
+    unit vector's first n coordinates (Kolmogorov-Smirnov against such vectors drawn directly, 400 each). An update
+    10⁻⁷ of W0's spectral gaps moves no top vector by more than 10⁻⁵."""
+    from scipy.stats import ks_2samp
+
+    from layersim.similarity.weight_space import rotated_null_cosines
+
+    n, k = min(out, inner), min(3, rank)
+    sigma = np.linspace(3, 0.5, n)
+    large = rotated_null_cosines(1e-9 * sigma, np.linspace(3, 1, rank), (out, inner), k, 400,
+                                 np.random.default_rng(0))
+    directions = np.random.default_rng(1).standard_normal((400, out))
+    expected = np.abs(directions[:, :n]).max(axis=1) / np.linalg.norm(directions, axis=1)
+    for column in range(k):
+        assert ks_2samp(large[:, column], expected).pvalue > 1e-3
+    small = rotated_null_cosines(sigma, 1e-7 * np.linspace(1, 0.5, rank), (out, inner), 3, 20,
+                                 np.random.default_rng(0))
+    np.testing.assert_allclose(small, 1.0, atol=1e-5)
+
+
+def test_the_long_frames_first_rows_are_those_of_a_haar_frame():
+    """Bartlett's shortcut (_long_frame with more other rows than the rank): the first n rows F_n of a Haar (L, r)
+    frame have E[F_n^T F_n] = (n / L) I, and each diagonal entry is Beta(n/2, (L − n)/2): variance
+    2 n (L − n) / (L² (L + 2)). A chi-square off by one degree of freedom moves the mean by about 1/L."""
+    from layersim.similarity.weight_space import _long_frame
+
+    rng, n, long, rank, draws = np.random.default_rng(3), 5, 40, 3, 4000
+    frames = np.array([_long_frame(rng, n, long, rank) for _ in range(draws)])
+    assert frames.shape == (draws, n + rank, rank)
+    np.testing.assert_allclose(frames.transpose(0, 2, 1) @ frames, np.broadcast_to(np.eye(rank), (draws, 3, 3)),
+                               atol=1e-12)
+    grams = frames[:, :n].transpose(0, 2, 1) @ frames[:, :n]
+    diagonal = grams[:, np.arange(rank), np.arange(rank)].ravel()
+    variance = 2 * n * (long - n) / (long ** 2 * (long + 2))
+    assert abs(diagonal.mean() - n / long) < 4 * np.sqrt(variance / diagonal.size)
+    assert abs(diagonal.var() / variance - 1) < 0.1
+    off = grams[:, 0, 1]
+    assert abs(off.mean()) < 4 * off.std() / np.sqrt(draws)

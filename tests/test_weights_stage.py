@@ -137,3 +137,23 @@ def test_methods_are_compared_on_the_roles_both_adapted(monkeypatch, planted):
     assert 0 < compared["intruders_shared_roles_p_value"] <= 1
     # LoRA's frozen matrices did not train: no null is drawn for them.
     assert all("intruders_p_value" not in row for row in rows if row.get("method") == "lora" and not row["adapted"])
+
+
+def test_the_changes_are_the_same_on_one_thread_or_several_and_with_the_pretrained_svds_shared(planted):
+    """weight_changes computes the matrices on torch's threads, each from its own stream, and takes the pretrained
+    model's SVDs once when given them (pretrained_matrices): neither changes a number."""
+    from layersim.experiments.weights import pretrained_matrices, weight_changes
+
+    models = planted[0]
+    base, tuned = models[Path("pre")], models[finetuned("ckpt", 3)]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = weight_changes(base, tuned, 10, 0.5, null_draws=9, seed=4)
+        torch.set_num_threads(3)
+        several = weight_changes(pretrained_matrices(base), tuned, 10, 0.5, null_draws=9, seed=4)
+    finally:
+        torch.set_num_threads(before)
+    assert one == several
+    assert sum(change.intruders for change in one.values()) == 1
+    assert any(change.null_intruders for change in one.values())

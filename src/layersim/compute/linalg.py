@@ -125,5 +125,8 @@ def blas_on_calling_thread() -> threadpool_limits:
     needs. On a 2-core machine an INN transform of 1,000 rows right after a NumPy product took 73 ms instead
     of 14 (12 ms + 2 ms alone), a thin 1,000 × 384 SVD then the transform 137 ms instead of 62; with NumPy's
     BLAS on the calling thread the same pairs took 16 and 54 ms (the SVD alone no slower: 42 vs 50 ms).
-    Torch's own threads are left as they are."""
+    Torch's own threads are left as they are. SciPy's LAPACK is a library of its own (scipy-openblas), which a limit
+    reaches only if it is loaded when the limit is set: it is imported first."""
+    import scipy.linalg  # noqa: F401 (loads SciPy's BLAS, so that the limit covers it)
+
     return threadpool_limits(limits=1, user_api="blas")

@@ -6,36 +6,65 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from layersim.compute.linalg import blas_on_calling_thread
 from layersim.data.layout import as_runs, run_labels
 from layersim.errors import LayersimError
+from layersim.models.matrix_roles import adapter_roles
 from layersim.models.weight_matrices import MATRIX_TYPES, layer_matrices
-from layersim.similarity.weight_space import MatrixChange, matrix_change, null_p_value
+from layersim.similarity.weight_space import MatrixChange, Pretrained, matrix_change, null_p_value
 
 
 def weight_changes(pretrained, finetuned, k: int, threshold: float,
                    roles: tuple[str, ...] = MATRIX_TYPES, null_draws: int = 0, seed: int = 0,
                    nulled: tuple[str, ...] | None = None) -> dict[tuple[int, str], MatrixChange]:
     """What fine-tuning did to each layer's matrices of `roles` of two models of one architecture (base or task
-    models): (layer index, role) → its :class:`MatrixChange`. The update's rank is read against the fine-tuned
-    weights' stored dtype (bf16 weights have a coarser rounding floor than fp32 ones). With `null_draws`, the
-    matrices of the roles `nulled` (default all) get the rotated-update null of their intruder count
-    (layersim.similarity.weight_space.rotated_update_counts), each from its own stream of `seed`."""
+    models; `pretrained` also as :func:`pretrained_matrices` of the base, whose SVDs every run then shares):
+    (layer index, role) → its :class:`MatrixChange`. The update's rank is read against the fine-tuned weights'
+    stored dtype (bf16 weights have a coarser rounding floor than fp32 ones). With `null_draws`, the matrices of
+    the roles `nulled` (default all) get the rotated-update null of their intruder count
+    (layersim.similarity.weight_space.rotated_update_counts), each from its own stream of `seed` (so the results do
+    not depend on the order :func:`_on_threads` computes them in)."""
     import torch
 
-    before, after = layer_matrices(pretrained, roles), layer_matrices(finetuned, roles)
-    if before.keys() != after.keys() or any(before[key].shape != after[key].shape for key in before):
+    before = ({key: value for key, value in pretrained.items() if key[1] in roles} if isinstance(pretrained, Mapping)
+              else pretrained_matrices(pretrained, roles))
+    after = layer_matrices(finetuned, roles)
+    if before.keys() != after.keys() or any(before[key].matrix.shape != after[key].shape for key in before):
         raise LayersimError("the fine-tuned model's layers do not match the pretrained model's (another depth or "
                             "width); compare a checkpoint only with the model it was fine-tuned from.")
     nulled = roles if nulled is None else nulled
-    return {key: matrix_change(before[key].float().cpu().numpy(), after[key].float().cpu().numpy(), k, threshold,
-                               eps=torch.finfo(after[key].dtype).eps, null_draws=null_draws if key[1] in nulled else 0,
-                               rng=np.random.default_rng([seed, key[0], MATRIX_TYPES.index(key[1])]))
-            for key in before}
+
+    def change(key: tuple[int, str]) -> MatrixChange:
+        return matrix_change(before[key], after[key].float().cpu().numpy(), k, threshold,
+                             eps=torch.finfo(after[key].dtype).eps, null_draws=null_draws if key[1] in nulled else 0,
+                             rng=np.random.default_rng([seed, key[0], MATRIX_TYPES.index(key[1])]))
+
+    return _on_threads(change, before)
+
+
+def pretrained_matrices(model, roles: tuple[str, ...] = MATRIX_TYPES) -> dict[tuple[int, str], Pretrained]:
+    """Each layer's matrices of `roles` of the pretrained model with their SVDs (weight_space.Pretrained), taken once
+    for every run compared with them."""
+    matrices = layer_matrices(model, roles)
+    return _on_threads(lambda key: Pretrained.of(matrices[key].float().cpu().numpy()), matrices)
+
+
+def _on_threads(function: Callable, keys: Iterable) -> dict:
+    """{key: function(key)}, computed on torch's threads, each running LAPACK on itself: a 384 × 384 problem gains
+    little from a second BLAS thread, and BLAS threads that wait on each other lose many times their time when
+    another process takes a core (measured before issue 64's rewrite: 20 draws of the null on 384 × 384 took 14.5
+    CPU seconds on two BLAS threads beside other work, 0.84 on one)."""
+    import torch
+
+    keys = list(keys)
+    with blas_on_calling_thread(), ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
+        return dict(zip(keys, pool.map(function, keys)))
 
 
 def adapted_roles(finetune, method: str | None = None) -> tuple[str, ...]:
@@ -43,8 +72,6 @@ def adapted_roles(finetune, method: str | None = None) -> tuple[str, ...]:
     finetune.lora's under LoRA."""
     if (method or finetune.method) != "lora":
         return MATRIX_TYPES
-    from layersim.training.adapters import adapter_roles
-
     return adapter_roles(finetune.lora.target_modules)
 
 
@@ -168,7 +195,7 @@ def task_weights(pretrained: Path, checkpoints: Path, runs: Sequence, finetune, 
     from layersim.models.registry import load_encoder
     from layersim.reporting.weight_plots import intruder_grids, intruder_heatmaps
 
-    base, per_run = load_encoder(pretrained), {}
+    base, per_run = pretrained_matrices(load_encoder(pretrained)), {}
     adapted = {}
     for run in as_runs(runs):
         adapted[run.method] = adapted_roles(finetune, run.method or None)

@@ -26,6 +26,8 @@ class StageCost:
     host_flops: float = 0.0   # the part of flops that numpy runs on the host CPU (similarity measures, SVDs)
     small_flops: float = 0.0  # the part of host_flops in products too small for more than one thread
     svd_flops: float = 0.0    # the part of host_flops in float64 LAPACK SVDs (the weights stage)
+    lapack_flops: float = 0.0  # the part of host_flops in float64 LAPACK work on small matrices besides SVDs (the
+                               # weights stage's null: Householder frames, Cholesky QR, Gram matrices, eigh)
     # The part of host_flops and evaluations that the permutation nulls' engines run (torch, float64): on the host
     # in a CPU plan, on the GPU in a GPU plan (layersim.compute.device.analysis_on).
     analysis_flops: float = 0.0
@@ -36,5 +38,5 @@ class StageCost:
     def add(self, other: "StageCost") -> None:
         for name in ("rows", "bytes", "flops", "passes", "train_flops", "head_steps", "head_flops", "processes",
                      "loads", "load_bytes", "evaluations", "heatmaps", "host_flops", "small_flops", "svd_flops",
-                     "analysis_flops", "kernel_flops", "analysis_evaluations"):
+                     "lapack_flops", "analysis_flops", "kernel_flops", "analysis_evaluations"):
             setattr(self, name, getattr(self, name) + getattr(other, name))

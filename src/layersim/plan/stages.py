@@ -15,9 +15,11 @@ import math
 
 from layersim.data import disk
 from layersim.compute.flops import training_flops
+from layersim.models.matrix_roles import MATRIX_TYPES, adapter_roles
 from layersim.params.pairs import aligned_pairs, paired_models
 from layersim.plan.cost import StageCost
 from layersim.plan.measure_costs import ATTENTION_TERM_FLOPS, attention_measured, host, measure_flops, measured
+from layersim.plan.lapack import intruder_null_flops, svd_flops, svd_values_flops
 from layersim.plan.sizes import ModelSize, TaskSize
 from layersim.training.recipes import freeze_recipe
 
@@ -139,28 +141,28 @@ def grounding(params, model: ModelSize, task: TaskSize) -> StageCost:
     return cost
 
 
-def svd_flops(m: int, n: int) -> float:
-    """A thin SVD of an m × n matrix with its left singular vectors (Golub and Van Loan's count, m ≥ n)."""
-    m, n = max(m, n), min(m, n)
-    return 4 * m * n * n + 22 * n ** 3
-
-
 def weights(params, model: ModelSize, task: TaskSize) -> StageCost:
-    """Per seed, every layer's six weight matrices (four h × h, two f × h) against the pretrained ones: five SVDs
-    each (both matrices' singular vectors, both spectra, the update's); no example is read. The intruder count's
-    null (weights.null_draws per adapted matrix) costs about half an SVD a draw for a full-rank update (two Haar
-    frames by Cholesky QR, the product, a Gram matrix and its top eigenvectors: measured 35 ms against 56 ms for
-    the SVD of 384 × 384), and about an eighth for a low-rank one (LoRA's: the Gram matrix and its eigenvectors),
-    whose method adapts only query and value by default."""
-    h, f = model.shape.hidden, model.shape.intermediate
-    every_matrix = 4 * svd_flops(h, h) + 2 * svd_flops(f, h)
-    draws = params.weights.null_draws
+    """Every layer's six weight matrices (four h × h, f × h, h × f): the pretrained one's SVD once for every run; per
+    run, the fine-tuned one's SVD with its singular vectors and the update's spectrum; no example is read. The
+    intruder count's null (weights.null_draws per adapted matrix: :func:`intruder_null_flops`) on a full-rank update
+    under full fine-tuning, on LoRA's rank-r update of the roles it adapts: a draw with a full-rank update costs
+    5 n³ FLOPs on an n × n matrix, 9 n³ on an n × 4n one (its long frame has at most 2n rows), where the SVD with
+    vectors counts 26 n³ and 38 n³. All LAPACK in float64 on one thread per matrix, the matrices on torch's threads
+    (layersim.experiments.weights)."""
+    h, f, k = model.shape.hidden, model.shape.intermediate, params.weights.top_k
+    shapes = {role: (h, h) for role in MATRIX_TYPES} | {"intermediate": (f, h), "output": (h, f)}
+    lora = params.finetune.lora
+    lora_roles = adapter_roles(lora.target_modules)
     methods = [params.finetune.method, *params.finetune.compare_methods]
-    null = sum(draws * (2 * svd_flops(h, h) / 8 if method == "lora" else every_matrix / 2) for method in methods)
-    runs = fine_tuned_runs(params)
-    flops = model.shape.num_layers * (runs * 5 * every_matrix + len(params.seeds) * null)
-    return host(StageCost("weights", flops=flops, svd_flops=flops, processes=1, heatmaps=runs,  # a valued panel a run
-                          **loaded(model, 1 + runs)), f * h * h)
+    once = sum(svd_flops(*shape) for shape in shapes.values())
+    per_run = sum(svd_flops(*shape) + svd_values_flops(*shape) for shape in shapes.values())
+    null = params.weights.null_draws * sum(
+        intruder_null_flops(*shape, min(lora.rank, *shape) if method == "lora" else min(shape), k)
+        for method in methods for role, shape in shapes.items() if method != "lora" or role in lora_roles)
+    layers, runs = model.shape.num_layers, fine_tuned_runs(params)
+    svds, null = layers * (once + runs * per_run), layers * len(params.seeds) * null
+    return host(StageCost("weights", flops=svds + null, svd_flops=svds, lapack_flops=null, processes=1,
+                          heatmaps=runs, **loaded(model, 1 + runs)), f * h * h)  # a heatmap panel a run
 
 
 def fine_tuned_runs(params) -> int:

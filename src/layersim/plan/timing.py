@@ -85,6 +85,10 @@ SVD_EFFICIENCY = 0.3
 # 4-5 GFLOP/s of its counted FLOPs (the gather: 17 ns an entry, not the 30 multiply-adds the engine's choice assumes).
 CPU_ENGINE_EFFICIENCY = 0.37
 CPU_KERNEL_EFFICIENCY = 0.065
+# The weights stage's null (layersim.similarity.weight_space.rotated_null_cosines) at n = 384: dorgqr, a Cholesky QR,
+# a Gram matrix and eigh's tridiagonalisation (half BLAS-2), in float64 on one thread each: 0.12-0.14 of the float32
+# matmul's FLOP/s on MiniLM's three shapes (benchmarks/weights_null.py, 2026-11-29, AMD EPYC, load 4-10).
+LAPACK_EFFICIENCY = 0.13
 CPU_BANDWIDTH = 10e9          # bytes/s a core streams (a checkpoint read from the page cache)
 
 # The Python-level probe (:func:`python_probe_seconds`) on the reference CPU above: the best of its repeats, measured
@@ -268,8 +272,8 @@ def terms(cost: StageCost, on: Device) -> dict[str, float | None]:
     kernels = 0.0 if on_gpu else cost.kernel_flops
     compute = (cost.train_flops / on.train_efficiency + forward / on.forward_efficiency) / on.flops + \
         (small_flops / on.cpu_thread_flops if small_flops else 0.0) + \
-        (host_flops - small_flops - cost.svd_flops - engines) / on.cpu_flops + \
-        cost.svd_flops / (on.cpu_flops * SVD_EFFICIENCY) + \
+        (host_flops - small_flops - cost.svd_flops - cost.lapack_flops - engines) / on.cpu_flops + \
+        cost.svd_flops / (on.cpu_flops * SVD_EFFICIENCY) + cost.lapack_flops / (on.cpu_flops * LAPACK_EFFICIENCY) + \
         (engines - kernels) / (on.cpu_flops * CPU_ENGINE_EFFICIENCY) + kernels / (on.cpu_flops * CPU_KERNEL_EFFICIENCY)
     start = cost.processes * START_SECONDS[STACK.get(cost.stage, "model")]
     if cost.stage == "download" and cost.processes:  # download_model snapshots the model

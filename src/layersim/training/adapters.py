@@ -13,13 +13,8 @@ from __future__ import annotations
 from torch import nn
 
 from layersim.errors import LayersimError
-from layersim.models.matrix_roles import ADAPTER_ROLES_AUTO
+from layersim.models.matrix_roles import adapter_roles
 from layersim.models.weight_matrices import adapter_targets
-
-
-def adapter_roles(target_modules) -> tuple[str, ...]:
-    """The matrix roles finetune.lora.target_modules names ("auto": query and value, as Hu et al.)."""
-    return ADAPTER_ROLES_AUTO if target_modules == "auto" else tuple(target_modules)
 
 
 def with_adapters(model: nn.Module, settings) -> nn.Module:
