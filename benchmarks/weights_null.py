@@ -23,7 +23,7 @@ and wall seconds on torch's threads.
     python benchmarks/weights_null.py                     # about 2 minutes on a quiet 2-core machine
     python benchmarks/weights_null.py --repeats 5 --timed-draws 10
     python benchmarks/weights_null.py --pretrained data/models/minilm-l6/pretrained \\
-        --checkpoints data/checkpoints/minilm-l6/synth-similarity --seeds 1 2 3
+        --checkpoints data/checkpoints/synth-similarity --seeds 1 2 3
 """
 
 from __future__ import annotations
