@@ -509,3 +509,12 @@ def test_the_attention_similarities_their_null_and_intervals_are_counted():
     assert attention(permutations=21).evaluations - attention(permutations=20).evaluations == \
         (4 + 2) * layers ** 2  # FT–ORIG, FT–FT, ORIG–ORIG, FT[1]–FT[2] and the two RANDOM comparisons
     assert attention(attention_measures=["linear_cka"]).analysis_flops > 0  # an array measure: the engines
+
+
+def test_compare_is_planned_without_a_known_task():
+    """A hub task not yet downloaded has no size: compare's plan then counts the loads, not the attention probe (it
+    used to stop the params check with a StopIteration)."""
+    params = parse_params(tiny_params(yaml.safe_load(repository_params_text())))
+    assert params.similarity.attention_measures
+    cost = stages.compare(params, model_size(params.model, REPO), {}, {})
+    assert cost.loads > 0 and cost.passes == 0 == cost.rows

@@ -310,7 +310,7 @@ def compare(params, model: ModelSize, tasks: dict[str, TaskSize], others: dict[s
                                passes=L(m) * math.ceil(probe / params.extract.batch_size)))
     for m in models:
         cost.add(StageCost("compare", **loaded(m, 1 + bool(s.attention_measures))))  # the attention probe loads again
-    if s.attention_measures:
+    if s.attention_measures and tasks:  # no known task (a hub task not yet downloaded): nothing to probe yet
         cost.add(compare_attention(params, model, tasks, len(models) - len(params.compare.models)))
     stacked = sum(L(m) + 1 for m in models)
     for pooling, measures in s.measures.items():
