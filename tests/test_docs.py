@@ -49,6 +49,29 @@ def anchors(page: Path) -> frozenset[str]:
     return frozenset(slug_mkdocs(h) for h in headings) & frozenset(slug_github(h) for h in headings)
 
 
+REFERENCE_LINK = re.compile(r"(?<!\\)\[[^\]\n]*\]\[([^\]\n]+)\]")  # [text][id]: a reference autorefs resolves
+DEFINITION = re.compile(r"^ {0,3}\[([^\]\n]+)\]:", re.M)
+
+
+def undefined_references(page: Path) -> list[str]:
+    """`[text][id]` in prose with no `[id]:` definition: mkdocs-autorefs fails the strict build on them (an
+    indexing expression such as K[π][:, π] outside a code span reads as one)."""
+    text = prose(page.read_text(encoding="utf-8"))
+    defined = {d.lower() for d in DEFINITION.findall(text)}
+    return [ref for ref in REFERENCE_LINK.findall(text) if ref.lower() not in defined]
+
+
+@pytest.mark.parametrize("page", DOCUMENTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_no_undefined_reference_links(page):
+    assert not undefined_references(page), f"{page.name}: put these in a code span: {undefined_references(page)}"
+
+
+def test_the_reference_check_sees_an_indexing_expression(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("the gather K[p][:, p] of every kernel, `K[p][:, p]` in code, [a link][ok]\n\n[ok]: x.md\n")
+    assert undefined_references(page) == [":, p"]
+
+
 def links(page: Path) -> list[str]:
     return [t for t in LINK.findall(prose(page.read_text(encoding="utf-8")))
             if not re.match(r"[a-z][a-z0-9+.-]*:", t)]  # http:, https:, mailto: are not checked offline
