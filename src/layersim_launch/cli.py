@@ -148,7 +148,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="set a params.yaml value first, as `dvc exp run -S` does (Hydra override syntax, e.g. "
                         "-S model=tiny-gpt2 -S 'seeds=[1,2]'); --dry leaves the file as it was")
     p.add_argument("targets", nargs="*", help="only these nodes (e.g. finetune@rte-1) and what they read from")
-    p = commands.add_parser("push", help="`dvc push` once DVC's cache is checked against dvc.lock (no output was "
+    p = commands.add_parser("push", help="`dvc push` once the remote is known to verify pulls (verify true in "
+                                         ".dvc/config) and DVC's cache is checked against dvc.lock (no output was "
                                          "edited in place through its link into the cache); other arguments go to "
                                          "dvc push")
     p.add_argument("--root", default=".", help="the DVC workspace (default: here)")
@@ -178,6 +179,7 @@ def push(root: Path, dvc_args: list[str]) -> int:
 
 
 def install_hook(root: Path) -> int:
+    """`layersim install-hook`: git's pre-push hook of the checkout at `root` (layersim_launch.sharing)."""
     from layersim_launch.sharing import install_hook as write_hook
     from layersim.errors import LayersimError
 
