@@ -110,3 +110,36 @@ def test_launch_says_how_to_add_a_valid_key_the_file_lacks(params):
         set_params(params, ["finetune.require_convergence=false"])
     assert set_params(params, ["+finetune.require_convergence=false"]) is not None  # as the sentence says
     assert "require_convergence: false" in params.read_text()
+
+
+# --- a value that climbs out of its folder: layersim launch says it in its own sentence before DVC reads dvc.yaml ---
+
+CLIMBING = [  # (-S setting, the start of launch's sentence)
+    ('tasks=["../../.."]', "error: params.yaml: tasks has '../../..', a file rather than a task name; "),
+    ("model='../../models'", "error: params.yaml: model = '../../models' is not a Hugging Face hub id (owner/name) "
+                             "but a path; "),
+    ('seeds=["1/../../x"]', "error: params.yaml: seeds"),
+]
+
+
+@pytest.mark.parametrize("setting, sentence", CLIMBING)
+@pytest.mark.parametrize("given", ["-S", "params.yaml"])
+def test_launch_refuses_a_value_that_climbs_in_its_own_sentence(params, setting, sentence, given, capsys,
+                                                               monkeypatch):
+    """Issue 62: bare DVC commands stop such a value while they resolve dvc.yaml, in DVC's words (the path guard,
+    docs/params-safety.md); `layersim launch` validates params.yaml first, with the -S applied, and names it, before
+    it reads DVC's pipeline (here there is none to read) or starts Ray."""
+    import layersim_launch.cli as launch_cli
+    import layersim_launch.graph
+    from dvc.utils.hydra import apply_overrides
+
+    monkeypatch.setattr(layersim_launch.graph, "pipeline", lambda root: pytest.fail("DVC's pipeline read"))
+    before = params.read_text()
+    if given == "params.yaml":
+        apply_overrides(params, [setting])
+        before = params.read_text()
+    overrides = ["-S", setting] if given == "-S" else []
+    assert launch_cli.main(["launch", "--dry", "--root", str(params.parent), *overrides]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(sentence) and error.count("\n") == 1, error
+    assert params.read_text() == before  # a refused -S leaves the file as it was

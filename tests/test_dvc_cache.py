@@ -163,6 +163,7 @@ def test_layersim_push_checks_first_and_passes_its_other_arguments_to_dvc_push(p
 
     from layersim_launch import cli
 
+    _add_remote(project, verify="true")
     calls = []
     monkeypatch.setattr(subprocess, "run", lambda command, cwd: calls.append(command) or SimpleNamespace(returncode=0))
     assert cli.main(["push", "--root", str(project), "-r", "shared", "--jobs", "2"]) == 0
@@ -171,6 +172,120 @@ def test_layersim_push_checks_first_and_passes_its_other_arguments_to_dvc_push(p
     assert cli.main(["push", "--root", str(project)]) == 1 and len(calls) == 1
     error = capsys.readouterr().err
     assert error.startswith("error: DVC's cache holds other bytes") and "data/model/config.json" in error
+
+
+def _add_remote(project: Path, name: str = "shared", verify: str | None = None, where: str = "config",
+                default: bool = True) -> None:
+    """A folder remote in one of the project's DVC config files, as `dvc remote add [-d]` and `dvc remote modify
+    NAME verify` write it."""
+    path = project / ".dvc" / where
+    text = path.read_text() if path.is_file() else ""
+    if default:
+        text += f"[core]\n    remote = {name}\n"
+    text += f"['remote \"{name}\"']\n    url = /mnt/shared/{name}\n"
+    if verify is not None:
+        text += f"    verify = {verify}\n"
+    path.write_text(text)
+
+
+@pytest.mark.parametrize("setup, args, refused", [
+    ([{}], [], "shared"),                                                  # the default remote, verify unset
+    ([{"verify": "false"}], [], "shared"),
+    ([{"verify": "true", "where": "config.local"}], [], "shared"),         # the colleague's clone would not have it
+    ([{"verify": "true"}, {"name": "backup", "default": False}], ["-r", "backup"], "backup"),
+    ([{"verify": "true"}, {"name": "backup", "default": False}], ["--remote=backup"], "backup"),
+    ([{"verify": "true"}, {"name": "backup", "default": False}], ["-rbackup"], "backup"),
+])
+def test_layersim_push_refuses_a_remote_that_lets_a_pull_keep_damaged_bytes(project, monkeypatch, capsys, setup,
+                                                                            args, refused):
+    """A plain `dvc push` uploads an object an edit changed under its old name; only the remote's `verify`, in the
+    config file git carries, keeps it from a colleague's pull: `layersim push` refuses a remote without it."""
+    import subprocess
+
+    from layersim_launch import cli
+
+    for remote in setup:
+        _add_remote(project, **remote)
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda command, cwd: calls.append(command))
+    assert cli.main(["push", "--root", str(project), *args]) == 1 and calls == []
+    error = capsys.readouterr().err.strip()
+    assert error == (f"error: the remote '{refused}' does not set verify true in .dvc/config, the config file git "
+                     "carries to a colleague, so their dvc pull would keep bytes that do not match their names (a "
+                     "plain dvc push uploads an output edited in place as it is); run dvc remote modify "
+                     f"{refused} verify true, commit .dvc/config and run layersim push again.")
+
+
+@pytest.mark.parametrize("setup, args, pushed", [
+    ([{"verify": "true"}], [], "shared"),
+    ([{"verify": "True"}, {"name": "backup", "default": False, "verify": "true"}], ["--remote", "backup"], "backup"),
+    ([], [], None),  # no remote named: dvc push says so itself
+])
+def test_a_verifying_remote_is_pushed_to(project, monkeypatch, setup, args, pushed):
+    import subprocess
+    from types import SimpleNamespace
+
+    from layersim_launch import cli, sharing
+
+    for remote in setup:
+        _add_remote(project, **remote)
+    assert sharing.pushed_remote(project, args) == pushed
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda command, cwd: calls.append(command) or SimpleNamespace(returncode=0))
+    assert cli.main(["push", "--root", str(project), *args]) == 0 and calls[0][-1 - len(args):] == ["push", *args]
+
+
+def _git_init(folder: Path) -> None:
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", str(folder)], check=True)
+
+
+def test_install_hook_makes_git_push_run_the_check_first(project, capsys):
+    """`layersim install-hook`: git's pre-push hook runs the cache check, exit status 1 with the sentence naming
+    the file (git then pushes nothing); installing again keeps one check."""
+    import subprocess
+
+    from layersim_launch import cli
+    from layersim_launch.sharing import HOOK_MARK
+
+    _git_init(project)
+    assert cli.main(["install-hook", "--root", str(project)]) == 0
+    hook = project / ".git" / "hooks" / "pre-push"
+    assert str(hook) in capsys.readouterr().out and os.access(hook, os.X_OK)
+    assert cli.main(["install-hook", "--root", str(project)]) == 0
+    assert hook.read_text().count(HOOK_MARK) == 1 and hook.read_text().startswith("#!/bin/sh\n")
+    intact = subprocess.run([str(hook), "origin", "/srv/repo.git"], cwd=project, capture_output=True, text=True,
+                            stdin=subprocess.DEVNULL)
+    assert intact.returncode == 0, intact.stderr
+    _object(project, b'{"a": 1}\n').write_bytes(b'{"a": 2}\n')
+    refused = subprocess.run([str(hook), "origin", "/srv/repo.git"], cwd=project, capture_output=True, text=True,
+                             stdin=subprocess.DEVNULL)
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("error: DVC's cache holds other bytes than dvc.lock records for "
+                                     "data/model/config.json") and "refused before git push" in refused.stderr
+
+
+def test_install_hook_keeps_another_hooks_lines_after_the_check(project):
+    """DVC's `dvc install` writes a pre-push hook of its own: the check goes first, its lines stay."""
+    from layersim_launch.sharing import HOOK_MARK, install_hook
+
+    _git_init(project)
+    hook = project / ".git" / "hooks" / "pre-push"
+    hook.write_text("#!/bin/sh\nexec dvc git-hook pre-push $@\n")
+    assert install_hook(project) == hook.resolve()
+    lines = hook.read_text().splitlines()
+    assert lines[0] == "#!/bin/sh" and lines[1] == HOOK_MARK and "layersim_launch.dvc_cache" in lines[2]
+    assert lines[3:] == ["exec dvc git-hook pre-push $@"]
+
+
+def test_install_hook_outside_a_git_checkout_is_one_sentence(tmp_path, capsys, monkeypatch):
+    from layersim_launch import cli
+
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert cli.main(["install-hook", "--root", str(tmp_path)]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: {tmp_path} is not a git repository") and error.count("\n") == 1
 
 
 TASK = "synth-negation"
@@ -186,9 +301,11 @@ def _tiny(params: dict) -> None:
 def test_an_output_edited_in_place_is_refused_by_the_next_run_and_push_and_never_reaches_a_pull(tmp_path):
     """Under the project's default cache settings (hardlinks; the test projects' copy setting removed), as root:
     `echo >> config.json` on the pretrained model's folder and pandas rewriting a task table to its own path change
-    DVC's cache objects. The next `dvc repro` and `layersim push` refuse, naming both files; the bytes a plain
-    `dvc push` uploads anyway never reach a colleague whose remote has the docs' `verify true`; the repair the
-    message names gives back the original bytes and a push that passes."""
+    DVC's cache objects. A `dvc repro` that only restores runs no layersim code (DVC relinks the damaged objects);
+    the next stage that runs, `layersim push` and, after a plain `dvc push`, `git push` (its hook from `layersim
+    install-hook`) refuse, naming both files; the bytes the plain `dvc push` uploads never reach a colleague whose
+    remote has the docs' `verify true`; the repair the message names gives back the original bytes and a push that
+    passes."""
     import subprocess
     import sys
 
@@ -211,6 +328,11 @@ def test_an_output_edited_in_place_is_refused_by_the_next_run_and_push_and_never
     run(dvc("remote", "modify", "shared", "verify", "true"), root, env)
     run(["git", "add", "-A"], root, env)
     run(["git", "commit", "-qm", "results"], root, env)
+    origin = tmp_path / "origin.git"  # the git server a colleague would clone from
+    run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], tmp_path, env)
+    run(["git", "remote", "add", "origin", str(origin)], root, env)
+    layersim = [sys.executable, "-m", "layersim_launch.cli"]
+    run([*layersim, "install-hook"], root, env)
 
     inode = table.stat().st_ino
     with config.open("a") as handle:
@@ -218,6 +340,8 @@ def test_an_output_edited_in_place_is_refused_by_the_next_run_and_push_and_never
     pd.read_parquet(table).to_parquet(table)
     assert table.stat().st_ino == inode and table.read_bytes() != originals[table]  # written through the link
     named = [str(path.relative_to(root)) for path in (config, table)]
+    # A repro whose stages DVC restores from the run-cache runs no layersim code: the damaged objects are relinked.
+    run(dvc("repro", "download_model", f"download_task@{TASK}"), root, env, check=False)
 
     # The next stage that runs: fine-tuning, which reads both (DVC first restores their stages from the run-cache,
     # running no code: the damaged objects are linked back as they are).
@@ -230,7 +354,6 @@ def test_an_output_edited_in_place_is_refused_by_the_next_run_and_push_and_never
     check = run([sys.executable, "-m", "layersim_launch.dvc_cache"], root, env, check=False)  # the run scripts' check
     assert check.returncode == 1 and all(name in check.stderr for name in named), output(check)
 
-    layersim = [sys.executable, "-m", "layersim_launch.cli"]
     push = run([*layersim, "push"], root, env, check=False)
     assert push.returncode == 1 and all(name in push.stderr for name in named), output(push)
     assert not remote.exists() or not any(remote.rglob("*")), "nothing may reach the remote"
@@ -238,6 +361,10 @@ def test_an_output_edited_in_place_is_refused_by_the_next_run_and_push_and_never
     # Pushed anyway by plain `dvc push`: the colleague's pull (the remote's `verify` came with .dvc/config) rehashes
     # what it downloads and keeps none of the damaged bytes.
     run(dvc("push"), root, env)
+    git_push = run(["git", "push", "-q", "origin", "main"], root, env, check=False)
+    assert git_push.returncode != 0 and all(name in git_push.stderr for name in named), output(git_push)
+    assert "refused before git push" in git_push.stderr
+    assert run(["git", "branch", "-a"], origin, env).stdout == "", "the commit naming the outputs stays home"
     desk = tmp_path / "colleague"
     run(["git", "clone", "-q", str(root), str(desk)], tmp_path, env)
     pull = run(dvc("pull"), desk, env, check=False)
@@ -257,6 +384,7 @@ def test_an_output_edited_in_place_is_refused_by_the_next_run_and_push_and_never
     assert {path: path.read_bytes() for path in originals} == originals
     assert damaged_files(root) == []
     assert run([*layersim, "push"], root, env).returncode == 0
+    assert run(["git", "push", "-q", "origin", "main"], root, env).returncode == 0
 
 
 @pytest.mark.integration

@@ -45,10 +45,11 @@ def test_every_output_named_by_a_params_value_ends_in_a_fixed_leaf():
 
 # The path guard (dvc.yaml's top comment, docs/params-safety.md): each stage whose outputs hold params values runs
 # in a folder of params-guard/, which its wdir reaches through those values, and where DVC must find the stage's
-# vars file, inside.yaml: params-guard/ for matrix values and a registry model, params-guard/owner/ for a model of
+# vars file, MARKER: params-guard/ for matrix values and a registry model, params-guard/owner/ for a model of
 # owner/name. Each marker holds the way back to the root, which the stage's command, paths and params file start with.
 GUARD = "params-guard"
-MARKERS = {f"{GUARD}/inside.yaml": "..", f"{GUARD}/owner/inside.yaml": "../.."}
+MARKER = "params-must-be-plain-names.yaml"  # DVC's reason when a value climbs: "'…/<MARKER>' does not exist"
+MARKERS = {f"{GUARD}/{MARKER}": "..", f"{GUARD}/owner/{MARKER}": "../.."}
 VALUE = re.compile(r"\$\{(?:item\.[a-z]+|model)\}")
 
 
@@ -88,7 +89,7 @@ def test_every_value_in_an_output_passes_through_the_path_guard():
         else:
             ups = "/".join([".."] * (composite.count("/") + 1))
             assert stage.get("wdir") == f"{GUARD}/{composite}/{ups}", name
-        assert stage.get("vars") == ["inside.yaml"] and stage["cmd"].startswith(GUARD_CD), name
+        assert stage.get("vars") == [MARKER] and stage["cmd"].startswith(GUARD_CD), name
         every = [*_declared_paths(stage), *stage.get("deps", ()), *_params_files(stage)]
         assert all(path.startswith(f"{GUARD_ROOT}/") for path in every), name
         assert all(isinstance(entry, dict) for entry in stage.get("params") or ()), name  # none from the wdir
@@ -129,7 +130,7 @@ def _resolve(template: str, values: dict) -> str:
 
 def _guard_root(stage: dict, wdir: str) -> str | None:
     """The way back to the root that the stage's vars file gives, as DVC finds it from `wdir`; None where DVC finds
-    none and stops ("failed to parse stage …: '…/inside.yaml' does not exist")."""
+    none and stops ("failed to parse stage …: '…/params-must-be-plain-names.yaml' does not exist")."""
     found = posixpath.normpath(posixpath.join(wdir, *stage["vars"]))
     return next((root for clone in CLONES for marker, root in MARKERS.items() if found == f"{clone}/{marker}"), None)
 
@@ -137,7 +138,7 @@ def _guard_root(stage: dict, wdir: str) -> str | None:
 def _inside_a_guard(path: str) -> bool:
     """Inside a folder named params-guard/ (where a layersim project keeps nothing but its two markers), below it."""
     parts = path.split("/")
-    return GUARD in parts[:-1] and path.rsplit("/", 1)[-1] != "inside.yaml"
+    return GUARD in parts[:-1] and path.rsplit("/", 1)[-1] != MARKER
 
 
 @settings(max_examples=600, deadline=None)
@@ -345,6 +346,7 @@ def test_no_value_that_climbs_removes_a_file_outside_layersim_folders(climbing, 
 # What refuses a climbing value, in one line: DVC when the path guard finds no marker (the stage's name carries a
 # matrix value; download_model's wdir holds the model), DVC when an input the value names is not there, or the
 # stage's own validation, naming the value.
-REFUSED = re.compile(r"^ERROR: failed to parse stage '[^']+' in 'dvc\.yaml': '[^']*inside\.yaml' does not exist$"
+REFUSED = re.compile(r"^ERROR: failed to parse stage '[^']+' in 'dvc\.yaml': "
+                     r"'[^']*params-must-be-plain-names\.yaml' does not exist$"
                      r"|^ERROR: failed to reproduce '[^']+': \[Errno 2\] No such file or directory: '[^']+'$"
                      r"|^error: params\.yaml: (tasks|model|seeds) has '[^']+', .+\.$", re.M)

@@ -92,23 +92,46 @@ def test_every_offline_model_runs_the_recipe_with_no_other_setting(script, model
     assert params.truncate.head == ("own" if architecture(model) in OWN_HEAD_ARCHITECTURES else "fresh")
 
 
+def _run_script(script: str, folder: Path, given: list[str]) -> subprocess.CompletedProcess:
+    """`bash <script> <given>` in a folder of its own (params.yaml as committed), with a tools/exp_run.py that records
+    its arguments in exp_run.args instead of running `dvc exp run`."""
+    shutil.copy2(REPO / script, folder / script)
+    (folder / "params.yaml").write_text(repository_params_text())
+    (folder / "tools").mkdir()
+    shutil.copy2(REPO / "tools" / "first_figure.py", folder / "tools")
+    (folder / "tools" / "exp_run.py").write_text("import pathlib, sys\n"
+                                                "pathlib.Path('exp_run.args').write_text('\\n'.join(sys.argv[1:]))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run(["bash", str(folder / script), *given], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
 @pytest.mark.parametrize("script", ["quickstart.sh", "smallest.sh"])
 def test_the_scripts_settings_reach_the_plan_it_prints_as_well_as_the_run(script, tmp_path):
-    """Issue 64: `bash quickstart.sh -S model=tiny-gpt2` printed the plan of minilm-l6. The script runs in a folder of
-    its own (params.yaml as committed), with a tools/exp_run.py that records its arguments instead of running."""
-    shutil.copy2(REPO / script, tmp_path / script)
-    (tmp_path / "params.yaml").write_text(repository_params_text())
-    (tmp_path / "tools").mkdir()
-    shutil.copy2(REPO / "tools" / "first_figure.py", tmp_path / "tools")
-    (tmp_path / "tools" / "exp_run.py").write_text("import pathlib, sys\n"
-                                                  "pathlib.Path('exp_run.args').write_text('\\n'.join(sys.argv[1:]))\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}
+    """Issue 64: `bash quickstart.sh -S model=tiny-gpt2` printed the plan of minilm-l6."""
     given = ["-S", "model=tiny-gpt2", "--set-param=seeds=[1]", "--name", "gpt2", "-S", "params.yaml:finetune.max_steps=300"]
-    result = subprocess.run(["bash", str(tmp_path / script), *given], env=env, capture_output=True, text=True,
-                            timeout=300)
+    result = _run_script(script, tmp_path, given)
     assert result.returncode == 0, result.stderr
     assert "layersim plan: tiny-gpt2, 1 task(s), 1 seed(s), 300 steps" in result.stdout, result.stdout
     assert (tmp_path / "exp_run.args").read_text().splitlines()[-len(given):] == given  # the run gets them as given
+
+
+@pytest.mark.parametrize("script", ["quickstart.sh", "smallest.sh"])
+@pytest.mark.parametrize("setting, sentence", [
+    ('tasks=["../../.."]', "layersim plan: params.yaml: tasks has '../../..', a file rather than a task name; "),
+    ("model='../../models'", "layersim plan: params.yaml: model = '../../models' is not a Hugging Face hub id "),
+    ('seeds=["1/../../x"]', "layersim plan: params.yaml: seeds"),
+])
+def test_a_value_that_climbs_is_refused_by_the_scripts_own_sentence_before_dvc_runs(script, setting, sentence,
+                                                                                   tmp_path):
+    """Issue 62: a value that climbs out of its folder stops DVC while it resolves dvc.yaml (docs/params-safety.md,
+    the path guard), in DVC's words; through the README's scripts the plan, which reads the same -S first, refuses it
+    in layersim's sentence naming the value, and `dvc exp run` never starts."""
+    result = _run_script(script, tmp_path, ["-S", setting])
+    assert result.returncode == 1, result.stdout
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()] and result.stderr.startswith(sentence), \
+        result.stderr
+    assert not (tmp_path / "exp_run.args").exists()
 
 
 def first_figure_module():

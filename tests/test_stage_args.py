@@ -35,7 +35,7 @@ def test_no_stage_command_interpolates_a_params_value() -> None:
     interpolated = {name: stage["cmd"] for name, stage in stages.items() if "${" in command(stage)}
     assert interpolated == {}
     guarded = {name for name, stage in stages.items() if stage["cmd"].startswith(GUARD_CD)}
-    assert guarded and all(stages[name]["vars"] == ["inside.yaml"] for name in guarded)
+    assert guarded and all(stages[name]["vars"] == ["params-must-be-plain-names.yaml"] for name in guarded)
 
 
 def test_placeholders_take_the_validated_values_of_the_item_dvc_runs(params_file: Path) -> None:

@@ -336,6 +336,9 @@ BAD_DECLARATIONS = [
     ({"m": {**HUB_TASK, "splits": {"train": "train", "validation": "train"}}},
      "user_tasks.m.splits reads the split 'train' as both train and validation; a task is scored on rows it was not "
      "trained on: name two different splits"),
+    ({"m": {**HUB_TASK, "splits": {"validation": "train"}}},  # issue 62: only validation named
+     "user_tasks.m.splits = {'validation': 'train'} is invalid; it must be a mapping of train and validation to the "
+     "dataset's split names, e.g. {train: train, validation: test}."),
     ([1, 2], "user_tasks = [1, 2] is invalid"),
 ]
 

@@ -1,6 +1,7 @@
-"""`layersim launch` (the stale nodes as Ray tasks) and `layersim push` (`dvc push`, DVC's cache checked first).
+"""`layersim launch` (the stale nodes as Ray tasks), `layersim push` (`dvc push`, the remote's verify and DVC's cache
+checked first) and `layersim install-hook` (git's pre-push hook runs that cache check).
 
-launch: see layersim_launch.runner; push: layersim_launch.dvc_cache."""
+launch: see layersim_launch.runner; push: layersim_launch.dvc_cache and layersim_launch.sharing."""
 
 from __future__ import annotations
 
@@ -147,27 +148,48 @@ def _parser() -> argparse.ArgumentParser:
                    help="set a params.yaml value first, as `dvc exp run -S` does (Hydra override syntax, e.g. "
                         "-S model=tiny-gpt2 -S 'seeds=[1,2]'); --dry leaves the file as it was")
     p.add_argument("targets", nargs="*", help="only these nodes (e.g. finetune@rte-1) and what they read from")
-    p = commands.add_parser("push", help="`dvc push` once DVC's cache is checked against dvc.lock (no output was "
+    p = commands.add_parser("push", help="`dvc push` once the remote is known to verify pulls (verify true in "
+                                         ".dvc/config) and DVC's cache is checked against dvc.lock (no output was "
                                          "edited in place through its link into the cache); other arguments go to "
                                          "dvc push")
     p.add_argument("--root", default=".", help="the DVC workspace (default: here)")
+    p = commands.add_parser("install-hook", help="git's pre-push hook runs the check of `layersim push` first, so "
+                                                 "that `git push` stops at an output edited in place")
+    p.add_argument("--root", default=".", help="the git checkout (default: here)")
     return top
 
 
 def push(root: Path, dvc_args: list[str]) -> int:
-    """`dvc push` with `dvc_args`, refused in one sentence when a cache object dvc.lock names holds other bytes
-    than its name (layersim_launch.dvc_cache): DVC would upload them as they are."""
+    """`dvc push` with `dvc_args`, refused in one sentence when the remote does not verify a colleague's pulls, or a
+    cache object dvc.lock names holds other bytes than its name (layersim_launch.dvc_cache): DVC would upload them
+    as they are."""
     import subprocess
 
     from layersim_launch.dvc_cache import refuse_damaged
+    from layersim_launch.sharing import refuse_unverified_remote
     from layersim.errors import LayersimError
 
     try:
+        refuse_unverified_remote(root, dvc_args)
         refuse_damaged(root, "dvc push")
     except LayersimError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return subprocess.run([*dvc_command(), "push", *dvc_args], cwd=root).returncode
+
+
+def install_hook(root: Path) -> int:
+    """`layersim install-hook`: git's pre-push hook of the checkout at `root` (layersim_launch.sharing)."""
+    from layersim_launch.sharing import install_hook as write_hook
+    from layersim.errors import LayersimError
+
+    try:
+        hook = write_hook(root)
+    except LayersimError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"layersim install-hook: git push now checks DVC's cache against dvc.lock first ({hook})")
+    return 0
 
 
 def _cluster_gpus(args) -> float:
@@ -194,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         return push(root, extra)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "install-hook":
+        return install_hook(root)
     from layersim.errors import LayersimError
 
     try:

@@ -10,9 +10,10 @@ outputs are committed). A cache object is named by the md5 of its bytes, so its 
 again: :func:`damaged_files` does, for every file of every output that dvc.lock records, and
 :func:`refuse_damaged` turns what it finds into one sentence. Every stage DVC runs checks before it starts
 (layersim.cli.run_stage), ``layersim push`` before ``dvc push``, ``layersim launch`` and the run scripts before they
-start (:func:`main`); a stage DVC restores from its run-cache runs no code, so a ``dvc repro`` that only restores does
-not look, nor does a plain ``dvc push``: DVC has no hook there. The colleague's pull is guarded by DVC itself (the
-remote's ``verify = true`` rehashes what it downloads and keeps no object whose bytes do not match its name). DVC's
+start, git's pre-push hook before ``git push`` (:func:`main`; the hook: layersim_launch.sharing); a stage DVC restores
+from its run-cache runs no code, so a ``dvc repro`` that only restores does not look, nor does a plain ``dvc push``:
+DVC has no hook there. The colleague's pull is guarded by DVC itself (the remote's ``verify = true``, which
+``layersim push`` requires, rehashes what it downloads and keeps no object whose bytes do not match its name). DVC's
 own check of a local object trusts its read-only mode, which root's edit leaves as it was. A copying cache
 (``cache.type reflink,copy``) would make the edit impossible but, without reflinks, doubles the bytes: the links stay
 the default (docs/experiments.md, "Sharing results", weighs it).
@@ -51,21 +52,26 @@ class Damaged:
     cache_object: Path
 
 
-def cache_folder(root: str | os.PathLike) -> Path:
-    """DVC's cache folder of the project at `root`: ``cache.dir`` of the first of DVC's config files that sets it
-    (.dvc/config.local, .dvc/config, the user's, the system's: DVC's precedence; relative to the file's folder),
-    else .dvc/cache."""
+def config_files(root: str | os.PathLike) -> list[tuple[Path, dict]]:
+    """DVC's config files of the project at `root` that exist, as (path, sections), in DVC's precedence:
+    .dvc/config.local, .dvc/config, the user's, the system's."""
     from configobj import ConfigObj
     from dvc.dirs import global_config_dir, system_config_dir  # where DVC looks: two functions, no DVC repo code
 
     dvc_dir = Path(root) / ".dvc"
-    for path in (dvc_dir / "config.local", dvc_dir / "config", Path(global_config_dir()) / "config",
-                 Path(system_config_dir()) / "config"):
-        if path.is_file():
-            folder = ConfigObj(str(path)).get("cache", {}).get("dir")
-            if folder:
-                return (path.parent / folder).resolve()
-    return dvc_dir / "cache"
+    paths = (dvc_dir / "config.local", dvc_dir / "config", Path(global_config_dir()) / "config",
+             Path(system_config_dir()) / "config")
+    return [(path, ConfigObj(str(path))) for path in paths if path.is_file()]
+
+
+def cache_folder(root: str | os.PathLike) -> Path:
+    """DVC's cache folder of the project at `root`: ``cache.dir`` of the first of DVC's config files that sets it
+    (relative to the file's folder), else .dvc/cache."""
+    for path, sections in config_files(root):
+        folder = sections.get("cache", {}).get("dir")
+        if folder:
+            return (path.parent / folder).resolve()
+    return Path(root) / ".dvc" / "cache"
 
 
 def _object_path(cache: Path, md5: str) -> Path:
@@ -194,17 +200,24 @@ def refuse_damaged(root: str | os.PathLike, before: str) -> None:
         f"DVC's cache holds other bytes than dvc.lock records for {files}: an output was edited in place through "
         f"its link into the cache (refused before {before}, which would pass the changed bytes on); remove the "
         f"damaged copies "
-        f"(rm -f {removal}) and run dvc repro (or dvc pull, where a remote holds good ones) to write them again.")
+        f"(rm -f {removal}) and run dvc repro (or dvc pull, where a remote holds good ones) to write them again; a "
+        "remote that a plain dvc push sent them to keeps them until you delete them there (files/md5/<the object's "
+        "name>).")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m layersim_launch.dvc_cache [ROOT]``: the check on its own (quickstart.sh and smallest.sh run it before
-    `dvc exp run`, whose stages restored from the run-cache run no stage code); exit status 1 with the sentence."""
+    """``python -m layersim_launch.dvc_cache [ROOT] [--before WHAT]``: the check on its own, exit status 1 with the
+    sentence. quickstart.sh and smallest.sh run it before `dvc exp run` (whose stages restored from the run-cache run
+    no stage code), git's pre-push hook before `git push` (layersim_launch.sharing)."""
+    import argparse
     import sys
 
-    args = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog="python -m layersim_launch.dvc_cache", description=main.__doc__.splitlines()[0])
+    p.add_argument("root", nargs="?", default=".", help="the DVC workspace (default: here)")
+    p.add_argument("--before", default="dvc exp run", help="what the check guards, for the sentence")
+    args = p.parse_args(argv)
     try:
-        refuse_damaged(args[0] if args else ".", "dvc exp run")
+        refuse_damaged(args.root, args.before)
     except LayersimError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
