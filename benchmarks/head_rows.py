@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from plan_accuracy import REPO, launcher_overrides, machine
+from plan_accuracy import REPO, launcher_overrides, machine, matmul_gflops_per_cpu_second
 from layersim.data.batching import encode_task
 from layersim.data.io import ActivationTable, ActivationWriter
 from layersim.data.tasks import generated_table, get_task
@@ -81,7 +81,7 @@ def main() -> None:
                        weight_decay=t.head_weight_decay, holdout=t.head_holdout, patience=t.head_patience)
     print(f"{params.model} on {args.task}: {args.steps} steps, caps {args.caps}, head seeds {args.head_seeds}; "
           f"heads: {t.head_epochs} epochs", flush=True)
-    print("\n".join(machine()), flush=True)
+    print("\n".join(machine(matmul_gflops_per_cpu_second())), flush=True)
     caps = sorted(args.caps)
     found: dict = {"task": args.task, "caps": caps, "scores": {}}
     with tempfile.TemporaryDirectory(prefix="layersim-head-rows-") as tmp:

@@ -143,3 +143,30 @@ def test_the_figure_says_how_the_tasks_are_kept_apart():
     title = figure.axes[0].get_title()
     assert "3 tasks" in title and "centred within each task" in title and "within their task" in title
     plt.close("all")
+
+
+def test_the_attention_probe_names_each_maps_cluster(tiny_model_dir, tmp_path, one_torch_thread):
+    """compare's attention probe returns, beside each layer's maps, the cluster of every map (the task table's
+    cluster_id, in the maps' order): the attention null's blocks."""
+    import pyarrow as pa
+
+    from layersim.compute.device import resolve_device
+    from layersim.data import io
+    from layersim.data.io import read_task_table
+    from layersim.data.tasks import generated_table, get_task
+    from layersim.experiments.compare import probe_attention
+
+    spec = get_task("synth-negation")
+    table = generated_table(spec, "validation", 12, seed=0)
+    shared = pa.array(np.arange(12) // 3 + 100, pa.int64())  # four texts, three examples each
+    io.write_parquet(table.set_column(table.column_names.index("cluster_id"), "cluster_id", shared),
+                     tmp_path / "validation.parquet")
+    params = parse_params({"model": "tiny-bert", "tasks": ["synth-negation"], "seeds": [1],
+                           "finetune": {"max_length": 32}, "compare": {"probe_examples": 10},
+                           "extract": {"attention_examples": 10}})
+    maps, clusters = probe_attention(tiny_model_dir("tiny-bert"), params, {"synth-negation": tmp_path},
+                                     resolve_device("cpu"), tmp_path)
+    probed = read_task_table(tmp_path, spec, "validation", 10)
+    assert len(maps) == 3 and len(maps[0].example_row_starts()) == 10  # tiny-bert: 3 layers
+    np.testing.assert_array_equal(clusters, probed.column("cluster_id").to_numpy())
+    assert len(np.unique(clusters)) < 10
