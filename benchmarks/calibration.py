@@ -21,6 +21,8 @@ mixedsim needs more examples than neurons and is skipped where n ≤ d. ``--quic
 ``--structured`` runs grouped rows (words, choices); ``--structured --premises`` examples that share a premise
 (100 premises × 3 hypotheses) through the similarity stage's own null and bootstrap, with and without the
 clusters, and the share of word rows a cluster null can move (:func:`premise_calibration`, :func:`movable_shares`).
+``--attention`` the attention maps' null and bootstrap on planted maps (:func:`attention_calibration`); with
+``--compare`` through the compare stage's attention heatmap (:func:`attention_compare_calibration`).
 """
 
 from __future__ import annotations
