@@ -88,9 +88,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each side, alternating")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from plan_accuracy import machine
+    from plan_accuracy import machine, matmul_gflops_per_cpu_second
 
-    for line in machine():
+    for line in machine(matmul_gflops_per_cpu_second()):
         print(line)
     with tempfile.TemporaryDirectory() as tmp:
         sides = {"baseline": baseline_tree(args.baseline, Path(tmp)), "this checkout": ROOT / "src"}

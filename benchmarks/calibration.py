@@ -21,6 +21,8 @@ mixedsim needs more examples than neurons and is skipped where n ≤ d. ``--quic
 ``--structured`` runs grouped rows (words, choices); ``--structured --premises`` examples that share a premise
 (100 premises × 3 hypotheses) through the similarity stage's own null and bootstrap, with and without the
 clusters, and the share of word rows a cluster null can move (:func:`premise_calibration`, :func:`movable_shares`).
+``--attention`` the attention maps' null and bootstrap on planted maps (:func:`attention_calibration`); with
+``--compare`` through the compare stage's attention heatmap (:func:`attention_compare_calibration`).
 """
 
 from __future__ import annotations
@@ -389,6 +391,43 @@ def attention_calibration(draws: int = 200, permutations: int = 99, coverage_dra
         print(f"| {name} | " + " | ".join(cells) + f" | {time.perf_counter() - start:.0f} |", flush=True)
 
 
+def attention_compare_calibration(draws: int = 200, permutations: int = 99, resamples: int = 200,
+                                  measures=ATTENTION_MEASURES) -> None:
+    """The compare stage's attention heatmap (layersim.similarity.results.stacked_result with attention maps: the
+    attention null on every cell between two models, and the bootstrap of each model's layer k against ORIG's) on
+    :func:`planted_attention` stacked as two one-layer models, ORIG (x) and FT (y): the false-positive rate at
+    α = 0.05 of FT–ORIG's p-value (H0, `draws` draws), its power at signal 1 and, on those draws, the coverage of the
+    population value (the measure on 5,000 premises) by the interval the heatmap reports (the measure's automatic
+    method), premises as blocks throughout.
+    ``python benchmarks/calibration.py --attention --compare [--draws 200]``"""
+    from layersim.similarity.attention import attention_similarity
+    from layersim.similarity.results import Uncertainty, stacked_result
+
+    def heatmap(x, y, premise, seed, bootstrap):
+        found = stacked_result({"ORIG": [x], "FT": [y]}, name, attention=True, groups=premise,
+                               uncertainty=Uncertainty(permutations, bootstrap, seed))
+        return float(found.null.p_value[1, 0]), found
+
+    print(f"compare's attention heatmap: 30 premises × 2 examples (4–7 words), 3 heads; {draws} null draws, "
+          f"{permutations} permutations, {draws // 2} signal-1 draws with {resamples} resamples")
+    print("| measure | false positives | power 1 | interval | coverage | s |\n|---|---|---|---|---|---|")
+    for name in measures:
+        start, rng = time.perf_counter(), np.random.default_rng(64)
+        null = [heatmap(*planted_attention(rng), k, 0)[0] for k in range(draws)]
+        x, y, _ = planted_attention(np.random.default_rng(123), 1.0, clusters=5_000)
+        truth = attention_similarity(y, x, name)  # the FT row against the ORIG column
+        power, covered, method = [], [], None
+        for k in range(draws // 2):
+            p_value, found = heatmap(*planted_attention(rng, 1.0), k, resamples)
+            power.append(p_value)
+            if found.interval is not None:
+                method = found.interval_method
+                covered.append(found.interval[0][1, 0] <= truth <= found.interval[1][1, 0])
+        coverage = f"{np.mean(covered):.3f}" if covered else "no interval"
+        print(f"| {name} | {np.mean(np.array(null) <= 0.05):.3f} | {np.mean(np.array(power) <= 0.05):.3f} | "
+              f"{method or 'none'} | {coverage} | {time.perf_counter() - start:.0f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
@@ -407,9 +446,13 @@ def main() -> None:
                         "null with coarser length classes (similarity.length_classes): false positives and power")
     parser.add_argument("--attention", action="store_true", help="only the attention maps' null and bootstrap "
                         "(layersim.similarity.inference.attention_null) on planted maps")
+    parser.add_argument("--compare", action="store_true", help="with --attention: through the compare stage's "
+                        "attention heatmap (null on every cell between models, intervals against ORIG)")
     args = parser.parse_args()
     if args.attention:
         chosen = args.measures if args.measures != MEASURES else ATTENTION_MEASURES
+        if args.compare:
+            return attention_compare_calibration(args.draws or 200, args.permutations or 99, measures=chosen)
         return attention_calibration(args.draws or 200, args.permutations or 99, args.coverage_draws, chosen)
     if args.structured and args.length_classes:
         return length_class_calibration(args.draws or 200)

@@ -10,6 +10,8 @@ between each cap and the largest one beside the head seeds' sd. The figures are 
 
     python benchmarks/head_rows.py                              # synth-roles, caps 500 / 1,000 / 2,000 / 4,000
     python benchmarks/head_rows.py --task synth-similarity --caps 500 2000
+    python benchmarks/head_rows.py --task synth-similarity --caps 5000 10000 20000 --layers 6 --tuned-head fresh
+                                                                # the cap, half of it and every row, top layer only
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from plan_accuracy import REPO, launcher_overrides, machine
+from plan_accuracy import REPO, launcher_overrides, machine, matmul_gflops_per_cpu_second
 from layersim.data.batching import encode_task
 from layersim.data.io import ActivationTable, ActivationWriter
 from layersim.data.tasks import generated_table, get_task
@@ -64,6 +66,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="fine-tuning steps (the quickstart's 200; 0: no "
                         "fine-tuning, TunedOrig only)")
     parser.add_argument("--head-seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--layers", type=int, nargs="+", help="train heads on these layers only (default: every "
+                        "layer, 0 the embeddings)")
+    parser.add_argument("--tuned-head", choices=("own", "fresh"), default="own", help="Tuned's head: the fine-tuned "
+                        "model's own (the truncate stage's default) or a fresh one (truncate.head: fresh)")
     parser.add_argument("--out", type=Path, help="write the scores here as JSON too")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -81,9 +87,10 @@ def main() -> None:
                        weight_decay=t.head_weight_decay, holdout=t.head_holdout, patience=t.head_patience)
     print(f"{params.model} on {args.task}: {args.steps} steps, caps {args.caps}, head seeds {args.head_seeds}; "
           f"heads: {t.head_epochs} epochs", flush=True)
-    print("\n".join(machine()), flush=True)
+    print("\n".join(machine(matmul_gflops_per_cpu_second())), flush=True)
     caps = sorted(args.caps)
-    found: dict = {"task": args.task, "caps": caps, "scores": {}}
+    found: dict = {"task": args.task, "caps": caps, "layers": args.layers, "tuned_head": args.tuned_head,
+                   "scores": {}}
     with tempfile.TemporaryDirectory(prefix="layersim-head-rows-") as tmp:
         folder = Path(tmp)
         snapshot_model(params.model, folder / "model")
@@ -108,14 +115,15 @@ def main() -> None:
                                     precision=params.extract.table_precision)
                 tables[run, split] = ActivationTable(path)
         print(f"extracted in {time.perf_counter() - start:.0f} s", flush=True)
-        variants = [("tuned", "seed1", lambda seed: own_head(model))] if args.steps else []
+        tuned = (lambda seed: own_head(model)) if args.tuned_head == "own" else (lambda seed: None)
+        variants = [("tuned", "seed1", tuned)] if args.steps else []
         variants.append(("tuned_orig", "orig", lambda seed: initial_head(folder / "model", spec, seed)))
         for variant, run, head in variants:
             for cap in caps:
                 rows = tables[run, "train"] if cap == caps[-1] else first_rows(
                     tables[run, "train"], cap, folder / f"{run}.train.{cap}.parquet")
                 start = time.perf_counter()
-                scores = [head_scores(spec, rows, tables[run, "validation"], heads, seed, head(seed))
+                scores = [head_scores(spec, rows, tables[run, "validation"], heads, seed, head(seed), args.layers)
                           for seed in args.head_seeds]
                 found["scores"][f"{variant}.{cap}"] = scores
                 print(f"{variant:>10} {cap:>6} rows: " + " ".join(f"{v:.3f}" for v in np.mean(scores, axis=0))
@@ -128,7 +136,8 @@ def main() -> None:
             scores = np.array(found["scores"][f"{variant}.{cap}"])
             change = np.abs(scores.mean(axis=0) - largest)
             sd = scores.std(axis=0, ddof=1).max() if len(scores) > 1 else float("nan")
-            print(f"{variant:>10} {cap:>6} vs {caps[-1]}: max change {change.max():.3f} (layer {change.argmax()}), "
+            layer = change.argmax() if args.layers is None else args.layers[change.argmax()]
+            print(f"{variant:>10} {cap:>6} vs {caps[-1]}: max change {change.max():.3f} (layer {layer}), "
                   f"mean change {change.mean():.3f}; head-seed sd up to {sd:.3f}")
     if args.out:
         args.out.write_text(json.dumps(found, indent=1) + "\n")

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 import yaml
 
-from plan_accuracy import REPO, launcher_overrides, machine
+from plan_accuracy import REPO, launcher_overrides, machine, matmul_gflops_per_cpu_second
 from layersim.align.experiments import alignment_errors, example_split
 from layersim.data.batching import encode_task
 from layersim.data.io import ActivationTable, ActivationWriter, AttentionTable
@@ -310,7 +310,7 @@ def main() -> None:
     print(f"{params.model if not args.wide else 'random-init BERT, width 768'}: {params.finetune.max_steps} steps a "
           f"seed", flush=True)
     spec = get_task(params.tasks[0])
-    print("\n".join(machine()), flush=True)
+    print("\n".join(machine(matmul_gflops_per_cpu_second())), flush=True)
     with tempfile.TemporaryDirectory(prefix="layersim-precision-") as tmp:
         folder = args.work or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)

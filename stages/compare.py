@@ -3,7 +3,8 @@ pretrained model, its fine-tuned models for each task (first seed; Wu et al. Fig
 other pretrained models of `compare.models`, of any width and depth (Wu et al. Figure 1),
 each with a random-init control of its architecture (similarity.random_control; Wu et al. Figures 8–9),
 on a probe of every task's first compare.probe_examples validation examples, one corpus at a time: rows centred
-within their task, the null permuting examples within their task (layersim.experiments.compare)."""
+within their task, the null permuting examples within their task; attention maps with the similarity stage's attention
+null and intervals (layersim.experiments.compare)."""
 
 from pathlib import Path
 

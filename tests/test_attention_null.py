@@ -223,3 +223,71 @@ def test_the_similarity_stage_reports_the_attention_null_and_intervals(tmp_path)
     assert headline["ft_orig_chance_from"] == 2 and "ft_orig_top_p_adjusted" in headline
     assert js["family"] == out.metrics["cls"]["linear_cka"]["family"]  # one family over every pooling
     plt.close("all")
+
+
+def _kept_and_new(rng, lengths):
+    """ORIG's two layers of maps, and FT's: its first layer ORIG's first plus noise, its second new."""
+    orig = [AttentionMaps.from_maps(_maps(rng, lengths)[0]) for _ in range(2)]
+    kept = [_softmax(np.log(m) + 0.3 * rng.normal(size=m.shape)) for m in _per_example(orig[0])]
+    return {"ORIG": orig, "FT": [AttentionMaps.from_maps(kept), AttentionMaps.from_maps(_maps(rng, lengths)[0])]}
+
+
+@pytest.mark.parametrize("measure", ["jensen_shannon", "linear_cka"])
+def test_the_compare_heatmap_gets_the_attention_null_and_intervals(measure):
+    """The compare stage's stacked attention heatmap (issue 63): FT's first layer keeps ORIG's attention, so the null
+    rejects FT–ORIG at layer 1; FT's second layer is new, so no cell of it is above chance. Every cell between the two
+    models carries the similarity stage's null (the same p-values as attention_stacked_null's on those cells, clusters
+    as blocks), the layer-k-against-layer-k cells the bootstrap interval attention_bootstrap_pairs gives them; the
+    figure says what was tested."""
+    import matplotlib.pyplot as plt
+
+    from layersim.experiments.compare import stacked_report
+    from layersim.similarity.inference.correction import between_model_cells
+    from layersim.similarity.results import Uncertainty
+
+    rng = np.random.default_rng(6)
+    models, clusters = _kept_and_new(rng, rng.choice([3, 4], 16)), np.repeat(np.arange(8), 2)
+    uncertainty = Uncertainty(permutations=99, bootstrap=50, seed=2)
+    report = stacked_report(models, measure, "t", uncertainty=uncertainty, groups=clusters, first_layer=1,
+                            attention=True, pooling="attention")
+    direct = attention_stacked_null(measure, models, permutations=99, seed=2, clusters=clusters,
+                                    cells=between_model_cells([2, 2]))
+    ft = report.summary["FT"]  # linear CKA's block null draws at least 199 permutations
+    assert ft["p_value"]["layer_01"] == pytest.approx(1 / (direct.permutations + 1))
+    assert ft["p_value"]["layer_02"] > 0.05
+    assert report.summary["correction"] == "fdr_bh" and "no_null" not in report.summary
+    cells = {(row["comparison"], row["y_layer"], row["x_layer"]): row for row in report.rows}
+    assert cells["FT vs ORIG", 1, 1]["p_adjusted"] < 0.05
+    new = [row for key, row in cells.items() if key[0] != "ORIG vs ORIG" and key[0] != "FT vs FT"
+           and (key[0].startswith("FT") and key[1] == 2 or key[0].endswith("FT") and key[2] == 2)]
+    assert len(new) == 4 and all(row["p_adjusted"] >= 0.05 for row in new)
+    assert all(row["p_value"] is None for key, row in cells.items() if key[0] in ("ORIG vs ORIG", "FT vs FT"))
+    assert [cells["FT vs ORIG", 1, 1]["p_value"], cells["ORIG vs FT", 2, 1]["p_value"]] == pytest.approx(
+        [direct.p_value[2, 0], direct.p_value[1, 2]])
+    interval = attention_bootstrap_pairs(measure, models["FT"], models["ORIG"], resamples=50, seed=2, groups=clusters)
+    for k in (1, 2):
+        row = cells["FT vs ORIG", k, k]
+        assert [row["ci_low"], row["ci_high"]] == pytest.approx([interval.low[k - 1], interval.high[k - 1]], abs=1e-6)
+        assert ft["ci_low"][f"layer_0{k}"] == row["ci_low"] and ft["ci_high"][f"layer_0{k}"] == row["ci_high"]
+    assert sum(row["ci_low"] is not None for row in report.rows) == 2  # the summary's cells only
+    note = report.figure.texts[0].get_text()
+    assert "examples exchanged with examples of equal length" in note and "bootstrap resamples" in note
+    plt.close("all")
+
+
+def test_the_compare_heatmap_says_no_uncertainty_without_examples_of_equal_length():
+    """No two examples of one length: no permutation can move an example, so the heatmap has no null and no interval,
+    and its figure and summary say so."""
+    import matplotlib.pyplot as plt
+
+    from layersim.experiments.compare import stacked_report
+    from layersim.similarity.results import Uncertainty
+
+    models = _kept_and_new(np.random.default_rng(7), [2, 3, 4, 5])
+    report = stacked_report(models, "pearson", "t", uncertainty=Uncertainty(permutations=19, bootstrap=20),
+                            first_layer=1, attention=True, pooling="attention")
+    assert "no two of the 4 attention examples" in report.summary["no_null"]
+    assert "p_value" not in report.summary["FT"] and "ci_low" not in report.summary["FT"]
+    assert all("p_value" not in row and "ci_low" not in row for row in report.rows)
+    assert report.figure.texts[0].get_text().startswith("no uncertainty (no null, no interval): no two of the 4")
+    plt.close("all")

@@ -143,3 +143,65 @@ def test_the_figure_says_how_the_tasks_are_kept_apart():
     title = figure.axes[0].get_title()
     assert "3 tasks" in title and "centred within each task" in title and "within their task" in title
     plt.close("all")
+
+
+def test_the_attention_probe_names_each_maps_cluster(tiny_model_dir, tmp_path, one_torch_thread):
+    """compare's attention probe returns, beside each layer's maps, the cluster of every map (the task table's
+    cluster_id, in the maps' order): the attention null's blocks."""
+    import pyarrow as pa
+
+    from layersim.compute.device import resolve_device
+    from layersim.data import io
+    from layersim.data.io import read_task_table
+    from layersim.data.tasks import generated_table, get_task
+    from layersim.experiments.compare import probe_attention
+
+    spec = get_task("synth-negation")
+    table = generated_table(spec, "validation", 12, seed=0)
+    shared = pa.array(np.arange(12) // 3 + 100, pa.int64())  # four texts, three examples each
+    io.write_parquet(table.set_column(table.column_names.index("cluster_id"), "cluster_id", shared),
+                     tmp_path / "validation.parquet")
+    params = parse_params({"model": "tiny-bert", "tasks": ["synth-negation"], "seeds": [1],
+                           "finetune": {"max_length": 32}, "compare": {"probe_examples": 10},
+                           "extract": {"attention_examples": 10}})
+    maps, clusters = probe_attention(tiny_model_dir("tiny-bert"), params, {"synth-negation": tmp_path},
+                                     resolve_device("cpu"), tmp_path)
+    probed = read_task_table(tmp_path, spec, "validation", 10)
+    assert len(maps) == 3 and len(maps[0].example_row_starts()) == 10  # tiny-bert: 3 layers
+    np.testing.assert_array_equal(clusters, probed.column("cluster_id").to_numpy())
+    assert len(np.unique(clusters)) < 10
+
+
+def test_the_compare_stage_tests_its_attention_heatmap(tiny_model_dir, tmp_path, one_torch_thread):
+    """compare_models end to end on tiny-bert as ORIG, its random-init control and a fine-tuned copy (here the same
+    weights): the attention heatmap's rows carry every between-model cell's p-value, the layer-k-against-ORIG cells
+    their intervals, and the details what the null moved; FT's layer k, ORIG's own weights, is above chance."""
+    import shutil
+
+    from layersim.data import io
+    from layersim.data.layout import finetuned, task_tables
+    from layersim.data.tasks import generated_table, get_task
+    from layersim.experiments.compare import compare_models
+
+    spec = get_task("synth-negation")
+    tables = task_tables(tmp_path / "tasks", spec.name)
+    tables.mkdir(parents=True)
+    io.write_parquet(generated_table(spec, "validation", 40, seed=0), tables / "validation.parquet")
+    shutil.copytree(tiny_model_dir("tiny-bert"), finetuned(tmp_path / "checkpoints" / spec.name, 1))
+    params = parse_params({"model": "tiny-bert", "tasks": [spec.name], "seeds": [1], "finetune": {"max_length": 32},
+                           "compare": {"probe_examples": 40, "models": []}, "extract": {"attention_examples": 40},
+                           "similarity": {"measures": {"cls": ["linear_cka"]}, "attention_measures": ["jensen_shannon"],
+                                          "permutations": 19, "bootstrap": 20, "random_control": 0}})
+    out = compare_models(tiny_model_dir("tiny-bert"), tmp_path / "checkpoints", tmp_path / "compared",
+                         tmp_path / "tasks", params)
+    attention = out.metrics["attention"]
+    ft = attention["jensen_shannon"][f"FT:{spec.name}"]
+    assert set(ft) == {"diagonal", "null_mean", "p_value", "ci_low", "ci_high"}
+    assert all(p == pytest.approx(1 / 20) for p in ft["p_value"].values())  # the same weights: every draw below
+    assert attention["null_unit"]["examples"] == 40 and attention["null_unit"]["movable"] > 0
+    rows = [row for row in out.rows["plots", "matrices.json"] if row["pooling"] == "attention"]
+    owners = [row["comparison"].split(" vs ") for row in rows]
+    assert all((row["p_value"] is None) == (a == b) for row, (a, b) in zip(rows, owners))
+    assert sum(row["ci_low"] is not None for row in rows) == 2 * 3  # RANDOM's and FT's layers against ORIG's
+    assert out.figures["plots", "attention.jensen_shannon.png"].texts
+    plt.close("all")

@@ -237,14 +237,23 @@ def test_compare_stacks_base_fine_tuned_and_other_encoders(project):
     # Wu et al.'s localization averages over trained models only, not the random-init controls.
     assert set(compare["tokens"]["localization"]) == {"ORIG", f"FT:{TASK}", "tiny-roberta"}
     # Attention is compared only between models that share the base model's tokenizer.
-    assert set(compare["attention"]["jensen_shannon"]) == {"RANDOM", f"FT:{TASK}"}
-    assert sorted(compare["attention"]["jensen_shannon"][f"FT:{TASK}"]["diagonal"]) == ["layer_01", "layer_02", "layer_03"]
+    attention = compare["attention"]["jensen_shannon"]
+    assert set(attention) == {"RANDOM", f"FT:{TASK}", "correction"}
+    assert sorted(attention[f"FT:{TASK}"]["diagonal"]) == ["layer_01", "layer_02", "layer_03"]
+    # The similarity stage's attention null and bootstrap (issue 63): every layer against ORIG's with its p-value and
+    # interval, and what the null moved (whole examples of equal length).
+    for key in ("p_value", "null_mean", "ci_low", "ci_high"):
+        assert sorted(attention[f"FT:{TASK}"][key]) == ["layer_01", "layer_02", "layer_03"]
+    assert compare["attention"]["null_unit"]["movable"] > 0
     plots = root / "plots/compare"
     for name in ("cls.linear_cka.png", "tokens.neuronsim.png", "attention.jensen_shannon.png"):
         assert_figure(plots / name)
     assert_figure(root / "plots/localization/compare/tokens.png")
     rows = json.loads((plots / "matrices.json").read_text())
     assert {row["comparison"] for row in rows} >= {"ORIG vs tiny-roberta", f"FT:{TASK} vs ORIG"}
+    between = [row for row in rows if row["pooling"] == "attention" and row["measure"] == "Jensen–Shannon attention"
+               and row["comparison"].split(" vs ")[0] != row["comparison"].split(" vs ")[1]]
+    assert between and all(0 < row["p_value"] <= 1 and row["p_adjusted"] >= row["p_value"] for row in between)
     # Wu et al.'s localization, re-derived from the stacked matrices' plot rows: per trained model's layer, the mean
     # neuronsim to every other layer of the trained models (the random-init controls left out) minus the mean SVCCA.
     trained = ("ORIG", f"FT:{TASK}", "tiny-roberta")

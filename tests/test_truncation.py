@@ -269,3 +269,16 @@ def test_skip_predictions_of_a_constructed_model():
     assert len(figure.axes) == 3  # two panels and the colour bar
     assert figure.axes[0].get_title().startswith("within-length ρ = 1.00 (random layers 95 %: ")
     plt.close(figure)
+
+
+def test_head_scores_on_chosen_layers_are_those_layers_scores(extracted):
+    """head_scores' `layers` (benchmarks/head_rows.py --layers): each chosen layer's head is the one the full sweep
+    trains there, under the same seed."""
+    from layersim.data.io import ActivationTable
+    from layersim.experiments.truncation import head_scores
+
+    table = ActivationTable(extracted / "activations" / "seed1.cls.parquet")
+    spec, params = get_task("synth-negation"), HeadParams(epochs=3, batch_size=16, holdout=0.2, patience=2)
+    every = head_scores(spec, table, table, params, seed=4)
+    assert len(every) == table.num_layers + 1
+    assert head_scores(spec, table, table, params, seed=4, layers=[2, 0]) == pytest.approx([every[2], every[0]])

@@ -47,6 +47,7 @@ from layersim.params import Params
 from layersim.reporting.similarity import SimilarityOutputs, StackedReport, localization_summary, stacked_summary
 from layersim.similarity.cka import is_constant
 from layersim.similarity.comparisons import RANDOM, attention_maps, attention_measure_label, number
+from layersim.similarity.inference.attention_null import attention_null_units
 from layersim.similarity.inference.exchangeability import block_permutations, unmovable
 from layersim.similarity.registry import MEASURES, check_computable
 from layersim.similarity.results import (StackedResult, Uncertainty, localization_of, reach_warning, settings,
@@ -87,9 +88,10 @@ def probe_representations(folder: Path, params: Params, task_dirs: dict[str, Pat
 
 
 def probe_attention(folder: Path, params: Params, task_dirs: dict[str, Path], device, scratch: Path,
-                    encoder=None, name: str | None = None) -> list:
+                    encoder=None, name: str | None = None) -> tuple[list, np.ndarray]:
     """Attention maps of the model in `folder` (or of `encoder`, with the folder's tokenizer; `name` names its
-    scratch file) over the first task's probe examples (same tokenizer only)."""
+    scratch file) over the first task's probe examples (same tokenizer only), and each map's cluster (the task
+    table's cluster_id: examples sharing a premise, question or context), the attention null's blocks."""
     task, task_dir = next(iter(task_dirs.items()))
     spec = get_task(task)
     tokenizer = load_tokenizer(folder)
@@ -97,9 +99,10 @@ def probe_attention(folder: Path, params: Params, task_dirs: dict[str, Path], de
                                                               params.extract.attention_examples))
     path = scratch / f"{name or folder.name}.attention.parquet"
     encoder = load_encoder(folder) if encoder is None else encoder
-    extract_task_attention(encoder, tokenizer, table, spec, params, path, {"run": name or folder.name, "task": task},
-                           device)
-    return attention_maps(AttentionTable(path))
+    encoded = extract_task_attention(encoder, tokenizer, table, spec, params, path,
+                                     {"run": name or folder.name, "task": task}, device)
+    found = AttentionTable(path)
+    return attention_maps(found), encoded.clusters_of(found.map_examples)
 
 
 def random_init_label(name: str) -> str:
@@ -144,15 +147,22 @@ def compare_models(pretrained: Path, checkpoints: Path, compared: Path, tasks: P
     rows, p = out.rows["plots", "matrices.json"], params.similarity
     if p.attention_measures:
         with tempfile.TemporaryDirectory() as scratch:
-            maps = {label: probe_attention(folders[label], params, task_dirs, device, Path(scratch),
-                                           encoder(label), label)
-                    for label in folders if label in same_tokenizer}
-        for measure in p.attention_measures:
+            probed = {label: probe_attention(folders[label], params, task_dirs, device, Path(scratch),
+                                             encoder(label), label)
+                      for label in folders if label in same_tokenizer}
+        maps, clusters = {label: found[0] for label, found in probed.items()}, probed["ORIG"][1]
+        options, uncertainty = settings(p)
+        for measure in p.attention_measures:  # the similarity stage's attention null and bootstrap
             report = stacked_report(maps, measure, f"{attention_measure_label(measure)} — {params.model} and its "
-                                    "fine-tuned models", first_layer=1, attention=True, pooling="attention")
+                                    "fine-tuned models", options=options, uncertainty=uncertainty, groups=clusters,
+                                    first_layer=1, attention=True, pooling="attention")
             out.figures["plots", f"attention.{measure}.png"] = report.figure
             rows += report.rows
             out.metrics.setdefault("attention", {})[measure] = report.summary
+            if "no_null" in report.summary:
+                warn("compare: attention: no null and no bootstrap interval for %s: %s", measure,
+                     report.summary["no_null"])
+        out.metrics["attention"]["null_unit"] = attention_null_units(maps["ORIG"][0], clusters)
     return out
 
 
@@ -281,8 +291,10 @@ def stacked_report(models: dict[str, list], measure: str, title: str, *, options
                    strata: np.ndarray | None = None, groups: np.ndarray | None = None, **fields) -> StackedReport:
     """All layers of `models` stacked (Wu et al. Figures 1 and 5), the first model being
     the reference of the summary: computed (:func:`probe_result`: within task with `strata`), with `uncertainty`
-    every cell's permutation null (not for attention maps), then reported with the cells not above it hatched
-    (layersim.reporting.similarity.stacked_summary). `fields` are added to every plot row (e.g. pooling)."""
+    every cell's permutation null (attention maps: the attention null, `groups` each map's cluster, and bootstrap
+    intervals against the first model: layersim.similarity.results.attention_uncertainty), then reported with the
+    cells not above it hatched (layersim.reporting.similarity.stacked_summary). `fields` are added to every plot
+    row (e.g. pooling)."""
     result = probe_result(models, measure, options=(options or {}).get(measure, {}), uncertainty=uncertainty,
                           strata=strata, groups=groups, attention=attention)
     return stacked_summary(result, title, uncertainty=uncertainty, first_layer=first_layer, attention=attention,

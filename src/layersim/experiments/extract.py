@@ -369,10 +369,11 @@ def extract_attention(encoder, tokenizer, encoded: EncodedTask, path: Path, meta
 
 
 def extract_task_attention(encoder, tokenizer, table: pa.Table, spec: TaskSpec, params, path: Path, metadata: dict,
-                           device: torch.device) -> None:
+                           device: torch.device) -> EncodedTask:
     """The attention maps of `table`'s examples as the extract stage keeps them: in extract.attention_unit
-    (words, as Wu et al., or tokens), encoded as fine-tuning encodes them."""
+    (words, as Wu et al., or tokens), encoded as fine-tuning encodes them; returns that encoding."""
     unit = params.extract.attention_unit
     encoded = encode_task(table, spec, tokenizer, params.finetune.max_length, words=unit == "words")
     extract_attention(encoder, tokenizer, encoded, path, metadata, params.extract.batch_size, device, unit,
                       params.extract.table_precision)
+    return encoded

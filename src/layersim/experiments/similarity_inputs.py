@@ -139,8 +139,7 @@ def attention_inputs(activations: Path, task: str, labels: dict[str, str], known
             "task": task, "split": "validation", "run": "orig", "pooling": pooling, **known["orig"]})
         cluster_of.update(zip(table.example_id.tolist(), table.cluster_id.tolist()))
         shared = shared or table.metadata.get("shared")
-    orig = tables["orig"]
-    examples = orig.index[orig.row_starts[orig.example_starts], 0]
+    examples = tables["orig"].map_examples
     missing = sorted({e for e in examples.tolist() if e not in cluster_of})
     if missing and shared:
         raise LayersimError(f"attention example {missing[0]} (and {len(missing) - 1} more) is in no activation table "

@@ -97,15 +97,15 @@ def initial_head(pretrained_folder, spec: TaskSpec, seed: int) -> torch.nn.Modul
 
 
 def head_scores(spec: TaskSpec, train: ActivationTable, validation: ActivationTable, params: HeadParams,
-                seed: int, start: torch.nn.Module | None = None) -> list[float]:
-    """Score of a head trained on each layer of `train` and evaluated on `validation`: a copy of `start`
-    (a task model's own head) or, without one, a fresh head. Train rows are streamed from the table."""
+                seed: int, start: torch.nn.Module | None = None, layers: Iterable[int] | None = None) -> list[float]:
+    """Score of a head trained on each layer of `train` (or on each of `layers`) and evaluated on `validation`: a
+    copy of `start` (a task model's own head) or, without one, a fresh head. Train rows are streamed from the table."""
     train_labels = _example_labels(train)
     validation_labels = _example_labels(validation)
     num_choices = spec.num_choices if spec.format == "multiple_choice" else 1
     what = "a fresh head" if start is None else "the task model's head"
     scores = []
-    for k in tqdm(range(train.num_layers + 1), desc="heads", leave=False):
+    for k in tqdm(range(train.num_layers + 1) if layers is None else layers, desc="heads", leave=False):
         rows = Rows(num_choices, table=train, layer=k, chunk_rows=params.chunk_rows)
         head = train_head(spec, rows, train_labels, params, seed, head=copy.deepcopy(start), what=what)
         scores.append(primary_score(spec, head.logits(validation.layer(k)), validation_labels))

@@ -121,6 +121,14 @@ def host(cost: StageCost, product: float) -> StageCost:
 ATTENTION_TERM_FLOPS = {"jensen_shannon": 650.0, "pearson": 220.0, "matrix_norm": 90.0}
 
 
+def attention_partners(params, task: TaskSize, examples: int) -> float:
+    """How many examples a head measure's attention null pairs each of `examples` with over its permutations, each
+    pair's terms computed once a cell (layersim.similarity.inference.attention_null.HeadNullEngine): P draws within a
+    class of k examples of equal length meet k(1 − (1 − 1/k)^P) of them."""
+    k = 1.0 + (examples - 1) * task.length_sharing(params.finetune.max_length)
+    return k * (1.0 - (1.0 - 1.0 / k) ** params.similarity.permutations)
+
+
 def attention_measured(params, model: ModelSize, task: TaskSize, diagonals: int, runs: int) -> StageCost:
     """Attention similarities (layersim.similarity.inference.attention_null): each measure's stacked matrix; its null
     on the reported cells (a head measure: each pair of examples of equal length its permutations meet, once a cell);
@@ -130,8 +138,7 @@ def attention_measured(params, model: ModelSize, task: TaskSize, diagonals: int,
     square = task.square_units(params.extract.attention_unit, params.finetune.max_length)  # mean units² of a map
     pairs, resamples = stacked * (stacked + 1) // 2, diagonals * L_ * s.bootstrap  # (further controls have no maps)
     reported = (4 + 2 * (s.random_control is not None) + 2 * len(params.finetune.compare_methods)) * L_ * L_
-    k = 1.0 + (examples - 1) * task.length_sharing(params.finetune.max_length)  # P draws meet k(1 − (1 − 1/k)^P)
-    partners, terms = k * (1.0 - (1.0 - 1.0 / k) ** s.permutations), examples * square * model.heads ** 2
+    partners, terms = attention_partners(params, task, examples), examples * square * model.heads ** 2
     cost = StageCost("similarity")
     for m in s.attention_measures:
         if m not in ATTENTION_TERM_FLOPS:  # an array measure over the heads: (query, key) pairs as its points

@@ -18,7 +18,8 @@ from layersim.compute.flops import training_flops
 from layersim.models.matrix_roles import MATRIX_TYPES, adapter_roles
 from layersim.params.pairs import aligned_pairs, paired_models
 from layersim.plan.cost import StageCost
-from layersim.plan.measure_costs import ATTENTION_TERM_FLOPS, attention_measured, host, measure_flops, measured
+from layersim.plan.measure_costs import (ATTENTION_TERM_FLOPS, attention_measured, attention_partners, host,
+                                         measure_flops, measured)
 from layersim.plan.lapack import intruder_null_flops, svd_flops, svd_values_flops
 from layersim.plan.sizes import ModelSize, TaskSize
 from layersim.training.recipes import freeze_recipe
@@ -325,18 +326,23 @@ def compare(params, model: ModelSize, tasks: dict[str, TaskSize], others: dict[s
 def compare_attention(params, model: ModelSize, tasks: dict[str, TaskSize], same_tokenizer: int) -> StageCost:
     """compare's attention probe: the first task's first min(probe_examples, attention_examples) validation examples
     run through each model of `model`'s tokenizer (ORIG, RANDOM, each task's first seed) with their maps kept, and
-    each attention measure's stacked matrix of their layers (no null: a permutation of examples has no meaning for
-    per-token maps)."""
+    each attention measure's stacked matrix of their layers; its null on every cell between two models (each pair of
+    examples of equal length its permutations meet, once a cell: measure_costs.attention_partners) and the bootstrap
+    of each model's layer k against ORIG's (layersim.similarity.results.attention_uncertainty)."""
     p, s = params.extract, params.similarity
     task = next(iter(tasks.values()))
     maps = min(params.compare.probe_examples, p.attention_examples, task.validation) * task.choices
     entries = maps * task.square_units(p.attention_unit, params.finetune.max_length)  # (query, key) pairs
     stacked = same_tokenizer * L(model)
     pairs = stacked * (stacked + 1) // 2
-    cells = len(s.attention_measures) * pairs
+    tested = stacked ** 2 - same_tokenizer * L(model) ** 2  # the cells between two models, each way
+    diagonals = (same_tokenizer - 1) * L(model) if s.bootstrap else 0
+    measures = len(s.attention_measures)
     probe = StageCost("compare", flops=same_tokenizer * maps * forward(model, task.tokens(params.finetune.max_length)),
-                      passes=same_tokenizer * L(model) * math.ceil(maps / p.batch_size), evaluations=cells)
+                      passes=same_tokenizer * L(model) * math.ceil(maps / p.batch_size),
+                      evaluations=measures * (pairs + tested * s.permutations + diagonals * s.bootstrap))
     per_entry = sum(ATTENTION_TERM_FLOPS.get(m, ATTENTION_TERM_FLOPS["jensen_shannon"]) for m in s.attention_measures)
-    cells_cost = StageCost("compare", flops=pairs * model.heads ** 2 * entries * per_entry)
+    cells = pairs + tested * attention_partners(params, task, maps) + diagonals  # in one cell's terms
+    cells_cost = StageCost("compare", flops=cells * model.heads ** 2 * entries * per_entry)
     probe.add(host(cells_cost, entries * model.heads))
     return probe

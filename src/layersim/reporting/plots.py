@@ -246,7 +246,8 @@ def block_heatmap(matrix: np.ndarray, blocks: list[tuple[str, int]], title: str,
     lines and labelled by model (Wu et al. Figures 1, 5 and 6).
 
     `blocks` lists (model label, number of layers) in the order the layers are stacked; cells where
-    `chance` is True are greyed and hatched, and `note` explains them.
+    `chance` is True are greyed and hatched, and `note` (shown whether or not a cell is hatched) says what
+    tested them, or why nothing could.
     """
     size = matrix.shape[0]
     fig, ax = plt.subplots(figsize=(min(2.0 + 0.28 * size, 14), min(1.6 + 0.28 * size, 13)), constrained_layout=True)
@@ -271,7 +272,7 @@ def block_heatmap(matrix: np.ndarray, blocks: list[tuple[str, int]], title: str,
     right.set_yticks(centres, names, fontsize=8, rotation=90, va="center")
     fig.colorbar(image, ax=ax, shrink=0.8, label=measure, pad=0.08)
     ax.set_title(title)
-    if note and chance is not None and bool((chance & np.isfinite(matrix)).any()):
+    if note:
         fig.text(0.5, -0.01, note, ha="center", va="top", fontsize=8)
     return fig
 

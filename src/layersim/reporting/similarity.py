@@ -220,18 +220,27 @@ def stacked_summary(result: StackedResult, title: str, *, uncertainty: Uncertain
     bounds = attention_measure_bounds(measure) if attention else MEASURES[measure].bounded
     note = None
     if null is not None:
-        note = null_note(uncertainty, null.method, null.permutations)
+        note = null_note(uncertainty, null.method, null.permutations, attention=attention)
         fields |= {"correction": uncertainty.correction}
+    elif uncertainty is not None and result.unavailable:
+        note = f"no uncertainty (no null, no interval): {result.unavailable}"
+    if result.interval is not None:  # the cells the summary reports per layer
+        note += (f"\n{uncertainty.bootstrap} bootstrap resamples of whole examples ({result.interval_method}): 95% "
+                 f"intervals of each model's layer k against {next(iter(sizes))}'s in the plot data (ci_low, ci_high)")
     figure = block_heatmap(matrix, list(sizes.items()), title, label, bounds, first_layer=first_layer,
                            chance=result.at_chance, note=note)
     cells = {} if null is None else {"null_mean": null.null_mean, "p_value": null.p_value,
                                      "p_adjusted": result.p_adjusted}
+    if result.interval is not None:
+        cells |= dict(zip(("ci_low", "ci_high"), result.interval))
     rows = stacked_rows(matrix, sizes, first_layer, cells=cells, measure=label, **fields)
-    summary = pair_summary(matrix, sizes, next(iter(sizes)), first_layer, null)
+    summary = pair_summary(matrix, sizes, next(iter(sizes)), first_layer, null, result.interval)
     if null is not None:
         summary["correction"] = uncertainty.correction
     elif uncertainty is not None and result.unavailable:
         summary["no_null"] = result.unavailable
+    if result.no_interval:
+        summary["no_interval"] = result.no_interval
     if result.kept_dimensions is not None:
         summary["kept_dimensions"] = result.kept_dimensions
     return StackedReport(figure, rows, summary, matrix)

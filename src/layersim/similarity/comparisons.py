@@ -240,10 +240,11 @@ def localization(neuronsim: np.ndarray, svcca: np.ndarray, sizes: dict[str, int]
 
 
 def pair_summary(matrix: np.ndarray, sizes: dict[str, int], first: str, first_layer: int = 0,
-                 null: NullMatrix | None = None) -> dict:
+                 null: NullMatrix | None = None, interval: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
     """For each other model: per layer of it, its similarity to the same layer of `first` where the depths
-    match (the diagonal, with the null's mean and p-value per layer when `null` is given), and otherwise the
-    layer of `first` it is most similar to. Row/column 0 is layer `first_layer` (1 for attention maps)."""
+    match (the diagonal, with the null's mean and p-value per layer when `null` is given, and the bounds of
+    `interval`, (low, high) matrices like `matrix`, when given), and otherwise the layer of `first` it is most
+    similar to. Row/column 0 is layer `first_layer` (1 for attention maps)."""
     summary = {}
     for other in sizes:
         if other == first:
@@ -254,6 +255,8 @@ def pair_summary(matrix: np.ndarray, sizes: dict[str, int], first: str, first_la
             if null is not None:
                 summary[other]["null_mean"] = per_layer(np.diag(block(null.null_mean, sizes, other, first)), first_layer)
                 summary[other]["p_value"] = per_layer(np.diag(block(null.p_value, sizes, other, first)), first_layer)
+            for key, bound in zip(("ci_low", "ci_high"), interval or ()):
+                summary[other][key] = per_layer(np.diag(block(bound, sizes, other, first)), first_layer)
             continue
         best = {}
         for k, row in enumerate(part):

@@ -54,6 +54,11 @@ class AttentionTable:
         new_example = np.any(starts[1:] != starts[:-1], axis=1)
         self.example_starts = np.concatenate([[0], np.flatnonzero(new_example) + 1]).astype(np.int64)
 
+    @property
+    def map_examples(self) -> np.ndarray:
+        """The example_id of each (example, choice) map, in table order (a multiple-choice example's once a choice)."""
+        return self.index[self.row_starts[self.example_starts], 0]
+
     def layer(self, k: int) -> np.ndarray:
         """Layer k's (num_pairs, num_heads) float32 attention weights, k = 1 … num_layers."""
         if not 1 <= k <= self.num_layers:
