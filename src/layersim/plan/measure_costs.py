@@ -63,9 +63,9 @@ def stacked_layers(pairs: int) -> int:
 
 def engine_blocks(layers: int) -> int:
     """Blocks a product engine multiplies per permutation for the upper triangle of `layers` stacked layers: a row
-    whose cells cover at least half the columns in one product against every column, the others cell by cell
+    whose cells cover more than half the columns in one product against every column, the others cell by cell
     (layersim.similarity.inference._null_engines.ProductEngine.raw)."""
-    return sum(layers if 2 * (layers - i) >= layers else layers - i for i in range(layers))
+    return sum(layers if 2 * (layers - i) > layers else layers - i for i in range(layers))
 
 
 def null_on_kernels(measure: str, n: int, d: int, pairs: int) -> bool:

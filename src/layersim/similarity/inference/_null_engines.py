@@ -133,8 +133,10 @@ class ProductEngine(_DeviceEngine):
     def __init__(self, cells: np.ndarray, a: list[np.ndarray], b: list[np.ndarray], reduce: Reduce):
         super().__init__(cells)
         self.a = {int(i): on_device(a[i], self.device) for i in self.rows}  # only the layers a cell uses
-        self.stack = on_device(np.concatenate(b, axis=1), self.device)
-        self.offsets = _offsets([m.shape[1] for m in b])
+        # Only the y layers a cell uses are stacked, permuted and multiplied.
+        self.stack = on_device(np.concatenate([b[j] for j in self.cols], axis=1), self.device)
+        offsets = _offsets([b[j].shape[1] for j in self.cols])
+        self.span = {int(j): (offsets[k], offsets[k + 1]) for k, j in enumerate(self.cols)}
         self.reduce = reduce
 
     def bytes_per_permutation(self) -> float:
@@ -145,15 +147,15 @@ class ProductEngine(_DeviceEngine):
     def raw(self, perms: torch.Tensor | None) -> torch.Tensor:
         bp = self.stack.unsqueeze(0) if perms is None else self.stack[perms]  # (P, n, Σ b_j)
         out = self._empty(len(bp))
-        off = self.offsets
         for i in self.rows:
             js = np.flatnonzero(self.cells[i])
             at = self.a[int(i)].T
-            if 2 * len(js) >= self.cells.shape[1]:
-                prod = torch.matmul(at, bp)  # one batched GEMM against every y layer at once
-                blocks = [prod[:, :, off[j] : off[j + 1]] for j in js]
+            spans = [self.span[int(j)] for j in js]
+            if 2 * len(js) > len(self.cols):
+                prod = torch.matmul(at, bp)  # one batched GEMM against every stacked y layer at once
+                blocks = [prod[:, :, start:stop] for start, stop in spans]
             else:
-                blocks = [torch.matmul(at, bp[:, :, off[j] : off[j + 1]]) for j in js]
+                blocks = [torch.matmul(at, bp[:, :, start:stop]) for start, stop in spans]
             values = [self.reduce(int(i), int(j), blk) for j, blk in zip(js, blocks)]
             out[:, int(i), torch.as_tensor(js, device=self.device)] = torch.stack(values, dim=1)
         return out
