@@ -221,9 +221,9 @@ def _use_gram(method: str, n: int, widths_x, widths_y, num_x: int, num_y: int) -
     if method != "auto":
         return method == "gram"
     kernel_bytes = 8.0 * (num_x + 2 * num_y) * n * n
-    # Per permutation: the inner products, plus the scattered copy K[π][:, π] of every y kernel, which
-    # runs at memory speed (counted as ~30 multiply-adds per entry, measured against BLAS GEMMs).
-    gram_cost = (num_x * num_y + 30.0 * num_y) * n * n
+    # Per permutation, on the kernels' upper triangles: the inner products, plus the scattered copy K[σ][:, σ] of the
+    # smaller side's kernels (KernelEngine), which runs at memory speed (counted as ~30 multiply-adds an entry).
+    gram_cost = (num_x * num_y + 30.0 * min(num_x, num_y)) * n * n / 2
     feature_cost = n * float(sum(widths_x)) * float(sum(widths_y))
     return kernel_bytes <= cka.GRAM_BYTES_LIMIT and gram_cost < feature_cost
 
