@@ -85,6 +85,22 @@ def test_every_null_value_is_the_measure_on_the_permuted_maps(measure):
         assert np.isnan(got[0, 0]) and np.isnan(got[1, 1])
 
 
+@pytest.mark.parametrize("measure", HEAD)
+def test_cells_that_share_their_terms_give_the_unshared_values_bit_for_bit(measure):
+    """With one list of layers, cells (i, j) and (j, i) and the pairs (e, f), (f, e) of a diagonal cell keep their
+    terms once (HeadNullEngine._key): the values equal an engine given the layers twice, which shares nothing."""
+    rng = np.random.default_rng(4)
+    x, y = (AttentionMaps.from_maps(m) for m in _maps(rng, [3, 4, 3, 4, 3, 4, 3], signal=0.5))
+    layers, cells = [x, y], np.ones((2, 2), dtype=bool)
+    shared, alone = HeadNullEngine(measure, layers, None, cells), HeadNullEngine(measure, layers, layers, cells)
+    np.testing.assert_array_equal(shared.values(None), alone.values(None))
+    blocks = attention_blocks(x)
+    for seed in range(6):
+        perm = blocks.draw(np.random.default_rng(seed))
+        np.testing.assert_array_equal(shared.values(perm), alone.values(perm))
+    assert shared.cached_bytes < alone.cached_bytes
+
+
 def test_the_stacked_null_tests_dependence_and_matches_the_registry_for_array_measures():
     rng = np.random.default_rng(2)
     lengths = rng.choice([4, 5, 6], 30)

@@ -62,6 +62,24 @@ def test_both_cka_routes_equal_the_measure(name, method):
         assert np.isnan(values[~cells]).all()
 
 
+@pytest.mark.parametrize("cells", [[[True, True, True], [False, False, True]], [[True, False, False], [True, True, False]],
+                                   [[False, True, False], [False, True, False]]])
+@pytest.mark.parametrize("name", ["linear_cka", "debiased_cka", "rbf_cka", "rsa", "distance_correlation", "rsm_norm"])
+def test_the_kernel_engine_gathers_either_side_to_the_same_values(name, cells):
+    """The kernel engines gather the side with fewer kernels in the cells (by π⁻¹ on the x side): more columns than
+    rows, more rows than columns, a single row, all equal to the measure on the permuted rows."""
+    rng = np.random.default_rng(7)
+    xs, ys = _layers(rng, n=18)
+    cells = np.array(cells)
+    options = {"method": "gram"} if name in ("linear_cka", "debiased_cka") else {}
+    engine = ENGINES[name](_named(xs, "xs"), _named(ys, "ys"), cells, **options)
+    perms = np.stack([rng.permutation(18) for _ in range(3)])
+    for perm, values in zip(perms, engine.values_batch(perms)):
+        expected = similarity_matrix(name, xs, [y[perm] for y in ys])
+        np.testing.assert_allclose(values[cells], expected[cells], rtol=1e-9, atol=1e-11)
+        assert np.isnan(values[~cells]).all()
+
+
 @pytest.mark.parametrize("name", ["svcca", "neuronsim", "rsa", "linear_cka", "gulp", "hard_correlation_match"])
 def test_a_null_does_not_depend_on_the_batch_size(monkeypatch, name):
     rng = np.random.default_rng(3)

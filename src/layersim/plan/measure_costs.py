@@ -45,14 +45,14 @@ def measure_flops(measure: str, n: int, d: int) -> float:
 # tests/test_plan.py; the similarity package is too heavy an import for the plan).
 GRAM_MEASURES = ("linear_cka", "debiased_cka")
 GRAM_BYTES_LIMIT = 1 << 30  # layersim.similarity._cka_kernels.GRAM_BYTES_LIMIT
-GATHER_MULTIPLY_ADDS = 30.0  # the scattered copy K[π][:, π] per kernel entry, as multiply-adds
+GATHER_MULTIPLY_ADDS = 30.0  # the scattered copy K[σ][:, σ] per kernel entry (upper triangles), as multiply-adds
 
 
 def null_uses_gram(n: int, layers: int, d: int) -> bool:
     """Whether a CKA null over `layers` stacked layers of width d on n rows runs on the kernels (as the engine
     decides)."""
     kernel_bytes = 8.0 * 3 * layers * n * n
-    gram = (layers * layers + GATHER_MULTIPLY_ADDS * layers) * n * n
+    gram = (layers * layers + GATHER_MULTIPLY_ADDS * layers) * n * n / 2  # the kernels' upper triangles
     return kernel_bytes <= GRAM_BYTES_LIMIT and gram < n * float(layers * d) ** 2
 
 
@@ -63,9 +63,9 @@ def stacked_layers(pairs: int) -> int:
 
 def engine_blocks(layers: int) -> int:
     """Blocks a product engine multiplies per permutation for the upper triangle of `layers` stacked layers: a row
-    whose cells cover at least half the columns in one product against every column, the others cell by cell
+    whose cells cover more than half the columns in one product against every column, the others cell by cell
     (layersim.similarity.inference._null_engines.ProductEngine.raw)."""
-    return sum(layers if 2 * (layers - i) >= layers else layers - i for i in range(layers))
+    return sum(layers if 2 * (layers - i) > layers else layers - i for i in range(layers))
 
 
 def null_on_kernels(measure: str, n: int, d: int, pairs: int) -> bool:
@@ -80,7 +80,7 @@ def null_flops(measure: str, n: int, d: int, pairs: int, square: bool = False) -
     and each cell's reduction."""
     layers = stacked_layers(pairs)
     if null_on_kernels(measure, n, d, pairs):
-        return 2 * (layers * layers + GATHER_MULTIPLY_ADDS * layers) * n * n
+        return (layers * layers + GATHER_MULTIPLY_ADDS * layers) * n * n  # 2 FLOPs an entry of the upper triangles
     return (layers * layers if square else engine_blocks(layers)) * measure_flops(measure, n, d)
 
 
@@ -138,13 +138,16 @@ def attention_measured(params, model: ModelSize, task: TaskSize, diagonals: int,
     square = task.square_units(params.extract.attention_unit, params.finetune.max_length)  # mean units² of a map
     pairs, resamples = stacked * (stacked + 1) // 2, diagonals * L_ * s.bootstrap  # (further controls have no maps)
     reported = (4 + 2 * (s.random_control is not None) + 2 * len(params.finetune.compare_methods)) * L_ * L_
+    # ORIG–ORIG and FT–FT are blocks of one list of layers whose cells (i, j), (j, i) share their terms (the head
+    # measures are symmetric: HeadNullEngine._key): half a block each.
+    computed = reported - L_ * L_
     partners, terms = attention_partners(params, task, examples), examples * square * model.heads ** 2
     cost = StageCost("similarity")
     for m in s.attention_measures:
         if m not in ATTENTION_TERM_FLOPS:  # an array measure over the heads: (query, key) pairs as its points
             cost.add(measured([m], round(examples * square), model.heads, pairs, s.permutations, resamples, True))
             continue
-        cells = pairs + reported * partners + ((diagonals + 2 * L_) * L_ if s.bootstrap else 0)
+        cells = pairs + computed * partners + ((diagonals + 2 * L_) * L_ if s.bootstrap else 0)
         cost.add(host(StageCost("similarity", flops=ATTENTION_TERM_FLOPS[m] * terms * cells, evaluations=pairs
                                 + reported * s.permutations + (diagonals + 2 * L_) * L_ * s.bootstrap), 0.0))
     return cost

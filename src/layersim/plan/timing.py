@@ -81,10 +81,12 @@ HEATMAP_SECONDS = 0.3        # a heatmap with a value written in each cell (matp
 SVD_EFFICIENCY = 0.3
 # The similarity nulls' engines on a CPU (torch, float64, 1 thread, against the float32 2048² matmul's 76 GFLOP/s):
 # their batched products of permuted stacks reach 25-29 GFLOP/s (481-600 rows × 384 against 21-28 stacked layers of
-# 384; a float64 2048² product 34); the kernel engine's permutations (K[π][:, π] of every kernel, then one product)
-# 4-5 GFLOP/s of its counted FLOPs (the gather: 17 ns an entry, not the 30 multiply-adds the engine's choice assumes).
+# 384; a float64 2048² product 34); the kernel engine's permutations (the upper triangles of K[σ][:, σ] for the
+# smaller side's kernels, then one product) 0.093 of it on their counted FLOPs when every cell is tested (compare:
+# 35 × 35 cells of 450 word rows, 199 permutations, 14.6 CPU s; benchmarks/analysis_speed.py, 2026-11-29, load 16),
+# 0.25 on the similarity stage's Phang cells (fewer gathered kernels than counted; 600 rows, 9.7 CPU s).
 CPU_ENGINE_EFFICIENCY = 0.37
-CPU_KERNEL_EFFICIENCY = 0.065
+CPU_KERNEL_EFFICIENCY = 0.093
 # The weights stage's null (layersim.similarity.weight_space.rotated_null_cosines) at n = 384: dorgqr, a Cholesky QR,
 # a Gram matrix and eigh's tridiagonalisation (half BLAS-2), in float64 on one thread each: 0.12-0.14 of the float32
 # matmul's FLOP/s on MiniLM's three shapes (benchmarks/weights_null.py, 2026-11-29, AMD EPYC, load 4-10).

@@ -9,8 +9,9 @@ statistics (a basis ``Q[π]``, a kernel ``K[π][:, π]``) before the cheap per-p
   mixedsim, the shape metrics): the y-side matrices of all layers are stacked into one ``(n, Σ b_j)`` array,
   permuted once per permutation, and each x layer's ``A_iᵀ B[π]`` is one GEMM against the whole stack; each
   cell then reduces its block (sum of squares, singular values, max |r|, column norms);
-* *kernel* engines (linear and debiased CKA in sample space, RBF CKA, RSA): the centred ``n x n`` kernels
-  are permuted as ``K[π][:, π]`` and all inner products are one GEMM of the flattened kernels.
+* *kernel* engines (linear and debiased CKA in sample space, RBF CKA, RSA): ``<K_i, L_j[π][:, π]>`` is
+  ``<K_i[σ][:, σ], L_j>`` with ``σ = π⁻¹``, so the side with fewer kernels in the requested cells is gathered (one
+  flat index per permutation for every kernel) and all inner products are one GEMM of the flattened kernels.
 
 The per-permutation work runs in torch, float64, on the analysis device (:func:`layersim.compute.device.analysis_on`:
 the GPU in a stage whose ``device`` is one, the CPU otherwise), a batch of permutations at a time
@@ -132,8 +133,10 @@ class ProductEngine(_DeviceEngine):
     def __init__(self, cells: np.ndarray, a: list[np.ndarray], b: list[np.ndarray], reduce: Reduce):
         super().__init__(cells)
         self.a = {int(i): on_device(a[i], self.device) for i in self.rows}  # only the layers a cell uses
-        self.stack = on_device(np.concatenate(b, axis=1), self.device)
-        self.offsets = _offsets([m.shape[1] for m in b])
+        # Only the y layers a cell uses are stacked, permuted and multiplied.
+        self.stack = on_device(np.concatenate([b[j] for j in self.cols], axis=1), self.device)
+        offsets = _offsets([b[j].shape[1] for j in self.cols])
+        self.span = {int(j): (offsets[k], offsets[k + 1]) for k, j in enumerate(self.cols)}
         self.reduce = reduce
 
     def bytes_per_permutation(self) -> float:
@@ -144,43 +147,65 @@ class ProductEngine(_DeviceEngine):
     def raw(self, perms: torch.Tensor | None) -> torch.Tensor:
         bp = self.stack.unsqueeze(0) if perms is None else self.stack[perms]  # (P, n, Σ b_j)
         out = self._empty(len(bp))
-        off = self.offsets
         for i in self.rows:
             js = np.flatnonzero(self.cells[i])
             at = self.a[int(i)].T
-            if 2 * len(js) >= self.cells.shape[1]:
-                prod = torch.matmul(at, bp)  # one batched GEMM against every y layer at once
-                blocks = [prod[:, :, off[j] : off[j + 1]] for j in js]
+            spans = [self.span[int(j)] for j in js]
+            if 2 * len(js) > len(self.cols):
+                prod = torch.matmul(at, bp)  # one batched GEMM against every stacked y layer at once
+                blocks = [prod[:, :, start:stop] for start, stop in spans]
             else:
-                blocks = [torch.matmul(at, bp[:, :, off[j] : off[j + 1]]) for j in js]
+                blocks = [torch.matmul(at, bp[:, :, start:stop]) for start, stop in spans]
             values = [self.reduce(int(i), int(j), blk) for j, blk in zip(js, blocks)]
             out[:, int(i), torch.as_tensor(js, device=self.device)] = torch.stack(values, dim=1)
         return out
 
 
 class KernelEngine(_DeviceEngine):
-    """Cells from ``<K_i, L_j[π][:, π]>_F`` of centred ``n x n`` kernels, then ``finish(inner, perms)``."""
+    """Cells from ``<K_i, L_j[π][:, π]>_F`` of centred ``n x n`` kernels, then ``finish(inner, perms)``.
+
+    ``<K, L[π][:, π]> = <K[σ][:, σ], L>`` with ``σ = π⁻¹``, so a permutation gathers the kernels of whichever side
+    has fewer in the requested cells (the x side's by ``σ`` or the y side's by ``π``), each through one flat index
+    per permutation shared by every kernel. The kernels are symmetric, so only the upper triangles are gathered and
+    multiplied (the other side's off-diagonal entries counted twice): half the gather, the cost (memory-bound), and
+    half the product."""
 
     def __init__(self, cells: np.ndarray, kx: np.ndarray, ky: np.ndarray, finish: Finish):
         super().__init__(cells)
         n = kx.shape[-1]
         self.n = n
-        self.kx = on_device(kx.reshape(len(kx), n * n)[self.rows], self.device)
-        self.ky = on_device(ky.reshape(len(ky), n, n)[self.cols], self.device)
+        self.permute_x = len(self.rows) < len(self.cols)
+        upper_a, upper_b = np.triu_indices(n)
+        twice = np.where(upper_a == upper_b, 1.0, 2.0)
+        kept, other = (kx[self.rows], ky[self.cols]) if self.permute_x else (ky[self.cols], kx[self.rows])
+        for kernels in (kept, other):  # the triangles stand for the whole kernels only if they are symmetric
+            asymmetry = np.abs(kernels - kernels.transpose(0, 2, 1)).max(initial=0.0)
+            if asymmetry > 1e-9 * max(np.abs(kernels).max(initial=0.0), 1e-300):
+                raise LayersimError(f"the kernel engine needs symmetric n x n kernels; these differ from their "
+                                    f"transposes by up to {asymmetry:.3g}.")
+        self.gathered_side = on_device(kept.reshape(len(kept), n * n), self.device)  # whole: gathered by index
+        self.other_side = on_device(other[:, upper_a, upper_b] * twice, self.device)  # (kernels, n(n + 1)/2)
+        self.upper = (torch.as_tensor(upper_a, device=self.device), torch.as_tensor(upper_b, device=self.device))
         self.finish = finish
 
     def bytes_per_permutation(self) -> float:
-        return 8.0 * 2 * len(self.cols) * self.n * self.n  # the permuted kernels, and their gather's index
+        # The gathered triangles and their flat index.
+        return 8.0 * (len(self.gathered_side) + 1) * self.n * (self.n + 1) / 2
 
     def raw(self, perms: torch.Tensor | None) -> torch.Tensor:
+        count = 1 if perms is None else len(perms)
         if perms is None:
-            ky = self.ky.unsqueeze(0)
-        else:  # K[π][:, π] for every permutation and kernel: (P, kernels, n, n)
-            ky = self.ky[:, perms[:, :, None], perms[:, None, :]].transpose(0, 1)
-        count = len(ky)
+            moved = torch.arange(self.n, device=self.device)[None]
+        else:
+            moved = torch.argsort(perms, dim=1) if self.permute_x else perms  # σ = π⁻¹ for the x side
+        rows, cols = self.upper
+        flat = (moved[:, rows] * self.n + moved[:, cols]).reshape(-1)  # entry (a, b), a ≤ b, of K[σ][:, σ]
+        side = self.gathered_side
+        gathered = side.index_select(1, flat).reshape(len(side) * count, -1)  # (kernel, permutation) rows
+        products = torch.matmul(gathered, self.other_side.T).reshape(len(side), count, -1)  # (kernels, P, others)
+        products = products.transpose(0, 1) if self.permute_x else products.permute(1, 2, 0)
         inner = self._empty(count)
-        flat = ky.reshape(count, len(self.cols), -1)
-        inner[:, self._rows_t[:, None], self._cols_t[None, :]] = torch.matmul(self.kx, flat.transpose(1, 2))
+        inner[:, self._rows_t[:, None], self._cols_t[None, :]] = products
         return self.finish(inner, perms)
 
 
@@ -196,9 +221,9 @@ def _use_gram(method: str, n: int, widths_x, widths_y, num_x: int, num_y: int) -
     if method != "auto":
         return method == "gram"
     kernel_bytes = 8.0 * (num_x + 2 * num_y) * n * n
-    # Per permutation: the inner products, plus the scattered copy K[π][:, π] of every y kernel, which
-    # runs at memory speed (counted as ~30 multiply-adds per entry, measured against BLAS GEMMs).
-    gram_cost = (num_x * num_y + 30.0 * num_y) * n * n
+    # Per permutation, on the kernels' upper triangles: the inner products, plus the scattered copy K[σ][:, σ] of the
+    # smaller side's kernels (KernelEngine), which runs at memory speed (counted as ~30 multiply-adds an entry).
+    gram_cost = (num_x * num_y + 30.0 * min(num_x, num_y)) * n * n / 2
     feature_cost = n * float(sum(widths_x)) * float(sum(widths_y))
     return kernel_bytes <= cka.GRAM_BYTES_LIMIT and gram_cost < feature_cost
 

@@ -116,6 +116,7 @@ class HeadNullEngine(_Engine):
         self.num_examples = len(starts)
         self.first_pairs = starts
         self.example_of_pair = np.repeat(np.arange(self.num_examples), counts)
+        self.shared = ys is None  # one list of layers: cells (i, j) and (j, i) share their terms (_key)
         self.cache: dict[tuple[int, int], dict[int, tuple[np.ndarray, np.ndarray]]] = {}
         self.cached_bytes = 0
 
@@ -130,30 +131,46 @@ class HeadNullEngine(_Engine):
 
     def _sums(self, i: int, j: int, partner: np.ndarray, observed: bool) -> tuple[np.ndarray, np.ndarray]:
         a, b = self.x_stats[i], self.y_stats[j]
-        known = self.cache.setdefault((i, j), {})
+        examples = np.arange(self.num_examples)
         if observed:
             terms = example_terms(a, b, self.measure)
-            self._keep(known, np.arange(self.num_examples), np.arange(self.num_examples), *terms)
+            self._keep(i, j, examples, examples, *terms)
             return terms[0].sum(axis=0), terms[1].sum(axis=0)
-        keys = np.arange(self.num_examples) * self.num_examples + partner
-        missing = np.array([k for k in keys.tolist() if k not in known], dtype=np.int64)
-        fresh = {}
+        found = [self._known(i, j, e, f) for e, f in zip(examples.tolist(), partner.tolist())]
+        missing = np.array([e for e, terms in enumerate(found) if terms is None], dtype=np.int64)
         if len(missing):
-            examples = missing // self.num_examples
-            numerator, denominator = example_terms(a, b, self.measure, examples, missing % self.num_examples)
-            fresh = {k: (numerator[n], denominator[n]) for n, k in enumerate(missing.tolist())}
-            self._keep(known, examples, missing % self.num_examples, numerator, denominator)
-        terms = [known.get(k) or fresh[k] for k in keys.tolist()]
-        return sum(t[0] for t in terms), sum(t[1] for t in terms)
+            numerator, denominator = example_terms(a, b, self.measure, missing, partner[missing])
+            for n, e in enumerate(missing.tolist()):
+                found[e] = (numerator[n], denominator[n])
+            self._keep(i, j, missing, partner[missing], numerator, denominator)
+        return sum(t[0] for t in found), sum(t[1] for t in found)
 
-    def _keep(self, known: dict, examples: np.ndarray, partners: np.ndarray, numerator: np.ndarray,
+    def _key(self, i: int, j: int, e: int, f: int) -> tuple[tuple[int, int], int, bool]:
+        """Where the terms of example e of layer i with example f of layer j are kept: (cell, pair, transposed).
+        The head measures are symmetric (a JS divergence, a correlation, a distance): with one list of layers the terms
+        of (j, f) with (i, e) are those of (i, e) with (j, f) transposed, bit for bit (the same sums of the same
+        products in the same order), so cells (i, j) and (j, i), and the pairs (e, f) and (f, e) of a cell (i, i),
+        share them: kept once, under the smaller (layer, example)."""
+        if self.shared and (i, e) > (j, f):
+            return (j, i), f * self.num_examples + e, True
+        return (i, j), e * self.num_examples + f, False
+
+    def _known(self, i: int, j: int, e: int, f: int) -> tuple[np.ndarray, np.ndarray] | None:
+        cell, pair, transposed = self._key(i, j, e, f)
+        terms = self.cache.get(cell, {}).get(pair)
+        return terms if terms is None or not transposed else (terms[0].T, terms[1].T)
+
+    def _keep(self, i: int, j: int, examples: np.ndarray, partners: np.ndarray, numerator: np.ndarray,
               denominator: np.ndarray) -> None:
         size = numerator[0].nbytes + denominator[0].nbytes
         for n, (e, f) in enumerate(zip(examples.tolist(), partners.tolist())):
             if self.cached_bytes + size > TERMS_CACHE_BYTES:
                 return
-            known[e * self.num_examples + f] = (numerator[n], denominator[n])
-            self.cached_bytes += size
+            cell, pair, transposed = self._key(i, j, e, f)
+            known = self.cache.setdefault(cell, {})
+            if pair not in known:
+                known[pair] = (numerator[n].T, denominator[n].T) if transposed else (numerator[n], denominator[n])
+                self.cached_bytes += size
 
 
 def _checked(measure: str, layers: Sequence[AttentionMaps], options: dict) -> None:
