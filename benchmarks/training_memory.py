@@ -9,7 +9,7 @@ system, getrusage), its minor page faults and a digest of the trained weights; t
 of each way and the ratio new / old. One torch thread by default: on a shared 2-core machine CPU seconds are the
 steady figure (benchmarks/finetune.py says why).
 
-    python benchmarks/training_memory.py                 # 60 steps, 2 rounds (about 4 minutes alone)
+    python benchmarks/training_memory.py                 # 60 steps, 2 rounds (about 2 minutes alone)
     python benchmarks/training_memory.py --steps 200     # the quickstart's whole run
 """
 
