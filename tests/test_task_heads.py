@@ -154,6 +154,26 @@ def test_small_chunks_visit_every_example_once_per_epoch_in_a_seeded_order(tmp_p
     assert orders[0] == orders[1] and orders[0] != orders[2]
 
 
+def test_a_table_in_one_chunk_is_read_once_and_a_larger_one_chunk_by_chunk(tmp_path, monkeypatch) -> None:
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((90 * 2, 3)).astype(np.float32)
+    y = rng.integers(0, 2, 90)
+    table = _table(tmp_path / "t.parquet", x, y, choices=2, rows_per_group=20)
+    reads = []
+    original = ActivationTable.layer_of_row_groups
+    monkeypatch.setattr(ActivationTable, "layer_of_row_groups",
+                        lambda self, layer, groups: reads.append(list(groups)) or original(self, layer, groups))
+    whole, chunked = Rows(2, table=table, chunk_rows=10**6), Rows(2, table=table, chunk_rows=40)
+    for epoch in range(3):  # every epoch gives every example's own rows, however they were read
+        for index, chunk in whole.chunks(np.random.default_rng(epoch)):
+            np.testing.assert_array_equal(chunk, x.reshape(90, 2, 3)[index])
+    assert len(reads) == 1 and len(reads[0]) == len(table.row_groups())
+    reads.clear()
+    for epoch in range(2):  # several chunks: each read when it comes, never the whole table at once
+        assert sum(len(i) for i, _ in chunked.chunks(np.random.default_rng(epoch))) == 90
+    assert len(reads) == 2 * 5 and all(len(groups) <= 2 for groups in reads)  # 9 groups of 20 rows, 2 per chunk
+
+
 def test_head_kinds_match_the_params_names() -> None:
     from layersim.params.vocabulary import HEAD_KINDS as DECLARED
 

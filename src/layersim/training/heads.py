@@ -113,6 +113,7 @@ class Rows:
         self._array, self._table, self._layer, self._chunk_rows = array, table, layer, chunk_rows
         self.num_rows = len(array) if array is not None else table.num_rows
         self.hidden_size = array.shape[1] if array is not None else table.hidden_size
+        self._whole: np.ndarray | None = None  # the layer of a table read in one chunk, read once
 
     def chunks(self, rng: np.random.Generator | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(example indices, their rows as (examples, choices, hidden) float32); a random chunk order
@@ -126,8 +127,17 @@ class Rows:
         for at in range(0, len(order), per_chunk):
             picked = sorted(order[at:at + per_chunk].tolist())
             rows = np.concatenate([np.arange(groups[g][0], groups[g][0] + groups[g][1]) for g in picked])
-            array = self._table.layer_of_row_groups(self._layer, picked)
-            yield rows[::self.num_choices] // self.num_choices, self._by_example(array, int(rows[0]))
+            yield rows[::self.num_choices] // self.num_choices, self._by_example(self._read(picked, len(groups)),
+                                                                                 int(rows[0]))
+
+    def _read(self, picked: list[int], num_groups: int) -> np.ndarray:
+        """Layer k of the row groups `picked`, from the table; when they are all of its row groups (a table that
+        fits in one chunk: every epoch reads all of it) read once and kept."""
+        if len(picked) < num_groups:
+            return self._table.layer_of_row_groups(self._layer, picked)
+        if self._whole is None:
+            self._whole = self._table.layer_of_row_groups(self._layer, picked)
+        return self._whole
 
     def _by_example(self, array: np.ndarray, first_row: int) -> np.ndarray:
         if len(array) % self.num_choices or first_row % self.num_choices:

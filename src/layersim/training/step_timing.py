@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from layersim.compute.device import autocast, grad_scaler, resolve_precision, to_device
+from layersim.compute.host_memory import reused_host_memory
 from layersim.compute.training_steps import GradientSteps
 from layersim.data.batching import EncodedTask, collate
 from layersim.data.tasks import TaskSpec
@@ -93,7 +94,8 @@ def time_frozen_steps(pretrained_dir, spec: TaskSpec, train: EncodedTask, params
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     blocks = {UNFROZEN: runner(None)} | {name: runner(freeze) for name, freeze in configs.items()}
-    seconds = interleaved_timing(blocks, block=block, rounds=rounds, sync=sync)
+    with reused_host_memory():  # as the training loop runs its steps (layersim.training.train.finetune)
+        seconds = interleaved_timing(blocks, block=block, rounds=rounds, sync=sync)
     counted = batches[WARMUP_ROUNDS * block:]
     lengths = [int(b["input_ids"].shape[-1]) for b in counted for _ in range(b["input_ids"][..., 0].numel())]
     return seconds, lengths

@@ -24,6 +24,7 @@ from layersim.training.convergence import (Convergence, Predictions, check_run, 
                                           trivial_loss)
 from layersim.compute.compiled import PAD_MULTIPLE, compiled, compiles
 from layersim.compute.device import autocast, default_device, grad_scaler, resolve_precision, to_device
+from layersim.compute.host_memory import reused_host_memory
 from layersim.models.freezing import frozen_layers
 from layersim.errors import LayersimError
 from layersim.compute.training_steps import GradientSteps
@@ -182,8 +183,9 @@ def finetune(pretrained_dir: str | Path, spec: TaskSpec, train: EncodedTask, val
     steps = GradientSteps(optimizer, scheduler, total=params.max_steps, device=device,
                           max_grad_norm=params.max_grad_norm, scaler=grad_scaler(device, precision))
 
-    # Frozen layers (Wu et al. Table 1) stay frozen for the whole loop; the model is whole again after it.
-    with frozen_layers(model, *freeze) if freeze else contextlib.nullcontext():
+    # Frozen layers (Wu et al. Table 1) stay frozen for the whole loop; the model is whole again after it. The
+    # embedding table's gradient, allocated anew at every step, reuses the last step's pages (compute.host_memory).
+    with frozen_layers(model, *freeze) if freeze else contextlib.nullcontext(), reused_host_memory():
         model.train()
         started, paused = time.perf_counter(), 0.0
         progress = tqdm(range(start, params.max_steps), desc=f"finetune {spec.name} seed {seed}", mininterval=2,
