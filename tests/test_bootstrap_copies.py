@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from layersim.similarity import similarity
-from layersim.similarity.inference.bootstrap import (AUTO_INTERVAL, COPY_AWARE, bootstrap_pairs, chosen_interval,
-                                           resample_rows)
+from layersim.similarity.inference.bootstrap import (AUTO_INTERVAL, COPY_AWARE, COVERED, MEASURED_COVERAGE,
+                                                     NOT_MEASURED, bootstrap_pairs, chosen_interval, covering_method,
+                                                     no_interval_note, resample_rows)
 from layersim.similarity.inference.bootstrap_matrix import bootstrap_matrix
 from layersim.similarity.neighbours import knn_jaccard, neighbours
 from layersim.similarity.registry import MEASURES
@@ -134,3 +135,38 @@ def test_a_measure_without_a_measured_method_gets_no_interval_and_a_note(monkeyp
     assert result.values.shape == (5, 1)  # the resamples are still there for callers that use them
     explicit = bootstrap_pairs("procrustes", [x], [y], resamples=5, interval="basic")
     assert explicit.note is None and np.isfinite(explicit.low[0])
+
+
+@pytest.mark.parametrize("basic, percentile, chosen", [
+    (0.93, 0.96, "percentile"),   # both within COVERED: the nearer 0.95
+    (0.94, 0.96, "basic"),        # equally near: basic
+    (0.80, 0.88, "percentile"),   # only percentile within
+    (0.885, 0.50, "basic"),       # linear CKA's measured pair
+    (0.84, 0.995, None),          # too narrow and too wide: none
+    (0.0, 0.0, None),
+])
+def test_covering_method_takes_the_covering_method_nearest_nominal(basic, percentile, chosen):
+    assert covering_method({"basic": basic, "percentile": percentile}) == chosen
+
+
+@pytest.mark.parametrize("measure", sorted(MEASURED_COVERAGE))
+def test_auto_follows_the_measured_coverage_table(measure):
+    """Issue 65's measures: "auto" is the method whose measured coverage is within COVERED (nearest 0.95), and a
+    measure with none gets no interval with its measured numbers as the reason."""
+    coverage = MEASURED_COVERAGE[measure]
+    method = chosen_interval(measure, "auto")
+    assert measure not in NOT_MEASURED and method == covering_method(coverage)
+    x, y = _knn_design(np.random.default_rng(12), 60)
+    result = bootstrap_pairs(measure, [x], [y], resamples=5)
+    if method is None:
+        assert all(not COVERED[0] <= coverage[m] <= COVERED[1] for m in ("basic", "percentile"))
+        assert result.method == "none" and f"basic {coverage['basic']:.3f}" in result.note
+        assert result.note == no_interval_note(measure)
+    else:
+        assert COVERED[0] <= coverage[method] <= COVERED[1]
+        assert result.method == method and result.note is None and result.low[0] <= result.high[0]
+
+
+def test_a_measure_not_measured_yet_says_so():
+    for measure in NOT_MEASURED:
+        assert chosen_interval(measure, "auto") is None and "measured yet" in no_interval_note(measure)

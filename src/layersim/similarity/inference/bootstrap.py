@@ -66,6 +66,25 @@ from layersim.similarity.registry import get_measure
 
 INTERVALS = ("auto", "basic", "percentile", "bca")
 
+COVERED = (0.85, 0.99)
+NOMINAL = 0.95
+
+
+# Measured coverage of the population value by the 95% basic and percentile intervals (the fraction of samples
+# whose interval contained it), for the measures added by issue 65: benchmarks/bootstrap.py --coverage on the
+# review's population (n = 200 for the neighbourhood and distance measures, 300 for the others; 200 resamples;
+# docs/reading-the-numbers.md, "Interval coverage", has the repeats and the clustered design's check). "auto" takes
+# the method :func:`covering_method` picks from them; the numbers are the note's reason where it picks none.
+MEASURED_COVERAGE: dict[str, dict[str, float]] = {
+}
+
+
+def covering_method(coverage: dict[str, float]) -> str | None:
+    """Of the methods whose measured coverage lies within :data:`COVERED`, the one nearest :data:`NOMINAL`
+    (basic on a tie); None where none does."""
+    within = [m for m in ("basic", "percentile") if COVERED[0] <= coverage[m] <= COVERED[1]]
+    return min(within, key=lambda m: abs(coverage[m] - NOMINAL), default=None)
+
 
 # What "auto" is for each measure: the method whose 95% interval covered the population value within COVERED
 # in benchmarks/bootstrap.py --coverage (the module docstring's table); None where no method did: no interval.
@@ -73,22 +92,24 @@ AUTO_INTERVAL: dict[str, str | None] = {
     "linear_cka": "basic", "debiased_cka": "percentile", "rbf_cka": None, "svcca": None, "pwcca": None,
     "mean_cca": None, "neuronsim": None, "mixedsim": None, "procrustes": None, "shape_metric": None,
     "rsa": "basic", "knn_jaccard": "basic",
+    # ReSi's measures and mutual k-NN / CKNNA (issue 65): from their measured coverage, None until measured.
     "distance_correlation": None, "rsm_norm": None, "mutual_knn": None, "rank_similarity": None,
-    "second_order_cosine": None, "cknna": None,
-    # ReSi's measures: no coverage measured yet (the difference statistics get none at all: Measure.no_null).
-    "linear_regression": None, "size_and_shape": None, "aligned_cosine": None, "hard_correlation_match": None,
-    "soft_correlation_match": None, "gulp": None, "eigenspace_overlap": None, "magnitude_difference": None,
-    "concentricity_difference": None, "uniformity_difference": None,
+    "second_order_cosine": None, "cknna": None, "linear_regression": None, "size_and_shape": None,
+    "aligned_cosine": None, "hard_correlation_match": None, "soft_correlation_match": None, "gulp": None,
+    "eigenspace_overlap": None,
+    **{name: covering_method(coverage) for name, coverage in MEASURED_COVERAGE.items()},
+    # The difference statistics: no interval at all (Measure.no_null: one number per layer, nothing to resample).
+    "magnitude_difference": None, "concentricity_difference": None, "uniformity_difference": None,
     # Attention maps' head-level measures (layersim.similarity.attention; whole examples resampled), measured on
     # planted maps (benchmarks/calibration.py --attention: 60 examples, 200 repeats): Jensen–Shannon basic 0.920,
     # percentile 0.935; Pearson 0.925 and 0.925; the matrix norm 0.930 and 0.940.
     "jensen_shannon": "percentile", "pearson": "percentile", "matrix_norm": "percentile",
 }
-# Measures whose intervals' coverage benchmarks/bootstrap.py --coverage has not measured yet: "auto" gives them no
-# interval either, and says so.
+# Measures of issue 65 whose intervals' coverage benchmarks/bootstrap.py --coverage has not measured yet: "auto"
+# gives them no interval either, and says so.
 NOT_MEASURED = frozenset({"distance_correlation", "rsm_norm", "mutual_knn", "rank_similarity", "second_order_cosine",
-                          "cknna"})
-COVERED = (0.85, 0.99)
+                          "cknna", "linear_regression", "size_and_shape", "aligned_cosine", "hard_correlation_match",
+                          "soft_correlation_match", "gulp", "eigenspace_overlap"}) - set(MEASURED_COVERAGE)
 
 
 def chosen_interval(name: str, interval: str) -> str | None:
@@ -97,13 +118,17 @@ def chosen_interval(name: str, interval: str) -> str | None:
 
 
 def no_interval_note(name: str) -> str:
-    """Why "auto" gives ``name`` no interval (:data:`AUTO_INTERVAL`)."""
+    """Why "auto" gives ``name`` no interval (:data:`AUTO_INTERVAL`; the measured coverage, where there is one)."""
+    regardless = "interval='percentile' or 'basic' gives one regardless"
     if name in NOT_MEASURED:
         return (f"no interval: no bootstrap interval of {name} has had its coverage measured yet "
-                "(benchmarks/bootstrap.py --coverage); interval='percentile' or 'basic' gives one regardless")
-    return (f"no interval: no bootstrap interval of {name} covered its population value within "
-            f"{COVERED[0]:.2f}–{COVERED[1]:.2f} of the time in benchmarks/bootstrap.py --coverage (see "
-            "docs/reading-the-numbers.md); interval='percentile' or 'basic' gives one regardless")
+                f"(benchmarks/bootstrap.py --coverage); {regardless}")
+    measured = MEASURED_COVERAGE.get(name)
+    found = ("" if measured is None else
+             f" (measured: basic {measured['basic']:.3f}, percentile {measured['percentile']:.3f})")
+    return (f"no interval: no 95% bootstrap interval of {name} covered its population value within "
+            f"{COVERED[0]:.2f}–{COVERED[1]:.2f} of the time in benchmarks/bootstrap.py --coverage{found} (see "
+            f"docs/reading-the-numbers.md, \"Interval coverage\"); {regardless}")
 
 # Delete-block jackknife for BCa's acceleration: 20 recomputations (10% of 200 resamples) estimate the
 # skewness about as well as n would for the size of correction it makes (a is ~0.01–0.05 here).
