@@ -120,7 +120,8 @@ def coverage(args) -> None:
             rows = {m: [] for m in args.methods}
             first = "bca" if "bca" in rows else "basic"  # BCa's jackknife only where BCa is asked for
             estimates = []
-            for _ in range(args.repeats or repeats):
+            total = args.repeats or repeats
+            for done in range(1, total + 1):
                 pick = rng.choice(len(px), n, replace=False)
                 seed = int(rng.integers(1 << 30))
                 drawn = bootstrap_pairs(name, [px[pick]], [py[pick]], resamples=args.resamples, seed=seed,
@@ -129,13 +130,14 @@ def coverage(args) -> None:
                 for method in rows:
                     r = drawn if method == first else finish(name, drawn.estimate, drawn.values, None, 0.95, method)
                     rows[method].append((r.low[0], r.high[0], r.estimate[0]))
-            for method, got in rows.items():
-                low, high, est = np.array(got).T
-                covered = np.mean((low <= truth) & (truth <= high))
-                print(f"| {label} | {design} | {n:,} | {len(low)} | {truth:.4f} | {np.mean(estimates):.4f} | "
-                      f"{method} | {covered:.3f} ± {np.sqrt(covered * (1 - covered) / len(low)):.3f} | "
-                      f"{np.mean(truth < low):.3f} / {np.mean(truth > high):.3f} | {np.mean(high - low):.3f} | "
-                      f"{np.mean((est < low) | (est > high)):.3f} |", flush=True)
+                if done == total or done % args.report_every == 0:  # a tally so far (a run cut short keeps it)
+                    for method, got in rows.items():
+                        low, high, est = np.array(got).T
+                        covered = np.mean((low <= truth) & (truth <= high))
+                        print(f"| {label} | {design} | {n:,} | {len(low)} | {truth:.4f} | {np.mean(estimates):.4f} | "
+                              f"{method} | {covered:.3f} ± {np.sqrt(covered * (1 - covered) / len(low)):.3f} | "
+                              f"{np.mean(truth < low):.3f} / {np.mean(truth > high):.3f} | "
+                              f"{np.mean(high - low):.3f} | {np.mean((est < low) | (est > high)):.3f} |", flush=True)
 
 
 def cost(args) -> None:
@@ -172,6 +174,8 @@ def main() -> None:
                         choices=["basic", "percentile", "bca"], help="interval methods for --coverage")
     parser.add_argument("--design", choices=["review", "knn", "independent"], default=None,
                         help="only the CASES on this population (default: all of the measures')")
+    parser.add_argument("--report-every", type=int, default=50, help="with --coverage: print the tally so far "
+                        "every this many repeats")
     parser.add_argument("--n-coverage", type=int, nargs="+", default=None, help="rows per sample (default: CASES')")
     parser.add_argument("--population", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=None, help="samples per case (default: CASES')")

@@ -242,7 +242,8 @@ def premise_calibration(draws: int, measures, coverage_draws: int) -> None:
             print(f"| {name} | {sd} | " + " | ".join(cells) + f" | {time.perf_counter() - start:.0f} |", flush=True)
 
 
-def premise_coverage(measures, coverage_draws: int, premise_sds=(0.5, 1.0)) -> None:
+def premise_coverage(measures, coverage_draws: int, premise_sds=(0.5, 1.0), units=("examples", "premises"),
+                     report_every: int = 25) -> None:
     """Coverage of the population value by each measure's 95% bootstrap interval, basic and percentile, on the
     shared-premise design's y = 0.5·x·A + b_p + f (100 premises × 3 hypotheses, d = 20, 200 resamples), rows
     resampled one by one (examples) and whole premises at a time (premises, the stage's cluster bootstrap); for
@@ -261,8 +262,8 @@ def premise_coverage(measures, coverage_draws: int, premise_sds=(0.5, 1.0)) -> N
     mixing = np.random.default_rng(7).normal(size=(WIDTH, WIDTH)) / np.sqrt(WIDTH)
     print(f"shared premises: {PREMISES} × {HYPOTHESES} hypotheses, d = {WIDTH}, y = 0.5·x·A + b_p + f; "
           f"{coverage_draws} coverage draws, 200 resamples")
-    print("| measure | premise sd | population | mean estimate | resampled | basic | percentile | s |\n"
-          "|---|---|---|---|---|---|---|---|")
+    print("| measure | premise sd | draws | population | mean estimate | resampled | basic | percentile | s |\n"
+          "|---|---|---|---|---|---|---|---|---|")
     for name in measures:
         options = settings(SimilarityParams())[0].get(name, {})
         for sd in premise_sds:
@@ -274,11 +275,11 @@ def premise_coverage(measures, coverage_draws: int, premise_sds=(0.5, 1.0)) -> N
             truth = (sample_mean(name, options, fresh, 1_000) if name in NEIGHBOURHOOD
                      else population_value(name, options, px, py, PREMISES * HYPOTHESES))
             rng = np.random.default_rng(65)
-            covered = {unit: {"basic": [], "percentile": []} for unit in ("examples", "premises")}
+            covered = {unit: {"basic": [], "percentile": []} for unit in units}
             estimates = []
             for k in range(coverage_draws):
                 x, y, premise = shared_premise(rng, sd, signal=0.5, mixing=mixing)
-                for unit, groups in (("examples", None), ("premises", premise)):
+                for unit, groups in ((u, premise if u == "premises" else None) for u in units):
                     drawn = bootstrap_pairs(name, [x], [y], resamples=200, seed=k, groups=groups, interval="basic",
                                             **options)
                     for method, got in covered[unit].items():
@@ -286,10 +287,11 @@ def premise_coverage(measures, coverage_draws: int, premise_sds=(0.5, 1.0)) -> N
                                                                    method)
                         got.append(r.low[0] <= truth <= r.high[0])
                 estimates.append(drawn.estimate[0])
-            for unit, got in covered.items():
-                cells = [f"{np.mean(got[m]):.3f}" for m in ("basic", "percentile")]
-                print(f"| {name} | {sd} | {truth:.4f} | {np.mean(estimates):.4f} | {unit} | " + " | ".join(cells)
-                      + f" | {time.perf_counter() - start:.0f} |", flush=True)
+                if k + 1 == coverage_draws or (k + 1) % report_every == 0:  # a tally so far (a run cut short keeps it)
+                    for unit, got in covered.items():
+                        cells = [f"{np.mean(got[m]):.3f}" for m in ("basic", "percentile")]
+                        print(f"| {name} | {sd} | {k + 1} | {truth:.4f} | {np.mean(estimates):.4f} | {unit} | "
+                              + " | ".join(cells) + f" | {time.perf_counter() - start:.0f} |", flush=True)
 
 
 def movable_shares(seed: int = 0) -> None:
@@ -461,6 +463,10 @@ def main() -> None:
     parser.add_argument("--coverage-only", action="store_true", help="with --structured --premises: only the "
                         "coverage of basic and percentile intervals, examples and premises resampled")
     parser.add_argument("--premise-sd", type=float, nargs="+", default=[0.5, 1.0], help="with --coverage-only")
+    parser.add_argument("--units", nargs="+", default=["examples", "premises"], choices=["examples", "premises"],
+                        help="with --coverage-only: rows resampled one by one (examples), whole premises, or both")
+    parser.add_argument("--report-every", type=int, default=25, help="with --coverage-only: the tally so far every "
+                        "this many draws")
     parser.add_argument("--length-classes", action="store_true", help="with --structured: only the word rows' "
                         "null with coarser length classes (similarity.length_classes): false positives and power")
     parser.add_argument("--attention", action="store_true", help="only the attention maps' null and bootstrap "
@@ -476,7 +482,7 @@ def main() -> None:
         return compare_probe(args.draws or (200 if args.quick else 400), args.permutations or 99, chosen)
     if args.structured and args.premises and args.coverage_only:
         return premise_coverage(args.measures if args.measures != MEASURES else COVERAGE_MEASURES, args.coverage_draws,
-                                args.premise_sd)
+                                args.premise_sd, args.units, args.report_every)
     if args.structured and args.premises:
         chosen = args.measures if args.measures != MEASURES else STAGE_MEASURES
         movable_shares()
