@@ -150,7 +150,7 @@ def no_interval_note(name: str) -> str:
                 f"(benchmarks/bootstrap.py --coverage); {regardless}")
     measured = MEASURED_COVERAGE.get(name)
     found = "" if measured is None else f" (measured, {_coverage_text(measured)})"
-    return (f"no interval: no 95% bootstrap interval of {name} covered its population value within "
+    return (f"no interval: no bootstrap interval (95%) of {name} covered its population value within "
             f"{COVERED[0]:.2f}–{COVERED[1]:.2f} of the time over at least {CLAIM_DRAWS} draws in "
             f"benchmarks/bootstrap.py --coverage{found} (see "
             f"docs/reading-the-numbers.md, \"Interval coverage\"); {regardless}")
