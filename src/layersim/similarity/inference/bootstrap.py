@@ -92,6 +92,9 @@ MEASURED_COVERAGE: dict[str, dict[str, dict[str, float]]] = {
     "aligned_cosine": {"review": {"basic": 0.16, "percentile": 0.0, "draws": 25}},
     "hard_correlation_match": {"review": {"basic": 0.32, "percentile": 0.0, "draws": 25}},
     "soft_correlation_match": {"review": {"basic": 0.32, "percentile": 0.0, "draws": 25}},
+    "size_and_shape": {"review": {"basic": 0.2, "percentile": 0.0, "draws": 25}},
+    "gulp": {"review": {"basic": 0.16, "percentile": 0.0, "draws": 25}},
+    "eigenspace_overlap": {"review": {"basic": 0.16, "percentile": 0.0, "draws": 25}},
 }
 CLAIM_DRAWS = 200
 
