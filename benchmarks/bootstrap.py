@@ -33,8 +33,15 @@ from layersim.similarity._cca_core import CAPPED_MEASURES, dimension_cap
 
 WIDTH = 64
 # Where the measure on the whole population is out of reach, the population is a subsample of this many rows:
-# RBF CKA's exact kernels (Nyström above 10,000 rows), RSA's RDMs (n² pairs), k-NN's n² distances.
-POPULATION_ROWS = {"rbf_cka": 5_000, "rsa": 3_000, "knn_jaccard": 20_000}
+# RBF CKA's exact kernels (Nyström above 10,000 rows), RSA's RDMs (n² pairs), k-NN's n² distances, the n × n
+# distance matrices of distance correlation and the RSM norm.
+NEIGHBOURHOOD = ("knn_jaccard", "mutual_knn", "cknna", "second_order_cosine", "rank_similarity")
+POPULATION_ROWS = {"rbf_cka": 5_000, "rsa": 3_000, "distance_correlation": 5_000, "rsm_norm": 5_000,
+                   **{name: 20_000 for name in NEIGHBOURHOOD}}
+# Rank similarity weighs a shared neighbour by its ranks (1/((1 + |r_x − r_y|)(r_x + r_y))), which do not scale with
+# the rows as a neighbourhood's share does: its population value is its mean over this many fresh samples of n rows,
+# the value at its k on n examples that another draw would give on average.
+SAMPLE_MEAN_SAMPLES = {"rank_similarity": 1_000}
 
 
 def population(rows: int, seed: int = 0, design: str = "review") -> tuple[np.ndarray, np.ndarray]:
@@ -58,7 +65,14 @@ CASES = [("linear_cka", "review", 300, 1000), ("rbf_cka", "review", 300, 200), (
          ("svcca", "review", 300, 200), ("pwcca", "review", 300, 200), ("mean_cca", "review", 300, 200),
          ("neuronsim", "review", 300, 200), ("mixedsim", "review", 300, 200), ("procrustes", "review", 300, 200),
          ("shape_metric", "review", 300, 200), ("rsa", "review", 150, 200), ("rsa", "independent", 150, 200),
-         ("knn_jaccard", "knn", 200, 200), ("knn_jaccard", "review", 200, 200)]
+         ("knn_jaccard", "knn", 200, 200), ("knn_jaccard", "review", 200, 200),
+         # ReSi's measures and the platonic-representation work's (issue 65): n = 200 where the measure holds n × n
+         # distances or neighbour lists (as k-NN Jaccard), 300 otherwise.
+         *[(name, "review", 200, 200) for name in ("mutual_knn", "cknna", "rank_similarity", "second_order_cosine",
+                                                   "distance_correlation", "rsm_norm")],
+         *[(name, "review", 300, 200) for name in ("linear_regression", "size_and_shape", "aligned_cosine",
+                                                   "hard_correlation_match", "soft_correlation_match", "gulp",
+                                                   "eigenspace_overlap")]]
 
 
 def measure_options(label: str, n: int) -> tuple[str, dict]:
@@ -71,18 +85,31 @@ def measure_options(label: str, n: int) -> tuple[str, dict]:
 
 
 def population_value(name: str, options: dict, px: np.ndarray, py: np.ndarray, n: int) -> float:
-    """The measure on the population (or :data:`POPULATION_ROWS` of it). k-NN Jaccard with k = 10 is a
-    neighbourhood of 10/(n − 1) of the other examples; on N rows the same share is k·(N − 1)/(n − 1)."""
+    """The measure on the population (or :data:`POPULATION_ROWS` of it). A neighbourhood measure with k = 10 is a
+    neighbourhood of 10/(n − 1) of the other examples; on N rows the same share is k·(N − 1)/(n − 1). Rank
+    similarity: its :func:`sample_mean` over samples of n rows of the population."""
+    if name in SAMPLE_MEAN_SAMPLES:
+        def draw(rng):
+            pick = rng.choice(len(px), n, replace=False)
+            return px[pick], py[pick]
+        return sample_mean(name, options, draw, SAMPLE_MEAN_SAMPLES[name])
     rows = POPULATION_ROWS.get(name, len(px))
-    if name == "knn_jaccard":
+    if name in NEIGHBOURHOOD:
         options = {**options, "k": round(10 * (rows - 1) / (n - 1))}
     return similarity(name, px[:rows], py[:rows], **options)
+
+
+def sample_mean(name: str, options: dict, draw, samples: int) -> float:
+    """The measure's mean over ``samples`` fresh samples ``draw(rng) -> (x, y)`` (a stream of its own): the value
+    another sample of the same size gives on average, the target where the measure has no large-sample limit."""
+    rng = np.random.default_rng(2)
+    return float(np.mean([similarity(name, *draw(rng), **options) for _ in range(samples)]))
 
 
 def coverage(args) -> None:
     print("| measure | design | n | repeats | population | mean estimate | method | coverage ± SE | below / above "
           "| mean width | excludes its estimate |\n|---|---|---|---|---|---|---|---|---|---|---|")
-    cases = [c for c in CASES if c[0] in args.measures] + [(m, "review", 300, 100) for m in args.measures
+    cases = [c for c in CASES if c[0] in args.measures and (args.design is None or c[1] == args.design)] + [(m, "review", 300, 100) for m in args.measures
                                                               if m not in {c[0] for c in CASES}]
     for label, design, n_case, repeats in cases:
         px, py = population(args.population, design=design)
@@ -90,24 +117,27 @@ def coverage(args) -> None:
         for n in args.n_coverage or [n_case]:
             name, options = measure_options(label, n)
             truth = population_value(name, options, px, py, n)
-            rows = {m: [] for m in ("basic", "percentile", "bca")}
+            rows = {m: [] for m in args.methods}
+            first = "bca" if "bca" in rows else "basic"  # BCa's jackknife only where BCa is asked for
             estimates = []
-            for _ in range(args.repeats or repeats):
+            total = args.repeats or repeats
+            for done in range(1, total + 1):
                 pick = rng.choice(len(px), n, replace=False)
                 seed = int(rng.integers(1 << 30))
-                bca = bootstrap_pairs(name, [px[pick]], [py[pick]], resamples=args.resamples, seed=seed,
-                                      interval="bca", **({} if "@" not in label else options))
-                estimates.append(bca.estimate[0])
+                drawn = bootstrap_pairs(name, [px[pick]], [py[pick]], resamples=args.resamples, seed=seed,
+                                        interval=first, **({} if "@" not in label else options))
+                estimates.append(drawn.estimate[0])
                 for method in rows:
-                    r = bca if method == "bca" else finish(name, bca.estimate, bca.values, None, 0.95, method)
+                    r = drawn if method == first else finish(name, drawn.estimate, drawn.values, None, 0.95, method)
                     rows[method].append((r.low[0], r.high[0], r.estimate[0]))
-            for method, got in rows.items():
-                low, high, est = np.array(got).T
-                covered = np.mean((low <= truth) & (truth <= high))
-                print(f"| {label} | {design} | {n:,} | {len(low)} | {truth:.4f} | {np.mean(estimates):.4f} | "
-                      f"{method} | {covered:.3f} ± {np.sqrt(covered * (1 - covered) / len(low)):.3f} | "
-                      f"{np.mean(truth < low):.3f} / {np.mean(truth > high):.3f} | {np.mean(high - low):.3f} | "
-                      f"{np.mean((est < low) | (est > high)):.3f} |", flush=True)
+                if done == total or done % args.report_every == 0:  # a tally so far (a run cut short keeps it)
+                    for method, got in rows.items():
+                        low, high, est = np.array(got).T
+                        covered = np.mean((low <= truth) & (truth <= high))
+                        print(f"| {label} | {design} | {n:,} | {len(low)} | {truth:.4f} | {np.mean(estimates):.4f} | "
+                              f"{method} | {covered:.3f} ± {np.sqrt(covered * (1 - covered) / len(low)):.3f} | "
+                              f"{np.mean(truth < low):.3f} / {np.mean(truth > high):.3f} | "
+                              f"{np.mean(high - low):.3f} | {np.mean((est < low) | (est > high)):.3f} |", flush=True)
 
 
 def cost(args) -> None:
@@ -140,6 +170,12 @@ def main() -> None:
     parser.add_argument("--coverage", action="store_true", help="the coverage simulation instead of the cost")
     parser.add_argument("--measures", nargs="+", default=list(dict.fromkeys(c[0] for c in CASES)),
                         help="measures (svcca@20: a fixed cap) for --coverage; each runs its CASES")
+    parser.add_argument("--methods", nargs="+", default=["basic", "percentile", "bca"],
+                        choices=["basic", "percentile", "bca"], help="interval methods for --coverage")
+    parser.add_argument("--design", choices=["review", "knn", "independent"], default=None,
+                        help="only the CASES on this population (default: all of the measures')")
+    parser.add_argument("--report-every", type=int, default=50, help="with --coverage: print the tally so far "
+                        "every this many repeats")
     parser.add_argument("--n-coverage", type=int, nargs="+", default=None, help="rows per sample (default: CASES')")
     parser.add_argument("--population", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=None, help="samples per case (default: CASES')")

@@ -156,6 +156,10 @@ def structured(draws: int, permutations: int, measures, streamed: bool) -> None:
 # neuronsim]): the shared-premise design checks each of them.
 STAGE_MEASURES = ["linear_cka", "svcca", "pwcca", "neuronsim"]
 PREMISES, HYPOTHESES, WIDTH = 100, 3, 20
+# ReSi's measures and mutual k-NN / CKNNA, whose intervals' coverage issue 65 measures (:func:`premise_coverage`).
+COVERAGE_MEASURES = ["mutual_knn", "cknna", "rank_similarity", "distance_correlation", "second_order_cosine",
+                     "rsm_norm", "linear_regression", "size_and_shape", "aligned_cosine", "hard_correlation_match",
+                     "soft_correlation_match", "gulp", "eigenspace_overlap"]
 
 
 def shared_premise(rng: np.random.Generator, premise_sd: float, premises: int = PREMISES, signal: float = 0.0,
@@ -238,6 +242,58 @@ def premise_calibration(draws: int, measures, coverage_draws: int) -> None:
             cells = [f"{np.mean(np.array(p[u]) <= 0.05):.3f}" for u in p] + [
                 f"{np.mean(covered[u]):.3f}" if covered[u] else "— (no interval)" for u in covered]
             print(f"| {name} | {sd} | " + " | ".join(cells) + f" | {time.perf_counter() - start:.0f} |", flush=True)
+
+
+def premise_coverage(measures, coverage_draws: int, premise_sds=(0.5, 1.0), units=("examples", "premises"),
+                     report_every: int = 25) -> None:
+    """Coverage of the population value by each measure's 95% bootstrap interval, basic and percentile, on the
+    shared-premise design's y = 0.5·x·A + b_p + f (100 premises × 3 hypotheses, d = 20, 200 resamples), rows
+    resampled one by one (examples) and whole premises at a time (premises, the stage's cluster bootstrap); for
+    measures "auto" may not give an interval yet (the stage's route, :func:`premise_calibration`, shows only the
+    chosen one). The population value: :func:`bootstrap.population_value` on a large sample of the design (whole
+    premises) or, for the neighbourhood measures, their mean over 1,000 fresh samples of 100 premises: a row's two
+    premise-mates are among its 10 nearest in a sample but not among a share-kept neighbourhood of 20,000 rows, so
+    the large-sample value is another quantity than the one the sample's k = 10 sees.
+    ``python benchmarks/calibration.py --structured --premises --coverage-only --measures … [--coverage-draws 200]``"""
+    from bootstrap import NEIGHBOURHOOD, population_value, sample_mean  # benchmarks/bootstrap.py (run as a script)
+
+    from layersim.params.schema import SimilarityParams
+    from layersim.similarity.inference.bootstrap import bootstrap_pairs, finish
+    from layersim.similarity.results import settings
+
+    mixing = np.random.default_rng(7).normal(size=(WIDTH, WIDTH)) / np.sqrt(WIDTH)
+    print(f"shared premises: {PREMISES} × {HYPOTHESES} hypotheses, d = {WIDTH}, y = 0.5·x·A + b_p + f; "
+          f"{coverage_draws} coverage draws, 200 resamples")
+    print("| measure | premise sd | draws | population | mean estimate | resampled | basic | percentile | s |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+    for name in measures:
+        options = settings(SimilarityParams())[0].get(name, {})
+        for sd in premise_sds:
+            start = time.perf_counter()
+            px, py, _ = shared_premise(np.random.default_rng(123), sd, 20_000, 0.5, mixing)
+
+            def fresh(rng, sd=sd):
+                return shared_premise(rng, sd, signal=0.5, mixing=mixing)[:2]
+            truth = (sample_mean(name, options, fresh, 1_000) if name in NEIGHBOURHOOD
+                     else population_value(name, options, px, py, PREMISES * HYPOTHESES))
+            rng = np.random.default_rng(65)
+            covered = {unit: {"basic": [], "percentile": []} for unit in units}
+            estimates = []
+            for k in range(coverage_draws):
+                x, y, premise = shared_premise(rng, sd, signal=0.5, mixing=mixing)
+                for unit, groups in ((u, premise if u == "premises" else None) for u in units):
+                    drawn = bootstrap_pairs(name, [x], [y], resamples=200, seed=k, groups=groups, interval="basic",
+                                            **options)
+                    for method, got in covered[unit].items():
+                        r = drawn if method == "basic" else finish(name, drawn.estimate, drawn.values, None, 0.95,
+                                                                   method)
+                        got.append(r.low[0] <= truth <= r.high[0])
+                estimates.append(drawn.estimate[0])
+                if k + 1 == coverage_draws or (k + 1) % report_every == 0:  # a tally so far (a run cut short keeps it)
+                    for unit, got in covered.items():
+                        cells = [f"{np.mean(got[m]):.3f}" for m in ("basic", "percentile")]
+                        print(f"| {name} | {sd} | {k + 1} | {truth:.4f} | {np.mean(estimates):.4f} | {unit} | "
+                              + " | ".join(cells) + f" | {time.perf_counter() - start:.0f} |", flush=True)
 
 
 def movable_shares(seed: int = 0) -> None:
@@ -437,11 +493,19 @@ def main() -> None:
     parser.add_argument("--structured", action="store_true", help="only grouped rows: words, choices (issue 47)")
     parser.add_argument("--streamed", action="store_true", help="with --structured: the streamed route too")
     parser.add_argument("--measures", nargs="+", default=MEASURES, choices=sorted(set(MEASURES) | {
-        *ATTENTION_MEASURES, "debiased_cka", "rbf_cka", "procrustes", "shape_metric", "rsa", "knn_jaccard"}))
+        *ATTENTION_MEASURES, "debiased_cka", "rbf_cka", "procrustes", "shape_metric", "rsa", "knn_jaccard",
+        *COVERAGE_MEASURES}))
     parser.add_argument("--compare-probe", action="store_true", help="only the compare stage's 12-task probe")
     parser.add_argument("--premises", action="store_true", help="with --structured: only the shared-premise design "
                         "(100 premises × 3 hypotheses) through the similarity stage's null and bootstrap")
     parser.add_argument("--coverage-draws", type=int, default=200, help="with --premises: coverage repeats")
+    parser.add_argument("--coverage-only", action="store_true", help="with --structured --premises: only the "
+                        "coverage of basic and percentile intervals, examples and premises resampled")
+    parser.add_argument("--premise-sd", type=float, nargs="+", default=[0.5, 1.0], help="with --coverage-only")
+    parser.add_argument("--units", nargs="+", default=["examples", "premises"], choices=["examples", "premises"],
+                        help="with --coverage-only: rows resampled one by one (examples), whole premises, or both")
+    parser.add_argument("--report-every", type=int, default=25, help="with --coverage-only: the tally so far every "
+                        "this many draws")
     parser.add_argument("--length-classes", action="store_true", help="with --structured: only the word rows' "
                         "null with coarser length classes (similarity.length_classes): false positives and power")
     parser.add_argument("--attention", action="store_true", help="only the attention maps' null and bootstrap "
@@ -459,6 +523,9 @@ def main() -> None:
     if args.compare_probe:
         chosen = args.measures if args.measures != MEASURES else ("linear_cka", "neuronsim", "svcca")
         return compare_probe(args.draws or (200 if args.quick else 400), args.permutations or 99, chosen)
+    if args.structured and args.premises and args.coverage_only:
+        return premise_coverage(args.measures if args.measures != MEASURES else COVERAGE_MEASURES, args.coverage_draws,
+                                args.premise_sd, args.units, args.report_every)
     if args.structured and args.premises:
         chosen = args.measures if args.measures != MEASURES else STAGE_MEASURES
         movable_shares()

@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from layersim.similarity import similarity
-from layersim.similarity.inference.bootstrap import (AUTO_INTERVAL, COPY_AWARE, bootstrap_pairs, chosen_interval,
-                                           resample_rows)
+from layersim.similarity.inference.bootstrap import (AUTO_INTERVAL, CLAIM_DRAWS, COPY_AWARE, COVERED,
+                                                     MEASURED_COVERAGE,
+                                                     NOT_MEASURED, bootstrap_pairs, chosen_interval, covering_method,
+                                                     no_interval_note, resample_rows)
 from layersim.similarity.inference.bootstrap_matrix import bootstrap_matrix
 from layersim.similarity.neighbours import knn_jaccard, neighbours
 from layersim.similarity.registry import MEASURES
@@ -134,3 +136,48 @@ def test_a_measure_without_a_measured_method_gets_no_interval_and_a_note(monkeyp
     assert result.values.shape == (5, 1)  # the resamples are still there for callers that use them
     explicit = bootstrap_pairs("procrustes", [x], [y], resamples=5, interval="basic")
     assert explicit.note is None and np.isfinite(explicit.low[0])
+
+
+@pytest.mark.parametrize("designs, chosen", [
+    ({"review": (0.93, 0.96)}, "percentile"),                          # both within COVERED: the nearer 0.95
+    ({"review": (0.94, 0.96)}, "basic"),                               # equally near: basic
+    ({"review": (0.80, 0.88)}, "percentile"),                          # only percentile within
+    ({"review": (0.885, 0.50)}, "basic"),                              # linear CKA's measured pair
+    ({"review": (0.84, 0.995)}, None),                                 # too narrow and too wide: none
+    ({"review": (0.94, 0.95), "premises": (0.0, 0.0)}, None),          # covers on one design only: none
+    ({"review": (0.95, 0.95), "premises": (0.88, 0.93)}, "percentile"),  # nearer 0.95 where it is worst
+    ({"review": (0.95, 0.95, 199)}, None),                             # a first look grants no method
+    ({"review": (0.95, 0.95), "premises": (0.95, 0.95, 50)}, None),
+])
+def test_covering_method_takes_the_covering_method_nearest_nominal(designs, chosen):
+    coverage = {design: {"basic": c[0], "percentile": c[1], "draws": c[2] if len(c) > 2 else CLAIM_DRAWS}
+                for design, c in designs.items()}
+    assert covering_method(coverage) == chosen
+
+
+@pytest.mark.parametrize("measure", sorted(MEASURED_COVERAGE))
+def test_auto_follows_the_measured_coverage_table(measure):
+    """Issue 65's measures: "auto" is the method whose measured coverage is within COVERED on every design (nearest
+    0.95), and a measure with none gets no interval with its measured numbers as the reason."""
+    coverage = MEASURED_COVERAGE[measure]
+    method = chosen_interval(measure, "auto")
+    assert measure not in NOT_MEASURED and method == covering_method(coverage)
+    x, y = _knn_design(np.random.default_rng(12), 60)
+    result = bootstrap_pairs(measure, [x], [y], resamples=5)
+    if method is None:
+        assert all(any(not COVERED[0] <= c[m] <= COVERED[1] or c["draws"] < CLAIM_DRAWS for c in coverage.values())
+                   for m in ("basic", "percentile"))
+        assert result.method == "none" and result.note == no_interval_note(measure)
+        assert all(f"{design}: basic {c['basic']:.3f}, percentile {c['percentile']:.3f} over {c['draws']} draws"
+                   in result.note for design, c in coverage.items())
+    else:
+        assert all(COVERED[0] <= c[method] <= COVERED[1] and c["draws"] >= CLAIM_DRAWS for c in coverage.values())
+        assert result.method == method and result.note is None and result.low[0] <= result.high[0]
+
+
+def test_a_measure_not_measured_yet_says_so(monkeypatch):
+    import layersim.similarity.inference.bootstrap as bootstrap
+
+    assert all(chosen_interval(m, "auto") is None for m in NOT_MEASURED)
+    monkeypatch.setattr(bootstrap, "NOT_MEASURED", NOT_MEASURED | {"gulp"})
+    assert "measured yet" in no_interval_note("gulp") and "measured yet" not in no_interval_note("cknna")
