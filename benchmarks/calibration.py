@@ -449,7 +449,7 @@ def attention_calibration(draws: int = 200, permutations: int = 99, coverage_dra
 
 def attention_compare_calibration(draws: int = 200, permutations: int = 99, resamples: int = 200,
                                   measures=ATTENTION_MEASURES) -> None:
-    """The compare stage's attention heatmap (layersim.similarity.results.stacked_result with attention maps: the
+    """The compare stage's attention heatmap (layersim.similarity.stacked_results.stacked_result with attention maps: the
     attention null on every cell between two models, and the bootstrap of each model's layer k against ORIG's) on
     :func:`planted_attention` stacked as two one-layer models, ORIG (x) and FT (y): the false-positive rate at
     α = 0.05 of FT–ORIG's p-value (H0, `draws` draws), its power at signal 1 and, on those draws, the coverage of the
@@ -457,7 +457,8 @@ def attention_compare_calibration(draws: int = 200, permutations: int = 99, resa
     method), premises as blocks throughout.
     ``python benchmarks/calibration.py --attention --compare [--draws 200]``"""
     from layersim.similarity.attention import attention_similarity
-    from layersim.similarity.results import Uncertainty, stacked_result
+    from layersim.similarity.results import Uncertainty
+    from layersim.similarity.stacked_results import stacked_result
 
     def heatmap(x, y, premise, seed, bootstrap):
         found = stacked_result({"ORIG": [x], "FT": [y]}, name, attention=True, groups=premise,

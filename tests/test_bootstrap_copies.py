@@ -176,8 +176,8 @@ def test_auto_follows_the_measured_coverage_table(measure):
 
 
 def test_a_measure_not_measured_yet_says_so(monkeypatch):
-    import layersim.similarity.inference.bootstrap as bootstrap
+    import layersim.similarity.inference.interval_choice as interval_choice
 
     assert all(chosen_interval(m, "auto") is None for m in NOT_MEASURED)
-    monkeypatch.setattr(bootstrap, "NOT_MEASURED", NOT_MEASURED | {"gulp"})
+    monkeypatch.setattr(interval_choice, "NOT_MEASURED", NOT_MEASURED | {"gulp"})
     assert "measured yet" in no_interval_note("gulp") and "measured yet" not in no_interval_note("cknna")

@@ -11,7 +11,8 @@ from hypothesis import given, settings, strategies as st
 from layersim.experiments.compare import Probe, centred_within, compare_representations, probe_result, probe_rows
 from layersim.experiments.extract import Pooled
 from layersim.params import parse_params
-from layersim.similarity.results import Uncertainty, stacked_result
+from layersim.similarity.results import Uncertainty
+from layersim.similarity.stacked_results import stacked_result
 
 TASKS, PER_TASK, WIDTH = 12, 100, 64
 UNCERTAINTY = Uncertainty(permutations=99, bootstrap=0)

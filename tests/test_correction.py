@@ -199,7 +199,8 @@ def test_between_model_cells_leave_each_models_own_block_out():
 
 
 def test_the_heatmaps_families_in_the_phang_and_stacked_results():
-    from layersim.similarity.results import phang_result, stacked_result
+    from layersim.similarity.results import phang_result
+    from layersim.similarity.stacked_results import stacked_result
 
     rng = np.random.default_rng(5)
     base = rng.normal(size=(40, 6))

@@ -254,7 +254,7 @@ def test_the_plan_counts_the_blocks_the_product_engine_multiplies(monkeypatch, l
     import torch
 
     from layersim.similarity.comparisons import stacked_null
-    from layersim.similarity.inference import _null_engines
+    from layersim.similarity.inference import _device_engines
 
     rng = np.random.default_rng(0)
     width, multiplied = 3, []
@@ -268,7 +268,7 @@ def test_the_plan_counts_the_blocks_the_product_engine_multiplies(monkeypatch, l
             multiplied.append(b.shape[-1] // width)  # the columns of the y stack in this product, in layers
             return torch.matmul(a, b)
 
-    monkeypatch.setattr(_null_engines, "torch", Counting())
+    monkeypatch.setattr(_device_engines, "torch", Counting())
     layers_of = [rng.standard_normal((40, width)) for _ in range(layers)]
     cells = np.triu(np.ones((layers, layers), bool))
     multiplied.clear()

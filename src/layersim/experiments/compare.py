@@ -50,8 +50,8 @@ from layersim.similarity.comparisons import RANDOM, attention_maps, attention_me
 from layersim.similarity.inference.attention_null import attention_null_units
 from layersim.similarity.inference.exchangeability import block_permutations, unmovable
 from layersim.similarity.registry import MEASURES, check_computable
-from layersim.similarity.results import (StackedResult, Uncertainty, localization_of, reach_warning, settings,
-                                         stacked_result)
+from layersim.similarity.results import Uncertainty, localization_of, reach_warning, settings
+from layersim.similarity.stacked_results import StackedResult, stacked_result
 from layersim.data.layout import finetuned, task_tables
 
 
@@ -279,7 +279,7 @@ def probe_result(models: dict[str, list], measure: str, *, options: dict | None 
     """The compare stage's numbers for one measure over one pooling of the probe (the module docstring): with
     `strata` (row → task), every layer's rows centred within their task and every cell's null permuting examples
     only within their task; with `groups` (row → example), the rows of one example moved together. Without
-    either, :func:`layersim.similarity.results.stacked_result` as it is."""
+    either, :func:`layersim.similarity.stacked_results.stacked_result` as it is."""
     keywords = {key: value for key, value in (("strata", strata), ("groups", groups)) if value is not None}
     if strata is not None and not attention:
         models = {label: centred_within(layers, strata) for label, layers in models.items()}
@@ -292,7 +292,7 @@ def stacked_report(models: dict[str, list], measure: str, title: str, *, options
     """All layers of `models` stacked (Wu et al. Figures 1 and 5), the first model being
     the reference of the summary: computed (:func:`probe_result`: within task with `strata`), with `uncertainty`
     every cell's permutation null (attention maps: the attention null, `groups` each map's cluster, and bootstrap
-    intervals against the first model: layersim.similarity.results.attention_uncertainty), then reported with the
+    intervals against the first model: layersim.similarity.stacked_results.attention_uncertainty), then reported with the
     cells not above it hatched (layersim.reporting.similarity.stacked_summary). `fields` are added to every plot
     row (e.g. pooling)."""
     result = probe_result(models, measure, options=(options or {}).get(measure, {}), uncertainty=uncertainty,

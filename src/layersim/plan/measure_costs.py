@@ -64,7 +64,7 @@ def stacked_layers(pairs: int) -> int:
 def engine_blocks(layers: int) -> int:
     """Blocks a product engine multiplies per permutation for the upper triangle of `layers` stacked layers: a row
     whose cells cover more than half the columns in one product against every column, the others cell by cell
-    (layersim.similarity.inference._null_engines.ProductEngine.raw)."""
+    (layersim.similarity.inference._device_engines.ProductEngine.raw)."""
     return sum(layers if 2 * (layers - i) > layers else layers - i for i in range(layers))
 
 

@@ -316,7 +316,7 @@ def compare(params, model: ModelSize, tasks: dict[str, TaskSize], others: dict[s
     stacked = sum(L(m) + 1 for m in models)
     for pooling, measures in s.measures.items():
         rows = min(params.extract.max_tokens, words) if pooling == "tokens" else n
-        # Its null tests every cell of the stacked matrix (layersim.similarity.results.stacked_result); a word's
+        # Its null tests every cell of the stacked matrix (layersim.similarity.stacked_results.stacked_result); a word's
         # example moves as one.
         cost.add(measured(measures, rows, model.shape.hidden, stacked * (stacked + 1) // 2, s.permutations,
                           blocks=pooling == "tokens", square=True))
@@ -328,7 +328,7 @@ def compare_attention(params, model: ModelSize, tasks: dict[str, TaskSize], same
     run through each model of `model`'s tokenizer (ORIG, RANDOM, each task's first seed) with their maps kept, and
     each attention measure's stacked matrix of their layers; its null on every cell between two models (each pair of
     examples of equal length its permutations meet, once a cell: measure_costs.attention_partners) and the bootstrap
-    of each model's layer k against ORIG's (layersim.similarity.results.attention_uncertainty)."""
+    of each model's layer k against ORIG's (layersim.similarity.stacked_results.attention_uncertainty)."""
     p, s = params.extract, params.similarity
     task = next(iter(tasks.values()))
     maps = min(params.compare.probe_examples, p.attention_examples, task.validation) * task.choices

@@ -21,7 +21,8 @@ from layersim.similarity.comparisons import (LOCALIZATION_LABELS, PHANG_KEYS, Co
                                              attention_measure_label, number, pair_summary, per_layer, summarize)
 from layersim.similarity.inference.seeds import PairSpread
 from layersim.similarity.registry import MEASURES
-from layersim.similarity.results import MeasureResult, StackedResult, Uncertainty
+from layersim.similarity.results import MeasureResult, Uncertainty
+from layersim.similarity.stacked_results import StackedResult
 
 # What the hatching tests, by similarity.correction (the figures' note says it), and over which family: each
 # heatmap's cells but a layer with itself and a model's own block in a stacked heatmap (not tested, never

@@ -38,7 +38,7 @@ from layersim.compute.linalg import default_rtol, numerical_rank
 from layersim.similarity._common import Named, centre, named_lists, validated
 from layersim.similarity._pairs import fill_matrix
 from layersim.similarity.inference._host_engines import rows_engine
-from layersim.similarity.inference._null_engines import ProductEngine, torch
+from layersim.similarity.inference._device_engines import ProductEngine, torch
 
 
 # --- size-and-shape Procrustes ---

@@ -41,7 +41,7 @@ Cost: the neighbours of a layer are found a block of :data:`BLOCK_ROWS` rows of 
 ``n × d``, for second_order_cosine); a pair is ``O(n k log k)`` (second_order_cosine: ``O(n k d)``). No ``n × n``
 matrix is kept, so 50,000 rows fit; no streamed route (neighbours need the rows). A row permutation ``π`` of ``y``
 maps its lists to ``π⁻¹[N[π]]`` and reorders the rest, so the null engine relabels the prepared statistics
-(:class:`~layersim.similarity.inference._null_engines.RowsEngine`; equal to the measure on ``y[π]`` up to
+(:class:`~layersim.similarity.inference._host_engines.RowsEngine`; equal to the measure on ``y[π]`` up to
 the order of exact ties).
 """
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from layersim.errors import LayersimError, unknown_name
 from layersim.similarity._common import Named, centre, named_lists, validated
-from layersim.similarity.inference._null_engines import _Engine
+from layersim.similarity.inference._device_engines import _Engine
 from layersim.similarity._pairs import fill_matrix
 
 METRICS = ("cosine", "euclidean")

@@ -52,7 +52,7 @@ class Measure:
     examples (see :func:`check_computable`). ``null_engine``, where set, builds the measure's permutation-null
     engine (:mod:`layersim.similarity.inference._null_engines`' contract), which also gives its bootstrap intervals; the
     measures of Wu et al.'s study have theirs in that module's ``ENGINES``, and a measure with neither gets the generic
-    :class:`~layersim.similarity.inference._null_engines.RecomputedEngine` (its matrix recomputed on each
+    :class:`~layersim.similarity.inference._host_engines.RecomputedEngine` (its matrix recomputed on each
     permutation's rows: exact, but a whole matrix per draw). ``no_null``, where set, says why the measure has no
     permutation null (nor bootstrap interval) at all: ReSi's difference statistics compare one summary per layer,
     which a permutation of the examples leaves unchanged; the stages report that sentence instead of a null, and

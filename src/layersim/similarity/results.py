@@ -23,10 +23,10 @@ from layersim.similarity.cca import CAPPED_MEASURES, kept_dimensions
 from layersim.similarity.cka import is_constant
 from layersim.similarity.comparison_intervals import (above_random_interval, diagonal_intervals, seed_pair_spreads,
                                                       seed_spread)
-from layersim.similarity.comparisons import (PHANG_KEYS, RANDOM, Comparison, block, block_slices, compared_labels,
+from layersim.similarity.comparisons import (PHANG_KEYS, RANDOM, Comparison, block, compared_labels,
                                              localization, measure_options, phang_cells, phang_comparisons,
-                                             stacked_matrix, stacked_null)
-from layersim.similarity.inference.correction import (adjusted_p_values, at_chance, between_model_cells, cells_needed, declares,
+                                             stacked_null)
+from layersim.similarity.inference.correction import (adjusted_p_values, at_chance, cells_needed, declares,
                                             permutations_needed, self_comparison_cells)
 from layersim.similarity.inference.exchangeability import unmovable
 from layersim.similarity.kernels import RBF_EXACT_MAX_ROWS
@@ -258,102 +258,6 @@ def _corrected(c: Comparison, uncertainty: Uncertainty | None, symmetric: bool =
     family = {"tested": self_comparison_cells(len(c.p_value)), "symmetric": symmetric} if selves else {}
     return dataclasses.replace(c, p_adjusted=uncertainty.corrected(c.p_value, **family),
                                at_chance=uncertainty.at_chance(c.p_value, **family))
-
-
-@dataclass
-class StackedResult:
-    """One measure over every layer of several models stacked, with every cell's null when there is one."""
-
-    measure: str
-    matrix: np.ndarray
-    sizes: dict[str, int]                    # layers per model, in stacking order (the first: the reference)
-    null: NullMatrix | None = None
-    p_adjusted: np.ndarray | None = None     # the null's p-values corrected over the heatmap
-    at_chance: np.ndarray | None = None      # cells not above chance (hatched)
-    unavailable: str | None = None
-    kept_dimensions: dict[str, list[int | None]] | None = None
-    # Attention maps: the bootstrap interval of each model's layer k against the first model's layer k (NaN in
-    # every other cell), its method, or why there is none (reference_intervals).
-    interval: tuple[np.ndarray, np.ndarray] | None = None
-    interval_method: str | None = None
-    no_interval: str | None = None
-
-
-def stacked_result(models: dict[str, list], measure: str, *, options: dict | None = None,
-                   uncertainty: Uncertainty | None = None, attention: bool = False, groups: np.ndarray | None = None,
-                   strata: np.ndarray | None = None) -> StackedResult:
-    """All layers of `models` stacked (Wu et al. Figures 1 and 5); with `uncertainty`,
-    every cell's permutation null, whole examples (`groups`) permuted within their `strata`
-    (layersim.similarity.inference.exchangeability). Attention maps (`attention`) get the similarity stage's
-    attention null (:func:`attention_uncertainty`). `options`: the measure's own."""
-    options = options or {}
-    result = StackedResult(measure, stacked_matrix(measure, models, **options),
-                           {name: len(layers) for name, layers in models.items()})
-    if attention:
-        return result if uncertainty is None else attention_uncertainty(result, models, uncertainty, groups, options)
-    num_rows = len(next(iter(models.values()))[0])
-    result.unavailable = null_unavailable(measure, num_rows, options) or unmovable(num_rows, groups, strata)
-    if measure in CAPPED_MEASURES:
-        result.kept_dimensions = kept_dimensions_per_layer(models, measure, **options)
-    if uncertainty is not None and not result.unavailable:
-        result.null = stacked_null(measure, models, permutations=uncertainty.permutations, seed=uncertainty.seed,
-                                   groups=groups, strata=strata, **options)
-        # One heatmap, one family: the cells between two models (a model's own block is not tested), a pair once.
-        family = {"tested": between_model_cells(list(result.sizes.values())),
-                  "symmetric": MEASURES[measure].symmetric}
-        result.p_adjusted = uncertainty.corrected(result.null.p_value, **family)
-        result.at_chance = uncertainty.at_chance(result.null.p_value, **family)
-    return result
-
-
-def attention_uncertainty(result: StackedResult, models: dict[str, list], uncertainty: Uncertainty,
-                          clusters: np.ndarray | None, options: dict) -> StackedResult:
-    """`result` (stacked attention maps) with the similarity stage's attention null and bootstrap
-    (layersim.similarity.inference.attention_null: whole examples exchanged only with examples of equal length, and
-    resampled, `clusters` of examples sharing a text as blocks): every cell between two models tested and corrected
-    as one heatmap, and the interval of each model's layer k against the first model's layer k
-    (:func:`reference_intervals`); or why there is neither (`unavailable`: no two examples of equal length)."""
-    first = next(iter(models.values()))[0]
-    result.unavailable = (null_unavailable(result.measure, first.num_pairs, options)
-                          or attention_unmovable(first, clusters))
-    if result.unavailable:
-        return result
-    tested = between_model_cells(list(result.sizes.values()))
-    result.null = attention_stacked_null(result.measure, models, permutations=uncertainty.permutations,
-                                         seed=uncertainty.seed, cells=tested, clusters=clusters, **options)
-    family = {"tested": tested, "symmetric": result.measure in MEASURES and MEASURES[result.measure].symmetric}
-    result.p_adjusted = uncertainty.corrected(result.null.p_value, **family)
-    result.at_chance = uncertainty.at_chance(result.null.p_value, **family)
-    if uncertainty.bootstrap:
-        reference_intervals(result, models, uncertainty, clusters, options)
-    return result
-
-
-def reference_intervals(result: StackedResult, models: dict[str, list], uncertainty: Uncertainty,
-                        clusters: np.ndarray | None, options: dict) -> None:
-    """Into `result`: the bootstrap interval (attention_bootstrap_pairs, whole `clusters` resampled, every cell on
-    the same resamples) of each model's layer k against the first model's layer k, for each model as deep as the
-    first: the cells the stacked summary reports per layer (layersim.similarity.comparisons.pair_summary)."""
-    if chosen_interval(result.measure, "auto") is None:
-        result.no_interval = no_interval_note(result.measure)
-        return
-    reference, *others = result.sizes
-    cells = [(row, column) for label in others if result.sizes[label] == result.sizes[reference]
-             for row, column in zip(*(np.arange(part.start, part.stop)
-                                      for part in block_slices(result.sizes, label, reference)))]
-    if not cells:
-        return
-    layers = [layer for model in models.values() for layer in model]
-    found = attention_bootstrap_pairs(result.measure, [layers[i] for i, _ in cells], [layers[j] for _, j in cells],
-                                      resamples=uncertainty.bootstrap, seed=uncertainty.seed, groups=clusters,
-                                      **options)
-    if found.method == "none":
-        result.no_interval = found.note or no_interval_note(result.measure)
-        return
-    low, high = np.full(result.matrix.shape, np.nan), np.full(result.matrix.shape, np.nan)
-    rows, columns = np.array(cells).T
-    low[rows, columns], high[rows, columns] = found.low, found.high
-    result.interval, result.interval_method = (low, high), found.method
 
 
 def localization_of(matrices: dict[str, np.ndarray], sizes: dict[str, int], style: str,

@@ -43,7 +43,7 @@ from scipy.stats import rankdata
 from layersim.errors import LayersimError, unknown_name
 from layersim.similarity._common import Named, _constant_error, named_lists, validated
 from layersim.similarity.cka import is_constant
-from layersim.similarity.inference._null_engines import KernelEngine
+from layersim.similarity.inference._device_engines import KernelEngine
 from layersim.similarity._pairs import fill_matrix
 
 RDMS = ("correlation", "euclidean")

@@ -35,7 +35,7 @@ Cost: the distance matrix of each layer, ``n² d`` multiply-adds and ``8 n²`` b
 matrix and of its null engine), so both refuse more than :data:`DISTANCE_MAX_ROWS` rows before anything is
 allocated (:func:`check_distance_sizes`); a pair is one ``n²`` inner product. No streamed route (every pair of rows
 is needed). A row permutation ``π`` of ``y`` permutes its matrices as ``D[π][:, π]``, so the null engines are
-a :class:`~layersim.similarity.inference._null_engines.KernelEngine` on the prepared matrices. A bootstrap resample's
+a :class:`~layersim.similarity.inference._device_engines.KernelEngine` on the prepared matrices. A bootstrap resample's
 copies of one example sit at distance 0 from each other in every layer, which is what the V-statistic on the
 resampled (weighted) sample is: no copy handling is needed.
 """
@@ -49,7 +49,7 @@ import numpy as np
 from layersim.errors import LayersimError, unknown_name
 from layersim.similarity._common import Named, centre, named_lists, validated
 from layersim.similarity._pairs import fill_matrix
-from layersim.similarity.inference._null_engines import KernelEngine, analysis_device, on_device
+from layersim.similarity.inference._device_engines import KernelEngine, analysis_device, on_device
 
 # Above this many rows every distance matrix is > 200 MB and a matrix of 39 layers > 8 GB (as RSA's limit).
 DISTANCE_MAX_ROWS = 5_000

@@ -39,7 +39,7 @@ import numpy as np
 
 from layersim.errors import LayersimError
 from layersim.similarity._common import Named, centre, named_lists, validated
-from layersim.similarity.inference._null_engines import ProductEngine, torch
+from layersim.similarity.inference._device_engines import ProductEngine, torch
 from layersim.similarity._pairs import fill_matrix
 
 EIGVAL_TOL = 1e-7  # netrep's whiten(eigval_tol=1e-7), applied to the eigenvalues of the raw Xcᵀ Xc

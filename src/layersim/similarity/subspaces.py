@@ -31,7 +31,7 @@ for every such layer, so each of these compares it as 1 with anything that wide:
 keeps it defined), refused in one sentence before any work (:func:`check_regression_sizes`).
 
 Cost: one SVD (or pivoted QR) per layer, ``O(n d min(n, d))``; a pair is one product ``O(n r_x r_y)``. The
-permutation nulls row-permute the y-side basis (:class:`~layersim.similarity.inference._null_engines.ProductEngine`).
+permutation nulls row-permute the y-side basis (:class:`~layersim.similarity.inference._device_engines.ProductEngine`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from layersim.errors import LayersimError, unknown_name
 from layersim.similarity._cca_core import METHODS, _principal_directions, whiten
 from layersim.similarity._common import Named, centre, check_rtol, named_lists, validated
 from layersim.similarity._pairs import fill_matrix
-from layersim.similarity.inference._null_engines import ProductEngine, _sum_of_squares
+from layersim.similarity.inference._device_engines import ProductEngine, _sum_of_squares
 
 
 def check_regression_sizes(measure: str):

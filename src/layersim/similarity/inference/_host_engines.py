@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from layersim.similarity._common import Named
-from layersim.similarity.inference._null_engines import _Engine
+from layersim.similarity.inference._device_engines import _Engine
 
 
 class RowsEngine(_Engine):

@@ -40,7 +40,7 @@ from layersim.errors import LayersimError
 from layersim.similarity._common import check_options
 from layersim.similarity.attention import (HEAD_MEASURES, AttentionMaps, _head_stats, example_terms, layer_similarity,
                                            similarity_of)
-from layersim.similarity.inference._null_engines import _Engine
+from layersim.similarity.inference._device_engines import _Engine
 from layersim.similarity.inference.bootstrap import (BootstrapResult, bootstrap_pairs, check_arguments, finish,
                                                      jackknife_rows, resample_rows)
 from layersim.similarity.inference.exchangeability import BlockPermutations, block_permutations, null_units
