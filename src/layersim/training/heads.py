@@ -178,7 +178,11 @@ def train_head(spec: TaskSpec, features: np.ndarray | Rows, labels: np.ndarray, 
     is_train = np.ones(len(labels), bool)
     is_train[held] = False
     device = params.device
-    head = (head if head is not None else fresh_head(spec, rows, is_train, params, seed)).to(device)
+    if head is None:
+        head = fresh_head(spec, rows, is_train, params, seed)  # seeds torch's generator, which dropout draws from
+    else:  # a given head (Tuned: the fine-tuned one) draws its dropout from torch's generator too: seeded alike
+        torch.manual_seed(seed)
+    head = head.to(device)
     held_x = _gather(rows, ~is_train).to(device)
     y = torch.from_numpy(labels.astype(np.float32 if spec.regression else np.int64)).to(device)
     generator = torch.Generator().manual_seed(seed)
