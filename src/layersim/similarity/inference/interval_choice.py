@@ -1,6 +1,7 @@
-"""Which bootstrap interval ``interval="auto"`` gives each measure: the method whose 95 % interval covered the measure's
-population value, as measured (benchmarks/bootstrap.py --coverage, benchmarks/calibration.py; docs/reading-the-numbers.md,
-"Interval coverage"), or none, with the reason in the note (:mod:`layersim.similarity.inference.bootstrap` reads it).
+"""Which bootstrap interval ``interval="auto"`` gives each measure: the method whose 95 % interval covered the
+measure's population value, as measured (benchmarks/bootstrap.py --coverage, benchmarks/calibration.py;
+docs/reading-the-numbers.md, "Interval coverage"), or none, with the reason in the note
+(:mod:`layersim.similarity.inference.bootstrap` reads it).
 """
 
 from __future__ import annotations
@@ -53,17 +54,21 @@ def _coverage_text(coverage: dict[str, dict[str, float]]) -> str:
                      for design, c in coverage.items())
 
 
+# Measures of issue 65 whose intervals' coverage benchmarks/bootstrap.py --coverage has not measured yet: "auto"
+# gives them no interval either, and says so.
+NOT_MEASURED = frozenset({"distance_correlation", "rsm_norm", "mutual_knn", "rank_similarity", "second_order_cosine",
+                          "cknna", "linear_regression", "size_and_shape", "aligned_cosine", "hard_correlation_match",
+                          "soft_correlation_match", "gulp", "eigenspace_overlap"}) - set(MEASURED_COVERAGE)
+
 # What "auto" is for each measure: the method whose 95% interval covered the population value within COVERED
-# in benchmarks/bootstrap.py --coverage (the table in layersim.similarity.inference.bootstrap's docstring); None where no method did: no interval.
+# in benchmarks/bootstrap.py --coverage (the table in layersim.similarity.inference.bootstrap's docstring); None
+# where no method did: no interval.
 AUTO_INTERVAL: dict[str, str | None] = {
     "linear_cka": "basic", "debiased_cka": "percentile", "rbf_cka": None, "svcca": None, "pwcca": None,
     "mean_cca": None, "neuronsim": None, "mixedsim": None, "procrustes": None, "shape_metric": None,
     "rsa": "basic", "knn_jaccard": "basic",
-    # ReSi's measures and mutual k-NN / CKNNA (issue 65): from MEASURED_COVERAGE where measured, else None.
-    "distance_correlation": None, "rsm_norm": None, "mutual_knn": None, "rank_similarity": None,
-    "second_order_cosine": None, "cknna": None, "linear_regression": None, "size_and_shape": None,
-    "aligned_cosine": None, "hard_correlation_match": None, "soft_correlation_match": None, "gulp": None,
-    "eigenspace_overlap": None,
+    # ReSi's measures and mutual k-NN / CKNNA (issue 65): from MEASURED_COVERAGE (None where not measured yet).
+    **{name: None for name in NOT_MEASURED},
     **{name: covering_method(coverage) for name, coverage in MEASURED_COVERAGE.items()},
     # The difference statistics: no interval at all (Measure.no_null: one number per layer, nothing to resample).
     "magnitude_difference": None, "concentricity_difference": None, "uniformity_difference": None,
@@ -72,11 +77,6 @@ AUTO_INTERVAL: dict[str, str | None] = {
     # percentile 0.935; Pearson 0.925 and 0.925; the matrix norm 0.930 and 0.940.
     "jensen_shannon": "percentile", "pearson": "percentile", "matrix_norm": "percentile",
 }
-# Measures of issue 65 whose intervals' coverage benchmarks/bootstrap.py --coverage has not measured yet: "auto"
-# gives them no interval either, and says so.
-NOT_MEASURED = frozenset({"distance_correlation", "rsm_norm", "mutual_knn", "rank_similarity", "second_order_cosine",
-                          "cknna", "linear_regression", "size_and_shape", "aligned_cosine", "hard_correlation_match",
-                          "soft_correlation_match", "gulp", "eigenspace_overlap"}) - set(MEASURED_COVERAGE)
 
 
 def chosen_interval(name: str, interval: str) -> str | None:
