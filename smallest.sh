@@ -26,10 +26,11 @@ params=(
 
 # What these params will cost, per stage, before anything runs (docs/paper-configuration.md); the -S among this
 # script's own arguments apply to the plan too.
-python -m layersim.plan "${params[@]}" -- "$@"
+python -m layersim.plan --warm-starts "${params[@]}" -- "$@"
 echo
 
 # No output edited in place through its link into DVC's cache (docs/experiments.md, "Sharing results").
 python -m layersim_launch.dvc_cache
-# `dvc exp run`, less DVC's warning for each output no run has made yet (a fresh clone's first run: tools/exp_run.py).
+# `dvc exp run`, less DVC's warning for each output no run has made yet (a fresh clone's first run), its stages forked
+# from an interpreter that imported torch & co. once (tools/exp_run.py).
 python tools/exp_run.py "${params[@]}" "$@"

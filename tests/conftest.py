@@ -169,7 +169,7 @@ def pytest_configure(config):
         import tempfile
 
         os.environ[fork_server.FORK_LOG] = str(Path(tempfile.mkdtemp(prefix="layersim-fork-log-")) / "fork.log")
-    if getattr(config.option, "numprocesses", None) and os.environ.get("LAYERSIM_TEST_FORK_SERVER") != "0":
+    if getattr(config.option, "numprocesses", None) and os.environ.get("LAYERSIM_FORK_SERVER") != "0":
         fork_server.SERVER.shim_folder(dict(os.environ))
         os.environ[fork_server.SHARED_SERVER] = fork_server.SERVER.shared()
 

@@ -42,7 +42,7 @@ def shim_env(tmp_path_factory) -> Iterator[dict]:
     (folder / "stage.py").write_text(SCRIPT)
     # its own server (the test process's one has the environment of its first user) and log
     server = fork_server.ForkServer(log=folder / "fork.log")
-    env = server.environment({**os.environ, "HF_HUB_OFFLINE": "1", "LAYERSIM_TEST_FORK_SERVER": "1"})
+    env = server.environment({**os.environ, "HF_HUB_OFFLINE": "1", "LAYERSIM_FORK_SERVER": "1"})
     env = {**env, "PYTHONPATH": str(folder / "lib"), "STAGE_VAR": "set", "CWD": str(folder),
            "HASH_SEED": str(server.hash_seed), "FORK_LOG": str(server.log)}
     STARTED_EARLY.update(ready_before=os.path.exists(server.socket + ".env"),
@@ -78,7 +78,7 @@ def test_a_command_started_while_the_server_imports_waits_and_runs_forked(shim_e
 
 def test_a_shim_whose_server_died_while_importing_runs_a_fresh_interpreter(tmp_path):
     server = fork_server.ForkServer(log=tmp_path / "fork.log")
-    env = server.environment({**os.environ, "LAYERSIM_TEST_FORK_SERVER": "1"})
+    env = server.environment({**os.environ, "LAYERSIM_FORK_SERVER": "1"})
     server.process.kill()  # before its imports end
     server.process.wait()
     (tmp_path / "probe.py").write_text("import sys\nprint('torch' in sys.modules)\n")
@@ -203,7 +203,7 @@ def test_a_forked_stage_finds_its_ancestors_from_the_shim(shim_env):
                                                      "print('torch' in sys.modules, ancestors()[0].pid, os.getppid())")
     for server, forked in (("1", "True"), ("0", "False")):
         result = subprocess.run(["python", "parents.py"], cwd=shim_env["CWD"], capture_output=True, text=True,
-                                env={**shim_env, "LAYERSIM_TEST_FORK_SERVER": server})
+                                env={**shim_env, "LAYERSIM_FORK_SERVER": server})
         was_forked, parent, direct_parent = result.stdout.split()
         assert was_forked == forked and int(parent) == os.getpid(), result.stdout + result.stderr
         assert (int(direct_parent) == os.getpid()) == (server == "0")  # a forked child's own parent is the server

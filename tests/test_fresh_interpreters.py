@@ -40,7 +40,7 @@ def fresh_env(root: Path) -> dict:
     virtual environment) and a hash seed that no fork server of this run has."""
     taken = _server_hash_seeds() | {fork_server.SERVER.hash_seed}
     seed = next(seed for seed in iter(lambda: random.randrange(1, 2 ** 32), None) if seed not in taken)
-    return {**project_env(root), "LAYERSIM_TEST_FORK_SERVER": "0", "PYTHONHASHSEED": str(seed),
+    return {**project_env(root), "LAYERSIM_FORK_SERVER": "0", "PYTHONHASHSEED": str(seed),
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
 

@@ -1,6 +1,7 @@
 """The README's two recipes, quickstart.sh and smallest.sh, set params that the pipeline accepts: their `-S`
 overrides applied to params.yaml as `dvc exp run` applies them, then validated as a stage would."""
 
+import json
 import os
 import re
 import shlex
@@ -51,7 +52,7 @@ def test_the_recipe_sets_valid_params(script):
     params = parse_params(applied(script))
     assert params.tasks and params.seeds
     text = (REPO / script).read_text()  # the plan of the same params, printed before the run (issue 53)
-    assert 'python -m layersim.plan "${params[@]}" -- "$@"' in text and 'python tools/exp_run.py "${params[@]}" "$@"' in text
+    assert 'python -m layersim.plan --warm-starts "${params[@]}" -- "$@"' in text and 'python tools/exp_run.py "${params[@]}" "$@"' in text
 
 
 def test_the_quickstart_has_seeds_enough_for_an_interval_and_a_pretrained_model():
@@ -171,10 +172,11 @@ def test_a_first_experiment_prints_no_warning_about_outputs_never_made(tmp_path)
 
     (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
         "a": {"cmd": "mkdir -p data && echo ${x} > data/a.txt", "params": ["x"], "outs": ["data/a.txt"]},
-        "b": {"cmd": "cp data/a.txt data/b.txt", "deps": ["data/a.txt"], "outs": ["data/b.txt"]}}}))
+        "b": {"cmd": "python copy_a.py", "deps": ["data/a.txt", "copy_a.py"], "outs": ["data/b.txt"]}}}))
+    (tmp_path / "copy_a.py").write_text("import shutil\nshutil.copy('data/a.txt', 'data/b.txt')\n")
     (tmp_path / "params.yaml").write_text("x: 1\n")
     (tmp_path / ".gitignore").write_text("/data/\n")
-    env = project_env(tmp_path)
+    env = {**project_env(tmp_path), "LAYERSIM_FORK_LOG": str(tmp_path.parent / "exp_run_fork.log")}
     run(["git", "init", "-q", "-b", "main"], tmp_path, env)
     run(dvc("init", "-q"), tmp_path, env)
     run(["git", "add", "-A"], tmp_path, env)
@@ -182,6 +184,10 @@ def test_a_first_experiment_prints_no_warning_about_outputs_never_made(tmp_path)
     result = run([sys.executable, str(REPO / "tools" / "exp_run.py"), "-S", "x=2", "--name", "first"], tmp_path, env)
     assert "Running stage 'b'" in result.stdout and "No file hash info" not in output(result), output(result)
     assert (tmp_path / "data" / "b.txt").read_text() == "2\n"
+    # its stages start in a fork of its own server's warm interpreter (layersim_launch.fork_server), which it stops
+    forked = [json.loads(line) for line in (tmp_path.parent / "exp_run_fork.log").read_text().splitlines()]
+    assert [entry["forked"] for entry in forked if "forked" in entry] == [["copy_a.py"]]
+    assert not [entry for entry in forked if "fresh" in entry]
     shown = run(dvc("exp", "show", "--json"), tmp_path, env).stdout
     assert '"first"' in shown
     # The same run straight through DVC warns, once per output: what the filter hides is DVC's message, as written.

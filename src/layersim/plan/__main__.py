@@ -5,7 +5,9 @@ runs. After `--`, the arguments a recipe script passes on to `dvc exp run`: thei
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from layersim.errors import LayersimError
@@ -45,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pass-seconds", type=float,
                    help="fixed seconds per batch and layer (dispatch; GPU launches), instead of the device's default")
     p.add_argument("--reflinks", action="store_true", help="the volume has reflinks (XFS, Btrfs): no cache copy")
+    p.add_argument("--warm-starts", action="store_true",
+                   help="stages start warm, forked by tools/exp_run.py's server (the run scripts; unless "
+                        "LAYERSIM_FORK_SERVER=0)")
     argv = sys.argv[1:] if argv is None else argv
     own, exp_run = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = p.parse_args(own)
@@ -53,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.gpus < 1:
             raise LayersimError(f"--gpus {args.gpus}: the number of devices must be at least 1.")
         on = device(args.device, args.device_flops, args.pass_seconds)
+        on = replace(on, warm_starts=args.warm_starts and os.environ.get("LAYERSIM_FORK_SERVER") != "0")
         params = parse_params(overridden(args.params, args.overrides))
         items = plan_items(params, args.root)
     except LayersimError as err:
@@ -101,20 +107,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+WARM_NOTE = "warm (forked by the run script's server) "
+
+
 def device_note(on) -> str:
     """The device the times assume, and each term's figure (layersim.plan.timing)."""
-    from layersim.plan.timing import EVALUATION_SECONDS, FIRST_LOAD_SECONDS, START_SECONDS
+    from layersim.plan.timing import EVALUATION_SECONDS, FIRST_LOAD_SECONDS, START_SECONDS, WARM_START_SECONDS
 
     shares = (f" × {on.train_efficiency:.0%} in training steps, × {on.forward_efficiency:.0%} in forward passes"
               if on.train_efficiency != 1 or on.forward_efficiency != 1 else "")
-    starts = ", ".join(f"{k} {v * on.python_scale:.1f} s" for k, v in START_SECONDS.items())
+    starts = ", ".join(f"{k} {v * on.python_scale:.1f} s" for k, v in
+                       (WARM_START_SECONDS if on.warm_starts else START_SECONDS).items())
     analysis = ("" if on.analysis_flops is None else
                 f"; the similarity nulls' engines (torch float64) on the device at "
                 f"{on.analysis_flops.note('FLOP/s')} + {on.analysis_cell_seconds.note('s')} a cell")
     return (f"{on.name} at {human(on.flops, 'FLOP/s')} ({on.basis}){shares}, + {on.pass_seconds * 1e3:.1f} ms a "
             f"layer pass{analysis}; numpy (similarity measures, SVDs) on the host CPU at {human(on.cpu_flops, 'FLOP/s')} "
             f"(small products on one thread: {human(on.cpu_thread_flops, 'FLOP/s')}) "
-            f"+ {EVALUATION_SECONDS * on.python_scale * 1e3:.2f} ms a similarity cell; a stage process starts in "
+            f"+ {EVALUATION_SECONDS * on.python_scale * 1e3:.2f} ms a similarity cell; a stage process starts "
+            f"{WARM_NOTE if on.warm_starts else ''}in "
             f"{starts} (+ "
             f"{FIRST_LOAD_SECONDS * on.python_scale:.1f} s at its first model load); models read at "
             f"{human(on.bandwidth, 'B/s')}")

@@ -50,6 +50,14 @@ from layersim.plan.cost import StageCost
 # quickstart), check_params 2.1 s and grounding when off 2.8 s (numpy, scipy: the measures' registry, the analysis
 # modules).
 START_SECONDS = {"light": 1.4, "transformers": 1.9, "numeric": 2.4, "model": 7.0}
+# The same, for a stage forked by the run scripts' server (tools/exp_run.py; layersim_launch.fork_server), whose
+# third-party imports are done: layersim's modules and the stage's own start (run_stage's cache check, the
+# environment record), measured as the server's children on the quickstart (2026-11-29, same CPU, load 6, CPU
+# seconds from the server's log): finetune_pretrained without models 0.52 (7.6 afresh), grounding when off 0.69,
+# summary 0.82 with its little work.
+WARM_START_SECONDS = {"light": 0.5, "transformers": 0.6, "numeric": 0.7, "model": 0.6}
+# The stages DVC starts while the server still imports (~10 s of one core), which start cold.
+STARTED_BEFORE_WARM = ("check_params", "download")
 # download_model also snapshots the model: torch and the model's classes imported, its files copied and hashed
 # (4.9 s measured against download_compared's 1.9).
 SNAPSHOT_SECONDS = 3.0
@@ -158,6 +166,7 @@ class Device:
     bandwidth: float = CPU_BANDWIDTH  # the host's, which reads the checkpoints (on a GPU machine too)
     cpu_thread_flops: float = 0.0     # the host CPU's on one thread (numpy's small products)
     python_scale: float = 1.0
+    warm_starts: bool = False         # stages forked by a warm-stage server (WARM_START_SECONDS), not started cold
     # Where the similarity nulls' engines run (layersim.compute.device.analysis_on): None on a CPU plan (with the host's
     # numpy terms); on a GPU, its float64 throughput and per-cell cost there, each a Figure (possibly unmeasured).
     analysis_flops: Figure | None = None
@@ -277,7 +286,8 @@ def terms(cost: StageCost, on: Device) -> dict[str, float | None]:
         (host_flops - small_flops - cost.svd_flops - cost.lapack_flops - engines) / on.cpu_flops + \
         cost.svd_flops / (on.cpu_flops * SVD_EFFICIENCY) + cost.lapack_flops / (on.cpu_flops * LAPACK_EFFICIENCY) + \
         (engines - kernels) / (on.cpu_flops * CPU_ENGINE_EFFICIENCY) + kernels / (on.cpu_flops * CPU_KERNEL_EFFICIENCY)
-    start = cost.processes * START_SECONDS[STACK.get(cost.stage, "model")]
+    warm = on.warm_starts and cost.stage not in STARTED_BEFORE_WARM
+    start = cost.processes * (WARM_START_SECONDS if warm else START_SECONDS)[STACK.get(cost.stage, "model")]
     if cost.stage == "download" and cost.processes:  # download_model snapshots the model
         start += SNAPSHOT_SECONDS
     python = on.python_scale
