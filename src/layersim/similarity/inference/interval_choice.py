@@ -25,7 +25,7 @@ MEASURED_COVERAGE: dict[str, dict[str, dict[str, float]]] = {
     "cknna": {"review": {"basic": 0.935, "percentile": 0.945, "draws": 200},
               "premises": {"basic": 0.975, "percentile": 0.99, "draws": 200}},
     "rank_similarity": {"review": {"basic": 0.928, "percentile": 1.0, "draws": 125},
-                        "premises": {"basic": 0.92, "percentile": 0.72, "draws": 25}},
+                        "premises": {"basic": 0.81, "percentile": 0.815, "draws": 200}},
     "distance_correlation": {"review": {"basic": 0.075, "percentile": 0.0, "draws": 200}},
     "second_order_cosine": {"review": {"basic": 0.92, "percentile": 0.92, "draws": 50}},
     "rsm_norm": {"review": {"basic": 0.9, "percentile": 0.9, "draws": 50}},
