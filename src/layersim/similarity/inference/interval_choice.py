@@ -17,8 +17,8 @@ NOMINAL = 0.95
 # hypotheses resampled premise by premise, the stage's cluster bootstrap; the neighbourhood measures' since a row's
 # cluster drawn again is left out of its neighbours, layersim.similarity.neighbours.Copies); 200 resamples. The
 # repeats, dates and commands are in docs/reading-the-numbers.md, "Interval coverage". "auto" takes
-# :func:`covering_method`'s pick; where it picks none, these numbers are the note's reason. ``draws``: the samples the coverage is over (fewer than
-# CLAIM_DRAWS: a first look, enough to show a failure, not to grant a method).
+# :func:`covering_method`'s pick; where it picks none, these numbers are the note's reason. ``draws``: the samples
+# the coverage is over (fewer than CLAIM_DRAWS: a first look, enough to show a failure, not to grant a method).
 MEASURED_COVERAGE: dict[str, dict[str, dict[str, float]]] = {
     "mutual_knn": {"review": {"basic": 0.93, "percentile": 0.945, "draws": 200},
                    "premises": {"basic": 0.96, "percentile": 0.995, "draws": 200}},
