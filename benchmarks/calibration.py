@@ -264,36 +264,41 @@ def premise_coverage(measures, coverage_draws: int, premise_sds=(0.5, 1.0), unit
     mixing = np.random.default_rng(7).normal(size=(WIDTH, WIDTH)) / np.sqrt(WIDTH)
     print(f"shared premises: {PREMISES} × {HYPOTHESES} hypotheses, d = {WIDTH}, y = 0.5·x·A + b_p + f; "
           f"{coverage_draws} coverage draws, 200 resamples")
-    print("| measure | premise sd | draws | population | mean estimate | resampled | basic | percentile | s |\n"
+    print("| measure | premise sd | draws | population | mean estimate | resampled | basic | percentile | CPU s |\n"
           "|---|---|---|---|---|---|---|---|---|")
+    # The measures and premise sds in turn within each draw (each its own stream, seeded as before, so the samples
+    # are those of one measure at a time): a run cut short has as many draws of every measure.
+    cases = []
     for name in measures:
         options = settings(SimilarityParams())[0].get(name, {})
         for sd in premise_sds:
-            start = time.perf_counter()
             px, py, _ = shared_premise(np.random.default_rng(123), sd, 20_000, 0.5, mixing)
 
             def fresh(rng, sd=sd):
                 return shared_premise(rng, sd, signal=0.5, mixing=mixing)[:2]
             truth = (sample_mean(name, options, fresh, 1_000) if name in NEIGHBOURHOOD
                      else population_value(name, options, px, py, PREMISES * HYPOTHESES))
-            rng = np.random.default_rng(65)
-            covered = {unit: {"basic": [], "percentile": []} for unit in units}
-            estimates = []
-            for k in range(coverage_draws):
-                x, y, premise = shared_premise(rng, sd, signal=0.5, mixing=mixing)
-                for unit, groups in ((u, premise if u == "premises" else None) for u in units):
-                    drawn = bootstrap_pairs(name, [x], [y], resamples=200, seed=k, groups=groups, interval="basic",
-                                            **options)
-                    for method, got in covered[unit].items():
-                        r = drawn if method == "basic" else finish(name, drawn.estimate, drawn.values, None, 0.95,
-                                                                   method)
-                        got.append(r.low[0] <= truth <= r.high[0])
-                estimates.append(drawn.estimate[0])
-                if k + 1 == coverage_draws or (k + 1) % report_every == 0:  # a tally so far (a run cut short keeps it)
-                    for unit, got in covered.items():
-                        cells = [f"{np.mean(got[m]):.3f}" for m in ("basic", "percentile")]
-                        print(f"| {name} | {sd} | {k + 1} | {truth:.4f} | {np.mean(estimates):.4f} | {unit} | "
-                              + " | ".join(cells) + f" | {time.perf_counter() - start:.0f} |", flush=True)
+            cases.append({"name": name, "sd": sd, "options": options, "truth": truth, "seconds": 0.0,
+                          "rng": np.random.default_rng(65), "estimates": [],
+                          "covered": {unit: {"basic": [], "percentile": []} for unit in units}})
+    for k in range(coverage_draws):
+        for case in cases:
+            start = time.process_time()
+            name, sd, truth, covered = case["name"], case["sd"], case["truth"], case["covered"]
+            x, y, premise = shared_premise(case["rng"], sd, signal=0.5, mixing=mixing)
+            for unit, groups in ((u, premise if u == "premises" else None) for u in units):
+                drawn = bootstrap_pairs(name, [x], [y], resamples=200, seed=k, groups=groups, interval="basic",
+                                        **case["options"])
+                for method, got in covered[unit].items():
+                    r = drawn if method == "basic" else finish(name, drawn.estimate, drawn.values, None, 0.95, method)
+                    got.append(r.low[0] <= truth <= r.high[0])
+            case["estimates"].append(drawn.estimate[0])
+            case["seconds"] += time.process_time() - start
+            if k + 1 == coverage_draws or (k + 1) % report_every == 0:  # a tally so far (a run cut short keeps it)
+                for unit, got in covered.items():
+                    cells = [f"{np.mean(got[m]):.3f}" for m in ("basic", "percentile")]
+                    print(f"| {name} | {sd} | {k + 1} | {truth:.4f} | {np.mean(case['estimates']):.4f} | {unit} | "
+                          + " | ".join(cells) + f" | {case['seconds']:.0f} |", flush=True)
 
 
 def movable_shares(seed: int = 0) -> None:

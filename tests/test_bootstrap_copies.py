@@ -10,7 +10,7 @@ from layersim.similarity import similarity
 from layersim.similarity.inference.bootstrap import (AUTO_INTERVAL, CLAIM_DRAWS, COPY_AWARE, COVERED,
                                                      MEASURED_COVERAGE,
                                                      NOT_MEASURED, bootstrap_pairs, chosen_interval, covering_method,
-                                                     no_interval_note, resample_rows)
+                                                     no_interval_note, resample_draws, resample_rows)
 from layersim.similarity.inference.bootstrap_matrix import bootstrap_matrix
 from layersim.similarity.neighbours import knn_jaccard, neighbours
 from layersim.similarity.registry import MEASURES
@@ -68,13 +68,15 @@ def test_a_rows_copies_are_never_its_neighbours():
 
 def test_resamples_tell_the_measure_their_source_rows_for_grouped_and_matrix_routes():
     """With example groups, whole examples are drawn: copies of a row are the rows of equal source index,
-    in bootstrap_pairs and bootstrap_matrix alike."""
+    in bootstrap_pairs and bootstrap_matrix alike; k-NN Jaccard is also told each row's draw, so a row's example
+    drawn again is not its neighbourhood (tests/test_cluster_copies.py)."""
     rng = np.random.default_rng(5)
     x, y = _knn_design(rng, 90)
     groups = np.repeat(np.arange(30), 3)
     result = bootstrap_pairs("knn_jaccard", [x], [y], resamples=3, seed=6, groups=groups, k=4)
     for value, rows in zip(result.values[:, 0], resample_rows(90, 3, 6, groups)):
-        assert value == pytest.approx(knn_jaccard(x[rows], y[rows], k=4, sources=rows), abs=1e-12)
+        draws = resample_draws(rows, groups)
+        assert value == pytest.approx(knn_jaccard(x[rows], y[rows], k=4, sources=rows, draws=draws), abs=1e-12)
     matrix = bootstrap_matrix("rsa", [x, y], resamples=3, seed=6, groups=groups)
     for values, rows in zip(matrix.values, resample_rows(90, 3, 6, groups)):
         assert values[0, 1] == pytest.approx(rsa(x[rows], y[rows], sources=rows), abs=1e-12)

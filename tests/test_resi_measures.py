@@ -324,8 +324,9 @@ def test_bootstrap_tells_copies_apart(rng):
     for value, rows in zip(result.values[:, 0], resample_rows(40, 4, 2)):
         assert value == pytest.approx(get_measure("mutual_knn").pair(x[rows], y[rows], k=4, sources=rows), abs=1e-12)
     auto = bootstrap_pairs("cknna", [x], [y], resamples=3, k=4)
-    # CKNNA's coverage is measured (MEASURED_COVERAGE) and does not hold on clustered rows: auto gives none, saying so
-    assert auto.method == "none" and "of cknna covered its population value within 0.85–0.99" in auto.note
+    # CKNNA's coverage is measured (MEASURED_COVERAGE) and, since a cluster's other draws are no row's neighbours,
+    # holds on clustered rows too (basic 0.935 on the review's rows, 0.975 with premises as blocks): auto gives basic
+    assert auto.method == "basic" and auto.note is None and auto.low[0] <= auto.high[0]
 
 
 # --- sizes and params ---

@@ -33,8 +33,9 @@ layer: with ``sources`` (the source row of each row; :func:`layersim.similarity.
 a row's copies are not its candidates (nor in CKNNA's row mean), the cosines to the copies of another example are
 computed once per source (so they tie exactly) and ties go to the lower row index in every layer, so a list holding
 ``c`` copies of an example holds its first ``c``: comparing row indices is comparing multisets of sources, as
-:mod:`~layersim.similarity.neighbours` does. A row with fewer than ``k`` candidates of other sources makes the
-value NaN.
+:mod:`~layersim.similarity.neighbours` does. With ``draws`` too (a cluster bootstrap), a row's cluster drawn in
+another draw is no candidate either (nor in the row mean): :class:`~layersim.similarity.neighbours.Copies`, the rule
+k-NN Jaccard's neighbours follow, says which rows. A row with fewer than ``k`` candidates makes the value NaN.
 
 Cost: the neighbours of a layer are found a block of :data:`BLOCK_ROWS` rows of cosines at a time (fewer above
 16,384 rows: :data:`BLOCK_VALUES`), ``n² d`` multiply-adds and ``O(n k + BLOCK_VALUES)`` memory, kept as ``n × k`` indices and cosines (plus the unit rows,
@@ -56,7 +57,7 @@ from layersim.errors import LayersimError
 from layersim.similarity._common import Named, _constant_error, centred_and_constant, named_lists, validated
 from layersim.similarity._pairs import fill_matrix
 from layersim.similarity.inference._host_engines import RowsEngine
-from layersim.similarity.neighbours import _check, enough_candidates
+from layersim.similarity.neighbours import Copies, _check, enough_candidates
 
 BLOCK_ROWS = 1024
 BLOCK_VALUES = 1 << 24  # and at most this many cosines per block: ~35 bytes each while a block is scored (590 MB)
@@ -101,17 +102,22 @@ def _nearest(score: np.ndarray, k: int) -> np.ndarray:
 
 
 def neighbourhood(name: str, a: np.ndarray, k: int = 10, sources: np.ndarray | None = None,
-                  label: str = "neighbourhood measure") -> Neighbourhood:
-    """The :class:`Neighbourhood` of one ``(n, d)`` layer (see the module docstring for ``sources``)."""
+                  label: str = "neighbourhood measure", draws: np.ndarray | None = None) -> Neighbourhood:
+    """The :class:`Neighbourhood` of one ``(n, d)`` layer (see the module docstring for ``sources`` and ``draws``)."""
     units = _unit_rows(name, a, label)
     n = len(units)
-    if sources is None:
-        distinct, expand, copies = units, None, np.ones(n)
+    copies = None if sources is None else Copies.of(sources, draws, n)
+    if copies is None:
+        distinct, expand, own_copies = units, None, np.ones(n)
     else:  # cosines to each source computed once, so that copies tie exactly
-        _, first, expand, counts = np.unique(sources, return_index=True, return_inverse=True, return_counts=True)
-        distinct, copies = units[first], counts[expand].astype(np.float64)
+        _, first, expand, counts = np.unique(copies.sources, return_index=True, return_inverse=True,
+                                             return_counts=True)
+        distinct, own_copies = units[first], counts[expand].astype(np.float64)
     nearest = np.empty((n, k), dtype=np.int64)
     cosines = np.empty((n, k))
+    # Cosines to the rows of a row's cluster in other draws that are not its copies (0 without draws): out of its
+    # row mean, as its copies are.
+    mates, mate_sums = np.zeros(n), np.zeros(n)
     block = max(1, min(BLOCK_ROWS, BLOCK_VALUES // n))
     for start in range(0, n, block):
         stop = min(start + block, n)
@@ -119,26 +125,31 @@ def neighbourhood(name: str, a: np.ndarray, k: int = 10, sources: np.ndarray | N
         if expand is not None:
             sims = sims[:, expand]
         score = -sims
-        if sources is None:
+        if copies is None:
             score[np.arange(stop - start), np.arange(start, stop)] = np.inf
         else:
-            score[sources[start:stop, None] == sources[None, :]] = np.inf
+            excluded = copies.excluded(start, stop)
+            score[excluded] = np.inf
+            other_mates = excluded & (copies.sources[start:stop, None] != copies.sources[None, :])
+            mates[start:stop] = other_mates.sum(axis=1)
+            mate_sums[start:stop] = np.where(other_mates, sims, 0.0).sum(axis=1)
         nearest[start:stop] = _nearest(score, k)
         cosines[start:stop] = np.take_along_axis(sims, nearest[start:stop], axis=1)
     own = np.einsum("ij,ij->i", units, units)  # 1 up to rounding
-    row_means = (units @ units.sum(axis=0) - copies * own) / (n - copies)
+    row_means = (units @ units.sum(axis=0) - own_copies * own - mate_sums) / (n - own_copies - mates)
     self_align = float(np.sum((cosines - row_means[:, None]) ** 2))
     return Neighbourhood(units, nearest, cosines, row_means, self_align)
 
 
-def _stats(named: Named, k: int, label: str, sources: np.ndarray | None) -> list[Neighbourhood] | None:
-    """Every layer's neighbourhood; None when ``sources`` leave some row fewer than ``k`` candidates."""
+def _stats(named: Named, k: int, label: str, sources: np.ndarray | None,
+           draws: np.ndarray | None = None) -> list[Neighbourhood] | None:
+    """Every layer's neighbourhood; None when ``sources`` (and ``draws``) leave some row fewer than ``k``
+    candidates."""
     checked = validated(named, label, min_rows=3)
     k = _check(k, "cosine", checked[0][1].shape[0])
-    if sources is not None and not enough_candidates(sources, checked[0][1].shape[0], k):
+    if sources is not None and not enough_candidates(sources, checked[0][1].shape[0], k, draws):
         return None
-    sources = None if sources is None else np.asarray(sources)
-    return [neighbourhood(name, a, k, sources, label) for name, a in checked]
+    return [neighbourhood(name, a, k, sources, label, draws) for name, a in checked]
 
 
 def _permuted(h: Neighbourhood, perm: np.ndarray, inverse: np.ndarray) -> Neighbourhood:
@@ -213,22 +224,23 @@ class _Functions:
 def _functions(reduce: Callable[[Neighbourhood, Neighbourhood], float], name: str, label: str) -> _Functions:
     """The pair, matrix and null-engine functions of the measure whose per-pair work is ``reduce``."""
 
-    def pair(x: np.ndarray, y: np.ndarray, *, k: int = 10, sources: np.ndarray | None = None) -> float:
-        stats = _stats([("x", x), ("y", y)], k, label, sources)
+    def pair(x: np.ndarray, y: np.ndarray, *, k: int = 10, sources: np.ndarray | None = None,
+             draws: np.ndarray | None = None) -> float:
+        stats = _stats([("x", x), ("y", y)], k, label, sources, draws)
         return float("nan") if stats is None else reduce(*stats)
 
     def matrix(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray] | None = None, *, k: int = 10,
-               sources: np.ndarray | None = None) -> np.ndarray:
+               sources: np.ndarray | None = None, draws: np.ndarray | None = None) -> np.ndarray:
         x_named, y_named = named_lists(xs, ys)
-        stats = _stats(x_named + (y_named or []), k, label, sources)
+        stats = _stats(x_named + (y_named or []), k, label, sources, draws)
         if stats is None:
             return np.full((len(x_named), len(y_named or x_named)), np.nan)
         sx, sy = stats[: len(x_named)], (None if y_named is None else stats[len(x_named):])
         return fill_matrix(sx, sy, reduce, symmetric=True)
 
     def engine(x_named: Named, y_named: Named | None, cells: np.ndarray, *, k: int = 10,
-               sources: np.ndarray | None = None) -> RowsEngine:
-        stats = _stats(x_named + (y_named or []), k, label, sources)
+               sources: np.ndarray | None = None, draws: np.ndarray | None = None) -> RowsEngine:
+        stats = _stats(x_named + (y_named or []), k, label, sources, draws)
         if stats is None:
             raise LayersimError(f"a row of this resample has fewer than k = {k} rows of other sources.")
         sx = stats[: len(x_named)]

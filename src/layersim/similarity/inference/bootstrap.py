@@ -28,7 +28,9 @@ k-NN Jaccard, RSA and the neighbourhood measures of :mod:`~layersim.similarity.k
 rows, and a resample's copies of one example agree in every layer (distance 0): :func:`resampled_options` tells
 them which source row each resampled row copies (whole examples' rows, with ``groups``), and they leave copies out
 (:mod:`~layersim.similarity.neighbours`, :mod:`~layersim.similarity.rsa`); their values on all rows are
-unchanged.
+unchanged. With ``groups`` a drawn cluster's rows meet its cluster-mates once per draw: the neighbourhood measures
+are also told each row's draw (:func:`resample_draws`) and leave the cluster's other draws out of its neighbours
+(:class:`~layersim.similarity.neighbours.Copies`).
 
 Every interval contains ``centre``, the bias-corrected value it is built around (basic: ``2θ̂ − median``;
 percentile: the median; BCa: the quantile at ``Φ(z0 + z0/(1 − a·z0))``); report it beside the interval. The
@@ -184,7 +186,7 @@ def bootstrap_pairs(name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray
         out = np.full((len(row_sets), len(pairs)), np.nan)
         for r, rows in enumerate(row_sets):
             out[r, defined] = _pair_values(name, resampled(name, layers, rows), chosen,
-                                           resampled_options(name, options, rows))
+                                           resampled_options(name, options, rows, groups))
         return out
 
     estimate = np.full(len(pairs), np.nan)
@@ -204,11 +206,39 @@ ROW_ROTATION_INVARIANT = frozenset({"linear_cka", "svcca", "pwcca", "mean_cca", 
 COPY_AWARE = frozenset({"knn_jaccard", "rsa", "mutual_knn", "rank_similarity", "second_order_cosine", "cknna"})
 
 
-def resampled_options(name: str, options: dict, rows: np.ndarray) -> dict:
+# Of those, the neighbourhood measures: a cluster drawn twice would give each of its rows its cluster-mates twice
+# among its nearest, in both layers, so they are also told each row's draw (``draws``) and leave the cluster's other
+# draws out (layersim.similarity.neighbours.Copies). Issue 63's "clusters above the example".
+DRAW_AWARE = frozenset({"knn_jaccard", "mutual_knn", "rank_similarity", "second_order_cosine", "cknna"})
+
+
+def resampled_options(name: str, options: dict, rows: np.ndarray, groups: np.ndarray | None = None) -> dict:
     """The measure's options on the resample of ``rows`` (row indices into the sample, repeated for copies;
-    whole groups' rows when resampled by group): for :data:`COPY_AWARE` measures ``sources=rows``, so
-    copies of one row, in one drawn group or in two copies of it, are never compared with each other."""
-    return {**options, "sources": np.asarray(rows)} if name in COPY_AWARE else options
+    whole groups' rows when resampled by ``groups``): for :data:`COPY_AWARE` measures ``sources=rows``, so
+    copies of one row, in one drawn group or in two copies of it, are never compared with each other; for
+    :data:`DRAW_AWARE` ones with ``groups``, also ``draws`` (:func:`resample_draws`)."""
+    if name not in COPY_AWARE:
+        return options
+    out = {**options, "sources": np.asarray(rows)}
+    if name in DRAW_AWARE and groups is not None:
+        out["draws"] = resample_draws(rows, groups)
+    return out
+
+
+def resample_draws(rows: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Which draw of a cluster bootstrap each resampled row came from: the ``c``-th copies of a group's rows are its
+    ``c``-th draw (a whole copy of the group, whatever the rows' order: :func:`resample_rows` keeps draws together,
+    a matrix's resample, rebuilt from counts, sorts the rows)."""
+    rows = np.asarray(rows)
+    order = np.argsort(rows, kind="stable")
+    ordered = rows[order]
+    starts = np.ones(len(rows), dtype=bool)
+    starts[1:] = ordered[1:] != ordered[:-1]
+    place = np.arange(len(rows))
+    copy = np.empty(len(rows), dtype=np.int64)
+    copy[order] = place - np.maximum.accumulate(np.where(starts, place, 0))
+    codes = np.unique(np.asarray(groups), return_inverse=True)[1].reshape(-1)
+    return codes[rows] * (int(copy.max(initial=0)) + 1) + copy
 
 
 def resampled(name: str, layers: Sequence[np.ndarray], rows: np.ndarray) -> list[np.ndarray]:

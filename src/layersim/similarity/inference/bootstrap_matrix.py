@@ -60,7 +60,7 @@ def bootstrap_matrix(name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndarra
     if name == "linear_cka" and not options:
         compute = WeightedCKA(xs, ys)
     else:
-        compute = _Recomputed(name, xs, ys, options)
+        compute = _Recomputed(name, xs, ys, options, groups)
     estimate = compute(None)
     with blas_threads_for(num_rows, max(a.shape[1] for a in (*xs, *(ys or ())))):
         values = np.stack([compute(np.bincount(rows, minlength=num_rows))
@@ -140,14 +140,16 @@ class WeightedCKA:
 class _Recomputed:
     """Any measure's matrix recomputed on the resampled rows (layers constant there give NaN cells)."""
 
-    def __init__(self, name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray] | None, options: dict):
+    def __init__(self, name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray] | None, options: dict,
+                 groups: np.ndarray | None = None):
         self.name, self.xs, self.ys, self.options = name, list(xs), None if ys is None else list(ys), options
+        self.groups = groups
 
     def __call__(self, counts: np.ndarray | None) -> np.ndarray:
         rows = np.arange(len(self.xs[0])) if counts is None else np.repeat(np.arange(len(counts)), counts)
         xs = self.xs if counts is None else resampled(self.name, self.xs, rows)
         ys = xs if self.ys is None else self.ys if counts is None else resampled(self.name, self.ys, rows)
-        options = self.options if counts is None else resampled_options(self.name, self.options, rows)
+        options = self.options if counts is None else resampled_options(self.name, self.options, rows, self.groups)
         ok_x = [k for k, a in enumerate(xs) if not is_constant(a)]
         ok_y = ok_x if self.ys is None else [k for k, a in enumerate(ys) if not is_constant(a)]
         out = np.full((len(xs), len(ys)), np.nan)
