@@ -30,6 +30,7 @@ from layersim.params import Params
 from layersim.reporting.pruning_plots import pruning_profile, pruning_rows
 from layersim.reporting.similarity import PoolingReport, SimilarityOutputs, localization_summary, phang_summary
 from layersim.similarity.comparisons import RANDOM, attention_maps, per_layer, phang_cells, stacked_matrix
+from layersim.similarity.cca import bases_reused
 from layersim.similarity.comparison_intervals import above_random_over_controls
 from layersim.similarity.inference.attention_null import attention_null_units
 from layersim.similarity.inference.exchangeability import (STREAMED_SAMPLE_ROWS, block_permutations,
@@ -55,13 +56,14 @@ def measure_results(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray
     models = layers() if tested and layers is not None else None  # read here, once, before any thread uses them
 
     def result(measure: str) -> MeasureResult:
-        matrix = matrix_of(measure)
-        null = None
-        if tested and models is None and streamed_null is not None:
-            null = streamed_null(measure, phang_cells(sizes, "ORIG", finetuned_labels(sizes)),
-                                 uncertainty.permutations, uncertainty.seed)
-        return phang_result(measure, matrix, sizes, models=models, null=null, uncertainty=uncertainty,
-                            groups=groups, options=options.get(measure, {}), null_rows=null_rows)
+        with bases_reused():  # the observed matrix's per-layer SVDs serve the null and the intervals too
+            matrix = matrix_of(measure)
+            null = None
+            if tested and models is None and streamed_null is not None:
+                null = streamed_null(measure, phang_cells(sizes, "ORIG", finetuned_labels(sizes)),
+                                     uncertainty.permutations, uncertainty.seed)
+            return phang_result(measure, matrix, sizes, models=models, null=null, uncertainty=uncertainty,
+                                groups=groups, options=options.get(measure, {}), null_rows=null_rows)
 
     if pool is None or (layers is None and streamed_null is not None):
         return [_done(result(measure)) for measure in measures]
