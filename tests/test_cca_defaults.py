@@ -124,3 +124,61 @@ def test_kept_dimensions_errors():
                     "variance_threshold.")
     _raises(kept_dimensions, x, "pwcca", method="qr", variance_threshold=0.9, message="method='qr' cannot apply")
     _raises(kept_dimensions, np.ones((30, 4)), "mean_cca", message="x is constant across examples")
+
+
+def _count_svds(monkeypatch) -> list:
+    calls = []
+    real = cca._principal_directions
+
+    def counted(centred):
+        calls.append(centred.shape)
+        return real(centred)
+
+    monkeypatch.setattr("layersim.similarity._cca_core._principal_directions", counted)
+    return calls
+
+
+@pytest.mark.parametrize("measure", CCA_MEASURES)
+def test_bases_reused_whitens_each_layer_once_and_changes_no_number(measure, monkeypatch):
+    from layersim.similarity.inference.bootstrap import bootstrap_pairs
+    from layersim.similarity.inference.null import permutation_matrix
+
+    rng = np.random.default_rng(3)
+    layers = [rng.normal(size=(80, 12)) @ rng.normal(size=(12, 12)) for _ in range(3)]
+
+    def everything():
+        return (similarity_matrix(measure, layers), permutation_matrix(measure, layers, permutations=7).p_value,
+                [kept_dimensions(a, measure) for a in layers],
+                bootstrap_pairs(measure, layers[:2], layers[1:], resamples=4).estimate)
+
+    calls = _count_svds(monkeypatch)
+    alone = everything()
+    whitened_alone = len(calls)
+    calls.clear()
+    with cca.bases_reused():
+        reused = everything()
+        everything()
+    # Alone: each of the 3 layers for the matrix, the null, its kept dimensions and the bootstrap estimate, plus the
+    # 4 resamples' 3 layers; inside: each layer once, and the resamples (other arrays) again each time.
+    resampled = 4 * 3
+    assert whitened_alone == 4 * 3 + resampled
+    assert len(calls) == 3 + 2 * resampled
+    for a, b in zip(alone, reused):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_bases_reused_tells_a_new_array_from_one_it_has_seen(monkeypatch):
+    rng = np.random.default_rng(4)
+    calls = _count_svds(monkeypatch)
+    with cca.bases_reused():
+        a = rng.normal(size=(50, 6))
+        first = cca.whiten("a", a, "SVCCA", variance_threshold=0.99)
+        assert cca.whiten("b", a, "SVCCA", variance_threshold=0.99).name == "b"  # the same basis, named as asked
+        assert cca.whiten("a", a, "SVCCA", variance_threshold=0.5).q.shape[1] <= first.q.shape[1]  # other options
+        assert len(calls) == 2
+        del a  # a later array may take its address: it is whitened afresh
+        for _ in range(3):
+            b = rng.normal(size=(50, 6))
+            np.testing.assert_array_equal(cca.whiten("b", b, "SVCCA", variance_threshold=0.99).q,
+                                          cca.whiten("c", b.copy(), "SVCCA", variance_threshold=0.99).q)
+    assert len(calls) == 2 + 3 * 2  # each b and its copy whitened afresh

@@ -5,6 +5,11 @@ correlations between two bases, PWCCA's projection weights, and the rule that ca
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
+import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +41,25 @@ class Basis:
 
 # --- whitening ---
 
+# Inside bases_reused(): each array's bases already computed, by (id of the array, options), with a weak reference
+# that tells a live array from a later one at the same address and drops the entry when the array goes.
+_REUSED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("reused_bases", default=None)
+
+
+@contextlib.contextmanager
+def bases_reused() -> Iterator[None]:
+    """Inside this context :func:`whiten` computes each array's basis once per set of options: one layer's observed
+    matrix, null, kept dimensions and bootstrap estimates share one SVD (the same numbers, bit for bit). The caller
+    promises not to change an array in place while inside. Nested, the outer context's bases are kept."""
+    if _REUSED.get() is not None:
+        yield
+        return
+    token = _REUSED.set({})
+    try:
+        yield
+    finally:
+        _REUSED.reset(token)
+
 
 def whiten(
     name: str,
@@ -51,7 +75,25 @@ def whiten(
     """Orthonormal basis of the centred ``a`` (constant neurons ignored), rank-truncated at ``rtol``
     and, with ``variance_threshold``, cut to the fewest top principal components reaching it; then,
     with ``max_dims`` (an int, or "auto" for :func:`dimension_cap` of ``a``'s row count; None: no
-    cap, the default here), cut to at most that many top principal components."""
+    cap, the default here), cut to at most that many top principal components. Inside :func:`bases_reused`, an
+    array whitened before with the same options gets the same basis again."""
+    reused = _REUSED.get()
+    if reused is None:
+        return _whiten(name, a, measure, method, variance_threshold, rtol, keep_coords, max_dims)
+    key = (id(a), method, variance_threshold, rtol, dimension_cap(len(a), max_dims))
+    known = reused.get(key)
+    if known is not None and known[0]() is a and (known[1].coords is not None or not keep_coords):
+        return dataclasses.replace(known[1], name=name, coords=known[1].coords if keep_coords else None)
+    basis = _whiten(name, a, measure, method, variance_threshold, rtol, keep_coords, max_dims)
+    try:
+        reused[key] = (weakref.ref(a, lambda _, key=key: reused.pop(key, None)), basis)
+    except TypeError:  # an object without weak references (a list, say): not kept
+        pass
+    return basis
+
+
+def _whiten(name: str, a: np.ndarray, measure: str, method: str, variance_threshold: float | None, rtol: float | None,
+            keep_coords: bool, max_dims: int | str | None) -> Basis:
     centred, _ = centre_drop_constant(name, a, measure)
     n, d = centred.shape
     tol = default_rtol(n, d) if rtol is None else rtol

@@ -268,8 +268,11 @@ def example_terms(a: _HeadStats, b: _HeadStats, measure: str, examples_a: np.nda
         return numerator, denominator
     wa, wb = a.weights[pairs_a], b.weights[pairs_b]
     if measure == "jensen_shannon":
+        mixture = np.empty_like(wa)  # one buffer for every head of b: the same values as entr(0.5 * (wa + wb_g))
         for g in range(hb):
-            numerator[:, :, g] = np.add.reduceat(entr(0.5 * (wa + wb[:, g : g + 1])), segments, axis=0)
+            np.add(wa, wb[:, g : g + 1], out=mixture)
+            mixture *= 0.5
+            numerator[:, :, g] = np.add.reduceat(entr(mixture, out=mixture), segments, axis=0)
         numerator /= np.log(2.0)
         numerator -= 0.5 * a.entropy[examples_a][:, :, None] + 0.5 * b.entropy[examples_b][:, None, :]
         return numerator, row_counts[examples_a].astype(np.float64)[:, None, None]

@@ -84,7 +84,7 @@ from layersim.similarity._common import (
 from layersim.similarity._pairs import fill_matrix
 
 from layersim.similarity._cca_core import (  # noqa: F401  (re-exported: one import path for callers)
-    METHODS, ROWS_PER_DIMENSION, CAPPED_MEASURES, Basis, whiten, _principal_directions, _correlations, _pw_both, _pw_weighted, dimension_cap, check_max_dims, kept_dimensions, _check_method, _check_threshold)
+    METHODS, ROWS_PER_DIMENSION, CAPPED_MEASURES, Basis, bases_reused, whiten, _principal_directions, _correlations, _pw_both, _pw_weighted, dimension_cap, check_max_dims, kept_dimensions, _check_method, _check_threshold)
 
 
 def _bases(named: Named, measure: str, **kwargs) -> list[Basis]:

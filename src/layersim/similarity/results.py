@@ -19,7 +19,7 @@ from layersim.similarity.attention import AttentionMaps
 from layersim.similarity.inference.attention_null import (attention_bootstrap_pairs, attention_stacked_null,
                                                           attention_unmovable)
 from layersim.similarity.inference.bootstrap import bootstrap_pairs, chosen_interval, no_interval_note
-from layersim.similarity.cca import CAPPED_MEASURES, kept_dimensions
+from layersim.similarity.cca import CAPPED_MEASURES, bases_reused, kept_dimensions
 from layersim.similarity.cka import is_constant
 from layersim.similarity.comparison_intervals import (above_random_interval, diagonal_intervals, seed_pair_spreads,
                                                       seed_spread)
@@ -182,8 +182,16 @@ def phang_result(measure: str, matrix: np.ndarray, sizes: dict[str, int], *, mod
     (layersim.similarity.inference.attention_null: whole examples onto examples of equal length, `groups` then each
     example's cluster), no above-random interval.
     `null_rows`: the rows the null is computed on, its observed values too (coarser length classes:
-    exchangeability.length_class_rows); None: every row."""
-    options = options or {}
+    exchangeability.length_class_rows); None: every row. Each layer of a CCA measure is whitened once for all of
+    these (layersim.similarity.cca.bases_reused)."""
+    with bases_reused():
+        return _phang_result(measure, matrix, sizes, models, null, uncertainty, groups, strata, options or {},
+                             null_rows)
+
+
+def _phang_result(measure: str, matrix: np.ndarray, sizes: dict[str, int], models: dict[str, list] | None,
+                  null: NullMatrix | None, uncertainty: Uncertainty | None, groups: np.ndarray | None,
+                  strata: np.ndarray | None, options: dict, null_rows: np.ndarray | None) -> MeasureResult:
     orig, finetuned = "ORIG", finetuned_labels(sizes)
     unavailable = None
     attention = models is not None and isinstance(next(iter(models.values()))[0], AttentionMaps)
