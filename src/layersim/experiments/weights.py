@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from layersim.compute.linalg import blas_on_calling_thread
+from layersim.compute.threads import on_threads
 from layersim.data.layout import as_runs, run_labels
 from layersim.errors import LayersimError
 from layersim.models.matrix_roles import adapter_roles
@@ -29,7 +28,7 @@ def weight_changes(pretrained, finetuned, k: int, threshold: float,
     stored dtype (bf16 weights have a coarser rounding floor than fp32 ones). With `null_draws`, the matrices of
     the roles `nulled` (default all) get the rotated-update null of their intruder count
     (layersim.similarity.weight_space.rotated_update_counts), each from its own stream of `seed` (so the results do
-    not depend on the order :func:`_on_threads` computes them in)."""
+    not depend on the order :func:`layersim.compute.threads.on_threads` computes them in)."""
     import torch
 
     before = ({key: value for key, value in pretrained.items() if key[1] in roles} if isinstance(pretrained, Mapping)
@@ -45,26 +44,14 @@ def weight_changes(pretrained, finetuned, k: int, threshold: float,
                              eps=torch.finfo(after[key].dtype).eps, null_draws=null_draws if key[1] in nulled else 0,
                              rng=np.random.default_rng([seed, key[0], MATRIX_TYPES.index(key[1])]))
 
-    return _on_threads(change, before)
+    return on_threads(change, before)
 
 
 def pretrained_matrices(model, roles: tuple[str, ...] = MATRIX_TYPES) -> dict[tuple[int, str], Pretrained]:
     """Each layer's matrices of `roles` of the pretrained model with their SVDs (weight_space.Pretrained), taken once
     for every run compared with them."""
     matrices = layer_matrices(model, roles)
-    return _on_threads(lambda key: Pretrained.of(matrices[key].float().cpu().numpy()), matrices)
-
-
-def _on_threads(function: Callable, keys: Iterable) -> dict:
-    """{key: function(key)}, computed on torch's threads, each running LAPACK on itself: a 384 × 384 problem gains
-    little from a second BLAS thread, and BLAS threads that wait on each other lose many times their time when
-    another process takes a core (measured before issue 64's rewrite: 20 draws of the null on 384 × 384 took 14.5
-    CPU seconds on two BLAS threads beside other work, 0.84 on one)."""
-    import torch
-
-    keys = list(keys)
-    with blas_on_calling_thread(), ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
-        return dict(zip(keys, pool.map(function, keys)))
+    return on_threads(lambda key: Pretrained.of(matrices[key].float().cpu().numpy()), matrices)
 
 
 def adapted_roles(finetune, method: str | None = None) -> tuple[str, ...]:
