@@ -216,7 +216,9 @@ def neuronsim_engine(x_named, y_named, cells):
     zy = zx if y_named is None else [neurons.standardise(name, a, "neuronsim").z for name, a in checked[len(x_named):]]
 
     def reduce(i, j, blocks):
-        return blocks.abs().amax(dim=-1).mean(dim=-1).clamp(max=1.0)
+        # max |r| = max(max r, −min r): one pass over the products, none of them copied (|·| was a second pass).
+        low, high = torch.aminmax(blocks, dim=-1)
+        return torch.maximum(high, low.neg()).mean(dim=-1).clamp(max=1.0)
 
     return ProductEngine(cells, zx, zy, reduce)
 
