@@ -36,8 +36,11 @@ def torch_on_calling_thread() -> Iterator[int]:
 def on_threads(function: Callable, keys: Iterable, workers: int | None = None) -> dict:
     """{key: function(key)}, in `keys`' order, computed on `workers` threads (default: torch's thread count, the
     stage's cores), each running NumPy's BLAS and LAPACK and torch's operators on itself (module docstring). With one
-    worker or one key the calls run in order on the calling thread, under the same single-threaded libraries."""
+    worker the calls run in order on the calling thread, under the same single-threaded libraries; a lone key keeps the
+    libraries' own threads (nothing runs beside it)."""
     keys = list(keys)
+    if len(keys) == 1:
+        return {keys[0]: function(keys[0])}
     with blas_on_calling_thread(), torch_on_calling_thread() as threads:
         count = max(1, min(len(keys), threads if workers is None else workers))
         if count == 1:
