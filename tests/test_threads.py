@@ -76,3 +76,32 @@ def test_an_error_drops_the_pieces_not_started_and_is_raised():
             raise ValueError("stop")
     assert all(future.cancelled() for future in later)
     assert ran == []
+
+
+def test_a_lone_piece_keeps_the_libraries_own_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert on_threads(lambda key: torch.get_num_threads(), ["only"]) == {"only": 2}
+        assert on_threads(lambda key: key, []) == {}
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("measure", ["neuronsim", "svcca", "linear_cka"])
+def test_a_product_engine_null_is_the_same_on_one_torch_thread_and_on_two(measure):
+    """The product engine's rows run on the pool (one per core): its null must not depend on how many ran."""
+    rng = np.random.default_rng(1)
+    base = rng.normal(size=(60, 12))
+    layers = [base + rng.normal(size=(60, 12)) * s for s in (0.3, 0.6, 1.0, 2.0)]
+    before = torch.get_num_threads()
+    found = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            found.append(permutation_matrix(measure, layers, permutations=9, seed=3, exact=False, method="feature")
+                         if measure == "linear_cka" else permutation_matrix(measure, layers, permutations=9, seed=3))
+    finally:
+        torch.set_num_threads(before)
+    for field in ("observed", "null_mean", "null_p95", "p_value"):
+        assert np.array_equal(getattr(found[0], field), getattr(found[1], field), equal_nan=True), field

@@ -10,7 +10,10 @@ than one after the other; 20 draws of a 384 × 384 null took 14.5 CPU seconds on
 
 Every piece runs in a copy of the caller's context (:mod:`contextvars`: e.g. the analysis device that
 layersim.compute.device.analysis_on sets), and results come back in the order given, so what is computed does not
-depend on how many threads ran it, as long as the pieces share no state they change.
+depend on how many threads ran it, as long as the pieces share no state they change (single-threaded MKL and
+OpenBLAS give the same bits as their threaded runs on these shapes; tests/test_threads.py checks torch's and the
+product engine's nulls). A lone piece keeps the libraries' own threads: one row of a null's cells, say, still has its
+product on every core.
 """
 
 from __future__ import annotations
@@ -66,7 +69,10 @@ def thread_pool(workers: int | None = None) -> Iterator[Executor]:
 
 
 def on_threads(function: Callable, keys: Iterable, workers: int | None = None) -> dict:
-    """{key: function(key)} for every key, computed on a :func:`thread_pool` (in the keys' order)."""
+    """{key: function(key)} for every key, in the keys' order, computed on a :func:`thread_pool` of `workers` threads
+    (default :func:`default_workers`); a lone key is computed on the calling thread with the libraries' own threads."""
     keys = list(keys)
-    with thread_pool(min(len(keys), workers or default_workers()) or 1) as pool:
+    if len(keys) <= 1:
+        return {key: function(key) for key in keys}
+    with thread_pool(min(len(keys), workers or default_workers())) as pool:
         return dict(zip(keys, pool.map(function, keys)))

@@ -173,9 +173,14 @@ def check_rtol(rtol: float | None) -> None:
 SMALL_PRODUCT = 1e8
 
 
+def small_products(num_rows: int, width: int) -> bool:
+    """Whether products of this size are below SMALL_PRODUCT: one BLAS thread each."""
+    return num_rows * width * width < SMALL_PRODUCT
+
+
 def blas_threads_for(num_rows: int, width: int):
     """A context that keeps BLAS on one thread while loops of products of this size run, when they are small
     (see SMALL_PRODUCT); otherwise it changes nothing."""
-    if num_rows * width * width >= SMALL_PRODUCT:
+    if not small_products(num_rows, width):
         return contextlib.nullcontext()
     return blas_on_calling_thread()

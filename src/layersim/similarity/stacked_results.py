@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from layersim.similarity.comparisons import block_slices, stacked_matrix, stacked_null
+from layersim.similarity._common import blas_threads_for
 from layersim.similarity.cca import CAPPED_MEASURES
 from layersim.similarity.inference.attention_null import (attention_bootstrap_pairs, attention_stacked_null,
                                                           attention_unmovable)
@@ -50,14 +51,19 @@ def stacked_result(models: dict[str, list], measure: str, *, options: dict | Non
     (layersim.similarity.inference.exchangeability). Attention maps (`attention`) get the similarity stage's
     attention null (:func:`attention_uncertainty`). `options`: the measure's own."""
     options = options or {}
-    result = StackedResult(measure, stacked_matrix(measure, models, **options),
-                           {name: len(layers) for name, layers in models.items()})
     if attention:
+        result = StackedResult(measure, stacked_matrix(measure, models, **options),
+                               {name: len(layers) for name, layers in models.items()})
         return result if uncertainty is None else attention_uncertainty(result, models, uncertainty, groups, options)
     num_rows = len(next(iter(models.values()))[0])
+    # The observed matrix's and the kept dimensions' products and SVDs under the null's BLAS rule (stacked_null): small
+    # ones on one thread, where a second BLAS thread mostly waits, and more so beside other work.
+    with blas_threads_for(num_rows, max(layer.shape[1] for layers in models.values() for layer in layers)):
+        result = StackedResult(measure, stacked_matrix(measure, models, **options),
+                               {name: len(layers) for name, layers in models.items()})
+        if measure in CAPPED_MEASURES:
+            result.kept_dimensions = kept_dimensions_per_layer(models, measure, **options)
     result.unavailable = null_unavailable(measure, num_rows, options) or unmovable(num_rows, groups, strata)
-    if measure in CAPPED_MEASURES:
-        result.kept_dimensions = kept_dimensions_per_layer(models, measure, **options)
     if uncertainty is not None and not result.unavailable:
         result.null = stacked_null(measure, models, permutations=uncertainty.permutations, seed=uncertainty.seed,
                                    groups=groups, strata=strata, **options)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from layersim.compute.threads import on_threads
 from layersim.errors import LayersimError
 
 # A cell's reduction of its blocks: (i, j, blocks of shape (P, a_i, b_j)) -> the P values, as a tensor.
@@ -120,17 +121,24 @@ class ProductEngine(_DeviceEngine):
     def raw(self, perms: torch.Tensor | None) -> torch.Tensor:
         bp = self.stack.unsqueeze(0) if perms is None else self.stack[perms]  # (P, n, Σ b_j)
         out = self._empty(len(bp))
-        for i in self.rows:
+
+        def row(i: int) -> torch.Tensor:
             js = np.flatnonzero(self.cells[i])
-            at = self.a[int(i)].T
+            at = self.a[i].T
             spans = [self.span[int(j)] for j in js]
             if 2 * len(js) > len(self.cols):
                 prod = torch.matmul(at, bp)  # one batched GEMM against every stacked y layer at once
                 blocks = [prod[:, :, start:stop] for start, stop in spans]
             else:
                 blocks = [torch.matmul(at, bp[:, :, start:stop]) for start, stop in spans]
-            values = [self.reduce(int(i), int(j), blk) for j, blk in zip(js, blocks)]
-            out[:, int(i), torch.as_tensor(js, device=self.device)] = torch.stack(values, dim=1)
+            return torch.stack([self.reduce(i, int(j), blk) for j, blk in zip(js, blocks)], dim=1)
+
+        # On the CPU the rows run side by side, each single-threaded (layersim.compute.threads): the same values
+        # whatever the number of threads, and no BLAS threads waiting on each other; a GPU takes them in turn.
+        rows = [int(i) for i in self.rows]
+        found = on_threads(row, rows) if self.device.type == "cpu" else {i: row(i) for i in rows}
+        for i, values in found.items():
+            out[:, i, torch.as_tensor(np.flatnonzero(self.cells[i]), device=self.device)] = values
         return out
 
 

@@ -60,7 +60,8 @@ from scipy.special import ndtr, ndtri
 
 from layersim.errors import LayersimError, unknown_name
 from layersim.similarity._cca_core import CAPPED_MEASURES, dimension_cap
-from layersim.similarity._common import blas_threads_for, check_options
+from layersim.compute.threads import on_threads
+from layersim.similarity._common import blas_threads_for, check_options, small_products
 from layersim.similarity.attention import HEAD_MEASURE_BOUNDS, HEAD_MEASURES
 from layersim.similarity.inference._null_engines import ENGINES
 from layersim.similarity.cka import is_constant
@@ -183,14 +184,22 @@ def bootstrap_pairs(name: str, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray
     chosen = [pairs[k] for k in defined]
 
     def on_rows(row_sets: list[np.ndarray]) -> np.ndarray:
+        def values(r: int) -> np.ndarray:
+            return _pair_values(name, resampled(name, layers, row_sets[r]), chosen,
+                                resampled_options(name, options, row_sets[r], groups))
+
+        # Small products: the resamples side by side, each on one thread (layersim.compute.threads), as one BLAS
+        # thread would compute them in turn; large ones: in turn, on BLAS's threads.
+        found = (on_threads(values, range(len(row_sets))) if small else
+                 {r: values(r) for r in range(len(row_sets))})
         out = np.full((len(row_sets), len(pairs)), np.nan)
-        for r, rows in enumerate(row_sets):
-            out[r, defined] = _pair_values(name, resampled(name, layers, rows), chosen,
-                                           resampled_options(name, options, rows, groups))
+        for r, found_values in found.items():
+            out[r, defined] = found_values
         return out
 
     estimate = np.full(len(pairs), np.nan)
     estimate[defined] = _pair_values(name, layers, chosen, options)
+    small = small_products(num_rows, max(a.shape[1] for a in layers))
     with blas_threads_for(num_rows, max(a.shape[1] for a in layers)):
         values = on_rows(resample_rows(num_rows, resamples, seed, groups))
         jackknife = on_rows(jackknife_rows(num_rows, seed, groups)) if interval == "bca" else None
