@@ -36,7 +36,7 @@ class NeverMadeOutputs(logging.Filter):
 def main(argv: list[str]) -> int:
     from dvc.cli import main as dvc_main
 
-    from layersim_launch.fork_server import ForkServer
+    from layersim_launch.fork_client import ForkServer
 
     logging.getLogger(CHECKOUT_LOGGER).addFilter(NeverMadeOutputs())
     server = ForkServer()

@@ -27,16 +27,15 @@ over A's heads — asymmetric, and invariant to permuting either layer's heads. 
   over keys. A row where either head is constant (uniform, or a single key) has no correlation and
   is left out of that head pair's mean (Wu et al.'s code counts rows of one key as 0 and lets
   uniform rows produce NaN); in [-1, 1];
-* ``"jensen_shannon"``: ``1 - mean over rows of JS(p, q)``, with ``JS = ½ KL(p‖m) + ½ KL(q‖m)``,
-  ``m = (p + q)/2``, in **bits** (log base 2), so JS ∈ [0, 1] and the similarity is in [0, 1]
-  (Wu et al.'s code uses natural logs, giving [1 - ln 2, 1]).
+* ``"jensen_shannon"``: ``1 - mean over rows of JS(p, q)``, with ``JS = ½ KL(p‖m) + ½ KL(q‖m)``, ``m = (p + q)/2``,
+  in **bits** (log base 2), so JS and the similarity are in [0, 1] (Wu et al.'s natural logs give [1 - ln 2, 1]).
 
 Each is a ratio of sums over examples (:func:`example_terms`; JS one pass per head of B using ``JS = H(m) - ½H(p) -
 ½H(q)``), so a null or a bootstrap over whole examples re-pairs or re-weights them (layersim.similarity.inference).
 
-**Distributed measures** (§3.5): the ``(num_pairs, heads)`` weights are a representation with
-(query, key) pairs as points and heads as features, compared with any measure of
-:data:`layersim.similarity.MEASURES` (Wu et al. use ``linear_cka``, ``svcca``, ``pwcca``).
+**Distributed measures** (§3.5): the ``(num_pairs, heads)`` weights are a representation with (query, key) pairs as
+points and heads as features, compared with any measure of :data:`layersim.similarity.MEASURES` (Wu et al. use
+``linear_cka``, ``svcca``, ``pwcca``).
 """
 
 from __future__ import annotations
@@ -55,8 +54,7 @@ HEAD_MEASURES = ("jensen_shannon", "matrix_norm", "pearson")
 # Each head measure's range (the matrix norm's similarity is 1 − a mean Frobenius distance: no lower bound).
 HEAD_MEASURE_BOUNDS = {"jensen_shannon": (0.0, 1.0), "matrix_norm": None, "pearson": (-1.0, 1.0)}
 
-# Tolerance on each attention row's sum (float32 softmax rows are within ~1e-6 of 1).
-ROW_SUM_ATOL = 1e-3
+ROW_SUM_ATOL = 1e-3  # tolerance on each attention row's sum (float32 softmax rows are within ~1e-6 of 1)
 
 
 @dataclass(frozen=True, eq=False)
@@ -270,8 +268,7 @@ def example_terms(a: _HeadStats, b: _HeadStats, measure: str, examples_a: np.nda
     if measure == "jensen_shannon":
         mixture = np.empty_like(wa)  # one buffer for every head of b: the same values as entr(0.5 * (wa + wb_g))
         for g in range(hb):
-            np.add(wa, wb[:, g : g + 1], out=mixture)
-            mixture *= 0.5
+            np.multiply(np.add(wa, wb[:, g : g + 1], out=mixture), 0.5, out=mixture)
             numerator[:, :, g] = np.add.reduceat(entr(mixture, out=mixture), segments, axis=0)
         numerator /= np.log(2.0)
         numerator -= 0.5 * a.entropy[examples_a][:, :, None] + 0.5 * b.entropy[examples_b][:, None, :]
