@@ -42,6 +42,7 @@ from layersim.similarity.results import (MeasureResult, Uncertainty, correct_cla
                                          localization_of, phang_result, reach_warning, settings, trained_labels)
 from layersim.training.convergence import checkpoint_flags, title_note
 
+
 def measure_results(sizes: dict[str, int], matrix_of: Callable[[str], np.ndarray], measures: Sequence[str], *,
                     layers: Callable[[], dict[str, list]] | None = None, options: dict[str, dict] | None = None,
                     uncertainty: Uncertainty | None = None, groups: np.ndarray | None = None,

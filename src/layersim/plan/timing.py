@@ -55,9 +55,9 @@ START_SECONDS = {"light": 1.4, "transformers": 1.9, "numeric": 2.4, "model": 7.0
 # environment record), measured as the server's children on the quickstart (2026-11-29, same CPU, load 6, CPU
 # seconds from the server's log): finetune_pretrained without models 0.52 (7.6 afresh), grounding when off 0.69,
 # summary 0.82 with its little work.
+# The first stages wait for the server's imports instead (its shim does), beside the plan and the first figure:
+# forked too (check_params 0.3 s on the quickstart).
 WARM_START_SECONDS = {"light": 0.5, "transformers": 0.6, "numeric": 0.7, "model": 0.6}
-# The stages DVC starts while the server still imports (~10 s of one core), which start cold.
-STARTED_BEFORE_WARM = ("check_params", "download")
 # download_model also snapshots the model: torch and the model's classes imported, its files copied and hashed
 # (4.9 s measured against download_compared's 1.9).
 SNAPSHOT_SECONDS = 3.0
@@ -286,8 +286,7 @@ def terms(cost: StageCost, on: Device) -> dict[str, float | None]:
         (host_flops - small_flops - cost.svd_flops - cost.lapack_flops - engines) / on.cpu_flops + \
         cost.svd_flops / (on.cpu_flops * SVD_EFFICIENCY) + cost.lapack_flops / (on.cpu_flops * LAPACK_EFFICIENCY) + \
         (engines - kernels) / (on.cpu_flops * CPU_ENGINE_EFFICIENCY) + kernels / (on.cpu_flops * CPU_KERNEL_EFFICIENCY)
-    warm = on.warm_starts and cost.stage not in STARTED_BEFORE_WARM
-    start = cost.processes * (WARM_START_SECONDS if warm else START_SECONDS)[STACK.get(cost.stage, "model")]
+    start = cost.processes * (WARM_START_SECONDS if on.warm_starts else START_SECONDS)[STACK.get(cost.stage, "model")]
     if cost.stage == "download" and cost.processes:  # download_model snapshots the model
         start += SNAPSHOT_SECONDS
     python = on.python_scale
