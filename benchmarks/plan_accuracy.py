@@ -23,7 +23,8 @@ less wall-clock progress per CPU-second. The machine is printed first: the CPU m
 2048 x 2048 matmul in GFLOP/s on one thread and on all, and the load average before and after.
 
     python benchmarks/plan_accuracy.py --config tiny        # about 2 minutes
-    python benchmarks/plan_accuracy.py --config quickstart  # about 10 minutes
+    python benchmarks/plan_accuracy.py --config quickstart  # about 15 minutes
+    python benchmarks/plan_accuracy.py --config quickstart --warm-starts   # as quickstart.sh runs: stages forked
     python benchmarks/plan_accuracy.py --config tiny --keep /tmp/plan-run   # keep the project to look at
     python benchmarks/plan_accuracy.py --config tiny --threads 1   # on a loaded machine: compare the CPU seconds
     python benchmarks/plan_accuracy.py --measured /tmp/plan-run/project --device-flops 2.1e11 --python-scale 0.95
@@ -47,6 +48,11 @@ dominate: the process starts); a CPU slower by its clock slows both.
 
     python benchmarks/plan_accuracy.py --config quickstart --cpu-quota 0.85   # a ≤ 90 GFLOP/s machine, alone
 
+With `--warm-starts` the stages start as quickstart.sh and smallest.sh start them (tools/exp_run.py): forked by a
+server that has imported the stack (layersim_launch.fork_server), each forked stage's wall and CPU seconds from the
+server's log (LAYERSIM_FORK_LOG, which names the DVC stage); the plan is the one those scripts print
+(`python -m layersim.plan --warm-starts`).
+
 `--measured` reads a kept project's stage log and dvc.lock instead of running (the plan's model changed, the run did
 not); give the throughput the run had (`--device-flops`, the matmul line it printed) and its Python-level probe's
 factor (`--python-scale`, the probe line), or each is measured now.
@@ -55,6 +61,7 @@ factor (`--python-scale`, the probe line), or each is measured now.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -63,6 +70,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,9 +78,11 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "src"))
 
 from dvc_project import copy_repository, run  # noqa: E402
+from layersim_launch.fork_client import ForkServer  # noqa: E402
 from layersim_launch.dvc_cache import from_root  # noqa: E402 - dvc.lock paths are relative to each stage's wdir
 
 CONFIGS = {"tiny": "smallest.sh", "quickstart": "quickstart.sh"}
+FORK_LOG_NAME = "fork.log"  # in .plan-bench/: the fork server's log under --warm-starts
 TOLERANCE = 0.30
 # The stage processes' wall and CPU seconds: DVC runs each stage's `python ...` through the shell, which finds
 # this first on PATH.
@@ -204,7 +214,17 @@ def seconds_of(clock: str) -> float:
 
 
 def measured_times(log: Path) -> dict[str, dict[str, float]]:
+    """Per plan stage: wall and CPU seconds and processes, from the timing shim's log or (warm starts) the fork
+    server's."""
     found: dict[str, dict[str, float]] = defaultdict(lambda: {"wall": 0.0, "cpu": 0.0, "processes": 0})
+    if log.name == FORK_LOG_NAME:
+        for line in log.read_text().splitlines():
+            entry = json.loads(line)
+            if entry.get("stage"):
+                row = found[plan_name(entry["stage"])]
+                row["wall"], row["cpu"], row["processes"] = (row["wall"] + entry["wall"], row["cpu"] + entry["cpu"],
+                                                             row["processes"] + 1)
+        return dict(found)
     for line in log.read_text().splitlines():
         stage, start, end, user, system = line.split()
         row = found[plan_name(stage)]
@@ -245,6 +265,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="torch threads for the stages and the plan's matmul (default: "
                         "torch's, one per core); 1 on a loaded machine, where CPU seconds then stand for a quiet run "
                         "(and the plan takes the matmul's FLOP/s per CPU second)")
+    parser.add_argument("--warm-starts", action="store_true",
+                        help="stages forked by a warm server, as quickstart.sh and smallest.sh run them")
     parser.add_argument("--cpu-quota", type=float, metavar="CORES",
                         help="run under a cgroup CPU quota of this many cores (0.85: a slower CPU, see above)")
     args = parser.parse_args()
@@ -265,7 +287,8 @@ def main() -> None:
 
     scale = args.python_scale or python_probe_seconds() / REFERENCE_PROBE_SECONDS
     if args.measured:
-        return replan(args.measured, device("cpu", args.device_flops, python_scale=scale))
+        warm = (args.measured / ".plan-bench" / FORK_LOG_NAME).exists()
+        return replan(args.measured, replace(device("cpu", args.device_flops, python_scale=scale), warm_starts=warm))
     quiet = matmul_gflops_per_cpu_second()
     print("\n".join(machine(quiet)), flush=True)
     if args.threads == 1 and args.device_flops is None:  # the plan of the quiet machine, whose CPU seconds are measured
@@ -277,15 +300,23 @@ def main() -> None:
         root = scratch / "project"
         env = make_copy(root, overrides)
         params = parse_params(overridden(root / "params.yaml", []))
-        on = device("cpu", args.device_flops, python_scale=scale)
+        on = replace(device("cpu", args.device_flops, python_scale=scale), warm_starts=args.warm_starts)
         costs = plan(params, root)
         print(f"{args.config} ({CONFIGS[args.config]}): {params.model}, {len(params.tasks)} task(s), "
               f"{len(params.seeds)} seed(s), {params.finetune.max_steps} steps; plan on {on.name} at "
               f"{on.flops / 1e9:.0f} GFLOP/s ({on.basis})", flush=True)
+        log = root / ".plan-bench" / (FORK_LOG_NAME if args.warm_starts else "stages.log")
+        server = ForkServer(log=log) if args.warm_starts else None
+        if server:
+            env = server.environment(env)  # its `python` before the timing shim: the stages are forked
         start = time.perf_counter()
-        run([sys.executable, "-m", "dvc", "repro"], root, env)
+        try:
+            run([sys.executable, "-m", "dvc", "repro"], root, env)
+        finally:
+            if server:
+                server.stop()
         wall = time.perf_counter() - start
-        times, sizes = measured_times(root / ".plan-bench" / "stages.log"), measured_bytes(root)
+        times, sizes = measured_times(log), measured_bytes(root)
         report(costs, on, seconds, terms, times, sizes, wall)
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {busy()}")
     finally:
@@ -303,7 +334,7 @@ def replan(root: Path, on) -> None:
     params = parse_params(overridden(root / "params.yaml", []))
     with tempfile.TemporaryDirectory() as before:
         costs = plan(params, Path(before))
-    log = root / ".plan-bench" / "stages.log"
+    log = root / ".plan-bench" / (FORK_LOG_NAME if on.warm_starts else "stages.log")
     print(f"{root}: {params.model}, {len(params.seeds)} seed(s), {params.finetune.max_steps} steps (measured earlier)")
     report(costs, on, seconds, terms, measured_times(log), measured_bytes(root), float("nan"))
 

@@ -231,6 +231,43 @@ def test_python_level_work_scales_with_the_machines_probe_and_arithmetic_does_no
     assert timing.device("cpu", flops=1e11).python_scale == 1.0  # a given throughput: the reference's constants
 
 
+def test_small_products_of_pieces_side_by_side_reach_the_hosts_threads_at_their_sustained_share():
+    """The similarity stage runs its poolings and its attention section side by side, one thread each
+    (layersim.compute.threads): their small products reach min(pieces, threads) one-thread rates, each at
+    CPU_THREAD_SCALING; one piece, or one thread, keeps one rate."""
+    from dataclasses import replace
+
+    from layersim.plan import timing
+
+    on = timing.Device("cpu", flops=100e9, pass_seconds=1e-3, cpu_flops=50e9, basis="given", cpu_thread_flops=25e9,
+                       threads=2)
+    alone = stages.StageCost("similarity", flops=25e9, host_flops=25e9, small_flops=25e9)
+    beside = replace(alone, side_by_side=3)
+    assert terms(alone, on)["compute"] == pytest.approx(1.0)
+    assert terms(beside, on)["compute"] == pytest.approx(1.0 / (2 * timing.CPU_THREAD_SCALING))
+    assert terms(beside, replace(on, threads=1))["compute"] == pytest.approx(1.0)
+    # Tasks run one after another in one process: adding their costs keeps the pieces of one, not their sum.
+    total_cost = stages.StageCost("similarity")
+    total_cost.add(beside)
+    total_cost.add(beside)
+    assert total_cost.side_by_side == 3
+
+
+def test_the_sustained_cpu_rate_is_capped_by_the_one_thread_rate_the_cores_sustain(monkeypatch):
+    """A 2-core VM's two-thread product swings 97-179 GFLOP/s from second to second while one thread holds: the plan
+    takes the median on all threads, at most CPU_THREAD_SCALING × threads × the one-thread rate; one thread: its
+    median alone."""
+    import torch
+
+    from layersim.plan import timing
+
+    threads = torch.get_num_threads()
+    measured = timing.sustained_cpu_flops(1e6, threads=2)  # a one-thread rate far below any real one: the cap
+    assert measured == pytest.approx(timing.CPU_THREAD_SCALING * 2 * 1e6)
+    assert timing.sustained_cpu_flops(1e6, threads=1) > 1e8  # uncapped: a real matmul's rate
+    assert torch.get_num_threads() == threads  # torch's threads restored
+
+
 @pytest.mark.parametrize("n, layers, d", [(600, 35, 384), (60, 15, 32), (20_000, 26, 768), (300, 7, 384),
                                           (5000, 4, 16)])
 def test_the_plan_counts_a_cka_null_where_its_engine_runs_it(n, layers, d):

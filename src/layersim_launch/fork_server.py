@@ -318,6 +318,7 @@ def _log_forked(argv: list[str], started: float) -> None:
     try:
         with open(LOG[0], "a") as log:
             log.write(json.dumps({"forked": argv[:2] if argv[0] == "-m" else argv[:1],
+                                  "stage": os.environ.get("DVC_STAGE", ""),  # set when DVC runs it
                                   "wall": round(time.monotonic() - started, 3),
                                   "cpu": round(sum(u.ru_utime + u.ru_stime for u in usage), 3)}) + "\n")
     except OSError:

@@ -33,6 +33,9 @@ class StageCost:
     analysis_flops: float = 0.0
     kernel_flops: float = 0.0  # the part of analysis_flops on permuted n × n kernels (gathers: memory-bound)
     analysis_evaluations: int = 0
+    # Independent pieces the stage runs side by side, one thread each (layersim.compute.threads: the similarity stage's
+    # poolings and its attention section): its small products reach that many of the host's threads.
+    side_by_side: int = 1
     notes: list[str] = field(default_factory=list)
 
     def add(self, other: "StageCost") -> None:
@@ -40,3 +43,4 @@ class StageCost:
                      "loads", "load_bytes", "evaluations", "heatmaps", "host_flops", "small_flops", "svd_flops",
                      "lapack_flops", "analysis_flops", "kernel_flops", "analysis_evaluations"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.side_by_side = max(self.side_by_side, other.side_by_side)  # per process: tasks run one after another

@@ -109,12 +109,14 @@ def similarity(params, model: ModelSize, task: TaskSize) -> StageCost:
     runs, diagonals = disk.extract_runs(params), 2 + 2 * len(params.finetune.compare_methods)  # LoRA–ORIG, LoRA–FT
     stacked = runs * (model.shape.num_layers + 1)
     pairs, resamples = stacked * (stacked + 1) // 2, diagonals * (model.shape.num_layers + 1) * s.bootstrap
-    cost = StageCost("similarity", processes=1, heatmaps=len(s.measures) + bool(s.attention_measures))
+    attention = bool(s.attention_measures and params.extract.attention_examples)
+    cost = StageCost("similarity", processes=1, heatmaps=len(s.measures) + bool(s.attention_measures),
+                     side_by_side=len(s.measures) + attention)  # experiments.similarity.measure_results
     for pooling, measures in s.measures.items():
         n = pooling_rows(params, task, pooling)
         cost.rows += n
         cost.add(measured(measures, n, model.shape.hidden, pairs, s.permutations, resamples, pooling == "tokens"))
-    if s.attention_measures and params.extract.attention_examples:
+    if attention:
         cost.add(attention_measured(params, model, task, diagonals, fine_tuned_runs(params)))
     return cost
 

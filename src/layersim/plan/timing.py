@@ -57,10 +57,14 @@ START_SECONDS = {"light": 1.4, "transformers": 1.9, "numeric": 2.4, "model": 7.0
 # summary 0.82 with its little work.
 # The first stages wait for the server's imports instead (its shim does), beside the plan and the first figure:
 # forked too (check_params 0.3 s on the quickstart).
+# check_params, whose numpy and SciPy the server has imported, forked in 0.39 s: a light start, warm.
 WARM_START_SECONDS = {"light": 0.5, "transformers": 0.6, "numeric": 0.7, "model": 0.6}
+WARM_STACK = {"check_params": "light"}
 # download_model also snapshots the model: torch and the model's classes imported, its files copied and hashed
-# (4.9 s measured against download_compared's 1.9).
+# (4.9 s measured against download_compared's 1.9); forked, with torch imported: 0.4 (0.79 s against 0.42,
+# benchmarks/plan_accuracy.py --warm-starts on the quickstart, 2026-11-29).
 SNAPSHOT_SECONDS = 3.0
+WARM_SNAPSHOT_SECONDS = 0.4
 STACK = {"check_params": "numeric", "download": "transformers", "summary": "light", "report": "light",
          "similarity": "numeric", "grounding": "numeric"}
 # dynamics runs under the analysis device (torch) and imports transformers (run_stage): the model stack, as measured
@@ -99,6 +103,9 @@ CPU_KERNEL_EFFICIENCY = 0.093
 # a Gram matrix and eigh's tridiagonalisation (half BLAS-2), in float64 on one thread each: 0.12-0.14 of the float32
 # matmul's FLOP/s on MiniLM's three shapes (benchmarks/weights_null.py, 2026-11-29, AMD EPYC, load 4-10).
 LAPACK_EFFICIENCY = 0.13
+# Each thread's share of one thread's matmul rate that all of them sustain together (:func:`sustained_cpu_flops`):
+# 1.6 / 2 on the 2-core AMD EPYC VMs measured (0.80 on the issue's, 0.79 and 0.80 on two runs here).
+CPU_THREAD_SCALING = 0.8
 CPU_BANDWIDTH = 10e9          # bytes/s a core streams (a checkpoint read from the page cache)
 
 # The Python-level probe (:func:`python_probe_seconds`) on the reference CPU above: the best of its repeats, measured
@@ -178,6 +185,7 @@ class Device:
     # A GPU's layer pass in a compiled training step (finetune.compile: CUDA graphs); unmeasured: pass_seconds, the
     # eager figure, stands in (an upper bound).
     compiled_pass_seconds: Figure | None = None
+    threads: int = 1  # the host's threads for independent pieces side by side (StageCost.side_by_side)
 
 
 def measured_cpu_flops(threads: int | None = None, size: int = 2048, repeats: int = 3,
@@ -202,9 +210,39 @@ def measured_cpu_flops(threads: int | None = None, size: int = 2048, repeats: in
     return 2 * size ** 3 / best
 
 
-def python_probe_seconds(repeats: int = 50, clock: Callable[[], float] = time.thread_time) -> float:
+def sustained_cpu_flops(one_thread: float, threads: int | None = None, repeats: int = 7) -> float:
+    """What the stages sustain on all of torch's threads (or `threads`): the median of a few 2048² products on them,
+    at most :data:`CPU_THREAD_SCALING` × threads × the one-thread rate `one_thread`. On a 2-core VM (AMD EPYC,
+    2026-11-29, quiet) the two-thread product's rate swung between 97 and 179 GFLOP/s from one second to the next
+    (neighbours on the host's cores) while one thread's held within ±5 % (79-88), and the quickstart's training stages
+    sustained 1.6 × the one-thread rate over minutes (finetune 57-63 s a seed at a plan of 134 GFLOP/s; the issue's
+    machine 141 / 88, an earlier run 130 / 82): a best-of-3 read anywhere from 94 to 179, the plan 30 % off either way."""
+    import statistics
+
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        count = torch.get_num_threads()
+        a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+        a @ b
+        rates = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            a @ b
+            rates.append(2 * 2048 ** 3 / (time.perf_counter() - start))
+    finally:
+        torch.set_num_threads(before)
+    median = statistics.median(rates)
+    return median if count == 1 else min(median, CPU_THREAD_SCALING * count * one_thread)
+
+
+def python_probe_seconds(repeats: int = 150, clock: Callable[[], float] = time.thread_time) -> float:
     """This machine's time for a fixed piece of Python-level work (:data:`PROBE_SOURCE` executed 10 times, 100 rounds
-    of small numpy calls): the best of `repeats` (about 3 ms each on the reference CPU), timed by `clock`: the
+    of small numpy calls): the best of `repeats` (about 3 ms each on the reference CPU: 0.45 s, long enough to find a
+    fast window on a VM whose neighbours slow it for a second at a time: the best of 50 read 4.1-4.5 ms for five calls
+    in a row and 2.7 after, 2026-11-29), timed by `clock`: the
     thread's CPU time by default, which other processes on the cores barely change (the wall clock's best of 50 read
     3-4 × the quiet figure at a load of 9 on 2 cores, the CPU time's within 1.3 ×), as a slower CPU does change it.
     A CPU quota (benchmarks/plan_accuracy.py --cpu-quota) stretches only the wall clock: the probe, like the
@@ -253,16 +291,18 @@ def device(name: str = "cpu", flops: float | None = None, pass_seconds: float | 
                       analysis_cell_seconds=Figure(**{k: figures["analysis_cell_seconds"][k]
                                                       for k in ("value", "measured")}),
                       compiled_pass_seconds=compiled if pass_seconds is None else None)
-    cpu = measured_cpu_flops() if flops is None else flops
-    one = measured_cpu_flops(1) if flops is None else flops / max(1, _threads())
+    one = measured_cpu_flops(1, repeats=5) if flops is None else flops / max(1, _threads())
+    cpu = sustained_cpu_flops(one) if flops is None else flops
     scale = python_scale if python_scale is not None else \
         python_probe_seconds() / REFERENCE_PROBE_SECONDS if flops is None else 1.0
     python = f"Python-level work at {scale:.2f}× the reference CPU's time"
-    basis = f"torch float32 2048² matmul and {python}, measured now" if flops is None else \
+    basis = f"torch float32 2048² matmul (sustained: sustained_cpu_flops) and {python}, measured now" \
+        if flops is None else \
         f"given; {python}" if python_scale is not None else "given"
     return Device(name, cpu, CPU_PASS_SECONDS * scale if pass_seconds is None else pass_seconds, cpu, basis,
                   CPU_TRAIN_EFFICIENCY, CPU_FORWARD_EFFICIENCY, cpu_thread_flops=one, python_scale=scale,
-                  head_step_seconds=CPU_HEAD_STEP_SECONDS * scale, head_efficiency=CPU_HEAD_EFFICIENCY)
+                  head_step_seconds=CPU_HEAD_STEP_SECONDS * scale, head_efficiency=CPU_HEAD_EFFICIENCY,
+                  threads=_threads())
 
 
 def _threads() -> int:
@@ -282,13 +322,15 @@ def terms(cost: StageCost, on: Device) -> dict[str, float | None]:
     engines = 0.0 if on_gpu else cost.analysis_flops
     kernels = 0.0 if on_gpu else cost.kernel_flops
     compute = (cost.train_flops / on.train_efficiency + forward / on.forward_efficiency) / on.flops + \
-        (small_flops / on.cpu_thread_flops if small_flops else 0.0) + \
+        (small_flops / (on.cpu_thread_flops * _side_by_side(cost, on)) if small_flops else 0.0) + \
         (host_flops - small_flops - cost.svd_flops - cost.lapack_flops - engines) / on.cpu_flops + \
         cost.svd_flops / (on.cpu_flops * SVD_EFFICIENCY) + cost.lapack_flops / (on.cpu_flops * LAPACK_EFFICIENCY) + \
         (engines - kernels) / (on.cpu_flops * CPU_ENGINE_EFFICIENCY) + kernels / (on.cpu_flops * CPU_KERNEL_EFFICIENCY)
-    start = cost.processes * (WARM_START_SECONDS if on.warm_starts else START_SECONDS)[STACK.get(cost.stage, "model")]
+    stack = STACK.get(cost.stage, "model")
+    start = cost.processes * (WARM_START_SECONDS[WARM_STACK.get(cost.stage, stack)] if on.warm_starts else
+                              START_SECONDS[stack])
     if cost.stage == "download" and cost.processes:  # download_model snapshots the model
-        start += SNAPSHOT_SECONDS
+        start += WARM_SNAPSHOT_SECONDS if on.warm_starts else SNAPSHOT_SECONDS
     python = on.python_scale
     first = cost.processes * FIRST_LOAD_SECONDS if cost.loads else 0.0
     host_evaluations = cost.evaluations - (cost.analysis_evaluations if on_gpu else 0)
@@ -303,6 +345,13 @@ def terms(cost: StageCost, on: Device) -> dict[str, float | None]:
         out["analysis"] = None if rate is None or per_cell is None else \
             cost.analysis_flops / rate + cost.analysis_evaluations * per_cell
     return out
+
+
+def _side_by_side(cost: StageCost, on: Device) -> float:
+    """How many one-thread rates a stage's small products reach: one, or its pieces side by side on the host's
+    threads, each further thread at :data:`CPU_THREAD_SCALING` (all of them sustain that share of their sum)."""
+    threads = min(cost.side_by_side, on.threads)
+    return 1.0 if threads <= 1 else threads * CPU_THREAD_SCALING
 
 
 def _compiled_saving(cost: StageCost, on: Device) -> float:
