@@ -103,8 +103,9 @@ CPU_KERNEL_EFFICIENCY = 0.093
 # a Gram matrix and eigh's tridiagonalisation (half BLAS-2), in float64 on one thread each: 0.12-0.14 of the float32
 # matmul's FLOP/s on MiniLM's three shapes (benchmarks/weights_null.py, 2026-11-29, AMD EPYC, load 4-10).
 LAPACK_EFFICIENCY = 0.13
-# Each thread's share of one thread's matmul rate that all of them sustain together (:func:`sustained_cpu_flops`):
-# 1.6 / 2 on the 2-core AMD EPYC VMs measured (0.80 on the issue's, 0.79 and 0.80 on two runs here).
+# Each thread's share of one thread's matmul rate that independent pieces on all of them sustain together
+# (StageCost.side_by_side): the similarity stage's poolings side by side on 2 threads ran at 1.6 × one thread's rate
+# on the 2-core AMD EPYC VM (its small products; the quickstart, 2026-11-29).
 CPU_THREAD_SCALING = 0.8
 CPU_BANDWIDTH = 10e9          # bytes/s a core streams (a checkpoint read from the page cache)
 
@@ -210,15 +211,14 @@ def measured_cpu_flops(threads: int | None = None, size: int = 2048, repeats: in
     return 2 * size ** 3 / best
 
 
-def sustained_cpu_flops(one_thread: float, threads: int | None = None, repeats: int = 7) -> float:
-    """What the stages sustain on all of torch's threads (or `threads`): the median of a few 2048² products on them,
-    at most :data:`CPU_THREAD_SCALING` × threads × the one-thread rate `one_thread`. On a 2-core VM (AMD EPYC,
-    2026-11-29, quiet) the two-thread product's rate swung between 97 and 179 GFLOP/s from one second to the next
-    (neighbours on the host's cores) while one thread's held within ±5 % (79-88), and the quickstart's training stages
-    sustained 1.6 × the one-thread rate over minutes (finetune 57-63 s a seed at a plan of 134 GFLOP/s; the issue's
-    machine 141 / 88, an earlier run 130 / 82): a best-of-3 read anywhere from 94 to 179, the plan 30 % off either way."""
-    import statistics
-
+def sustained_cpu_flops(one_thread: float, threads: int | None = None, seconds: float = 1.5) -> float:
+    """What the stages sustain on all of torch's threads (or `threads`): 2048² products back to back for `seconds`
+    (at least three), their mean rate, at most threads × the one-thread rate `one_thread`. On a 2-core VM (AMD EPYC,
+    2026-11-29, quiet) single products on two threads swung between 97 and 179 GFLOP/s from one second to the next
+    while one thread's held within ±5 % (79-88), and the quickstart's training sustained about 134 over minutes
+    (finetune 55-63 s a seed, planned at 134): a best-of-3 read anywhere from 94 to 179, the plan up to 40 % off; a
+    window's mean swings less (107-161 over 1 s). Another VM of the kind sustained 2 × its one-thread rate (223 / 112,
+    2026-11-27): how far a second thread adds is the machine's, so it is measured, not assumed."""
     import torch
 
     before = torch.get_num_threads()
@@ -227,15 +227,14 @@ def sustained_cpu_flops(one_thread: float, threads: int | None = None, repeats: 
         count = torch.get_num_threads()
         a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
         a @ b
-        rates = []
-        for _ in range(repeats):
-            start = time.perf_counter()
+        products, start = 0, time.perf_counter()
+        while products < 3 or time.perf_counter() - start < seconds:
             a @ b
-            rates.append(2 * 2048 ** 3 / (time.perf_counter() - start))
+            products += 1
+        rate = products * 2 * 2048 ** 3 / (time.perf_counter() - start)
     finally:
         torch.set_num_threads(before)
-    median = statistics.median(rates)
-    return median if count == 1 else min(median, CPU_THREAD_SCALING * count * one_thread)
+    return min(rate, count * one_thread)
 
 
 def python_probe_seconds(repeats: int = 150, clock: Callable[[], float] = time.thread_time) -> float:
