@@ -34,7 +34,8 @@ SLOWEST_FIRST = ("test_launch.py", "test_dvc_workflows.py", "test_pipeline.py", 
 
 
 # Modules whose tests run stage scripts (or DVC) through tests/fork_server.py, besides the integration tests.
-FORK_SERVER_USERS = ("test_resume.py", "test_launch.py", "test_bad_params.py", "test_integrity.py", "test_lock.py")
+FORK_SERVER_USERS = ("test_resume.py", "test_launch.py", "test_bad_params.py", "test_integrity.py", "test_lock.py",
+                     "test_recipes.py")
 
 
 def pytest_xdist_auto_num_workers(config):

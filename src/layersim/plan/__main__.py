@@ -57,10 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.gpus < 1:
             raise LayersimError(f"--gpus {args.gpus}: the number of devices must be at least 1.")
+        params = parse_params(overridden(args.params, args.overrides))  # a bad value first: before the timings
+        items = plan_items(params, args.root)
         on = device(args.device, args.device_flops, args.pass_seconds)
         on = replace(on, warm_starts=args.warm_starts and os.environ.get("LAYERSIM_FORK_SERVER") != "0")
-        params = parse_params(overridden(args.params, args.overrides))
-        items = plan_items(params, args.root)
     except LayersimError as err:
         print(f"layersim plan: {err}", file=sys.stderr)
         return 1
