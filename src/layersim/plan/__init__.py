@@ -18,7 +18,7 @@ from layersim.params.model_kind import own_head_pooling
 from layersim.plan import stages
 from layersim.plan.sizes import model_size, task_size
 from layersim.plan.cost import StageCost
-from layersim.plan.timing import GPUS, Device, device, known_seconds, seconds, terms, where  # noqa: F401 (the plan's API)
+from layersim.plan.timing import GPUS, Device, device, dvc_seconds, known_seconds, seconds, terms, where  # noqa: F401 (the plan's API)
 
 ORDER = ("check_params", "download", "finetune", "finetune_compared", "finetune_pretrained", "extract", "similarity", "grounding", "compare",
          "truncate", "skip", "export", "align", "freeze", "weights", "dynamics", "summary",

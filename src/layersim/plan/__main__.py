@@ -13,7 +13,8 @@ from pathlib import Path
 from layersim.errors import LayersimError
 from layersim.params import parse_params
 from layersim.params.overrides import overridden
-from layersim.plan import GPUS, copies, device, human, known_seconds, makespan, plan_items, seconds, total, total_of, where
+from layersim.plan import (GPUS, copies, device, dvc_seconds, human, known_seconds, makespan, plan_items, seconds, total,
+                           total_of, where)
 
 COLUMNS = ("stage", "runs on", "rows", "workspace", "DVC cache", "FLOPs", "time")
 
@@ -81,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
             spread += makespan([known_seconds(item, on) for item in items[c.stage]], args.gpus)
             row += ("unmeasured" if wall is None else duration(wall),)
         rows.append(row)
+    between = dvc_seconds(costs, on)  # DVC's own work between the stages, on the host
+    known += between
+    spread += between
+    rows.append(("dvc", "host", "", "", "", "", duration(between)) + ((duration(between),) if args.gpus > 1 else ()))
     whole = total(costs)
     bound = "≥ " if unmeasured else ""
     last = ("total", "", "", human(whole.bytes), human(whole.bytes * (n - 1)), human(whole.flops, "FLOP"),

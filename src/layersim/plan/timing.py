@@ -60,6 +60,12 @@ START_SECONDS = {"light": 1.4, "transformers": 1.9, "numeric": 2.4, "model": 7.0
 # check_params, whose numpy and SciPy the server has imported, forked in 0.39 s: a light start, warm.
 WARM_START_SECONDS = {"light": 0.5, "transformers": 0.6, "numeric": 0.7, "model": 0.6}
 WARM_STACK = {"check_params": "light"}
+# DVC's own time around each stage process it runs (`dvc repro`, `dvc exp run`): the stage's dependencies and params
+# checked, its outputs hashed and linked into the cache, dvc.lock read and written again: 34.6 s between the 21 stage
+# processes of the quickstart's `dvc repro` (560 MB of outputs; benchmarks/plan_accuracy.py --warm-starts,
+# 2026-11-29, quiet, the probe at 0.91 ×): 1.65 s a process, 1.8 on the reference CPU. It grows with dvc.lock (the
+# paper configuration's hundreds of stage items): not modelled.
+DVC_STAGE_SECONDS = 1.8
 # download_model also snapshots the model: torch and the model's classes imported, its files copied and hashed
 # (4.9 s measured against download_compared's 1.9); forked, with torch imported: 0.4 (0.79 s against 0.42,
 # benchmarks/plan_accuracy.py --warm-starts on the quickstart, 2026-11-29).
@@ -366,6 +372,11 @@ def seconds(cost: StageCost, on: Device) -> float | None:
     """The stage's time on `on`, or None when a term rests on an unmeasured figure."""
     values = terms(cost, on).values()
     return None if None in values else sum(values)
+
+
+def dvc_seconds(costs: list[StageCost], on: Device) -> float:
+    """DVC's own time between the stage processes of `costs` (:data:`DVC_STAGE_SECONDS` each, scaled by the probe)."""
+    return sum(c.processes for c in costs) * DVC_STAGE_SECONDS * on.python_scale
 
 
 def known_seconds(cost: StageCost, on: Device) -> float:
