@@ -33,7 +33,7 @@ less wall-clock progress per CPU-second. The machine is printed first: the CPU m
 On a shared machine (other jobs on the cores), compare the CPU seconds: with `--threads 1` every stage runs on one
 thread, so its CPU seconds are what its wall clock would be alone on the machine, and the plan is made for that quiet
 machine: its matmul's FLOP/s from CPU seconds (the product's best over the process's CPU time), its Python-level
-probe from the best of short repeats in CPU time (layersim.plan.timing.python_probe_seconds), both of which other
+probe from the best of short repeats in CPU time (layersim.plan.machine.python_probe_seconds), both of which other
 jobs barely change. Other jobs still cost some CPU seconds (caches shared, context switches): the load is printed
 before and after.
 
@@ -111,7 +111,7 @@ def launcher_overrides(script: str) -> list[str]:
 
 def matmul_gflops(threads: int) -> float:
     """torch's float32 2048² matmul on `threads` threads, GFLOP/s (the plan's own measure)."""
-    from layersim.plan.timing import measured_cpu_flops
+    from layersim.plan.machine import measured_cpu_flops
 
     return measured_cpu_flops(threads, repeats=5) / 1e9
 
@@ -119,7 +119,7 @@ def matmul_gflops(threads: int) -> float:
 def matmul_gflops_per_cpu_second() -> float:
     """The 2048² product on one thread over the CPU seconds it took (the plan's own measurement, best of 5): what one
     thread does alone, when other jobs share the cores and stretch its wall clock."""
-    from layersim.plan.timing import measured_cpu_flops
+    from layersim.plan.machine import measured_cpu_flops
 
     return measured_cpu_flops(1, repeats=5, clock=time.thread_time) / 1e9
 
@@ -150,7 +150,7 @@ def held_to(cores: float) -> str:
 def machine(quiet_gflops: float) -> list[str]:
     import torch
 
-    from layersim.plan.timing import REFERENCE_PROBE_SECONDS, python_probe_seconds
+    from layersim.plan.machine import REFERENCE_PROBE_SECONDS, python_probe_seconds
 
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), "?")
@@ -283,7 +283,7 @@ def main() -> None:
     from layersim.params import parse_params
     from layersim.plan import device, plan, seconds, terms
     from layersim.plan.__main__ import overridden
-    from layersim.plan.timing import REFERENCE_PROBE_SECONDS, python_probe_seconds
+    from layersim.plan.machine import REFERENCE_PROBE_SECONDS, python_probe_seconds
 
     scale = args.python_scale or python_probe_seconds() / REFERENCE_PROBE_SECONDS
     if args.measured:

@@ -258,11 +258,11 @@ def test_the_sustained_cpu_rate_is_a_windows_mean_at_most_the_threads_one_thread
     rate of products back to back over a window, never more than threads × the one-thread rate."""
     import torch
 
-    from layersim.plan import timing
+    from layersim.plan import machine
 
     threads = torch.get_num_threads()
-    assert timing.sustained_cpu_flops(1e6, threads=2, seconds=0.1) == pytest.approx(2 * 1e6)  # the cap
-    assert timing.sustained_cpu_flops(1e15, threads=1, seconds=0.1) > 1e8  # uncapped: a real matmul's rate
+    assert machine.sustained_cpu_flops(1e6, threads=2, seconds=0.1) == pytest.approx(2 * 1e6)  # the cap
+    assert machine.sustained_cpu_flops(1e15, threads=1, seconds=0.1) > 1e8  # uncapped: a real matmul's rate
     assert torch.get_num_threads() == threads  # torch's threads restored
 
 
