@@ -56,20 +56,23 @@ START_SECONDS = {"light": 1.4, "transformers": 1.9, "numeric": 2.4, "model": 7.0
 # summary 0.82 with its little work.
 # The first stages wait for the server's imports instead (its shim does), beside the plan and the first figure:
 # forked too (check_params 0.3 s on the quickstart).
-# check_params, whose numpy and SciPy the server has imported, forked in 0.39 s: a light start, warm.
-WARM_START_SECONDS = {"light": 0.5, "transformers": 0.6, "numeric": 0.7, "model": 0.6}
-WARM_STACK = {"check_params": "light"}
-# DVC's own time around each stage process it runs (`dvc repro`, `dvc exp run`): the stage's dependencies and params
-# checked, its outputs hashed and linked into the cache, dvc.lock read and written again: 34.6 s between the 21 stage
-# processes of the quickstart's `dvc repro` (560 MB of outputs; benchmarks/plan_accuracy.py --warm-starts,
-# 2026-11-29, quiet, the probe at 0.91 ×): 1.65 s a process, 1.8 on the reference CPU. It grows with dvc.lock (the
-# paper configuration's hundreds of stage items): not modelled.
-DVC_STAGE_SECONDS = 1.8
+# Two quiet quickstarts (2026-11-29 afternoon, probe 0.91-0.92 ×): download_compared, download_paired and
+# download_task 0.30-0.42 s, check_params 0.39-0.42 (its numpy and SciPy the server's: a start like theirs), summary and
+# report 0.6-0.8 with their little work.
+WARM_START_SECONDS = {"light": 0.75, "transformers": 0.4, "numeric": 0.7, "model": 0.6}
+WARM_STACK = {"check_params": "transformers"}
+# DVC's own time around each stage process it runs: the stage's dependencies and params checked, its outputs hashed
+# and linked into the cache, dvc.lock read and written again (ruamel's YAML, half of it). On the quickstart (22 stage
+# processes, 560 MB of outputs; 2026-11-29, quiet, the probe at 0.91-0.92 ×) `dvc exp run`, as the run scripts start
+# it, spent 51.6 s between its stages (2.35 s a process: 2.5 on the reference CPU); `dvc repro` 34.6 s (1.65 s: 1.8).
+# The plan counts the scripts' `dvc exp run`. It grows with dvc.lock (the paper configuration's hundreds of stage
+# items): not modelled.
+DVC_STAGE_SECONDS = 2.5
 # download_model also snapshots the model: torch and the model's classes imported, its files copied and hashed
-# (4.9 s measured against download_compared's 1.9); forked, with torch imported: 0.4 (0.79 s against 0.42,
-# benchmarks/plan_accuracy.py --warm-starts on the quickstart, 2026-11-29).
+# (4.9 s measured against download_compared's 1.9); forked, with torch imported: 0.0-0.4 (download_model 0.79 s and
+# 0.41 against the other downloads' 0.3-0.4 in two quickstarts, 2026-11-29).
 SNAPSHOT_SECONDS = 3.0
-WARM_SNAPSHOT_SECONDS = 0.4
+WARM_SNAPSHOT_SECONDS = 0.2
 STACK = {"check_params": "numeric", "download": "transformers", "summary": "light", "report": "light",
          "similarity": "numeric", "grounding": "numeric"}
 # dynamics runs under the analysis device (torch) and imports transformers (run_stage): the model stack, as measured
