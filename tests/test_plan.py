@@ -253,6 +253,21 @@ def test_small_products_of_pieces_side_by_side_reach_the_hosts_threads_at_their_
     assert total_cost.side_by_side == 3
 
 
+def test_aligns_maps_train_at_their_own_share_of_the_rate_and_the_rest_at_the_models():
+    """align's INN and MLP maps (vmapped steps of small nets on stored rows) reach CPU_MAP_EFFICIENCY of the matmul,
+    a model's training steps CPU_TRAIN_EFFICIENCY; the plan counts every map step of the stage there."""
+    from layersim.plan import timing
+
+    on = timing.device("cpu", flops=100e9)
+    assert on.map_efficiency == timing.CPU_MAP_EFFICIENCY < on.train_efficiency
+    cost = stages.StageCost("align", flops=30e9, train_flops=30e9, map_flops=10e9)
+    assert terms(cost, on)["compute"] == pytest.approx(20e9 / (on.train_efficiency * 100e9)
+                                                       + 10e9 / (timing.CPU_MAP_EFFICIENCY * 100e9))
+    params = parse_params(yaml.safe_load(repository_params_text()))
+    align = stages.align(params, SMALL, task_size(params, "synth-similarity"))
+    assert align.map_flops == align.train_flops > 0
+
+
 def test_the_sustained_cpu_rate_is_a_windows_mean_at_most_the_threads_one_thread_rates():
     """A 2-core VM's single two-thread products swing 97-179 GFLOP/s from second to second: the plan takes the mean
     rate of products back to back over a window, never more than threads × the one-thread rate."""

@@ -16,6 +16,7 @@ class StageCost:
     compiled_passes: int = 0  # the part of passes in compiled training steps (finetune.compile): on a GPU, at its
                               # compiled pass time where measured
     train_flops: float = 0.0  # the part of flops in training steps (forward, backward)
+    map_flops: float = 0.0    # the part of train_flops in align's maps (INN, MLP) trained on stored rows, vmapped
     head_steps: int = 0       # training steps of a small head on stored rows (truncate): a step's dispatch each
     head_flops: float = 0.0   # the part of flops in those steps (small products, not the model's layers)
     processes: int = 0     # stage processes DVC starts (one per matrix item)
@@ -39,7 +40,7 @@ class StageCost:
     notes: list[str] = field(default_factory=list)
 
     def add(self, other: "StageCost") -> None:
-        for name in ("rows", "bytes", "flops", "passes", "train_flops", "head_steps", "head_flops", "processes",
+        for name in ("rows", "bytes", "flops", "passes", "train_flops", "map_flops", "head_steps", "head_flops", "processes",
                      "loads", "load_bytes", "evaluations", "heatmaps", "host_flops", "small_flops", "svd_flops",
                      "lapack_flops", "analysis_flops", "kernel_flops", "analysis_evaluations"):
             setattr(self, name, getattr(self, name) + getattr(other, name))

@@ -269,6 +269,7 @@ def align(params, model: ModelSize, task: TaskSize) -> StageCost:
     depth = 3 * max(a.inn_depth, a.mlp_depth)  # a map's training step: its blocks forward, backward, update
     trained_flops = pairs * layers * trained + matrix + synthetic
     return StageCost("align", rows=pairs * n, flops=pairs * layers * closed + trained_flops, train_flops=trained_flops,
+                     map_flops=trained_flops,
                      passes=depth * steps, processes=1,
                      **loaded(model, 1))  # the injection's target model
 

@@ -48,7 +48,9 @@ from layersim.plan.machine import (REFERENCE_PROBE_SECONDS, measured_cpu_flops, 
 # asks not to), summary and report 1.4 and 1.5 s (layersim's command line, pyarrow, matplotlib: little work on the
 # quickstart), check_params 2.1 s and grounding when off 2.8 s (numpy, scipy: the measures' registry, the analysis
 # modules).
-START_SECONDS = {"light": 1.4, "transformers": 1.9, "numeric": 2.4, "model": 7.0}
+# Re-measured quiet (two fresh-interpreter quickstarts, 2026-11-29 17:30 and 17:52, probe 0.89-0.91 ×): summary 1.4
+# and 1.6 s, report 1.7 and 1.9, check_params 2.1 and 1.6 (a light start), grounding when off 2.7 and 3.0.
+START_SECONDS = {"light": 1.8, "transformers": 1.9, "numeric": 2.4, "model": 7.0}
 # The same, for a stage forked by the run scripts' server (tools/exp_run.py; layersim_launch.fork_server), whose
 # third-party imports are done: layersim's modules and the stage's own start (run_stage's cache check, the
 # environment record), measured as the server's children on the quickstart (2026-11-29, same CPU, load 6, CPU
@@ -60,7 +62,7 @@ START_SECONDS = {"light": 1.4, "transformers": 1.9, "numeric": 2.4, "model": 7.0
 # download_task 0.30-0.42 s, check_params 0.39-0.42 (its numpy and SciPy the server's: a start like theirs), summary and
 # report 0.6-0.8 with their little work.
 WARM_START_SECONDS = {"light": 0.75, "transformers": 0.4, "numeric": 0.7, "model": 0.6}
-WARM_STACK = {"check_params": "transformers"}
+WARM_STACK = {"check_params": "transformers", "summary": "light", "report": "light"}
 # DVC's own time around each stage process it runs: the stage's dependencies and params checked, its outputs hashed
 # and linked into the cache, dvc.lock read and written again (ruamel's YAML, half of it). On the quickstart (22 stage
 # processes, 560 MB of outputs; 2026-11-29, quiet, the probe at 0.91-0.92 ×) `dvc exp run`, as the run scripts start
@@ -73,7 +75,7 @@ DVC_STAGE_SECONDS = 2.5
 # 0.41 against the other downloads' 0.3-0.4 in two quickstarts, 2026-11-29).
 SNAPSHOT_SECONDS = 3.0
 WARM_SNAPSHOT_SECONDS = 0.2
-STACK = {"check_params": "numeric", "download": "transformers", "summary": "light", "report": "light",
+STACK = {"check_params": "light", "download": "transformers", "summary": "light", "report": "light",
          "similarity": "numeric", "grounding": "numeric"}
 # dynamics runs under the analysis device (torch) and imports transformers (run_stage): the model stack, as measured
 # (16.1 CPU s in-process on the quickstart, its figure 2.4 of it).
@@ -87,6 +89,10 @@ FIRST_LOAD_SECONDS = 1.5     # the first load in a process imports the architect
 # pipeline's similarity stage, 60 rows a cell: its CPU seconds less its start and heatmaps, over its 9,600 cells).
 CPU_TRAIN_EFFICIENCY = 0.7
 CPU_FORWARD_EFFICIENCY = 0.82
+# align's INN and MLP maps train every layer's map in one vmapped step (batch 256 through widths of 128-512): about
+# 0.55 of the matmul's rate on the 2-core AMD EPYC (the quickstart's align, four runs on 2026-11-29: 41 s of such steps
+# for 3.1 TFLOP at 135 GFLOP/s, its dispatch counted apart; planned at the model's 0.7 it came out 0.72-0.81).
+CPU_MAP_EFFICIENCY = 0.55
 CPU_PASS_SECONDS = 1.0e-3
 EVALUATION_SECONDS = 0.5e-3
 # A head's training step on stored rows (layersim.training.heads.train_head; 1 thread, batch 64, 10 epochs of 2,700
@@ -177,6 +183,7 @@ class Device:
     # eager figure, stands in (an upper bound).
     compiled_pass_seconds: Figure | None = None
     threads: int = 1  # the host's threads for independent pieces side by side (StageCost.side_by_side)
+    map_efficiency: float = 1.0       # align's maps' training steps (StageCost.map_flops): a CPU's CPU_MAP_EFFICIENCY
 
 
 def device(name: str = "cpu", flops: float | None = None, pass_seconds: float | None = None,
@@ -216,6 +223,7 @@ def device(name: str = "cpu", flops: float | None = None, pass_seconds: float | 
         f"given; {python}" if python_scale is not None else "given"
     return Device(name, cpu, CPU_PASS_SECONDS * scale if pass_seconds is None else pass_seconds, cpu, basis,
                   CPU_TRAIN_EFFICIENCY, CPU_FORWARD_EFFICIENCY, cpu_thread_flops=one, python_scale=scale,
+                  map_efficiency=CPU_MAP_EFFICIENCY,
                   head_step_seconds=CPU_HEAD_STEP_SECONDS * scale, head_efficiency=CPU_HEAD_EFFICIENCY,
                   threads=_threads())
 
@@ -236,7 +244,8 @@ def terms(cost: StageCost, on: Device) -> dict[str, float | None]:
     # On a CPU the nulls' engines are part of the host's work, in float64 (kernel gathers: memory-bound).
     engines = 0.0 if on_gpu else cost.analysis_flops
     kernels = 0.0 if on_gpu else cost.kernel_flops
-    compute = (cost.train_flops / on.train_efficiency + forward / on.forward_efficiency) / on.flops + \
+    compute = ((cost.train_flops - cost.map_flops) / on.train_efficiency + cost.map_flops / on.map_efficiency
+               + forward / on.forward_efficiency) / on.flops + \
         (small_flops / (on.cpu_thread_flops * _side_by_side(cost, on)) if small_flops else 0.0) + \
         (host_flops - small_flops - cost.svd_flops - cost.lapack_flops - engines) / on.cpu_flops + \
         cost.svd_flops / (on.cpu_flops * SVD_EFFICIENCY) + cost.lapack_flops / (on.cpu_flops * LAPACK_EFFICIENCY) + \
