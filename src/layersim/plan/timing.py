@@ -62,7 +62,7 @@ START_SECONDS = {"light": 1.8, "transformers": 1.9, "numeric": 2.4, "model": 7.0
 # download_task 0.30-0.42 s, check_params 0.39-0.42 (its numpy and SciPy the server's: a start like theirs), summary and
 # report 0.6-0.8 with their little work.
 WARM_START_SECONDS = {"light": 0.75, "transformers": 0.4, "numeric": 0.7, "model": 0.6}
-WARM_STACK = {"check_params": "transformers", "summary": "light", "report": "light"}
+WARM_STACK = {"check_params": "transformers"}
 # DVC's own time around each stage process it runs: the stage's dependencies and params checked, its outputs hashed
 # and linked into the cache, dvc.lock read and written again (ruamel's YAML, half of it). On the quickstart (22 stage
 # processes, 560 MB of outputs; 2026-11-29, quiet, the probe at 0.91-0.92 ×) `dvc exp run`, as the run scripts start
